@@ -1,0 +1,18 @@
+# Two commands for a fresh machine: `make run` and `make test` (each sets up .venv on first use).
+VENV := .venv
+PROMPT ?= What is the capital of France?
+
+.PHONY: setup run test
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $@
+
+run: setup
+	$(VENV)/bin/minisgl-chat generate "$(PROMPT)"
+
+# The demo model is pulled once (cached under the user cache dir) before the tests use it.
+test: setup
+	$(VENV)/bin/minisgl-chat pull
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,100 @@
+"""``minisgl-chat``: the command line. Every subcommand reports a problem the user can fix as
+one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from minisgl_engine.args import add_engine_args, engine_config_from_args
+from minisgl_engine.errors import UserError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of usage + error
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog="minisgl-chat", description="A local chat app with its own LLM serving engine.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log engine progress")
+    sub = parser.add_subparsers(dest="command", parser_class=ArgumentParser)
+
+    gen = sub.add_parser("generate", help="answer one prompt in the terminal (streams the reply)")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--no-chat-template", action="store_true", help="send the prompt as plain text")
+    add_engine_args(gen)
+
+    pull = sub.add_parser("pull", help="download and convert a model once (default: the demo model)")
+    pull.add_argument("model", nargs="?", default="demo")
+
+    from minisgl_engine.bench import add_bench_args
+
+    bench = sub.add_parser("bench", help="benchmarks, side by side with Hugging Face transformers")
+    add_bench_args(bench, add_engine_args, ArgumentParser)
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from minisgl_engine.llm import LLM
+    from minisgl_engine.sampling_params import SamplingParams
+
+    config = engine_config_from_args(args)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    llm = LLM(config=config)
+    if llm.tokenizer is None:
+        raise UserError("this model has no tokenizer; pass --tokenizer PATH")
+
+    ids: list[int] = []
+    printed = ""
+    for _, token, _finish in llm.stream(args.prompt, params, chat=not args.no_chat_template):
+        if token is None:
+            continue
+        ids.append(token)
+        text = llm.decode(ids)
+        if text.endswith("\ufffd"):
+            continue  # half of a multi-byte character: wait for the rest
+        sys.stdout.write(text[len(printed) :])
+        sys.stdout.flush()
+        printed = text
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from minisgl_engine.weights.source import resolve_model
+
+    print(resolve_model(None if args.model == "demo" else args.model))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        if args.command == "pull":
+            return cmd_pull(args)
+        if args.command == "bench":
+            from minisgl_engine.bench import run_bench
+
+            return run_bench(args)
+        parser.print_help()
+        return 0
+    except UserError as exc:
+        print(f"minisgl-chat: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

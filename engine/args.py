@@ -1,0 +1,31 @@
+"""The engine's command-line flags, shared by every subcommand that starts an engine."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from .config import EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="local Hugging Face folder, hub id or .gguf file (default: the built-in demo model)")
+    g.add_argument("--tokenizer", default=None, help="take the tokenizer from this folder")
+    g.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N (default: %(default)s)")
+    g.add_argument("--dtype", default=d.dtype, choices=["auto", "bfloat16", "float16", "float32"], help="default: float32 on CPU, the checkpoint's 16-bit type on GPU")
+    g.add_argument("--dummy-weights", action="store_true", help="random weights (no download); with --config NAME or a --model folder's config")
+    g.add_argument("--config", default=None, help="built-in model shape for --dummy-weights, e.g. qwen3-0.6b")
+    g.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page (default: %(default)s)")
+    g.add_argument("--max-kv-tokens", type=int, default=None, help="KV cache size in tokens (default: from free memory)")
+    g.add_argument("--mem-fraction", type=float, default=d.mem_fraction, help="share of free memory for the KV cache (default: %(default)s)")
+    g.add_argument("--max-running-requests", type=int, default=d.max_running_requests, help="default: %(default)s")
+    g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens, help="token budget of one prefill batch; longer prompts are chunked (default: %(default)s)")
+    g.add_argument("--cache", default=d.cache, choices=["naive"], help="KV cache manager (default: %(default)s)")
+    g.add_argument("--attn", default=d.attn, choices=["auto", "torch"], help="attention backend (default: %(default)s)")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    names = {f.name for f in fields(EngineConfig)}
+    return EngineConfig(**{k: v for k, v in vars(args).items() if k in names})

@@ -1,0 +1,86 @@
+"""Pure-torch attention over the paged KV pool (CPU, and the CUDA fallback).
+
+Prefill attends each request's new tokens to its cached prefix plus themselves (causal);
+decode gathers every request's K/V rows into one padded batch and masks the padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..batch import ForwardBatch
+from .base import AttentionBackend
+
+
+@dataclass
+class _PrefillSeq:
+    start: int  # first row of this request's tokens in the batch
+    end: int
+    kv_indices: torch.Tensor | None  # KV slots of the whole sequence; None = no cached prefix
+    mask: torch.Tensor | None  # [extend, seq] causal mask offset by the cached length
+
+
+@dataclass
+class _DecodeMeta:
+    kv_indices: torch.Tensor  # [batch, max_seq_len]
+    mask: torch.Tensor | None  # [batch, 1, 1, max_seq_len]; None when no row is padded
+
+
+class TorchAttentionBackend(AttentionBackend):
+    def prepare(self, batch: ForwardBatch) -> None:
+        table = self.page_table.table
+        if batch.is_decode:
+            max_len = max(batch.seq_lens)
+            kv_indices = table[batch.table_rows, :max_len]
+            mask = None
+            if min(batch.seq_lens) != max_len:
+                seq_lens = torch.tensor(batch.seq_lens, device=table.device)
+                mask = (torch.arange(max_len, device=table.device) < seq_lens[:, None])[:, None, None, :]
+            batch.attn_metadata = _DecodeMeta(kv_indices, mask)
+            return
+        seqs = []
+        start = 0
+        rows = batch.table_rows.tolist()
+        for row, cached, extend in zip(rows, batch.cached_lens, batch.extend_lens):
+            end = start + extend
+            if cached == 0:
+                seqs.append(_PrefillSeq(start, end, None, None))
+            else:
+                seq_len = cached + extend
+                q_pos = torch.arange(cached, seq_len, device=table.device)
+                mask = torch.arange(seq_len, device=table.device)[None, :] <= q_pos[:, None]
+                seqs.append(_PrefillSeq(start, end, table[row, :seq_len], mask))
+            start = end
+        batch.attn_metadata = seqs
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        self.kv_pool.store(layer_id, batch.out_loc, k, v)
+        k_cache = self.kv_pool.k_cache[layer_id]
+        v_cache = self.kv_pool.v_cache[layer_id]
+        if batch.is_decode:
+            meta: _DecodeMeta = batch.attn_metadata
+            # [batch, heads, 1, dim] against [batch, kv_heads, len, dim]
+            qb = q.unsqueeze(2)
+            flat = meta.kv_indices.view(-1)
+            shape = (*meta.kv_indices.shape, self.num_kv_heads, self.head_dim)
+            kb = k_cache.index_select(0, flat).view(shape).transpose(1, 2)
+            vb = v_cache.index_select(0, flat).view(shape).transpose(1, 2)
+            out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, scale=self.scale, enable_gqa=True)
+            return out.reshape(q.shape[0], -1)
+        outs = []
+        for seq in batch.attn_metadata:
+            qs = q[seq.start : seq.end].transpose(0, 1)
+            if seq.kv_indices is None:
+                ks = k[seq.start : seq.end].transpose(0, 1)
+                vs = v[seq.start : seq.end].transpose(0, 1)
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
+            else:
+                ks = k_cache[seq.kv_indices].transpose(0, 1)
+                vs = v_cache[seq.kv_indices].transpose(0, 1)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seq.mask, scale=self.scale, enable_gqa=True)
+            outs.append(o.transpose(0, 1))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+        return out.reshape(q.shape[0], -1)

@@ -1,0 +1,108 @@
+"""Frozen configuration built once: the model's shape (from its Hugging Face config) and the
+engine's settings (from the CLI or the Python API)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .errors import ModelSourceError
+
+# model_type in config.json -> our model family (engine/models/<family>.py)
+SUPPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The numbers our model code needs, independent of the transformers version that read them."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None  # llama3-style parameters, None for plain RoPE
+    max_context_len: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # Qwen2: bias on q/k/v projections
+    qk_norm: bool  # Qwen3: RMSNorm on each head of q and k
+    eos_token_ids: tuple[int, ...] = ()
+    dtype: torch.dtype = torch.float32  # the checkpoint's own dtype
+
+    @classmethod
+    def from_hf(cls, hf_config: Any) -> "ModelConfig":
+        model_type = getattr(hf_config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            supported = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
+            raise ModelSourceError(f"unsupported model architecture {model_type!r}; supported: {supported}")
+        num_heads = hf_config.num_attention_heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+        # transformers 5 keeps theta and scaling in `rope_parameters`; 4.x in two attributes.
+        rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+        if not rope:
+            rope = dict(getattr(hf_config, "rope_scaling", None) or {})
+            rope.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "llama3"):
+            raise ModelSourceError(f"unsupported RoPE scaling {rope_type!r} (supported: default, llama3)")
+        max_context = hf_config.max_position_embeddings
+        # We attend to the whole sequence; a sliding-window model is exact only within its window.
+        window = getattr(hf_config, "sliding_window", None)
+        if window and (model_type == "mistral" or getattr(hf_config, "use_sliding_window", False)):
+            max_context = min(max_context, window)
+        eos = getattr(hf_config, "eos_token_id", None)
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+        dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        return cls(
+            model_type=model_type,
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            intermediate_size=hf_config.intermediate_size,
+            num_layers=hf_config.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=hf_config.rms_norm_eps,
+            rope_theta=float(rope.get("rope_theta", 10000.0)),
+            rope_scaling=rope if rope_type == "llama3" else None,
+            max_context_len=max_context,
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            attention_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+            eos_token_ids=eos_ids,
+            dtype=dtype,
+        )
+
+    @property
+    def family(self) -> str:
+        return SUPPORTED_MODEL_TYPES[self.model_type]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings; every field is a CLI flag of the same name."""
+
+    model: str | None = None  # local folder, hub id, .gguf file; None = the built-in demo model
+    tokenizer: str | None = None  # take the tokenizer from another folder
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto | bfloat16 | float16 | float32
+    dummy_weights: bool = False  # random weights, never downloads anything
+    config: str | None = None  # built-in config name for --dummy-weights (e.g. qwen3-0.6b)
+    page_size: int = 1
+    max_kv_tokens: int | None = None  # None = sized from free memory
+    mem_fraction: float = 0.85  # share of free memory the KV pool may take when sized from memory
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 2048  # token budget of one prefill batch (longer prompts are chunked)
+    cache: str = "naive"  # naive | radix (radix comes with the prefix-cache issue)
+    attn: str = "auto"
+    seed: int = 0  # seed for random dummy weights
+    extra: dict[str, Any] = field(default_factory=dict)

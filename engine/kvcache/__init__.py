@@ -1,0 +1,6 @@
+from .cache_manager import CacheManager, KVStats, NaiveCacheManager, PrefixMatch
+from .kv_pool import KVPool
+from .page_allocator import PageAllocator
+from .page_table import PageTable
+
+__all__ = ["CacheManager", "KVPool", "KVStats", "NaiveCacheManager", "PageAllocator", "PageTable", "PrefixMatch"]

@@ -1,0 +1,33 @@
+"""Hands out KV pages and takes them back; a page can never have two owners."""
+
+from __future__ import annotations
+
+
+class PageAllocator:
+    """A free list with an in-use mark per page, so a double allocation or double free is caught
+    at once instead of silently corrupting another request's KV."""
+
+    def __init__(self, num_pages: int) -> None:
+        self.num_pages = num_pages
+        self._free: list[int] = list(range(num_pages - 1, -1, -1))  # pop() gives low pages first
+        self._in_use = bytearray(num_pages)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise MemoryError(f"asked for {n} KV pages, {len(self._free)} free")
+        pages = [self._free.pop() for _ in range(n)]
+        for p in pages:
+            assert not self._in_use[p], f"page {p} handed out twice"
+            self._in_use[p] = 1
+        return pages
+
+    def free(self, pages: list[int]) -> None:
+        for p in pages:
+            if not self._in_use[p]:
+                raise AssertionError(f"page {p} freed while not in use")
+            self._in_use[p] = 0
+        self._free.extend(reversed(pages))

@@ -1,0 +1,45 @@
+"""The model-side attention layer: projections, q/k norm, RoPE, then the paged backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention.base import AttentionBackend
+from ..batch import ForwardBatch
+from .linear import Linear, MergedLinear
+from .norm import RMSNorm
+from .rotary import apply_rotary
+
+
+class SelfAttention(nn.Module):
+    def __init__(
+        self,
+        layer_id: int,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        qkv_bias: bool = False,
+        qk_norm_eps: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.qkv_proj = MergedLinear(hidden_size, [q_size, kv_size, kv_size], ("q", "k", "v"), bias=qkv_bias)
+        self.o_proj = Linear(q_size, hidden_size)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+
+    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        num_qk_heads = self.num_heads + self.num_kv_heads
+        qk = qkv[:, : num_qk_heads * self.head_dim].view(-1, num_qk_heads, self.head_dim)
+        v = qkv[:, num_qk_heads * self.head_dim :].view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
+        # q and k are adjacent in the merged projection: rotate them in one go
+        q, k = apply_rotary(qk, rope).split([self.num_heads, self.num_kv_heads], dim=1)
+        return self.o_proj(attn.forward(q, k, v, self.layer_id, batch))

@@ -1,0 +1,80 @@
+"""Linear layers whose parameters know how to load themselves.
+
+Merged projections (QKV, gate/up) are one matrix product instead of three or two; each merged
+parameter carries a ``weight_loader`` that copies a checkpoint's separate tensor into its slice,
+so the model's loader stays a short loop.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _probe_onednn_linear():
+    """oneDNN's linear (the kernel torch.compile uses on CPU) runs a float32 matrix-vector
+    product ~1.7x faster than ``F.linear``'s default path on a laptop-class CPU, which is most of
+    a small model's decode step. It is an internal op: use it only if it exists and agrees."""
+    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if op is None or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        x, w, b = torch.randn(3, 16), torch.randn(8, 16), torch.randn(8)
+        if torch.allclose(op(x, w, b, "none", [], ""), F.linear(x, w, b), atol=1e-5):
+            return op
+    except (RuntimeError, NotImplementedError):
+        pass
+    return None
+
+
+_onednn_linear = _probe_onednn_linear()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if _onednn_linear is not None and x.dim() == 2 and x.is_cpu and x.dtype == torch.float32:
+        return _onednn_linear(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
+    param.data.copy_(loaded)
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Several projections of the same input stacked along the output dimension.
+
+    ``shard_names`` name the parts in order (e.g. ``("q", "k", "v")``); loading a part writes
+    only its rows.
+    """
+
+    def __init__(self, in_features: int, out_sizes: list[int], shard_names: tuple[str, ...], bias: bool = False) -> None:
+        super().__init__(in_features, sum(out_sizes), bias)
+        self.out_sizes = list(out_sizes)
+        offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
+        self.shards = {name: (off, size) for name, off, size in zip(shard_names, offsets, out_sizes)}
+        for p in (self.weight, self.bias):
+            if p is not None:
+                p.weight_loader = self._load_shard
+
+    def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        offset, size = self.shards[shard_id]
+        target = param.data.narrow(0, offset, size)
+        if target.shape != loaded.shape:
+            raise ValueError(f"shard {shard_id}: parameter {tuple(target.shape)}, checkpoint {tuple(loaded.shape)}")
+        target.copy_(loaded)
+
+    def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return out.split(self.out_sizes, dim=-1)

@@ -1,0 +1,29 @@
+"""RMSNorm, optionally fused with the residual add that precedes it in every decoder layer."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.eps = eps
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op, same arithmetic
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # Normalise in float32 like the reference implementation, then scale in the model dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        """Without ``residual``: ``norm(x)``. With it: ``(norm(x + residual), x + residual)``."""
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x

@@ -1,0 +1,51 @@
+"""Rotary position embedding (the rotate-half form used by Llama, Qwen and Mistral), with
+Llama 3's frequency scaling. cos/sin are computed once for every position up to the context."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv_freq
+    # Llama 3: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original_len / low, inv_freq / factor, inv_freq)
+    blend = (original_len / wavelen - low) / (high - low)
+    blended = (1 - blend) * scaled / factor + blend * scaled
+    in_band = (wavelen >= original_len / high) & (wavelen <= original_len / low)
+    return torch.where(in_band, blended, scaled)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * rope_inv_freq(head_dim, theta, scaling)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
+        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the batch's positions, [tokens, 1, dim]: computed once per forward
+        pass and shared by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x: [tokens, heads, dim] (q and k may be passed together as one tensor of heads)."""
+    cos, sin = cos_sin
+    return x * cos + rotate_half(x) * sin

@@ -1,0 +1,136 @@
+"""Offline generation: ``LLM(model).generate(prompts, sampling_params)`` drives the scheduler
+in-process until every request has finished."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+from .config import EngineConfig
+from .engine import Engine
+from .errors import UserError
+from .request import FinishReason
+from .sampling_params import SamplingParams
+from .scheduler.scheduler import Scheduler
+
+
+@dataclass
+class GenerationResult:
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(path):
+    """The folder's tokenizer, or None when it ships none (e.g. a weights-only test model)."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    if not any((Path(path) / name).exists() for name in TOKENIZER_FILES):
+        return None
+    return AutoTokenizer.from_pretrained(path)
+
+
+class LLM:
+    """An engine, a scheduler and (when the model has one) a tokenizer, in this process."""
+
+    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **engine_kwargs) -> None:
+        self.config = config if config is not None else EngineConfig(model=model, **engine_kwargs)
+        self.engine = Engine(self.config)
+        self.scheduler = Scheduler(self.engine)
+        tokenizer_path = self.config.tokenizer or self.engine.model_dir
+        self.tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
+        self._uids = itertools.count()
+
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise UserError("this model has no tokenizer (dummy weights): pass token ids or --tokenizer PATH")
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise UserError("this model's tokenizer has no chat template; pass a plain prompt instead")
+            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False))
+        return self.tokenizer.encode(prompt)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def _submit(self, prompts, sampling_params, chat: bool) -> dict[int, GenerationResult]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise UserError("give one SamplingParams per prompt, or one for all")
+        results: dict[int, GenerationResult] = {}
+        for prompt, params in zip(prompts, params_list):
+            uid = next(self._uids)
+            ids = self.encode(prompt, chat)
+            self.scheduler.add_request(uid, ids, replace(params))
+            results[uid] = GenerationResult(prompt_token_ids=ids)
+        return results
+
+    def stream(self, prompts, sampling_params=None, chat: bool = False) -> Iterator[tuple[int, int | None, str | None]]:
+        """Yield ``(index, token_id, finish_reason)`` as the scheduler produces them."""
+        results = self._submit(prompts, sampling_params, chat)
+        index = {uid: i for i, uid in enumerate(results)}
+        pending = set(results)
+        try:
+            while pending:
+                for out in self.scheduler.step():
+                    yield index[out.uid], out.token_id, out.finish_reason.value if out.finish_reason else None
+                    if out.finished:
+                        pending.discard(out.uid)
+        finally:
+            for uid in pending:  # the caller stopped early: abort what is left
+                self.scheduler.abort_request(uid)
+
+    def score(self, token_ids: list[int], prefill_len: int | None = None):
+        """Teacher-forced logits [len(token_ids), vocab]: the first ``prefill_len`` tokens go
+        through prefill (chunked by the budget), each later one through its own decode step.
+        Used to compare our model with a reference implementation."""
+        import torch
+
+        prefill_len = len(token_ids) if prefill_len is None else prefill_len
+        uid = next(self._uids)
+        sched = self.scheduler
+        sched.add_request(uid, token_ids[:prefill_len], SamplingParams(max_tokens=len(token_ids) + 1, ignore_eos=True))
+        req = sched.reqs[uid]
+        rows = []
+        try:
+            while req.cached_len < len(token_ids):
+                batch = sched.schedule()
+                assert batch is not None and batch.reqs == [req], "score() needs an otherwise idle scheduler"
+                batch.all_logits = True
+                rows.append(self.engine.forward_logits(batch))
+                req.cached_len += batch.extend_lens[0]
+                if req.cached_len == req.seq_len < len(token_ids):
+                    req.token_ids.append(token_ids[req.seq_len])
+                    if batch.phase == "prefill":
+                        sched.decode_manager.add(req)
+        finally:
+            sched.finish(req, FinishReason.ABORT)
+        return torch.cat(rows)
+
+    def generate(self, prompts, sampling_params=None, chat: bool = False) -> list[GenerationResult]:
+        results = self._submit(prompts, sampling_params, chat)
+        ordered = list(results.values())
+        while any(r.finish_reason is None for r in ordered):
+            for out in self.scheduler.step():
+                res = results[out.uid]
+                if out.token_id is not None:
+                    res.token_ids.append(out.token_id)
+                if out.finished:
+                    res.finish_reason = out.finish_reason.value
+        for res in ordered:
+            res.text = self.decode(res.token_ids)
+        return ordered
+
+
+__all__ = ["LLM", "GenerationResult", "SamplingParams", "FinishReason"]

@@ -1,0 +1,155 @@
+"""From a model name to a ready model: resolve where the weights live, read the config, check
+the weights fit in memory, build our implementation and fill it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import psutil
+import torch
+
+from .config import EngineConfig, ModelConfig
+from .errors import ModelSourceError, UserError, WeightsError
+from .models import CausalLM, build_model
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def builtin_config_names() -> list[str]:
+    return sorted(p.name.removesuffix(".json") for p in resources.files("minisgl_engine.configs").iterdir() if p.name.endswith(".json"))
+
+
+def load_hf_config(config: EngineConfig, model_dir: Path | None):
+    """The transformers config object: a built-in shape for --dummy-weights --config NAME, else
+    the model folder's config.json."""
+    from transformers import AutoConfig
+
+    if config.config is not None:
+        names = builtin_config_names()
+        if config.config not in names:
+            raise UserError(f"unknown --config {config.config!r}; built-in configs: {', '.join(names)}")
+        data = json.loads(resources.files("minisgl_engine.configs").joinpath(f"{config.config}.json").read_text())
+        cls = AutoConfig.for_model(data["model_type"]).__class__
+        return cls.from_dict(data)
+    assert model_dir is not None
+    try:
+        return AutoConfig.from_pretrained(model_dir)
+    except (ValueError, KeyError) as exc:
+        raise ModelSourceError(f"cannot read {model_dir / 'config.json'}: {str(exc).splitlines()[0]}") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"unsupported --device {name!r}; use auto, cpu or cuda")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device, model_config: ModelConfig) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        return model_config.dtype if model_config.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    if name not in DTYPES:
+        raise UserError(f"unsupported --dtype {name!r}; use auto, bfloat16, float16 or float32")
+    return DTYPES[name]
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    return psutil.virtual_memory().available
+
+
+def param_bytes(model_config: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes our model's parameters take, computed from the config alone."""
+    c = model_config
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    total = c.num_layers * per_layer + c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    return total * torch.empty((), dtype=dtype).element_size()
+
+
+def check_fits(model_name: str, weight_bytes: int, kv_bytes_min: int, device: torch.device, dtype: torch.dtype) -> None:
+    free = free_memory_bytes(device)
+    if weight_bytes + kv_bytes_min > free:
+        gib = 1 << 30
+        raise UserError(
+            f"{model_name} needs {weight_bytes / gib:.1f} GiB of weights in {str(dtype).removeprefix('torch.')} plus "
+            f"{kv_bytes_min / gib:.2f} GiB of KV cache, but only {free / gib:.1f} GiB of {device.type} memory is free; "
+            "pick a smaller model or a smaller --dtype"
+        )
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    config: ModelConfig
+    hf_config: object
+    model_dir: Path | None
+    device: torch.device
+    dtype: torch.dtype
+
+
+def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
+    """Random weights of the right shape: the same compute as the real model, no download."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        values = torch.randn(param.shape, generator=gen) * 0.02
+        if name.endswith("norm.weight"):
+            values = values + 1.0
+        param.data.copy_(values)
+
+
+def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedModel:
+    from .weights.safetensors_io import iter_safetensors, weights_nbytes
+
+    model_dir = None
+    if not (config.dummy_weights and config.config is not None):
+        if config.dummy_weights and config.model is None:
+            raise UserError("--dummy-weights needs --config NAME (or a --model folder for its config.json)")
+        from .weights.source import resolve_model
+
+        model_dir = resolve_model(config.model)
+    hf_config = load_hf_config(config, model_dir)
+    model_config = ModelConfig.from_hf(hf_config)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device, model_config)
+    name = config.config or str(config.model or "the demo model")
+    if config.dummy_weights:
+        weight_bytes = param_bytes(model_config, dtype)
+    else:
+        weight_bytes = weights_nbytes(model_dir, dtype)
+    from .kvcache.kv_pool import KVPool
+
+    per_token = KVPool.bytes_per_token(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype)
+    check_fits(name, weight_bytes, per_token * min(model_config.max_context_len, 4096), device, dtype)
+
+    with torch.device(device):
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = build_model(model_config, dtype)
+        finally:
+            torch.set_default_dtype(default_dtype)
+    if config.dummy_weights:
+        init_dummy_weights(model, config.seed)
+    else:
+        logger.info("loading weights from %s", model_dir)
+        model.load_weights(iter_safetensors(model_dir))
+    model.eval()
+    return LoadedModel(model, model_config, hf_config, model_dir, device, dtype)
+
+
+__all__ = ["LoadedModel", "WeightsError", "builtin_config_names", "load_model"]

@@ -1,0 +1,145 @@
+"""The decoder-only transformer shared by Llama, Mistral, Qwen2 and Qwen3.
+
+The four families differ only in flags of the same blocks: Qwen2 adds a bias to the QKV
+projection, Qwen3 normalises each head of q and k; Llama 3 scales RoPE frequencies. Module
+names follow the Hugging Face checkpoints, except the merged ``qkv_proj`` and ``gate_up_proj``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from ..attention.base import AttentionBackend
+from ..batch import ForwardBatch
+from ..config import ModelConfig
+from ..errors import WeightsError
+from ..layers.activation import silu_and_mul
+from ..layers.attention import SelfAttention
+from ..layers.embedding import Embedding
+from ..layers.linear import Linear, MergedLinear, default_weight_loader, linear
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+
+# checkpoint name part -> (our merged module name part, shard id)
+MERGED_WEIGHTS = {
+    ".q_proj.": (".qkv_proj.", "q"),
+    ".k_proj.": (".qkv_proj.", "k"),
+    ".v_proj.": (".qkv_proj.", "v"),
+    ".gate_proj.": (".gate_up_proj.", "gate"),
+    ".up_proj.": (".gate_up_proj.", "up"),
+}
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, ("gate", "up"))
+        self.down_proj = Linear(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(
+            layer_id,
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            qkv_bias=config.attention_bias,
+            qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
+        )
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, rope, batch, attn)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_context_len, config.rope_theta, config.rope_scaling, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        hidden = self.embed_tokens(batch.input_ids)
+        residual = None
+        rope = self.rotary.lookup(batch.positions)
+        for layer in self.layers:
+            hidden, residual = layer(rope, hidden, residual, batch, attn)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class CausalLM(nn.Module):
+    """``forward`` returns float32 logits for the rows in ``batch.logits_indices`` only: the
+    LM head is the largest matrix of a small model, so other positions skip it."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, dtype)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        hidden = self.model(batch, attn)
+        return linear(hidden[batch.logits_indices], self.lm_head_weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors into our parameters (casting dtype); every parameter must be
+        filled exactly once, so a truncated or mismatched checkpoint fails loudly."""
+        params = dict(self.named_parameters())
+        missing = {(name, shard) for name, mod in self.named_modules() for shard in getattr(mod, "shards", {})}
+        missing = {(f"{n}.{p}", s) for n, s in missing for p in ("weight", "bias") if f"{n}.{p}" in params}
+        missing |= {(name, None) for name, p in params.items() if not hasattr(p, "weight_loader")}
+        for name, tensor in weights:
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied to the embedding
+            shard_id = None
+            for part, (merged, shard) in MERGED_WEIGHTS.items():
+                if part in name:
+                    name, shard_id = name.replace(part, merged), shard
+                    break
+            param = params.get(name)
+            if param is None:
+                raise WeightsError(f"checkpoint tensor {name!r} has no place in a {self.config.model_type} model")
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            try:
+                loader(param, tensor.to(param.dtype), shard_id)
+            except ValueError as exc:
+                raise WeightsError(f"checkpoint tensor {name!r} does not fit the config: {exc}") from None
+            missing.discard((name, shard_id))
+        if missing:
+            name, shard = sorted(missing, key=str)[0]
+            example = name if shard is None else f"{name} ({shard} part)"
+            raise WeightsError(f"checkpoint is missing {len(missing)} tensors, e.g. {example!r}")

@@ -1,0 +1,67 @@
+"""A request's state inside the scheduler, with derived lengths instead of loose counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # EOS or a stop token / string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # the client went away or asked to stop
+    ERROR = "error"  # the engine refused or failed the request
+
+
+@dataclass(eq=False)
+class Req:
+    """One request being served.
+
+    ``token_ids`` holds the prompt followed by every generated token; ``cached_len`` counts the
+    leading tokens whose KV is already in the pool. So ``extend_len`` is what the next forward
+    pass must compute, whether that is a (chunk of a) prompt or the newest generated token.
+    """
+
+    uid: int
+    token_ids: list[int]
+    prompt_len: int
+    params: SamplingParams
+    max_new_tokens: int  # params.max_tokens clamped to the context limit
+    table_slot: int = -1  # row of the page table while admitted, -1 while waiting
+    cached_len: int = 0
+    pages: list[int] = field(default_factory=list)  # KV pages held, in position order
+    generator: torch.Generator | None = None  # per-request RNG when a seed is given
+    finish_reason: FinishReason | None = None
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_len(self) -> int:
+        return self.seq_len - self.prompt_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def extend_len(self) -> int:
+        return self.seq_len - self.cached_len
+
+    @property
+    def remain_new_tokens(self) -> int:
+        return self.max_new_tokens - self.output_len
+
+    @property
+    def is_prefilling(self) -> bool:
+        """True until every token of the sequence except the last-sampled one has KV."""
+        return self.extend_len > 1 or self.output_len == 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,47 @@
+"""Turns a batch's logits into next tokens; one batch may mix greedy and sampled requests,
+each with its own temperature, top-k, top-p and seed."""
+
+from __future__ import annotations
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every logit outside each row's top-k and its top-p nucleus.
+
+    logits: [batch, vocab] (already divided by temperature); top_k: [batch] ints (<= 0 or >=
+    vocab = off); top_p: [batch] floats (1 = off). The most likely token always survives.
+    """
+    vocab = logits.shape[-1]
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
+    k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).unsqueeze(1)
+    drop = ranks >= k
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    # a token is dropped when the tokens ranked before it already cover top_p of the mass
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop |= mass_before >= top_p.unsqueeze(1)
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
+
+
+class Sampler:
+    def sample(self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
+        """logits: [batch, vocab] float32. Returns [batch] token ids (on the logits' device)."""
+        next_ids = logits.argmax(dim=-1)
+        rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        if not rows:
+            return next_ids
+        idx = torch.tensor(rows, device=logits.device)
+        temps = torch.tensor([params[i].temperature for i in rows], device=logits.device, dtype=logits.dtype)
+        top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)
+        top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device, dtype=logits.dtype)
+        probs = filter_top_k_top_p(logits[idx] / temps.unsqueeze(1), top_k, top_p).softmax(dim=-1)
+        for j, i in enumerate(rows):
+            # one draw per row from that request's own generator, so a seeded request's text
+            # does not depend on which other requests share its batch
+            next_ids[i] = torch.multinomial(probs[j], 1, generator=generators[i]).squeeze(0)
+        return next_ids

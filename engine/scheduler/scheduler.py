@@ -1,0 +1,213 @@
+"""The scheduler core: continuous batching over the engine, with no transport code.
+
+Each :meth:`Scheduler.step` schedules one batch (a prefill batch while prompts can start, else a
+decode batch of every running request), runs it, and turns the sampled tokens into
+:class:`TokenOutput` records. Every ending of a request, whatever its reason, goes through
+:meth:`Scheduler.finish`, which returns the request's pages and forgets it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from ..engine import Engine
+from ..errors import RequestError
+from ..kvcache import KVStats, NaiveCacheManager, PageAllocator
+from ..request import FinishReason, Req
+from ..sampling_params import SamplingParams
+from .decode import DecodeManager
+from .prefill import PrefillManager, pages_for
+
+logger = logging.getLogger(__name__)
+
+EARLY_ABORTS_KEPT = 4096  # aborts that arrived before their request, remembered for a while
+
+
+@dataclass
+class TokenOutput:
+    """What one step produced for one request: a new token, an ending, or both."""
+
+    uid: int
+    token_id: int | None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    running: int
+    waiting: int
+    kv: KVStats
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    requests_finished_total: int
+    requests_aborted_total: int
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, max_running_requests: int | None = None, max_prefill_tokens: int | None = None) -> None:
+        cfg = engine.config
+        self.engine = engine
+        self.page_size = engine.page_size
+        self.max_running_requests = max_running_requests or cfg.max_running_requests
+        if cfg.cache != "naive":
+            raise RequestError(f"--cache {cfg.cache!r} is not available yet; use --cache naive")
+        self.cache_manager = NaiveCacheManager(PageAllocator(engine.num_pages), self.page_size)
+        self.prefill_manager = PrefillManager(
+            self.cache_manager, engine.page_table, self.page_size, max_prefill_tokens or cfg.max_prefill_tokens
+        )
+        self.decode_manager = DecodeManager()
+        self.reqs: dict[int, Req] = {}  # every live request by uid
+        self.eos_token_ids = set(engine.eos_token_ids)
+        self._early_aborts: OrderedDict[int, None] = OrderedDict()
+        self._counters = dict(prompt=0, generation=0, finished=0, aborted=0)
+
+    # ---- requests in -------------------------------------------------------------------------
+
+    def add_request(self, uid: int, token_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request; raises :class:`RequestError` if it can never be served."""
+        if self._early_aborts.pop(uid, "absent") is None:
+            return  # its abort overtook it: drop it silently
+        if uid in self.reqs:
+            raise RequestError(f"request uid {uid} is already running")
+        if not token_ids:
+            raise RequestError("the prompt is empty")
+        limit = self.engine.max_context_len
+        capacity = self.engine.num_pages * self.page_size
+        if len(token_ids) >= limit:
+            raise RequestError(f"the prompt has {len(token_ids)} tokens but the model's context is {limit} tokens; shorten it")
+        if pages_for(len(token_ids) + 1, self.page_size) > self.engine.num_pages:
+            raise RequestError(f"the prompt has {len(token_ids)} tokens but the KV cache holds {capacity}; raise --max-kv-tokens")
+        vocab = self.engine.model_config.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        # Clamp so the sequence fits both the context and (alone) the KV pool: finish "length".
+        max_new = min(params.max_tokens, limit - len(token_ids), capacity - len(token_ids))
+        generator = None
+        if params.seed is not None and not params.is_greedy:
+            generator = torch.Generator(device=self.engine.device).manual_seed(params.seed)
+        req = Req(uid=uid, token_ids=list(token_ids), prompt_len=len(token_ids), params=params, max_new_tokens=max_new, generator=generator)
+        self.reqs[uid] = req
+        self.prefill_manager.add(req)
+        self._counters["prompt"] += len(token_ids)
+
+    def abort_request(self, uid: int) -> TokenOutput | None:
+        """End a request in any state; an abort for an unknown uid is remembered in case the
+        request is still on its way."""
+        req = self.reqs.get(uid)
+        if req is None:
+            self._early_aborts[uid] = None
+            while len(self._early_aborts) > EARLY_ABORTS_KEPT:
+                self._early_aborts.popitem(last=False)
+            return None
+        return self.finish(req, FinishReason.ABORT)
+
+    # ---- the one way out ---------------------------------------------------------------------
+
+    def finish(self, req: Req, reason: FinishReason, error: str | None = None) -> TokenOutput:
+        """End ``req``: give back its pages and table row, drop it from every queue."""
+        req.finish_reason = reason
+        if req.table_slot >= 0:
+            match = self.prefill_manager.matches.pop(req.uid, None)
+            self.cache_manager.release(req.token_ids, req.cached_len, req.pages, match)
+            self.engine.page_table.free_row(req.table_slot)
+            req.table_slot, req.pages = -1, []
+        if req in self.prefill_manager.waiting:
+            self.prefill_manager.remove(req)
+        self.decode_manager.remove(req)
+        self.reqs.pop(req.uid, None)
+        self._counters["aborted" if reason == FinishReason.ABORT else "finished"] += 1
+        return TokenOutput(req.uid, None, reason, error)
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.reqs)
+
+    def _preempt(self, req: Req) -> None:
+        """Out of KV pages while decoding: send ``req`` back to the queue; it will recompute its
+        prompt and the tokens generated so far when pages are free again."""
+        match = self.prefill_manager.matches.pop(req.uid, None)
+        self.cache_manager.release(req.token_ids, req.cached_len, req.pages, match)
+        self.engine.page_table.free_row(req.table_slot)
+        req.table_slot, req.pages, req.cached_len = -1, [], 0
+        self.decode_manager.remove(req)
+        self.prefill_manager.add(req, front=True)
+        logger.debug("preempted request %d (KV cache full)", req.uid)
+
+    def _grow_decode_pages(self) -> None:
+        """Every running request needs a slot for the token it is about to compute."""
+        for req in list(self.decode_manager.running.values()):
+            if req.uid not in self.decode_manager.running:
+                continue  # preempted below to make room
+            while len(req.pages) * self.page_size <= req.cached_len:
+                pages = self.cache_manager.alloc_pages(1)
+                if pages is not None:
+                    self.engine.page_table.write_pages(req.table_slot, len(req.pages), pages, self.page_size)
+                    req.pages.extend(pages)
+                    continue
+                victim = self.decode_manager.newest()
+                self._preempt(victim)
+                if victim is req:
+                    break
+
+    def schedule(self):
+        room = self.max_running_requests - len(self.decode_manager.running)
+        batch = self.prefill_manager.schedule(max_new_requests=room)
+        if batch is not None:
+            return batch
+        self._grow_decode_pages()
+        return self.decode_manager.schedule()
+
+    def step(self) -> list[TokenOutput]:
+        batch = self.schedule()
+        if batch is None:
+            return []
+        next_ids = iter(self.engine.forward_batch(batch))
+        outputs: list[TokenOutput] = []
+        for i, (req, extend) in enumerate(zip(batch.reqs, batch.extend_lens)):
+            sampled = batch.samples(i)
+            req.cached_len += extend
+            if not sampled:
+                continue
+            token = next(next_ids)
+            req.token_ids.append(token)
+            self._counters["generation"] += 1
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                out = self.finish(req, reason)
+                out.token_id = token
+                outputs.append(out)
+                continue
+            if batch.phase == "prefill":
+                self.decode_manager.add(req)
+            outputs.append(TokenOutput(req.uid, token))
+        return outputs
+
+    def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
+        if token in req.params.stop_token_ids or (token in self.eos_token_ids and not req.params.ignore_eos):
+            return FinishReason.STOP
+        if req.output_len >= req.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def stats(self) -> SchedulerStats:
+        c = self._counters
+        return SchedulerStats(
+            running=len(self.decode_manager.running),
+            waiting=len(self.prefill_manager.waiting),
+            kv=self.cache_manager.stats(),
+            prompt_tokens_total=c["prompt"],
+            generation_tokens_total=c["generation"],
+            requests_finished_total=c["finished"],
+            requests_aborted_total=c["aborted"],
+        )

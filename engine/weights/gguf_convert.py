@@ -1,0 +1,166 @@
+"""One-time conversion of a GGUF file into a Hugging Face-style folder.
+
+transformers can read GGUF, but dequantising takes tens of seconds on a small CPU, and the engine
+loads plain safetensors. So we dequantise once with transformers' own loader and cache the result:
+config.json (without ``quantization_config``), model.safetensors (float32), the tokenizer files and
+generation_config.json.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from ..errors import ModelSourceError
+
+log = logging.getLogger(__name__)
+
+COMPLETE_MARKER = ".complete"
+_TMP_PREFIX = ".tmp-"
+
+
+def is_complete(folder: Path) -> bool:
+    """True once a conversion finished: the marker is the last file written."""
+    return (Path(folder) / COMPLETE_MARKER).is_file()
+
+
+@contextmanager
+def _transformers_progress(enabled: bool):
+    """Turn transformers' tqdm bars off for the duration when ``enabled`` is False.
+
+    The GGUF dequantisation bar is a bare ``tqdm`` that ignores transformers' switch, so its
+    module's ``tqdm`` is swapped for a disabled one while we run.
+    """
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    if enabled:
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    original = getattr(gguf_utils, "tqdm", None)
+    hf_logging.disable_progress_bar()
+    if original is not None:
+        gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _state_dict_for_saving(model: torch.nn.Module, tied: bool) -> dict[str, torch.Tensor]:
+    """Contiguous tensors; with tied embeddings, later aliases of a tensor (lm_head) are dropped.
+
+    safetensors refuses tensors sharing memory; a loader re-ties lm_head from
+    tie_word_embeddings, so dropping the alias loses nothing.
+    """
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key in seen:
+            if tied:
+                continue
+            tensor = tensor.clone()
+        seen.add(key)
+        tensors[name] = tensor.detach().cpu().contiguous()
+    return tensors
+
+
+def _plain_config(model: torch.nn.Module) -> dict:
+    """The config as a normal checkpoint would have it: no GGUF quantization_config (the weights
+    are dequantised now), the architecture named, and rope_theta also at the top level, where
+    transformers 4.x and most hub configs keep it (5.x nests it in rope_parameters)."""
+    config = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_")}
+    config.pop("quantization_config", None)
+    config["architectures"] = [type(model).__name__]
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in config:
+        config["rope_theta"] = rope["rope_theta"]
+    return config
+
+
+def _portable_tokenizer_class(path: Path) -> None:
+    """transformers 5 saves ``TokenizersBackend``, a class 4.x lacks; both know the fast-tokenizer
+    name, which 5.x maps to the same class."""
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("tokenizer_class") == "TokenizersBackend":
+        data["tokenizer_class"] = "PreTrainedTokenizerFast"
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_folder(gguf_path: Path, out: Path, progress: bool) -> None:
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        with _transformers_progress(progress):
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
+                                                         dtype=torch.float32)
+    except Exception as exc:  # transformers raises many kinds for unsupported/corrupt GGUF
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelSourceError(f"could not convert GGUF file {gguf_path} with transformers "
+                               f"({type(exc).__name__}: {first}); use a GGUF of a supported "
+                               "architecture or a Hugging Face folder") from exc
+
+    config = _plain_config(model)
+    tied = bool(config.get("tie_word_embeddings", False))
+    save_file(_state_dict_for_saving(model, tied), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+    tokenizer.save_pretrained(str(out))
+    _portable_tokenizer_class(out / "tokenizer_config.json")
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.save_pretrained(str(out))
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> Path:
+    """Dequantise ``gguf_path`` into ``out_dir`` once; later calls return at once.
+
+    The folder is built in a temporary sibling and renamed into place, so an interrupted run never
+    leaves a half-written ``out_dir`` behind; a file lock serialises concurrent conversions.
+    """
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    if is_complete(out_dir):
+        return out_dir
+    if not gguf_path.is_file():
+        raise ModelSourceError(f"GGUF file {gguf_path} does not exist; check the path")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out_dir.parent / f"{out_dir.name}.lock")):
+        if is_complete(out_dir):
+            return out_dir
+        # Leftovers of runs that were killed: nobody else can be using them while we hold the lock.
+        for stale in out_dir.parent.glob(f"{_TMP_PREFIX}{out_dir.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{out_dir.name}-", dir=out_dir.parent))
+        try:
+            start = time.monotonic()
+            log.info("converting %s into %s (one time only)", gguf_path, out_dir)
+            _write_folder(gguf_path, tmp, progress)
+            marker = {"source": gguf_path.name, "seconds": round(time.monotonic() - start, 1)}
+            (tmp / COMPLETE_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
+            if out_dir.exists():  # an incomplete folder from elsewhere; never used as is
+                shutil.rmtree(out_dir)
+            os.replace(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir

@@ -1,0 +1,111 @@
+"""Reading a Hugging Face folder's safetensors weights, one shard at a time.
+
+Every problem with the files becomes a one-line :class:`WeightsError` naming the file, so a
+truncated download is reported as such instead of as a traceback from deep inside a loader.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..errors import WeightsError
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# Stored dtype names (safetensors header) -> bytes per element; floating types are the ones a
+# load-time dtype cast applies to.
+_FLOAT_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+_OTHER_SIZES = {"I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
+                "BOOL": 1}
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of ``model_dir``, each once, in index order (checks they exist)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise WeightsError(f"model folder {model_dir} does not exist; pass an existing folder")
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = list(dict.fromkeys(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise WeightsError(f"{index} is not a valid safetensors index ({type(exc).__name__}); "
+                               "download the model again") from exc
+        files = [model_dir / name for name in names]
+        for file in files:
+            if not file.is_file():
+                raise WeightsError(f"shard {file} listed in {index.name} is missing; "
+                                   "download the model again")
+        return files
+    single = model_dir / SINGLE_FILE
+    if single.is_file():
+        return [single]
+    raise WeightsError(f"no {SINGLE_FILE} or {INDEX_FILE} in {model_dir}; "
+                       "the model needs weights in safetensors format")
+
+
+def _corrupt(file: Path, exc: BaseException) -> WeightsError:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return WeightsError(f"cannot read weights file {file} ({reason}); it is probably truncated "
+                        "or corrupt, download the model again")
+
+
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for every stored tensor, opening each shard once."""
+    for file in weight_files(model_dir):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise _corrupt(file, exc) from exc
+
+
+def _read_header(file: Path) -> dict:
+    """The JSON header of a safetensors file (8-byte little-endian length, then JSON)."""
+    try:
+        with open(file, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > 100_000_000 or length > file.stat().st_size - 8:
+                raise ValueError("header length exceeds the file size")
+            header = json.loads(f.read(length))
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+        return header
+    except (OSError, ValueError, struct.error) as exc:
+        raise _corrupt(file, exc) from exc
+
+
+def weights_nbytes(model_dir: Path, dtype: torch.dtype | None) -> int:
+    """Bytes the weights take once floating tensors are cast to ``dtype`` (None: as stored).
+
+    Only the headers are read, so this is cheap enough for a "does it fit" check before loading.
+    """
+    total = 0
+    for file in weight_files(model_dir):
+        for name, info in _read_header(file).items():
+            if name == "__metadata__":
+                continue
+            try:
+                stored, shape = info["dtype"], info["shape"]
+                numel = 1
+                for dim in shape:
+                    numel *= int(dim)
+                if dtype is not None and stored in _FLOAT_SIZES:
+                    total += numel * dtype.itemsize
+                elif stored in _FLOAT_SIZES or stored in _OTHER_SIZES:
+                    total += numel * (_FLOAT_SIZES | _OTHER_SIZES)[stored]
+                else:  # an unusual dtype: trust the stored byte range
+                    begin, end = info["data_offsets"]
+                    total += int(end) - int(begin)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise _corrupt(file, ValueError(f"bad header entry for {name!r}")) from exc
+    return total

@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny random models of every architecture, saved once per test session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import make_tiny_model  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """``tiny_model(arch)`` -> (folder, transformers model) for a random float32 checkpoint."""
+    made: dict[str, tuple[Path, object]] = {}
+
+    def get(arch: str):
+        if arch not in made:
+            folder = tmp_path_factory.mktemp(f"tiny-{arch}")
+            made[arch] = (folder, make_tiny_model(arch, folder))
+        return made[arch]
+
+    return get
