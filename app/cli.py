@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from minisgl_engine.args import add_engine_args, engine_config_from_args
@@ -14,6 +15,23 @@ from minisgl_engine.errors import UserError
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):  # one line instead of usage + error
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; any other needs --api-key)")
+    g.add_argument("--port", type=int, default=1919, help="default: %(default)s")
+    g.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/* (env MINISGL_API_KEY)")
+    g.add_argument("--num-tokenizer", type=int, default=1, help="tokenizer processes (default: %(default)s)")
+
+
+def server_config_from_args(args: argparse.Namespace):
+    import os
+
+    from minisgl_engine.server.server import ServerConfig
+
+    return ServerConfig(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("MINISGL_API_KEY") or None,
+                        num_tokenizers=args.num_tokenizer)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--no-chat-template", action="store_true", help="send the prompt as plain text")
     add_engine_args(gen)
+
+    serve = sub.add_parser("serve", help="headless OpenAI-compatible server (no UI)")
+    add_server_args(serve)
+    add_engine_args(serve)
 
     pull = sub.add_parser("pull", help="download and convert a model once (default: the demo model)")
     pull.add_argument("model", nargs="?", default="demo")
@@ -67,6 +89,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from minisgl_engine.server.server import run_server
+
+    logging.getLogger("minisgl").setLevel(logging.INFO)
+    return run_server(engine_config_from_args(args), server_config_from_args(args))
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     from minisgl_engine.weights.source import resolve_model
 
@@ -78,9 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("minisgl").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    if not args.verbose:  # transformers' config warnings would bury our one-line errors
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "serve":
+            return cmd_serve(args)
         if args.command == "pull":
             return cmd_pull(args)
         if args.command == "bench":

@@ -17,6 +17,9 @@ from .errors import UserError
 from .sampling_params import SamplingParams
 
 
+WARMUP_LEN = 20  # prompt + output tokens of the untimed first run
+
+
 def add_bench_args(parser: argparse.ArgumentParser, add_engine_args, parser_class) -> None:
     sub = parser.add_subparsers(dest="bench", parser_class=parser_class, required=True)
     dec = sub.add_parser("decode", help="decode tok/s and time to first token at fixed lengths")
@@ -100,7 +103,7 @@ def run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     from .llm import LLM
 
     torch.set_num_threads(torch.get_num_threads())  # every core, for both implementations
-    max_len = max(args.input_len) + args.output_len
+    max_len = max(max(args.input_len) + args.output_len, WARMUP_LEN)
     need = max(args.batch_size) * (max_len + 1)
     if config.max_kv_tokens is None:
         config = replace(config, max_kv_tokens=need)
@@ -111,9 +114,9 @@ def run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     vocab = engine.model_config.vocab_size
     results = []
     # warm-up: first-call costs (allocator, kernels) are not what we measure
-    time_engine(llm, random_prompts(1, 16, vocab, seed=1), 4)
+    time_engine(llm, random_prompts(1, WARMUP_LEN - 4, vocab, seed=1), 4)
     if hf is not None:
-        time_hf(hf, random_prompts(1, 16, vocab, seed=1), 4, engine.device)
+        time_hf(hf, random_prompts(1, WARMUP_LEN - 4, vocab, seed=1), 4, engine.device)
     for bs in args.batch_size:
         for input_len in args.input_len:
             prompts = random_prompts(bs, input_len, vocab)

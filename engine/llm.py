@@ -69,11 +69,16 @@ class LLM:
         if len(params_list) != len(prompts):
             raise UserError("give one SamplingParams per prompt, or one for all")
         results: dict[int, GenerationResult] = {}
-        for prompt, params in zip(prompts, params_list):
-            uid = next(self._uids)
-            ids = self.encode(prompt, chat)
-            self.scheduler.add_request(uid, ids, replace(params))
-            results[uid] = GenerationResult(prompt_token_ids=ids)
+        try:
+            for prompt, params in zip(prompts, params_list):
+                uid = next(self._uids)
+                ids = self.encode(prompt, chat)
+                self.scheduler.add_request(uid, ids, replace(params))
+                results[uid] = GenerationResult(prompt_token_ids=ids)
+        except Exception:
+            for uid in results:  # all or nothing: withdraw the prompts already queued
+                self.scheduler.abort_request(uid)
+            raise
         return results
 
     def stream(self, prompts, sampling_params=None, chat: bool = False) -> Iterator[tuple[int, int | None, str | None]]:

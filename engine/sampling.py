@@ -22,7 +22,8 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
     # a token is dropped when the tokens ranked before it already cover top_p of the mass
     mass_before = probs.cumsum(dim=-1) - probs
-    drop |= mass_before >= top_p.unsqueeze(1)
+    # rows with top_p == 1 skip the test: a float32 running sum can reach 1.0 before the tail
+    drop |= (mass_before >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)
     drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)

@@ -26,8 +26,12 @@ class PageAllocator:
         return pages
 
     def free(self, pages: list[int]) -> None:
+        # check everything before changing anything, so a bad call loses no page
+        if len(set(pages)) != len(pages):
+            raise AssertionError(f"the same page freed twice in one call: {sorted(pages)}")
         for p in pages:
-            if not self._in_use[p]:
+            if not 0 <= p < self.num_pages or not self._in_use[p]:
                 raise AssertionError(f"page {p} freed while not in use")
+        for p in pages:
             self._in_use[p] = 0
         self._free.extend(reversed(pages))

@@ -1,0 +1,116 @@
+"""Messages between the processes, grouped by the channel they travel on, keyed by ``uid``.
+
+Each is a msgspec Struct encoded as MessagePack: a decoder only ever builds these types from
+plain values, so nothing from a socket is unpickled. Every stage drains what is pending and
+sends one batch wrapper per channel.
+
+    front end --TokenizerBatch--> tokenizer-i --BackendBatch--> scheduler
+    scheduler --DetokenizerBatch--> detokenizer --FrontendBatch--> front end
+    scheduler --FrontendBatch(StatsMsg)--> front end; tokenizer errors --FrontendBatch--> front end
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from .sampling_params import SamplingParams
+
+
+class TokenizeMsg(msgspec.Struct, tag=True):
+    """A new request: exactly one of ``text`` (plain prompt), ``messages`` (chat, the model's
+    template is applied) or ``input_ids``."""
+
+    uid: int
+    params: SamplingParams
+    text: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    input_ids: list[int] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class AbortMsg(msgspec.Struct, tag=True):
+    uid: int
+
+
+class UserMsg(msgspec.Struct, tag=True):
+    uid: int
+    input_ids: list[int]
+    params: SamplingParams
+
+
+class AbortBackendMsg(msgspec.Struct, tag=True):
+    uid: int
+
+
+class DetokenizeMsg(msgspec.Struct, tag=True):
+    uid: int
+    next_token: int | None  # None when the request ends without a new token (abort, error)
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    stop: list[str] | None = None  # the request's stop strings, sent with its first message
+
+
+class UserReply(msgspec.Struct, tag=True):
+    uid: int
+    incremental_output: str
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class StatsMsg(msgspec.Struct, tag=True):
+    running: int
+    waiting: int
+    kv_pages_total: int
+    kv_pages_used: int
+    kv_pages_cached: int
+    kv_pages_free: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    requests_finished_total: int
+    requests_aborted_total: int
+
+
+class ReadyMsg(msgspec.Struct, tag=True):
+    """A worker finished starting (``error`` is None) or failed to (``error`` says why)."""
+
+    worker: str
+    error: str | None = None
+    info: dict[str, Any] = {}
+
+
+class TokenizerBatch(msgspec.Struct):
+    msgs: list[Union[TokenizeMsg, AbortMsg]]
+
+
+class BackendBatch(msgspec.Struct):
+    msgs: list[Union[UserMsg, AbortBackendMsg]]
+
+
+class DetokenizerBatch(msgspec.Struct):
+    msgs: list[DetokenizeMsg]
+
+
+class FrontendBatch(msgspec.Struct):
+    msgs: list[Union[UserReply, StatsMsg, ReadyMsg]]
+
+
+BATCH_TYPES = (TokenizerBatch, BackendBatch, DetokenizerBatch, FrontendBatch)
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(batch) -> bytes:
+    return _encoder.encode(batch)
+
+
+def decoder(batch_type: type) -> msgspec.msgpack.Decoder:
+    """A decoder that accepts only ``batch_type``; anything else raises msgspec.DecodeError
+    (or msgspec.ValidationError, a subclass), which the receiving worker logs and skips."""
+    return msgspec.msgpack.Decoder(batch_type)

@@ -1,0 +1,116 @@
+"""The front end's client of the engine: one way in for the OpenAI routes and the chat UI.
+
+``generate`` assigns a uid, sends a ``TokenizeMsg`` to tokenizer ``uid % N`` and yields the
+``UserReply`` messages that ``listen()`` routes back by uid. Per-uid state lives only while a
+request is in flight: it is deleted when the request finishes, fails or is abandoned by its
+consumer, and an abandoned request is aborted in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from ..messages import AbortMsg, FrontendBatch, ReadyMsg, StatsMsg, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode
+from .ipc import SocketPaths
+from .openai_protocol import GenerateRequest
+
+logger = logging.getLogger("minisgl.frontend")
+
+
+class FrontendClient:
+    def __init__(self, paths: SocketPaths, model_name: str, expected_workers: list[str]) -> None:
+        self.paths = paths
+        self.model_name = model_name
+        self.expected_workers = set(expected_workers)
+        self.ready = False
+        self.stats: StatsMsg | None = None
+        self.worker_info: dict[str, dict] = {}
+        self.startup_errors: dict[str, str] = {}
+        self.pending: dict[int, asyncio.Queue[UserReply]] = {}
+        self._uids = itertools.count(1)
+        self._decoder = decoder(FrontendBatch)
+        # Sends go through plain sockets: PUSH never blocks here, and an abort must be sendable
+        # from a `finally` that cannot await.
+        self._send_ctx = zmq.Context()
+        self._tokenizers = []
+        for i in range(paths.num_tokenizers):
+            sock = self._send_ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(paths.tokenizer(i))
+            self._tokenizers.append(sock)
+        self._recv_ctx = zmq.asyncio.Context()
+        self._receiver = self._recv_ctx.socket(zmq.PULL)
+        self._receiver.setsockopt(zmq.LINGER, 0)
+        self._receiver.bind(paths.frontend)
+        self._listen_task: asyncio.Task | None = None
+
+    @property
+    def pending_count(self) -> int:
+        return len(self.pending)
+
+    def start(self) -> None:
+        """Start routing replies (call from the server's event loop)."""
+        self._listen_task = asyncio.get_running_loop().create_task(self.listen())
+
+    async def listen(self) -> None:
+        while True:
+            raw = await self._receiver.recv()
+            try:
+                batch = self._decoder.decode(raw)
+            except Exception as exc:
+                logger.warning("dropped an invalid message (%d bytes): %s", len(raw), exc)
+                continue
+            for msg in batch.msgs:
+                if isinstance(msg, UserReply):
+                    queue = self.pending.get(msg.uid)
+                    if queue is not None:  # else: its consumer is gone (aborted) — drop it
+                        queue.put_nowait(msg)
+                elif isinstance(msg, StatsMsg):
+                    self.stats = msg
+                elif isinstance(msg, ReadyMsg):
+                    self._on_ready(msg)
+
+    def _on_ready(self, msg: ReadyMsg) -> None:
+        if msg.error is not None:
+            self.startup_errors[msg.worker] = msg.error
+            logger.error("%s failed to start: %s", msg.worker, msg.error)
+            return
+        self.worker_info[msg.worker] = msg.info
+        logger.info("%s ready%s", msg.worker, f" ({', '.join(f'{k}={v}' for k, v in msg.info.items())})" if msg.info else "")
+        if self.expected_workers <= set(self.worker_info):
+            self.ready = True
+
+    def _send(self, uid: int, msg) -> None:
+        self._tokenizers[uid % len(self._tokenizers)].send(encode(TokenizerBatch([msg])))
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[UserReply]:
+        uid = next(self._uids)
+        queue: asyncio.Queue[UserReply] = asyncio.Queue()
+        self.pending[uid] = queue
+        finished = False
+        try:
+            self._send(uid, TokenizeMsg(uid, req.params, text=req.text, messages=req.messages, input_ids=req.input_ids,
+                                        chat_template_kwargs=req.chat_template_kwargs))
+            while not finished:
+                reply = await queue.get()
+                finished = reply.finished
+                yield reply
+        finally:
+            del self.pending[uid]
+            if not finished:
+                self._send(uid, AbortMsg(uid))
+
+    def close(self) -> None:
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+        self._receiver.close()
+        for sock in self._tokenizers:
+            sock.close()
+        self._recv_ctx.term()
+        self._send_ctx.term()

@@ -1,0 +1,82 @@
+"""Starts the worker processes, watches them, and stops them all together.
+
+Workers are spawned (not forked: the main process runs an event loop and threads), each one
+reports ready (or its error) to the front end. If any worker dies, ``on_exit`` is called so the
+whole group can go down; workers in turn exit when the main process dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+
+from ..config import EngineConfig
+from .detokenizer_worker import DetokenizerWorkerArgs, run_detokenizer_worker
+from .ipc import SocketPaths
+from .scheduler_worker import SchedulerWorkerArgs, run_scheduler_worker
+from .tokenizer_worker import TokenizerWorkerArgs, run_tokenizer_worker
+
+logger = logging.getLogger("minisgl.launcher")
+
+
+class EngineProcesses:
+    def __init__(
+        self,
+        config: EngineConfig,
+        paths: SocketPaths,
+        tokenizer_path: str | None,
+        max_context_len: int,
+        log_level: int = logging.WARNING,
+    ) -> None:
+        ctx = mp.get_context("spawn")
+        pid = os.getpid()
+        self.processes: dict[str, BaseProcess] = {}
+        for i in range(paths.num_tokenizers):
+            args = TokenizerWorkerArgs(i, paths, tokenizer_path, max_context_len, pid, log_level)
+            self.processes[f"minisgl-tokenizer-{i}"] = ctx.Process(target=run_tokenizer_worker, args=(args,), daemon=True)
+        self.processes["minisgl-detokenizer-0"] = ctx.Process(
+            target=run_detokenizer_worker, args=(DetokenizerWorkerArgs(paths, tokenizer_path, pid, log_level),), daemon=True
+        )
+        self.processes["minisgl-TP0-scheduler"] = ctx.Process(
+            target=run_scheduler_worker, args=(SchedulerWorkerArgs(config, paths, 0, pid, log_level),), daemon=True
+        )
+        self._stopping = threading.Event()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.processes)
+
+    def start(self, on_exit: Callable[[str, int | None], None]) -> None:
+        for proc in self.processes.values():
+            proc.start()
+        threading.Thread(target=self._watch, args=(on_exit,), name="worker-watch", daemon=True).start()
+
+    def _watch(self, on_exit: Callable[[str, int | None], None]) -> None:
+        by_sentinel = {proc.sentinel: name for name, proc in self.processes.items()}
+        ready = wait(list(by_sentinel))
+        if self._stopping.is_set():
+            return
+        name = by_sentinel[ready[0]]
+        proc = self.processes[name]
+        proc.join(0.1)
+        on_exit(name, proc.exitcode)
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """SIGTERM everyone, then SIGKILL whoever is still there after ``timeout``."""
+        self._stopping.set()
+        for proc in self.processes.values():
+            if proc.is_alive():
+                proc.terminate()
+        deadline = timeout
+        for proc in self.processes.values():
+            proc.join(max(deadline, 0.05))
+            deadline -= 0.5
+        for proc in self.processes.values():
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1)

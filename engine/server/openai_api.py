@@ -1,0 +1,426 @@
+"""OpenAI-compatible routes (/v1/chat/completions, /v1/completions, /v1/models) plus /health and
+/metrics, over a front-end client that turns a :class:`GenerateRequest` into a stream of
+:class:`UserReply`.
+
+Both completion routes go through one path, :func:`_serve`: a request's reply stream is closed
+whenever the HTTP side stops wanting it (finished, refused, client gone), and closing it is what
+aborts the request in the engine and gives its KV pages back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+import hmac
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable
+from typing import Protocol, TypeVar
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security.utils import get_authorization_scheme_param
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..errors import RequestError
+from ..messages import UserReply
+from .metrics import StatsSource, metrics_router
+from .openai_protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorInfo,
+    ErrorResponse,
+    GenerateRequest,
+    ModelCard,
+    ModelList,
+    UsageInfo,
+    new_id,
+    now,
+)
+
+DISCONNECT_POLL_S = 0.1
+T = TypeVar("T")
+
+
+class FrontendClient(StatsSource, Protocol):
+    """What the routes need from the front end (minisgl_engine.server.frontend)."""
+
+    model_name: str  # listed by /v1/models; a request naming any model is served by it
+    ready: bool
+
+    def generate(self, req: GenerateRequest) -> AsyncGenerator[UserReply, None]:
+        """Replies for one request, the last with ``finished=True``; closing the generator
+        early aborts the request."""
+        ...
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+class APIError(Exception):
+    """An error to send in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.info = ErrorInfo(message=message, type=type, param=param, code=code)
+        self.headers = headers
+
+
+class ClientGone(Exception):
+    """The HTTP client left before its response was ready; nobody will read what we send."""
+
+
+def _error_json(status: int, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=info).model_dump(mode="json"), status_code=status, headers=headers)
+
+
+def _is_union_tag(part: str | int) -> bool:
+    """pydantic names the union member in an error's location ("list[int]", "str"); drop it."""
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool"))
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One line for the first problem, and the field it concerns (OpenAI's ``param``)."""
+    # A value failing a union gets one error per member; our own checks and the deepest
+    # location say the most (content parts: "type 'image_url' is not supported", not "not a str").
+    error = max(exc.errors(), key=lambda e: (e["type"] == "value_error", len(e["loc"])))
+    path = ".".join(str(part) for part in error["loc"][1:] if not _is_union_tag(part)) or None
+    if error["type"] == "json_invalid":
+        return f"invalid JSON body: {error.get('ctx', {}).get('error', error['msg'])}", None
+    if error["type"] == "value_error":  # our own validators: their text alone reads best
+        message = str(error.get("ctx", {}).get("error", error["msg"]))
+    else:
+        message = error["msg"]
+    return f"{path or 'request body'}: {message}", path
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves in OpenAI's shape; FastAPI's 422 becomes OpenAI's 400."""
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, exc: APIError) -> Response:
+        return _error_json(exc.status, exc.info, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
+        message, param = _validation_message(exc)
+        return _error_json(400, ErrorInfo(message=message, param=param))
+
+    @app.exception_handler(RequestError)
+    async def on_request_error(request: Request, exc: RequestError) -> Response:
+        return _error_json(400, ErrorInfo(message=str(exc)))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return _error_json(exc.status_code, ErrorInfo(message=str(exc.detail), code=str(exc.status_code)), exc.headers)
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request"; never read
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        # Starlette re-raises after this, so the server logs the traceback; the client gets none.
+        info = ErrorInfo(message="internal server error", type="server_error", code="500")
+        return _error_json(500, info)
+
+
+class _RequireApiKey:
+    """ASGI middleware: /v1/* needs ``Authorization: Bearer <key>`` before anything else is
+    looked at, so a client without the key learns nothing, not even whether its JSON parses.
+    compare_digest, so the time taken reveals nothing about the key either."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self._guarded(scope) and not self._authorized(scope):
+            info = ErrorInfo(message="invalid or missing API key (send 'Authorization: Bearer <key>')",
+                             code="invalid_api_key")
+            response = _error_json(401, info, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _guarded(scope: Scope) -> bool:
+        path, root = scope["path"], scope.get("root_path", "")
+        if root and path.startswith(root):  # mounted under a prefix
+            path = path[len(root):]
+        return path == "/v1" or path.startswith("/v1/")
+
+    def _authorized(self, scope: Scope) -> bool:
+        scheme, key = get_authorization_scheme_param(Headers(scope=scope).get("authorization"))
+        given = key.encode() if scheme.lower() == "bearer" else b""
+        return hmac.compare_digest(given, self.expected)
+
+
+# --- the one path both completion routes take -----------------------------------------------
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it if the client disconnects: FastAPI never cancels a handler
+    itself, so without this a closed tab would keep its request generating to the end."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+
+
+def _refusal(reply: UserReply, produced_text: bool) -> APIError:
+    """An engine error before any text is the request's fault (too long, bad template): 400.
+    One after text means something broke mid-way: 500."""
+    message = reply.error or "the engine could not serve this request"
+    if produced_text:
+        return APIError(500, message, type="server_error")
+    return APIError(400, message)
+
+
+_ENDED_EARLY = "the engine ended the request without finishing it"
+
+
+async def _collect(upstream: AsyncGenerator[UserReply, None]) -> tuple[str, UserReply]:
+    """All text of a request and its final reply."""
+    parts: list[str] = []
+    async for reply in upstream:
+        parts.append(reply.incremental_output)
+        if reply.finished:
+            text = "".join(parts)
+            if reply.finish_reason == "error":
+                raise _refusal(reply, bool(text))
+            return text, reply
+    raise APIError(500, _ENDED_EARLY, type="server_error")
+
+
+async def _until_first_text(upstream: AsyncGenerator[UserReply, None]) -> list[UserReply]:
+    """Replies up to the first with text (or the last): a refusal must become an HTTP error
+    before the 200 of a stream is sent."""
+    replies: list[UserReply] = []
+    async for reply in upstream:
+        replies.append(reply)
+        if reply.incremental_output or reply.finished:
+            break
+    if not replies:
+        raise APIError(500, _ENDED_EARLY, type="server_error")
+    last = replies[-1]
+    if last.finished and last.finish_reason == "error":
+        raise _refusal(last, produced_text=bool(last.incremental_output))
+    return replies
+
+
+class _Format(ABC):
+    """How one route spells its response and its stream chunks."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.created = now()
+
+    def opening(self) -> list[BaseModel]:
+        return []
+
+    @abstractmethod
+    def text_chunk(self, text: str) -> BaseModel:
+        ...
+
+    @abstractmethod
+    def finish_chunk(self, finish_reason: str | None) -> BaseModel:
+        ...
+
+    @abstractmethod
+    def usage_chunk(self, usage: UsageInfo) -> BaseModel:
+        ...
+
+    @abstractmethod
+    def response(self, text: str, finish_reason: str | None, usage: UsageInfo) -> BaseModel:
+        ...
+
+
+class _ChatFormat(_Format):
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self.id = new_id("chatcmpl")
+
+    def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
+
+    def opening(self) -> list[BaseModel]:
+        return [self._chunk([ChatChunkChoice(delta={"role": "assistant", "content": ""})])]
+
+    def text_chunk(self, text: str) -> BaseModel:
+        return self._chunk([ChatChunkChoice(delta={"content": text})])
+
+    def finish_chunk(self, finish_reason: str | None) -> BaseModel:
+        return self._chunk([ChatChunkChoice(delta={}, finish_reason=finish_reason)])
+
+    def usage_chunk(self, usage: UsageInfo) -> BaseModel:
+        return self._chunk([], usage)
+
+    def response(self, text: str, finish_reason: str | None, usage: UsageInfo) -> BaseModel:
+        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)
+        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage)
+
+
+class _CompletionFormat(_Format):
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self.id = new_id("cmpl")
+
+    def _make(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
+
+    def text_chunk(self, text: str) -> BaseModel:
+        return self._make([CompletionChoice(text=text)])
+
+    def finish_chunk(self, finish_reason: str | None) -> BaseModel:
+        return self._make([CompletionChoice(text="", finish_reason=finish_reason)])
+
+    def usage_chunk(self, usage: UsageInfo) -> BaseModel:
+        return self._make([], usage)
+
+    def response(self, text: str, finish_reason: str | None, usage: UsageInfo) -> BaseModel:
+        return self._make([CompletionChoice(text=text, finish_reason=finish_reason)], usage)
+
+
+def _usage(reply: UserReply) -> UsageInfo:
+    return UsageInfo.of(reply.prompt_tokens, reply.completion_tokens)
+
+
+def _sse(payload: BaseModel | str) -> str:
+    data = payload if isinstance(payload, str) else payload.model_dump_json()
+    return f"data: {data}\n\n"
+
+
+async def _event_stream(
+    upstream: AsyncGenerator[UserReply, None], first: list[UserReply], fmt: _Format, include_usage: bool
+) -> AsyncGenerator[str, None]:
+    """SSE events: opening chunk, text chunks, one finish chunk, usage if asked, [DONE]."""
+    try:
+        for chunk in fmt.opening():
+            yield _sse(chunk)
+        pending = deque(first)
+        while True:
+            reply = pending.popleft() if pending else await anext(upstream, None)
+            if reply is None:
+                yield _sse(ErrorResponse(error=ErrorInfo(message=_ENDED_EARLY, type="server_error")))
+                break
+            if reply.incremental_output:
+                yield _sse(fmt.text_chunk(reply.incremental_output))
+            if not reply.finished:
+                continue
+            if reply.finish_reason == "error":  # the 200 is already sent: report it in-band
+                info = ErrorInfo(message=reply.error or "generation failed", type="server_error")
+                yield _sse(ErrorResponse(error=info))
+                break
+            yield _sse(fmt.finish_chunk(reply.finish_reason))
+            if include_usage:
+                yield _sse(fmt.usage_chunk(_usage(reply)))
+            break
+        yield _sse("[DONE]")
+    finally:
+        await upstream.aclose()
+
+
+class _EventStreamResponse(StreamingResponse):
+    """Starlette stops a stream whose client left but does not close its body generator;
+    closing it here runs the generator's ``finally`` at once, which aborts the request. A client
+    leaving is normal, so it is not raised on (ASGI 2.4 servers would log it as an error)."""
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            pass
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _serve(request: Request, client: FrontendClient, body: ChatCompletionRequest | CompletionRequest,
+                 gen_req: GenerateRequest, fmt: _Format) -> Response:
+    upstream = client.generate(gen_req)
+    handed_over = False
+    try:
+        if not body.stream:
+            text, final = await _unless_disconnected(request, _collect(upstream))
+            return JSONResponse(fmt.response(text, final.finish_reason, _usage(final)).model_dump(mode="json"))
+        first = await _unless_disconnected(request, _until_first_text(upstream))
+        events = _event_stream(upstream, first, fmt, body.include_usage)
+        handed_over = True
+        return _EventStreamResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    finally:
+        if not handed_over:
+            await upstream.aclose()
+
+
+# --- the app --------------------------------------------------------------------------------
+
+
+def _v1_router(client: FrontendClient) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+    created = now()
+
+    @router.post("/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        gen_req = body.generate_request()
+        return await _serve(request, client, body, gen_req, _ChatFormat(body.model or client.model_name))
+
+    @router.post("/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        gen_req = body.generate_request()
+        return await _serve(request, client, body, gen_req, _CompletionFormat(body.model or client.model_name))
+
+    @router.get("/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=client.model_name, created=created)])
+
+    return router
+
+
+def create_app(client: FrontendClient, api_key: str | None = None) -> FastAPI:
+    """The HTTP app over ``client``. With ``api_key``, /v1/* needs ``Authorization: Bearer <key>``;
+    /health and /metrics stay open (they carry no prompt text)."""
+    app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None)
+    _install_error_handlers(app)
+    if api_key:
+        app.add_middleware(_RequireApiKey, api_key=api_key)
+    app.include_router(_v1_router(client))
+    app.include_router(metrics_router(client))
+
+    @app.get("/health", include_in_schema=False)
+    async def health() -> JSONResponse:
+        if client.ready:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "starting"}, status_code=503)
+
+    return app

@@ -1,0 +1,250 @@
+"""The OpenAI-compatible wire format: request bodies, response bodies, and what a request becomes
+inside the engine (a :class:`GenerateRequest`).
+
+Request models only check types; values (temperature >= 0, top_p in (0, 1], ...) are checked once,
+by :class:`SamplingParams`, so the HTTP routes and the offline engine refuse the same things.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from ..sampling_params import SamplingParams
+
+DEFAULT_MAX_TOKENS = 4096
+"""Used when a request gives no max_tokens; the engine clamps it to what the context leaves."""
+
+
+@dataclass
+class GenerateRequest:
+    """One request as the front end hands it to the tokenizers: exactly one of ``text``,
+    ``messages`` (the tokenizer applies the chat template) or ``input_ids``."""
+
+    params: SamplingParams
+    text: str | None = None
+    messages: list[dict] | None = None
+    input_ids: list[int] | None = None
+    chat_template_kwargs: dict | None = None
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ContentPart(BaseModel):
+    type: str
+    text: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, value: str) -> str:
+        if value != "text":
+            raise ValueError(f"content part type {value!r} is not supported (only 'text')")
+        return value
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def to_dict(self) -> dict[str, str]:
+        """The plain {role, content} dict a chat template expects; text parts are joined."""
+        if isinstance(self.content, list):
+            content = "".join(part.text or "" for part in self.content)
+        else:
+            content = self.content or ""
+        return {"role": self.role, "content": content}
+
+
+class _SamplingRequest(BaseModel):
+    """Fields shared by both routes. Unknown fields are ignored, as OpenAI clients send many."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # extension (vLLM, SGLang)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False  # extension
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("only n=1 is supported")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def _max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def sampling_params(self) -> SamplingParams:
+        """Raises RequestError for values the engine refuses."""
+        max_tokens = self._max_tokens()
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+            temperature=0.0 if self.temperature is None else self.temperature,
+            top_k=-1 if self.top_k is None else self.top_k,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            seed=self.seed,
+            ignore_eos=self.ignore_eos,
+            stop=stop,
+        )
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def _max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def generate_request(self) -> GenerateRequest:
+        return GenerateRequest(
+            params=self.sampling_params(),
+            messages=[message.to_dict() for message in self.messages],
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
+
+
+class CompletionRequest(_SamplingRequest):
+    # OpenAI allows a batch of prompts; we serve one, given as text or token ids.
+    prompt: str | list[int] | list[str] | list[list[int]]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list) -> str | list[int]:
+        if isinstance(value, str):
+            return value
+        if value and isinstance(value[0], (str, list)):
+            if len(value) != 1:
+                raise ValueError("only one prompt per request")
+            value = value[0]
+        if not value:
+            raise ValueError("prompt must not be empty")
+        return value
+
+    def generate_request(self) -> GenerateRequest:
+        params = self.sampling_params()
+        if isinstance(self.prompt, str):
+            return GenerateRequest(params=params, text=self.prompt)
+        return GenerateRequest(params=params, input_ids=list(self.prompt))
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: dict[str, str]  # {"role", "content"} first, then {"content"}, then {} with the finish
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    # Only the last chunk of a stream with include_usage carries usage.
+    usage: UsageInfo | None = Field(default=None, exclude_if=lambda usage: usage is None)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = Field(default=None, exclude_if=lambda usage: usage is None)
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "minisgl-chat"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo

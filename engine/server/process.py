@@ -1,0 +1,44 @@
+"""What every worker process does first: name itself, tie its life to the main process, and
+leave Ctrl+C to the main process (which stops the whole group in order)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def _exit_when_parent_dies(parent_pid: int) -> None:
+    # The kernel's parent-death signal covers SIGKILL of the main process on Linux; the polling
+    # thread covers other systems and the race where the parent died before prctl ran.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def init_worker(title: str, parent_pid: int, log_level: int) -> None:
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
+    except ImportError:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _exit_when_parent_dies(parent_pid)
+    logging.basicConfig(level=log_level, format=f"%(asctime)s {title}: %(message)s", force=True)

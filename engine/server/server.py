@@ -1,0 +1,162 @@
+"""``minisgl-chat serve``: the headless server — the engine's workers plus one HTTP front end
+(OpenAI-compatible routes, /health, /metrics) on one asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..config import EngineConfig, ModelConfig
+from ..errors import UserError
+from .ipc import SocketPaths, make_runtime_dir, remove_runtime_dir
+
+logger = logging.getLogger("minisgl.server")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 1919
+    api_key: str | None = None
+    num_tokenizers: int = 1
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_server_config(server: ServerConfig) -> None:
+    if not is_loopback(server.host) and not server.api_key:
+        raise UserError(f"refusing to listen on {server.host} without --api-key: anyone on the network could use the engine")
+    if server.num_tokenizers < 1:
+        raise UserError("--num-tokenizer must be at least 1")
+
+
+def bind_listen_socket(host: str, port: int) -> socket.socket:
+    """Bind before starting any worker, so a busy port is a one-line error, not a late crash."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); is another server running? pick another --port") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str, str | None]:
+    """Resolve (download / convert) the model once here, with progress in this terminal, so
+    every worker gets a local folder. Returns the config, the model's shape, its served name
+    and the tokenizer folder."""
+    from ..model_loader import load_hf_config
+
+    from pathlib import Path
+
+    from ..weights.demo import DEMO_MODEL_NAME
+
+    original = config.model
+    model_dir = None
+    if not (config.dummy_weights and config.config is not None):
+        from ..weights.source import resolve_model
+
+        model_dir = resolve_model(original)
+        config = replace(config, model=str(model_dir))
+    model_config = ModelConfig.from_hf(load_hf_config(config, model_dir))
+    if config.dummy_weights and config.config:
+        name = config.config
+    elif original is None or original.strip() in ("", "demo"):
+        name = DEMO_MODEL_NAME
+    elif Path(original).expanduser().exists():
+        name = Path(original).name.removesuffix(".gguf")
+    else:
+        name = original  # a hub id
+    tokenizer = config.tokenizer or (str(model_dir) if model_dir is not None else None)
+    return config, model_config, name, tokenizer
+
+
+def run_server(
+    config: EngineConfig,
+    server: ServerConfig,
+    mount: Callable[[object, object], None] | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> int:
+    """Run until SIGINT/SIGTERM or a worker's death; returns the exit code. ``mount(app,
+    client)`` lets the chat app add its UI to the same FastAPI app (one engine for both)."""
+    import uvicorn
+
+    from .frontend import FrontendClient
+    from .launcher import EngineProcesses
+    from .openai_api import create_app
+
+    check_server_config(server)
+    listen_socket = bind_listen_socket(server.host, server.port)
+    config, model_config, model_name, tokenizer_path = prepare_model(config)
+    runtime_dir = make_runtime_dir()
+    paths = SocketPaths(str(runtime_dir), server.num_tokenizers)
+    log_level = logging.getLogger("minisgl").getEffectiveLevel()
+    processes = EngineProcesses(config, paths, tokenizer_path, model_config.max_context_len, log_level)
+    exit_code = 0
+
+    async def main() -> None:
+        nonlocal exit_code
+        client = FrontendClient(paths, model_name, processes.names)
+        app = create_app(client, server.api_key)
+        if mount is not None:
+            mount(app, client)
+        http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
+
+        def on_worker_exit(name: str, code: int | None) -> None:
+            nonlocal exit_code
+            error = client.startup_errors.get(name)
+            if error is None:  # its error report may still be on the way
+                import time
+
+                time.sleep(0.3)
+                error = client.startup_errors.get(name)
+            why = f"failed to start: {error}" if error else f"exited unexpectedly (exit code {code})"
+            print(f"minisgl-chat: error: {name} {why}; shutting down", file=sys.stderr, flush=True)
+            exit_code = 1
+            http.should_exit = True
+
+        client.start()
+        processes.start(on_worker_exit)
+        host = f"[{server.host}]" if ":" in server.host else server.host
+        url = f"http://{host}:{server.port}"
+
+        async def announce() -> None:
+            logger.info("starting %d workers for %s ...", len(processes.names), model_name)
+            while not client.ready:
+                await asyncio.sleep(0.05)
+            info = client.worker_info.get("minisgl-TP0-scheduler", {})
+            print(f"minisgl-chat: ready at {url} (model {model_name} on {info.get('device', '?')}, "
+                  f"KV cache {info.get('kv_tokens', '?')} tokens)", file=sys.stderr, flush=True)
+            if on_ready is not None:
+                on_ready(url)
+
+        announcer = asyncio.create_task(announce())
+        try:
+            await http.serve(sockets=[listen_socket])
+        finally:
+            announcer.cancel()
+            client.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        processes.stop()
+        remove_runtime_dir(runtime_dir)
+        listen_socket.close()
+    return exit_code

@@ -1,0 +1,99 @@
+"""``minisgl-tokenizer-{i}``: turns text or chat messages into token ids (the model's chat
+template with its generation prompt), checks the length against the context, and forwards
+aborts. Requests of one uid always come to the same tokenizer, so an abort never overtakes its
+request."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+
+import zmq
+
+from ..errors import UserError
+from ..messages import AbortBackendMsg, AbortMsg, BackendBatch, FrontendBatch, ReadyMsg, TokenizeMsg, TokenizerBatch, UserMsg, UserReply
+from .ipc import Receiver, Sender, SocketPaths
+from .process import init_worker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TokenizerWorkerArgs:
+    index: int
+    paths: SocketPaths
+    tokenizer_path: str | None
+    max_context_len: int
+    parent_pid: int
+    log_level: int = logging.WARNING
+
+
+class PromptEncoder:
+    def __init__(self, tokenizer, max_context_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_context_len = max_context_len
+
+    def encode(self, msg: TokenizeMsg) -> list[int]:
+        given = [x is not None for x in (msg.text, msg.messages, msg.input_ids)]
+        if sum(given) != 1:
+            raise UserError("give exactly one of a prompt text, chat messages or token ids")
+        if msg.input_ids is not None:
+            ids = list(msg.input_ids)
+        elif self.tokenizer is None:
+            raise UserError("this server has no tokenizer (dummy weights): send token ids")
+        elif msg.text is not None:
+            ids = self.tokenizer.encode(msg.text)
+        else:
+            ids = self.apply_chat_template(msg.messages, msg.chat_template_kwargs or {})
+        if not ids:
+            raise UserError("the prompt is empty")
+        if len(ids) >= self.max_context_len:
+            raise UserError(
+                f"the prompt is {len(ids)} tokens long but the model's context is {self.max_context_len} tokens; "
+                "shorten it (or start a new conversation)"
+            )
+        return ids
+
+    def apply_chat_template(self, messages: list[dict], kwargs: dict) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise UserError("this model has no chat template; use /v1/completions with a plain prompt")
+        try:
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs)
+        except Exception as exc:  # jinja2's TemplateError and friends: the messages don't fit the template
+            raise UserError(f"the chat template rejected these messages: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        return list(out)
+
+
+def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
+    name = f"minisgl-tokenizer-{args.index}"
+    init_worker(name, args.parent_pid, args.log_level)
+    ctx = zmq.Context()
+    to_frontend = Sender(ctx, args.paths.frontend)
+    try:
+        from ..llm import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
+        receiver = Receiver(ctx, args.paths.tokenizer(args.index), TokenizerBatch)
+    except Exception as exc:
+        to_frontend.send(FrontendBatch([ReadyMsg(name, error=f"{type(exc).__name__}: {exc}")]))
+        sys.exit(1)
+    to_scheduler = Sender(ctx, args.paths.scheduler)
+    encoder = PromptEncoder(tokenizer, args.max_context_len)
+    to_frontend.send(FrontendBatch([ReadyMsg(name)]))
+    while True:
+        forward: list = []
+        errors: list = []
+        for batch in receiver.recv_all(block=True):
+            for msg in batch.msgs:
+                if isinstance(msg, AbortMsg):
+                    forward.append(AbortBackendMsg(msg.uid))
+                    continue
+                try:
+                    forward.append(UserMsg(msg.uid, encoder.encode(msg), msg.params))
+                except UserError as exc:
+                    errors.append(UserReply(msg.uid, "", finished=True, finish_reason="error", error=str(exc)))
+        if forward:
+            to_scheduler.send(BackendBatch(forward))
+        if errors:
+            to_frontend.send(FrontendBatch(errors))

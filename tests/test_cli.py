@@ -1,0 +1,191 @@
+"""The real ``minisgl-chat`` console script, run as a user would: a problem the user can fix is
+one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TIMEOUT = 300
+
+
+def cli() -> list[str]:
+    """The installed console script next to this interpreter, else the module."""
+    script = Path(sys.executable).with_name("minisgl-chat")
+    if script.is_file():
+        return [str(script)]
+    return [sys.executable, "-m", "minisgl_app.cli"]
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*cli(), *args], capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit code 2, and stderr is exactly one line naming the problem."""
+    err = proc.stderr
+    assert proc.returncode == 2, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
+    line = lines[0]
+    assert line.startswith("minisgl-chat"), line
+    assert "error" in line
+    for needle in needles:
+        assert needle.lower() in line.lower(), (needle, line)
+    return line
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama saved as a real checkpoint (no tokenizer)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    folder = tmp_path_factory.mktemp("cli-tiny")
+    cfg = LlamaConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=1,
+        bos_token_id=0,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(folder)
+    return folder
+
+
+# ---- bad input: one line, exit 2 -------------------------------------------------------------
+
+
+def test_missing_model_path(tmp_path) -> None:
+    missing = tmp_path / "nonexistent" / "path"
+    proc = run_cli("generate", "--model", str(missing), "hi")
+    assert_one_line_error(proc, str(missing))
+    proc = run_cli("generate", "--model", "/nonexistent/path", "hi")
+    assert_one_line_error(proc, "/nonexistent/path")
+
+
+def test_unsupported_architecture(tmp_path) -> None:
+    folder = tmp_path / "starcoder"
+    folder.mkdir()
+    # a small but valid GPTBigCode config: transformers knows it, we do not
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "gpt_bigcode", "architectures": ["GPTBigCodeForCausalLM"], "n_embd": 64, "n_layer": 2, "n_head": 4})
+    )
+    line = assert_one_line_error(run_cli("generate", "--model", str(folder), "hi"), "gpt_bigcode")
+    assert "llama" in line  # and it says what is supported
+
+
+def test_unknown_model_type(tmp_path) -> None:
+    folder = tmp_path / "mystery"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "frobnicator", "vocab_size": 320}))
+    assert_one_line_error(run_cli("generate", "--model", str(folder), "hi"), "frobnicator")
+
+
+def test_unsupported_architecture_with_odd_config_is_still_one_line(tmp_path) -> None:
+    folder = tmp_path / "starcoder-odd"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "gpt_bigcode", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 320})
+    )
+    assert_one_line_error(run_cli("generate", "--model", str(folder), "hi"), "gpt_bigcode")
+
+
+@pytest.mark.parametrize("keep", [0, 5000, -1000], ids=["empty", "header-only", "tail-cut"])
+def test_corrupt_weights(tiny_dir, tmp_path, keep) -> None:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    shutil.copy(tiny_dir / "config.json", folder / "config.json")
+    data = (tiny_dir / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:keep])
+    assert_one_line_error(run_cli("generate", "--model", str(folder), "--device", "cpu", "hi"), "model.safetensors")
+
+
+def test_bad_dtype(tiny_dir) -> None:
+    assert_one_line_error(run_cli("generate", "--model", str(tiny_dir), "--dtype", "nope", "hi"), "nope")
+
+
+def test_dummy_weights_without_config() -> None:
+    assert_one_line_error(run_cli("bench", "decode", "--dummy-weights", "--device", "cpu"), "--config")
+
+
+def test_dummy_weights_with_unknown_config() -> None:
+    line = assert_one_line_error(run_cli("bench", "decode", "--dummy-weights", "--config", "nope", "--device", "cpu"), "nope")
+    assert "qwen3-0.6b" in line  # lists what exists
+
+
+def test_generate_without_a_tokenizer(tiny_dir) -> None:
+    assert_one_line_error(run_cli("generate", "--model", str(tiny_dir), "--device", "cpu", "hi"), "tokenizer")
+
+
+# ---- the demo model ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def demo_dir() -> Path:
+    from minisgl_engine.weights import demo
+    from minisgl_engine.weights.gguf_convert import is_complete
+
+    folder = demo.demo_model_dir()
+    if not is_complete(folder):
+        pytest.skip(f"demo model not pulled into {folder} (run `minisgl-chat pull`)")
+    return folder
+
+
+@pytest.mark.slow
+def test_generate_answers_the_capital_of_france(demo_dir) -> None:
+    proc = run_cli("generate", "What is the capital of France?", "--max-tokens", "32", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Paris" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_generate_with_a_prompt_longer_than_the_context(demo_dir) -> None:
+    proc = run_cli("generate", "hello " * 9000, "--max-tokens", "4", "--device", "cpu")
+    line = assert_one_line_error(proc, "context", "8192")
+    assert proc.stdout.strip() == ""
+    assert len(line) < 300
+
+
+# ---- bench ---------------------------------------------------------------------------------
+
+BENCH_KEYS = {
+    "bench", "device", "model", "dtype", "tp", "cache", "batch_size", "input_len", "output_len",
+    "engine_tok_s", "hf_tok_s", "hf_settings", "ttft_ms",
+}
+
+
+def check_bench_json(proc: subprocess.CompletedProcess, tiny_dir: Path, input_len: int, output_len: int) -> None:
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(row) == BENCH_KEYS
+    assert row["bench"] == "decode"
+    assert (row["batch_size"], row["input_len"], row["output_len"]) == (1, input_len, output_len)
+    assert row["model"] == str(tiny_dir)
+    assert (row["dtype"], row["tp"], row["cache"]) == ("float32", 1, "naive")
+    assert isinstance(row["device"], str) and row["device"]
+    for key in ("engine_tok_s", "hf_tok_s", "ttft_ms"):  # numbers, whatever their values
+        assert isinstance(row[key], (int, float)) and row[key] >= 0, key
+    assert isinstance(row["hf_settings"], str) and "transformers" in row["hf_settings"]
+
+
+def test_bench_decode_compare_hf_prints_a_json_line(tiny_dir) -> None:
+    proc = run_cli("bench", "decode", "--model", str(tiny_dir), "--device", "cpu", "--compare-hf", "--output-len", "4", "--input-len", "16")
+    check_bench_json(proc, tiny_dir, 16, 4)
+
+
+def test_bench_decode_short_lengths(tiny_dir) -> None:
+    proc = run_cli("bench", "decode", "--model", str(tiny_dir), "--device", "cpu", "--compare-hf", "--output-len", "4", "--input-len", "8")
+    check_bench_json(proc, tiny_dir, 8, 4)

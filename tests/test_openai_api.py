@@ -1,0 +1,447 @@
+"""The OpenAI-compatible routes against a scripted front-end client (no workers, no model)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncGenerator, Callable
+
+import anyio
+import httpx
+import openai
+import pytest
+
+from minisgl_engine.messages import StatsMsg, UserReply
+from minisgl_engine.server.openai_api import create_app
+from minisgl_engine.server.openai_protocol import DEFAULT_MAX_TOKENS, GenerateRequest
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _prompt_words(req: GenerateRequest) -> list[str]:
+    if req.messages is not None:
+        return req.messages[-1]["content"].split()
+    if req.input_ids is not None:
+        return [str(i) for i in req.input_ids]
+    return (req.text or "").split()
+
+
+def echo_script(req: GenerateRequest) -> list[UserReply]:
+    """Echoes the prompt word by word, up to max_tokens words; the last reply finishes."""
+    words = _prompt_words(req)
+    out = words[: req.params.max_tokens]
+    reason = "length" if len(words) > req.params.max_tokens else "stop"
+    replies = [UserReply(uid=1, incremental_output=f"{w} ") for w in out[:-1]]
+    replies.append(
+        UserReply(uid=1, incremental_output=f"{out[-1]} " if out else "", finished=True, finish_reason=reason,
+                  prompt_tokens=len(words), completion_tokens=len(out))
+    )
+    return replies
+
+
+def refuse_script(req: GenerateRequest) -> list[UserReply]:
+    return [UserReply(uid=1, incremental_output="", finished=True, finish_reason="error",
+                      error="prompt has 9000 tokens, the context holds 8192")]
+
+
+class FakeClient:
+    """Plays a script of replies; records each request and how its generator ended."""
+
+    model_name = "fake-model"
+
+    def __init__(self, script: Callable[[GenerateRequest], list[UserReply]] = echo_script,
+                 delay: float = 0.0, ready: bool = True) -> None:
+        self.script = script
+        self.delay = delay
+        self.ready = ready
+        self.stats: StatsMsg | None = None
+        self.pending_count = 0
+        self.requests: list[GenerateRequest] = []
+        self.endings: list[str] = []  # "finished", or "aborted" when closed before the last reply
+
+    async def generate(self, req: GenerateRequest) -> AsyncGenerator[UserReply, None]:
+        self.requests.append(req)
+        self.pending_count += 1
+        delivered_last = False
+        try:
+            for reply in self.script(req):
+                await asyncio.sleep(self.delay)
+                delivered_last = reply.finished
+                yield reply
+        finally:
+            self.pending_count -= 1
+            self.endings.append("finished" if delivered_last else "aborted")
+
+
+def http(app, **kwargs) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, **kwargs), base_url="http://test")
+
+
+def sse_payloads(text: str) -> list[str]:
+    assert text.endswith("data: [DONE]\n\n")
+    events = [e for e in text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    return [e[len("data: "):] for e in events]
+
+
+def assert_openai_error(response: httpx.Response, status: int, contains: str = "") -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert contains.lower() in error["message"].lower()
+    return error
+
+
+CHAT = {"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": "what is a KV cache"}]}
+
+
+# --- shapes ---------------------------------------------------------------------------------
+
+
+async def test_chat_completion_non_stream_shape():
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
+    assert body["model"] == "Qwen/Qwen3-0.6B" and isinstance(body["created"], int)
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "what is a KV cache "}
+    assert choice["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+    assert client.endings == ["finished"]
+
+
+async def test_chat_stream_role_first_one_finish_usage_then_done():
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/chat/completions",
+                         json={**CHAT, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    payloads = sse_payloads(r.text)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+    assert len({ch["id"] for ch in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    with_choices = [ch for ch in chunks if ch["choices"]]
+    finishes = [ch["choices"][0]["finish_reason"] for ch in with_choices if ch["choices"][0]["finish_reason"]]
+    assert finishes == ["length"]
+    assert with_choices[-1]["choices"][0]["finish_reason"] == "length"
+    contents = [ch["choices"][0]["delta"].get("content") for ch in with_choices[1:-1]]
+    assert contents == ["what ", "is ", "a "]
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert all("usage" not in ch for ch in chunks[:-1])
+
+
+async def test_chat_stream_without_include_usage_has_no_usage_chunk():
+    async with http(create_app(FakeClient())) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    chunks = [json.loads(p) for p in sse_payloads(r.text)[:-1]]
+    assert all(ch["choices"] for ch in chunks) and all("usage" not in ch for ch in chunks)
+
+
+async def test_chat_stream_skips_empty_deltas():
+    def script(req):
+        return [UserReply(uid=1, incremental_output=""), UserReply(uid=1, incremental_output="Hi"),
+                UserReply(uid=1, incremental_output=""),
+                UserReply(uid=1, incremental_output="", finished=True, finish_reason="stop")]
+
+    async with http(create_app(FakeClient(script))) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    deltas = [json.loads(p)["choices"][0]["delta"] for p in sse_payloads(r.text)[:-1]]
+    assert deltas == [{"role": "assistant", "content": ""}, {"content": "Hi"}, {}]
+
+
+async def test_completion_non_stream_and_stream_shapes():
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/completions", json={"prompt": "one two three", "max_tokens": 2})
+        s = await c.post("/v1/completions",
+                         json={"prompt": "one two", "stream": True, "stream_options": {"include_usage": True}})
+    body = r.json()
+    assert body["id"].startswith("cmpl-") and body["object"] == "text_completion"
+    assert body["model"] == "fake-model"
+    assert body["choices"][0]["text"] == "one two " and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["total_tokens"] == 5
+
+    chunks = [json.loads(p) for p in sse_payloads(s.text)[:-1]]
+    assert all(ch["object"] == "text_completion" for ch in chunks)
+    assert [ch["choices"][0]["text"] for ch in chunks[:-1]] == ["one ", "two ", ""]
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks[:-1]] == [None, None, "stop"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
+
+
+async def test_models_lists_the_served_model():
+    async with http(create_app(FakeClient())) as c:
+        r = await c.get("/v1/models")
+    assert r.json() == {"object": "list", "data": [
+        {"id": "fake-model", "object": "model", "created": r.json()["data"][0]["created"], "owned_by": "minisgl-chat"}]}
+
+
+# --- what reaches the engine ----------------------------------------------------------------
+
+
+async def test_request_fields_become_sampling_params_and_generate_request():
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        await c.post("/v1/chat/completions", json={
+            "messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}]}],
+            "max_tokens": 7, "max_completion_tokens": 9, "temperature": 0.7, "top_p": 0.9, "top_k": 20,
+            "seed": 3, "stop": "\n", "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False},
+            "logprobs": False, "user": "someone",  # unknown or unsupported fields are ignored
+        })
+        await c.post("/v1/completions", json={"prompt": [1, 2, 3], "stop": ["a", "b"]})
+        await c.post("/v1/completions", json={"prompt": [[4, 5]]})
+        await c.post("/v1/completions", json={"prompt": ["just one"]})
+    chat, ids, nested, single = client.requests
+    assert chat.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    assert chat.chat_template_kwargs == {"enable_thinking": False}
+    p = chat.params
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.stop, p.ignore_eos) == (9, 0.7, 0.9, 20, 3, ["\n"], True)
+    assert ids.input_ids == [1, 2, 3] and ids.text is None and ids.params.stop == ["a", "b"]
+    assert ids.params.max_tokens == DEFAULT_MAX_TOKENS and ids.params.is_greedy
+    assert nested.input_ids == [4, 5]
+    assert single.text == "just one"
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route, body, contains", [
+    ("/v1/chat/completions", {**CHAT, "n": 2}, "n=1"),
+    ("/v1/chat/completions", {**CHAT, "temperature": "hot"}, "temperature"),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": -5}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "top_p": 0}, "top_p"),
+    ("/v1/chat/completions", {"model": "x"}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "not supported"),
+    ("/v1/completions", {"prompt": ["first", "second"]}, "only one prompt per request"),
+    ("/v1/completions", {"prompt": []}, "must not be empty"),
+    ("/v1/completions", {"prompt": "x", "n": 3}, "n=1"),
+])
+async def test_bad_requests_are_400_in_openai_shape(route, body, contains):
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        r = await c.post(route, json=body)
+    assert_openai_error(r, 400, contains)
+    assert client.requests == []
+
+
+async def test_malformed_json_is_400():
+    async with http(create_app(FakeClient())) as c:
+        r = await c.post("/v1/chat/completions", content=b'{"messages": [', headers={"content-type": "application/json"})
+    assert_openai_error(r, 400, "invalid JSON")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_engine_refusal_is_400_even_when_streaming(stream):
+    client = FakeClient(refuse_script)
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+    assert_openai_error(r, 400, "context holds 8192")
+    assert client.endings == ["finished"]
+
+
+async def test_error_after_text_is_reported_in_the_stream():
+    def script(req):
+        return [UserReply(uid=1, incremental_output="partial"),
+                UserReply(uid=1, incremental_output="", finished=True, finish_reason="error", error="worker died")]
+
+    async with http(create_app(FakeClient(script))) as c:
+        s = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        r = await c.post("/v1/chat/completions", json=CHAT)
+    assert s.status_code == 200
+    assert json.loads(sse_payloads(s.text)[-2])["error"]["message"] == "worker died"
+    assert assert_openai_error(r, 500, "worker died")["type"] == "server_error"
+
+
+async def test_unknown_route_is_404_and_crash_is_500_without_traceback():
+    class Broken(FakeClient):
+        def generate(self, req):
+            raise RuntimeError("secret internals")
+
+    async with http(create_app(Broken()), raise_app_exceptions=False) as c:
+        missing = await c.get("/v1/nothing")
+        crash = await c.post("/v1/chat/completions", json=CHAT)
+    assert_openai_error(missing, 404)
+    error = assert_openai_error(crash, 500)
+    assert "secret" not in crash.text and "Traceback" not in crash.text and error["type"] == "server_error"
+
+
+# --- API key, health, metrics ---------------------------------------------------------------
+
+
+async def test_api_key_guards_v1_but_not_health_or_metrics():
+    app = create_app(FakeClient(), api_key="s3cret")
+    async with http(app) as c:
+        missing = await c.post("/v1/chat/completions", json=CHAT)
+        wrong = await c.get("/v1/models", headers={"Authorization": "Bearer nope"})
+        basic = await c.get("/v1/models", headers={"Authorization": "Basic czNjcmV0"})
+        garbage = await c.post("/v1/chat/completions", content=b"{", headers={"content-type": "application/json"})
+        unknown = await c.get("/v1/unknown")
+        right = await c.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "bearer s3cret"})
+        health = await c.get("/health")
+        metrics = await c.get("/metrics")
+    for r in (missing, wrong, basic, garbage, unknown):
+        assert assert_openai_error(r, 401, "API key")["code"] == "invalid_api_key"
+    assert right.status_code == 200
+    assert health.status_code == 200 and metrics.status_code == 200
+
+
+async def test_health_is_503_until_ready():
+    client = FakeClient(ready=False)
+    async with http(create_app(client)) as c:
+        starting = await c.get("/health")
+        client.ready = True
+        ready = await c.get("/health")
+    assert (starting.status_code, starting.json()) == (503, {"status": "starting"})
+    assert (ready.status_code, ready.json()) == (200, {"status": "ok"})
+
+
+async def test_metrics_expose_latest_stats_under_exact_names():
+    client = FakeClient()
+    app = create_app(client)
+    async with http(app) as c:
+        before = (await c.get("/metrics")).text
+        client.stats = StatsMsg(running=2, waiting=1, kv_pages_total=100, kv_pages_used=30, kv_pages_cached=20,
+                                kv_pages_free=50, prompt_tokens_total=1234, generation_tokens_total=567,
+                                requests_finished_total=8, requests_aborted_total=1)
+        client.pending_count = 3
+        r = await c.get("/metrics")
+    assert r.headers["content-type"].startswith("text/plain")
+    assert "minisgl_frontend_pending_requests 0.0" in before and "minisgl_running_requests" not in before
+    values = {line.split()[0]: float(line.split()[1]) for line in r.text.splitlines() if not line.startswith("#")}
+    assert values == {
+        "minisgl_frontend_pending_requests": 3, "minisgl_running_requests": 2, "minisgl_waiting_requests": 1,
+        "minisgl_kv_pages_total": 100, "minisgl_kv_pages_used": 30, "minisgl_kv_pages_cached": 20,
+        "minisgl_kv_pages_free": 50, "minisgl_prompt_tokens_total": 1234, "minisgl_generation_tokens_total": 567,
+        "minisgl_requests_finished_total": 8, "minisgl_requests_aborted_total": 1,
+    }
+    assert "# TYPE minisgl_prompt_tokens_total counter" in r.text
+
+
+# --- disconnects abort the request ------------------------------------------------------------
+
+
+async def _call_and_disconnect(app, path: str, body: dict, leave_after_first_chunk: bool,
+                               spec_version: str = "2.3") -> list[dict]:
+    """Drives the ASGI app directly (httpx's transport buffers whole responses): the client
+    leaves after the first body chunk, or 0.2 s after sending the request."""
+    gone = asyncio.Event()
+    request_sent = False
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        nonlocal request_sent
+        if not request_sent:
+            request_sent = True
+            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if gone.is_set() and spec_version >= "2.4":
+            raise OSError("connection closed")
+        sent.append(message)
+        if leave_after_first_chunk and message["type"] == "http.response.body" and message.get("body"):
+            gone.set()
+
+    if not leave_after_first_chunk:
+        asyncio.get_running_loop().call_later(0.2, gone.set)
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": spec_version}, "http_version": "1.1",
+        "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+        "query_string": b"", "headers": [(b"host", b"test"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000), "server": ("test", 80),
+    }
+    with anyio.fail_after(3):  # not wait_for: its extra task would hide a generator left open
+        await app(scope, receive, send)
+    return sent
+
+
+LONG_CHAT = {"messages": [{"role": "user", "content": " ".join(["word"] * 200)}]}
+
+
+@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
+async def test_stream_client_leaving_closes_upstream(spec_version):
+    client = FakeClient(delay=0.02)
+    start = time.monotonic()
+    sent = await _call_and_disconnect(create_app(client), "/v1/chat/completions", {**LONG_CHAT, "stream": True},
+                                      leave_after_first_chunk=True, spec_version=spec_version)
+    assert sent[0]["status"] == 200
+    assert client.endings == ["aborted"] and client.pending_count == 0
+    assert time.monotonic() - start < 1.0  # not after all 200 words (4 s)
+
+
+async def test_stream_client_leaving_while_waiting_for_first_token_closes_upstream():
+    def slow_start(req):
+        return [UserReply(uid=1, incremental_output="")] * 100 + echo_script(req)
+
+    client = FakeClient(slow_start, delay=0.02)
+    start = time.monotonic()
+    await _call_and_disconnect(create_app(client), "/v1/chat/completions", {**CHAT, "stream": True},
+                               leave_after_first_chunk=False)
+    assert client.endings == ["aborted"]
+    assert time.monotonic() - start < 1.0  # not when the first token comes (2 s)
+
+
+async def test_non_stream_client_leaving_cancels_upstream():
+    client = FakeClient(delay=0.02)
+    start = time.monotonic()
+    await _call_and_disconnect(create_app(client), "/v1/completions", {"prompt": " ".join(["w"] * 200)},
+                               leave_after_first_chunk=False)
+    assert client.endings == ["aborted"] and client.pending_count == 0
+    assert time.monotonic() - start < 1.0
+
+
+async def test_stream_read_to_the_end_is_not_counted_as_abort():
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        await c.post("/v1/completions", json={"prompt": "a b", "stream": True})
+    assert client.endings == ["finished"]
+
+
+# --- the official openai client -------------------------------------------------------------
+
+
+def openai_client(app, api_key: str = "unused") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(api_key=api_key, base_url="http://test/v1",
+                              http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
+
+
+async def test_openai_client_chat_non_stream_and_stream():
+    app = create_app(FakeClient(), api_key="k")
+    async with openai_client(app, api_key="k") as oc:
+        done = await oc.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi there"}])
+        stream = await oc.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "hi there"}], stream=True,
+            stream_options={"include_usage": True})
+        chunks = [chunk async for chunk in stream]
+        models = await oc.models.list()
+    assert done.choices[0].message.content == "hi there " and done.choices[0].finish_reason == "stop"
+    assert done.usage.total_tokens == 4
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "hi there "
+    assert chunks[-1].usage.completion_tokens == 2
+    assert [m.id for m in models.data] == ["fake-model"]
+
+
+async def test_openai_client_completions_and_errors():
+    app = create_app(FakeClient(), api_key="k")
+    async with openai_client(app, api_key="k") as oc:
+        done = await oc.completions.create(model="any", prompt="x y z", max_tokens=2, extra_body={"top_k": 5})
+        with pytest.raises(openai.BadRequestError, match="only n=1"):
+            await oc.completions.create(model="any", prompt="x", n=2)
+    async with openai_client(app, api_key="wrong") as oc:
+        with pytest.raises(openai.AuthenticationError):
+            await oc.models.list()
+    assert done.choices[0].text == "x y " and done.choices[0].finish_reason == "length"

@@ -1,0 +1,238 @@
+"""The multi-process server, for real: `minisgl-chat serve` with the demo model, its tokenizer,
+scheduler and detokenizer processes over ZeroMQ, driven over HTTP and by the openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+
+from minisgl_engine.weights.demo import demo_model_dir
+from minisgl_engine.weights.gguf_convert import is_complete
+from server_utils import CLI, ServerProcess, free_port, titles, wait_until
+
+pytestmark = pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`")
+
+SEED_PROMPT = "什么是 KV Cache？"
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    srv = ServerProcess("--num-tokenizer", "2", "--max-kv-tokens", "16384", log_path=tmp_path_factory.mktemp("server") / "serve.log")
+    yield srv
+    srv.stop()
+
+
+def chat_body(content: str, **kw) -> dict:
+    return {"model": "whatever", "messages": [{"role": "user", "content": content}], **kw}
+
+
+def stream_chat(url: str, body: dict) -> tuple[list[dict], list[str]]:
+    """(parsed chunks, raw data lines) of one SSE stream."""
+    chunks, raw = [], []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                raw.append(line[6:])
+                if line[6:] != "[DONE]":
+                    chunks.append(json.loads(line[6:]))
+    return chunks, raw
+
+
+def chunk_text(chunks: list[dict]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+def test_process_titles(server):
+    names = titles(server.workers())
+    assert sum("minisgl-tokenizer-" in n for n in names) == 2, names
+    assert any("minisgl-detokenizer-0" in n for n in names), names
+    assert any("minisgl-TP0-scheduler" in n for n in names), names
+    ps = subprocess.run(["ps", "auxww"], capture_output=True, text=True).stdout
+    assert "minisgl-TP0-scheduler" in ps
+
+
+def test_seed_request_streams_then_done(server):
+    """The curl of DESIGN.md: several SSE chunks, then [DONE]; the text equals the non-stream reply."""
+    body = chat_body(SEED_PROMPT, max_tokens=128)
+    chunks, raw = stream_chat(server.url, body)
+    assert raw[-1] == "[DONE]"
+    assert len([c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]) > 3
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]) == 1
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200
+    reply = r.json()
+    assert chunk_text(chunks) == reply["choices"][0]["message"]["content"]
+    assert "\ufffd" not in chunk_text(chunks)  # CJK comes out whole
+    assert reply["usage"]["completion_tokens"] > 0 and reply["usage"]["prompt_tokens"] > 0
+
+
+def test_openai_client(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    res = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32)
+    assert "Paris" in res.choices[0].message.content
+    assert res.choices[0].finish_reason == "stop"
+    stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == res.choices[0].message.content
+    comp = client.completions.create(model="demo", prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert comp.choices[0].text and comp.usage.completion_tokens == 8
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
+
+
+def test_concurrent_streams_equal_single_results(server):
+    prompts = [f"Write one sentence about the number {i}." for i in range(8)]
+    singles = []
+    for p in prompts:
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body(p, max_tokens=24), timeout=120)
+        singles.append(r.json()["choices"][0]["message"]["content"])
+
+    async def one(client: httpx.AsyncClient, p: str) -> str:
+        text = ""
+        async with client.stream("POST", f"{server.url}/v1/chat/completions", json=chat_body(p, max_tokens=24, stream=True)) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    c = json.loads(line[6:])
+                    if c["choices"]:
+                        text += c["choices"][0]["delta"].get("content") or ""
+        return text
+
+    async def all_at_once() -> list[str]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(one(client, p) for p in prompts))
+
+    assert asyncio.run(all_at_once()) == singles
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        chat_body("hello " * 9000, max_tokens=8),  # longer than the 8192-token context
+        chat_body("hi", max_tokens=-1),
+        chat_body("hi", temperature="hot"),
+        chat_body("hi", n=2),
+    ],
+    ids=["too-long", "negative-max-tokens", "temperature-type", "n-2"],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_requests_get_openai_400(server, body, stream):
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "stream": stream}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"]
+    ok = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body("Say hi.", max_tokens=4), timeout=60)
+    assert ok.status_code == 200
+
+
+def test_malformed_json_gets_400(server):
+    r = httpx.post(f"{server.url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_too_long_prompt_names_the_limit(server):
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body("hello " * 9000, max_tokens=8), timeout=60)
+    assert "8192" in r.json()["error"]["message"]
+
+
+def test_disconnect_mid_stream_frees_everything(server):
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=chat_body("Tell me a very long story.", max_tokens=2000, stream=True, ignore_eos=True), timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(5):
+            next(lines)
+        assert server.metrics()["minisgl_running_requests"] == 1
+    # the connection is closed here, mid-reply
+    assert wait_until(lambda: server.metrics()["minisgl_running_requests"] == 0 and server.metrics()["minisgl_kv_pages_used"] == 0, 2.0)
+    m = server.metrics()
+    assert m["minisgl_kv_pages_used"] + m["minisgl_kv_pages_cached"] + m["minisgl_kv_pages_free"] == m["minisgl_kv_pages_total"]
+    assert wait_until(lambda: server.metrics()["minisgl_frontend_pending_requests"] == 0, 2.0)
+
+
+def test_disconnect_non_stream_aborts(server):
+    before = server.metrics()["minisgl_requests_aborted_total"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/chat/completions", json=chat_body("Tell me a very long story.", max_tokens=2000, ignore_eos=True), timeout=1.5)
+    assert wait_until(lambda: server.metrics()["minisgl_requests_aborted_total"] == before + 1, 3.0)
+    m = server.metrics()
+    assert m["minisgl_running_requests"] == 0 and m["minisgl_kv_pages_used"] == 0
+
+
+def test_metrics_are_prometheus(server):
+    m = server.metrics()
+    for name in ("minisgl_running_requests", "minisgl_waiting_requests", "minisgl_kv_pages_total", "minisgl_kv_pages_used",
+                 "minisgl_kv_pages_free", "minisgl_prompt_tokens_total", "minisgl_generation_tokens_total",
+                 "minisgl_requests_finished_total", "minisgl_requests_aborted_total"):
+        assert name in m, name
+    assert m["minisgl_kv_pages_total"] == 16384
+
+
+# ---- start-up refusals: one line, exit code 2, nothing started ----------------------------
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_non_loopback_without_key_is_refused():
+    proc = run_cli("serve", "--host", "0.0.0.0", "--port", str(free_port()))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--api-key" in proc.stderr
+
+
+def test_port_in_use_is_refused(server):
+    proc = run_cli("serve", "--port", str(server.port))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and str(server.port) in proc.stderr
+
+
+# ---- a second instance: API key, independence, shutdown -----------------------------------
+
+
+def test_second_instance_with_api_key_then_sigterm(server, tmp_path):
+    other = ServerProcess("--api-key", "s3cret", log_path=tmp_path / "other.log")
+    try:
+        body = chat_body("What is the capital of France?", max_tokens=16)
+        assert httpx.post(f"{other.url}/v1/chat/completions", json=body, timeout=60).status_code == 401
+        bad = httpx.post(f"{other.url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer nope"}, timeout=60)
+        assert bad.status_code == 401 and "error" in bad.json()
+        good = httpx.post(f"{other.url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer s3cret"}, timeout=60)
+        ours = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert good.json()["choices"][0]["message"]["content"] == ours.json()["choices"][0]["message"]["content"]
+        workers = other.workers()
+        assert len(workers) >= 3
+        other.proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        other.proc.wait(5)
+        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5 - (time.monotonic() - t0) + 0.5)
+        # the first server is unaffected
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+    finally:
+        other.stop()
+
+
+def test_sigkill_of_main_takes_workers_down(tmp_path):
+    srv = ServerProcess(log_path=tmp_path / "killed.log")
+    workers = srv.workers()
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait(5)
+    assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0), titles(workers)
+
+
+def test_sigkill_of_scheduler_ends_main_with_message(tmp_path):
+    srv = ServerProcess(log_path=tmp_path / "sched.log")
+    workers = srv.workers()
+    [sched] = [p for p in workers if "minisgl-TP0-scheduler" in " ".join(p.cmdline())]
+    sched.send_signal(signal.SIGKILL)
+    assert srv.proc.wait(5) != 0
+    assert "minisgl-TP0-scheduler" in srv.output()
+    assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)
