@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from minisgl_engine.args import add_engine_args, engine_config_from_args
+from minisgl_engine.args import add_bench_args, add_engine_args, engine_config_from_args
 from minisgl_engine.errors import UserError
 
 
@@ -56,10 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     pull = sub.add_parser("pull", help="download and convert a model once (default: the demo model)")
     pull.add_argument("model", nargs="?", default="demo")
 
-    from minisgl_engine.bench import add_bench_args
-
     bench = sub.add_parser("bench", help="benchmarks, side by side with Hugging Face transformers")
-    add_bench_args(bench, add_engine_args, ArgumentParser)
+    add_bench_args(bench, ArgumentParser)
     return parser
 
 

@@ -23,9 +23,21 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-running-requests", type=int, default=d.max_running_requests, help="default: %(default)s")
     g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens, help="token budget of one prefill batch; longer prompts are chunked (default: %(default)s)")
     g.add_argument("--cache", default=d.cache, choices=["naive"], help="KV cache manager (default: %(default)s)")
+    g.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel ranks (default: %(default)s; only 1 so far)")
     g.add_argument("--attn", default=d.attn, choices=["auto", "torch"], help="attention backend (default: %(default)s)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = {f.name for f in fields(EngineConfig)}
     return EngineConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", parser_class=parser_class, required=True)
+    dec = sub.add_parser("decode", help="decode tok/s and time to first token at fixed lengths")
+    dec.add_argument("--batch-size", type=int, nargs="+", default=[1])
+    dec.add_argument("--input-len", type=int, nargs="+", default=[128])
+    dec.add_argument("--output-len", type=int, default=128)
+    dec.add_argument("--compare-hf", action="store_true", help="also run transformers' generate on the same weights")
+    dec.add_argument("--repeat", type=int, default=1, help="timed runs per configuration; the best is reported")
+    add_engine_args(dec)

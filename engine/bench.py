@@ -20,17 +20,6 @@ from .sampling_params import SamplingParams
 WARMUP_LEN = 20  # prompt + output tokens of the untimed first run
 
 
-def add_bench_args(parser: argparse.ArgumentParser, add_engine_args, parser_class) -> None:
-    sub = parser.add_subparsers(dest="bench", parser_class=parser_class, required=True)
-    dec = sub.add_parser("decode", help="decode tok/s and time to first token at fixed lengths")
-    dec.add_argument("--batch-size", type=int, nargs="+", default=[1])
-    dec.add_argument("--input-len", type=int, nargs="+", default=[128])
-    dec.add_argument("--output-len", type=int, default=128)
-    dec.add_argument("--compare-hf", action="store_true", help="also run transformers' generate on the same weights")
-    dec.add_argument("--repeat", type=int, default=1, help="timed runs per configuration; the best is reported")
-    add_engine_args(dec)
-
-
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -127,7 +116,7 @@ def run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
                 "device": device_name(engine.device),
                 "model": config.config if config.dummy_weights and config.config else str(engine.model_dir),
                 "dtype": str(engine.dtype).removeprefix("torch."),
-                "tp": 1,
+                "tp": config.tp,
                 "cache": config.cache,
                 "batch_size": bs,
                 "input_len": input_len,

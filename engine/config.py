@@ -3,10 +3,8 @@ engine's settings (from the CLI or the Python API)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from .errors import ModelSourceError
 
@@ -34,7 +32,7 @@ class ModelConfig:
     attention_bias: bool  # Qwen2: bias on q/k/v projections
     qk_norm: bool  # Qwen3: RMSNorm on each head of q and k
     eos_token_ids: tuple[int, ...] = ()
-    dtype: torch.dtype = torch.float32  # the checkpoint's own dtype
+    dtype: str = "float32"  # the checkpoint's own dtype (a torch dtype name)
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> "ModelConfig":
@@ -59,9 +57,8 @@ class ModelConfig:
             max_context = min(max_context, window)
         eos = getattr(hf_config, "eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-        dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
+        dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32"
+        dtype = str(dtype).removeprefix("torch.")
         return cls(
             model_type=model_type,
             vocab_size=hf_config.vocab_size,
@@ -105,4 +102,4 @@ class EngineConfig:
     cache: str = "naive"  # naive | radix (radix comes with the prefix-cache issue)
     attn: str = "auto"
     seed: int = 0  # seed for random dummy weights
-    extra: dict[str, Any] = field(default_factory=dict)
+    tp: int = 1  # tensor-parallel ranks (only 1 so far)

@@ -25,6 +25,8 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         if config.page_size < 1:
             raise UserError(f"--page-size must be >= 1, got {config.page_size}")
+        if config.tp != 1:
+            raise UserError(f"--tp {config.tp}: tensor parallelism is not available yet; use --tp 1")
         self.config = config
         loaded = load_model(config)
         self.model = loaded.model

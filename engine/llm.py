@@ -13,6 +13,7 @@ from .errors import UserError
 from .request import FinishReason
 from .sampling_params import SamplingParams
 from .scheduler.scheduler import Scheduler
+from .tokenizer import load_tokenizer
 
 
 @dataclass
@@ -21,20 +22,6 @@ class GenerationResult:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def load_tokenizer(path):
-    """The folder's tokenizer, or None when it ships none (e.g. a weights-only test model)."""
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    if not any((Path(path) / name).exists() for name in TOKENIZER_FILES):
-        return None
-    return AutoTokenizer.from_pretrained(path)
 
 
 class LLM:

@@ -59,7 +59,7 @@ def resolve_dtype(name: str, device: torch.device, model_config: ModelConfig) ->
     if name == "auto":
         if device.type == "cpu":
             return torch.float32
-        return model_config.dtype if model_config.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        return DTYPES[model_config.dtype] if model_config.dtype in ("bfloat16", "float16") else torch.bfloat16
     if name not in DTYPES:
         raise UserError(f"unsupported --dtype {name!r}; use auto, bfloat16, float16 or float32")
     return DTYPES[name]

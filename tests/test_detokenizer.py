@@ -17,7 +17,7 @@ TEXTS = ["什么是 KV Cache？它是一种缓存。", "Emoji 🚀🧪 and accen
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from minisgl_engine.llm import load_tokenizer
+    from minisgl_engine.tokenizer import load_tokenizer
 
     return load_tokenizer(demo_model_dir())
 

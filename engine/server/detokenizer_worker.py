@@ -126,7 +126,7 @@ def run_detokenizer_worker(args: DetokenizerWorkerArgs) -> None:
     ctx = zmq.Context()
     to_frontend = Sender(ctx, args.paths.frontend)
     try:
-        from ..llm import load_tokenizer
+        from ..tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
         receiver = Receiver(ctx, args.paths.detokenizer, DetokenizerBatch)

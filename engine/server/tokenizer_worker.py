@@ -71,7 +71,7 @@ def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
     ctx = zmq.Context()
     to_frontend = Sender(ctx, args.paths.frontend)
     try:
-        from ..llm import load_tokenizer
+        from ..tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
         receiver = Receiver(ctx, args.paths.tokenizer(args.index), TokenizerBatch)
