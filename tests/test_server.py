@@ -236,3 +236,36 @@ def test_sigkill_of_scheduler_ends_main_with_message(tmp_path):
     assert srv.proc.wait(5) != 0
     assert "minisgl-TP0-scheduler" in srv.output()
     assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)
+
+
+def test_worker_that_fails_to_start_ends_serve_with_its_error(tiny_model, tmp_path):
+    """Weights that load in no worker: serve exits non-zero, naming the worker and the reason."""
+    import shutil
+
+    folder, _ = tiny_model("llama")
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
+    proc = subprocess.run([*CLI, "serve", "--device", "cpu", "--port", str(free_port()), "--model", str(broken)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "minisgl-TP0-scheduler failed to start" in proc.stderr, proc.stderr
+
+
+def test_tp_other_than_one_is_refused_in_one_line():
+    proc = run_cli("generate", "--tp", "2", "--dummy-weights", "--config", "qwen3-0.6b", "hi")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--tp" in proc.stderr
+
+
+def test_runtime_dirs_are_private_and_unique():
+    from minisgl_engine.server.ipc import make_runtime_dir, remove_runtime_dir
+
+    a, b = make_runtime_dir(), make_runtime_dir()
+    try:
+        assert a != b
+        assert a.stat().st_mode & 0o777 == 0o700
+    finally:
+        remove_runtime_dir(a)
+        remove_runtime_dir(b)
