@@ -112,6 +112,17 @@ def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
         param.data.copy_(values)
 
 
+def transpose_cpu_weights(model: CausalLM) -> None:
+    """Every projection (and the LM head, tied or not) in the layout the CPU kernels prefer."""
+    from .layers.linear import Linear, store_transposed
+
+    for module in model.modules():
+        if isinstance(module, Linear):
+            store_transposed(module.weight)
+    if model.lm_head is None:
+        store_transposed(model.model.embed_tokens.weight)
+
+
 def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedModel:
     from .weights.safetensors_io import iter_safetensors, weights_nbytes
 
@@ -149,6 +160,8 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         logger.info("loading weights from %s", model_dir)
         model.load_weights(iter_safetensors(model_dir))
     model.eval()
+    if device.type == "cpu" and dtype == torch.float32:
+        transpose_cpu_weights(model)
     return LoadedModel(model, model_config, hf_config, model_dir, device, dtype)
 
 

