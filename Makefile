@@ -1,8 +1,9 @@
-# Two commands for a fresh machine: `make run` and `make test` (each sets up .venv on first use).
+# Two commands for a fresh machine: `make run` (the chat app) and `make test` (each sets up .venv
+# on first use). `make ask PROMPT=...` answers one prompt in the terminal.
 VENV := .venv
 PROMPT ?= What is the capital of France?
 
-.PHONY: setup run test
+.PHONY: setup run ask test
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
@@ -10,6 +11,9 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	touch $@
 
 run: setup
+	$(VENV)/bin/minisgl-chat
+
+ask: setup
 	$(VENV)/bin/minisgl-chat generate "$(PROMPT)"
 
 # The demo model is pulled once (cached under the user cache dir) before the tests use it.

@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-chat-template", action="store_true", help="send the prompt as plain text")
     add_engine_args(gen)
 
+    chat = sub.add_parser("chat", help="the chat app (the default command): engine + chat page + OpenAI routes")
+    chat.add_argument("--no-browser", action="store_true", help="do not open the browser")
+    add_server_args(chat)
+    add_engine_args(chat)
+
     serve = sub.add_parser("serve", help="headless OpenAI-compatible server (no UI)")
     add_server_args(serve)
     add_engine_args(serve)
@@ -94,6 +99,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_server(engine_config_from_args(args), server_config_from_args(args))
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    """The app: engine + chat page + OpenAI routes on one server, opened in the browser."""
+    import webbrowser
+
+    from minisgl_engine.server.server import run_server
+
+    from .store import ConversationStore
+    from .ui import mount_ui
+
+    logging.getLogger("minisgl").setLevel(logging.INFO)
+    server = server_config_from_args(args)
+    store = ConversationStore()
+
+    def on_listen(url: str) -> None:
+        print(f"minisgl-chat: open {url}/ in your browser (Ctrl+C quits)", file=sys.stderr, flush=True)
+        if not args.no_browser:
+            webbrowser.open(f"{url}/")
+
+    return run_server(
+        engine_config_from_args(args), server, mount=lambda app, client: mount_ui(app, client, store, server.api_key), on_listen=on_listen
+    )
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     from minisgl_engine.weights.source import resolve_model
 
@@ -101,8 +129,16 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+COMMANDS = ("chat", "generate", "serve", "pull", "bench")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `minisgl-chat [options]` with no command is the chat app
+    lead = 1 if argv[:1] in (["-v"], ["--verbose"]) else 0
+    if not any(a in COMMANDS for a in argv[lead : lead + 1]) and not set(argv) & {"-h", "--help"}:
+        argv.insert(lead, "chat")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("minisgl").setLevel(logging.INFO if args.verbose else logging.WARNING)
@@ -112,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "chat":
+            return cmd_chat(args)
         if args.command == "serve":
             return cmd_serve(args)
         if args.command == "pull":

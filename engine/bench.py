@@ -1,9 +1,11 @@
-"""``minisgl-chat bench``: our engine and Hugging Face transformers on the same weights, in the
-same run, printing a readable table and then one JSON line per configuration."""
+"""``minisgl-chat bench``: ``decode`` runs our engine and Hugging Face transformers on the same
+weights in the same run; ``multiturn`` runs chats with the radix prefix cache and without. Each
+prints a readable table and then one JSON line per configuration."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import random
@@ -106,10 +108,13 @@ def run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     time_engine(llm, random_prompts(1, WARMUP_LEN - 4, vocab, seed=1), 4)
     if hf is not None:
         time_hf(hf, random_prompts(1, WARMUP_LEN - 4, vocab, seed=1), 4, engine.device)
+    seeds = itertools.count(100)  # fresh prompts for every run: the prefix cache must find nothing
     for bs in args.batch_size:
         for input_len in args.input_len:
-            prompts = random_prompts(bs, input_len, vocab)
-            runs = [time_engine(llm, prompts, args.output_len) for _ in range(args.repeat)]
+            runs = []
+            for _ in range(args.repeat):
+                prompts = random_prompts(bs, input_len, vocab, next(seeds))
+                runs.append(time_engine(llm, prompts, args.output_len))
             total, ttft = min(runs)
             row = {
                 "bench": "decode",
@@ -139,6 +144,92 @@ def run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     return results
 
 
+def time_turn(llm, prompts: list[list[int]], params: SamplingParams) -> tuple[list[float], list[list[int]]]:
+    """One turn of every conversation at once: (seconds to each one's first token, replies)."""
+    _sync(llm.engine.device)
+    start = time.perf_counter()
+    firsts: list[float | None] = [None] * len(prompts)
+    replies: list[list[int]] = [[] for _ in prompts]
+    for index, token, _finish in llm.stream(prompts, params):
+        if token is None:
+            continue
+        if firsts[index] is None:
+            firsts[index] = time.perf_counter() - start
+        replies[index].append(token)
+    return [f if f is not None else time.perf_counter() - start for f in firsts], replies
+
+
+def run_multiturn(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
+    """Chats that resend their whole history every turn (prompt = previous prompt + reply + a
+    new user message), over one shared system prompt, with ``--cache radix`` and ``naive``.
+
+    Both engines are loaded side by side and play each turn in alternation, so load from other
+    work on the machine falls on both alike. Each starts with one untimed request of the system
+    prompt alone (first-call costs; the radix cache then holds the system prompt, as a server
+    that has served one chat already does)."""
+    from .llm import LLM
+
+    convs, turns, page = args.conversations, args.turns, config.page_size
+    per_conv = args.system_len + turns * (args.user_len + args.reply_len) + 1
+    if config.max_kv_tokens is None:  # room for every history at once: nothing is evicted
+        config = replace(config, max_kv_tokens=convs * (per_conv + page) + args.system_len + page)
+    config = replace(config, max_running_requests=max(config.max_running_requests, convs))
+    llms = {cache: LLM(config=replace(config, cache=cache)) for cache in ("radix", "naive")}
+    engine = llms["radix"].engine
+    rng = random.Random(0)
+    vocab = min(engine.model_config.vocab_size, 10000)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(10, vocab) for _ in range(n)]
+
+    system = ids(args.system_len)
+    users = [[ids(args.user_len) for _ in range(turns)] for _ in range(convs)]
+    params = SamplingParams(max_tokens=args.reply_len, ignore_eos=True)
+    histories = {cache: [list(system) for _ in range(convs)] for cache in llms}
+    ttft_ms: dict[str, list[float]] = {cache: [] for cache in llms}
+    for llm in llms.values():
+        llm.generate([system], SamplingParams(max_tokens=1, ignore_eos=True))
+    for turn in range(turns):
+        for cache, llm in llms.items():
+            prompts = [history + users[c][turn] for c, history in enumerate(histories[cache])]
+            firsts, replies = time_turn(llm, prompts, params)
+            ttft_ms[cache].append(round(1000 * sum(firsts) / len(firsts), 2))
+            histories[cache] = [prompt + reply for prompt, reply in zip(prompts, replies)]
+    identical = histories["radix"] == histories["naive"]
+    rows = []
+    for cache, llm in llms.items():
+        rows.append({
+            "bench": "multiturn",
+            "device": device_name(engine.device),
+            "model": config.config if config.dummy_weights and config.config else str(engine.model_dir),
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "tp": config.tp,
+            "cache": cache,
+            "page_size": page,
+            "conversations": convs,
+            "turns": turns,
+            "system_len": args.system_len,
+            "user_len": args.user_len,
+            "reply_len": args.reply_len,
+            "ttft_ms_per_turn": ttft_ms[cache],
+            "last_turn_ttft_ms": ttft_ms[cache][-1],
+            "prefix_cache_hit_tokens": llm.scheduler.stats().prefix_cache_hit_tokens_total,
+            "replies_identical": identical,
+        })
+    return rows
+
+
+def print_multiturn_table(rows: list[dict]) -> None:
+    by_cache = {r["cache"]: r["ttft_ms_per_turn"] for r in rows}
+    header = f"{'turn':>4} {'radix TTFT ms':>14} {'naive TTFT ms':>14} {'radix/naive':>12}"
+    print(header)
+    print("-" * len(header))
+    for turn, (radix, naive) in enumerate(zip(by_cache["radix"], by_cache["naive"]), start=1):
+        print(f"{turn:>4} {radix:>14.1f} {naive:>14.1f} {radix / naive if naive else float('nan'):>12.2f}")
+    print(f"greedy replies identical under both caches: {'yes' if rows[0]['replies_identical'] else 'NO'}")
+    print()
+
+
 def print_table(rows: list[dict]) -> None:
     header = f"{'batch':>5} {'input':>6} {'output':>6} {'engine tok/s':>13} {'hf tok/s':>9} {'speed-up':>8} {'TTFT ms':>8}"
     print(header)
@@ -156,9 +247,12 @@ def run_bench(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     if args.bench == "decode":
         rows = run_decode(args, config)
+        print_table(rows)
+    elif args.bench == "multiturn":
+        rows = run_multiturn(args, config)
+        print_multiturn_table(rows)
     else:  # pragma: no cover - argparse rejects unknown benches
         raise UserError(f"unknown benchmark {args.bench!r}")
-    print_table(rows)
     for row in rows:
         print(json.dumps(row))
     return 0

@@ -99,7 +99,7 @@ class EngineConfig:
     mem_fraction: float = 0.85  # share of free memory the KV pool may take when sized from memory
     max_running_requests: int = 64
     max_prefill_tokens: int = 2048  # token budget of one prefill batch (longer prompts are chunked)
-    cache: str = "naive"  # naive | radix (radix comes with the prefix-cache issue)
+    cache: str = "radix"  # radix (prefix cache) | naive (no sharing)
     attn: str = "auto"
     seed: int = 0  # seed for random dummy weights
     tp: int = 1  # tensor-parallel ranks (only 1 so far)

@@ -94,6 +94,7 @@ class LLM:
         sched = self.scheduler
         sched.add_request(uid, token_ids[:prefill_len], SamplingParams(max_tokens=len(token_ids) + 1, ignore_eos=True))
         req = sched.reqs[uid]
+        req.use_prefix_cache = False  # a cached prefix would leave its rows out
         rows = []
         try:
             while req.cached_len < len(token_ids):

@@ -75,6 +75,7 @@ class StatsMsg(msgspec.Struct, tag=True):
     generation_tokens_total: int
     requests_finished_total: int
     requests_aborted_total: int
+    prefix_cache_hit_tokens_total: int
 
 
 class ReadyMsg(msgspec.Struct, tag=True):

@@ -22,13 +22,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *args: str, log_path: Path | None = None, timeout: float = 180.0) -> None:
-        self.port = free_port()
+    def __init__(self, *args: str, log_path: Path | None = None, timeout: float = 180.0, command: str = "serve",
+                 env: dict[str, str] | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "wb") if log_path else subprocess.DEVNULL
-        cmd = [*CLI, "serve", "--port", str(self.port), "--device", "cpu", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        cmd = [*CLI, command, "--port", str(self.port), "--device", "cpu", *args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float) -> None:
@@ -66,7 +68,7 @@ class ServerProcess:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        if self.log_path:
+        if self.log_path and not self.log.closed:
             self.log.close()
 
 

@@ -174,7 +174,7 @@ def check_bench_json(proc: subprocess.CompletedProcess, tiny_dir: Path, input_le
     assert row["bench"] == "decode"
     assert (row["batch_size"], row["input_len"], row["output_len"]) == (1, input_len, output_len)
     assert row["model"] == str(tiny_dir)
-    assert (row["dtype"], row["tp"], row["cache"]) == ("float32", 1, "naive")
+    assert (row["dtype"], row["tp"], row["cache"]) == ("float32", 1, "radix")
     assert isinstance(row["device"], str) and row["device"]
     for key in ("engine_tok_s", "hf_tok_s", "ttft_ms"):  # numbers, whatever their values
         assert isinstance(row[key], (int, float)) and row[key] >= 0, key
@@ -189,3 +189,26 @@ def test_bench_decode_compare_hf_prints_a_json_line(tiny_dir) -> None:
 def test_bench_decode_short_lengths(tiny_dir) -> None:
     proc = run_cli("bench", "decode", "--model", str(tiny_dir), "--device", "cpu", "--compare-hf", "--output-len", "4", "--input-len", "8")
     check_bench_json(proc, tiny_dir, 8, 4)
+
+
+MULTITURN_KEYS = {
+    "bench", "device", "model", "dtype", "tp", "cache", "page_size", "conversations", "turns", "system_len",
+    "user_len", "reply_len", "ttft_ms_per_turn", "last_turn_ttft_ms", "prefix_cache_hit_tokens", "replies_identical",
+}
+
+
+def test_bench_multiturn_runs_radix_and_naive_side_by_side(tiny_dir) -> None:
+    proc = run_cli("bench", "multiturn", "--model", str(tiny_dir), "--device", "cpu", "--conversations", "3", "--turns", "3",
+                   "--system-len", "24", "--user-len", "4", "--reply-len", "5", "--page-size", "4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert "radix TTFT ms" in proc.stdout and "identical under both caches: yes" in proc.stdout
+    radix, naive = (json.loads(line) for line in lines[-2:])
+    for row, cache in ((radix, "radix"), (naive, "naive")):
+        assert set(row) == MULTITURN_KEYS
+        assert (row["bench"], row["cache"], row["conversations"], row["turns"], row["page_size"]) == ("multiturn", cache, 3, 3, 4)
+        assert len(row["ttft_ms_per_turn"]) == 3 and row["last_turn_ttft_ms"] == row["ttft_ms_per_turn"][-1]
+        assert row["replies_identical"] is True
+    # turn 1 finds the system prompt (24 tokens); turns 2 and 3 the previous turn, page-aligned
+    assert radix["prefix_cache_hit_tokens"] == 3 * (24 + 32 + 40)
+    assert naive["prefix_cache_hit_tokens"] == 0

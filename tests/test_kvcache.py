@@ -265,6 +265,7 @@ def test_generate_returns_every_page(tiny_dir, page_size) -> None:
     assert [len(r.token_ids) for r in results] == [1, 5, 9, 16, 3, 20]
     assert all(r.finish_reason == "length" for r in results)
     assert_all_pages_free(llm)
+    llm.scheduler.cache_manager.evict(total)  # what the prefix cache kept comes back too
     assert llm.scheduler.stats().kv.free == total
     # and again, with sampling and stops, on the same engine
     results = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=1.0, seed=3))
@@ -354,11 +355,12 @@ def test_abort_that_overtakes_its_request_drops_the_request(tiny_dir) -> None:
     assert_all_pages_free(llm)
 
 
+@pytest.mark.parametrize("cache", ["radix", "naive"])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_small_pool_preempts_and_still_matches_the_reference(tiny_dir, reference, page_size) -> None:
+def test_small_pool_preempts_and_still_matches_the_reference(tiny_dir, reference, page_size, cache) -> None:
     prompts, params, expected = reference
     need = max(len(p) for p in prompts) + params.max_tokens  # one request alone
-    llm = make_llm(tiny_dir, page_size=page_size, max_kv_tokens=need + 4)
+    llm = make_llm(tiny_dir, page_size=page_size, max_kv_tokens=need + 4, cache=cache)
     sched = llm.scheduler
     for uid, prompt in enumerate(prompts):
         sched.add_request(uid, prompt, params)

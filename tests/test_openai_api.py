@@ -315,7 +315,7 @@ async def test_metrics_expose_latest_stats_under_exact_names():
         before = (await c.get("/metrics")).text
         client.stats = StatsMsg(running=2, waiting=1, kv_pages_total=100, kv_pages_used=30, kv_pages_cached=20,
                                 kv_pages_free=50, prompt_tokens_total=1234, generation_tokens_total=567,
-                                requests_finished_total=8, requests_aborted_total=1)
+                                requests_finished_total=8, requests_aborted_total=1, prefix_cache_hit_tokens_total=321)
         client.pending_count = 3
         r = await c.get("/metrics")
     assert r.headers["content-type"].startswith("text/plain")
@@ -326,8 +326,10 @@ async def test_metrics_expose_latest_stats_under_exact_names():
         "minisgl_kv_pages_total": 100, "minisgl_kv_pages_used": 30, "minisgl_kv_pages_cached": 20,
         "minisgl_kv_pages_free": 50, "minisgl_prompt_tokens_total": 1234, "minisgl_generation_tokens_total": 567,
         "minisgl_requests_finished_total": 8, "minisgl_requests_aborted_total": 1,
+        "minisgl_prefix_cache_hit_tokens_total": 321,
     }
     assert "# TYPE minisgl_prompt_tokens_total counter" in r.text
+    assert "# TYPE minisgl_prefix_cache_hit_tokens_total counter" in r.text
 
 
 # --- disconnects abort the request ------------------------------------------------------------

@@ -170,10 +170,73 @@ def test_disconnect_non_stream_aborts(server):
 def test_metrics_are_prometheus(server):
     m = server.metrics()
     for name in ("minisgl_running_requests", "minisgl_waiting_requests", "minisgl_kv_pages_total", "minisgl_kv_pages_used",
-                 "minisgl_kv_pages_free", "minisgl_prompt_tokens_total", "minisgl_generation_tokens_total",
-                 "minisgl_requests_finished_total", "minisgl_requests_aborted_total"):
+                 "minisgl_kv_pages_cached", "minisgl_kv_pages_free", "minisgl_prompt_tokens_total",
+                 "minisgl_generation_tokens_total", "minisgl_requests_finished_total", "minisgl_requests_aborted_total",
+                 "minisgl_prefix_cache_hit_tokens_total"):
         assert name in m, name
     assert m["minisgl_kv_pages_total"] == 16384
+    assert "# TYPE minisgl_prefix_cache_hit_tokens_total counter" in httpx.get(f"{server.url}/metrics", timeout=5).text
+
+
+# ---- the radix prefix cache (the server's default) ------------------------------------------
+
+TURN_1 = [{"role": "user", "content": "Give me three tips for writing clear code."}]
+TURN_2_QUESTION = {"role": "user", "content": "Explain the second tip in more detail."}
+REPLY_TOKENS = 24
+
+
+def chat_turns(url: str) -> tuple[list[str], list[dict]]:
+    """Two greedy turns of one chat: (replies, usages)."""
+    replies, usages, messages = [], [], list(TURN_1)
+    for follow_up in (TURN_2_QUESTION, None):
+        r = httpx.post(f"{url}/v1/chat/completions", json={"model": "demo", "messages": messages, "max_tokens": REPLY_TOKENS}, timeout=120)
+        assert r.status_code == 200, r.text
+        replies.append(r.json()["choices"][0]["message"]["content"])
+        usages.append(r.json()["usage"])
+        if follow_up is not None:
+            messages = [*messages, {"role": "assistant", "content": replies[-1]}, follow_up]
+    return replies, usages
+
+
+def test_chat_turn_two_reuses_the_kv_of_turn_one(server):
+    """Turn 2 resends turn 1's prompt and reply: the cache finds the prompt and (page size 1)
+    at least half of the reply, minus one page; nothing stays locked afterwards."""
+    def hits() -> float:
+        return server.metrics()["minisgl_prefix_cache_hit_tokens_total"]
+
+    messages = list(TURN_1)
+    first = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "demo", "messages": messages, "max_tokens": REPLY_TOKENS}, timeout=120).json()
+    reply, usage = first["choices"][0]["message"]["content"], first["usage"]
+    assert usage["completion_tokens"] >= 8
+    assert wait_until(lambda: server.metrics()["minisgl_running_requests"] == 0, 5.0)
+    before = hits()
+    body = {"model": "demo", "messages": [*messages, {"role": "assistant", "content": reply}, TURN_2_QUESTION], "max_tokens": 1}
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120).status_code == 200
+    want = usage["prompt_tokens"] + usage["completion_tokens"] // 2 - 1
+    assert wait_until(lambda: hits() - before >= want, 5.0), (hits() - before, want, usage)
+    assert wait_until(lambda: server.metrics()["minisgl_kv_pages_used"] == 0, 5.0)
+    m = server.metrics()
+    assert m["minisgl_kv_pages_cached"] > 0
+    assert m["minisgl_kv_pages_used"] + m["minisgl_kv_pages_cached"] + m["minisgl_kv_pages_free"] == m["minisgl_kv_pages_total"]
+
+
+@pytest.mark.slow
+def test_greedy_chat_replies_equal_with_radix_and_naive(server):
+    """The server (radix, turn 2 from cached KV) and an in-process engine with --cache naive
+    give the same greedy replies, turn after turn."""
+    from minisgl_engine.llm import LLM
+    from minisgl_engine.sampling_params import SamplingParams
+
+    replies, usages = chat_turns(server.url)
+    naive = LLM(device="cpu", max_kv_tokens=2048, cache="naive")
+    messages = list(TURN_1)
+    for reply, usage, follow_up in zip(replies, usages, (TURN_2_QUESTION, None)):
+        ids = naive.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert len(ids) == usage["prompt_tokens"]
+        [res] = naive.generate([list(ids)], SamplingParams(max_tokens=REPLY_TOKENS))
+        assert naive.decode(res.token_ids) == reply
+        if follow_up is not None:
+            messages = [*messages, {"role": "assistant", "content": reply}, follow_up]
 
 
 # ---- start-up refusals: one line, exit code 2, nothing started ----------------------------

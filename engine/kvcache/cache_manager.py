@@ -2,7 +2,8 @@
 
 The scheduler never touches the allocator directly: it asks the cache manager for a request's
 cached prefix, for new pages, and hands every finished request back through ``release``. The
-naive manager caches nothing; the radix prefix cache implements the same interface.
+naive manager caches nothing; the radix prefix cache (radix_cache.py) implements the same
+interface.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ class PrefillManager:
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Req] = deque()
         self.matches: dict[int, PrefixMatch] = {}  # uid -> locked prefix of an admitted request
+        self.prefix_hit_tokens = 0  # prompt tokens admitted requests found cached (not recomputed)
 
     def add(self, req: Req, front: bool = False) -> None:
         (self.waiting.appendleft if front else self.waiting.append)(req)
@@ -33,7 +34,7 @@ class PrefillManager:
         """Give ``req`` a page-table row and KV pages for its whole sequence, or leave it waiting."""
         if self.page_table.num_free_rows == 0:
             return False
-        match = self.cache_manager.match_prefix(req.token_ids)
+        match = self.cache_manager.match_prefix(req.token_ids) if req.use_prefix_cache else PrefixMatch([], 0)
         need = pages_for(req.seq_len, self.page_size) - len(match.pages)
         new_pages = self.cache_manager.alloc_pages(need) if need > 0 else []
         if new_pages is None:
@@ -43,6 +44,7 @@ class PrefillManager:
         req.pages = match.pages + new_pages
         req.cached_len = match.length
         self.matches[req.uid] = match
+        self.prefix_hit_tokens += match.length
         self.page_table.write_pages(req.table_slot, 0, req.pages, self.page_size)
         return True
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ..engine import Engine
-from ..errors import RequestError
-from ..kvcache import KVStats, NaiveCacheManager, PageAllocator
+from ..errors import RequestError, UserError
+from ..kvcache import CacheManager, KVStats, NaiveCacheManager, PageAllocator, RadixCacheManager
 from ..request import FinishReason, Req
 from ..sampling_params import SamplingParams
 from .decode import DecodeManager
@@ -25,6 +25,7 @@ from .prefill import PrefillManager, pages_for
 logger = logging.getLogger(__name__)
 
 EARLY_ABORTS_KEPT = 4096  # aborts that arrived before their request, remembered for a while
+CACHE_MANAGERS: dict[str, type[CacheManager]] = {"radix": RadixCacheManager, "naive": NaiveCacheManager}
 
 
 @dataclass
@@ -50,6 +51,7 @@ class SchedulerStats:
     generation_tokens_total: int
     requests_finished_total: int
     requests_aborted_total: int
+    prefix_cache_hit_tokens_total: int
 
 
 class Scheduler:
@@ -58,9 +60,9 @@ class Scheduler:
         self.engine = engine
         self.page_size = engine.page_size
         self.max_running_requests = max_running_requests or cfg.max_running_requests
-        if cfg.cache != "naive":
-            raise RequestError(f"--cache {cfg.cache!r} is not available yet; use --cache naive")
-        self.cache_manager = NaiveCacheManager(PageAllocator(engine.num_pages), self.page_size)
+        if cfg.cache not in CACHE_MANAGERS:
+            raise UserError(f"--cache {cfg.cache!r}: choose one of {', '.join(CACHE_MANAGERS)}")
+        self.cache_manager = CACHE_MANAGERS[cfg.cache](PageAllocator(engine.num_pages), self.page_size)
         self.prefill_manager = PrefillManager(
             self.cache_manager, engine.page_table, self.page_size, max_prefill_tokens or cfg.max_prefill_tokens
         )
@@ -210,4 +212,5 @@ class Scheduler:
             generation_tokens_total=c["generation"],
             requests_finished_total=c["finished"],
             requests_aborted_total=c["aborted"],
+            prefix_cache_hit_tokens_total=self.prefill_manager.prefix_hit_tokens,
         )

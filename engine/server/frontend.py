@@ -29,6 +29,9 @@ class FrontendClient:
         self.model_name = model_name
         self.expected_workers = set(expected_workers)
         self.ready = False
+        self.phase = "starting"  # what start-up is doing, for the chat page
+        self.tokenizer_path: str | None = None  # known once the model is resolved
+        self.max_context_len: int | None = None
         self.stats: StatsMsg | None = None
         self.worker_info: dict[str, dict] = {}
         self.startup_errors: dict[str, str] = {}

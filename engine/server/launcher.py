@@ -24,6 +24,12 @@ from .tokenizer_worker import TokenizerWorkerArgs, run_tokenizer_worker
 logger = logging.getLogger("minisgl.launcher")
 
 
+def worker_names(num_tokenizers: int, tp: int = 1) -> list[str]:
+    return [f"minisgl-tokenizer-{i}" for i in range(num_tokenizers)] + ["minisgl-detokenizer-0"] + [
+        f"minisgl-TP{r}-scheduler" for r in range(tp)
+    ]
+
+
 class EngineProcesses:
     def __init__(
         self,

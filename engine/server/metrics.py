@@ -28,8 +28,8 @@ _GAUGES = (
     ("minisgl_running_requests", "running", "Requests in the decode batch."),
     ("minisgl_waiting_requests", "waiting", "Requests waiting for prefill."),
     ("minisgl_kv_pages_total", "kv_pages_total", "KV cache pages in the pool."),
-    ("minisgl_kv_pages_used", "kv_pages_used", "KV cache pages held by live requests."),
-    ("minisgl_kv_pages_cached", "kv_pages_cached", "Evictable KV cache pages kept by the radix cache."),
+    ("minisgl_kv_pages_used", "kv_pages_used", "KV cache pages held by live requests (a cached prefix in use counts)."),
+    ("minisgl_kv_pages_cached", "kv_pages_cached", "KV cache pages held only by the radix prefix cache (evictable)."),
     ("minisgl_kv_pages_free", "kv_pages_free", "Free KV cache pages."),
 )
 # prometheus_client appends "_total" to counter samples, so these are the exposed names.
@@ -38,6 +38,7 @@ _COUNTERS = (
     ("minisgl_generation_tokens_total", "generation_tokens_total", "Tokens generated."),
     ("minisgl_requests_finished_total", "requests_finished_total", "Requests finished (any reason)."),
     ("minisgl_requests_aborted_total", "requests_aborted_total", "Requests aborted."),
+    ("minisgl_prefix_cache_hit_tokens_total", "prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache."),
 )
 
 

@@ -86,6 +86,7 @@ class SchedulerWorker:
             generation_tokens_total=s.generation_tokens_total,
             requests_finished_total=s.requests_finished_total,
             requests_aborted_total=s.requests_aborted_total,
+            prefix_cache_hit_tokens_total=s.prefix_cache_hit_tokens_total,
         )
 
     def push_stats(self) -> None:

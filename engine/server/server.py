@@ -8,6 +8,7 @@ import ipaddress
 import logging
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -57,96 +58,129 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str, str | None]:
-    """Resolve (download / convert) the model once here, with progress in this terminal, so
-    every worker gets a local folder. Returns the config, the model's shape, its served name
-    and the tokenizer folder."""
-    from ..model_loader import load_hf_config
-
+def served_model_name(config: EngineConfig) -> str:
+    """The name /v1/models lists: the hub id, the folder or file name, or the demo's name."""
     from pathlib import Path
 
     from ..weights.demo import DEMO_MODEL_NAME
 
-    original = config.model
+    model = config.model
+    if config.dummy_weights and config.config:
+        return config.config
+    if model is None or model.strip() in ("", "demo"):
+        return DEMO_MODEL_NAME
+    if Path(model).expanduser().exists():
+        return Path(model).name.removesuffix(".gguf")
+    return model  # a hub id
+
+
+def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str | None]:
+    """Resolve (download / convert) the model once here, with progress in this terminal, so
+    every worker gets a local folder. Returns the config, the model's shape and the tokenizer
+    folder."""
+    from ..model_loader import load_hf_config
+
     model_dir = None
     if not (config.dummy_weights and config.config is not None):
         from ..weights.source import resolve_model
 
-        model_dir = resolve_model(original)
+        model_dir = resolve_model(config.model)
         config = replace(config, model=str(model_dir))
     model_config = ModelConfig.from_hf(load_hf_config(config, model_dir))
-    if config.dummy_weights and config.config:
-        name = config.config
-    elif original is None or original.strip() in ("", "demo"):
-        name = DEMO_MODEL_NAME
-    elif Path(original).expanduser().exists():
-        name = Path(original).name.removesuffix(".gguf")
-    else:
-        name = original  # a hub id
     tokenizer = config.tokenizer or (str(model_dir) if model_dir is not None else None)
-    return config, model_config, name, tokenizer
+    return config, model_config, tokenizer
 
 
 def run_server(
     config: EngineConfig,
     server: ServerConfig,
     mount: Callable[[object, object], None] | None = None,
-    on_ready: Callable[[str], None] | None = None,
+    on_listen: Callable[[str], None] | None = None,
 ) -> int:
-    """Run until SIGINT/SIGTERM or a worker's death; returns the exit code. ``mount(app,
-    client)`` lets the chat app add its UI to the same FastAPI app (one engine for both)."""
+    """Run until SIGINT/SIGTERM or a worker's death; returns the exit code.
+
+    The HTTP server answers at once (/health says 503 and the chat page shows progress) while
+    the model is resolved, downloaded or converted, and the workers load it. ``mount(app,
+    client)`` lets the chat app add its UI to the same FastAPI app (one engine for both);
+    ``on_listen(url)`` runs as soon as the address accepts connections.
+    """
+    import threading
+
     import uvicorn
 
     from .frontend import FrontendClient
-    from .launcher import EngineProcesses
+    from .launcher import EngineProcesses, worker_names
     from .openai_api import create_app
 
     check_server_config(server)
     listen_socket = bind_listen_socket(server.host, server.port)
-    config, model_config, model_name, tokenizer_path = prepare_model(config)
     runtime_dir = make_runtime_dir()
     paths = SocketPaths(str(runtime_dir), server.num_tokenizers)
     log_level = logging.getLogger("minisgl").getEffectiveLevel()
-    processes = EngineProcesses(config, paths, tokenizer_path, model_config.max_context_len, log_level)
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    url = f"http://{host}:{server.port}"
+    model_name = served_model_name(config)
+    processes: list[EngineProcesses] = []  # at most one; filled by the start-up thread
+    lifecycle = threading.Lock()
+    stopping = False
     exit_code = 0
 
     async def main() -> None:
         nonlocal exit_code
-        client = FrontendClient(paths, model_name, processes.names)
+        client = FrontendClient(paths, model_name, worker_names(server.num_tokenizers))
         app = create_app(client, server.api_key)
         if mount is not None:
             mount(app, client)
         http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
 
-        def on_worker_exit(name: str, code: int | None) -> None:
+        def fail(code: int, message: str) -> None:
             nonlocal exit_code
+            print(f"minisgl-chat: error: {message}", file=sys.stderr, flush=True)
+            exit_code = code
+            http.should_exit = True
+
+        def on_worker_exit(name: str, code: int | None) -> None:
             error = client.startup_errors.get(name)
             if error is None:  # its error report may still be on the way
-                import time
-
                 time.sleep(0.3)
                 error = client.startup_errors.get(name)
             why = f"failed to start: {error}" if error else f"exited unexpectedly (exit code {code})"
-            print(f"minisgl-chat: error: {name} {why}; shutting down", file=sys.stderr, flush=True)
-            exit_code = 1
-            http.should_exit = True
+            fail(1, f"{name} {why}; shutting down")
 
-        client.start()
-        processes.start(on_worker_exit)
-        host = f"[{server.host}]" if ":" in server.host else server.host
-        url = f"http://{host}:{server.port}"
+        def start_engine() -> None:
+            try:
+                client.phase = "preparing the model (the first run downloads and converts it)"
+                engine_config, model_config, tokenizer_path = prepare_model(config)
+            except UserError as exc:
+                fail(2, str(exc))
+                return
+            except Exception as exc:  # a bug: keep the traceback in the log
+                logger.exception("model preparation failed")
+                fail(1, f"model preparation failed: {type(exc).__name__}: {exc}")
+                return
+            client.tokenizer_path = tokenizer_path
+            client.max_context_len = model_config.max_context_len
+            client.phase = "loading the model"
+            with lifecycle:
+                if stopping:
+                    return
+                procs = EngineProcesses(engine_config, paths, tokenizer_path, model_config.max_context_len, log_level)
+                procs.start(on_worker_exit)
+                processes.append(procs)
+            logger.info("starting %d workers for %s ...", len(procs.names), model_name)
 
         async def announce() -> None:
-            logger.info("starting %d workers for %s ...", len(processes.names), model_name)
             while not client.ready:
                 await asyncio.sleep(0.05)
             info = client.worker_info.get("minisgl-TP0-scheduler", {})
             print(f"minisgl-chat: ready at {url} (model {model_name} on {info.get('device', '?')}, "
                   f"KV cache {info.get('kv_tokens', '?')} tokens)", file=sys.stderr, flush=True)
-            if on_ready is not None:
-                on_ready(url)
 
+        client.start()
+        threading.Thread(target=start_engine, name="engine-start", daemon=True).start()
         announcer = asyncio.create_task(announce())
+        if on_listen is not None:
+            on_listen(url)  # the socket already listens: connections wait for the loop below
         try:
             await http.serve(sockets=[listen_socket])
         finally:
@@ -156,7 +190,10 @@ def run_server(
     try:
         asyncio.run(main())
     finally:
-        processes.stop()
+        with lifecycle:
+            stopping = True
+        for procs in processes:
+            procs.stop()
         remove_runtime_dir(runtime_dir)
         listen_socket.close()
     return exit_code

@@ -1,0 +1,229 @@
+"""The chat app in a real browser: Debian's Chromium driven by Playwright, against the real app
+(`minisgl-chat --no-browser`, demo model, engine workers over ZeroMQ). Screenshots are kept in
+test-artifacts/ (or $MINISGL_ARTIFACTS)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from minisgl_engine.weights.demo import demo_model_dir
+from minisgl_engine.weights.gguf_convert import is_complete
+from server_utils import ServerProcess, wait_until
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`"),
+]
+ARTIFACTS = Path(os.environ.get("MINISGL_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+LONG_PROMPT = "Write a very long story about a dragon who learns to cook. Use many chapters."
+BOT = "#chatbot [data-testid='bot']"
+USER = "#chatbot [data-testid='user']"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("chat-data")
+
+
+def start_app(data_dir: Path, log: Path, port: int | None = None) -> ServerProcess:
+    return ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat", log_path=log,
+                         env={"MINISGL_DATA_DIR": str(data_dir)}, port=port)
+
+
+@pytest.fixture(scope="module")
+def app(data_dir, tmp_path_factory):
+    srv = start_app(data_dir, tmp_path_factory.mktemp("app") / "app.log")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"],
+        )
+        yield b
+        b.close()
+
+
+def open_page(browser, app):
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page.goto(f"{app.url}/")
+    page.wait_for_selector("#msg-input textarea", timeout=60_000)
+    wait_until(lambda: "running" in page.inner_text("#status-line"), 60)
+    return page
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def send(page, text: str) -> None:
+    page.fill("#msg-input textarea", text)
+    page.press("#msg-input textarea", "Enter")
+
+
+def last_reply(page) -> str:
+    bots = page.locator(BOT)
+    return bots.nth(bots.count() - 1).inner_text() if bots.count() else ""
+
+
+def new_greedy_chat(page, max_tokens: int = 1024) -> None:
+    """A new chat whose settings make a long, deterministic reply (greedy, many tokens)."""
+    page.click("#new-chat-btn")
+    if not page.locator("#temperature input").is_visible():
+        page.click("#settings >> text=Settings")
+    page.fill("#temperature input", "0")
+    page.fill("#max-tokens input", str(max_tokens))
+
+
+def engine_idle(app) -> bool:
+    m = app.metrics()
+    return m.get("minisgl_running_requests") == 0 and m.get("minisgl_kv_pages_used") == 0
+
+
+def test_reply_streams_in_growing_pieces(browser, app):
+    page = open_page(browser, app)
+    send(page, "What is the capital of France? Answer in two sentences.")
+    lengths = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        lengths.append(len(last_reply(page)))
+        if page.locator(".reply-stats").count() >= 1:
+            break
+        time.sleep(0.05)
+    shot(page, "01-streamed-reply")
+    distinct = sorted(set(x for x in lengths if x > 0))
+    assert len(distinct) >= 3, f"the reply did not grow over time: {distinct}"
+    assert "Paris" in last_reply(page)
+    assert "tok/s" in page.inner_text(".reply-stats")
+    page.close()
+
+
+def test_stop_freezes_the_reply_and_frees_the_engine(browser, app):
+    page = open_page(browser, app)
+    new_greedy_chat(page)
+    send(page, LONG_PROMPT)
+    assert wait_until(lambda: len(last_reply(page)) > 40, 60)
+    page.click("#stop-btn")
+    t0 = time.monotonic()
+    assert wait_until(lambda: engine_idle(app), 2.0), app.metrics()
+    frozen = last_reply(page)
+    time.sleep(1.0)
+    assert last_reply(page) == frozen, "text kept growing after Stop"
+    shot(page, "02-stopped")
+    assert time.monotonic() - t0 < 10
+    page.close()
+
+
+def test_closing_the_tab_mid_reply_aborts(browser, app):
+    page = open_page(browser, app)
+    new_greedy_chat(page)
+    send(page, LONG_PROMPT)
+    assert wait_until(lambda: len(last_reply(page)) > 40, 60)
+    assert app.metrics()["minisgl_running_requests"] == 1
+    page.close()
+    assert wait_until(lambda: engine_idle(app), 5.0), app.metrics()
+
+
+def test_two_tabs_chat_at_the_same_time(browser, app):
+    a, b = open_page(browser, app), open_page(browser, app)
+    for page in (a, b):
+        new_greedy_chat(page)
+        send(page, LONG_PROMPT)
+    both = wait_until(lambda: app.metrics()["minisgl_running_requests"] == 2, 30)
+    assert both, "the two tabs were not generating at the same time"
+    assert wait_until(lambda: len(last_reply(a)) > 20 and len(last_reply(b)) > 20, 60)
+    shot(a, "03-tab-a")
+    shot(b, "04-tab-b")
+    a.click("#stop-btn")
+    b.click("#stop-btn")
+    assert wait_until(lambda: engine_idle(app), 5.0)
+    a.close()
+    b.close()
+
+
+def test_invalid_settings_are_refused_with_a_message(browser, app):
+    page = open_page(browser, app)
+    if not page.locator("#temperature input").is_visible():
+        page.click("#settings >> text=Settings")
+    page.fill("#temperature input", "5")
+    page.click("#save-settings-btn")
+    toast = page.wait_for_selector("text=Settings not saved", timeout=10_000)
+    assert "temperature" in toast.inner_text().lower() or "temperature" in page.inner_text("body").lower()
+    shot(page, "06-invalid-settings")
+    page.close()
+
+
+def test_a_conversation_longer_than_the_context_says_what_to_do(browser, app):
+    page = open_page(browser, app)
+    page.click("#new-chat-btn")
+    send(page, "hello " * 9000)
+    page.wait_for_selector("#chatbot >> text=8192", timeout=60_000)
+    assert "shorten" in last_reply(page) or "new conversation" in last_reply(page)
+    shot(page, "07-too-long")
+    assert engine_idle(app)
+    # the app keeps serving
+    send(page, "What is the capital of France?")
+    assert wait_until(lambda: "Paris" in last_reply(page), 60)
+    page.close()
+
+
+def test_api_key_puts_a_login_wall_on_the_page(browser, data_dir, tmp_path):
+    secured = ServerProcess("--no-browser", "--api-key", "s3cret", command="chat", log_path=tmp_path / "secured.log",
+                            env={"MINISGL_DATA_DIR": str(data_dir)})
+    try:
+        page = browser.new_page()
+        page.goto(f"{secured.url}/")
+        page.wait_for_selector("input[type=password]", timeout=30_000)
+        assert page.locator("#msg-input").count() == 0
+        shot(page, "08-login")
+        page.fill("input[type=text]", "me")
+        page.fill("input[type=password]", "wrong")
+        page.click("button:has-text('Login')")
+        page.wait_for_selector("text=Incorrect", timeout=10_000)
+        assert page.locator("#msg-input").count() == 0
+        page.fill("input[type=text]", "me")
+        page.fill("input[type=password]", "s3cret")
+        page.click("button:has-text('Login')")
+        page.wait_for_selector("#msg-input textarea", timeout=30_000)
+        page.close()
+    finally:
+        secured.stop()
+
+
+def test_reload_and_restart_keep_the_conversation(browser, app, data_dir, tmp_path):
+    page = open_page(browser, app)
+    page.click("#new-chat-btn")
+    send(page, "Remember the word pineapple.")
+    assert wait_until(lambda: page.locator(".reply-stats").count() >= 1, 90)
+    page.reload()
+    page.wait_for_selector(USER, timeout=30_000)
+    assert "pineapple" in page.inner_text("#chatbot")
+    page.close()
+    # restart the whole app on the same data folder
+    port = app.port
+    app.stop()
+    restarted = start_app(data_dir, tmp_path / "restart.log", port=port)
+    try:
+        page = open_page(browser, restarted)
+        page.wait_for_selector(USER, timeout=30_000)
+        assert "pineapple" in page.inner_text("#chatbot")
+        assert "pineapple" in page.inner_text("#conv-list").lower() or page.locator("#conv-list label").count() >= 3
+        shot(page, "05-after-restart")
+        page.close()
+    finally:
+        restarted.stop()
