@@ -76,18 +76,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if llm.tokenizer is None:
         raise UserError("this model has no tokenizer; pass --tokenizer PATH")
 
-    ids: list[int] = []
-    printed = ""
-    for _, token, _finish in llm.stream(args.prompt, params, chat=not args.no_chat_template):
-        if token is None:
-            continue
-        ids.append(token)
-        text = llm.decode(ids)
-        if text.endswith("\ufffd"):
-            continue  # half of a multi-byte character: wait for the rest
-        sys.stdout.write(text[len(printed) :])
+    from minisgl_engine.detokenize import DecodeState
+
+    state = DecodeState(stop=[], prompt_tokens=0)
+    for _, token, finish in llm.stream(args.prompt, params, chat=not args.no_chat_template):
+        text = state.push(llm.tokenizer, token) if token is not None else ""
+        if finish is not None:
+            text += state.flush(llm.tokenizer)
+        sys.stdout.write(text)
         sys.stdout.flush()
-        printed = text
     sys.stdout.write("\n")
     return 0
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 import sys
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import zmq
 
+from ..detokenize import DecodeState
 from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, UserReply
 from .ipc import Receiver, Sender, SocketPaths
 from .process import init_worker
@@ -17,64 +18,6 @@ from .process import init_worker
 logger = logging.getLogger(__name__)
 
 RECENTLY_STOPPED_KEPT = 4096
-
-
-@dataclass
-class DecodeState:
-    """One request's text so far. ``prefix_offset..read_offset`` is a window of tokens already
-    turned into text, re-decoded together with the new ones so that tokenizers which merge
-    spaces or bytes across tokens produce the same text as decoding everything at once."""
-
-    stop: list[str]
-    prompt_tokens: int
-    ids: list[int] = field(default_factory=list)
-    prefix_offset: int = 0
-    read_offset: int = 0
-    held: str = ""  # decoded text not sent yet because it may be the start of a stop string
-
-    def push(self, tokenizer, token: int) -> str:
-        """Append a token; return the newly complete text (may be empty)."""
-        self.ids.append(token)
-        if tokenizer is None:
-            return ""
-        before = tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
-        after = tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
-        if len(after) <= len(before) or after.endswith("\ufffd"):
-            return ""  # nothing new, or half of a multi-byte character
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return after[len(before) :]
-
-    def flush(self, tokenizer) -> str:
-        """At the end: whatever is still pending, even an incomplete character."""
-        if tokenizer is None or self.read_offset == len(self.ids):
-            return ""
-        before = tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
-        after = tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
-        self.read_offset = len(self.ids)
-        return after[len(before) :]
-
-    def apply_stop(self, new_text: str, final: bool) -> tuple[str, bool]:
-        """(text safe to send now, whether a stop string was found). Text that could be the
-        beginning of a stop string is held back until it is decided."""
-        text = self.held + new_text
-        if not self.stop:
-            self.held = ""
-            return text, False
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            self.held = ""
-            return text[:cut], True
-        if final:
-            self.held = ""
-            return text, False
-        keep = 0
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:n]):
-                    keep = max(keep, n)
-                    break
-        self.held = text[len(text) - keep :] if keep else ""
-        return text[: len(text) - keep], False
 
 
 class Detokenizer:
