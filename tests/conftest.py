@@ -33,3 +33,10 @@ def tiny_model(tmp_path_factory):
         return made[arch]
 
     return get
+
+
+def pytest_addoption(parser):
+    # Here rather than in tests/soak/conftest.py so that the option is known however pytest is
+    # started (a conftest below the root one is not an "initial" conftest for `pytest tests/x.py`).
+    parser.addoption("--soak-scale", choices=("short", "full"), default="short",
+                     help="size of the soak suite under tests/soak: short (CI, default) or full")

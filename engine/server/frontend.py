@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import zmq
 import zmq.asyncio
 
+from ..errors import RequestError
 from ..messages import AbortMsg, FrontendBatch, ReadyMsg, StatsMsg, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode
 from .ipc import SocketPaths
 from .openai_protocol import GenerateRequest
@@ -90,16 +91,32 @@ class FrontendClient:
             self.ready = True
 
     def _send(self, uid: int, msg) -> None:
-        self._tokenizers[uid % len(self._tokenizers)].send(encode(TokenizerBatch([msg])))
+        self._send_raw(uid, encode(TokenizerBatch([msg])))
+
+    def _send_raw(self, uid: int, data: bytes) -> None:
+        self._tokenizers[uid % len(self._tokenizers)].send(data)
+
+    def fail_pending(self, message: str) -> None:
+        """End every waiting request with ``message`` (the engine is gone): their streams end
+        with an error at once instead of hanging until the HTTP server's shutdown cancels them."""
+        for uid, queue in list(self.pending.items()):
+            queue.put_nowait(UserReply(uid, "", finished=True, finish_reason="error", error=message))
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[UserReply]:
         uid = next(self._uids)
+        msg = TokenizeMsg(uid, req.params, text=req.text, messages=req.messages, input_ids=req.input_ids,
+                          chat_template_kwargs=req.chat_template_kwargs)
+        try:  # JSON may carry lone surrogates ("\ud800") or integers beyond 64 bits: no message holds them
+            data = encode(TokenizerBatch([msg]))
+        except UnicodeEncodeError:
+            raise RequestError("the request holds text that is not valid Unicode (a lone surrogate such as \\ud800)") from None
+        except OverflowError:
+            raise RequestError("the request holds an integer outside the 64-bit range (seed, top_k or a token id)") from None
         queue: asyncio.Queue[UserReply] = asyncio.Queue()
         self.pending[uid] = queue
         finished = False
         try:
-            self._send(uid, TokenizeMsg(uid, req.params, text=req.text, messages=req.messages, input_ids=req.input_ids,
-                                        chat_template_kwargs=req.chat_template_kwargs))
+            self._send_raw(uid, data)
             while not finished:
                 reply = await queue.get()
                 finished = reply.finished

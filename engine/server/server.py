@@ -133,11 +133,17 @@ def run_server(
             mount(app, client)
         http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
 
+        loop = asyncio.get_running_loop()
+
         def fail(code: int, message: str) -> None:
             nonlocal exit_code
             print(f"minisgl-chat: error: {message}", file=sys.stderr, flush=True)
             exit_code = code
             http.should_exit = True
+            try:  # open requests end now, with the reason (called from a watcher thread)
+                loop.call_soon_threadsafe(client.fail_pending, f"the engine stopped: {message}")
+            except RuntimeError:
+                pass  # the loop is already closed
 
         def on_worker_exit(name: str, code: int | None) -> None:
             error = client.startup_errors.get(name)
