@@ -4,7 +4,6 @@ split over several tokens is sent only once complete), with stop strings trimmed
 from __future__ import annotations
 
 import logging
-import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -12,7 +11,7 @@ import zmq
 
 from ..detokenize import DecodeState
 from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, UserReply
-from .ipc import Receiver, Sender, SocketPaths
+from .ipc import Receiver, Sender, SocketPaths, reporting_startup
 from .process import init_worker
 
 logger = logging.getLogger(__name__)
@@ -68,14 +67,11 @@ def run_detokenizer_worker(args: DetokenizerWorkerArgs) -> None:
     init_worker(name, args.parent_pid, args.log_level)
     ctx = zmq.Context()
     to_frontend = Sender(ctx, args.paths.frontend)
-    try:
+    with reporting_startup(name, to_frontend):
         from ..tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
         receiver = Receiver(ctx, args.paths.detokenizer, DetokenizerBatch)
-    except Exception as exc:
-        to_frontend.send(FrontendBatch([ReadyMsg(name, error=f"{type(exc).__name__}: {exc}")]))
-        sys.exit(1)
     to_scheduler = Sender(ctx, args.paths.scheduler)
     detokenizer = Detokenizer(tokenizer)
     to_frontend.send(FrontendBatch([ReadyMsg(name)]))

@@ -6,13 +6,17 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 
-from ..messages import decoder, encode
+from ..errors import UserError
+from ..messages import FrontendBatch, ReadyMsg, decoder, encode
 
 logger = logging.getLogger(__name__)
 
@@ -98,3 +102,18 @@ class Receiver:
             batch = self.decode(raw)
             if batch is not None:
                 batches.append(batch)
+
+
+@contextmanager
+def reporting_startup(worker: str, to_frontend: Sender) -> Iterator[None]:
+    """Run a worker's start-up; if it fails, tell the front end why (it names the worker in
+    the app's exit message) and exit, instead of dying silently."""
+    try:
+        yield
+    except UserError as exc:
+        to_frontend.send(FrontendBatch([ReadyMsg(worker, error=str(exc))]))
+        sys.exit(1)
+    except Exception as exc:
+        logger.exception("%s failed to start", worker)
+        to_frontend.send(FrontendBatch([ReadyMsg(worker, error=f"{type(exc).__name__}: {exc}")]))
+        sys.exit(1)

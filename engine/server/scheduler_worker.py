@@ -7,7 +7,6 @@ tokens to the detokenizer, push stats to the front end when they changed (and be
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass
 
 import zmq
@@ -16,7 +15,7 @@ from ..config import EngineConfig
 from ..errors import UserError
 from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, StatsMsg, UserMsg
 from ..scheduler.scheduler import Scheduler, TokenOutput
-from .ipc import Receiver, Sender, SocketPaths
+from .ipc import Receiver, Sender, SocketPaths, reporting_startup
 from .process import init_worker
 
 logger = logging.getLogger(__name__)
@@ -115,19 +114,12 @@ def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
     init_worker(name, args.parent_pid, args.log_level)
     ctx = zmq.Context()
     to_frontend = Sender(ctx, args.paths.frontend)
-    try:
+    with reporting_startup(name, to_frontend):
         from ..engine import Engine
 
         engine = Engine(args.config)
         scheduler = Scheduler(engine)
         receiver = Receiver(ctx, args.paths.scheduler, BackendBatch)
-    except UserError as exc:
-        to_frontend.send(FrontendBatch([ReadyMsg(name, error=str(exc))]))
-        sys.exit(1)
-    except Exception as exc:
-        logger.exception("failed to start")
-        to_frontend.send(FrontendBatch([ReadyMsg(name, error=f"{type(exc).__name__}: {exc}")]))
-        sys.exit(1)
     worker = SchedulerWorker(scheduler, receiver, Sender(ctx, args.paths.detokenizer), to_frontend)
     info = {
         "device": str(engine.device),

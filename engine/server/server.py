@@ -126,7 +126,6 @@ def run_server(
     exit_code = 0
 
     async def main() -> None:
-        nonlocal exit_code
         client = FrontendClient(paths, model_name, worker_names(server.num_tokenizers))
         app = create_app(client, server.api_key)
         if mount is not None:

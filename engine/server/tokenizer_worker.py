@@ -6,14 +6,13 @@ request."""
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass
 
 import zmq
 
 from ..errors import UserError
 from ..messages import AbortBackendMsg, AbortMsg, BackendBatch, FrontendBatch, ReadyMsg, TokenizeMsg, TokenizerBatch, UserMsg, UserReply
-from .ipc import Receiver, Sender, SocketPaths
+from .ipc import Receiver, Sender, SocketPaths, reporting_startup
 from .process import init_worker
 
 logger = logging.getLogger(__name__)
@@ -70,14 +69,11 @@ def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
     init_worker(name, args.parent_pid, args.log_level)
     ctx = zmq.Context()
     to_frontend = Sender(ctx, args.paths.frontend)
-    try:
+    with reporting_startup(name, to_frontend):
         from ..tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
         receiver = Receiver(ctx, args.paths.tokenizer(args.index), TokenizerBatch)
-    except Exception as exc:
-        to_frontend.send(FrontendBatch([ReadyMsg(name, error=f"{type(exc).__name__}: {exc}")]))
-        sys.exit(1)
     to_scheduler = Sender(ctx, args.paths.scheduler)
     encoder = PromptEncoder(tokenizer, args.max_context_len)
     to_frontend.send(FrontendBatch([ReadyMsg(name)]))
