@@ -97,6 +97,7 @@ def engine_idle(app) -> bool:
 
 def test_reply_streams_in_growing_pieces(browser, app):
     page = open_page(browser, app)
+    new_greedy_chat(page, max_tokens=64)  # greedy: the answer is deterministic
     send(page, "What is the capital of France? Answer in two sentences.")
     lengths = []
     deadline = time.monotonic() + 60
