@@ -24,7 +24,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens, help="token budget of one prefill batch; longer prompts are chunked (default: %(default)s)")
     g.add_argument("--cache", default=d.cache, choices=["radix", "naive"], help="KV cache manager: radix shares the KV of common prefixes, naive shares nothing (default: %(default)s)")
     g.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel ranks (default: %(default)s; only 1 so far)")
-    g.add_argument("--attn", default=d.attn, choices=["auto", "torch"], help="attention backend (default: %(default)s)")
+    g.add_argument("--attn", default=d.attn, choices=["auto", "flashinfer", "torch"],
+                   help="attention backend: auto = FlashInfer on CUDA when its kernels build, else torch (default: %(default)s)")
+    g.add_argument("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
+                   help="capture CUDA graphs for decode batches up to this size; 0 disables them (default: %(default)s)")
+    g.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="on CUDA, do not prepare the next step while the GPU runs the current one (for comparison)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -41,6 +46,14 @@ def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argpars
     dec.add_argument("--compare-hf", action="store_true", help="also run transformers' generate on the same weights")
     dec.add_argument("--repeat", type=int, default=1, help="timed runs per configuration; the best is reported")
     add_engine_args(dec)
+    off = sub.add_parser("offline", help="nano-vllm's offline workload: 256 requests, random lengths, sampled, ignore_eos")
+    off.add_argument("--num-requests", type=int, default=256)
+    off.add_argument("--max-input-len", type=int, default=1024)
+    off.add_argument("--max-output-len", type=int, default=1024)
+    off.add_argument("--compare-hf", action="store_true", help="also run transformers on the first --hf-requests requests")
+    off.add_argument("--hf-requests", type=int, default=64, help="requests transformers runs with --compare-hf (default: %(default)s)")
+    off.add_argument("--hf-output-len", type=int, default=64, help="cap on those requests' outputs (default: %(default)s)")
+    add_engine_args(off)
     # defaults sized so that both caches finish in about two minutes on 2 CPU cores (demo model)
     multi = sub.add_parser("multiturn", help="time to first token per chat turn with --cache radix and naive side by side (runs both)")
     multi.add_argument("--conversations", type=int, default=16, help="concurrent conversations (default: %(default)s)")

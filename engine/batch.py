@@ -57,10 +57,19 @@ class ForwardBatch:
     seq_lens: list[int]  # per request, cached_lens + extend_lens
     logits_indices: torch.Tensor  # rows of the hidden states whose next token is sampled
     attn_metadata: object = field(default=None)  # filled by the attention backend's prepare()
+    # A decode batch replayed by a CUDA graph is padded to the graph's size: the tensors above
+    # hold ``num_padding`` extra rows (token 0 at position 0, K/V written to the pool's padding
+    # page); the list fields describe the real requests only.
+    num_padding: int = 0
+    use_graph: bool = False  # padded to a CUDA graph's size: planned on that graph's wrapper
 
     @property
     def batch_size(self) -> int:
         return len(self.seq_lens)
+
+    @property
+    def padded_size(self) -> int:
+        return len(self.seq_lens) + self.num_padding
 
     @property
     def is_decode(self) -> bool:

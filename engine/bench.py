@@ -1,6 +1,8 @@
 """``minisgl-chat bench``: ``decode`` runs our engine and Hugging Face transformers on the same
-weights in the same run; ``multiturn`` runs chats with the radix prefix cache and without. Each
-prints a readable table and then one JSON line per configuration."""
+weights in the same run; ``offline`` runs nano-vllm's 256-request workload (and transformers on
+a subset of it) and compares with the memory-bandwidth floor; ``multiturn`` runs chats with the
+radix prefix cache and without. Each prints a readable table and then one JSON line per
+configuration."""
 
 from __future__ import annotations
 
@@ -38,6 +40,17 @@ def device_name(device: torch.device) -> str:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def row_header(bench: str, config: EngineConfig, engine) -> dict:
+    """The fields every JSON line starts with: which bench, where, which model."""
+    return {
+        "bench": bench,
+        "device": device_name(engine.device),
+        "model": config.config if config.dummy_weights and config.config else str(engine.model_dir),
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "tp": config.tp,
+    }
 
 
 def random_prompts(batch_size: int, input_len: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -117,11 +130,7 @@ def run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
                 runs.append(time_engine(llm, prompts, args.output_len))
             total, ttft = min(runs)
             row = {
-                "bench": "decode",
-                "device": device_name(engine.device),
-                "model": config.config if config.dummy_weights and config.config else str(engine.model_dir),
-                "dtype": str(engine.dtype).removeprefix("torch."),
-                "tp": config.tp,
+                **row_header("decode", config, engine),
                 "cache": config.cache,
                 "batch_size": bs,
                 "input_len": input_len,
@@ -199,11 +208,7 @@ def run_multiturn(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     rows = []
     for cache, llm in llms.items():
         rows.append({
-            "bench": "multiturn",
-            "device": device_name(engine.device),
-            "model": config.config if config.dummy_weights and config.config else str(engine.model_dir),
-            "dtype": str(engine.dtype).removeprefix("torch."),
-            "tp": config.tp,
+            **row_header("multiturn", config, engine),
             "cache": cache,
             "page_size": page,
             "conversations": convs,
@@ -230,6 +235,140 @@ def print_multiturn_table(rows: list[dict]) -> None:
     print()
 
 
+def offline_workload(num_requests: int, max_input_len: int, max_output_len: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """nano-vllm's bench.py: with ``random.seed(0)``, each request's input length uniform in
+    [100, max_input_len] and then that many ids in [0, 10000]; after all prompts, each output
+    length in [100, max_output_len]. 256 requests: 142,827 input and 133,966 output tokens."""
+    rng = random.Random(seed)
+    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(100, max_input_len))] for _ in range(num_requests)]
+    output_lens = [rng.randint(100, max_output_len) for _ in range(num_requests)]
+    return prompts, output_lens
+
+
+def copy_bandwidth(device: torch.device) -> float | None:
+    """Bytes per second a large device-to-device copy moves (read + write): the roof for
+    memory-bound decode on this GPU, measured rather than taken from a datasheet."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / 10
+    del src, dst
+    return 2 * (1 << 30) / seconds
+
+
+def bandwidth_floor_s(engine, prompts: list[list[int]], output_lens: list[int], bandwidth: float) -> float:
+    """Seconds to read every weight once per decode step (all requests decoding together, so
+    max(output_lens) steps) and every KV entry once per step that attends to it."""
+    from .kvcache import KVPool
+    from .model_loader import param_bytes
+
+    mc = engine.model_config
+    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, engine.dtype)
+    kv_reads = sum(out * len(p) + out * (out - 1) // 2 for p, out in zip(prompts, output_lens))
+    weight_reads = max(output_lens) * param_bytes(mc, engine.dtype)
+    return (weight_reads + kv_reads * kv_per_token) / bandwidth
+
+
+@torch.inference_mode()
+def time_hf_sampled(hf, prompts: list[list[int]], output_lens: list[int], device: torch.device) -> float:
+    """transformers on requests of different lengths: one left-padded batch, sampling at
+    temperature 0.6, every row generating max(output_lens) tokens."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    n = max(output_lens)
+    _sync(device)
+    start = time.perf_counter()
+    hf.generate(ids, attention_mask=mask, do_sample=True, temperature=0.6, top_k=0, top_p=1.0,
+                max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def run_offline(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
+    from .llm import LLM
+
+    torch.set_num_threads(torch.get_num_threads())
+    prompts, output_lens = offline_workload(args.num_requests, args.max_input_len, args.max_output_len)
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
+    config = replace(config, max_running_requests=max(config.max_running_requests, args.num_requests))
+    llm = LLM(config=config)
+    engine = llm.engine
+    bandwidth = copy_bandwidth(engine.device)
+    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+    _sync(engine.device)
+    start = time.perf_counter()
+    results = llm.generate(prompts, params)
+    _sync(engine.device)
+    seconds = time.perf_counter() - start
+    produced = sum(len(r.token_ids) for r in results)
+    assert produced == sum(output_lens), "every request must produce exactly its max_tokens"
+    row = {
+        **row_header("offline", config, engine),
+        "attention": engine.attn_name,
+        "cuda_graphs": engine.uses_cuda_graphs,
+        "overlap": llm.scheduler.overlap,
+        "requests": args.num_requests,
+        "input_tokens": sum(map(len, prompts)),
+        "output_tokens": produced,
+        "seconds": round(seconds, 3),
+        "engine_tok_s": round(produced / seconds, 1),
+        "hf_requests": None,
+        "hf_tok_s": None,
+        "engine_tok_s_on_hf_subset": None,
+        "hf_settings": None,
+        "copy_bandwidth_tb_s": None,
+        "bandwidth_floor_s": None,
+        "share_of_floor": None,
+    }
+    if bandwidth is not None:
+        floor = bandwidth_floor_s(engine, prompts, output_lens, bandwidth)
+        row.update(copy_bandwidth_tb_s=round(bandwidth / 1e12, 2), bandwidth_floor_s=round(floor, 3), share_of_floor=round(floor / seconds, 3))
+    if args.compare_hf:
+        import transformers
+
+        k = min(args.hf_requests, args.num_requests)
+        # transformers runs ~10 decode steps a second at any batch size: cap the outputs
+        sub_prompts, sub_lens = prompts[:k], [min(n, args.hf_output_len) for n in output_lens[:k]]
+        _sync(engine.device)
+        start = time.perf_counter()
+        llm.generate(sub_prompts, [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in sub_lens])
+        _sync(engine.device)
+        row["engine_tok_s_on_hf_subset"] = round(sum(sub_lens) / (time.perf_counter() - start), 1)
+        hf = hf_model_for(llm, config.seed)
+        time_hf_sampled(hf, [p[:16] for p in sub_prompts[:1]], [4], engine.device)  # warm-up
+        hf_seconds = time_hf_sampled(hf, sub_prompts, sub_lens, engine.device)
+        row["hf_requests"] = k
+        row["hf_tok_s"] = round(sum(sub_lens) / hf_seconds, 1)
+        row["hf_settings"] = (
+            f"transformers {transformers.__version__} generate, {row['dtype']}, the first {k} requests' prompts "
+            f"with outputs capped at {args.hf_output_len} tokens, as one left-padded batch, do_sample temperature 0.6, "
+            f"every row {max(sub_lens)} new tokens; tok/s counts the {sum(sub_lens)} tokens asked for; "
+            f"engine_tok_s_on_hf_subset is our engine on the same subset"
+        )
+    return [row]
+
+
+def print_offline(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"{r['requests']} requests, {r['input_tokens']} input / {r['output_tokens']} output tokens in {r['seconds']:.2f} s: "
+              f"{r['engine_tok_s']:.0f} tok/s ({r['attention']}, graphs {'on' if r['cuda_graphs'] else 'off'}, overlap {'on' if r['overlap'] else 'off'})")
+        if r["bandwidth_floor_s"] is not None:
+            print(f"memory-bandwidth floor {r['bandwidth_floor_s']:.2f} s at {r['copy_bandwidth_tb_s']} TB/s: {100 * r['share_of_floor']:.0f}% of it reached")
+        if r["hf_tok_s"] is not None:
+            print(f"first {r['hf_requests']} requests: engine {r['engine_tok_s_on_hf_subset']:.0f} tok/s, transformers {r['hf_tok_s']:.0f} tok/s")
+    print()
+
+
 def print_table(rows: list[dict]) -> None:
     header = f"{'batch':>5} {'input':>6} {'output':>6} {'engine tok/s':>13} {'hf tok/s':>9} {'speed-up':>8} {'TTFT ms':>8}"
     print(header)
@@ -248,6 +387,9 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.bench == "decode":
         rows = run_decode(args, config)
         print_table(rows)
+    elif args.bench == "offline":
+        rows = run_offline(args, config)
+        print_offline(rows)
     elif args.bench == "multiturn":
         rows = run_multiturn(args, config)
         print_multiturn_table(rows)

@@ -100,6 +100,8 @@ class EngineConfig:
     max_running_requests: int = 64
     max_prefill_tokens: int = 2048  # token budget of one prefill batch (longer prompts are chunked)
     cache: str = "radix"  # radix (prefix cache) | naive (no sharing)
-    attn: str = "auto"
+    attn: str = "auto"  # auto | flashinfer | torch
+    cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0 = never
+    overlap: bool = True  # on CUDA, schedule step N+1 while the GPU runs step N
     seed: int = 0  # seed for random dummy weights
     tp: int = 1  # tensor-parallel ranks (only 1 so far)

@@ -1,19 +1,30 @@
-"""The engine: owns the model, the KV pool, the page table, the attention backend and the
-sampler, and turns one scheduled :class:`Batch` into next tokens."""
+"""The engine: owns the model, the KV pool, the page table, the attention backend, the CUDA
+graphs and the sampler, and turns one scheduled :class:`Batch` into next tokens.
+
+On CUDA nothing here waits for the GPU: :meth:`Engine.forward_batch` queues the step and returns
+a :class:`StepResult` whose tokens are read later, so the scheduler can prepare the next step
+meanwhile (overlap scheduling). A decode step's input token is the one the previous step sampled:
+it stays on the GPU (``last_token``, one per page-table row) and the CPU holds a placeholder
+until the result is read.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import torch
 
+from . import flashinfer_kernels
 from .attention import create_attention_backend
 from .batch import Batch, ForwardBatch
 from .config import EngineConfig
 from .errors import UserError
 from .kvcache import KVPool, PageTable
 from .model_loader import free_memory_bytes, load_model
+from .models.transformer import enable_flashinfer_ops
+from .request import PLACEHOLDER
 from .sampling import Sampler
 
 logger = logging.getLogger(__name__)
@@ -21,12 +32,37 @@ logger = logging.getLogger(__name__)
 CPU_KV_MAX_BYTES = 1 << 30  # a laptop shares its RAM (and zeroing a big pool is slow): cap the default
 
 
+class StepResult:
+    """The tokens one step sampled, copied to the CPU without blocking; ``tokens()`` waits."""
+
+    def __init__(self, next_ids: torch.Tensor | None) -> None:
+        self._event = None
+        if next_ids is None:
+            self._cpu = None
+        elif next_ids.is_cuda:
+            self._cpu = next_ids.to("cpu", non_blocking=True)  # into pinned memory
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._cpu = next_ids
+
+    def tokens(self) -> list[int]:
+        if self._cpu is None:
+            return []
+        if self._event is not None:
+            self._event.synchronize()
+        return self._cpu.tolist()
+
+
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, on_phase: Callable[[str], None] | None = None) -> None:
+        """``on_phase`` hears what start-up is doing (compiling kernels, capturing graphs)."""
         if config.page_size < 1:
             raise UserError(f"--page-size must be >= 1, got {config.page_size}")
         if config.tp != 1:
             raise UserError(f"--tp {config.tp}: tensor parallelism is not available yet; use --tp 1")
+        if config.cuda_graph_max_bs < 0:
+            raise UserError(f"--cuda-graph-max-bs must be >= 0, got {config.cuda_graph_max_bs}")
         self.config = config
         loaded = load_model(config)
         self.model = loaded.model
@@ -40,24 +76,63 @@ class Engine:
         mc = self.model_config
         self.max_context_len = mc.max_context_len
         self.page_size = config.page_size
+        self.attn_name = self._choose_attention(on_phase)
+        if self.attn_name == "flashinfer":
+            enable_flashinfer_ops(self.model)
         self.num_pages = self._num_kv_pages()
         self.kv_pool = KVPool(mc.num_layers, self.num_pages, self.page_size, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
         self.page_table = PageTable(config.max_running_requests, self.max_context_len, self.device)
         self.attn_backend = create_attention_backend(
-            config.attn,
-            self.device,
+            self.attn_name,
+            dtype=self.dtype,
+            device=self.device,
             kv_pool=self.kv_pool,
             page_table=self.page_table,
             num_heads=mc.num_heads,
             num_kv_heads=mc.num_kv_heads,
             head_dim=mc.head_dim,
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler(use_flashinfer=self.attn_name == "flashinfer")
         self.eos_token_ids = self._eos_token_ids()
+        # the newest sampled token of each page-table row: the next decode step's input
+        self.last_token = torch.zeros(config.max_running_requests, dtype=torch.int64, device=self.device)
         logger.info(
-            "KV cache: %d tokens (%d pages of %d) on %s in %s",
-            self.num_pages * self.page_size, self.num_pages, self.page_size, self.device, str(self.dtype).removeprefix("torch."),
+            "KV cache: %d tokens (%d pages of %d) on %s in %s; attention: %s",
+            self.num_pages * self.page_size, self.num_pages, self.page_size, self.device,
+            str(self.dtype).removeprefix("torch."), self.attn_name,
         )
+        self.graph_runner = None
+        max_graph_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
+        if self.attn_name == "flashinfer" and max_graph_bs > 0:
+            from .cuda_graph import CudaGraphRunner
+
+            self.graph_runner = CudaGraphRunner(self, max_graph_bs, on_phase)
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        return self.graph_runner is not None
+
+    def _choose_attention(self, on_phase: Callable[[str], None] | None) -> str:
+        """``auto``: FlashInfer on CUDA when it imports and its kernels build, else torch (with
+        a one-line notice on CUDA). ``flashinfer`` that cannot run is an error."""
+        asked = self.config.attn
+        if asked not in ("auto", "flashinfer", "torch"):
+            raise UserError(f"--attn {asked!r}: choose auto, flashinfer or torch")
+        if asked == "torch" or (asked == "auto" and self.device.type != "cuda"):
+            return "torch"
+        reason = flashinfer_kernels.unavailable_reason(self.device, self.dtype)
+        if reason is None:
+            try:
+                flashinfer_kernels.build_kernels(self.dtype, self.model_config.head_dim, on_phase)
+            except Exception as exc:  # no nvcc, a compiler error, ...
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                reason = f"its kernels could not be built ({first[:200]})"
+        if reason is None:
+            return "flashinfer"
+        if asked == "flashinfer":
+            raise UserError(f"--attn flashinfer: {reason}; use --attn torch")
+        logger.warning("attention: using the slower torch backend because %s", reason)
+        return "torch"
 
     def _eos_token_ids(self) -> tuple[int, ...]:
         """EOS ids from config.json and generation_config.json (chat models often list several)."""
@@ -70,11 +145,15 @@ class Engine:
         return tuple(sorted(ids))
 
     def _num_kv_pages(self) -> int:
+        """From --max-kv-tokens, else --mem-fraction of the memory free after the weights (the
+        rest stays for activations, CUDA graphs and FlashInfer's workspace)."""
         mc = self.model_config
         per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
         if self.config.max_kv_tokens is not None:
             tokens = self.config.max_kv_tokens
         else:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
             budget = free_memory_bytes(self.device) * self.config.mem_fraction
             if self.device.type == "cpu":
                 budget = min(budget, CPU_KV_MAX_BYTES)
@@ -83,50 +162,100 @@ class Engine:
             raise UserError(f"the KV cache would hold only {tokens} tokens; raise --max-kv-tokens or free memory")
         return math.ceil(tokens / self.page_size)
 
-    def prepare(self, batch: Batch) -> ForwardBatch:
-        """Lay the batch out as flat tensors (all requests' new tokens back to back)."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        out_loc: list[torch.Tensor] = []
-        logits_indices: list[int] = []
-        cached_lens = [req.cached_len for req in batch.reqs]
-        table = self.page_table.table
-        for i, (req, extend) in enumerate(zip(batch.reqs, batch.extend_lens)):
-            start = req.cached_len
-            input_ids.extend(req.token_ids[start : start + extend])
-            positions.extend(range(start, start + extend))
-            out_loc.append(table[req.table_slot, start : start + extend])
-            if batch.all_logits:
-                logits_indices.extend(range(len(input_ids) - extend, len(input_ids)))
-            elif batch.samples(i):
-                logits_indices.append(len(input_ids) - 1)
-        device = self.device
+    def graph_size(self, batch: Batch) -> int | None:
+        """The CUDA graph size this batch replays at, or None to run it eagerly."""
+        if self.graph_runner is None or not batch.is_decode:
+            return None
+        return self.graph_runner.size_for(batch.size)
+
+    def prepare(self, batch: Batch, pad_to: int | None = None) -> ForwardBatch:
+        """Lay the batch out as flat tensors (all requests' new tokens back to back), with one
+        host-to-device copy. ``pad_to`` adds padding rows to a decode batch (CUDA graphs)."""
+        reqs = batch.reqs
+        cached_lens = [req.cached_len for req in reqs]
+        rows = [req.table_slot for req in reqs]
+        if batch.is_decode:
+            input_ids = [req.token_ids[req.cached_len] for req in reqs]
+            positions = list(cached_lens)
+            token_rows = list(rows)
+            logits_indices = list(range(len(reqs)))
+        else:
+            input_ids, positions, token_rows, logits_indices = [], [], [], []
+            for i, (req, extend) in enumerate(zip(reqs, batch.extend_lens)):
+                start = req.cached_len
+                input_ids.extend(req.token_ids[start : start + extend])
+                positions.extend(range(start, start + extend))
+                token_rows.extend([req.table_slot] * extend)
+                if batch.all_logits:
+                    logits_indices.extend(range(len(input_ids) - extend, len(input_ids)))
+                elif batch.samples(i):
+                    logits_indices.append(len(input_ids) - 1)
+        num_padding = 0
+        if pad_to is not None:
+            assert batch.is_decode and pad_to >= len(reqs)
+            num_padding = pad_to - len(reqs)
+            input_ids += [0] * num_padding
+            positions += [0] * num_padding
+            token_rows += [0] * num_padding
+            logits_indices += range(len(reqs), pad_to)
+        n_tok, n_req = len(input_ids), len(reqs)
+        packed = torch.tensor(input_ids + positions + token_rows + rows + logits_indices, dtype=torch.int64)
+        packed = packed.to(self.device, non_blocking=True)
+        ids_t, pos_t, token_rows_t, rows_t, logits_t = packed.split([n_tok, n_tok, n_tok, n_req, len(logits_indices)])
+        if PLACEHOLDER in input_ids:  # tokens still on the GPU (overlap): take them from there
+            ids_t = torch.where(ids_t >= 0, ids_t, self.last_token[token_rows_t])
+        out_loc = self.page_table.table[token_rows_t, pos_t]
+        if num_padding:
+            out_loc[n_req:] = self.kv_pool.padding_slot
         return ForwardBatch(
             phase=batch.phase,
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            out_loc=out_loc[0] if len(out_loc) == 1 else torch.cat(out_loc),
-            table_rows=torch.tensor([req.table_slot for req in batch.reqs], dtype=torch.int64, device=device),
+            input_ids=ids_t,
+            positions=pos_t,
+            out_loc=out_loc,
+            table_rows=rows_t,
             cached_lens=cached_lens,
             extend_lens=list(batch.extend_lens),
             seq_lens=[c + e for c, e in zip(cached_lens, batch.extend_lens)],
-            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
+            logits_indices=logits_t,
+            num_padding=num_padding,
         )
 
-    @torch.inference_mode()
-    def forward_logits(self, batch: Batch) -> torch.Tensor:
-        """float32 logits [requests that sample (or every token, with all_logits), vocab]."""
-        fb = self.prepare(batch)
+    def _forward(self, batch: Batch, use_graph: bool | None = None, pad_to: int | None = None) -> tuple[ForwardBatch, torch.Tensor]:
+        graph_size = self.graph_size(batch)
+        if use_graph and graph_size is None:
+            raise ValueError("this batch cannot replay a CUDA graph")
+        replay = graph_size is not None and use_graph is not False
+        fb = self.prepare(batch, pad_to=graph_size if replay else pad_to)
+        # a batch padded to a graph's size is planned on that graph's attention wrapper, also
+        # when it runs eagerly: then the two differ only in how the kernels are launched
+        fb.use_graph = graph_size is not None and fb.padded_size == graph_size
         self.attn_backend.prepare(fb)
-        return self.model(fb, self.attn_backend)
+        logits = self.graph_runner.replay(fb) if replay else self.model(fb, self.attn_backend)
+        return fb, logits[: logits.shape[0] - fb.num_padding]
 
     @torch.inference_mode()
-    def forward_batch(self, batch: Batch) -> list[int]:
-        """Run the batch and sample; returns one token per request that samples, in order."""
-        logits = self.forward_logits(batch)
+    def forward_logits(self, batch: Batch, use_graph: bool | None = None, pad_to: int | None = None) -> torch.Tensor:
+        """float32 logits [requests that sample (or every token, with all_logits), vocab].
+
+        ``use_graph``: None = a CUDA graph when one fits, False = eager (``pad_to`` pads the
+        batch as a graph would, to compare the two), True = a graph or an error."""
+        fb, logits = self._forward(batch, use_graph, pad_to)
+        # a replayed graph's logits live in its output buffer, which the next replay overwrites
+        return logits.clone() if fb.use_graph else logits
+
+    @torch.inference_mode()
+    def forward_batch(self, batch: Batch) -> StepResult:
+        """Queue the batch and its sampling; the result holds one token per request that
+        samples, in order. The sampled tokens also become their rows' next decode input."""
+        fb, logits = self._forward(batch)
         sampling = [i for i in range(batch.size) if batch.samples(i)]
         if not sampling:
-            return []
+            return StepResult(None)
         reqs = [batch.reqs[i] for i in sampling]
-        next_ids = self.sampler.sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
-        return next_ids.tolist()
+        next_ids = self.sampler.sample(logits, [r.params for r in reqs], [r.generator for r in reqs]).long()
+        if len(sampling) == batch.size:
+            rows = fb.table_rows
+        else:
+            rows = fb.table_rows[torch.tensor(sampling, device=self.device)]
+        self.last_token.index_copy_(0, rows, next_ids)
+        return StepResult(next_ids)

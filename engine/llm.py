@@ -82,34 +82,54 @@ class LLM:
         finally:
             for uid in pending:  # the caller stopped early: abort what is left
                 self.scheduler.abort_request(uid)
+            self.scheduler.drain()
 
     def score(self, token_ids: list[int], prefill_len: int | None = None):
         """Teacher-forced logits [len(token_ids), vocab]: the first ``prefill_len`` tokens go
         through prefill (chunked by the budget), each later one through its own decode step.
         Used to compare our model with a reference implementation."""
+        return self.score_batch([token_ids], None if prefill_len is None else [prefill_len])[0]
+
+    def score_batch(self, sequences: list[list[int]], prefill_lens: list[int] | None = None):
+        """``score`` for many sequences at once: they are prefilled together and then decoded
+        as one batch (so decode runs the batched kernels and CUDA graphs), each step feeding
+        every sequence its next true token. Returns one logits tensor per sequence."""
         import torch
 
-        prefill_len = len(token_ids) if prefill_len is None else prefill_len
-        uid = next(self._uids)
         sched = self.scheduler
-        sched.add_request(uid, token_ids[:prefill_len], SamplingParams(max_tokens=len(token_ids) + 1, ignore_eos=True))
-        req = sched.reqs[uid]
-        req.use_prefix_cache = False  # a cached prefix would leave its rows out
-        rows = []
+        assert not sched.has_work, "score_batch() needs an otherwise idle scheduler"
+        prefill_lens = [len(s) for s in sequences] if prefill_lens is None else prefill_lens
+        reqs = []
         try:
-            while req.cached_len < len(token_ids):
+            for tokens, n in zip(sequences, prefill_lens):
+                uid = next(self._uids)
+                sched.add_request(uid, tokens[:n], SamplingParams(max_tokens=len(tokens) + 1, ignore_eos=True))
+                req = sched.reqs[uid]
+                req.use_prefix_cache = False  # a cached prefix would leave its rows out
+                reqs.append(req)
+            rows: dict[int, list] = {req.uid: [] for req in reqs}
+            target = {req.uid: tokens for req, tokens in zip(reqs, sequences)}
+            while any(req.cached_len < len(target[req.uid]) for req in reqs):
                 batch = sched.schedule()
-                assert batch is not None and batch.reqs == [req], "score() needs an otherwise idle scheduler"
+                assert batch is not None and set(batch.reqs) <= set(reqs), "score_batch() needs an otherwise idle scheduler"
                 batch.all_logits = True
-                rows.append(self.engine.forward_logits(batch))
-                req.cached_len += batch.extend_lens[0]
-                if req.cached_len == req.seq_len < len(token_ids):
-                    req.token_ids.append(token_ids[req.seq_len])
-                    if batch.phase == "prefill":
-                        sched.decode_manager.add(req)
+                logits = self.engine.forward_logits(batch)
+                for req, part in zip(batch.reqs, logits.split(batch.extend_lens)):
+                    rows[req.uid].append(part)
+                    req.cached_len += part.shape[0]
+                    tokens = target[req.uid]
+                    if req.cached_len == req.seq_len:
+                        if req.seq_len < len(tokens):
+                            req.token_ids.append(tokens[req.seq_len])
+                            if batch.phase == "prefill":
+                                sched.decode_manager.add(req)
+                        else:  # done: out of the running set
+                            sched.decode_manager.remove(req)
         finally:
-            sched.finish(req, FinishReason.ABORT)
-        return torch.cat(rows)
+            for req in reqs:
+                if not req.finished:
+                    sched.finish(req, FinishReason.ABORT)
+        return [torch.cat(rows[req.uid]) for req in reqs]
 
     def generate(self, prompts, sampling_params=None, chat: bool = False) -> list[GenerationResult]:
         results = self._submit(prompts, sampling_params, chat)
@@ -121,6 +141,7 @@ class LLM:
                     res.token_ids.append(out.token_id)
                 if out.finished:
                     res.finish_reason = out.finish_reason.value
+        self.scheduler.drain()  # a finished request's extra step may still be in flight
         for res in ordered:
             res.text = self.decode(res.token_ids)
         return ordered

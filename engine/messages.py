@@ -86,6 +86,13 @@ class ReadyMsg(msgspec.Struct, tag=True):
     info: dict[str, Any] = {}
 
 
+class StartupMsg(msgspec.Struct, tag=True):
+    """What a starting worker is doing now (compiling kernels, capturing graphs), for the UI."""
+
+    worker: str
+    phase: str
+
+
 class TokenizerBatch(msgspec.Struct):
     msgs: list[Union[TokenizeMsg, AbortMsg]]
 
@@ -99,7 +106,7 @@ class DetokenizerBatch(msgspec.Struct):
 
 
 class FrontendBatch(msgspec.Struct):
-    msgs: list[Union[UserReply, StatsMsg, ReadyMsg]]
+    msgs: list[Union[UserReply, StatsMsg, ReadyMsg, StartupMsg]]
 
 
 BATCH_TYPES = (TokenizerBatch, BackendBatch, DetokenizerBatch, FrontendBatch)

@@ -10,6 +10,9 @@ import torch
 from .sampling_params import SamplingParams
 
 
+PLACEHOLDER = -1  # a sampled token still on its way from the GPU (overlap scheduling)
+
+
 class FinishReason(str, Enum):
     STOP = "stop"  # EOS or a stop token / string
     LENGTH = "length"  # max_tokens or the context limit

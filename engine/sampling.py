@@ -1,5 +1,10 @@
 """Turns a batch's logits into next tokens; one batch may mix greedy and sampled requests,
-each with its own temperature, top-k, top-p and seed."""
+each with its own temperature, top-k, top-p and seed.
+
+Greedy rows take the argmax. On CUDA, sampled rows without a seed go through FlashInfer's fused
+top-k/top-p rejection sampler in one launch; a seeded row draws from its own generator (torch),
+so its text does not depend on which other requests share its batch.
+"""
 
 from __future__ import annotations
 
@@ -30,12 +35,38 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
 
 
 class Sampler:
+    def __init__(self, use_flashinfer: bool = False) -> None:
+        self.use_flashinfer = use_flashinfer
+
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
         """logits: [batch, vocab] float32. Returns [batch] token ids (on the logits' device)."""
         next_ids = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if not rows:
             return next_ids
+        if self.use_flashinfer:
+            unseeded = [i for i in rows if generators[i] is None]
+            if unseeded:
+                next_ids[torch.tensor(unseeded, device=logits.device)] = self._flashinfer_sample(logits, [params[i] for i in unseeded], unseeded)
+            rows = [i for i in rows if generators[i] is not None]
+            if not rows:
+                return next_ids
+        return self._torch_sample(logits, params, generators, rows, next_ids)
+
+    @staticmethod
+    def _flashinfer_sample(logits: torch.Tensor, params: list[SamplingParams], rows: list[int]) -> torch.Tensor:
+        import flashinfer
+
+        vocab = logits.shape[-1]
+        device = logits.device
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32).to(device, non_blocking=True)
+        top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], dtype=torch.int32).to(device, non_blocking=True)
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32).to(device, non_blocking=True)
+        scaled = (logits if len(rows) == logits.shape[0] else logits[torch.tensor(rows, device=device)]) / temps.unsqueeze(1)
+        return flashinfer.sampling.top_k_top_p_sampling_from_logits(scaled, top_k, top_p).long()
+
+    @staticmethod
+    def _torch_sample(logits, params, generators, rows: list[int], next_ids: torch.Tensor) -> torch.Tensor:
         idx = torch.tensor(rows, device=logits.device)
         temps = torch.tensor([params[i].temperature for i in rows], device=logits.device, dtype=logits.dtype)
         top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)

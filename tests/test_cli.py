@@ -212,3 +212,12 @@ def test_bench_multiturn_runs_radix_and_naive_side_by_side(tiny_dir) -> None:
     # turn 1 finds the system prompt (24 tokens); turns 2 and 3 the previous turn, page-aligned
     assert radix["prefix_cache_hit_tokens"] == 3 * (24 + 32 + 40)
     assert naive["prefix_cache_hit_tokens"] == 0
+
+
+def test_flashinfer_attention_on_cpu_is_a_clear_error(tiny_dir) -> None:
+    line = assert_one_line_error(run_cli("generate", "--model", str(tiny_dir), "--device", "cpu", "--attn", "flashinfer", "hi"), "--attn flashinfer")
+    assert "--attn torch" in line  # says what to do
+
+
+def test_negative_cuda_graph_batch_size(tiny_dir) -> None:
+    assert_one_line_error(run_cli("generate", "--model", str(tiny_dir), "--device", "cpu", "--cuda-graph-max-bs", "-1", "hi"), "--cuda-graph-max-bs")

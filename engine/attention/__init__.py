@@ -4,10 +4,10 @@ from .torch_backend import TorchAttentionBackend
 __all__ = ["AttentionBackend", "TorchAttentionBackend", "create_attention_backend"]
 
 
-def create_attention_backend(name: str, device, **kwargs) -> AttentionBackend:
-    """``auto`` picks the best backend for the device; only ``torch`` exists on CPU."""
-    if name not in ("auto", "torch"):
-        from ..errors import UserError
+def create_attention_backend(name: str, *, dtype, device, **kwargs) -> AttentionBackend:
+    """``name`` is the backend the engine settled on: ``flashinfer`` or ``torch``."""
+    if name == "flashinfer":
+        from .flashinfer_backend import FlashInferAttentionBackend
 
-        raise UserError(f"attention backend {name!r} is not available here (use --attn torch)")
+        return FlashInferAttentionBackend(dtype=dtype, device=device, **kwargs)
     return TorchAttentionBackend(**kwargs)

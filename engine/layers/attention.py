@@ -9,10 +9,12 @@ from ..attention.base import AttentionBackend
 from ..batch import ForwardBatch
 from .linear import Linear, MergedLinear
 from .norm import RMSNorm
-from .rotary import apply_rotary
+from .rotary import RopeInputs, apply_rotary, apply_rotary_inplace
 
 
 class SelfAttention(nn.Module):
+    use_flashinfer = False
+
     def __init__(
         self,
         layer_id: int,
@@ -32,8 +34,10 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
 
-    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rope: RopeInputs, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
+        if self.use_flashinfer:
+            return self.o_proj(attn.forward(*self._qkv_fused(qkv, rope), self.layer_id, batch))
         num_qk_heads = self.num_heads + self.num_kv_heads
         qk = qkv[:, : num_qk_heads * self.head_dim].view(-1, num_qk_heads, self.head_dim)
         v = qkv[:, num_qk_heads * self.head_dim :].view(-1, self.num_kv_heads, self.head_dim)
@@ -43,3 +47,17 @@ class SelfAttention(nn.Module):
         # q and k are adjacent in the merged projection: rotate them in one go
         q, k = apply_rotary(qk, rope).split([self.num_heads, self.num_kv_heads], dim=1)
         return self.o_proj(attn.forward(q, k, v, self.layer_id, batch))
+
+    def _qkv_fused(self, qkv: torch.Tensor, rope: RopeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The CUDA path: per-head norms and RoPE as FlashInfer kernels (3 launches, not ~25)."""
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # new contiguous tensors
+            q, k = self.q_norm(q), self.k_norm(k)
+        else:  # rotate copies, so the attention kernel gets contiguous q
+            q, k = q.contiguous(), k.contiguous()
+        apply_rotary_inplace(q, k, rope)
+        return q, k, v

@@ -4,6 +4,7 @@ Llama 3's frequency scaling. cos/sin are computed once for every position up to 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,21 +32,46 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+@dataclass
+class RopeInputs:
+    """What every layer's rotation needs for one forward pass, computed once: the positions'
+    cos and sin ([tokens, 1, dim], torch path) or the positions and the float32 cos|sin table
+    (FlashInfer's fused in-place kernel)."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    cos_sin_cache: torch.Tensor | None = None
+
+
 class RotaryEmbedding(nn.Module):
+    use_flashinfer = False
+
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None, dtype: torch.dtype) -> None:
         super().__init__()
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * rope_inv_freq(head_dim, theta, scaling)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
         self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+        # FlashInfer's layout: [positions, dim] float32, cos of each frequency then its sin
+        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
 
-    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the batch's positions, [tokens, 1, dim]: computed once per forward
-        pass and shared by every layer."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+    def prepare(self, positions: torch.Tensor) -> RopeInputs:
+        if self.use_flashinfer:
+            return RopeInputs(positions, cos_sin_cache=self.cos_sin_cache)
+        return RopeInputs(positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
 
 
-def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, rope: RopeInputs) -> torch.Tensor:
     """x: [tokens, heads, dim] (q and k may be passed together as one tensor of heads)."""
-    cos, sin = cos_sin
-    return x * cos + rotate_half(x) * sin
+    return x * rope.cos + rotate_half(x) * rope.sin
+
+
+def apply_rotary_inplace(q: torch.Tensor, k: torch.Tensor, rope: RopeInputs) -> None:
+    """FlashInfer's fused rotation of q [tokens, heads, dim] and k in place (views allowed)."""
+    import flashinfer
+
+    head_dim = q.shape[-1]
+    flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
+        rope.positions, q.view(q.shape[0], -1), k.view(k.shape[0], -1), head_dim, rope.cos_sin_cache, is_neox=True
+    )

@@ -21,7 +21,7 @@ from ..layers.attention import SelfAttention
 from ..layers.embedding import Embedding
 from ..layers.linear import Linear, MergedLinear, default_weight_loader, linear
 from ..layers.norm import RMSNorm
-from ..layers.rotary import RotaryEmbedding
+from ..layers.rotary import RopeInputs, RotaryEmbedding
 
 # checkpoint name part -> (our merged module name part, shard id)
 MERGED_WEIGHTS = {
@@ -34,13 +34,15 @@ MERGED_WEIGHTS = {
 
 
 class MLP(nn.Module):
+    use_flashinfer = False
+
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, ("gate", "up"))
         self.down_proj = Linear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), fused=self.use_flashinfer))
 
 
 class DecoderLayer(nn.Module):
@@ -61,7 +63,7 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: RopeInputs,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
         batch: ForwardBatch,
@@ -88,11 +90,18 @@ class DecoderModel(nn.Module):
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(batch.input_ids)
         residual = None
-        rope = self.rotary.lookup(batch.positions)
+        rope = self.rotary.prepare(batch.positions)
         for layer in self.layers:
             hidden, residual = layer(rope, hidden, residual, batch, attn)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+
+def enable_flashinfer_ops(model: nn.Module) -> None:
+    """Switch every layer that has a FlashInfer kernel (RMSNorm, RoPE, SiLU-and-mul) to it."""
+    for module in model.modules():
+        if hasattr(type(module), "use_flashinfer"):
+            module.use_flashinfer = True
 
 
 class CausalLM(nn.Module):

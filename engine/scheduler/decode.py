@@ -20,7 +20,8 @@ class DecodeManager:
         return next(reversed(self.running.values()))
 
     def schedule(self) -> Batch | None:
-        if not self.running:
+        # a request whose last allowed token is still in flight (overlap) has nothing to compute
+        reqs = [req for req in self.running.values() if req.output_len < req.max_new_tokens]
+        if not reqs:
             return None
-        reqs = list(self.running.values())
         return Batch("decode", reqs, [1] * len(reqs))

@@ -1,9 +1,15 @@
 """The scheduler core: continuous batching over the engine, with no transport code.
 
 Each :meth:`Scheduler.step` schedules one batch (a prefill batch while prompts can start, else a
-decode batch of every running request), runs it, and turns the sampled tokens into
+decode batch of every running request), launches it, and turns sampled tokens into
 :class:`TokenOutput` records. Every ending of a request, whatever its reason, goes through
 :meth:`Scheduler.finish`, which returns the request's pages and forgets it.
+
+Overlap scheduling (CUDA): a step launches batch N+1 *before* reading batch N's tokens, so the
+CPU work of scheduling and preparing a step hides behind the GPU's work. Everything the next
+schedule needs is known without the tokens (each sampling request grows by one token, held as a
+placeholder until its value arrives); what is not known is whether a request just sampled its
+EOS, so a finishing request may ride along in one extra step whose token is dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import torch
 from ..engine import Engine
 from ..errors import RequestError, UserError
 from ..kvcache import CacheManager, KVStats, NaiveCacheManager, PageAllocator, RadixCacheManager
-from ..request import FinishReason, Req
+from ..engine import StepResult
+from ..request import PLACEHOLDER, FinishReason, Req
 from ..sampling_params import SamplingParams
 from .decode import DecodeManager
 from .prefill import PrefillManager, pages_for
@@ -42,6 +49,14 @@ class TokenOutput:
         return self.finish_reason is not None
 
 
+@dataclass
+class InFlight:
+    """A launched step whose tokens have not been read yet."""
+
+    result: StepResult
+    sampled: list[tuple[Req, int]]  # (request, index in its token_ids awaiting the token)
+
+
 @dataclass(frozen=True)
 class SchedulerStats:
     running: int
@@ -55,9 +70,18 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_running_requests: int | None = None, max_prefill_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_running_requests: int | None = None,
+        max_prefill_tokens: int | None = None,
+        overlap: bool | None = None,
+    ) -> None:
+        """``overlap``: None = the config's choice on CUDA, never on CPU (nothing to hide)."""
         cfg = engine.config
         self.engine = engine
+        self.overlap = (cfg.overlap and engine.device.type == "cuda") if overlap is None else overlap
+        self.in_flight: InFlight | None = None
         self.page_size = engine.page_size
         self.max_running_requests = max_running_requests or cfg.max_running_requests
         if cfg.cache not in CACHE_MANAGERS:
@@ -117,6 +141,10 @@ class Scheduler:
     def finish(self, req: Req, reason: FinishReason, error: str | None = None) -> TokenOutput:
         """End ``req``: give back its pages and table row, drop it from every queue."""
         req.finish_reason = reason
+        # tokens still in flight are dropped, and so is the KV computed for them
+        while req.token_ids and req.token_ids[-1] == PLACEHOLDER:
+            req.token_ids.pop()
+        req.cached_len = min(req.cached_len, len(req.token_ids))
         if req.table_slot >= 0:
             match = self.prefill_manager.matches.pop(req.uid, None)
             self.cache_manager.release(req.token_ids, req.cached_len, req.pages, match)
@@ -133,7 +161,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.reqs)
+        return bool(self.reqs) or self.in_flight is not None
 
     def _preempt(self, req: Req) -> None:
         """Out of KV pages while decoding: send ``req`` back to the queue; it will recompute its
@@ -149,8 +177,8 @@ class Scheduler:
     def _grow_decode_pages(self) -> None:
         """Every running request needs a slot for the token it is about to compute."""
         for req in list(self.decode_manager.running.values()):
-            if req.uid not in self.decode_manager.running:
-                continue  # preempted below to make room
+            if req.uid not in self.decode_manager.running or req.output_len >= req.max_new_tokens:
+                continue  # preempted below to make room, or nothing left to compute
             while len(req.pages) * self.page_size <= req.cached_len:
                 pages = self.cache_manager.alloc_pages(1)
                 if pages is not None:
@@ -171,34 +199,57 @@ class Scheduler:
         return self.decode_manager.schedule()
 
     def step(self) -> list[TokenOutput]:
+        """Schedule and launch one batch; return the tokens of the step that completed: this
+        one, or with overlap the previous one (launched before this one was scheduled)."""
         batch = self.schedule()
-        if batch is None:
-            return []
-        next_ids = iter(self.engine.forward_batch(batch))
-        outputs: list[TokenOutput] = []
+        launched = self.launch(batch) if batch is not None else None
+        if not self.overlap:
+            return self.collect(launched) if launched is not None else []
+        previous, self.in_flight = self.in_flight, launched
+        return self.collect(previous) if previous is not None else []
+
+    def drain(self) -> list[TokenOutput]:
+        """Read the step still in flight (overlap), if any."""
+        step, self.in_flight = self.in_flight, None
+        return self.collect(step) if step is not None else []
+
+    def launch(self, batch) -> InFlight:
+        """Queue ``batch`` on the engine and advance every request as if its token were known."""
+        result = self.engine.forward_batch(batch)
+        sampled = []
         for i, (req, extend) in enumerate(zip(batch.reqs, batch.extend_lens)):
-            sampled = batch.samples(i)
+            samples = batch.samples(i)
             req.cached_len += extend
-            if not sampled:
+            if not samples:
                 continue
-            token = next(next_ids)
-            req.token_ids.append(token)
+            req.token_ids.append(PLACEHOLDER)
+            sampled.append((req, len(req.token_ids) - 1))
+            if batch.phase == "prefill":
+                self.decode_manager.add(req)
+        return InFlight(result, sampled)
+
+    def collect(self, step: InFlight) -> list[TokenOutput]:
+        """Read a launched step's tokens and end the requests they finish."""
+        outputs: list[TokenOutput] = []
+        for (req, index), token in zip(step.sampled, step.result.tokens()):
+            if req.finished:
+                continue  # aborted, or finished by an earlier token, while this step ran
+            req.token_ids[index] = token
             self._counters["generation"] += 1
-            reason = self._finish_reason(req, token)
+            reason = self._finish_reason(req, token, index)
             if reason is not None:
                 out = self.finish(req, reason)
                 out.token_id = token
                 outputs.append(out)
                 continue
-            if batch.phase == "prefill":
-                self.decode_manager.add(req)
             outputs.append(TokenOutput(req.uid, token))
         return outputs
 
-    def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
+    def _finish_reason(self, req: Req, token: int, index: int) -> FinishReason | None:
+        """Why the token at ``token_ids[index]`` ends ``req``, if it does."""
         if token in req.params.stop_token_ids or (token in self.eos_token_ids and not req.params.ignore_eos):
             return FinishReason.STOP
-        if req.output_len >= req.max_new_tokens:
+        if index + 1 - req.prompt_len >= req.max_new_tokens:
             return FinishReason.LENGTH
         return None
 

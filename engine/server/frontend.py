@@ -17,7 +17,7 @@ import zmq
 import zmq.asyncio
 
 from ..errors import RequestError
-from ..messages import AbortMsg, FrontendBatch, ReadyMsg, StatsMsg, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode
+from ..messages import AbortMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode
 from .ipc import SocketPaths
 from .openai_protocol import GenerateRequest
 
@@ -79,6 +79,8 @@ class FrontendClient:
                     self.stats = msg
                 elif isinstance(msg, ReadyMsg):
                     self._on_ready(msg)
+                elif isinstance(msg, StartupMsg) and not self.ready:
+                    self.phase = msg.phase
 
     def _on_ready(self, msg: ReadyMsg) -> None:
         if msg.error is not None:

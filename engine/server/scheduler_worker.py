@@ -1,7 +1,9 @@
 """``minisgl-TP{rank}-scheduler``: the engine-core scheduler behind a message loop.
 
-Each turn: receive messages (block only when idle), schedule and run one batch, send the new
+Each turn: receive messages (block only when idle), schedule and launch one batch, send the new
 tokens to the detokenizer, push stats to the front end when they changed (and before blocking).
+On CUDA the scheduler overlaps: the tokens sent in a turn are those of the step launched in the
+turn before, so receiving, sending and scheduling happen while the GPU computes.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import zmq
 
 from ..config import EngineConfig
 from ..errors import UserError
-from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, StatsMsg, UserMsg
+from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, UserMsg
 from ..scheduler.scheduler import Scheduler, TokenOutput
 from .ipc import Receiver, Sender, SocketPaths, reporting_startup
 from .process import init_worker
@@ -94,7 +96,7 @@ class SchedulerWorker:
             self.to_frontend.send(FrontendBatch([stats]))
             self.last_stats = stats
 
-    def normal_loop(self) -> None:
+    def loop(self) -> None:
         while True:
             idle = not self.scheduler.has_work
             if idle:
@@ -105,9 +107,6 @@ class SchedulerWorker:
                 self.to_detokenizer.send(DetokenizerBatch(replies))
             self.push_stats()
 
-    # On CPU there is nothing to overlap with; the CUDA fast path brings the overlapped loop.
-    overlap_loop = normal_loop
-
 
 def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
     name = f"minisgl-TP{args.rank}-scheduler"
@@ -117,7 +116,10 @@ def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
     with reporting_startup(name, to_frontend):
         from ..engine import Engine
 
-        engine = Engine(args.config)
+        def on_phase(phase: str) -> None:
+            to_frontend.send(FrontendBatch([StartupMsg(name, phase)]))
+
+        engine = Engine(args.config, on_phase=on_phase)
         scheduler = Scheduler(engine)
         receiver = Receiver(ctx, args.paths.scheduler, BackendBatch)
     worker = SchedulerWorker(scheduler, receiver, Sender(ctx, args.paths.detokenizer), to_frontend)
@@ -126,6 +128,9 @@ def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
         "dtype": str(engine.dtype).removeprefix("torch."),
         "kv_tokens": engine.num_pages * engine.page_size,
         "max_context_len": engine.max_context_len,
+        "attention": engine.attn_name,
+        "cuda_graphs": engine.uses_cuda_graphs,
+        "overlap": scheduler.overlap,
     }
     to_frontend.send(FrontendBatch([ReadyMsg(name, info=info)]))
-    worker.normal_loop()
+    worker.loop()

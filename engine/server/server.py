@@ -178,8 +178,11 @@ def run_server(
             while not client.ready:
                 await asyncio.sleep(0.05)
             info = client.worker_info.get("minisgl-TP0-scheduler", {})
+            fast = ", CUDA graphs" if info.get("cuda_graphs") else ""
+            fast += ", overlap scheduling" if info.get("overlap") else ""
             print(f"minisgl-chat: ready at {url} (model {model_name} on {info.get('device', '?')}, "
-                  f"KV cache {info.get('kv_tokens', '?')} tokens)", file=sys.stderr, flush=True)
+                  f"KV cache {info.get('kv_tokens', '?')} tokens, attention {info.get('attention', '?')}{fast})",
+                  file=sys.stderr, flush=True)
 
         client.start()
         threading.Thread(target=start_engine, name="engine-start", daemon=True).start()

@@ -1,0 +1,137 @@
+"""FlashInfer paged attention (CUDA): one plan per batch, reused by every layer.
+
+Prefill (a batch of new tokens, possibly after a cached prefix) runs FlashInfer's paged prefill
+kernel with a causal mask; decode runs its tensor-core decode kernel (fast for grouped-query
+attention). Both read the KV pool in place as ``[pages, page_size, kv_heads, head_dim]``.
+
+A plan is built on the CPU from the batch's lengths and copied to the GPU; the page indices are
+gathered from the page table on the GPU, so nothing here waits for the GPU. Decode batches that
+replay a CUDA graph use a wrapper of their own whose index buffers the graph captured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..batch import ForwardBatch
+from ..flashinfer_kernels import WORKSPACE_BYTES
+from ..kvcache.kv_pool import KVPool
+from ..kvcache.page_table import PageTable
+from .base import AttentionBackend
+
+
+@dataclass
+class KVLayout:
+    """FlashInfer's description of which pages each request reads."""
+
+    indptr: torch.Tensor  # [batch + 1] int32, CPU: request i reads indices[indptr[i]:indptr[i+1]]
+    indices: torch.Tensor  # [indptr[-1]] int32, GPU: page ids
+    last_page_len: torch.Tensor  # [batch] int32, CPU: tokens used in each request's last page
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        page_table: PageTable,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        super().__init__(kv_pool, page_table, num_heads, num_kv_heads, head_dim)
+        import flashinfer
+
+        self.dtype = dtype
+        self.device = device
+        self.page_size = kv_pool.page_size
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=True)
+        self.graph_wrappers: dict[int, object] = {}  # padded batch size -> wrapper of that graph
+        self._graph_indices: torch.Tensor | None = None  # one index buffer shared by all graphs
+        # FlashInfer copies each plan to the GPU from one pinned host buffer per wrapper; the
+        # next plan must not overwrite it before that copy ran (with overlap scheduling the CPU
+        # plans step N+1 while step N may not have started).
+        self._plan_copied: torch.cuda.Event | None = None
+
+    # ---- CUDA graphs -------------------------------------------------------------------------
+
+    def graph_wrapper(self, batch_size: int, max_pages_per_request: int):
+        """The decode wrapper a graph of ``batch_size`` captures (fixed buffers, made once)."""
+        import flashinfer
+
+        if batch_size not in self.graph_wrappers:
+            need = batch_size * max_pages_per_request
+            if self._graph_indices is None or self._graph_indices.numel() < need:
+                self._graph_indices = torch.zeros(need, dtype=torch.int32, device=self.device)
+            self.graph_wrappers[batch_size] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=True,
+                paged_kv_indptr_buffer=torch.zeros(batch_size + 1, dtype=torch.int32, device=self.device),
+                paged_kv_indices_buffer=self._graph_indices,
+                paged_kv_last_page_len_buffer=torch.zeros(batch_size, dtype=torch.int32, device=self.device),
+            )
+        return self.graph_wrappers[batch_size]
+
+    # ---- planning ----------------------------------------------------------------------------
+
+    def kv_layout(self, batch: ForwardBatch) -> KVLayout:
+        """Pages of every request (plus one padding page per padding row of a graph batch)."""
+        ps = self.page_size
+        seq_lens = batch.seq_lens
+        counts = [(n + ps - 1) // ps for n in seq_lens]
+        pad = batch.num_padding
+        indptr = [0]
+        for c in counts + [1] * pad:
+            indptr.append(indptr[-1] + c)
+        last_page_len = [(n - 1) % ps + 1 for n in seq_lens] + [1] * pad
+        real_total = indptr[len(counts)]
+        # page j of request i is slot table[row_i, j * page_size] // page_size
+        meta = torch.tensor(counts + indptr[: len(counts)], dtype=torch.int64).to(self.device, non_blocking=True)
+        counts_gpu, starts_gpu = meta[: len(counts)], meta[len(counts) :]
+        rows = batch.table_rows[: len(counts)].repeat_interleave(counts_gpu, output_size=real_total)
+        cols = torch.arange(real_total, device=self.device) - starts_gpu.repeat_interleave(counts_gpu, output_size=real_total)
+        table = self.page_table.table
+        indices = table[rows, cols] if ps == 1 else table[rows, cols * ps] // ps
+        if pad:
+            indices = torch.cat((indices, torch.full((pad,), self.kv_pool.padding_page, dtype=indices.dtype, device=self.device)))
+        return KVLayout(
+            torch.tensor(indptr, dtype=torch.int32),
+            indices.to(torch.int32),
+            torch.tensor(last_page_len, dtype=torch.int32),
+        )
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        layout = self.kv_layout(batch)
+        if self._plan_copied is not None:
+            self._plan_copied.synchronize()
+        common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale, non_blocking=True)
+        if batch.is_decode:
+            wrapper = self.graph_wrappers[batch.padded_size] if batch.use_graph else self.decode_wrapper
+            wrapper.plan(
+                layout.indptr, layout.indices, layout.last_page_len,
+                self.num_heads, self.num_kv_heads, self.head_dim, self.page_size, **common,
+            )
+        else:
+            qo_indptr = [0]
+            for n in batch.extend_lens:
+                qo_indptr.append(qo_indptr[-1] + n)
+            wrapper = self.prefill_wrapper
+            wrapper.plan(
+                torch.tensor(qo_indptr, dtype=torch.int32), layout.indptr, layout.indices, layout.last_page_len,
+                self.num_heads, self.num_kv_heads, self.head_dim, self.page_size, causal=True, **common,
+            )
+        self._plan_copied = torch.cuda.Event()
+        self._plan_copied.record()
+        batch.attn_metadata = wrapper
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        self.kv_pool.store(layer_id, batch.out_loc, k, v)
+        out = batch.attn_metadata.run(q, self.kv_pool.paged(layer_id))
+        return out.view(q.shape[0], -1)

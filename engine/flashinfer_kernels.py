@@ -1,0 +1,73 @@
+"""FlashInfer on CUDA: can it run here, and building its kernels once.
+
+FlashInfer compiles its kernels just in time with nvcc and caches them (under
+``~/.cache/flashinfer``, or ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``), so the first
+start on a machine takes minutes and later starts take a second. We build every kernel the
+engine will use up front, in one parallel ninja run, so that start-up says what it is doing
+instead of stalling inside the first request; a machine without nvcc fails here, and the
+engine falls back to the torch backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
+WORKSPACE_BYTES = 256 << 20  # FlashInfer's split-k scratch; its docs recommend 128 MB and up
+
+
+def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    """None if FlashInfer can serve this device and dtype, else a short reason."""
+    if device.type != "cuda":
+        return "FlashInfer needs a CUDA device"
+    if dtype not in FLASHINFER_DTYPES:
+        return f"FlashInfer attention needs bfloat16 or float16, not {str(dtype).removeprefix('torch.')}"
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        return f"flashinfer-python is not usable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); install the `cuda` extra"
+    return None
+
+
+def jit_specs(dtype: torch.dtype, head_dim: int) -> list:
+    """Every FlashInfer module the engine calls: paged attention (prefill and tensor-core
+    decode share one FA2 module), RMSNorm, RoPE, SiLU-and-mul and sampling."""
+    from flashinfer.jit import gen_act_and_mul_module, gen_batch_prefill_module
+    from flashinfer.jit.norm import gen_norm_module
+    from flashinfer.jit.rope import gen_rope_module
+    from flashinfer.jit.sampling import gen_sampling_module
+
+    attention = gen_batch_prefill_module(
+        "fa2", dtype, dtype, dtype, torch.int32, head_dim, head_dim,
+        0,  # no RoPE inside attention (applied before)
+        False,  # no sliding window
+        False,  # no logits soft cap
+        False,  # no fp16 QK reduction
+    )
+    return [attention, gen_norm_module(), gen_rope_module(), gen_act_and_mul_module("silu"), gen_sampling_module()]
+
+
+def build_kernels(dtype: torch.dtype, head_dim: int, on_phase: Callable[[str], None] | None = None) -> None:
+    """Compile what is not cached yet (in parallel), reporting progress through ``on_phase``."""
+    specs = jit_specs(dtype, head_dim)
+    missing = [spec for spec in specs if not spec.is_compiled]
+    if not missing:
+        return
+    message = f"compiling attention kernels, first run only ({len(missing)} FlashInfer modules; a few minutes)"
+    logger.warning(message)
+    if on_phase is not None:
+        on_phase(message)
+    start = time.perf_counter()
+    # One build per module, in parallel threads: each module's own ninja run then records what it
+    # built, so loading it later finds it up to date (one combined ninja run, flashinfer's
+    # build_jit_specs, left every module to be compiled again at its first use).
+    with ThreadPoolExecutor(len(missing)) as pool:
+        list(pool.map(lambda spec: spec.build(verbose=False), missing))
+    logger.warning("FlashInfer kernels compiled in %.0f s (cached for later starts)", time.perf_counter() - start)

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The CUDA checks and benchmarks of the GPU fast path, for a GPU machine without network access
+# (the team's `device` machine): packages come as carried wheels in .whl/, the demo GGUF in two
+# carried halves (.gguf2/part_aa then .gguf1/part_ab). Stages, run in order over one or more calls:
+#   bash scripts/gpu_check.sh setup kernels tests     # install, build FlashInfer kernels, pytest -m cuda
+#   bash scripts/gpu_check.sh demo serve bench        # the demo model, the server test, benchmarks
+# Logs and JSON lines go to $OUT (default /tmp/gpu-check).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# under /tmp: the device keeps /tmp between calls on a warm machine, not ignored repo folders
+W=/tmp/minisgl-gpu-check
+export FLASHINFER_WORKSPACE_BASE=$W/fi MINISGL_CACHE_DIR=$W/cache
+mkdir -p .pkgs $W/gguf
+ln -sfn "$PWD/engine" .pkgs/minisgl_engine
+ln -sfn "$PWD/app" .pkgs/minisgl_app
+export PYTHONPATH=$PWD/.pkgs:$W/site
+CLI=(python3 -m minisgl_app.cli)
+status=0
+
+for stage in "$@"; do
+  echo "=== $stage $(date -u +%H:%M:%S)"
+  case $stage in
+    setup)
+      [ -f $W/site/.done ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $W/site .whl/*.whl && touch $W/site/.done; }
+      for part in .gguf1/part_ab .gguf2/part_aa; do [ -f $part ] && cp $part $W/gguf/; done
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      python3 -c "import torch, transformers, flashinfer; print('torch', torch.__version__, 'transformers', transformers.__version__, 'flashinfer', flashinfer.__version__)" ;;
+    kernels)  # head_dim 128 (Qwen3 shapes) and 64 (the demo model), as the engine builds them
+      python3 - <<'EOF' 2>&1 | tee "$OUT/kernels.log"
+import time, torch
+from minisgl_engine.flashinfer_kernels import build_kernels
+start = time.perf_counter()
+build_kernels(torch.bfloat16, 128)
+build_kernels(torch.bfloat16, 64)
+print(f"built the FlashInfer modules in {time.perf_counter() - start:.0f} s")
+EOF
+      ;;
+    diag)  # the first call of each kernel in a fresh process
+      python3 scripts/gpu_first_calls.py 2>&1 | tee "$OUT/diag.log" ;;
+    tests)
+      python3 -m pytest -m cuda tests/test_cuda.py tests/test_overlap.py -q -s -p no:cacheprovider --durations=10 -o log_cli=true --log-cli-level=INFO 2>&1 | tee "$OUT/tests.log" || status=1 ;;
+    demo)
+      for part in .gguf1/part_ab .gguf2/part_aa; do [ -f $part ] && cp $part $W/gguf/; done
+      if [ ! -f "$MINISGL_CACHE_DIR/models/smollm2-135m-instruct/.complete" ]; then
+        cat $W/gguf/part_aa $W/gguf/part_ab > $W/demo.gguf && sha256sum $W/demo.gguf
+        python3 -c "
+from pathlib import Path
+from minisgl_engine.weights.demo import demo_model_dir
+from minisgl_engine.weights.gguf_convert import convert_gguf
+convert_gguf(Path('$W/demo.gguf'), demo_model_dir(), progress=False)
+print('demo model ready at', demo_model_dir())" || status=1
+      fi ;;
+    serve)
+      python3 -m pytest -m cuda tests/test_cuda.py -k serve -q -s -p no:cacheprovider 2>&1 | tee "$OUT/serve.log" || status=1 ;;
+    bench)
+      Q=(--device cuda --dummy-weights --config qwen3-0.6b)
+      "${CLI[@]}" bench decode "${Q[@]}" --compare-hf --input-len 128 2048 --output-len 128 --repeat 3 2>&1 | tee "$OUT/bench_decode.log"
+      "${CLI[@]}" bench offline "${Q[@]}" --compare-hf 2>&1 | tee "$OUT/bench_offline.log" ;;
+    ablations)
+      Q=(--device cuda --dummy-weights --config qwen3-0.6b)
+      for ablation in "--no-overlap" "--cuda-graph-max-bs 0" "--attn torch --cuda-graph-max-bs 0 --no-overlap"; do
+        # shellcheck disable=SC2086
+        "${CLI[@]}" bench decode "${Q[@]}" --input-len 128 --output-len 128 --repeat 3 $ablation 2>&1 | tail -1 | tee -a "$OUT/bench_ablations.log"
+      done ;;
+    *) echo "unknown stage $stage"; status=2 ;;
+  esac
+done
+grep -h '^{"bench"' "$OUT"/bench_*.log 2>/dev/null > "$OUT/bench.jsonl" || true
+exit $status

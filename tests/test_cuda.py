@@ -1,0 +1,214 @@
+"""The CUDA fast path (FlashInfer attention and fused kernels, CUDA graphs, overlap scheduling,
+FlashInfer sampling) on a real GPU. Skipped without one (see conftest.py); run on the device
+machine with ``pytest -m cuda``.
+
+Correctness in bf16 is judged against transformers in float32 on the same weights, relative to
+how far transformers' own bf16 run lands from it: random weights give near-ties, so no bf16
+implementation matches float32 everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import httpx
+import pytest
+import torch
+
+pytestmark = pytest.mark.cuda
+
+from minisgl_engine.config import EngineConfig  # noqa: E402
+from minisgl_engine.llm import LLM  # noqa: E402
+from minisgl_engine.sampling_params import SamplingParams  # noqa: E402
+
+QWEN3_SHAPE = "qwen3-0.6b"
+
+
+def engine_config(**overrides) -> EngineConfig:
+    base = dict(dummy_weights=True, config=QWEN3_SHAPE, device="cuda", dtype="bfloat16", max_kv_tokens=40_000,
+                max_running_requests=64, cuda_graph_max_bs=64, attn="flashinfer")
+    return EngineConfig(**{**base, **overrides})
+
+
+@pytest.fixture(scope="module")
+def reference_models():
+    """transformers' Qwen3-0.6B-shape model with random weights, rounded to bf16 once, in
+    float32 (the reference) and in bf16."""
+    from transformers import AutoModelForCausalLM
+
+    from minisgl_engine.model_loader import load_hf_config
+
+    hf_config = load_hf_config(EngineConfig(config=QWEN3_SHAPE), None)
+    torch.manual_seed(0)
+    hf32 = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in hf32.parameters():
+            p.copy_(p.to(torch.bfloat16).float())  # both runs see exactly the same weights
+    hf16 = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
+    hf16.load_state_dict({k: v.to(torch.bfloat16) for k, v in hf32.state_dict().items()})
+    return hf32.cuda().eval(), hf16.cuda().eval()
+
+
+def load_same_weights(llm: LLM, hf16) -> None:
+    llm.engine.model.load_weights(hf16.state_dict().items())
+
+
+def random_sequences(n: int, positions: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(0, 10000) for _ in range(rng.randrange(20, 200) + positions)] for _ in range(n)]
+
+
+@torch.inference_mode()
+def hf_last_logits(model, seqs: list[list[int]], positions: int) -> torch.Tensor:
+    rows = []
+    for seq in seqs:
+        out = model(torch.tensor([seq], device="cuda")).logits[0].float()
+        rows.append(out[-positions - 1 : -1])  # the logits that predict the last `positions` tokens
+    return torch.cat(rows)
+
+
+def our_last_logits(llm: LLM, seqs: list[list[int]], positions: int) -> torch.Tensor:
+    # the last `positions` tokens are fed one decode step at a time, all sequences batched
+    logits = llm.score_batch(seqs, [len(s) - positions for s in seqs])
+    return torch.cat([rows[-positions - 1 : -1] for rows in logits])
+
+
+def agreement(logits: torch.Tensor, ref: torch.Tensor) -> float:
+    return 100.0 * (logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
+
+
+def rel_error(logits: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((logits - ref).norm() / ref.norm()).item()
+
+
+def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(reference_models):
+    hf32, hf16 = reference_models
+    positions = 32
+    seqs = random_sequences(64, positions, seed=1)
+    ref = hf_last_logits(hf32, seqs, positions)
+    hf_bf16 = hf_last_logits(hf16, seqs, positions)
+
+    fast = LLM(config=engine_config())
+    assert fast.engine.attn_name == "flashinfer" and fast.engine.uses_cuda_graphs
+    load_same_weights(fast, hf16)
+    ours = our_last_logits(fast, seqs, positions)
+    del fast
+    torch.cuda.empty_cache()
+    plain = LLM(config=engine_config(attn="torch", cuda_graph_max_bs=0))
+    load_same_weights(plain, hf16)
+    torch_backend = our_last_logits(plain, seqs, positions)
+    del plain
+
+    figures = {
+        name: (agreement(x, ref), rel_error(x, ref))
+        for name, x in (("ours", ours), ("transformers bf16", hf_bf16), ("our torch backend", torch_backend))
+    }
+    print("top-1 agreement with float32 transformers (%), relative logit error:", figures)
+    assert ours.shape == ref.shape == (64 * positions, ref.shape[-1])
+    for baseline in ("transformers bf16", "our torch backend"):
+        assert figures["ours"][0] >= figures[baseline][0] - 1.0, (baseline, figures)
+        assert figures["ours"][1] <= 1.5 * figures[baseline][1], (baseline, figures)
+
+
+@pytest.fixture(scope="module")
+def graph_llm():
+    llm = LLM(config=engine_config(max_running_requests=256, cuda_graph_max_bs=256, max_kv_tokens=60_000))
+    llm.scheduler.overlap = False
+    return llm
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 64, 200])
+def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size):
+    sched, engine = graph_llm.scheduler, graph_llm.engine
+    rng = random.Random(batch_size)
+    uids = list(range(10_000 * batch_size, 10_000 * batch_size + batch_size))
+    for uid in uids:
+        ids = [rng.randrange(0, 10000) for _ in range(rng.randrange(5, 80))]
+        sched.add_request(uid, ids, SamplingParams(max_tokens=100, ignore_eos=True))
+    while len(sched.decode_manager.running) < batch_size or sched.prefill_manager.waiting:
+        sched.step()  # prefill everyone (and decode those already running)
+    try:
+        for _ in range(3):
+            batch = sched.schedule()  # the decode batch, with a KV slot for each new token
+            assert batch.is_decode and batch.size == batch_size
+            size = engine.graph_size(batch)
+            assert size is not None and size >= batch_size
+            eager = engine.forward_logits(batch, use_graph=False, pad_to=size)
+            replay = engine.forward_logits(batch, use_graph=True)
+            print(f"batch {batch_size} (graph of {size}): max |eager - replay| = {(eager - replay).abs().max().item():.3g}")
+            assert torch.equal(eager.argmax(-1), replay.argmax(-1)), f"batch {batch_size} (graph of {size})"
+            sched.step()  # advance every request one token
+    finally:
+        for uid in uids:
+            sched.abort_request(uid)
+        sched.drain()
+    kv = sched.stats().kv
+    assert kv.used == 0 and kv.used + kv.cached + kv.free == kv.total
+
+
+def test_mixed_prefill_decode_chunks_and_aborts_return_every_page():
+    llm = LLM(config=engine_config(max_prefill_tokens=256, max_kv_tokens=30_000))
+    sched = llm.scheduler
+    assert sched.overlap
+    rng = random.Random(7)
+    uids = list(range(500, 560))
+    finished: dict[int, str] = {}
+    pending = list(uids)
+    steps = 0
+    while pending or sched.has_work:
+        for _ in range(rng.randrange(0, 4)):  # requests keep arriving while others decode
+            if pending:
+                uid = pending.pop()
+                n = rng.choice([rng.randrange(5, 60), rng.randrange(300, 1500)])  # long ones are chunked
+                greedy = rng.random() < 0.5
+                params = SamplingParams(max_tokens=rng.randrange(1, 80), temperature=0.0 if greedy else 0.8,
+                                        top_k=rng.choice([-1, 20]), top_p=rng.choice([1.0, 0.9]),
+                                        seed=rng.choice([None, 5]), ignore_eos=True)
+                sched.add_request(uid, [rng.randrange(0, 10000) for _ in range(n)], params)
+        for out in sched.step():
+            if out.finished:
+                finished[out.uid] = out.finish_reason.value
+        steps += 1
+        live = [uid for uid in uids if uid in sched.reqs]
+        if live and rng.random() < 0.15:
+            out = sched.abort_request(rng.choice(live))
+            finished[out.uid] = out.finish_reason.value
+        kv = sched.stats().kv
+        assert kv.used + kv.cached + kv.free == kv.total
+    sched.drain()
+    assert set(finished) == set(uids)
+    assert {"abort", "length"} <= set(finished.values())
+    kv = sched.stats().kv
+    assert kv.used == 0 and kv.used + kv.cached + kv.free == kv.total
+    assert llm.engine.page_table.num_free_rows == sched.max_running_requests
+
+
+def test_serve_on_cuda_answers_paris(tmp_path):
+    """The app's server on the GPU with the demo model (prepared beforehand in
+    MINISGL_CACHE_DIR: the device has no network)."""
+    from minisgl_engine.weights.demo import demo_model_dir
+    from server_utils import ServerProcess, wait_until
+
+    if not (demo_model_dir() / ".complete").exists():
+        pytest.skip("the demo model is not in the cache (run `minisgl-chat pull` first)")
+    server = ServerProcess("--device", "cuda", timeout=600, log_path=tmp_path / "serve.log")
+    try:
+        body = {"model": "demo", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 32, "temperature": 0, "stream": True}
+        text, lines = "", []
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                lines.append(line)
+                if line.startswith("data: {"):
+                    delta = json.loads(line[6:])["choices"][0]["delta"]
+                    text += delta.get("content") or ""
+        assert lines[-1] == "data: [DONE]" or "data: [DONE]" in lines
+        print("answer:", text)
+        assert "Paris" in text
+        assert wait_until(lambda: "ready at" in server.output(), 10)
+        print(server.output())
+        assert "attention flashinfer, CUDA graphs, overlap scheduling" in server.output()
+    finally:
+        server.stop()

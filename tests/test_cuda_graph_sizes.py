@@ -1,0 +1,13 @@
+"""The CUDA graph batch sizes (pure Python: runs without a GPU)."""
+
+from minisgl_engine.cuda_graph import capture_sizes
+
+
+def test_capture_sizes_cover_every_batch_with_little_padding():
+    for max_bs in (1, 3, 8, 64, 100, 256, 300):
+        sizes = capture_sizes(max_bs)
+        assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == max_bs
+        for bs in range(1, max_bs + 1):
+            padded = min(s for s in sizes if s >= bs)
+            assert padded - bs <= max(bs // 4, 1) or padded - bs < 32, (max_bs, bs, padded)
+    assert len(capture_sizes(256)) <= 24
