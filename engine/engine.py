@@ -20,6 +20,7 @@ from . import flashinfer_kernels
 from .attention import create_attention_backend
 from .batch import Batch, ForwardBatch
 from .config import EngineConfig
+from .distributed import get_tp, local_head_counts, min_over_ranks
 from .errors import UserError
 from .kvcache import KVPool, PageTable
 from .model_loader import free_memory_bytes, load_model
@@ -59,8 +60,9 @@ class Engine:
         """``on_phase`` hears what start-up is doing (compiling kernels, capturing graphs)."""
         if config.page_size < 1:
             raise UserError(f"--page-size must be >= 1, got {config.page_size}")
-        if config.tp != 1:
-            raise UserError(f"--tp {config.tp}: tensor parallelism is not available yet; use --tp 1")
+        self.tp = get_tp()
+        if config.tp != self.tp.size:
+            raise UserError(f"--tp {config.tp} needs {config.tp} scheduler processes in one group; start it with `minisgl-chat serve --tp {config.tp}`")
         if config.cuda_graph_max_bs < 0:
             raise UserError(f"--cuda-graph-max-bs must be >= 0, got {config.cuda_graph_max_bs}")
         self.config = config
@@ -76,11 +78,15 @@ class Engine:
         mc = self.model_config
         self.max_context_len = mc.max_context_len
         self.page_size = config.page_size
+        # this rank's share of the heads: the KV pool and attention hold only those
+        self.num_heads, self.num_kv_heads, _ = local_head_counts(mc.num_heads, mc.num_kv_heads)
+        if self.tp.size > 1:
+            torch.manual_seed(config.seed)  # every rank samples the same tokens
         self.attn_name = self._choose_attention(on_phase)
         if self.attn_name == "flashinfer":
             enable_flashinfer_ops(self.model)
         self.num_pages = self._num_kv_pages()
-        self.kv_pool = KVPool(mc.num_layers, self.num_pages, self.page_size, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
+        self.kv_pool = KVPool(mc.num_layers, self.num_pages, self.page_size, self.num_kv_heads, mc.head_dim, self.dtype, self.device)
         self.page_table = PageTable(config.max_running_requests, self.max_context_len, self.device)
         self.attn_backend = create_attention_backend(
             self.attn_name,
@@ -88,8 +94,8 @@ class Engine:
             device=self.device,
             kv_pool=self.kv_pool,
             page_table=self.page_table,
-            num_heads=mc.num_heads,
-            num_kv_heads=mc.num_kv_heads,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
             head_dim=mc.head_dim,
         )
         self.sampler = Sampler(use_flashinfer=self.attn_name == "flashinfer")
@@ -148,7 +154,7 @@ class Engine:
         """From --max-kv-tokens, else --mem-fraction of the memory free after the weights (the
         rest stays for activations, CUDA graphs and FlashInfer's workspace)."""
         mc = self.model_config
-        per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        per_token = KVPool.bytes_per_token(mc.num_layers, self.num_kv_heads, mc.head_dim, self.dtype)
         if self.config.max_kv_tokens is not None:
             tokens = self.config.max_kv_tokens
         else:
@@ -158,6 +164,8 @@ class Engine:
             if self.device.type == "cpu":
                 budget = min(budget, CPU_KV_MAX_BYTES)
             tokens = min(int(budget // per_token), self.config.max_running_requests * self.max_context_len)
+            # every rank must hold the same pages: size them to the rank with the least memory
+            tokens = min_over_ranks(tokens, self.device)
         if tokens < self.page_size:
             raise UserError(f"the KV cache would hold only {tokens} tokens; raise --max-kv-tokens or free memory")
         return math.ceil(tokens / self.page_size)

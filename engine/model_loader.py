@@ -13,6 +13,7 @@ import psutil
 import torch
 
 from .config import EngineConfig, ModelConfig
+from .distributed import get_tp
 from .errors import ModelSourceError, UserError, WeightsError
 from .models import CausalLM, build_model
 
@@ -145,7 +146,8 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     from .kvcache.kv_pool import KVPool
 
     per_token = KVPool.bytes_per_token(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype)
-    check_fits(name, weight_bytes, per_token * min(model_config.max_context_len, 4096), device, dtype)
+    tp = get_tp().size  # each rank holds about 1/tp of the weights and of the KV heads
+    check_fits(name, weight_bytes // tp, per_token * min(model_config.max_context_len, 4096) // tp, device, dtype)
 
     with torch.device(device):
         default_dtype = torch.get_default_dtype()

@@ -7,7 +7,8 @@ from torch import nn
 
 from ..attention.base import AttentionBackend
 from ..batch import ForwardBatch
-from .linear import Linear, MergedLinear
+from ..distributed import get_tp, local_head_counts
+from .linear import MergedLinear, RowParallelLinear
 from .norm import RMSNorm
 from .rotary import RopeInputs, apply_rotary, apply_rotary_inplace
 
@@ -27,10 +28,13 @@ class SelfAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.qkv_proj = MergedLinear(hidden_size, [q_size, kv_size, kv_size], ("q", "k", "v"), bias=qkv_bias)
-        self.o_proj = Linear(q_size, hidden_size)
+        # this tensor-parallel rank's heads (all of them with one rank)
+        local_heads, local_kv_heads, kv_part = local_head_counts(num_heads, num_kv_heads)
+        self.num_heads, self.num_kv_heads, self.head_dim = local_heads, local_kv_heads, head_dim
+        q_size, kv_size = local_heads * head_dim, local_kv_heads * head_dim
+        self.qkv_proj = MergedLinear(hidden_size, [q_size, kv_size, kv_size], ("q", "k", "v"), bias=qkv_bias,
+                                     shard_parts=[get_tp().rank, kv_part, kv_part])
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size)
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
 

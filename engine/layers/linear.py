@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed import all_reduce, get_tp
+
 
 def _probe_onednn_linear():
     """oneDNN's linear (the kernel torch.compile uses on CPU) runs a float32 matrix-vector
@@ -73,24 +75,56 @@ class MergedLinear(Linear):
     """Several projections of the same input stacked along the output dimension.
 
     ``shard_names`` name the parts in order (e.g. ``("q", "k", "v")``); loading a part writes
-    only its rows.
+    only its rows. With tensor parallelism (column-parallel) ``out_sizes`` are this rank's
+    sizes and ``shard_parts[i]`` says which ``out_sizes[i]``-row block of the checkpoint's
+    tensor this rank holds (its rank, or a replicated KV head's index).
     """
 
-    def __init__(self, in_features: int, out_sizes: list[int], shard_names: tuple[str, ...], bias: bool = False) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_sizes: list[int],
+        shard_names: tuple[str, ...],
+        bias: bool = False,
+        shard_parts: list[int] | None = None,
+    ) -> None:
         super().__init__(in_features, sum(out_sizes), bias)
         self.out_sizes = list(out_sizes)
         offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
-        self.shards = {name: (off, size) for name, off, size in zip(shard_names, offsets, out_sizes)}
+        parts = shard_parts or [0] * len(out_sizes)
+        self.shards = {name: (off, size, part) for name, off, size, part in zip(shard_names, offsets, out_sizes, parts)}
         for p in (self.weight, self.bias):
             if p is not None:
                 p.weight_loader = self._load_shard
 
     def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
-        offset, size = self.shards[shard_id]
+        offset, size, part = self.shards[shard_id]
         target = param.data.narrow(0, offset, size)
+        if loaded.shape[0] != size and loaded.shape[0] >= (part + 1) * size:
+            loaded = loaded.narrow(0, part * size, size)  # this rank's block
         if target.shape != loaded.shape:
             raise ValueError(f"shard {shard_id}: parameter {tuple(target.shape)}, checkpoint {tuple(loaded.shape)}")
         target.copy_(loaded)
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return out.split(self.out_sizes, dim=-1)
+
+
+class RowParallelLinear(Linear):
+    """A projection whose input dimension is split across tensor-parallel ranks (attention's
+    output and the MLP's down projection): each rank multiplies its slice, an all-reduce sums."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        tp = get_tp()
+        super().__init__(tp.split(in_features, "input features of a row-parallel projection"), out_features)
+        self.weight.weight_loader = self._load
+        self.tp = tp
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        size = param.shape[1]
+        if loaded.dim() == 2 and loaded.shape[1] == size * self.tp.size:
+            loaded = loaded.narrow(1, self.tp.rank * size, size)
+        default_weight_loader(param, loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce(linear(x, self.weight))

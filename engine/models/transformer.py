@@ -19,7 +19,9 @@ from ..errors import WeightsError
 from ..layers.activation import silu_and_mul
 from ..layers.attention import SelfAttention
 from ..layers.embedding import Embedding
-from ..layers.linear import Linear, MergedLinear, default_weight_loader, linear
+from ..distributed import all_gather_last_dim, get_tp
+from ..layers.embedding import load_vocab_block, vocab_block
+from ..layers.linear import Linear, MergedLinear, RowParallelLinear, default_weight_loader, linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RopeInputs, RotaryEmbedding
 
@@ -38,8 +40,10 @@ class MLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, ("gate", "up"))
-        self.down_proj = Linear(intermediate_size, hidden_size)
+        tp = get_tp()
+        local = tp.split(intermediate_size, "MLP intermediate features")
+        self.gate_up_proj = MergedLinear(hidden_size, [local] * 2, ("gate", "up"), shard_parts=[tp.rank] * 2)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x), fused=self.use_flashinfer))
@@ -106,13 +110,20 @@ def enable_flashinfer_ops(model: nn.Module) -> None:
 
 class CausalLM(nn.Module):
     """``forward`` returns float32 logits for the rows in ``batch.logits_indices`` only: the
-    LM head is the largest matrix of a small model, so other positions skip it."""
+    LM head is the largest matrix of a small model, so other positions skip it.
+
+    With tensor parallelism each rank builds only its shard (heads, MLP columns, vocabulary
+    block) and loads only its slices of each checkpoint tensor."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.config = config
         self.model = DecoderModel(config, dtype)
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
+        self.lm_head = None
+        if not config.tie_word_embeddings:  # split by vocabulary like the embedding
+            self.lm_head = Linear(config.hidden_size, vocab_block(config.vocab_size)[1])
+            self.lm_head.weight.vocab_size = config.vocab_size
+            self.lm_head.weight.weight_loader = load_vocab_block
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -120,7 +131,9 @@ class CausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         hidden = self.model(batch, attn)
-        return linear(hidden[batch.logits_indices], self.lm_head_weight).float()
+        logits = linear(hidden[batch.logits_indices], self.lm_head_weight).float()
+        # each rank has its vocabulary block's logits: gather them (dropping the padding rows)
+        return all_gather_last_dim(logits)[:, : self.config.vocab_size]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors into our parameters (casting dtype); every parameter must be

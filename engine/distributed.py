@@ -1,0 +1,110 @@
+"""Tensor parallelism over torch.distributed: which rank this process is, and the few collective
+operations the model and the scheduler need.
+
+Every scheduler rank joins one process group (NCCL on GPUs, gloo on CPU). Layers call
+:func:`all_reduce` and :func:`all_gather_last_dim`; with one rank both are no-ops, so the
+single-GPU and CPU paths run the same code. What ranks exchange besides tensors (the scheduler's
+incoming messages) travels as msgpack bytes inside a uint8 tensor (:func:`broadcast_bytes`):
+never as pickled objects, which ``broadcast_object_list`` would unpickle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TPInfo:
+    rank: int = 0
+    size: int = 1
+
+    def split(self, n: int, what: str) -> int:
+        """``n`` divided evenly across ranks (a clear error otherwise)."""
+        if n % self.size:
+            from .errors import UserError
+
+            raise UserError(f"--tp {self.size} does not divide the model's {n} {what}; choose a --tp that does")
+        return n // self.size
+
+
+_tp = TPInfo()
+
+
+def local_head_counts(num_heads: int, num_kv_heads: int) -> tuple[int, int, int]:
+    """(query heads, KV heads, which KV head block) this rank holds. With fewer KV heads than
+    ranks, each KV head is replicated on ``size // num_kv_heads`` consecutive ranks."""
+    tp = _tp
+    heads = tp.split(num_heads, "attention heads")
+    if num_kv_heads >= tp.size:
+        return heads, tp.split(num_kv_heads, "KV heads"), tp.rank
+    if tp.size % num_kv_heads:
+        from .errors import UserError
+
+        raise UserError(f"--tp {tp.size} is not a multiple of the model's {num_kv_heads} KV heads; choose a --tp that divides or is a multiple of it")
+    return heads, 1, tp.rank // (tp.size // num_kv_heads)
+
+
+def get_tp() -> TPInfo:
+    return _tp
+
+
+def init_tp(rank: int, size: int, init_method: str, device: torch.device, timeout_s: float = 120.0) -> TPInfo:
+    """Join the tensor-parallel group (``init_method`` like ``tcp://127.0.0.1:PORT``)."""
+    global _tp
+    if size > 1:
+        from datetime import timedelta
+
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+                                timeout=timedelta(seconds=timeout_s), **kwargs)
+    _tp = TPInfo(rank, size)
+    return _tp
+
+
+def set_tp_for_tests(info: TPInfo) -> None:
+    """Pretend to be one rank of a group without joining one (to build and load a shard)."""
+    global _tp
+    _tp = info
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    if _tp.size > 1:
+        dist.all_reduce(x)
+    return x
+
+
+def all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along the last dimension (vocabulary-parallel logits)."""
+    if _tp.size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(_tp.size)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=-1)
+
+
+def min_over_ranks(value: int, device: torch.device) -> int:
+    if _tp.size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def broadcast_bytes(data: bytes | None, device: torch.device) -> bytes:
+    """Rank 0's ``data`` on every rank (others pass None): a length, then the bytes."""
+    if _tp.size == 1:
+        return data or b""
+    length = torch.tensor([len(data) if _tp.rank == 0 else 0], dtype=torch.int64, device=device)
+    dist.broadcast(length, src=0)
+    n = int(length.item())
+    if _tp.rank == 0:
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if n else torch.empty(0, dtype=torch.uint8, device=device)
+    else:
+        payload = torch.empty(n, dtype=torch.uint8, device=device)
+    if n:
+        dist.broadcast(payload, src=0)
+    return bytes(payload.cpu().numpy()) if _tp.rank != 0 else data

@@ -1,0 +1,24 @@
+"""Runs in each spawned tensor-parallel rank of tests/test_tensor_parallel.py (a module of its own
+so that the child processes need not import pytest's test module)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def run_rank(rank: int, world: int, port: int, jobs: list[tuple[str, str, list[list[int]]]], out: str) -> None:
+    from minisgl_engine.distributed import init_tp
+    from minisgl_engine.llm import LLM
+    from minisgl_engine.sampling_params import SamplingParams
+
+    torch.set_num_threads(1)  # two ranks share the machine's cores
+    init_tp(rank, world, f"tcp://127.0.0.1:{port}", torch.device("cpu"))
+    results = {}
+    for name, folder, prompts in jobs:
+        llm = LLM(folder, device="cpu", tp=world, max_kv_tokens=4096, max_prefill_tokens=48, max_running_requests=8)
+        outputs = [r.token_ids for r in llm.generate(prompts, SamplingParams(max_tokens=16))]
+        logits = llm.score(prompts[0] + outputs[0], prefill_len=len(prompts[0]))
+        results[name] = (outputs, logits)
+    torch.save(results, Path(out) / f"rank{rank}.pt")
