@@ -23,6 +23,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=int, default=1919, help="default: %(default)s")
     g.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/* (env MINISGL_API_KEY)")
     g.add_argument("--num-tokenizer", type=int, default=1, help="tokenizer processes (default: %(default)s)")
+    d = parser.add_argument_group("several machines (trusted network only: the rendezvous port is unauthenticated)")
+    d.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks are spread over (default: %(default)s)")
+    d.add_argument("--node-rank", type=int, default=0, help="this machine's index; 0 runs the front end (default: %(default)s)")
+    d.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT", help="where rank 0 (on node 0) meets the other ranks")
 
 
 def server_config_from_args(args: argparse.Namespace):

@@ -23,7 +23,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-running-requests", type=int, default=d.max_running_requests, help="default: %(default)s")
     g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens, help="token budget of one prefill batch; longer prompts are chunked (default: %(default)s)")
     g.add_argument("--cache", default=d.cache, choices=["radix", "naive"], help="KV cache manager: radix shares the KV of common prefixes, naive shares nothing (default: %(default)s)")
-    g.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel ranks (default: %(default)s; only 1 so far)")
+    g.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel ranks, one GPU each (default: %(default)s)")
     g.add_argument("--attn", default=d.attn, choices=["auto", "flashinfer", "torch"],
                    help="attention backend: auto = FlashInfer on CUDA when its kernels build, else torch (default: %(default)s)")
     g.add_argument("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,

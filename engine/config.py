@@ -104,4 +104,7 @@ class EngineConfig:
     cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0 = never
     overlap: bool = True  # on CUDA, schedule step N+1 while the GPU runs step N
     seed: int = 0  # seed for random dummy weights
-    tp: int = 1  # tensor-parallel ranks (only 1 so far)
+    tp: int = 1  # tensor-parallel ranks (all machines together)
+    nnodes: int = 1  # machines the ranks are spread over (serve / chat only)
+    node_rank: int = 0  # which of them this is; 0 runs the front end
+    dist_init_addr: str | None = None  # HOST:PORT where rank 0 meets the others (nnodes > 1)

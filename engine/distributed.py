@@ -31,6 +31,7 @@ class TPInfo:
 
 
 _tp = TPInfo()
+_cpu_group = None  # gloo group for the scheduler's messages (CPU tensors)
 
 
 def local_head_counts(num_heads: int, num_kv_heads: int) -> tuple[int, int, int]:
@@ -51,6 +52,35 @@ def get_tp() -> TPInfo:
     return _tp
 
 
+def check_tp(num_heads: int, num_kv_heads: int, intermediate_size: int, tp: int, device_name: str) -> None:
+    """Refuse, before anything starts, a --tp the model or the machine cannot take."""
+    global _tp
+    saved, _tp = _tp, TPInfo(0, tp)
+    try:
+        local_head_counts(num_heads, num_kv_heads)
+        _tp.split(intermediate_size, "MLP intermediate features")
+    finally:
+        _tp = saved
+    if tp > 1 and device_name != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < tp:
+        from .errors import UserError
+
+        raise UserError(f"--tp {tp} needs {tp} GPUs but this machine has {torch.cuda.device_count()}; lower --tp")
+
+
+def check_nodes(tp: int, nnodes: int, node_rank: int, dist_init_addr: str | None) -> None:
+    """The multi-machine flags must describe one consistent group."""
+    from .errors import UserError
+
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise UserError(f"--node-rank must be in [0, --nnodes) and --nnodes >= 1 (got {node_rank} of {nnodes})")
+    if tp % nnodes:
+        raise UserError(f"--tp {tp} ranks cannot be spread evenly over --nnodes {nnodes} machines")
+    if nnodes > 1:
+        host, _, port = (dist_init_addr or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise UserError(f"--nnodes {nnodes} needs --dist-init-addr HOST:PORT (an address of node 0 the others can reach)")
+
+
 def init_tp(rank: int, size: int, init_method: str, device: torch.device, timeout_s: float = 120.0) -> TPInfo:
     """Join the tensor-parallel group (``init_method`` like ``tcp://127.0.0.1:PORT``)."""
     global _tp
@@ -62,6 +92,9 @@ def init_tp(rank: int, size: int, init_method: str, device: torch.device, timeou
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
                                 timeout=timedelta(seconds=timeout_s), **kwargs)
     _tp = TPInfo(rank, size)
+    global _cpu_group
+    if size > 1:  # the scheduler's messages travel over gloo even when tensors use NCCL
+        _cpu_group = dist.new_group(backend="gloo") if device.type == "cuda" else dist.group.WORLD
     return _tp
 
 
@@ -94,17 +127,19 @@ def min_over_ranks(value: int, device: torch.device) -> int:
     return int(t.item())
 
 
-def broadcast_bytes(data: bytes | None, device: torch.device) -> bytes:
-    """Rank 0's ``data`` on every rank (others pass None): a length, then the bytes."""
+def broadcast_bytes(data: bytes | None, device: torch.device | None = None) -> bytes:
+    """Rank 0's ``data`` on every rank (others pass None): a length, then the bytes, as CPU
+    tensors over the gloo group."""
     if _tp.size == 1:
         return data or b""
-    length = torch.tensor([len(data) if _tp.rank == 0 else 0], dtype=torch.int64, device=device)
-    dist.broadcast(length, src=0)
+    length = torch.tensor([len(data) if _tp.rank == 0 else 0], dtype=torch.int64)
+    dist.broadcast(length, src=0, group=_cpu_group)
     n = int(length.item())
+    if n == 0:
+        return b""
     if _tp.rank == 0:
-        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if n else torch.empty(0, dtype=torch.uint8, device=device)
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     else:
-        payload = torch.empty(n, dtype=torch.uint8, device=device)
-    if n:
-        dist.broadcast(payload, src=0)
-    return bytes(payload.cpu().numpy()) if _tp.rank != 0 else data
+        payload = torch.empty(n, dtype=torch.uint8)
+    dist.broadcast(payload, src=0, group=_cpu_group)
+    return data if _tp.rank == 0 else payload.numpy().tobytes()

@@ -74,7 +74,8 @@ class Engine:
         self.device = loaded.device
         self.dtype = loaded.dtype
         if self.device.type == "cpu":
-            torch.set_num_threads(torch.get_num_threads())  # all cores (torch's default)
+            # all cores (torch's default), shared among the tensor-parallel ranks of this machine
+            torch.set_num_threads(max(1, torch.get_num_threads() // self.tp.size))
         mc = self.model_config
         self.max_context_len = mc.max_context_len
         self.page_size = config.page_size

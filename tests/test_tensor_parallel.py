@@ -66,3 +66,115 @@ def test_each_rank_holds_about_half_of_the_weights(config_name):
     for rank in range(2):
         share = count(TPInfo(rank, 2)) / total
         assert 0.5 <= share < 0.502, f"rank {rank} holds {share:.2%} of the weights"
+
+
+# ---- through the real server ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tp_servers(tiny_model, tmp_path_factory):
+    """The same tiny Qwen3 (one KV head: replicated on both ranks) served with --tp 1 and
+    --tp 2 on CPU; the demo model's tokenizer turns its ids into text."""
+    from minisgl_engine.weights.demo import demo_model_dir
+    from server_utils import ServerProcess
+
+    folder = str(tiny_model("qwen3")[0])
+    logs = tmp_path_factory.mktemp("tp-servers")
+    common = ("--model", folder, "--tokenizer", str(demo_model_dir()))
+    one = ServerProcess(*common, log_path=logs / "tp1.log")
+    two = ServerProcess(*common, "--tp", "2", log_path=logs / "tp2.log")
+    yield one, two
+    one.stop()
+    two.stop()
+
+
+def complete(url: str, prompt, max_tokens: int = 12) -> str:
+    import httpx
+
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    resp = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["choices"][0]["text"]
+
+
+def test_serve_tp2_runs_two_scheduler_ranks(tp_servers):
+    _, two = tp_servers
+    names = [" ".join(p.cmdline()) for p in two.workers()]
+    assert sum("minisgl-TP0-scheduler" in n for n in names) == 1, names
+    assert sum("minisgl-TP1-scheduler" in n for n in names) == 1, names
+
+
+def test_serve_tp2_answers_like_tp1(tp_servers):
+    from concurrent.futures import ThreadPoolExecutor
+
+    one, two = tp_servers
+    ids = prompts(7)
+    for prompt in ids[:2]:
+        assert complete(two.url, prompt) == complete(one.url, prompt)
+    with ThreadPoolExecutor(4) as pool:  # concurrent requests batch together on both ranks
+        together = list(pool.map(lambda p: complete(two.url, p), ids))
+    assert together == [complete(one.url, p) for p in ids]
+
+
+def test_killing_a_rank_ends_the_app_naming_it(tiny_model, tmp_path):
+    import signal
+
+    import psutil
+
+    from minisgl_engine.weights.demo import demo_model_dir
+    from server_utils import ServerProcess, wait_until
+
+    srv = ServerProcess("--model", str(tiny_model("llama")[0]), "--tokenizer", str(demo_model_dir()), "--tp", "2",
+                        log_path=tmp_path / "kill.log")
+    workers = srv.workers()
+    [rank1] = [p for p in workers if "minisgl-TP1-scheduler" in " ".join(p.cmdline())]
+    rank1.send_signal(signal.SIGKILL)
+    assert srv.proc.wait(5) != 0
+    assert "minisgl-TP1-scheduler" in srv.output()
+    assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)
+
+
+def test_a_tp_that_does_not_divide_the_heads_is_refused(tiny_model):
+    import subprocess
+
+    from server_utils import CLI, free_port
+
+    folder = str(tiny_model("llama")[0])  # 4 heads, 2 KV heads
+    proc = subprocess.run([*CLI, "serve", "--device", "cpu", "--port", str(free_port()), "--model", folder, "--tp", "3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--tp 3" in proc.stderr and "attention heads" in proc.stderr
+
+
+def test_two_nodes_on_one_machine_serve_a_chat(tp_servers, tiny_model, tmp_path):
+    """--nnodes 2: node 1 runs rank 1 only, node 0 the front end and rank 0; they meet at
+    --dist-init-addr. The answers equal the single-rank server's; node 1 ends with node 0."""
+    import subprocess
+
+    from minisgl_engine.weights.demo import demo_model_dir
+    from server_utils import CLI, ServerProcess, free_port, wait_until
+
+    one, _ = tp_servers
+    common = ["--model", str(tiny_model("qwen3")[0]), "--tokenizer", str(demo_model_dir()), "--tp", "2", "--nnodes", "2",
+              "--dist-init-addr", f"127.0.0.1:{free_port()}"]
+    node1_log = open(tmp_path / "node1.log", "wb")
+    node1 = subprocess.Popen([*CLI, "serve", "--device", "cpu", "--port", str(free_port()), *common, "--node-rank", "1"],
+                             stdout=node1_log, stderr=subprocess.STDOUT)
+    node0 = None
+    try:
+        node0 = ServerProcess(*common, "--node-rank", "0", log_path=tmp_path / "node0.log")
+        assert "trusted network" in node0.output()
+        for prompt in prompts(11)[:3]:
+            assert complete(node0.url, prompt) == complete(one.url, prompt)
+        node0.stop()
+        import time
+
+        start = time.monotonic()
+        assert wait_until(lambda: node1.poll() is not None, 30), "node 1 kept running after node 0 stopped"
+        print(f"node 1 ended {time.monotonic() - start:.1f} s after node 0")
+    finally:
+        if node0 is not None:
+            node0.stop()
+        if node1.poll() is None:
+            node1.kill()
+        node1_log.close()
+    assert "minisgl-TP1-scheduler" in (tmp_path / "node1.log").read_text()

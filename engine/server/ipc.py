@@ -105,15 +105,19 @@ class Receiver:
 
 
 @contextmanager
-def reporting_startup(worker: str, to_frontend: Sender) -> Iterator[None]:
+def reporting_startup(worker: str, to_frontend: Sender | None) -> Iterator[None]:
     """Run a worker's start-up; if it fails, tell the front end why (it names the worker in
     the app's exit message) and exit, instead of dying silently."""
     try:
         yield
     except UserError as exc:
-        to_frontend.send(FrontendBatch([ReadyMsg(worker, error=str(exc))]))
+        if to_frontend is None:  # a rank on another machine: its log is all there is
+            logger.error("%s failed to start: %s", worker, exc)
+        else:
+            to_frontend.send(FrontendBatch([ReadyMsg(worker, error=str(exc))]))
         sys.exit(1)
     except Exception as exc:
         logger.exception("%s failed to start", worker)
-        to_frontend.send(FrontendBatch([ReadyMsg(worker, error=f"{type(exc).__name__}: {exc}")]))
+        if to_frontend is not None:
+            to_frontend.send(FrontendBatch([ReadyMsg(worker, error=f"{type(exc).__name__}: {exc}")]))
         sys.exit(1)

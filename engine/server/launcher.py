@@ -24,6 +24,15 @@ from .tokenizer_worker import TokenizerWorkerArgs, run_tokenizer_worker
 logger = logging.getLogger("minisgl.launcher")
 
 
+def free_port() -> int:
+    """A free TCP port on the loopback interface (the ranks' rendezvous)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def worker_names(num_tokenizers: int, tp: int = 1) -> list[str]:
     return [f"minisgl-tokenizer-{i}" for i in range(num_tokenizers)] + ["minisgl-detokenizer-0"] + [
         f"minisgl-TP{r}-scheduler" for r in range(tp)
@@ -34,23 +43,28 @@ class EngineProcesses:
     def __init__(
         self,
         config: EngineConfig,
-        paths: SocketPaths,
+        paths: SocketPaths | None,
         tokenizer_path: str | None,
         max_context_len: int,
         log_level: int = logging.WARNING,
     ) -> None:
+        """``paths`` None: a machine other than node 0, which runs only its scheduler ranks."""
         ctx = mp.get_context("spawn")
         pid = os.getpid()
         self.processes: dict[str, BaseProcess] = {}
-        for i in range(paths.num_tokenizers):
-            args = TokenizerWorkerArgs(i, paths, tokenizer_path, max_context_len, pid, log_level)
-            self.processes[f"minisgl-tokenizer-{i}"] = ctx.Process(target=run_tokenizer_worker, args=(args,), daemon=True)
-        self.processes["minisgl-detokenizer-0"] = ctx.Process(
-            target=run_detokenizer_worker, args=(DetokenizerWorkerArgs(paths, tokenizer_path, pid, log_level),), daemon=True
-        )
-        self.processes["minisgl-TP0-scheduler"] = ctx.Process(
-            target=run_scheduler_worker, args=(SchedulerWorkerArgs(config, paths, 0, pid, log_level),), daemon=True
-        )
+        if paths is not None:
+            for i in range(paths.num_tokenizers):
+                args = TokenizerWorkerArgs(i, paths, tokenizer_path, max_context_len, pid, log_level)
+                self.processes[f"minisgl-tokenizer-{i}"] = ctx.Process(target=run_tokenizer_worker, args=(args,), daemon=True)
+            self.processes["minisgl-detokenizer-0"] = ctx.Process(
+                target=run_detokenizer_worker, args=(DetokenizerWorkerArgs(paths, tokenizer_path, pid, log_level),), daemon=True
+            )
+        dist_init_addr = config.dist_init_addr or (f"127.0.0.1:{free_port()}" if config.tp > 1 else None)
+        per_node = config.tp // config.nnodes
+        for local_rank in range(per_node):
+            rank = config.node_rank * per_node + local_rank
+            args = SchedulerWorkerArgs(config, paths, rank, pid, log_level, dist_init_addr=dist_init_addr, local_rank=local_rank)
+            self.processes[f"minisgl-TP{rank}-scheduler"] = ctx.Process(target=run_scheduler_worker, args=(args,), daemon=True)
         self._stopping = threading.Event()
 
     @property

@@ -4,6 +4,12 @@ Each turn: receive messages (block only when idle), schedule and launch one batc
 tokens to the detokenizer, push stats to the front end when they changed (and before blocking).
 On CUDA the scheduler overlaps: the tokens sent in a turn are those of the step launched in the
 turn before, so receiving, sending and scheduling happen while the GPU computes.
+
+With tensor parallelism there is one such process per rank. Only rank 0 receives (from the
+tokenizers) and sends (to the detokenizer and the front end); each turn it forwards what it
+received to the other ranks as msgpack bytes, so every rank takes the same scheduling decisions
+in the same order and the ranks' collective operations line up. While idle, rank 0 forwards an
+empty turn every second, so the other ranks never wait long enough to time out.
 """
 
 from __future__ import annotations
@@ -11,11 +17,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import msgspec
+import torch
 import zmq
 
 from ..config import EngineConfig
+from ..distributed import broadcast_bytes, get_tp, init_tp
 from ..errors import UserError
-from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, UserMsg
+from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, UserMsg, decoder, encode
 from ..scheduler.scheduler import Scheduler, TokenOutput
 from .ipc import Receiver, Sender, SocketPaths, reporting_startup
 from .process import init_worker
@@ -30,11 +39,20 @@ class SchedulerWorkerArgs:
     rank: int
     parent_pid: int
     log_level: int = logging.WARNING
+    dist_init_addr: str | None = None  # host:port of rank 0's rendezvous (tp > 1)
+    local_rank: int = 0  # which GPU of this machine
+    report_ready: bool = True  # rank 0 reports for the whole group
+
+
+IDLE_HEARTBEAT_MS = 1000
 
 
 class SchedulerWorker:
-    def __init__(self, scheduler: Scheduler, receiver: Receiver, to_detokenizer: Sender, to_frontend: Sender) -> None:
+    def __init__(self, scheduler: Scheduler, receiver: Receiver | None, to_detokenizer: Sender | None, to_frontend: Sender | None) -> None:
+        """Ranks other than 0 have no sockets (None)."""
         self.scheduler = scheduler
+        self.tp = get_tp()
+        self._backend_decoder = decoder(BackendBatch)
         self.receiver = receiver
         self.to_detokenizer = to_detokenizer
         self.to_frontend = to_frontend
@@ -96,41 +114,103 @@ class SchedulerWorker:
             self.to_frontend.send(FrontendBatch([stats]))
             self.last_stats = stats
 
+    def receive(self, idle: bool) -> list[BackendBatch]:
+        """This turn's incoming messages, the same on every rank."""
+        if self.tp.size == 1:
+            return self.receiver.recv_all(block=idle)
+        device = self.scheduler.engine.device
+        if self.tp.rank == 0:
+            batches = self.receiver.recv_all(block=idle, timeout_ms=IDLE_HEARTBEAT_MS)
+            msgs = [msg for batch in batches for msg in batch.msgs]
+            broadcast_bytes(encode(BackendBatch(msgs)) if msgs else b"", device)
+            return batches
+        data = broadcast_bytes(None, device)
+        return [self._backend_decoder.decode(data)] if data else []
+
     def loop(self) -> None:
+        leader = self.tp.rank == 0
         while True:
             idle = not self.scheduler.has_work
-            if idle:
+            if idle and leader:
                 self.push_stats()  # the front end sees the final state before we block
-            replies = self.handle(self.receiver.recv_all(block=idle))
+            replies = self.handle(self.receive(idle))
             replies += [self.to_detokenize(out) for out in self.scheduler.step()]
+            if not leader:
+                continue
             if replies:
                 self.to_detokenizer.send(DetokenizerBatch(replies))
             self.push_stats()
+
+
+def check_ranks_agree(engine, scheduler: Scheduler) -> None:
+    """Every rank must serve the same model with the same settings (a rank started with other
+    flags or files would take other decisions and deadlock the group)."""
+    tp = get_tp()
+    if tp.size == 1:
+        return
+    mine = {
+        "model": engine.model_config.__dict__ | {"rope_scaling": str(engine.model_config.rope_scaling)},
+        "dtype": str(engine.dtype),
+        "page_size": engine.page_size,
+        "kv_pages": engine.num_pages,
+        "max_running_requests": scheduler.max_running_requests,
+        "max_prefill_tokens": scheduler.prefill_manager.max_prefill_tokens,
+        "cache": engine.config.cache,
+        "overlap": scheduler.overlap,
+    }
+    leader = msgspec.msgpack.decode(broadcast_bytes(msgspec.msgpack.encode(mine) if tp.rank == 0 else None, torch.device("cpu")))
+    for key, value in msgspec.msgpack.decode(msgspec.msgpack.encode(mine)).items():
+        if leader.get(key) != value:
+            raise UserError(f"tensor-parallel rank {tp.rank} disagrees with rank 0 on {key}: {value!r} vs {leader.get(key)!r}")
+
+
+def rank_device(config: EngineConfig, local_rank: int) -> str:
+    """Rank i of a machine uses its GPU i (or the CPU)."""
+    if config.tp == 1 or config.device == "cpu":
+        return config.device
+    if config.device in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{local_rank}"
+    return config.device
 
 
 def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
     name = f"minisgl-TP{args.rank}-scheduler"
     init_worker(name, args.parent_pid, args.log_level)
     ctx = zmq.Context()
-    to_frontend = Sender(ctx, args.paths.frontend)
+    to_frontend = Sender(ctx, args.paths.frontend) if args.paths is not None else None
+    leader = args.rank == 0
     with reporting_startup(name, to_frontend):
+        from dataclasses import replace
+
         from ..engine import Engine
 
-        def on_phase(phase: str) -> None:
-            to_frontend.send(FrontendBatch([StartupMsg(name, phase)]))
+        config = replace(args.config, device=rank_device(args.config, args.local_rank))
+        if config.tp > 1:
+            from ..model_loader import resolve_device
 
-        engine = Engine(args.config, on_phase=on_phase)
+            init_tp(args.rank, config.tp, f"tcp://{args.dist_init_addr}", resolve_device(config.device))
+
+        def on_phase(phase: str) -> None:
+            if leader and to_frontend is not None:
+                to_frontend.send(FrontendBatch([StartupMsg(name, phase)]))
+
+        engine = Engine(config, on_phase=on_phase)
         scheduler = Scheduler(engine)
-        receiver = Receiver(ctx, args.paths.scheduler, BackendBatch)
-    worker = SchedulerWorker(scheduler, receiver, Sender(ctx, args.paths.detokenizer), to_frontend)
-    info = {
-        "device": str(engine.device),
-        "dtype": str(engine.dtype).removeprefix("torch."),
-        "kv_tokens": engine.num_pages * engine.page_size,
-        "max_context_len": engine.max_context_len,
-        "attention": engine.attn_name,
-        "cuda_graphs": engine.uses_cuda_graphs,
-        "overlap": scheduler.overlap,
-    }
-    to_frontend.send(FrontendBatch([ReadyMsg(name, info=info)]))
+        check_ranks_agree(engine, scheduler)
+        receiver = Receiver(ctx, args.paths.scheduler, BackendBatch) if leader else None
+    if leader:
+        worker = SchedulerWorker(scheduler, receiver, Sender(ctx, args.paths.detokenizer), to_frontend)
+        info = {
+            "device": str(engine.device),
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "tp": config.tp,
+            "kv_tokens": engine.num_pages * engine.page_size,
+            "max_context_len": engine.max_context_len,
+            "attention": engine.attn_name,
+            "cuda_graphs": engine.uses_cuda_graphs,
+            "overlap": scheduler.overlap,
+        }
+        to_frontend.send(FrontendBatch([ReadyMsg(name, info=info)]))
+    else:
+        worker = SchedulerWorker(scheduler, None, None, None)
     worker.loop()

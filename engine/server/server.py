@@ -87,8 +87,46 @@ def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str 
         model_dir = resolve_model(config.model)
         config = replace(config, model=str(model_dir))
     model_config = ModelConfig.from_hf(load_hf_config(config, model_dir))
+    from ..distributed import check_tp
+
+    c = model_config
+    check_tp(c.num_heads, c.num_kv_heads, c.intermediate_size, config.tp, config.device)
     tokenizer = config.tokenizer or (str(model_dir) if model_dir is not None else None)
     return config, model_config, tokenizer
+
+
+def run_worker_node(config: EngineConfig) -> int:
+    """A machine other than node 0: only its scheduler ranks (rank 0 on node 0 sends them the
+    requests). Ends when any of them ends, or on SIGINT/SIGTERM."""
+    import signal
+    import threading
+
+    from .launcher import EngineProcesses
+
+    try:
+        config, model_config, _ = prepare_model(config)
+    except UserError as exc:
+        print(f"minisgl-chat: error: {exc}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+    result = {"code": 0}
+
+    def on_exit(name: str, code: int | None) -> None:
+        print(f"minisgl-chat: {name} exited (exit code {code}); shutting down this node", file=sys.stderr, flush=True)
+        result["code"] = 1
+        done.set()
+
+    procs = EngineProcesses(config, None, None, model_config.max_context_len, logging.getLogger("minisgl").getEffectiveLevel())
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    procs.start(on_exit)
+    print(f"minisgl-chat: node {config.node_rank} runs {', '.join(procs.names)}", file=sys.stderr, flush=True)
+    try:
+        while not done.wait(0.5):
+            pass
+    finally:
+        procs.stop()
+    return result["code"]
 
 
 def run_server(
@@ -113,6 +151,14 @@ def run_server(
     from .openai_api import create_app
 
     check_server_config(server)
+    from ..distributed import check_nodes
+
+    check_nodes(config.tp, config.nnodes, config.node_rank, config.dist_init_addr)
+    if config.nnodes > 1:
+        print(f"minisgl-chat: {config.tp} ranks on {config.nnodes} machines meet at {config.dist_init_addr}; that port is "
+              "unauthenticated: use this on a trusted network only", file=sys.stderr, flush=True)
+    if config.node_rank > 0:
+        return run_worker_node(config)
     listen_socket = bind_listen_socket(server.host, server.port)
     runtime_dir = make_runtime_dir()
     paths = SocketPaths(str(runtime_dir), server.num_tokenizers)
