@@ -160,7 +160,8 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         init_dummy_weights(model, config.seed)
     else:
         logger.info("loading weights from %s", model_dir)
-        model.load_weights(iter_safetensors(model_dir))
+        # with tensor parallelism each rank reads only its slices of the checkpoint
+        model.load_weights(iter_safetensors(model_dir, lazy=get_tp().size > 1))
     model.eval()
     if device.type == "cpu" and dtype == torch.float32:
         transpose_cpu_weights(model)

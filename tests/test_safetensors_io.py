@@ -130,3 +130,25 @@ def test_weights_nbytes(tmp_path: Path, sharded: bool) -> None:
     assert weights_nbytes(tmp_path, torch.bfloat16) == 16 * 2 + 5 * 8
     assert weights_nbytes(tmp_path, torch.float32) == 16 * 4 + 5 * 8
     assert weights_nbytes(tmp_path, torch.float64) == 16 * 8 + 5 * 8
+
+
+def test_lazy_slices_read_only_the_chosen_block(tmp_path):
+    """A tensor-parallel rank narrows a lazy checkpoint tensor and reads just that block."""
+    from safetensors.torch import save_file
+
+    from minisgl_engine.weights.safetensors_io import LazySlice, iter_safetensors, read_tensor
+
+    full = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)
+    bias = torch.arange(8, dtype=torch.float32)
+    save_file({"w": full, "b": bias}, str(tmp_path / "model.safetensors"))
+    seen = {}
+    for name, lazy in iter_safetensors(tmp_path, lazy=True):
+        assert isinstance(lazy, LazySlice)
+        if name == "w":
+            block = lazy.narrow(0, 4, 4).narrow(1, 2, 3)
+            assert block.shape == (4, 3)
+            seen[name] = (read_tensor(block), read_tensor(lazy[2:5]))
+        else:
+            seen[name] = (read_tensor(lazy.narrow(0, 1, 2)), read_tensor(lazy))
+    assert torch.equal(seen["w"][0], full[4:8, 2:5]) and torch.equal(seen["w"][1], full[2:5])
+    assert torch.equal(seen["b"][0], bias[1:3]) and torch.equal(seen["b"][1], bias)

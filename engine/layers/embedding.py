@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, get_tp
+from ..weights.safetensors_io import read_tensor
 
 
 def vocab_block(vocab_size: int) -> tuple[int, int]:
@@ -23,7 +24,7 @@ def load_vocab_block(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -
         raise ValueError(f"shape mismatch: parameter {param.vocab_size}x{tuple(param.shape[1:])}, checkpoint {tuple(loaded.shape)}")
     rows = loaded[start : start + per_rank]
     param.data.zero_()
-    param.data[: rows.shape[0]].copy_(rows)
+    param.data[: rows.shape[0]].copy_(read_tensor(rows))
 
 
 class Embedding(nn.Module):

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, get_tp
+from ..weights.safetensors_io import read_tensor
 
 
 def _probe_onednn_linear():
@@ -55,10 +56,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+def default_weight_loader(param: nn.Parameter, loaded, shard_id: str | int | None = None) -> None:
+    """``loaded``: a tensor, or a LazySlice read only now (copy_ casts to the parameter's dtype)."""
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
-    param.data.copy_(loaded)
+    param.data.copy_(read_tensor(loaded))
 
 
 class Linear(nn.Module):
@@ -104,7 +106,7 @@ class MergedLinear(Linear):
             loaded = loaded.narrow(0, part * size, size)  # this rank's block
         if target.shape != loaded.shape:
             raise ValueError(f"shard {shard_id}: parameter {tuple(target.shape)}, checkpoint {tuple(loaded.shape)}")
-        target.copy_(loaded)
+        target.copy_(read_tensor(loaded))
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return out.split(self.out_sizes, dim=-1)

@@ -157,7 +157,7 @@ class CausalLM(nn.Module):
                 raise WeightsError(f"checkpoint tensor {name!r} has no place in a {self.config.model_type} model")
             loader = getattr(param, "weight_loader", default_weight_loader)
             try:
-                loader(param, tensor.to(param.dtype), shard_id)
+                loader(param, tensor, shard_id)  # the loader casts (and reads a lazy slice)
             except ValueError as exc:
                 raise WeightsError(f"checkpoint tensor {name!r} does not fit the config: {exc}") from None
             missing.discard((name, shard_id))

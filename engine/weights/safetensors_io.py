@@ -58,13 +58,55 @@ def _corrupt(file: Path, exc: BaseException) -> WeightsError:
                         "or corrupt, download the model again")
 
 
-def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` for every stored tensor, opening each shard once."""
+class LazySlice:
+    """A checkpoint tensor not read yet. Narrowing it and then reading reads only the chosen
+    block from the file: a tensor-parallel rank loads its own slice of each weight, not the
+    whole model."""
+
+    def __init__(self, file: Path, handle, shape: tuple[int, ...], index: tuple[slice, ...] | None = None) -> None:
+        self.file = file
+        self._handle = handle
+        self.shape = torch.Size(shape)
+        self._index = index or tuple(slice(0, n) for n in shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def narrow(self, dim: int, start: int, length: int) -> "LazySlice":
+        index = list(self._index)
+        base = index[dim].start
+        index[dim] = slice(base + start, base + start + length)
+        shape = list(self.shape)
+        shape[dim] = length
+        return LazySlice(self.file, self._handle, tuple(shape), tuple(index))
+
+    def __getitem__(self, rows: slice) -> "LazySlice":
+        start, stop, _ = rows.indices(self.shape[0])
+        return self.narrow(0, start, max(stop - start, 0))
+
+    def read(self) -> torch.Tensor:
+        try:
+            return self._handle[self._index if self.dim() else ...]
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise _corrupt(self.file, exc) from exc
+
+
+def read_tensor(loaded: "torch.Tensor | LazySlice") -> torch.Tensor:
+    return loaded.read() if isinstance(loaded, LazySlice) else loaded
+
+
+def iter_safetensors(model_dir: Path, lazy: bool = False) -> Iterator[tuple[str, "torch.Tensor | LazySlice"]]:
+    """Yield ``(name, tensor)`` for every stored tensor, opening each shard once; ``lazy``
+    yields :class:`LazySlice` handles instead, valid until the next item."""
     for file in weight_files(model_dir):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    if lazy:
+                        handle = f.get_slice(name)
+                        yield name, LazySlice(file, handle, tuple(handle.get_shape()))
+                    else:
+                        yield name, f.get_tensor(name)
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise _corrupt(file, exc) from exc
 
