@@ -380,21 +380,55 @@ def print_table(rows: list[dict]) -> None:
     print()
 
 
+BENCHES = {"decode": (run_decode, print_table), "offline": (run_offline, print_offline), "multiturn": (run_multiturn, print_multiturn_table)}
+
+
+def _bench_rank(rank: int, args: argparse.Namespace, config: EngineConfig, addr: str) -> None:
+    """One tensor-parallel rank of a bench: every rank runs the same schedule (SPMD); rank 0
+    prints. transformers is not compared under --tp (it would run on rank 0 alone)."""
+    from .distributed import init_tp
+    from .model_loader import resolve_device
+    from .server.scheduler_worker import rank_device
+
+    config = replace(config, device=rank_device(config, rank))
+    init_tp(rank, config.tp, f"tcp://{addr}", resolve_device(config.device), timeout_s=600)
+    run, show = BENCHES[args.bench]
+    rows = run(args, config)
+    if rank == 0:
+        show(rows)
+        for row in rows:
+            print(json.dumps(row), flush=True)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from .args import engine_config_from_args
 
     config = engine_config_from_args(args)
-    if args.bench == "decode":
-        rows = run_decode(args, config)
-        print_table(rows)
-    elif args.bench == "offline":
-        rows = run_offline(args, config)
-        print_offline(rows)
-    elif args.bench == "multiturn":
-        rows = run_multiturn(args, config)
-        print_multiturn_table(rows)
-    else:  # pragma: no cover - argparse rejects unknown benches
+    if args.bench not in BENCHES:  # pragma: no cover - argparse rejects unknown benches
         raise UserError(f"unknown benchmark {args.bench!r}")
+    if config.tp > 1:
+        import torch.multiprocessing as mp
+
+        from .distributed import check_tp
+        from .model_loader import load_hf_config
+        from .config import ModelConfig
+        from .server.launcher import free_port
+
+        c = ModelConfig.from_hf(load_hf_config(config, None if config.dummy_weights and config.config else _model_dir(config)))
+        check_tp(c.num_heads, c.num_kv_heads, c.intermediate_size, config.tp, config.device)
+        if getattr(args, "compare_hf", False):
+            raise UserError("--compare-hf runs transformers on one device; use it with --tp 1")
+        mp.start_processes(_bench_rank, args=(args, config, f"127.0.0.1:{free_port()}"), nprocs=config.tp, join=True, start_method="spawn")
+        return 0
+    run, show = BENCHES[args.bench]
+    rows = run(args, config)
+    show(rows)
     for row in rows:
         print(json.dumps(row))
     return 0
+
+
+def _model_dir(config: EngineConfig):
+    from .weights.source import resolve_model
+
+    return resolve_model(config.model)

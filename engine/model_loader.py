@@ -105,9 +105,10 @@ class LoadedModel:
 
 def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
     """Random weights of the right shape: the same compute as the real model, no download."""
-    gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device  # drawn where they live: an 8B model in seconds on a GPU
+    gen = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
-        values = torch.randn(param.shape, generator=gen) * 0.02
+        values = torch.randn(param.shape, generator=gen, device=device) * 0.02
         if name.endswith("norm.weight"):
             values = values + 1.0
         param.data.copy_(values)

@@ -4,6 +4,7 @@
 # carried halves (.gguf2/part_aa then .gguf1/part_ab). Stages, run in order over one or more calls:
 #   bash scripts/gpu_check.sh setup kernels tests     # install, build FlashInfer kernels, pytest -m cuda
 #   bash scripts/gpu_check.sh demo serve bench        # the demo model, the server test, benchmarks
+#   bash scripts/gpu_check.sh setup kernels tp        # kind nvidia-h200-x2: tensor parallelism
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +65,12 @@ print('demo model ready at', demo_model_dir())" || status=1
       for ablation in "--no-overlap" "--cuda-graph-max-bs 0" "--attn torch --cuda-graph-max-bs 0 --no-overlap"; do
         # shellcheck disable=SC2086
         "${CLI[@]}" bench decode "${Q[@]}" --input-len 128 --output-len 128 --repeat 3 $ablation 2>&1 | tail -1 | tee -a "$OUT/bench_ablations.log"
+      done ;;
+    tp)  # two GPUs: bf16 agreement of --tp 2 vs --tp 1, then batch-1 decode of an 8B shape
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      python3 -m pytest -m cuda tests/test_cuda_tp.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/tp_tests.log" || status=1
+      for tp in 1 2; do
+        "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-8b --input-len 128 --output-len 128 --repeat 3 --tp $tp 2>&1 | tee -a "$OUT/bench_tp.log"
       done ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac

@@ -178,3 +178,18 @@ def test_two_nodes_on_one_machine_serve_a_chat(tp_servers, tiny_model, tmp_path)
             node1.kill()
         node1_log.close()
     assert "minisgl-TP1-scheduler" in (tmp_path / "node1.log").read_text()
+
+
+def test_bench_decode_with_tp2_prints_its_json_line(tiny_model):
+    """`bench --tp 2` runs one process per rank (the same schedule on each); rank 0 prints."""
+    import json
+    import subprocess
+
+    from server_utils import CLI
+
+    folder = str(tiny_model("llama")[0])
+    proc = subprocess.run([*CLI, "bench", "decode", "--model", folder, "--device", "cpu", "--tp", "2",
+                           "--input-len", "16", "--output-len", "4"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"bench"')]
+    assert len(rows) == 1 and rows[0]["tp"] == 2 and rows[0]["engine_tok_s"] > 0

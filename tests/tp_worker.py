@@ -22,3 +22,18 @@ def run_rank(rank: int, world: int, port: int, jobs: list[tuple[str, str, list[l
         logits = llm.score(prompts[0] + outputs[0], prefill_len=len(prompts[0]))
         results[name] = (outputs, logits)
     torch.save(results, Path(out) / f"rank{rank}.pt")
+
+
+def score_rank(rank: int, world: int, port: int, folder: str, seqs: list[list[int]], positions: int, out: str) -> None:
+    """Teacher-forced logits of ``seqs`` from one rank of a --tp ``world`` GPU engine."""
+    from minisgl_engine.distributed import init_tp
+    from minisgl_engine.llm import LLM
+
+    device = torch.device(f"cuda:{rank}")
+    torch.cuda.set_device(device)
+    init_tp(rank, world, f"tcp://127.0.0.1:{port}", device)
+    llm = LLM(folder, device=f"cuda:{rank}", dtype="bfloat16", tp=world, max_kv_tokens=40_000, max_running_requests=64,
+              cuda_graph_max_bs=64)
+    logits = llm.score_batch(seqs, [len(s) - positions for s in seqs])
+    if rank == 0:
+        torch.save(torch.cat([rows[-positions - 1 : -1].cpu() for rows in logits]), Path(out) / "tp_logits.pt")

@@ -1,0 +1,45 @@
+"""Tensor parallelism on two GPUs (NCCL, CUDA graphs capturing the all-reduce): run on the
+device kind nvidia-h200-x2 with ``pytest -m cuda tests/test_cuda_tp.py``; skipped elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from server_utils import free_port
+from test_cuda import agreement, hf_last_logits, random_sequences, rel_error
+from tp_worker import score_rank
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nvidia-h200-x2)")]
+
+
+def test_tp2_bf16_agrees_with_float32_as_well_as_tp1(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from minisgl_engine.config import EngineConfig
+    from minisgl_engine.llm import LLM
+    from minisgl_engine.model_loader import load_hf_config
+
+    hf_config = load_hf_config(EngineConfig(config="qwen3-0.6b"), None)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    folder = tmp_path / "model"
+    hf.to(torch.bfloat16).save_pretrained(folder)  # what both engines load (tp 2: each rank its slices)
+    positions = 32
+    seqs = random_sequences(64, positions, seed=3)
+    ref = hf_last_logits(hf.float().cuda().eval(), seqs, positions)
+    del hf
+    one = LLM(str(folder), device="cuda:0", dtype="bfloat16", max_kv_tokens=40_000, max_running_requests=64, cuda_graph_max_bs=64)
+    tp1 = torch.cat([rows[-positions - 1 : -1] for rows in one.score_batch(seqs, [len(s) - positions for s in seqs])])
+    del one
+    torch.cuda.empty_cache()
+    mp.start_processes(score_rank, args=(2, free_port(), str(folder), seqs, positions, str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    tp2 = torch.load(tmp_path / "tp_logits.pt").cuda()
+    figures = {name: (agreement(x, ref), rel_error(x, ref)) for name, x in (("tp1", tp1), ("tp2", tp2))}
+    print("top-1 agreement with float32 transformers (%), relative logit error:", figures)
+    assert figures["tp2"][0] >= figures["tp1"][0] - 1.0, figures
