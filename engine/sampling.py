@@ -72,6 +72,10 @@ class Sampler:
         top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)
         top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device, dtype=logits.dtype)
         probs = filter_top_k_top_p(logits[idx] / temps.unsqueeze(1), top_k, top_p).softmax(dim=-1)
+        # a row with inf/NaN logits (a broken model output) would make multinomial raise and take
+        # the whole scheduler down: such a row takes its argmax instead
+        broken = ~torch.isfinite(probs).all(dim=-1, keepdim=True)
+        probs = torch.where(broken, torch.nn.functional.one_hot(next_ids[idx], probs.shape[-1]).to(probs.dtype), probs)
         for j, i in enumerate(rows):
             # one draw per row from that request's own generator, so a seeded request's text
             # does not depend on which other requests share its batch

@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 
 from .errors import RequestError
 
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
 
 @dataclass
 class SamplingParams:
     """How to pick each next token and when to stop.
 
-    ``temperature == 0`` (or ``top_k == 1``) means greedy. ``top_k <= 0`` and ``top_p == 1``
+    ``temperature == 0`` (below 1e-5, in fact; or ``top_k == 1``) means greedy. ``top_k <= 0`` and ``top_p == 1``
     disable those filters. ``seed`` makes sampling reproducible for this request alone, whatever
     else shares its batch.
     """
@@ -41,4 +43,5 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # a temperature this small is greedy in effect; dividing by it would overflow to inf
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1

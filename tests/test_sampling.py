@@ -314,4 +314,21 @@ def test_bad_values_raise_request_error(kwargs) -> None:
 def test_valid_values_are_accepted(max_tokens, temperature, top_k, top_p, seed) -> None:
     p = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed) == (max_tokens, temperature, top_k, top_p, seed)
-    assert p.is_greedy == (temperature == 0.0 or top_k == 1)
+    assert p.is_greedy == (temperature < 1e-5 or top_k == 1)
+
+
+def test_a_vanishing_temperature_is_greedy_and_never_crashes():
+    """Found by schemathesis: temperature 8.5e-304 divided the logits to inf, softmax gave NaN
+    and torch.multinomial raised inside the scheduler, which took the whole server down."""
+    logits = torch.randn(3, 50)
+    params = [SamplingParams(temperature=t) for t in (8.5e-304, 1e-9, 1e-6)]
+    assert all(p.is_greedy for p in params)
+    assert torch.equal(Sampler().sample(logits, params, [None] * 3), logits.argmax(-1))
+
+
+def test_rows_with_non_finite_logits_fall_back_to_argmax():
+    logits = torch.randn(2, 50)
+    logits[0, 7] = float("inf")
+    logits[1, 3] = float("nan")
+    ids = Sampler().sample(logits, [SamplingParams(temperature=1.0)] * 2, [None, None])
+    assert ids.shape == (2,) and ids[0].item() == 7

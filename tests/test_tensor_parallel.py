@@ -127,8 +127,12 @@ def test_killing_a_rank_ends_the_app_naming_it(tiny_model, tmp_path):
                         log_path=tmp_path / "kill.log")
     workers = srv.workers()
     [rank1] = [p for p in workers if "minisgl-TP1-scheduler" in " ".join(p.cmdline())]
+    import time
+
+    start = time.monotonic()
     rank1.send_signal(signal.SIGKILL)
     assert srv.proc.wait(5) != 0
+    print(f"the app exited {time.monotonic() - start:.2f} s after rank 1 was killed")
     assert "minisgl-TP1-scheduler" in srv.output()
     assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)
 

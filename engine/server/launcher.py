@@ -11,6 +11,7 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
@@ -86,17 +87,18 @@ class EngineProcesses:
         proc.join(0.1)
         on_exit(name, proc.exitcode)
 
-    def stop(self, timeout: float = 3.0) -> None:
+    def stop(self, timeout: float = 1.0) -> None:
         """SIGTERM everyone, then SIGKILL whoever is still there after ``timeout``."""
         self._stopping.set()
         for proc in self.processes.values():
             if proc.is_alive():
                 proc.terminate()
-        deadline = timeout
+        # one deadline for all of them: workers keep no state worth a longer wait
+        deadline = time.monotonic() + timeout
         for proc in self.processes.values():
-            proc.join(max(deadline, 0.05))
-            deadline -= 0.5
-        for proc in self.processes.values():
+            proc.join(max(deadline - time.monotonic(), 0.05))
+        for name, proc in self.processes.items():
             if proc.is_alive():
+                logger.info("%s did not exit on SIGTERM within %.1f s; killing it", name, timeout)
                 proc.kill()
                 proc.join(1)

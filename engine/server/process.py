@@ -7,7 +7,6 @@ import ctypes
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -39,6 +38,8 @@ def init_worker(title: str, parent_pid: int, log_level: int) -> None:
     except ImportError:
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # exit at once: a worker keeps nothing worth saving, and interpreter clean-up (ZeroMQ's
+    # context) could stall the group's shutdown past its few-second budget
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     _exit_when_parent_dies(parent_pid)
     logging.basicConfig(level=log_level, format=f"%(asctime)s {title}: %(message)s", force=True)

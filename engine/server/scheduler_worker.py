@@ -15,6 +15,7 @@ empty turn every second, so the other ranks never wait long enough to time out.
 from __future__ import annotations
 
 import logging
+import signal
 from dataclasses import dataclass
 
 import msgspec
@@ -176,6 +177,9 @@ def rank_device(config: EngineConfig, local_rank: int) -> str:
 def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
     name = f"minisgl-TP{args.rank}-scheduler"
     init_worker(name, args.parent_pid, args.log_level)
+    # SIGTERM ends a rank at once, also while it waits inside a collective (where a Python
+    # handler would not run until the call returns): it has nothing to save
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     ctx = zmq.Context()
     to_frontend = Sender(ctx, args.paths.frontend) if args.paths is not None else None
     leader = args.rank == 0
