@@ -386,7 +386,7 @@ BENCHES = {"decode": (run_decode, print_table), "offline": (run_offline, print_o
 def _bench_rank(rank: int, args: argparse.Namespace, config: EngineConfig, addr: str) -> None:
     """One tensor-parallel rank of a bench: every rank runs the same schedule (SPMD); rank 0
     prints. transformers is not compared under --tp (it would run on rank 0 alone)."""
-    from .distributed import init_tp
+    from .distributed import init_tp, shutdown_tp
     from .model_loader import resolve_device
     from .server.scheduler_worker import rank_device
 
@@ -398,6 +398,7 @@ def _bench_rank(rank: int, args: argparse.Namespace, config: EngineConfig, addr:
         show(rows)
         for row in rows:
             print(json.dumps(row), flush=True)
+    shutdown_tp()
 
 
 def run_bench(args: argparse.Namespace) -> int:

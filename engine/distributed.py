@@ -98,6 +98,17 @@ def init_tp(rank: int, size: int, init_method: str, device: torch.device, timeou
     return _tp
 
 
+def shutdown_tp() -> None:
+    """Leave the group in step with the other ranks. A process that exits with gloo's or NCCL's
+    threads still running is aborted by the C++ runtime ("terminate called without an active
+    exception"), so every rank waits for the others, then tears the group down."""
+    global _tp, _cpu_group
+    if dist.is_initialized():
+        dist.barrier(group=_cpu_group)
+        dist.destroy_process_group()
+    _tp, _cpu_group = TPInfo(), None
+
+
 def set_tp_for_tests(info: TPInfo) -> None:
     """Pretend to be one rank of a group without joining one (to build and load a shard)."""
     global _tp

@@ -9,7 +9,7 @@ import torch
 
 
 def run_rank(rank: int, world: int, port: int, jobs: list[tuple[str, str, list[list[int]]]], out: str) -> None:
-    from minisgl_engine.distributed import init_tp
+    from minisgl_engine.distributed import init_tp, shutdown_tp
     from minisgl_engine.llm import LLM
     from minisgl_engine.sampling_params import SamplingParams
 
@@ -22,11 +22,12 @@ def run_rank(rank: int, world: int, port: int, jobs: list[tuple[str, str, list[l
         logits = llm.score(prompts[0] + outputs[0], prefill_len=len(prompts[0]))
         results[name] = (outputs, logits)
     torch.save(results, Path(out) / f"rank{rank}.pt")
+    shutdown_tp()
 
 
 def score_rank(rank: int, world: int, port: int, folder: str, seqs: list[list[int]], positions: int, out: str) -> None:
     """Teacher-forced logits of ``seqs`` from one rank of a --tp ``world`` GPU engine."""
-    from minisgl_engine.distributed import init_tp
+    from minisgl_engine.distributed import init_tp, shutdown_tp
     from minisgl_engine.llm import LLM
 
     device = torch.device(f"cuda:{rank}")
@@ -37,3 +38,4 @@ def score_rank(rank: int, world: int, port: int, folder: str, seqs: list[list[in
     logits = llm.score_batch(seqs, [len(s) - positions for s in seqs])
     if rank == 0:
         torch.save(torch.cat([rows[-positions - 1 : -1].cpu() for rows in logits]), Path(out) / "tp_logits.pt")
+    shutdown_tp()
