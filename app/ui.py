@@ -8,8 +8,10 @@ stream, and the engine aborts the request and frees its KV pages.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import time
+from contextlib import aclosing
 from pathlib import Path
 
 import gradio as gr
@@ -154,8 +156,29 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
 
     # ---- one reply ------------------------------------------------------------------------
 
-    async def respond(conv_id, history, system_prompt, temperature, top_p, max_tokens, thinking):
-        """Stream the assistant's reply to the last user message of ``conv_id``."""
+    reply_locks: dict[int, asyncio.Lock] = {}  # one per conversation replied to (a few bytes each)
+    replies_due: dict[str, int] = {}  # per browser session: messages stored whose reply has not started
+
+    async def respond(conv_id, system_prompt, temperature, top_p, max_tokens, thinking, request: gr.Request):
+        """Stream the assistant's reply to the last user message of ``conv_id``. One reply at a
+        time per conversation: a message sent while a reply streams (or while a stopped one is
+        still being cancelled) is answered after it, to the whole stored conversation."""
+        _reply_started(request)
+        async with reply_locks.setdefault(conv_id, asyncio.Lock()), aclosing(_respond(conv_id)) as replies:
+            async for shown in replies:
+                yield shown
+
+    def _reply_due(request: gr.Request | None) -> None:
+        if request is not None and request.session_hash:
+            replies_due[request.session_hash] = replies_due.get(request.session_hash, 0) + 1
+
+    def _reply_started(request: gr.Request | None) -> None:
+        if request is not None and request.session_hash and replies_due.get(request.session_hash, 0) > 0:
+            replies_due[request.session_hash] -= 1
+            if not replies_due[request.session_hash]:
+                del replies_due[request.session_hash]
+
+    async def _respond(conv_id):
         conv = store.get(conv_id)
         settings = conv.settings
         try:
@@ -173,7 +196,7 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
         first = None
         last_store = start
         stopped = True  # until the engine says the reply is complete
-        shown = list(history) + [{"role": "assistant", "content": ""}]
+        shown = chat_messages(conv) + [{"role": "assistant", "content": ""}]
 
         def stats() -> dict:
             now = time.perf_counter()
@@ -217,7 +240,8 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
         shown[-1] = {"role": "assistant", "content": f"{text}\n\n<sub class=\"reply-stats\">{format_stats(stats())}</sub>"}
         yield shown
 
-    def add_user_message(conv_id, text: str, system_prompt, temperature, top_p, max_tokens, thinking):
+    def add_user_message(conv_id, text: str, system_prompt, temperature, top_p, max_tokens, thinking,
+                         request: gr.Request):
         """Store the user's message (starting a conversation if needed); clear the box."""
         text = (text or "").strip()
         if not text:
@@ -229,19 +253,21 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
                 raise gr.Error(f"Check the settings: {exc}", print_exception=False) from None
             conv_id = store.create(title=title_from(text), settings=settings).id
         store.append(conv_id, "user", text)
+        _reply_due(request)
         conv = store.get(conv_id)
         return conv_id, "", chat_messages(conv), gr.update(choices=conversation_choices(store), value=conv_id)
 
-    def prepare_retry(conv_id):
+    def prepare_retry(conv_id, request: gr.Request):
         """Regenerate: drop the last reply, keep the user message."""
         conv = store.get(conv_id)
         last_user = max((m.position for m in conv.messages if m.role == "user"), default=None)
         if last_user is None:
             raise gr.Error("Nothing to regenerate.", print_exception=False)
         store.truncate_after(conv_id, last_user)
+        _reply_due(request)
         return chat_messages(store.get(conv_id))
 
-    def prepare_edit(conv_id, edit: gr.EditData):
+    def prepare_edit(conv_id, edit: gr.EditData, request: gr.Request):
         """Edit-and-resend: only the last user message can be edited; later turns are dropped."""
         conv = store.get(conv_id)
         visible = [m for m in conv.messages if m.role != "system"]
@@ -252,19 +278,28 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
         new_text = edit.value if isinstance(edit.value, str) else str(edit.value)
         store.truncate_after(conv_id, target.position - 1)
         store.append(conv_id, "user", new_text.strip())
+        _reply_due(request)
         return chat_messages(store.get(conv_id))
 
     def refresh_list(conv_id):
         return gr.update(choices=conversation_choices(store), value=conv_id)
 
-    async def after_stop(conv_id):
-        """Show the stopped reply as stored (with its stats line) once the cancelled handler
-        has written it."""
-        import asyncio
+    async def before_stop(request: gr.Request):
+        """Runs first when Stop is clicked; Gradio then cancels the tab's reply events, but only
+        those the page has already started. A message sent just before Stop may still be on its
+        way to its reply: wait (at most 5 s) until that reply has started, so that it is cancelled
+        too instead of running on after the Stop."""
+        deadline = time.monotonic() + 5.0
+        while replies_due.get(request.session_hash, 0) > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
-        await asyncio.sleep(0.3)
-        msgs = chat_messages(store.get(conv_id)) if conv_id is not None else []
-        return msgs, refresh_list(conv_id)
+    def show_stored(conv_id, shown):
+        """After a reply was stopped: the tab's conversation as stored (the stopped reply with its
+        stats line). Runs once the cancelled handler has written it, for the conversation the tab
+        shows by then; nothing if the tab has moved on to a new chat."""
+        if conv_id is None or not shown:
+            return gr.skip()
+        return chat_messages(store.get(conv_id))
 
     # ---- layout ---------------------------------------------------------------------------
 
@@ -311,7 +346,7 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
 
         settings_inputs = [system_box, temperature, top_p, max_tokens, thinking]
         page_outputs = [conv_state, conv_list, chatbot, title_box, *settings_inputs]
-        reply_inputs = [conv_state, chatbot, *settings_inputs]
+        reply_inputs = [conv_state, *settings_inputs]
 
         demo.load(load_page, outputs=[*page_outputs, thinking, chatbot], queue=False)
         timer.tick(lambda: status_line(client), outputs=status, queue=False, show_progress="hidden")
@@ -323,24 +358,24 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
         export_json.click(lambda c: export(c, "json"), inputs=conv_state, outputs=export_json)
         save_btn.click(save_settings, inputs=[conv_state, *settings_inputs])
 
-        replies = []
-        for trigger in (msg.submit, send_btn.click):
-            event = trigger(
-                add_user_message, inputs=[conv_state, msg, *settings_inputs], outputs=[conv_state, msg, chatbot, conv_list],
-                show_progress="hidden",
-            ).success(respond, inputs=reply_inputs, outputs=chatbot, concurrency_limit=None, show_progress="hidden")
-            replies.append(event)
-        retry = chatbot.retry(prepare_retry, inputs=conv_state, outputs=chatbot).success(
-            respond, inputs=reply_inputs, outputs=chatbot, concurrency_limit=None, show_progress="hidden"
-        )
-        edit = chatbot.edit(prepare_edit, inputs=conv_state, outputs=chatbot).success(
-            respond, inputs=reply_inputs, outputs=chatbot, concurrency_limit=None, show_progress="hidden"
-        )
-        replies += [retry, edit]
+        # trigger_mode "multiple": with Gradio's default ("once") the page silently skips a reply
+        # whose previous run is still pending, e.g. one being cancelled by Stop while the next
+        # message is sent; respond itself answers one message at a time per conversation.
+        reply_event = dict(fn=respond, inputs=reply_inputs, outputs=chatbot, concurrency_limit=None,
+                           show_progress="hidden", trigger_mode="multiple")
+        sends = [trigger(add_user_message, inputs=[conv_state, msg, *settings_inputs],
+                         outputs=[conv_state, msg, chatbot, conv_list], show_progress="hidden")
+                 for trigger in (msg.submit, send_btn.click)]
+        replies = [send.success(**reply_event) for send in sends]
+        replies.append(chatbot.retry(prepare_retry, inputs=conv_state, outputs=chatbot).success(**reply_event))
+        replies.append(chatbot.edit(prepare_edit, inputs=conv_state, outputs=chatbot).success(**reply_event))
         # Stop ends the reply at once: cancelling the handler closes the engine stream (abort).
-        stop_btn.click(after_stop, inputs=conv_state, outputs=[chatbot, conv_list], cancels=replies, queue=False)
+        # The page cancels only after before_stop has returned (Gradio runs an event's own
+        # function before the cancellation it asks for).
+        stop_btn.click(before_stop, cancels=replies, queue=False)
         chatbot.clear(new_chat, outputs=page_outputs, queue=False)  # the chat's own trash icon: a fresh chat
         for event in replies:
+            event.failure(show_stored, inputs=[conv_state, chatbot], outputs=chatbot, queue=False)  # stopped: its stats line
             event.then(refresh_list, inputs=conv_state, outputs=conv_list, queue=False)
     return demo
 

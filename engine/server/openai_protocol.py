@@ -51,17 +51,24 @@ class ContentPart(BaseModel):
         return value
 
 
+ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
+"""The roles OpenAI accepts. Anything else ("", "User", "robot") is a 400: a chat template would
+render an unknown role verbatim or silently drop the message."""
+
+
 class ChatMessage(BaseModel):
-    role: str
+    role: ChatRole
     content: str | list[ContentPart] | None = None
 
     def to_dict(self) -> dict[str, str]:
-        """The plain {role, content} dict a chat template expects; text parts are joined."""
+        """The plain {role, content} dict a chat template expects; text parts are joined.
+        "developer" (OpenAI's newer name for the system role) becomes "system", which every
+        chat template knows (Qwen3's would drop a "developer" message)."""
         if isinstance(self.content, list):
             content = "".join(part.text or "" for part in self.content)
         else:
             content = self.content or ""
-        return {"role": self.role, "content": content}
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
 class _SamplingRequest(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import signal
 import socket
 import sys
 import time
@@ -129,6 +130,10 @@ def run_worker_node(config: EngineConfig) -> int:
     return result["code"]
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_server(
     config: EngineConfig,
     server: ServerConfig,
@@ -179,6 +184,15 @@ def run_server(
         http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
 
         loop = asyncio.get_running_loop()
+        uvicorn_handle_exit = http.handle_exit
+
+        def handle_exit(sig: int, frame: object) -> None:
+            """SIGINT/SIGTERM: besides uvicorn's own stop, end the open streams at once with a
+            reason, so that its graceful shutdown need not cancel them half-way."""
+            uvicorn_handle_exit(sig, frame)
+            loop.call_soon_threadsafe(client.fail_pending, "the server is shutting down")
+
+        http.handle_exit = handle_exit
 
         def fail(code: int, message: str) -> None:
             nonlocal exit_code
@@ -241,6 +255,10 @@ def run_server(
             announcer.cancel()
             client.close()
 
+    # uvicorn catches SIGTERM, shuts down, then raises it again under the handler it found at
+    # start-up; with the default one that kills this process before the `finally` below stops
+    # the workers and removes the sockets folder. Raising SystemExit instead runs it.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         asyncio.run(main())
     finally:

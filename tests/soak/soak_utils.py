@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
+import psutil
 
 from server_utils import ServerProcess, wait_until
 
@@ -24,13 +27,18 @@ class Scale:
     fuzz_examples: int    # hypothesis examples per decoder and strategy
     same_seed: int        # requests with one seed at once
     faults: bool          # SIGKILL/SIGTERM under load (each needs its own server start)
+    ui_tabs: int          # browser tabs on one chat app in the UI abort storm
+    ui_ends: int          # replies ended there by Stop or by closing the tab
+    app_kills: int        # SIGKILLs of the chat app mid-reply (each but the first restarts it)
 
 
 SCALES = {
     "short": Scale("short", clients=12, requests_each=2, max_tokens=10, aborts=60, abort_concurrency=12,
-                   kv_requests=8, fuzz_examples=100, same_seed=8, faults=False),
+                   kv_requests=8, fuzz_examples=100, same_seed=8, faults=False, ui_tabs=3, ui_ends=12,
+                   app_kills=1),
     "full": Scale("full", clients=64, requests_each=4, max_tokens=24, aborts=300, abort_concurrency=32,
-                  kv_requests=32, fuzz_examples=2000, same_seed=16, faults=True),
+                  kv_requests=32, fuzz_examples=2000, same_seed=16, faults=True, ui_tabs=4, ui_ends=60,
+                  app_kills=3),
 }
 
 # Server of the soak suite: a small chunked-prefill budget so a long prompt spends several steps in
@@ -100,3 +108,46 @@ def load_prompts(n: int, offset: int = 0) -> list[str]:
     topics = ["rivers", "bread", "planets", "violins", "bridges", "owls", "glaciers", "chess", "tea", "volcanoes",
               "bees", "clocks", "deserts", "trains", "coral", "lighthouses"]
     return [f"In one sentence, fact #{i + offset} about {topics[(i + offset) % len(topics)]}?" for i in range(n)]
+
+
+WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
+
+
+def long_prompt(rng: random.Random, words: int = 300) -> str:
+    """~1.3 tokens a word: several chunks at the soak server's 64-token prefill budget; random words
+    so the radix cache cannot skip the prefill."""
+    return "Summarise: " + " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def group_gone(procs: list[psutil.Process]) -> bool:
+    """No process of ``procs`` is left (a zombie waiting for its parent's wait() counts as gone)."""
+    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
+
+
+def ipc_socket_paths(srv: ServerProcess) -> list[str]:
+    """The AF_UNIX paths the server's processes have bound (its ZeroMQ ipc:// endpoints)."""
+    paths: set[str] = set()
+    for proc in [psutil.Process(srv.proc.pid), *srv.workers()]:
+        paths |= {c.laddr for c in proc.net_connections(kind="unix") if c.laddr}
+    return sorted(paths)
+
+
+def runtime_dir_of(srv: ServerProcess) -> Path:
+    """The server's private runtime folder (engine/server/ipc.py make_runtime_dir): the one
+    folder holding all of its sockets."""
+    [folder] = {Path(p).parent for p in ipc_socket_paths(srv)}
+    return folder
+
+
+def save_tiny_model_with_demo_vocab(folder: Path, max_context: int) -> None:
+    """A tiny random Llama (tests/tiny_models.py's shape) with the demo model's vocabulary, so it
+    runs with the demo tokenizer (``--tokenizer``): a server that starts in seconds and computes
+    next to nothing."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from tiny_models import TINY
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**TINY, "vocab_size": 49152, "max_position_embeddings": max_context})
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)

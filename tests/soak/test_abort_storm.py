@@ -11,16 +11,9 @@ import random
 import httpx
 import psutil
 
-from soak_utils import assert_idle, chat_body, run, stream_chat
+from soak_utils import WORDS, assert_idle, chat_body, long_prompt, run, stream_chat
 
 FIGURES: dict[str, object] = {}
-WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
-
-
-def long_prompt(rng: random.Random, words: int = 300) -> str:
-    """~1.3 tokens a word: several chunks at the soak server's 64-token prefill budget; random words
-    so the radix cache cannot skip the prefill."""
-    return "Summarise: " + " ".join(rng.choice(WORDS) for _ in range(words))
 
 
 def rss_by_process(srv) -> dict[str, int]:

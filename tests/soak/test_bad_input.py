@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from soak_utils import assert_idle, chat_body, run
+from soak_utils import assert_idle, chat_body, run, save_tiny_model_with_demo_vocab
 
 FIGURES: dict[str, object] = {}
 
@@ -101,3 +101,73 @@ def test_integers_beyond_64_bits_are_a_clean_400(soak_server, route, body):
     (OverflowError when the front end encoded the message)."""
     r = httpx.post(f"{soak_server.url}{route}", json=body, timeout=120)
     assert_openai_error(r)
+
+
+@pytest.mark.parametrize("role", ["", "User", "robot", "assistant "])
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_unknown_chat_role_is_a_clean_400(soak_server, role, stream):
+    """Regression: any role string was accepted ("" too, found by schemathesis) and rendered into
+    the prompt verbatim by the chat template."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": role, "content": "hello"}],
+            "max_tokens": 2, "stream": stream}
+    r = httpx.post(f"{soak_server.url}/v1/chat/completions", json=body, timeout=60)
+    msg = assert_openai_error(r)
+    assert "messages.1.role" in msg and r.json()["error"]["param"] == "messages.1.role", msg
+
+
+def test_every_openai_role_is_served_and_developer_means_system(soak_server):
+    messages = [{"role": "developer", "content": "Answer in one word."}, {"role": "user", "content": "Capital of France?"},
+                {"role": "assistant", "content": "Paris."}, {"role": "tool", "content": "{}"},
+                {"role": "system", "content": "Be brief."}, {"role": "user", "content": "And of Italy?"}]
+    r = httpx.post(f"{soak_server.url}/v1/chat/completions", json={"model": "m", "messages": messages, "max_tokens": 2}, timeout=120)
+    assert r.status_code == 200, r.text
+    from minisgl_engine.server.openai_protocol import ChatCompletionRequest
+
+    # Qwen3's chat template drops a message whose role it does not know: "developer" goes in as "system"
+    [first] = ChatCompletionRequest(messages=messages[:1]).generate_request().messages
+    assert first == {"role": "system", "content": "Answer in one word."}
+
+
+SHORT_CONTEXT = 256
+
+
+@pytest.fixture(scope="module")
+def short_context_server(tmp_path_factory):
+    """A tiny random Llama whose context (256 tokens) is far below its KV pool (4096 tokens), so
+    the context is the binding limit. Costs one ~8 s start instead of prefilling ~8k tokens of the
+    demo model on a CPU."""
+    from minisgl_engine.weights.demo import demo_model_dir
+    from minisgl_engine.weights.gguf_convert import is_complete
+    from server_utils import ServerProcess
+
+    if not is_complete(demo_model_dir()):
+        pytest.skip("demo model not pulled (its tokenizer is used): run `minisgl-chat pull`")
+    folder = tmp_path_factory.mktemp("short-context")
+    save_tiny_model_with_demo_vocab(folder, SHORT_CONTEXT)
+    srv = ServerProcess("--model", str(folder), "--tokenizer", str(demo_model_dir()), "--max-kv-tokens", "4096",
+                        log_path=folder / "serve.log")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("max_tokens", [10**6, SHORT_CONTEXT])
+def test_max_tokens_beyond_the_models_context_is_clamped_with_finish_length(short_context_server, max_tokens, stream):
+    """The KV pool would hold 4096 tokens: only the model's context can stop this request."""
+    srv = short_context_server
+    assert srv.metrics()["minisgl_kv_pages_total"] > 4 * SHORT_CONTEXT
+    body = chat_body("ok " * 150, max_tokens=max_tokens, ignore_eos=True, stream=stream,
+                     stream_options={"include_usage": True})
+    if stream:
+        with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200, r.read()
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        [finish] = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        usage = chunks[-1]["usage"]
+    else:
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        finish, usage = r.json()["choices"][0]["finish_reason"], r.json()["usage"]
+    assert finish == "length"
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == SHORT_CONTEXT, usage
+    assert_idle(srv)
