@@ -158,15 +158,27 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
 
     reply_locks: dict[int, asyncio.Lock] = {}  # one per conversation replied to (a few bytes each)
     replies_due: dict[str, int] = {}  # per browser session: messages stored whose reply has not started
+    stop_signals: dict[str, set[asyncio.Event]] = {}  # per browser session: one per reply started, until it ends
 
     async def respond(conv_id, system_prompt, temperature, top_p, max_tokens, thinking, request: gr.Request):
         """Stream the assistant's reply to the last user message of ``conv_id``. One reply at a
         time per conversation: a message sent while a reply streams (or while a stopped one is
         still being cancelled) is answered after it, to the whole stored conversation."""
+        stop = asyncio.Event()
+        session = request.session_hash if request is not None else None
+        stop_signals.setdefault(session, set()).add(stop)
         _reply_started(request)
-        async with reply_locks.setdefault(conv_id, asyncio.Lock()), aclosing(_respond(conv_id)) as replies:
-            async for shown in replies:
-                yield shown
+        try:
+            async with reply_locks.setdefault(conv_id, asyncio.Lock()):
+                if stop.is_set():  # Stop was clicked while this reply waited for the previous one
+                    return
+                async with aclosing(_respond(conv_id, stop)) as replies:
+                    async for shown in replies:
+                        yield shown
+        finally:
+            stop_signals[session].discard(stop)
+            if not stop_signals[session]:
+                del stop_signals[session]
 
     def _reply_due(request: gr.Request | None) -> None:
         if request is not None and request.session_hash:
@@ -178,7 +190,7 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
             if not replies_due[request.session_hash]:
                 del replies_due[request.session_hash]
 
-    async def _respond(conv_id):
+    async def _respond(conv_id, stop: asyncio.Event):
         conv = store.get(conv_id)
         settings = conv.settings
         try:
@@ -205,7 +217,7 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
             return {"ttft_ms": ttft, "tok_s": rate, "tokens": tokens, "finish_reason": finish, "stopped": stopped and finish is None}
 
         try:
-            async for out in client.generate(request):
+            async for out in client.generate(request, stop):
                 if out.error:
                     error = out.error
                     break
@@ -284,14 +296,16 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
     def refresh_list(conv_id):
         return gr.update(choices=conversation_choices(store), value=conv_id)
 
-    async def before_stop(request: gr.Request):
-        """Runs first when Stop is clicked; Gradio then cancels the tab's reply events, but only
-        those the page has already started. A message sent just before Stop may still be on its
-        way to its reply: wait (at most 5 s) until that reply has started, so that it is cancelled
-        too instead of running on after the Stop."""
+    async def stop_replies(request: gr.Request):
+        """Stop: end every reply of this browser session, on the server. (Gradio then also
+        cancels the tab's reply events, but only those the page already knows as started: a
+        reply whose message was sent just before Stop could run on.) A message stored but whose
+        reply has not started yet is waited for (at most 5 s), so that it is stopped too."""
         deadline = time.monotonic() + 5.0
         while replies_due.get(request.session_hash, 0) > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        for stop in stop_signals.get(request.session_hash, ()):
+            stop.set()
 
     def show_stored(conv_id, shown):
         """After a reply was stopped: the tab's conversation as stored (the stopped reply with its
@@ -363,16 +377,18 @@ def build_ui(client, store: ConversationStore) -> gr.Blocks:
         # message is sent; respond itself answers one message at a time per conversation.
         reply_event = dict(fn=respond, inputs=reply_inputs, outputs=chatbot, concurrency_limit=None,
                            show_progress="hidden", trigger_mode="multiple")
+        # queue=False: a message is stored the moment it arrives, never behind a queue, so a
+        # Stop clicked right after it finds its reply due and stops it (stop_replies).
         sends = [trigger(add_user_message, inputs=[conv_state, msg, *settings_inputs],
-                         outputs=[conv_state, msg, chatbot, conv_list], show_progress="hidden")
+                         outputs=[conv_state, msg, chatbot, conv_list], show_progress="hidden", queue=False)
                  for trigger in (msg.submit, send_btn.click)]
         replies = [send.success(**reply_event) for send in sends]
-        replies.append(chatbot.retry(prepare_retry, inputs=conv_state, outputs=chatbot).success(**reply_event))
-        replies.append(chatbot.edit(prepare_edit, inputs=conv_state, outputs=chatbot).success(**reply_event))
+        replies.append(chatbot.retry(prepare_retry, inputs=conv_state, outputs=chatbot, queue=False).success(**reply_event))
+        replies.append(chatbot.edit(prepare_edit, inputs=conv_state, outputs=chatbot, queue=False).success(**reply_event))
         # Stop ends the reply at once: cancelling the handler closes the engine stream (abort).
-        # The page cancels only after before_stop has returned (Gradio runs an event's own
+        # The page cancels only after stop_replies has returned (Gradio runs an event's own
         # function before the cancellation it asks for).
-        stop_btn.click(before_stop, cancels=replies, queue=False)
+        stop_btn.click(stop_replies, cancels=replies, queue=False)
         chatbot.clear(new_chat, outputs=page_outputs, queue=False)  # the chat's own trash icon: a fresh chat
         for event in replies:
             event.failure(show_stored, inputs=[conv_state, chatbot], outputs=chatbot, queue=False)  # stopped: its stats line

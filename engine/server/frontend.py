@@ -36,7 +36,7 @@ class FrontendClient:
         self.stats: StatsMsg | None = None
         self.worker_info: dict[str, dict] = {}
         self.startup_errors: dict[str, str] = {}
-        self.pending: dict[int, asyncio.Queue[UserReply]] = {}
+        self.pending: dict[int, asyncio.Queue[UserReply | None]] = {}  # None: the request was stopped
         self._uids = itertools.count(1)
         self._decoder = decoder(FrontendBatch)
         # Sends go through plain sockets: PUSH never blocks here, and an abort must be sendable
@@ -104,7 +104,10 @@ class FrontendClient:
         for uid, queue in list(self.pending.items()):
             queue.put_nowait(UserReply(uid, "", finished=True, finish_reason="error", error=message))
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[UserReply]:
+    async def generate(self, req: GenerateRequest, stop: asyncio.Event | None = None) -> AsyncIterator[UserReply]:
+        """Yield the request's replies until it finishes. Setting ``stop`` (the chat's Stop
+        button) ends the stream at once, even mid-prefill when no reply is due yet, and aborts
+        the request in the engine, the same as abandoning the iterator."""
         uid = next(self._uids)
         msg = TokenizeMsg(uid, req.params, text=req.text, messages=req.messages, input_ids=req.input_ids,
                           chat_template_kwargs=req.chat_template_kwargs)
@@ -114,16 +117,21 @@ class FrontendClient:
             raise RequestError("the request holds text that is not valid Unicode (a lone surrogate such as \\ud800)") from None
         except OverflowError:
             raise RequestError("the request holds an integer outside the 64-bit range (seed, top_k or a token id)") from None
-        queue: asyncio.Queue[UserReply] = asyncio.Queue()
+        queue: asyncio.Queue[UserReply | None] = asyncio.Queue()
         self.pending[uid] = queue
         finished = False
+        stop_watch = asyncio.create_task(_put_none_when_set(stop, queue)) if stop is not None else None
         try:
             self._send_raw(uid, data)
             while not finished:
                 reply = await queue.get()
+                if reply is None:  # stopped
+                    return
                 finished = reply.finished
                 yield reply
         finally:
+            if stop_watch is not None:
+                stop_watch.cancel()
             del self.pending[uid]
             if not finished:
                 self._send(uid, AbortMsg(uid))
@@ -136,3 +144,8 @@ class FrontendClient:
             sock.close()
         self._recv_ctx.term()
         self._send_ctx.term()
+
+
+async def _put_none_when_set(event: asyncio.Event, queue: asyncio.Queue) -> None:
+    await event.wait()
+    queue.put_nowait(None)

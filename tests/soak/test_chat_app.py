@@ -193,7 +193,10 @@ def test_ui_abort_storm_leaves_nothing_behind(open_tabs, chat_app, scale: Scale)
         for page in rng.sample(tabs, len(tabs)):
             peak_running = max(peak_running, int(app.metrics()["minisgl_running_requests"]))
             ends.append(end_reply_at_random(page, app, rng))
-    after = assert_idle(app, timeout=30)
+    try:
+        after = assert_idle(app, timeout=30)
+    except AssertionError as exc:  # say which ends were tried, to find the one that did not stop its reply
+        raise AssertionError(f"{exc}; ends: {ends}") from None
     aborted = int(after["minisgl_requests_aborted_total"] - before["minisgl_requests_aborted_total"])
     finished = int(after["minisgl_requests_finished_total"] - before["minisgl_requests_finished_total"])
     FIGURES["ui storm"] = dict(profile=scale.name, tabs=scale.ui_tabs, sends=sends,
@@ -239,6 +242,26 @@ def test_a_message_sent_right_after_stop_gets_its_reply(open_tabs, chat_app):
         page.click("#stop-btn")
     page.close()
     assert_idle(app)
+
+
+def test_stop_clicked_right_after_send_stops_that_reply(open_tabs, chat_app):
+    """Regression (the CI run of this suite: one reply ran on after the storm): Stop clicked at
+    once after Enter, before the page has even started the reply event, so Gradio's own
+    cancellation of the page's events cannot reach it. Each reply is greedy and 1,024 tokens
+    long (a minute or more here), so one that was not stopped is still running seconds later."""
+    app = chat_app.running()
+    [page] = open_tabs(app, 1)
+    before = app.metrics()
+    for trial in range(4):
+        new_chat(page)
+        make_greedy(page)
+        send(page, f"s{trial} {STORIES[trial % len(STORIES)]}")
+        page.click("#stop-btn")
+        time.sleep(3)  # a reply that was not stopped has started by now, and runs for a minute
+        assert app.metrics()["minisgl_running_requests"] == 0, (trial, shows(page), engine_state(app))
+    after = assert_idle(app)
+    assert after["minisgl_requests_finished_total"] == before["minisgl_requests_finished_total"], engine_state(app)
+    page.close()
 
 
 def user_bubbles(pages) -> set[str]:
