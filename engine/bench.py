@@ -410,13 +410,10 @@ def run_bench(args: argparse.Namespace) -> int:
     if config.tp > 1:
         import torch.multiprocessing as mp
 
-        from .distributed import check_tp
-        from .model_loader import load_hf_config
-        from .config import ModelConfig
         from .server.launcher import free_port
+        from .server.server import prepare_model
 
-        c = ModelConfig.from_hf(load_hf_config(config, None if config.dummy_weights and config.config else _model_dir(config)))
-        check_tp(c.num_heads, c.num_kv_heads, c.intermediate_size, config.tp, config.device)
+        config, _, _ = prepare_model(config)  # resolves the model once for all ranks and checks --tp
         if getattr(args, "compare_hf", False):
             raise UserError("--compare-hf runs transformers on one device; use it with --tp 1")
         mp.start_processes(_bench_rank, args=(args, config, f"127.0.0.1:{free_port()}"), nprocs=config.tp, join=True, start_method="spawn")
@@ -427,9 +424,3 @@ def run_bench(args: argparse.Namespace) -> int:
     for row in rows:
         print(json.dumps(row))
     return 0
-
-
-def _model_dir(config: EngineConfig):
-    from .weights.source import resolve_model
-
-    return resolve_model(config.model)

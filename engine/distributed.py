@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .config import ModelConfig
+
 
 @dataclass(frozen=True)
 class TPInfo:
@@ -52,13 +54,13 @@ def get_tp() -> TPInfo:
     return _tp
 
 
-def check_tp(num_heads: int, num_kv_heads: int, intermediate_size: int, tp: int, device_name: str) -> None:
+def check_tp(model_config: ModelConfig, tp: int, device_name: str) -> None:
     """Refuse, before anything starts, a --tp the model or the machine cannot take."""
     global _tp
     saved, _tp = _tp, TPInfo(0, tp)
     try:
-        local_head_counts(num_heads, num_kv_heads)
-        _tp.split(intermediate_size, "MLP intermediate features")
+        local_head_counts(model_config.num_heads, model_config.num_kv_heads)
+        _tp.split(model_config.intermediate_size, "MLP intermediate features")
     finally:
         _tp = saved
     if tp > 1 and device_name != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < tp:

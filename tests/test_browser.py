@@ -84,6 +84,11 @@ def last_reply(page) -> str:
 def new_greedy_chat(page, max_tokens: int = 1024) -> None:
     """A new chat whose settings make a long, deterministic reply (greedy, many tokens)."""
     page.click("#new-chat-btn")
+    make_greedy(page, max_tokens)
+
+
+def make_greedy(page, max_tokens: int = 1024) -> None:
+    """This chat's settings: greedy and long (a sampled reply can end after a sentence)."""
     if not page.locator("#temperature input").is_visible():
         page.click("#settings >> text=Settings")
     page.fill("#temperature input", "0")

@@ -17,6 +17,13 @@ def vocab_block(vocab_size: int) -> tuple[int, int]:
     return tp.rank * per_rank, per_rank
 
 
+def split_by_vocab(param: nn.Parameter, vocab_size: int) -> None:
+    """Mark a [rows of this rank's block, hidden] parameter as vocabulary-parallel: it loads
+    its block of the checkpoint's [vocab, hidden] tensor (the embedding and an untied LM head)."""
+    param.vocab_size = vocab_size
+    param.weight_loader = load_vocab_block
+
+
 def load_vocab_block(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
     """Copy this rank's rows of a [vocab, hidden] checkpoint tensor (zero padding rows)."""
     start, per_rank = vocab_block(param.vocab_size)
@@ -33,8 +40,7 @@ class Embedding(nn.Module):
         self.vocab_size = num_embeddings
         self.start, per_rank = vocab_block(num_embeddings)
         self.weight = nn.Parameter(torch.empty(per_rank, dim), requires_grad=False)
-        self.weight.vocab_size = num_embeddings
-        self.weight.weight_loader = load_vocab_block
+        split_by_vocab(self.weight, num_embeddings)
         self.tp_size = get_tp().size
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,8 @@ from ..config import ModelConfig
 from ..errors import WeightsError
 from ..layers.activation import silu_and_mul
 from ..layers.attention import SelfAttention
-from ..layers.embedding import Embedding
 from ..distributed import all_gather_last_dim, get_tp
-from ..layers.embedding import load_vocab_block, vocab_block
+from ..layers.embedding import Embedding, split_by_vocab, vocab_block
 from ..layers.linear import Linear, MergedLinear, RowParallelLinear, default_weight_loader, linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RopeInputs, RotaryEmbedding
@@ -122,8 +121,7 @@ class CausalLM(nn.Module):
         self.lm_head = None
         if not config.tie_word_embeddings:  # split by vocabulary like the embedding
             self.lm_head = Linear(config.hidden_size, vocab_block(config.vocab_size)[1])
-            self.lm_head.weight.vocab_size = config.vocab_size
-            self.lm_head.weight.weight_loader = load_vocab_block
+            split_by_vocab(self.lm_head.weight, config.vocab_size)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

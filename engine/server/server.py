@@ -90,8 +90,7 @@ def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str 
     model_config = ModelConfig.from_hf(load_hf_config(config, model_dir))
     from ..distributed import check_tp
 
-    c = model_config
-    check_tp(c.num_heads, c.num_kv_heads, c.intermediate_size, config.tp, config.device)
+    check_tp(model_config, config.tp, config.device)
     tokenizer = config.tokenizer or (str(model_dir) if model_dir is not None else None)
     return config, model_config, tokenizer
 
@@ -99,7 +98,6 @@ def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str 
 def run_worker_node(config: EngineConfig) -> int:
     """A machine other than node 0: only its scheduler ranks (rank 0 on node 0 sends them the
     requests). Ends when any of them ends, or on SIGINT/SIGTERM."""
-    import signal
     import threading
 
     from .launcher import EngineProcesses

@@ -30,7 +30,7 @@ from minisgl_engine.weights.demo import demo_model_dir
 from minisgl_engine.weights.gguf_convert import is_complete
 from server_utils import ServerProcess, wait_until
 from soak_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, Scale, assert_idle, group_gone, long_prompt, runtime_dir_of
-from test_browser import BOT, CHROMIUM, USER, browser, last_reply, send  # noqa: F401 (browser: fixture)
+from test_browser import BOT, CHROMIUM, USER, browser, last_reply, make_greedy, send  # noqa: F401 (browser: fixture)
 
 pytestmark = [
     pytest.mark.soak,
@@ -107,15 +107,6 @@ def new_chat(page) -> None:
     wait_until(lambda: page.locator(BOT).count() == 0 or reply_over(page), 5)
     page.click("#new-chat-btn")
     assert wait_until(lambda: page.locator(f"{BOT}, {USER}").count() == 0, 30), shows(page)
-
-
-def make_greedy(page, max_tokens: int = 1024) -> None:
-    """This chat's settings: greedy and long, so that a story request streams for many seconds
-    (a sampled reply can end after a sentence, before the point a test waits for)."""
-    if not page.locator("#temperature input").is_visible():
-        page.click("#settings >> text=Settings")
-    page.fill("#temperature input", "0")
-    page.fill("#max-tokens input", str(max_tokens))
 
 
 def shows(page) -> str:
