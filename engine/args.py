@@ -21,7 +21,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-kv-tokens", type=int, default=None, help="KV cache size in tokens (default: from free memory)")
     g.add_argument("--mem-fraction", type=float, default=d.mem_fraction, help="share of free memory for the KV cache (default: %(default)s)")
     g.add_argument("--max-running-requests", type=int, default=d.max_running_requests, help="default: %(default)s")
-    g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens, help="token budget of one prefill batch; longer prompts are chunked (default: %(default)s)")
+    g.add_argument("--max-prefill-tokens", type=int, default=None, help="token budget of one prefill batch; longer prompts are chunked (default: 8192 on a GPU, 2048 on CPU)")
     g.add_argument("--cache", default=d.cache, choices=["radix", "naive"], help="KV cache manager: radix shares the KV of common prefixes, naive shares nothing (default: %(default)s)")
     g.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel ranks, one GPU each (default: %(default)s)")
     g.add_argument("--attn", default=d.attn, choices=["auto", "flashinfer", "torch"],
@@ -30,6 +30,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="capture CUDA graphs for decode batches up to this size; 0 disables them (default: %(default)s)")
     g.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="on CUDA, do not prepare the next step while the GPU runs the current one (for comparison)")
+    g.add_argument("--no-fused-kernels", dest="fused_kernels", action="store_false",
+                   help="on CUDA, do not use the Triton kernels (fused q/k norm + RoPE + KV store, small-batch matrix products; for comparison)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

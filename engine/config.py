@@ -98,11 +98,12 @@ class EngineConfig:
     max_kv_tokens: int | None = None  # None = sized from free memory
     mem_fraction: float = 0.85  # share of free memory the KV pool may take when sized from memory
     max_running_requests: int = 64
-    max_prefill_tokens: int = 2048  # token budget of one prefill batch (longer prompts are chunked)
+    max_prefill_tokens: int | None = None  # token budget of one prefill batch (longer prompts are chunked); None = by device
     cache: str = "radix"  # radix (prefix cache) | naive (no sharing)
     attn: str = "auto"  # auto | flashinfer | torch
     cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0 = never
     overlap: bool = True  # on CUDA, schedule step N+1 while the GPU runs step N
+    fused_kernels: bool = True  # on CUDA, Triton kernels where they beat the unfused path
     seed: int = 0  # seed for random dummy weights
     tp: int = 1  # tensor-parallel ranks (all machines together)
     nnodes: int = 1  # machines the ranks are spread over (serve / chat only)

@@ -27,9 +27,12 @@ from .model_loader import free_memory_bytes, load_model
 from .models.transformer import enable_flashinfer_ops
 from .request import PLACEHOLDER
 from .sampling import Sampler
+from .transfer import to_device
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_PREFILL_TOKENS_CPU = 2048
+DEFAULT_PREFILL_TOKENS_GPU = 8192
 CPU_KV_MAX_BYTES = 1 << 30  # a laptop shares its RAM (and zeroing a big pool is slow): cap the default
 
 
@@ -78,17 +81,26 @@ class Engine:
             torch.set_num_threads(max(1, torch.get_num_threads() // self.tp.size))
         mc = self.model_config
         self.max_context_len = mc.max_context_len
+        # a GPU computes a big prefill batch about as fast per token as a small one and each step
+        # launches the same kernels, so fewer, larger chunks win; a CPU keeps chunks short so that
+        # running replies are not stalled for long
+        self.max_prefill_tokens = config.max_prefill_tokens or (DEFAULT_PREFILL_TOKENS_GPU if self.device.type == "cuda" else DEFAULT_PREFILL_TOKENS_CPU)
         self.page_size = config.page_size
         # this rank's share of the heads: the KV pool and attention hold only those
         self.num_heads, self.num_kv_heads, _ = local_head_counts(mc.num_heads, mc.num_kv_heads)
         if self.tp.size > 1:
             torch.manual_seed(config.seed)  # every rank samples the same tokens
         self.attn_name = self._choose_attention(on_phase)
+        self.fused_kernels: dict[str, object] = {"triton": False}
         if self.attn_name == "flashinfer":
             enable_flashinfer_ops(self.model)
+            if config.fused_kernels:
+                from .fused_ops import enable_fused_kernels
+
+                self.fused_kernels = enable_fused_kernels(self.model, on_phase)
         self.num_pages = self._num_kv_pages()
         self.kv_pool = KVPool(mc.num_layers, self.num_pages, self.page_size, self.num_kv_heads, mc.head_dim, self.dtype, self.device)
-        self.page_table = PageTable(config.max_running_requests, self.max_context_len, self.device)
+        self.page_table = PageTable(config.max_running_requests, self.max_context_len, self.device, self.page_size)
         self.attn_backend = create_attention_backend(
             self.attn_name,
             dtype=self.dtype,
@@ -130,7 +142,10 @@ class Engine:
         reason = flashinfer_kernels.unavailable_reason(self.device, self.dtype)
         if reason is None:
             try:
-                flashinfer_kernels.build_kernels(self.dtype, self.model_config.head_dim, on_phase)
+                from .attention.flashinfer_backend import decode_uses_tensor_cores
+
+                tensor_cores = decode_uses_tensor_cores(self.model_config.num_heads, self.model_config.num_kv_heads)
+                flashinfer_kernels.build_kernels(self.dtype, self.model_config.head_dim, on_phase, tensor_cores)
             except Exception as exc:  # no nvcc, a compiler error, ...
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 reason = f"its kernels could not be built ({first[:200]})"
@@ -208,9 +223,13 @@ class Engine:
             token_rows += [0] * num_padding
             logits_indices += range(len(reqs), pad_to)
         n_tok, n_req = len(input_ids), len(reqs)
-        packed = torch.tensor(input_ids + positions + token_rows + rows + logits_indices, dtype=torch.int64)
-        packed = packed.to(self.device, non_blocking=True)
-        ids_t, pos_t, token_rows_t, rows_t, logits_t = packed.split([n_tok, n_tok, n_tok, n_req, len(logits_indices)])
+        # the pages the scheduler handed out since the last step travel in the same copy
+        pt_rows, pt_cols, pt_pages = self.page_table.take_pending()
+        n_pt = len(pt_rows)
+        packed = to_device(input_ids + positions + token_rows + rows + logits_indices + pt_rows + pt_cols + pt_pages, self.device)
+        ids_t, pos_t, token_rows_t, rows_t, logits_t, pt = packed.split([n_tok, n_tok, n_tok, n_req, len(logits_indices), 3 * n_pt])
+        if n_pt:
+            self.page_table.apply(*pt.view(3, n_pt))
         if PLACEHOLDER in input_ids:  # tokens still on the GPU (overlap): take them from there
             ids_t = torch.where(ids_t >= 0, ids_t, self.last_token[token_rows_t])
         out_loc = self.page_table.table[token_rows_t, pos_t]
@@ -265,6 +284,6 @@ class Engine:
         if len(sampling) == batch.size:
             rows = fb.table_rows
         else:
-            rows = fb.table_rows[torch.tensor(sampling, device=self.device)]
+            rows = fb.table_rows[to_device(sampling, self.device)]
         self.last_token.index_copy_(0, rows, next_ids)
         return StepResult(next_ids)

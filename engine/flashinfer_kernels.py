@@ -36,10 +36,11 @@ def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def jit_specs(dtype: torch.dtype, head_dim: int) -> list:
-    """Every FlashInfer module the engine calls: paged attention (prefill and tensor-core
-    decode share one FA2 module), RMSNorm, RoPE, SiLU-and-mul and sampling."""
-    from flashinfer.jit import gen_act_and_mul_module, gen_batch_prefill_module
+def jit_specs(dtype: torch.dtype, head_dim: int, decode_tensor_cores: bool = True) -> list:
+    """Every FlashInfer module the engine calls: paged attention (prefill, and decode on tensor
+    cores, share one FA2 module; decode on CUDA cores is a module of its own), RMSNorm, RoPE,
+    SiLU-and-mul and sampling."""
+    from flashinfer.jit import gen_act_and_mul_module, gen_batch_decode_module, gen_batch_prefill_module
     from flashinfer.jit.norm import gen_norm_module
     from flashinfer.jit.rope import gen_rope_module
     from flashinfer.jit.sampling import gen_sampling_module
@@ -51,12 +52,16 @@ def jit_specs(dtype: torch.dtype, head_dim: int) -> list:
         False,  # no logits soft cap
         False,  # no fp16 QK reduction
     )
-    return [attention, gen_norm_module(), gen_rope_module(), gen_act_and_mul_module("silu"), gen_sampling_module()]
+    specs = [attention, gen_norm_module(), gen_rope_module(), gen_act_and_mul_module("silu"), gen_sampling_module()]
+    if not decode_tensor_cores:
+        specs.append(gen_batch_decode_module(dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False))
+    return specs
 
 
-def build_kernels(dtype: torch.dtype, head_dim: int, on_phase: Callable[[str], None] | None = None) -> None:
+def build_kernels(dtype: torch.dtype, head_dim: int, on_phase: Callable[[str], None] | None = None,
+                  decode_tensor_cores: bool = True) -> None:
     """Compile what is not cached yet (in parallel), reporting progress through ``on_phase``."""
-    specs = jit_specs(dtype, head_dim)
+    specs = jit_specs(dtype, head_dim, decode_tensor_cores)
     missing = [spec for spec in specs if not spec.is_compiled]
     if not missing:
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .sampling_params import SamplingParams
+from .transfer import to_device
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -39,38 +40,49 @@ class Sampler:
         self.use_flashinfer = use_flashinfer
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
-        """logits: [batch, vocab] float32. Returns [batch] token ids (on the logits' device)."""
+        """logits: [batch, vocab] float32. Returns [batch] token ids (on the logits' device).
+
+        Nothing here waits for the GPU (every index and parameter is copied without blocking),
+        so the scheduler can prepare the next step while this one runs."""
         next_ids = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if not rows:
             return next_ids
         if self.use_flashinfer:
             unseeded = [i for i in rows if generators[i] is None]
+            if len(unseeded) == len(params):  # all sampled, none seeded: no indexing needed
+                return self._flashinfer_sample(logits, params).long()
             if unseeded:
-                next_ids[torch.tensor(unseeded, device=logits.device)] = self._flashinfer_sample(logits, [params[i] for i in unseeded], unseeded)
+                index = to_device(unseeded, logits.device)
+                next_ids[index] = self._flashinfer_sample(logits[index], [params[i] for i in unseeded]).long()
             rows = [i for i in rows if generators[i] is not None]
             if not rows:
                 return next_ids
         return self._torch_sample(logits, params, generators, rows, next_ids)
 
     @staticmethod
-    def _flashinfer_sample(logits: torch.Tensor, params: list[SamplingParams], rows: list[int]) -> torch.Tensor:
+    def _flashinfer_sample(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """One row of ``logits`` per entry of ``params``; FlashInfer's fused kernels."""
         import flashinfer
 
         vocab = logits.shape[-1]
         device = logits.device
-        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32).to(device, non_blocking=True)
-        top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], dtype=torch.int32).to(device, non_blocking=True)
-        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32).to(device, non_blocking=True)
-        scaled = (logits if len(rows) == logits.shape[0] else logits[torch.tensor(rows, device=device)]) / temps.unsqueeze(1)
-        return flashinfer.sampling.top_k_top_p_sampling_from_logits(scaled, top_k, top_p).long()
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        top_p = [p.top_p for p in params]
+        # one copy for all three parameters (top-k values are exact in float32: below 2**24)
+        packed = to_device([p.temperature for p in params] + top_k + top_p, device, torch.float32).view(3, -1)
+        scaled = logits / packed[0].unsqueeze(1)
+        if all(k == vocab for k in top_k) and all(p == 1.0 for p in top_p):
+            return flashinfer.sampling.sampling_from_logits(scaled)  # no filter: one plain draw
+        return flashinfer.sampling.top_k_top_p_sampling_from_logits(scaled, packed[1].int(), packed[2])
 
     @staticmethod
     def _torch_sample(logits, params, generators, rows: list[int], next_ids: torch.Tensor) -> torch.Tensor:
-        idx = torch.tensor(rows, device=logits.device)
-        temps = torch.tensor([params[i].temperature for i in rows], device=logits.device, dtype=logits.dtype)
-        top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)
-        top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device, dtype=logits.dtype)
+        device = logits.device
+        idx = to_device(rows, device)
+        packed = to_device([params[i].temperature for i in rows] + [params[i].top_k for i in rows] + [params[i].top_p for i in rows],
+                           device, torch.float64).view(3, -1)
+        temps, top_k, top_p = packed[0].to(logits.dtype), packed[1].long(), packed[2].to(logits.dtype)
         probs = filter_top_k_top_p(logits[idx] / temps.unsqueeze(1), top_k, top_p).softmax(dim=-1)
         # a row with inf/NaN logits (a broken model output) would make multinomial raise and take
         # the whole scheduler down: such a row takes its argmax instead

@@ -3,8 +3,9 @@
 # (the team's `device` machine): packages come as carried wheels in .whl/, the demo GGUF in two
 # carried halves (.gguf2/part_aa then .gguf1/part_ab). Stages, run in order over one or more calls:
 #   bash scripts/gpu_check.sh setup kernels tests     # install, build FlashInfer kernels, pytest -m cuda
-#   bash scripts/gpu_check.sh demo serve bench        # the demo model, the server test, benchmarks
+#   bash scripts/gpu_check.sh demo serve bench ablations   # the demo model, the server test, benchmarks
 #   bash scripts/gpu_check.sh setup kernels tp        # kind nvidia-h200-x2: tensor parallelism
+#   bash scripts/gpu_check.sh setup loadcache kernels profile savecache   # where the time goes
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,14 +35,28 @@ for stage in "$@"; do
 import time, torch
 from minisgl_engine.flashinfer_kernels import build_kernels
 start = time.perf_counter()
-build_kernels(torch.bfloat16, 128)
-build_kernels(torch.bfloat16, 64)
+build_kernels(torch.bfloat16, 128, decode_tensor_cores=False)  # also the CUDA-core decode module
+build_kernels(torch.bfloat16, 64, decode_tensor_cores=False)
 print(f"built the FlashInfer modules in {time.perf_counter() - start:.0f} s")
 EOF
       ;;
+    loadcache)  # kernels built by an earlier call (carried as .ficache/fi.tgz.*): no rebuild
+      if ls .ficache/fi.tgz.* >/dev/null 2>&1; then
+        cat .ficache/fi.tgz.* | tar -C $W -xzf - && find $W/fi -exec touch {} + && echo "kernel cache restored"
+      fi ;;
+    savecache)  # the built kernels, back to the caller in parts of 15 MB (if they are not too big)
+      tar -C $W -czf /tmp/fi.tgz fi && ls -la /tmp/fi.tgz
+      [ "$(stat -c %s /tmp/fi.tgz)" -lt 47000000 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz." ;;
+    profile)  # where a step's time goes (scripts/gpu_profile.py)
+      OUT=$OUT python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log" || status=1 ;;
+    quickprofile)
+      OUT=$OUT python3 scripts/gpu_profile.py --quick 2>&1 | tee "$OUT/profile.log" || status=1 ;;
     diag)  # the first call of each kernel in a fresh process
       python3 scripts/gpu_first_calls.py 2>&1 | tee "$OUT/diag.log" ;;
+    kerneltests)  # the Triton kernels compiled, in bf16
+      python3 -m pytest tests/test_triton_kernels.py -q -p no:cacheprovider 2>&1 | tee "$OUT/kerneltests.log" || status=1 ;;
     tests)
+      python3 -m pytest tests/test_triton_kernels.py -q -p no:cacheprovider || status=1
       python3 -m pytest -m cuda tests/test_cuda.py tests/test_overlap.py -q -s -p no:cacheprovider --durations=10 -o log_cli=true --log-cli-level=INFO 2>&1 | tee "$OUT/tests.log" || status=1 ;;
     demo)
       for part in .gguf1/part_ab .gguf2/part_aa; do [ -f $part ] && cp $part $W/gguf/; done
@@ -60,9 +75,13 @@ print('demo model ready at', demo_model_dir())" || status=1
       Q=(--device cuda --dummy-weights --config qwen3-0.6b)
       "${CLI[@]}" bench decode "${Q[@]}" --compare-hf --input-len 128 2048 --output-len 128 --repeat 3 2>&1 | tee "$OUT/bench_decode.log"
       "${CLI[@]}" bench offline "${Q[@]}" --compare-hf 2>&1 | tee "$OUT/bench_offline.log" ;;
+    quickbench)  # the headline figures without transformers
+      Q=(--device cuda --dummy-weights --config qwen3-0.6b)
+      "${CLI[@]}" bench decode "${Q[@]}" --input-len 128 2048 --output-len 128 --repeat 3 2>&1 | tee "$OUT/bench_quick.log"
+      "${CLI[@]}" bench offline "${Q[@]}" 2>&1 | tee -a "$OUT/bench_quick.log" ;;
     ablations)
       Q=(--device cuda --dummy-weights --config qwen3-0.6b)
-      for ablation in "--no-overlap" "--cuda-graph-max-bs 0" "--attn torch --cuda-graph-max-bs 0 --no-overlap"; do
+      for ablation in "--no-fused-kernels" "--no-overlap" "--cuda-graph-max-bs 0" "--attn torch --cuda-graph-max-bs 0 --no-overlap"; do
         # shellcheck disable=SC2086
         "${CLI[@]}" bench decode "${Q[@]}" --input-len 128 --output-len 128 --repeat 3 $ablation 2>&1 | tail -1 | tee -a "$OUT/bench_ablations.log"
       done ;;

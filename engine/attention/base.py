@@ -32,3 +32,7 @@ class AttentionBackend(ABC):
         q: [tokens, num_heads, head_dim]; k, v: [tokens, num_kv_heads, head_dim].
         Returns [tokens, num_heads * head_dim].
         """
+
+    @abstractmethod
+    def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        """Attend when this step's K/V are already in the pool (written by a fused kernel)."""

@@ -19,6 +19,7 @@ from ..batch import ForwardBatch
 from ..flashinfer_kernels import WORKSPACE_BYTES
 from ..kvcache.kv_pool import KVPool
 from ..kvcache.page_table import PageTable
+from ..transfer import to_device
 from .base import AttentionBackend
 
 
@@ -29,6 +30,21 @@ class KVLayout:
     indptr: torch.Tensor  # [batch + 1] int32, CPU: request i reads indices[indptr[i]:indptr[i+1]]
     indices: torch.Tensor  # [indptr[-1]] int32, GPU: page ids
     last_page_len: torch.Tensor  # [batch] int32, CPU: tokens used in each request's last page
+
+
+def decode_uses_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
+    """FlashInfer's tensor-core decode kernel pays off when several query heads share a KV
+    head (the tensor cores' rows fill up); below 4 its CUDA-core decode kernel is faster (the
+    rule SGLang uses too)."""
+    return num_heads // num_kv_heads >= 4
+
+
+def triton_kernels_usable() -> bool:
+    try:
+        import triton  # noqa: F401  (ships with CUDA builds of torch)
+    except Exception:
+        return False
+    return True
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -49,8 +65,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.device = device
         self.page_size = kv_pool.page_size
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.decode_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
-        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=True)
+        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores)
+        self.fill_indices = triton_kernels_usable()  # one Triton launch instead of ~8 tensor ops
+        self._indices = torch.empty(0, dtype=torch.int32, device=device)  # page ids of eager batches
         self.graph_wrappers: dict[int, object] = {}  # padded batch size -> wrapper of that graph
         self._graph_indices: torch.Tensor | None = None  # one index buffer shared by all graphs
         # FlashInfer copies each plan to the GPU from one pinned host buffer per wrapper; the
@@ -72,7 +91,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 self.workspace,
                 "NHD",
                 use_cuda_graph=True,
-                use_tensor_cores=True,
+                use_tensor_cores=self.decode_tensor_cores,
                 paged_kv_indptr_buffer=torch.zeros(batch_size + 1, dtype=torch.int32, device=self.device),
                 paged_kv_indices_buffer=self._graph_indices,
                 paged_kv_last_page_len_buffer=torch.zeros(batch_size, dtype=torch.int32, device=self.device),
@@ -91,9 +110,19 @@ class FlashInferAttentionBackend(AttentionBackend):
         for c in counts + [1] * pad:
             indptr.append(indptr[-1] + c)
         last_page_len = [(n - 1) % ps + 1 for n in seq_lens] + [1] * pad
+        if self.fill_indices:
+            from ..layers.triton_kernels import fill_kv_indices
+
+            if self._indices.numel() < indptr[-1]:
+                self._indices = torch.empty(max(indptr[-1], 2 * self._indices.numel()), dtype=torch.int32, device=self.device)
+            indices = fill_kv_indices(
+                self.page_table.table, batch.table_rows, to_device(indptr, self.device, torch.int32), self._indices,
+                ps, self.kv_pool.padding_page, max(counts + [1]),
+            )[: indptr[-1]]
+            return KVLayout(torch.tensor(indptr, dtype=torch.int32), indices, torch.tensor(last_page_len, dtype=torch.int32))
         real_total = indptr[len(counts)]
         # page j of request i is slot table[row_i, j * page_size] // page_size
-        meta = torch.tensor(counts + indptr[: len(counts)], dtype=torch.int64).to(self.device, non_blocking=True)
+        meta = to_device(counts + indptr[: len(counts)], self.device)
         counts_gpu, starts_gpu = meta[: len(counts)], meta[len(counts) :]
         rows = batch.table_rows[: len(counts)].repeat_interleave(counts_gpu, output_size=real_total)
         cols = torch.arange(real_total, device=self.device) - starts_gpu.repeat_interleave(counts_gpu, output_size=real_total)
@@ -133,5 +162,10 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         self.kv_pool.store(layer_id, batch.out_loc, k, v)
+        return self.attend(q, layer_id, batch)
+
+    def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        """Attention over the pool, whose K/V for this step's tokens is already written (by
+        the fused kernel of :mod:`..layers.triton_kernels`)."""
         out = batch.attn_metadata.run(q, self.kv_pool.paged(layer_id))
         return out.view(q.shape[0], -1)

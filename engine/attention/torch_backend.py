@@ -58,6 +58,15 @@ class TorchAttentionBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         self.kv_pool.store(layer_id, batch.out_loc, k, v)
+        return self._attend(q, k, v, layer_id, batch)
+
+    def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        # this step's K/V were written by a fused kernel: read them back from their slots
+        k = self.kv_pool.k_cache[layer_id][batch.out_loc]
+        v = self.kv_pool.v_cache[layer_id][batch.out_loc]
+        return self._attend(q, k, v, layer_id, batch)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         k_cache = self.kv_pool.k_cache[layer_id]
         v_cache = self.kv_pool.v_cache[layer_id]
         if batch.is_decode:

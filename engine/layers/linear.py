@@ -64,12 +64,20 @@ def default_weight_loader(param: nn.Parameter, loaded, shard_id: str | int | Non
 
 
 class Linear(nn.Module):
+    # On CUDA the engine measures, per layer shape, up to how many rows the Triton kernel
+    # (layers/triton_kernels.py) beats cuBLAS, and sets it here; 0 = always cuBLAS.
+    skinny_max_rows = 0
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if 0 < x.shape[0] <= self.skinny_max_rows:
+            from .triton_kernels import skinny_matmul
+
+            return skinny_matmul(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias)
 
 
@@ -129,4 +137,4 @@ class RowParallelLinear(Linear):
         default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(linear(x, self.weight))
+        return all_reduce(super().forward(x))

@@ -35,8 +35,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 @dataclass
 class RopeInputs:
     """What every layer's rotation needs for one forward pass, computed once: the positions'
-    cos and sin ([tokens, 1, dim], torch path) or the positions and the float32 cos|sin table
-    (FlashInfer's fused in-place kernel)."""
+    cos and sin ([tokens, 1, dim], torch path; not needed by the fused kernels) and the
+    float32 cos|sin table of every position (FlashInfer's and our fused kernels)."""
 
     positions: torch.Tensor
     cos: torch.Tensor | None = None
@@ -59,7 +59,7 @@ class RotaryEmbedding(nn.Module):
     def prepare(self, positions: torch.Tensor) -> RopeInputs:
         if self.use_flashinfer:
             return RopeInputs(positions, cos_sin_cache=self.cos_sin_cache)
-        return RopeInputs(positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+        return RopeInputs(positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1), self.cos_sin_cache)
 
 
 def apply_rotary(x: torch.Tensor, rope: RopeInputs) -> torch.Tensor:

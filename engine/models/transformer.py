@@ -36,6 +36,8 @@ MERGED_WEIGHTS = {
 
 class MLP(nn.Module):
     use_flashinfer = False
+    # rows up to which one Triton kernel computes silu(x @ gate.T) * (x @ up.T) (set on CUDA)
+    fused_max_rows = 0
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -45,10 +47,19 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if 0 < x.shape[0] <= self.fused_max_rows:
+            from ..layers.triton_kernels import skinny_matmul
+
+            return self.down_proj(skinny_matmul(x, self.gate_up_proj.weight, silu_mul=True))
         return self.down_proj(silu_and_mul(self.gate_up_proj(x), fused=self.use_flashinfer))
 
 
 class DecoderLayer(nn.Module):
+    # rows up to which the pre-attention / pre-MLP RMSNorm runs inside the Triton kernel of the
+    # projection that follows it (set on CUDA by fused_ops; 0 = separate kernels)
+    fused_attn_norm_rows = 0
+    fused_mlp_norm_rows = 0
+
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
         self.self_attn = SelfAttention(
@@ -72,12 +83,27 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         attn: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
+        rows = hidden.shape[0]
+        if 0 < rows <= self.fused_attn_norm_rows:
+            from ..layers.triton_kernels import skinny_matmul
+
+            norm = self.input_layernorm
+            qkv_proj = self.self_attn.qkv_proj
+            qkv, residual = skinny_matmul(hidden, qkv_proj.weight, qkv_proj.bias, norm=(norm.weight, norm.eps, residual))
+            hidden = self.self_attn.from_qkv(qkv, rope, batch, attn)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, rope, batch, attn)
+            if residual is None:
+                residual = hidden
+                hidden = self.input_layernorm(hidden)
+            else:
+                hidden, residual = self.input_layernorm(hidden, residual)
+            hidden = self.self_attn(hidden, rope, batch, attn)
+        if 0 < rows <= self.fused_mlp_norm_rows:
+            from ..layers.triton_kernels import skinny_matmul
+
+            norm = self.post_attention_layernorm
+            act, residual = skinny_matmul(hidden, self.mlp.gate_up_proj.weight, silu_mul=True, norm=(norm.weight, norm.eps, residual))
+            return self.mlp.down_proj(act), residual
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 

@@ -88,7 +88,7 @@ class Scheduler:
             raise UserError(f"--cache {cfg.cache!r}: choose one of {', '.join(CACHE_MANAGERS)}")
         self.cache_manager = CACHE_MANAGERS[cfg.cache](PageAllocator(engine.num_pages), self.page_size)
         self.prefill_manager = PrefillManager(
-            self.cache_manager, engine.page_table, self.page_size, max_prefill_tokens or cfg.max_prefill_tokens
+            self.cache_manager, engine.page_table, self.page_size, max_prefill_tokens or engine.max_prefill_tokens
         )
         self.decode_manager = DecodeManager()
         self.reqs: dict[int, Req] = {}  # every live request by uid

@@ -1,0 +1,137 @@
+"""Switching a model on CUDA to the Triton kernels of :mod:`.layers.triton_kernels`.
+
+The fused q/k norm + RoPE + KV store kernel replaces five launches with one and is always used.
+Whether the skinny matrix product (alone, with SwiGLU, or with the decoder layer's RMSNorm in
+front) beats the unfused kernels depends on the GPU and the layer's shape, so it is measured here
+once at start-up: for each distinct weight shape and each row count up to 16, both are timed
+inside a CUDA graph (the way decode steps run), and a layer uses the Triton kernel up to the
+largest row count at which it had not yet lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+ROW_COUNTS = (1, 2, 4, 8, 16)
+
+
+def gpu_time_us(fn: Callable[[], object], reps: int = 20) -> float:
+    """GPU time of one call of ``fn``: ``reps`` calls captured in a CUDA graph, best of 3 replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        fn()  # compiles / warms up outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(reps):
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    best = float("inf")
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1000 / reps)
+    return best
+
+
+def faster_up_to(ours: Callable[[int], Callable[[], object]], theirs: Callable[[int], Callable[[], object]]) -> tuple[int, list]:
+    """The largest row count up to which ``ours(rows)`` is never slower than ``theirs(rows)``
+    (0: already slower at one row), and the timings ``(rows, ours µs, theirs µs)``."""
+    timings = []
+    best = 0
+    for rows in ROW_COUNTS:
+        mine, other = gpu_time_us(ours(rows)), gpu_time_us(theirs(rows))
+        timings.append((rows, round(mine, 2), round(other, 2)))
+        if mine > other:
+            break
+        best = rows
+    return best, timings
+
+
+def choose(linear, silu_mul: bool, pre_norm=None) -> tuple[int, list]:
+    """Rows up to which ``skinny_matmul`` (with SwiGLU fused in when ``silu_mul``, and the
+    decoder layer's RMSNorm ``pre_norm`` fused in front when given) beats what runs otherwise:
+    FlashInfer's norm, cuBLAS, FlashInfer's SwiGLU."""
+    import flashinfer
+
+    from .layers.activation import silu_and_mul
+    from .layers.triton_kernels import skinny_block_k, skinny_matmul
+
+    weight, bias = linear.weight, linear.bias
+    if skinny_block_k(weight.shape[1]) is None:
+        return 0, []
+    k = weight.shape[1]
+
+    def inputs(rows: int):
+        x = torch.randn(rows, k, dtype=weight.dtype, device=weight.device)
+        return x, torch.randn_like(x)
+
+    def ours(rows: int):
+        x, residual = inputs(rows)
+        if pre_norm is None:
+            return lambda: skinny_matmul(x, weight, bias, silu_mul=silu_mul)
+        return lambda: skinny_matmul(x, weight, bias, silu_mul=silu_mul, norm=(pre_norm.weight, pre_norm.eps, residual))
+
+    def theirs(rows: int):
+        x, residual = inputs(rows)
+
+        def run():
+            if pre_norm is not None:
+                flashinfer.norm.fused_add_rmsnorm(x, residual, pre_norm.weight, pre_norm.eps)
+            out = F.linear(x, weight, bias)
+            return silu_and_mul(out, fused=True) if silu_mul else out
+
+        return run
+
+    return faster_up_to(ours, theirs)
+
+
+def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | None = None) -> dict[str, object]:
+    """Switch ``model`` (on CUDA, FlashInfer ops already on) to the Triton kernels where they
+    help. Returns what was chosen, for the start-up log and the benchmarks."""
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:
+        logger.warning("fused kernels off: Triton is not usable here (%s)", exc)
+        return {"triton": False}
+    from .models.transformer import DecoderLayer
+
+    message = "measuring the small-batch matrix kernels against cuBLAS (a few seconds)"
+    logger.info(message)
+    if on_phase is not None:
+        on_phase(message)
+    report: dict[str, object] = {"triton": True}
+    chosen: dict[tuple, int] = {}  # one measurement per distinct shape and kind
+
+    def decide(label: str, linear, silu_mul: bool = False, pre_norm=None) -> int:
+        key = (label, tuple(linear.weight.shape), linear.bias is not None)
+        if key not in chosen:
+            rows, timings = choose(linear, silu_mul, pre_norm)
+            chosen[key] = rows
+            report[label] = {"max_rows": rows, "timings_us": timings}
+            logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s)", label, key[1], rows, timings)
+        return chosen[key]
+
+    for layer in model.modules():
+        if not isinstance(layer, DecoderLayer):
+            continue
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.fused_qk = True
+        attn.qkv_proj.skinny_max_rows = decide("qkv_proj", attn.qkv_proj)
+        attn.o_proj.skinny_max_rows = decide("o_proj", attn.o_proj)
+        mlp.fused_max_rows = decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True)
+        mlp.down_proj.skinny_max_rows = decide("down_proj", mlp.down_proj)
+        layer.fused_attn_norm_rows = decide("norm+qkv_proj", attn.qkv_proj, pre_norm=layer.input_layernorm)
+        layer.fused_mlp_norm_rows = decide("norm+gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True, pre_norm=layer.post_attention_layernorm)
+    torch.cuda.synchronize()
+    return report

@@ -1,0 +1,293 @@
+"""Where the time of a step goes on a GPU (run on the device machine after the kernels are built,
+through ``scripts/gpu_check.sh profile``). Prints, for a Qwen3-0.6B-shape model in bf16:
+
+1. GPU time of one CUDA-graph replay (a whole decode forward) per batch size, and the kernels
+   inside it (torch profiler);
+2. the kernels and CPU ops of one eager decode step (what the graph saves);
+3. the host time of each stage of the scheduler's loop at batch 1, overlap on and off, and a
+   cProfile of that loop;
+4. nano-vllm's offline workload split into prefill and decode steps (GPU time from CUDA events
+   around each step, host time from the wall clock), for two prefill budgets.
+
+A Chrome trace of a few batch-1 steps goes to $OUT/trace_bs1.json.gz.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import collections
+import gc
+import gzip
+import io
+import json
+import logging
+import os
+import pstats
+import shutil
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from minisgl_engine.bench import offline_workload, random_prompts
+from minisgl_engine.config import EngineConfig
+from minisgl_engine.llm import LLM
+from minisgl_engine.sampling_params import SamplingParams
+
+OUT = os.environ.get("OUT", "/tmp/gpu-check")
+
+
+def make_llm(**overrides) -> LLM:
+    base = dict(dummy_weights=True, config="qwen3-0.6b", device="cuda", dtype="bfloat16",
+                max_kv_tokens=400_000, max_running_requests=256)
+    return LLM(config=EngineConfig(**{**base, **overrides}))
+
+
+def kernel_table(prof, steps: int, limit: int = 30) -> None:
+    rows = []
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", None)
+        if t is None:
+            t = getattr(evt, "self_cuda_time_total", 0)
+        if t > 0:
+            rows.append((t, evt.count, evt.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"  GPU time per step {total / steps:.1f} us in {sum(r[1] for r in rows) / steps:.0f} kernels/copies")
+    for t, n, key in rows[:limit]:
+        print(f"  {t / steps:9.1f} us  {n / steps:6.1f}x  {key[:110]}")
+
+
+def decode_until(llm: LLM, bs: int, ctx: int, steps: int):
+    """Start ``bs`` requests and run until ``steps`` decode steps of them are done; returns
+    the suspended stream (close it to abort them)."""
+    vocab = llm.engine.model_config.vocab_size
+    stream = llm.stream(random_prompts(bs, ctx, vocab, seed=bs), SamplingParams(max_tokens=4096, ignore_eos=True))
+    got = 0
+    for _ in stream:
+        got += 1
+        if got >= bs * steps:
+            break
+    return stream
+
+
+def graph_replays(llm: LLM, sizes: list[int], ctx: int, label: str, profile_sizes=(1, 256)) -> None:
+    print(f"\n== 1. [{label}] CUDA-graph replay of a decode step, context {ctx} tokens per request")
+    runner = llm.engine.graph_runner
+    for bs in sizes:
+        stream = decode_until(llm, bs, ctx, 4)
+        graph = runner.graphs[runner.size_for(bs)]
+        torch.cuda.synchronize()
+        for _ in range(5):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        n = 50
+        start.record()
+        for _ in range(n):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end) / n
+        print(f"[{label}] bs {bs:4d} (graph {runner.size_for(bs)}): {ms * 1000:8.1f} us per replay")
+        if bs in profile_sizes:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    graph.replay()
+                torch.cuda.synchronize()
+            kernel_table(prof, 10)
+        stream.close()
+
+
+def eager_step(llm: LLM) -> None:
+    print("\n== 2. one eager decode step at batch 1 (CUDA graphs off), CPU and GPU")
+    runner, llm.engine.graph_runner = llm.engine.graph_runner, None
+    stream = decode_until(llm, 1, 128, 8)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            next(stream)
+        torch.cuda.synchronize()
+    stream.close()
+    llm.engine.graph_runner = runner
+    kernel_table(prof, 10, limit=25)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+class Timers:
+    """Inclusive wall time of wrapped callables."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = collections.defaultdict(float)
+        self.calls: dict[str, int] = collections.defaultdict(int)
+
+    def wrap(self, owner, name: str, label: str | None = None) -> None:
+        fn = getattr(owner, name)
+        label = label or name
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.total[label] += time.perf_counter() - start
+                self.calls[label] += 1
+
+        setattr(owner, name, timed)
+
+    def report(self, steps: int) -> None:
+        for label, t in sorted(self.total.items(), key=lambda kv: -kv[1]):
+            print(f"  {label:28s} {1e6 * t / steps:8.1f} us/step ({self.calls[label] / steps:.1f} calls)")
+
+
+def host_stages(overlap: bool, trace: bool = False) -> None:
+    print(f"\n== 3. host time per stage, batch 1, 128 in, overlap {'on' if overlap else 'off'}")
+    llm = make_llm(overlap=overlap, max_kv_tokens=20_000, max_running_requests=16, cuda_graph_max_bs=16)
+    eng, sched = llm.engine, llm.scheduler
+    timers = Timers()
+    for name in ("schedule", "launch", "collect", "_grow_decode_pages"):
+        timers.wrap(sched, name)
+    for name in ("forward_batch", "prepare", "_forward"):
+        timers.wrap(eng, name)
+    timers.wrap(eng.attn_backend, "prepare", "attn.prepare")
+    timers.wrap(eng.attn_backend, "kv_layout", "attn.kv_layout")
+    timers.wrap(eng.graph_runner, "replay", "graph.replay")
+    timers.wrap(eng.sampler, "sample", "sampler.sample")
+    timers.wrap(eng.page_table, "flush", "page_table.flush")
+    for size, wrapper in eng.attn_backend.graph_wrappers.items():
+        timers.wrap(wrapper, "plan", "flashinfer.plan")
+    import minisgl_engine.engine as engine_module
+
+    original_tokens = engine_module.StepResult.tokens
+
+    def tokens(self):
+        start = time.perf_counter()
+        try:
+            return original_tokens(self)
+        finally:
+            timers.total["StepResult.tokens (wait)"] += time.perf_counter() - start
+            timers.calls["StepResult.tokens (wait)"] += 1
+
+    engine_module.StepResult.tokens = tokens
+    vocab = eng.model_config.vocab_size
+    params = SamplingParams(max_tokens=256, ignore_eos=True)
+    llm.generate([random_prompts(1, 128, vocab, seed=1)[0]], params)  # warm-up
+    timers.total.clear()
+    timers.calls.clear()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    llm.generate([random_prompts(1, 128, vocab, seed=2)[0]], params)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    print(f"  wall {wall * 1000:.1f} ms for 256 tokens: {wall / 256 * 1e6:.1f} us/token, {256 / wall:.1f} tok/s")
+    timers.report(256)
+    engine_module.StepResult.tokens = original_tokens
+    prof = cProfile.Profile()
+    prof.enable()
+    llm.generate([random_prompts(1, 128, vocab, seed=3)[0]], params)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    print("\n".join(text.getvalue().splitlines()[:60]))
+    if trace:
+        stream = decode_until(llm, 1, 128, 4)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            for _ in range(6):
+                next(stream)
+            torch.cuda.synchronize()
+        stream.close()
+        path = os.path.join(OUT, "trace_bs1.json")
+        p.export_chrome_trace(path)
+        with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
+            shutil.copyfileobj(f, g)
+        os.remove(path)
+
+
+def offline_split(max_prefill_tokens: int) -> None:
+    print(f"\n== 4. offline workload, --max-prefill-tokens {max_prefill_tokens}")
+    llm = make_llm(max_prefill_tokens=max_prefill_tokens)
+    eng = llm.engine
+    prompts, output_lens = offline_workload(256, 1024, 1024)
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
+    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=8, ignore_eos=True))
+    records = []
+    forward = eng.forward_batch
+
+    def timed_forward(batch):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        result = forward(batch)
+        end.record()
+        records.append((batch.phase, batch.size, batch.num_tokens, start, end, time.perf_counter() - t0))
+        return result
+
+    eng.forward_batch = timed_forward
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    eng.forward_batch = forward
+    llm.scheduler.drain()
+    out_tokens = sum(output_lens)
+    print(f"  wall {wall:.2f} s, {out_tokens / wall:.0f} output tok/s, {len(records)} steps")
+    groups: dict[str, list] = collections.defaultdict(list)
+    for phase, bs, ntok, s, e, host in records:
+        key = phase if phase == "prefill" else f"decode bs {min(256, ((bs - 1) // 64 + 1) * 64) - 63:3d}-{min(256, ((bs - 1) // 64 + 1) * 64)}"
+        groups[key].append((s.elapsed_time(e), host, ntok, bs))
+    gpu_total = 0.0
+    for key in sorted(groups):
+        rows = groups[key]
+        gpu = sum(r[0] for r in rows)
+        gpu_total += gpu
+        host = sum(r[1] for r in rows)
+        print(f"  {key:18s} {len(rows):5d} steps  GPU {gpu / 1000:6.2f} s ({gpu / len(rows):6.2f} ms/step)  "
+              f"host in forward_batch {host:6.2f} s ({1000 * host / len(rows):6.2f} ms/step)  tokens {sum(r[2] for r in rows)}")
+    print(f"  GPU busy in steps {gpu_total / 1000:.2f} s of {wall:.2f} s wall ({100 * gpu_total / 1000 / wall:.0f}%)")
+    llm = None
+    cleanup()
+
+
+def cleanup() -> None:
+    """Free the GPU memory of engines no longer referenced (they hold reference cycles)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="the default configuration only: graph replays and host stages")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    import minisgl_engine.attention.flashinfer_backend as backend
+
+    llm = make_llm(max_kv_tokens=150_000)
+    print("fused kernels:", json.dumps(llm.engine.fused_kernels))
+    print("decode on tensor cores:", llm.engine.attn_backend.decode_tensor_cores)
+    graph_replays(llm, [1, 8, 64, 256], ctx=512, label="default")
+    if not args.quick:
+        eager_step(llm)
+    llm = None
+    cleanup()
+    if not args.quick:
+        llm = make_llm(max_kv_tokens=150_000, fused_kernels=False)
+        graph_replays(llm, [1, 8, 64, 256], ctx=512, label="no fused kernels", profile_sizes=())
+        llm = None
+        cleanup()
+        rule = backend.decode_uses_tensor_cores
+        backend.decode_uses_tensor_cores = lambda heads, kv_heads: True
+        llm = make_llm(max_kv_tokens=150_000)
+        graph_replays(llm, [1, 8, 64, 256], ctx=512, label="tensor-core decode", profile_sizes=(256,))
+        llm = None
+        cleanup()
+        backend.decode_uses_tensor_cores = rule
+    host_stages(overlap=True)
+    cleanup()
+    if not args.quick:
+        for budget in (2048, 8192):
+            offline_split(budget)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The fused Triton kernels (engine/layers/triton_kernels.py) against plain torch.
+
+Without a GPU they run under Triton's interpreter (numpy on the CPU, float16/float32: numpy has
+no bfloat16); on a GPU they run compiled, in bfloat16. Either way every output element is
+compared with a float32 reference computed the way our torch path computes it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before the kernels are defined
+
+pytest.importorskip("triton")
+
+from minisgl_engine.layers import triton_kernels as tk  # noqa: E402
+from minisgl_engine.layers.rotary import RotaryEmbedding  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+DTYPE = torch.bfloat16 if ON_GPU else torch.float16
+# one rounding of the result to the model's dtype, after float32 arithmetic
+RTOL = 2 ** -7 if DTYPE == torch.bfloat16 else 2 ** -10
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, scale: float | None = None) -> None:
+    scale = scale if scale is not None else expected.abs().max().item()
+    err = (actual.float() - expected.float()).abs().max().item()
+    assert err <= 2 * RTOL * scale + 1e-6, f"max error {err} (scale {scale})"
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("n,k", [(64, 128), (48, 96), (40, 256)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_matmul_matches_a_float32_product(rows, n, k, bias) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + n + k)
+    x = torch.randn(rows, k, generator=gen).to(DTYPE).to(DEVICE)
+    w = torch.randn(n, k, generator=gen).to(DTYPE).to(DEVICE) / k ** 0.5
+    b = torch.randn(n, generator=gen).to(DTYPE).to(DEVICE) if bias else None
+    expected = x.float() @ w.float().T + (b.float() if bias else 0)
+    out = tk.skinny_matmul(x, w, b)
+    assert out.shape == (rows, n) and out.dtype == DTYPE
+    close(out, expected)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_skinny_matmul_fuses_silu_and_mul(rows) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    inter, k = 48, 64
+    x = torch.randn(rows, k, generator=gen).to(DTYPE).to(DEVICE)
+    w = torch.randn(2 * inter, k, generator=gen).to(DTYPE).to(DEVICE) / k ** 0.5
+    gate_up = x.float() @ w.float().T
+    expected = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+    out = tk.skinny_matmul(x, w, silu_mul=True)
+    assert out.shape == (rows, inter)
+    close(out, expected)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("silu_mul", [False, True])
+@pytest.mark.parametrize("rows", [1, 7])
+def test_skinny_matmul_fuses_the_pre_norm(with_residual, silu_mul, rows) -> None:
+    """norm=(weight, eps, residual): the product of rmsnorm(x + residual), and x + residual."""
+    gen = torch.Generator().manual_seed(rows + 2 * silu_mul + 4 * with_residual)
+    k, n, eps = 128, 32, 1e-6
+    x = torch.randn(rows, k, generator=gen).to(DTYPE).to(DEVICE)
+    residual = torch.randn(rows, k, generator=gen).to(DTYPE).to(DEVICE) if with_residual else None
+    gain = (1 + 0.1 * torch.randn(k, generator=gen)).to(DTYPE).to(DEVICE)
+    w = torch.randn(2 * n if silu_mul else n, k, generator=gen).to(DTYPE).to(DEVICE) / k ** 0.5
+    h = (x.float() + residual.float()).to(DTYPE).float() if with_residual else x.float()
+    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * gain.float()).to(DTYPE).float()
+    expected = normed @ w.float().T
+    if silu_mul:
+        expected = torch.nn.functional.silu(expected[:, :n]) * expected[:, n:]
+    before = residual.clone() if with_residual else None
+    out, new_residual = tk.skinny_matmul(x, w, silu_mul=silu_mul, norm=(gain, eps, residual))
+    close(out, expected)
+    assert torch.equal(new_residual.float(), h.to(DTYPE).float())  # the residual stream, rounded once
+    if with_residual:
+        assert torch.equal(residual, before)  # inputs are left as they were
+    else:
+        assert new_residual is x
+
+
+def test_skinny_matmul_reads_a_strided_input() -> None:
+    """The kernel takes rows with a stride (a slice of a wider activation)."""
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(4, 256, generator=gen).to(DTYPE).to(DEVICE)
+    x = wide[:, :128]
+    w = torch.randn(32, 128, generator=gen).to(DTYPE).to(DEVICE) / 128 ** 0.5
+    close(tk.skinny_matmul(x, w), x.float() @ w.float().T)
+
+
+def reference_qk(qkv, heads, kv_heads, dim, q_w, k_w, eps, positions, rotary):
+    """Our torch path in float32: per-head RMSNorm, then rotate-half RoPE."""
+    x = qkv.float().view(qkv.shape[0], heads + 2 * kv_heads, dim)
+    q, k, v = x[:, :heads], x[:, heads : heads + kv_heads], x[:, heads + kv_heads :]
+    if q_w is not None:
+        q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps) * q_w.float()
+        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps) * k_w.float()
+    table = rotary.cos_sin_cache.cpu()[positions.cpu()]
+    cos, sin = table[:, None, : dim // 2], table[:, None, dim // 2 :]
+
+    def rotate(t):
+        t1, t2 = t[..., : dim // 2].cpu(), t[..., dim // 2 :].cpu()
+        return torch.cat((t1 * cos - t2 * sin, t2 * cos + t1 * sin), dim=-1)
+
+    return rotate(q), rotate(k), v.cpu()
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (2, 2)])
+def test_qk_norm_rope_store_writes_q_and_the_kv_slots(qk_norm, heads, kv_heads) -> None:
+    gen = torch.Generator().manual_seed(heads * 10 + kv_heads + qk_norm)
+    dim, tokens, slots, eps = 32, 5, 16, 1e-6
+    rotary = RotaryEmbedding(dim, 64, 10000.0, None, torch.float32).to(DEVICE)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(DTYPE).to(DEVICE)
+    q_w = (1 + 0.1 * torch.randn(dim, generator=gen)).to(DTYPE).to(DEVICE) if qk_norm else None
+    k_w = (1 + 0.1 * torch.randn(dim, generator=gen)).to(DTYPE).to(DEVICE) if qk_norm else None
+    positions = torch.tensor([0, 7, 3, 63, 12], device=DEVICE)
+    out_loc = torch.tensor(random.Random(1).sample(range(slots), tokens), device=DEVICE)
+    k_cache = torch.full((slots, kv_heads, dim), 9.0, dtype=DTYPE, device=DEVICE)
+    v_cache = torch.full((slots, kv_heads, dim), 9.0, dtype=DTYPE, device=DEVICE)
+    q = tk.qk_norm_rope_store(qkv, heads, kv_heads, dim, q_w, k_w, eps, positions, rotary.cos_sin_cache, out_loc, k_cache, v_cache)
+    ref_q, ref_k, ref_v = reference_qk(qkv, heads, kv_heads, dim, q_w, k_w, eps, positions, rotary)
+    close(q.cpu(), ref_q)
+    close(k_cache[out_loc].cpu(), ref_k)
+    assert torch.equal(v_cache[out_loc].cpu().float(), ref_v)  # copied exactly
+    untouched = sorted(set(range(slots)) - set(out_loc.tolist()))
+    assert bool((k_cache[untouched] == 9).all()) and bool((v_cache[untouched] == 9).all())
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_fill_kv_indices_lists_each_requests_pages_then_padding(page_size) -> None:
+    rng = random.Random(page_size)
+    max_len, num_rows = 40, 6
+    table = torch.zeros(num_rows, max_len + page_size - 1, dtype=torch.int64)
+    pages_of = {}
+    free = list(range(1000))
+    rng.shuffle(free)
+    for row in range(num_rows):
+        pages = [free.pop() for _ in range(-(-max_len // page_size))]
+        pages_of[row] = pages
+        for pos in range(max_len + page_size - 1):
+            table[row, pos] = pages[pos // page_size] * page_size + pos % page_size if pos // page_size < len(pages) else 0
+    rows = [4, 1, 2]
+    seq_lens = [1, 17, 40]
+    counts = [-(-n // page_size) for n in seq_lens] + [1, 1]  # two padding rows
+    indptr = [0]
+    for c in counts:
+        indptr.append(indptr[-1] + c)
+    out = torch.full((indptr[-1] + 3,), -5, dtype=torch.int32, device=DEVICE)
+    tk.fill_kv_indices(table.to(DEVICE), torch.tensor(rows, device=DEVICE), torch.tensor(indptr, dtype=torch.int32, device=DEVICE),
+                       out, page_size, padding_page=1000, max_pages=max(counts))
+    expected = [p for row, c in zip(rows, counts) for p in pages_of[row][:c]] + [1000, 1000]
+    assert out[: indptr[-1]].tolist() == expected
+    assert out[indptr[-1] :].tolist() == [-5] * 3  # nothing written past the batch
+
+
+# ---- the kernels inside the model ------------------------------------------------------------
+
+
+def use_triton_everywhere(model, fuse_norms: bool = True) -> None:
+    """What fused_ops.enable_fused_kernels does, minus the timing: every layer on Triton."""
+    from minisgl_engine.layers.attention import SelfAttention
+    from minisgl_engine.layers.linear import Linear
+    from minisgl_engine.models.transformer import MLP, DecoderLayer
+
+    for module in model.modules():
+        if isinstance(module, DecoderLayer) and fuse_norms:
+            module.fused_attn_norm_rows = module.fused_mlp_norm_rows = tk.SKINNY_MAX_ROWS
+        if isinstance(module, SelfAttention):
+            module.fused_qk = True
+        elif isinstance(module, MLP):
+            module.fused_max_rows = tk.SKINNY_MAX_ROWS
+        elif isinstance(module, Linear):
+            module.skinny_max_rows = tk.SKINNY_MAX_ROWS
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs this through tests/test_cuda.py (bf16 against transformers)")
+@pytest.mark.parametrize("arch,fuse_norms", [("qwen3", True), ("qwen3", False), ("qwen2", True), ("llama3", False)])
+def test_model_on_triton_kernels_matches_transformers(arch, fuse_norms, tiny_model) -> None:
+    """float32 on the CPU (interpreter): prefill of up to 16 tokens and decode run the skinny
+    products, every step the fused q/k kernel; logits as tight as the plain path's, same greedy
+    tokens."""
+    from minisgl_engine.llm import LLM
+    from minisgl_engine.sampling_params import SamplingParams
+    from test_model_parity import assert_logits_close, hf_greedy, random_ids
+
+    folder, hf = tiny_model(arch)
+    llm = LLM(str(folder), device="cpu", max_kv_tokens=2048, max_prefill_tokens=8, max_running_requests=4)
+    use_triton_everywhere(llm.engine.model, fuse_norms)
+    ids = random_ids(24, seed=5)
+    ours = llm.score(ids, prefill_len=12)  # chunks of 8 and 4 tokens, then 12 decode steps
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert_logits_close(ours, ref)
+    prompts = [random_ids(n, seed=n) for n in (3, 10)]
+    results = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
+    for prompt, res in zip(prompts, results):
+        assert res.token_ids == hf_greedy(hf, prompt, 6)
