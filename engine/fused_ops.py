@@ -1,11 +1,11 @@
 """Switching a model on CUDA to the Triton kernels of :mod:`.layers.triton_kernels`.
 
 The fused q/k norm + RoPE + KV store kernel replaces five launches with one and is always used.
-Whether the skinny matrix product (alone, with SwiGLU, or with the decoder layer's RMSNorm in
-front) beats the unfused kernels depends on the GPU and the layer's shape, so it is measured here
-once at start-up: for each distinct weight shape and each row count up to 16, both are timed
-inside a CUDA graph (the way decode steps run), and a layer uses the Triton kernel up to the
-largest row count at which it had not yet lost.
+Whether the skinny matrix product (alone, or with SwiGLU fused in) beats cuBLAS depends on the
+GPU and the layer's shape, so it is measured here once at start-up: for each distinct weight
+shape and each row count up to 16, both are timed inside a CUDA graph (the way decode steps
+run), and a layer uses the Triton kernel up to the largest row count at which it had not yet
+lost.
 """
 
 from __future__ import annotations
@@ -58,40 +58,25 @@ def faster_up_to(ours: Callable[[int], Callable[[], object]], theirs: Callable[[
     return best, timings
 
 
-def choose(linear, silu_mul: bool, pre_norm=None) -> tuple[int, list]:
-    """Rows up to which ``skinny_matmul`` (with SwiGLU fused in when ``silu_mul``, and the
-    decoder layer's RMSNorm ``pre_norm`` fused in front when given) beats what runs otherwise:
-    FlashInfer's norm, cuBLAS, FlashInfer's SwiGLU."""
-    import flashinfer
-
+def choose(linear, silu_mul: bool) -> tuple[int, list]:
+    """Rows up to which ``skinny_matmul`` (with SwiGLU fused in when ``silu_mul``) beats what
+    runs otherwise: cuBLAS (and FlashInfer's SwiGLU kernel)."""
     from .layers.activation import silu_and_mul
     from .layers.triton_kernels import skinny_block_k, skinny_matmul
 
     weight, bias = linear.weight, linear.bias
     if skinny_block_k(weight.shape[1]) is None:
         return 0, []
-    k = weight.shape[1]
-
-    def inputs(rows: int):
-        x = torch.randn(rows, k, dtype=weight.dtype, device=weight.device)
-        return x, torch.randn_like(x)
 
     def ours(rows: int):
-        x, residual = inputs(rows)
-        if pre_norm is None:
-            return lambda: skinny_matmul(x, weight, bias, silu_mul=silu_mul)
-        return lambda: skinny_matmul(x, weight, bias, silu_mul=silu_mul, norm=(pre_norm.weight, pre_norm.eps, residual))
+        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        return lambda: skinny_matmul(x, weight, bias, silu_mul=silu_mul)
 
     def theirs(rows: int):
-        x, residual = inputs(rows)
-
-        def run():
-            if pre_norm is not None:
-                flashinfer.norm.fused_add_rmsnorm(x, residual, pre_norm.weight, pre_norm.eps)
-            out = F.linear(x, weight, bias)
-            return silu_and_mul(out, fused=True) if silu_mul else out
-
-        return run
+        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        if silu_mul:
+            return lambda: silu_and_mul(F.linear(x, weight, bias), fused=True)
+        return lambda: F.linear(x, weight, bias)
 
     return faster_up_to(ours, theirs)
 
@@ -113,10 +98,10 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
     report: dict[str, object] = {"triton": True}
     chosen: dict[tuple, int] = {}  # one measurement per distinct shape and kind
 
-    def decide(label: str, linear, silu_mul: bool = False, pre_norm=None) -> int:
+    def decide(label: str, linear, silu_mul: bool = False) -> int:
         key = (label, tuple(linear.weight.shape), linear.bias is not None)
         if key not in chosen:
-            rows, timings = choose(linear, silu_mul, pre_norm)
+            rows, timings = choose(linear, silu_mul)
             chosen[key] = rows
             report[label] = {"max_rows": rows, "timings_us": timings}
             logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s)", label, key[1], rows, timings)
@@ -131,7 +116,5 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
         attn.o_proj.skinny_max_rows = decide("o_proj", attn.o_proj)
         mlp.fused_max_rows = decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True)
         mlp.down_proj.skinny_max_rows = decide("down_proj", mlp.down_proj)
-        layer.fused_attn_norm_rows = decide("norm+qkv_proj", attn.qkv_proj, pre_norm=layer.input_layernorm)
-        layer.fused_mlp_norm_rows = decide("norm+gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True, pre_norm=layer.post_attention_layernorm)
     torch.cuda.synchronize()
     return report

@@ -41,10 +41,7 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
 
     def forward(self, hidden: torch.Tensor, rope: RopeInputs, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        return self.from_qkv(self.qkv_proj(hidden), rope, batch, attn)
-
-    def from_qkv(self, qkv: torch.Tensor, rope: RopeInputs, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        """Everything after the QKV projection (which the decoder layer may fuse with its norm)."""
+        qkv = self.qkv_proj(hidden)
         if self.fused_qk:
             from .triton_kernels import qk_norm_rope_store
 

@@ -4,10 +4,9 @@ A decode step of a 0.6B model at batch 1 was ~430 kernels on an H200: each costs
 inside a CUDA graph, and cuBLAS streams the small per-layer weight matrices at a fraction of the memory bandwidth
 when the product has a single row. Three kernels cut that down:
 
-- :func:`skinny_matmul`: ``x @ W.T`` for up to 16 rows, one pass over the weights, optionally
-  with the decoder layer's residual add + RMSNorm computed in front (each program recomputes the
-  short rows' norms) and SwiGLU's ``silu(gate) * up`` behind, so the norm and activation kernels
-  disappear. The engine uses it only where it measured it faster (:mod:`..fused_ops`).
+- :func:`skinny_matmul`: ``x @ W.T`` for up to 16 rows, one pass over the weights (optionally
+  with SwiGLU's ``silu(gate) * up`` fused in, so the MLP's activation kernel disappears). The
+  engine uses it only where it measured it faster than cuBLAS (:mod:`..fused_ops`).
 - :func:`qk_norm_rope_store`: Qwen3's per-head q/k RMSNorm, RoPE and the write of K and V into
   the KV pool in one launch (five kernels before: two norms, RoPE, two index copies).
 - :func:`fill_kv_indices`: FlashInfer's page list of a batch, gathered from the page table in
@@ -26,19 +25,13 @@ import triton.language as tl
 SKINNY_MAX_ROWS = 16  # tl.dot's smallest tile: every row count up to it costs one pass
 
 
-# Triton compiles a kernel once per "specialization" of its arguments (integers equal to 1 or
-# divisible by 16, pointers aligned to 16 bytes). Row counts, strides and slices of packed
-# tensors would make every new batch shape a fresh compilation (seconds each, in the middle of
-# serving), so such arguments are not specialized: each kernel compiles once per model.
-@triton.jit(do_not_specialize=["M", "N", "stride_xm", "stride_ym", "stride_rm", "eps"])
+@triton.jit
 def _skinny_matmul_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, res_ptr, new_res_ptr, norm_w_ptr,
-    M, N, stride_xm, stride_ym, stride_rm, stride_wn, stride_wk, up_offset, eps,
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    M, N, stride_xm, stride_ym, stride_wn, stride_wk, up_offset,
     K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -48,30 +41,10 @@ def _skinny_matmul_kernel(
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < M
     col_ok = cols < N
-    if HAS_NORM:
-        # RMSNorm of (x + residual) as the prologue: every program computes the rows' norms
-        # (they are short), program 0 also writes the new residual stream
-        squares = tl.zeros((16,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            h = tl.load(x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-            if HAS_RESIDUAL:
-                h += tl.load(res_ptr + rows[:, None] * stride_rm + (k0 + ks)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-                h = h.to(x_ptr.dtype.element_ty)  # the residual stream is kept in the model dtype
-                tl.store(new_res_ptr + rows[:, None] * stride_rm + (k0 + ks)[None, :], h, mask=row_ok[:, None] & (pid == 0))
-                h = h.to(tl.float32)
-            squares += tl.sum(h * h, axis=1)
-        inv_rms = 1.0 / tl.sqrt(squares / K + eps)
     acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         x = tl.load(x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :], mask=row_ok[:, None], other=0.0)
-        if HAS_NORM:
-            h = x.to(tl.float32)
-            if HAS_RESIDUAL:
-                h += tl.load(res_ptr + rows[:, None] * stride_rm + (k0 + ks)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-                h = h.to(x_ptr.dtype.element_ty).to(tl.float32)
-            gain = tl.load(norm_w_ptr + k0 + ks).to(tl.float32)
-            x = (h * inv_rms[:, None] * gain[None, :]).to(x_ptr.dtype.element_ty)
         w = tl.load(w_ptr + cols[:, None] * stride_wn + (k0 + ks)[None, :] * stride_wk, mask=col_ok[:, None], other=0.0)
         acc += tl.dot(x, tl.trans(w))
         if SILU_MUL:  # the up projection's rows sit ``up_offset`` rows below the gate's
@@ -94,37 +67,32 @@ def skinny_block_k(k: int) -> int | None:
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-                  norm: tuple[torch.Tensor, float, torch.Tensor | None] | None = None, block_n: int = 16):
+                  block_n: int = 16) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` for ``x`` of at most 16 rows; with ``silu_mul`` the weight is a
     merged [gate; up] matrix and the result is ``silu(x @ gate.T) * (x @ up.T)``.
 
-    ``norm = (norm_weight, eps, residual)``: ``x`` is first replaced by
-    ``rmsnorm(x + residual)`` (the decoder layer's pre-norm, ``residual`` None in the first
-    layer) and the result is ``(product, x + residual)``, the new residual stream."""
+    Triton compiles it once per model shape and row-count class (1, a multiple of 16, other),
+    all of them during the engine's start-up measurement."""
     m, k = x.shape
     assert m <= SKINNY_MAX_ROWS and x.stride(1) == 1 and weight.shape[1] == k
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_k = skinny_block_k(k)
     assert block_k is not None, f"no K tile divides {k}"
-    norm_weight, eps, residual = norm if norm is not None else (None, 0.0, None)
-    new_residual = torch.empty_like(x) if residual is not None else None
-    if residual is not None:
-        assert residual.shape == x.shape and residual.stride(1) == 1 and residual.stride(0) == x.stride(0)
     _skinny_matmul_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, y,
-        residual if residual is not None else x, new_residual if new_residual is not None else x,
-        norm_weight if norm_weight is not None else x,
-        m, n, x.stride(0), y.stride(0), x.stride(0), weight.stride(0), weight.stride(1), n, eps,
-        K=k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, HAS_NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=4,
+        m, n, x.stride(0), y.stride(0), weight.stride(0), weight.stride(1), n,
+        K=k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4, num_stages=4,
     )
-    if norm is None:
-        return y
-    return y, (new_residual if new_residual is not None else x)
+    return y
 
 
-@triton.jit(do_not_specialize=["stride_qkv", "eps"], do_not_specialize_on_alignment=["positions_ptr", "out_loc_ptr"])
+# Triton compiles a kernel once per "specialization" of its arguments (integers equal to 1 or
+# divisible by 16, pointers aligned to 16 bytes). Arguments that vary with the batch (slices of
+# the step's packed tensor, batch sizes) are not specialized, or a new batch shape would stall
+# serving for a compilation: these two kernels compile once per model.
+@triton.jit(do_not_specialize_on_alignment=["positions_ptr", "out_loc_ptr"])
 def _qk_norm_rope_store_kernel(
     qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, q_weight_ptr, k_weight_ptr,
     positions_ptr, out_loc_ptr, cos_sin_ptr, stride_qkv, eps,

@@ -55,11 +55,6 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    # rows up to which the pre-attention / pre-MLP RMSNorm runs inside the Triton kernel of the
-    # projection that follows it (set on CUDA by fused_ops; 0 = separate kernels)
-    fused_attn_norm_rows = 0
-    fused_mlp_norm_rows = 0
-
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
         self.self_attn = SelfAttention(
@@ -83,27 +78,12 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         attn: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = hidden.shape[0]
-        if 0 < rows <= self.fused_attn_norm_rows:
-            from ..layers.triton_kernels import skinny_matmul
-
-            norm = self.input_layernorm
-            qkv_proj = self.self_attn.qkv_proj
-            qkv, residual = skinny_matmul(hidden, qkv_proj.weight, qkv_proj.bias, norm=(norm.weight, norm.eps, residual))
-            hidden = self.self_attn.from_qkv(qkv, rope, batch, attn)
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
         else:
-            if residual is None:
-                residual = hidden
-                hidden = self.input_layernorm(hidden)
-            else:
-                hidden, residual = self.input_layernorm(hidden, residual)
-            hidden = self.self_attn(hidden, rope, batch, attn)
-        if 0 < rows <= self.fused_mlp_norm_rows:
-            from ..layers.triton_kernels import skinny_matmul
-
-            norm = self.post_attention_layernorm
-            act, residual = skinny_matmul(hidden, self.mlp.gate_up_proj.weight, silu_mul=True, norm=(norm.weight, norm.eps, residual))
-            return self.mlp.down_proj(act), residual
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, rope, batch, attn)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
