@@ -98,15 +98,21 @@ def graph_replays(llm: LLM, sizes: list[int], ctx: int, label: str, profile_size
         stream.close()
 
 
-def eager_step(llm: LLM) -> None:
-    print("\n== 2. one eager decode step at batch 1 (CUDA graphs off), CPU and GPU")
-    runner, llm.engine.graph_runner = llm.engine.graph_runner, None
-    stream = decode_until(llm, 1, 128, 8)
+def profile_steps(llm: LLM, steps: int):
+    """CPU and GPU profile of ``steps`` batch-1 decode steps (after a few unprofiled ones)."""
+    stream = decode_until(llm, 1, 128, 4)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
+        for _ in range(steps):
             next(stream)
         torch.cuda.synchronize()
     stream.close()
+    return prof
+
+
+def eager_step(llm: LLM) -> None:
+    print("\n== 2. one eager decode step at batch 1 (CUDA graphs off), CPU and GPU")
+    runner, llm.engine.graph_runner = llm.engine.graph_runner, None
+    prof = profile_steps(llm, 10)
     llm.engine.graph_runner = runner
     kernel_table(prof, 10, limit=25)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
@@ -188,12 +194,7 @@ def host_stages(overlap: bool, trace: bool = False) -> None:
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
     print("\n".join(text.getvalue().splitlines()[:60]))
     if trace:
-        stream = decode_until(llm, 1, 128, 4)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-            for _ in range(6):
-                next(stream)
-            torch.cuda.synchronize()
-        stream.close()
+        p = profile_steps(llm, 6)
         path = os.path.join(OUT, "trace_bs1.json")
         p.export_chrome_trace(path)
         with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
