@@ -81,13 +81,21 @@ def choose(linear, silu_mul: bool) -> tuple[int, list]:
     return faster_up_to(ours, theirs)
 
 
+def triton_unavailable_reason() -> str | None:
+    """None if Triton (shipped with CUDA builds of torch) imports, else why not."""
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | None = None) -> dict[str, object]:
     """Switch ``model`` (on CUDA, FlashInfer ops already on) to the Triton kernels where they
     help. Returns what was chosen, for the start-up log and the benchmarks."""
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:
-        logger.warning("fused kernels off: Triton is not usable here (%s)", exc)
+    reason = triton_unavailable_reason()
+    if reason is not None:
+        logger.warning("fused kernels off: Triton is not usable here (%s)", reason)
         return {"triton": False}
     from .models.transformer import DecoderLayer
 

@@ -158,7 +158,7 @@ def test_write_pages_maps_each_position_to_its_slot(page_size, data) -> None:
     table.write_pages(row, 0, pages[:split], page_size)
     table.write_pages(row, split, pages[split:], page_size)
     table.write_pages(row, n_req_pages, [], page_size)  # nothing to write
-    table.flush()
+    table.apply(*(torch.tensor(part, dtype=torch.int64) for part in table.take_pending()))
     expected = [pages[pos // page_size] * page_size + pos % page_size for pos in range(max_len)]
     assert table.table[row, :max_len].tolist() == expected
     assert bool((table.table[other] == -7).all())

@@ -17,6 +17,7 @@ import torch
 
 from ..batch import ForwardBatch
 from ..flashinfer_kernels import WORKSPACE_BYTES
+from ..fused_ops import triton_unavailable_reason
 from ..kvcache.kv_pool import KVPool
 from ..kvcache.page_table import PageTable
 from ..transfer import to_device
@@ -37,14 +38,6 @@ def decode_uses_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
     head (the tensor cores' rows fill up); below 4 its CUDA-core decode kernel is faster (the
     rule SGLang uses too)."""
     return num_heads // num_kv_heads >= 4
-
-
-def triton_kernels_usable() -> bool:
-    try:
-        import triton  # noqa: F401  (ships with CUDA builds of torch)
-    except Exception:
-        return False
-    return True
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -68,7 +61,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.decode_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores)
-        self.fill_indices = triton_kernels_usable()  # one Triton launch instead of ~8 tensor ops
+        self.fill_indices = triton_unavailable_reason() is None  # one Triton launch instead of ~8 tensor ops
         self._indices = torch.empty(0, dtype=torch.int32, device=device)  # page ids of eager batches
         self.graph_wrappers: dict[int, object] = {}  # padded batch size -> wrapper of that graph
         self._graph_indices: torch.Tensor | None = None  # one index buffer shared by all graphs

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ..transfer import to_device
-
 
 class PageTable:
     """A ``[max_running_requests, max_context_len]`` table of KV slot indices.
@@ -18,8 +16,8 @@ class PageTable:
     time (every decode step, with ``page_size`` 1). Writing each of those at once would cost a
     copy to the GPU per request, each of which waits for the GPU to finish its queued work (a
     blocking copy): the CPU could never run ahead of the GPU. So :meth:`write_pages` only
-    records the pages, and :meth:`flush` (called by the engine before each forward pass) writes
-    them all with one non-blocking copy.
+    records the pages; the engine takes them (:meth:`take_pending`) into the one non-blocking
+    copy of each step and writes them (:meth:`apply`) before the forward pass reads the table.
     """
 
     def __init__(self, max_running_requests: int, max_context_len: int, device: torch.device, page_size: int = 1) -> None:
@@ -27,7 +25,7 @@ class PageTable:
         self.table = torch.zeros((max_running_requests, max_context_len + page_size - 1), dtype=torch.int64, device=device)
         self.page_size = page_size
         self._free_rows = list(range(max_running_requests - 1, -1, -1))
-        # pages written since the last flush: row, first position (column) and page id of each
+        # pages recorded since the last take_pending: row, first position (column) and page id of each
         self._rows: list[int] = []
         self._cols: list[int] = []
         self._pages: list[int] = []
@@ -40,7 +38,7 @@ class PageTable:
         return self._free_rows.pop()
 
     def free_row(self, row: int) -> None:
-        if row in self._rows:  # pages not flushed yet must not land in the row's next owner
+        if row in self._rows:  # pages not written yet must not land in the row's next owner
             keep = [i for i, r in enumerate(self._rows) if r != row]
             self._rows = [self._rows[i] for i in keep]
             self._cols = [self._cols[i] for i in keep]
@@ -49,7 +47,7 @@ class PageTable:
 
     def write_pages(self, row: int, first_page_index: int, pages: list[int], page_size: int) -> None:
         """Map the positions covered by ``pages`` (starting at page ``first_page_index`` of
-        the request) to their slot numbers, at the next :meth:`flush`."""
+        the request) to their slot numbers, at the engine's next step."""
         if not pages:
             return
         assert page_size == self.page_size, "the table was made for another page size"
@@ -73,10 +71,3 @@ class PageTable:
         offsets = torch.arange(self.page_size, device=self.table.device)
         # every position of each page (the table is wide enough for a last page past the context)
         self.table[rows.unsqueeze(1), cols.unsqueeze(1) + offsets] = pages.unsqueeze(1) * self.page_size + offsets
-
-    def flush(self) -> None:
-        """Write every recorded page into the table: one copy to the device, queued without
-        waiting (the index kernels run in stream order before the forward pass reads them)."""
-        rows, cols, pages = self.take_pending()
-        if rows:
-            self.apply(*to_device(rows + cols + pages, self.table.device).view(3, len(rows)))
