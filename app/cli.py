@@ -17,12 +17,20 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def comma_list(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; any other needs --api-key)")
     g.add_argument("--port", type=int, default=1919, help="default: %(default)s")
     g.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/* (env MINISGL_API_KEY)")
     g.add_argument("--num-tokenizer", type=int, default=1, help="tokenizer processes (default: %(default)s)")
+    g.add_argument("--allowed-hosts", type=comma_list, default=(), metavar="NAME,...",
+                   help="more Host names to answer to (e.g. a LAN name or a reverse proxy's); loopback names and --host always are")
+    g.add_argument("--allowed-origins", type=comma_list, default=(), metavar="ORIGIN,...",
+                   help="web pages allowed to call the API from the browser, e.g. http://localhost:3000 (CORS for exactly those)")
     d = parser.add_argument_group("several machines (trusted network only: the rendezvous port is unauthenticated)")
     d.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks are spread over (default: %(default)s)")
     d.add_argument("--node-rank", type=int, default=0, help="this machine's index; 0 runs the front end (default: %(default)s)")
@@ -35,7 +43,7 @@ def server_config_from_args(args: argparse.Namespace):
     from minisgl_engine.server.server import ServerConfig
 
     return ServerConfig(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("MINISGL_API_KEY") or None,
-                        num_tokenizers=args.num_tokenizer)
+                        num_tokenizers=args.num_tokenizer, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -433,6 +433,10 @@ def mount_ui(app, client, store: ConversationStore, api_key: str | None) -> None
 
     demo = build_ui(client, store)
     demo.queue(default_concurrency_limit=None)
+    # The page's events are its internals, not an API (docs/security.md): none is listed by
+    # /gradio_api/info, and the routes that call them by name are refused (server/security.py).
+    for fn in demo.fns.values():
+        fn.api_visibility = "private"
     auth = None
     if api_key:
         def auth(_user: str, password: str) -> bool:
@@ -447,6 +451,7 @@ def mount_ui(app, client, store: ConversationStore, api_key: str | None) -> None
         auth_message="Enter any user name and this server's API key." if api_key else None,
         favicon_path=str(favicon) if favicon.exists() else None,
         footer_links=[],
+        run_history=False,  # Gradio would keep a copy of each event's output (the chats) in the browser
         css=theme_css(),
         theme=gr.themes.Soft(),
         ssr_mode=False,

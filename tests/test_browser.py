@@ -174,6 +174,31 @@ def test_invalid_settings_are_refused_with_a_message(browser, app):
     page.close()
 
 
+def test_a_page_on_another_local_port_cannot_frame_the_app(browser, app, tmp_path):
+    """Clickjacking: a page served from another local port frames the chat; the browser refuses
+    the frame (X-Frame-Options / frame-ancestors), so nothing of the app shows in it."""
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "index.html").write_text(f'<h1>other site</h1><iframe id="f" src="{app.url}/" width="800" height="600"></iframe>')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{other.server_address[1]}/index.html")
+        page.wait_for_selector("#f")
+        time.sleep(3)  # time enough for the app's page and its scripts, had the frame been allowed
+        frame = next(f for f in page.frames if f != page.main_frame)
+        assert not frame.url.startswith(app.url), frame.url  # Chromium swaps in its error page
+        assert frame.locator("#msg-input").count() == 0 and frame.locator("#chatbot").count() == 0
+        shot(page, "09-framed")
+        page.close()
+    finally:
+        other.shutdown()
+
+
 def test_a_conversation_longer_than_the_context_says_what_to_do(browser, app):
     page = open_page(browser, app)
     new_greedy_chat(page, max_tokens=64)  # greedy: the follow-up's answer is deterministic

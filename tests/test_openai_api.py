@@ -80,7 +80,7 @@ class FakeClient:
 
 
 def http(app, **kwargs) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, **kwargs), base_url="http://test")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, **kwargs), base_url="http://localhost")
 
 
 def sse_payloads(text: str) -> list[str]:
@@ -363,7 +363,7 @@ async def _call_and_disconnect(app, path: str, body: dict, leave_after_first_chu
     scope = {
         "type": "http", "asgi": {"version": "3.0", "spec_version": spec_version}, "http_version": "1.1",
         "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-        "query_string": b"", "headers": [(b"host", b"test"), (b"content-type", b"application/json")],
+        "query_string": b"", "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")],
         "client": ("127.0.0.1", 50000), "server": ("test", 80),
     }
     with anyio.fail_after(3):  # not wait_for: its extra task would hide a generator left open
@@ -417,7 +417,7 @@ async def test_stream_read_to_the_end_is_not_counted_as_abort():
 
 
 def openai_client(app, api_key: str = "unused") -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(api_key=api_key, base_url="http://test/v1",
+    return openai.AsyncOpenAI(api_key=api_key, base_url="http://localhost/v1",
                               http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
 
 

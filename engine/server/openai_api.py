@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..errors import RequestError
 from ..messages import UserReply
 from .metrics import StatsSource, metrics_router
+from .security import AccessPolicy, install_guard
 from .openai_protocol import (
     AssistantMessage,
     ChatChoice,
@@ -407,13 +408,15 @@ def _v1_router(client: FrontendClient) -> APIRouter:
     return router
 
 
-def create_app(client: FrontendClient, api_key: str | None = None) -> FastAPI:
+def create_app(client: FrontendClient, api_key: str | None = None, access: AccessPolicy | None = None) -> FastAPI:
     """The HTTP app over ``client``. With ``api_key``, /v1/* needs ``Authorization: Bearer <key>``;
-    /health and /metrics stay open (they carry no prompt text)."""
+    /health and /metrics stay open (they carry no prompt text). ``access`` says which Host names
+    and foreign Origins are answered (security.py); by default those of a loopback server."""
     app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None)
     _install_error_handlers(app)
     if api_key:
         app.add_middleware(_RequireApiKey, api_key=api_key)
+    install_guard(app, access or AccessPolicy.for_bind("127.0.0.1"))  # outermost: before the key check
     app.include_router(_v1_router(client))
     app.include_router(metrics_router(client))
 

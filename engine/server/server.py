@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from ..config import EngineConfig, ModelConfig
 from ..errors import UserError
 from .ipc import SocketPaths, make_runtime_dir, remove_runtime_dir
+from .security import AccessPolicy
 
 logger = logging.getLogger("minisgl.server")
 
@@ -26,6 +27,11 @@ class ServerConfig:
     port: int = 1919
     api_key: str | None = None
     num_tokenizers: int = 1
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides the bind address and loopback
+    allowed_origins: tuple[str, ...] = ()  # web pages allowed to call the server (with CORS)
+
+    def access_policy(self) -> AccessPolicy:
+        return AccessPolicy.for_bind(self.host, self.allowed_hosts, self.allowed_origins)
 
 
 def is_loopback(host: str) -> bool:
@@ -42,6 +48,7 @@ def check_server_config(server: ServerConfig) -> None:
         raise UserError(f"refusing to listen on {server.host} without --api-key: anyone on the network could use the engine")
     if server.num_tokenizers < 1:
         raise UserError("--num-tokenizer must be at least 1")
+    server.access_policy()  # a malformed --allowed-hosts / --allowed-origins is a one-line error
 
 
 def bind_listen_socket(host: str, port: int) -> socket.socket:
@@ -176,7 +183,7 @@ def run_server(
 
     async def main() -> None:
         client = FrontendClient(paths, model_name, worker_names(server.num_tokenizers))
-        app = create_app(client, server.api_key)
+        app = create_app(client, server.api_key, server.access_policy())
         if mount is not None:
             mount(app, client)
         http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))

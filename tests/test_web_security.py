@@ -1,0 +1,225 @@
+"""Web pages in the user's own browser against a real server (docs/security.md): Host and Origin
+checks on every route class, the protective headers, no page internals as an API, a DNS-rebinding
+simulation against the chat app holding a stored chat, and --allowed-hosts / --allowed-origins."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from minisgl_app.store import ConversationStore
+from minisgl_engine.errors import UserError
+from minisgl_engine.server.security import AccessPolicy, host_name, parse_origin
+from minisgl_engine.weights.demo import demo_model_dir
+from minisgl_engine.weights.gguf_convert import is_complete
+from server_utils import CLI, ServerProcess
+
+needs_demo = pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`")
+SECRET = "my-bank-pin-is-7431"  # the text a rebinding page is after
+FOREIGN = "evil.example"
+EVIL_ORIGIN = "http://evil.example"
+CHAT = {"model": "x", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
+# one route of each class: the page, Gradio's config / API description / named call / queue, OpenAI, metrics, health
+ROUTES = [("GET", "/"), ("GET", "/config"), ("GET", "/gradio_api/info"), ("POST", "/gradio_api/call/load_page"),
+          ("POST", "/gradio_api/queue/join"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
+          ("GET", "/metrics"), ("GET", "/health")]
+
+
+# ---- the policy on its own --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("header, name", [("localhost:1919", "localhost"), ("LOCALHOST", "localhost"), ("[::1]:80", "::1"),
+                                          ("[::1]", "::1"), ("127.0.0.1", "127.0.0.1"), ("evil.example.:1919", "evil.example"),
+                                          ("", None), (None, None), ("[::1", None)])
+def test_host_name_parses_host_headers(header, name):
+    assert host_name(header) == name
+
+
+def test_loopback_policy_answers_only_loopback_names():
+    policy = AccessPolicy.for_bind("127.0.0.1")
+    for ok in ("localhost:1919", "127.0.0.1:1919", "[::1]:1919", "localhost", "127.0.0.1:8080"):
+        assert policy.allows_host(ok), ok
+    for bad in ("evil.example:1919", "localhost.evil.example", "127.0.0.1.nip.io", "0.0.0.0:1919", "", None):
+        assert not policy.allows_host(bad), bad
+
+
+def test_lan_policy_adds_bind_address_and_allowed_hosts():
+    policy = AccessPolicy.for_bind("192.168.7.20", allowed_hosts=("chat.lan",))
+    assert policy.allows_host("192.168.7.20:1919") and policy.allows_host("chat.lan:1919") and policy.allows_host("localhost")
+    assert not policy.allows_host("evil.example:1919")
+
+
+def test_origin_is_own_only_when_it_names_the_host():
+    policy = AccessPolicy.for_bind("127.0.0.1", allowed_origins=("http://localhost:3000/",))
+    assert policy.allows_origin("http://localhost:1919", "localhost:1919")
+    assert policy.allows_origin("http://[::1]:1919", "[::1]:1919")
+    assert policy.allows_origin("http://localhost:3000", "localhost:1919")  # listed
+    assert not policy.allows_origin("http://localhost:3001", "localhost:1919")  # another local port is another site
+    assert not policy.allows_origin("http://127.0.0.1:1919", "localhost:1919")
+    assert not policy.allows_origin("null", "localhost:1919")
+    assert not policy.allows_origin(EVIL_ORIGIN, "localhost:1919")
+
+
+@pytest.mark.parametrize("bad", ["localhost:3000", "ftp://x", "http://x/path", "http://", "*"])
+def test_malformed_allowed_origin_is_refused(bad):
+    with pytest.raises(UserError, match="--allowed-origins"):
+        parse_origin(bad)
+
+
+def test_cli_refuses_malformed_allowed_origins_with_exit_2():
+    r = subprocess.run([*CLI, "serve", "--allowed-origins", "evil.example"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "--allowed-origins" in r.stderr, r.stderr
+
+
+# ---- a real chat app on loopback --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """`minisgl-chat chat` on loopback, its database already holding a chat with a secret."""
+    data = tmp_path_factory.mktemp("sec-data")
+    with ConversationStore(data / "chats.sqlite3") as store:
+        conv = store.create(title="private")
+        store.append(conv.id, "user", f"Remember this: {SECRET}")
+        store.append(conv.id, "assistant", f"I will remember {SECRET}.")
+    srv = ServerProcess("--no-browser", "--max-kv-tokens", "4096", command="chat",
+                        log_path=tmp_path_factory.mktemp("sec-app") / "app.log", env={"MINISGL_DATA_DIR": str(data)})
+    yield srv
+    srv.stop()
+
+
+def call(srv: ServerProcess, method: str, path: str, headers: dict[str, str] | None = None, **kw) -> httpx.Response:
+    if method == "POST" and "json" not in kw:
+        kw["json"] = CHAT if path.startswith("/v1/") else {"data": [], "fn_index": 0, "session_hash": "abc"}
+    return httpx.request(method, f"{srv.url}{path}", headers=headers, timeout=30, **kw)
+
+
+@needs_demo
+@pytest.mark.parametrize("method, path", ROUTES)
+def test_foreign_host_is_refused_on_every_route(app, method, path):
+    r = call(app, method, path, {"Host": f"{FOREIGN}:{app.port}"})
+    assert r.status_code == 403, (path, r.status_code, r.text[:200])
+    error = r.json()["error"]
+    assert error["code"] == "host_not_allowed" and "--allowed-hosts" in error["message"]
+    assert SECRET not in r.text
+
+
+@needs_demo
+@pytest.mark.parametrize("host", ["localhost:{port}", "127.0.0.1:{port}", "[::1]:{port}", "localhost"])
+def test_loopback_names_are_served(app, host):
+    for path in ("/", "/config", "/v1/models", "/metrics", "/health"):
+        r = call(app, "GET", path, {"Host": host.format(port=app.port)})
+        assert r.status_code == 200, (host, path, r.status_code)
+    r = call(app, "POST", "/v1/chat/completions", {"Host": host.format(port=app.port)})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+
+@needs_demo
+def test_refusals_are_logged_without_bodies(app):
+    call(app, "POST", "/v1/chat/completions", {"Host": f"{FOREIGN}:{app.port}"},
+         json={**CHAT, "messages": [{"role": "user", "content": "body-marker-5521"}]})
+    log = app.output()
+    assert "refused POST /v1/chat/completions (403)" in log
+    assert "body-marker-5521" not in log
+
+
+@needs_demo
+@pytest.mark.parametrize("method, path", [("POST", "/v1/chat/completions"), ("POST", "/gradio_api/queue/join"),
+                                          ("POST", "/gradio_api/upload")])
+def test_foreign_origin_cannot_change_state(app, method, path):
+    for origin in (EVIL_ORIGIN, "http://localhost:3000", "null"):
+        r = call(app, method, path, {"Origin": origin})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed", (origin, r.text[:200])
+
+
+@needs_demo
+def test_own_origin_and_no_origin_are_served(app):
+    assert call(app, "POST", "/v1/chat/completions", {"Origin": app.url}).status_code == 200
+    assert call(app, "POST", "/v1/chat/completions").status_code == 200  # curl, the openai client
+
+
+@needs_demo
+def test_foreign_origin_gets_no_cors_headers(app):
+    r = call(app, "GET", "/v1/models", {"Origin": "http://localhost:3000"})
+    assert "access-control-allow-origin" not in r.headers
+    r = call(app, "GET", "/config", {"Origin": "http://localhost:3000"})  # Gradio's own CORS would allow localhost
+    assert "access-control-allow-origin" not in r.headers
+
+
+@needs_demo
+@pytest.mark.parametrize("path", ["/", "/v1/models", "/gradio_api/info", "/health"])
+def test_protective_headers(app, path):
+    r = call(app, "GET", path)
+    assert r.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["referrer-policy"] == "no-referrer"
+
+
+@needs_demo
+def test_page_events_are_not_an_api(app):
+    info = call(app, "GET", "/gradio_api/info").json()
+    assert info["named_endpoints"] == {} and info["unnamed_endpoints"] == {}
+    for name in ("load_page", "show_conversation", "respond", "delete"):
+        r = call(app, "POST", f"/gradio_api/call/{name}", json={"data": []})
+        assert r.status_code == 404 and SECRET not in r.text, name
+    assert call(app, "POST", "/gradio_api/run/load_page", json={"data": []}).status_code == 404
+    r = call(app, "POST", "/gradio_api/run/predict", json={"data": []})  # the page names events by index only
+    assert r.status_code != 200 and SECRET not in r.text
+
+
+@needs_demo
+def test_dns_rebinding_simulation_reads_no_chat(app):
+    """What the rebinding page did before the fix: the named call, then its event stream; and the
+    page's own way in (queue/join + queue/data) with every event index."""
+    rebound = {"Host": f"{FOREIGN}:{app.port}"}
+    r = call(app, "POST", "/gradio_api/call/load_page", rebound, json={"data": []})
+    assert r.status_code == 403
+    r = call(app, "GET", "/gradio_api/call/load_page/0123456789", rebound)
+    assert r.status_code == 403 and SECRET not in r.text
+    for fn_index in range(12):
+        body = {"data": [], "fn_index": fn_index, "session_hash": "rebind0001", "trigger_id": None}
+        for path in ("/gradio_api/queue/join", "/gradio_api/run/predict"):
+            r = call(app, "POST", path, rebound, json=body)
+            assert r.status_code == 403 and SECRET not in r.text
+    r = call(app, "GET", "/gradio_api/queue/data?session_hash=rebind0001", rebound)
+    assert r.status_code == 403 and SECRET not in r.text
+
+
+# ---- a LAN bind with allowed hosts and origins ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lan_server(tmp_path_factory):
+    srv = ServerProcess("--host", "0.0.0.0", "--api-key", "k3y", "--allowed-hosts", "chat.lan",
+                        "--allowed-origins", EVIL_ORIGIN, "--max-kv-tokens", "4096",
+                        log_path=tmp_path_factory.mktemp("lan") / "serve.log")
+    yield srv
+    srv.stop()
+
+
+@needs_demo
+def test_allowed_hosts_extend_the_names(lan_server):
+    key = {"Authorization": "Bearer k3y"}
+    assert call(lan_server, "GET", "/v1/models", {**key, "Host": f"chat.lan:{lan_server.port}"}).status_code == 200
+    assert call(lan_server, "GET", "/v1/models", {**key, "Host": f"localhost:{lan_server.port}"}).status_code == 200
+    assert call(lan_server, "GET", "/v1/models", {**key, "Host": f"{FOREIGN}:{lan_server.port}"}).status_code == 403
+
+
+@needs_demo
+def test_allowed_origin_gets_cors_for_itself_only(lan_server):
+    key = {"Authorization": "Bearer k3y"}
+    preflight = call(lan_server, "OPTIONS", "/v1/chat/completions",
+                     {"Origin": EVIL_ORIGIN, "Access-Control-Request-Method": "POST",
+                      "Access-Control-Request-Headers": "authorization,content-type"})
+    assert preflight.status_code == 200, preflight.text
+    assert preflight.headers["access-control-allow-origin"] == EVIL_ORIGIN
+    r = call(lan_server, "POST", "/v1/chat/completions", {**key, "Origin": EVIL_ORIGIN})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == EVIL_ORIGIN
+    other = call(lan_server, "POST", "/v1/chat/completions", {**key, "Origin": "http://other.example"})
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
+    assert call(lan_server, "POST", "/v1/chat/completions", {"Origin": EVIL_ORIGIN}).status_code == 401  # the key still counts
