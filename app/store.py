@@ -1,5 +1,11 @@
 """The conversation store: chats, their messages and per-conversation settings in one SQLite file.
 
+A conversation is a tree of messages: each message has a parent (none for a first message), and
+regenerating or editing adds a sibling instead of overwriting, so every version is kept. The chat
+shown is the path from the root to the conversation's selected leaf (``leaf_id``); ``position``
+is a message's depth in the tree, so on that path it is 0, 1, 2, ... as in a linear chat. An FTS5
+index over titles and message text, kept in sync by triggers, serves :meth:`search`.
+
 The file lives at ``platformdirs.user_data_dir("minisgl-chat")/chats.sqlite3`` (the folder can be
 overridden with ``MINISGL_DATA_DIR``). It is private to the user (file 0600, folder 0700), runs in
 WAL mode with foreign keys on, and carries its schema version in ``PRAGMA user_version``; opening
@@ -21,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,12 +37,17 @@ import platformdirs
 APP_NAME = "minisgl-chat"
 DATA_DIR_ENV = "MINISGL_DATA_DIR"
 DB_NAME = "chats.sqlite3"
+EXPORT_FORMAT = "minisgl-chat conversation"
 DEFAULT_TITLE = "New chat"
 TITLE_LENGTH = 48
 ROLES = ("user", "assistant", "system")
 MAX_TOKENS_LIMIT = 32768
 SYSTEM_PROMPT_LIMIT = 20_000
+STOP_STRINGS_LIMIT = 8
 BUSY_TIMEOUT_S = 30.0
+IMPORT_LIMIT_BYTES = 20_000_000  # "20 MB" in what the user is told
+IMPORT_TITLE_LIMIT = 200  # characters; the UI's rename box allows as many
+SNIPPET_TOKENS = 12  # words of context in a search result's snippet
 
 
 class NotFoundError(KeyError):
@@ -48,6 +59,12 @@ class NotFoundError(KeyError):
 
 class SchemaTooNewError(RuntimeError):
     """The database was written by a newer minisgl-chat than this one."""
+
+
+class BadImportFile(ValueError):
+    """A file given to :meth:`ConversationStore.import_conversation` cannot be imported; the
+    message says where and what is wrong, so the user can fix the file (not named ImportError,
+    which is Python's own)."""
 
 
 # ----------------------------------------------------------------------------- records
@@ -62,6 +79,9 @@ class ChatSettings:
     top_p: float = 0.9
     max_tokens: int = 512
     thinking: bool = False
+    top_k: int = 0  # 0: no top-k filter
+    seed: int | None = None  # None: a new random draw each reply
+    stop: tuple[str, ...] = ()  # the reply ends before any of these strings
 
     def validate(self) -> None:
         """Raise ValueError naming every invalid value, in words a user can act on."""
@@ -81,6 +101,13 @@ class ChatSettings:
                             f"(got {self.max_tokens!r})")
         if not isinstance(self.thinking, bool):
             problems.append(f"thinking must be on or off (got {self.thinking!r})")
+        if not _is_whole(self.top_k) or not 0 <= self.top_k <= 1000:
+            problems.append(f"top-k must be a whole number from 0 (off) to 1000 (got {self.top_k!r})")
+        if self.seed is not None and (not _is_whole(self.seed) or not 0 <= self.seed < 2**63):
+            problems.append(f"seed must be empty or a whole number from 0 to 2^63-1 (got {self.seed!r})")
+        if not isinstance(self.stop, tuple) or len(self.stop) > STOP_STRINGS_LIMIT \
+                or not all(isinstance(x, str) and 0 < len(x) <= 100 for x in self.stop):
+            problems.append(f"stop strings: at most {STOP_STRINGS_LIMIT}, each 1 to 100 characters")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -90,7 +117,10 @@ class ChatSettings:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChatSettings:
         """Known keys only; missing keys take their defaults (files written by other versions)."""
-        return cls(**_known_fields(cls, data))
+        known = _known_fields(cls, data)
+        if isinstance(known.get("stop"), list):  # JSON has no tuples
+            known["stop"] = tuple(known["stop"])
+        return cls(**known)
 
 
 @dataclass(frozen=True)
@@ -113,24 +143,32 @@ class MessageStats:
 
 @dataclass(frozen=True)
 class Message:
+    """One node of a conversation's tree. ``sibling_index``/``sibling_count`` place it among the
+    versions that share its parent (oldest first), so the UI can show ‹ 2/3 ›; they are filled
+    in on messages read back by ``get``, ``append`` and ``add_message``."""
+
     id: int
     conversation_id: int
-    position: int  # 0, 1, 2, ... within the conversation
+    position: int  # depth in the tree: 0, 1, 2, ... along the shown path
     role: str  # 'user' | 'assistant' | 'system'
     content: str
     created_at: float  # unix seconds
     stats: MessageStats | None = None
+    parent_id: int | None = None  # None for a first message (one of the root versions)
+    sibling_index: int = 0
+    sibling_count: int = 1
 
 
 @dataclass(frozen=True)
 class ConversationSummary:
-    """One row of the sidebar."""
+    """One row of the sidebar (or of search results, with ``snippet`` from the matching text)."""
 
     id: int
     title: str
     created_at: float
     updated_at: float
-    message_count: int
+    message_count: int  # messages on the shown path
+    snippet: str = ""  # search only: a few words around a match in a message; "" for a title hit
 
 
 @dataclass(frozen=True)
@@ -204,8 +242,58 @@ def _v2_indexes(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX conversations_by_update ON conversations (updated_at)")
 
 
+def _v3_trees_and_search(conn: sqlite3.Connection) -> None:
+    """Messages become trees (each linear chat one branch) and titles and text get an FTS5 index.
+    This step and the helpers it calls are part of version 3: never edit them."""
+    conn.execute("DROP INDEX messages_by_position")  # versions share a depth now
+    # ALTER TABLE keeps the rows (rebuilding the table would need foreign keys off, which cannot
+    # change inside this transaction); a REFERENCES column may be added as its default is NULL.
+    conn.execute("ALTER TABLE messages ADD COLUMN "
+                 "parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE")
+    conn.execute("ALTER TABLE conversations ADD COLUMN "
+                 "leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL")
+    _v3_link_linear_chats(conn)
+    # by conversation and depth; the parent index also serves the cascade, the leaf index the
+    # SET NULL (without them, each deleted message would scan a whole table)
+    conn.execute("CREATE INDEX messages_by_conversation ON messages (conversation_id, position)")
+    conn.execute("CREATE INDEX messages_by_parent ON messages (parent_id)")
+    conn.execute("CREATE INDEX conversations_by_leaf ON conversations (leaf_id)")
+    _v3_search_index(conn, "messages_fts", "messages", "content")
+    _v3_search_index(conn, "conversations_fts", "conversations", "title")
+
+
+def _v3_link_linear_chats(conn: sqlite3.Connection) -> None:
+    """Parent = the message one position earlier, leaf = the last message; positions are renumbered
+    0, 1, 2, ... in their old order (they had no gaps, but a depth must not have any)."""
+    rows = conn.execute("SELECT id, conversation_id FROM messages "
+                        "ORDER BY conversation_id, position, id").fetchall()
+    last: dict[int, tuple[int, int]] = {}  # conversation -> (id, position) of its last message
+    links = []
+    for message_id, conv_id in rows:
+        parent, parent_position = last.get(conv_id, (None, -1))
+        last[conv_id] = (message_id, parent_position + 1)
+        links.append((parent, parent_position + 1, message_id))
+    conn.executemany("UPDATE messages SET parent_id = ?, position = ? WHERE id = ?", links)
+    conn.executemany("UPDATE conversations SET leaf_id = ? WHERE id = ?",
+                     [(message_id, conv_id) for conv_id, (message_id, _) in last.items()])
+
+
+def _v3_search_index(conn: sqlite3.Connection, name: str, table: str, column: str) -> None:
+    """An external-content FTS5 table over ``table.column`` (no second copy of the text), kept in
+    sync by triggers and filled from the rows already there."""
+    conn.execute(f"CREATE VIRTUAL TABLE {name} USING fts5({column}, content='{table}', "
+                 f"content_rowid='id', tokenize='unicode61 remove_diacritics 2')")
+    add = f"INSERT INTO {name} (rowid, {column}) VALUES (new.id, new.{column})"
+    drop = f"INSERT INTO {name} ({name}, rowid, {column}) VALUES ('delete', old.id, old.{column})"
+    conn.execute(f"CREATE TRIGGER {name}_insert AFTER INSERT ON {table} BEGIN {add}; END")
+    conn.execute(f"CREATE TRIGGER {name}_delete AFTER DELETE ON {table} BEGIN {drop}; END")
+    conn.execute(f"CREATE TRIGGER {name}_update AFTER UPDATE OF {column} ON {table} "
+                 f"BEGIN {drop}; {add}; END")
+    conn.execute(f"INSERT INTO {name} ({name}) VALUES ('rebuild')")
+
+
 # MIGRATIONS[v] takes a database from version v to v + 1. Append new steps; never edit old ones.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_indexes]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_indexes, _v3_trees_and_search]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -271,14 +359,10 @@ class ConversationStore:
         return _conversation(row, [])
 
     def get(self, conv_id: int) -> Conversation:
-        """The conversation with its messages in order; NotFoundError if there is none."""
+        """The conversation with the shown path (root to selected leaf) as ``messages``, each with
+        its place among its versions; NotFoundError if there is none."""
         with self._read() as conn:
-            row = conn.execute("SELECT * FROM conversations WHERE id = ?", (conv_id,)).fetchone()
-            if row is None:
-                raise NotFoundError(f"no conversation with id {conv_id}")
-            rows = conn.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY position",
-                                (conv_id,)).fetchall()
-        return _conversation(row, [_message(r) for r in rows])
+            return _load(conn, _conversation_row(conn, conv_id))
 
     def rename(self, conv_id: int, title: str) -> None:
         title = _clean_title(title)
@@ -295,30 +379,38 @@ class ConversationStore:
                          (json.dumps(settings.to_dict()), conv_id))
 
     def delete(self, conv_id: int) -> None:
-        """Delete the conversation and (by cascade) its messages."""
+        """Delete the conversation and (by cascade) all its messages."""
         with self._write() as conn:
+            # detached first, so the cascade is one level deep (see _delete_messages)
+            conn.execute("UPDATE messages SET parent_id = NULL WHERE conversation_id = ?", (conv_id,))
             if conn.execute("DELETE FROM conversations WHERE id = ?", (conv_id,)).rowcount == 0:
                 raise NotFoundError(f"no conversation with id {conv_id}")
 
     # ---- messages
 
     def append(self, conv_id: int, role: str, content: str, stats: StatsLike | None = None) -> Message:
-        """Add a message after the last one; its position is assigned under the write lock."""
+        """Add a message below the selected leaf and select it: the next turn of the shown chat."""
         _check_message(role, content)
-        now = time.time()
+        stats_json = _stats_json(stats)
         with self._write() as conn:
-            _touch(conn, conv_id, now)
-            cur = conn.execute(
-                "INSERT INTO messages (conversation_id, position, role, content, created_at, stats) "
-                "SELECT ?, COALESCE(MAX(position), -1) + 1, ?, ?, ?, ? "
-                "FROM messages WHERE conversation_id = ?",
-                (conv_id, role, content, now, _stats_json(stats), conv_id))
-            row = conn.execute("SELECT * FROM messages WHERE id = ?", (cur.lastrowid,)).fetchone()
-        return _message(row)
+            leaf = _conversation_row(conn, conv_id)["leaf_id"]
+            return _add(conn, conv_id, leaf, role, content, stats_json)
+
+    def add_message(self, conv_id: int, parent_id: int | None, role: str, content: str,
+                    stats: StatsLike | None = None) -> Message:
+        """Add a child of ``parent_id`` (None: a new first message) and select it. Regenerate and
+        edit pass the old message's parent: the new version is its sibling, the old one stays."""
+        _check_message(role, content)
+        stats_json = _stats_json(stats)
+        with self._write() as conn:
+            _conversation_row(conn, conv_id)
+            if parent_id is not None:
+                _message_row(conn, conv_id, parent_id)
+            return _add(conn, conv_id, parent_id, role, content, stats_json)
 
     def update_message(self, message_id: int, content: str, stats: StatsLike | None = None) -> None:
-        """Replace a message's content (a streamed reply as it grows); ``stats=None`` keeps the
-        stored stats, so only the final update needs to carry them."""
+        """Replace a message's content, whatever its role (a streamed reply as it grows);
+        ``stats=None`` keeps the stored stats, so only the final update needs to carry them."""
         _check_message("assistant", content)
         with self._write() as conn:
             row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (message_id,)).fetchone()
@@ -329,16 +421,98 @@ class ConversationStore:
                          (content, _stats_json(stats), message_id))
 
     def truncate_after(self, conv_id: int, position: int) -> None:
-        """Drop every message after ``position`` (regenerate, edit-and-resend); -1 drops all."""
+        """Drop everything below the shown path's message at ``position`` (every version, not
+        only the shown one) and select that message; -1 drops every message. What a linear chat
+        meant by "drop the messages after position"; branches that part above it are kept."""
         with self._write() as conn:
             _touch(conn, conv_id, time.time())
-            conn.execute("DELETE FROM messages WHERE conversation_id = ? AND position > ?",
-                         (conv_id, position))
+            path = _path_ids(conn, _conversation_row(conn, conv_id)["leaf_id"])
+            if position >= len(path):
+                return
+            keep = path[position] if position >= 0 else None
+            _delete_messages(conn, _descendants(conn, conv_id, keep))
+            _set_leaf(conn, conv_id, keep)
 
-    # ---- export
+    def select_message(self, conv_id: int, message_id: int) -> Conversation:
+        """Show the path through ``message_id``; below it, the branch written to last (the path
+        ends at the newest leaf under it). Navigation: the sidebar order does not change."""
+        with self._write() as conn:
+            _message_row(conn, conv_id, message_id)
+            _set_leaf(conn, conv_id, _newest_leaf(conn, message_id))
+            return _load(conn, _conversation_row(conn, conv_id))
+
+    def switch_version(self, conv_id: int, message_id: int, step: int) -> Conversation:
+        """Show the previous (``step`` -1) or next (+1) version of a message, i.e. its sibling,
+        clamped to the first and last; below it as in :meth:`select_message`."""
+        with self._write() as conn:
+            row = _message_row(conn, conv_id, message_id)
+            siblings = _sibling_ids(conn, conv_id, row["parent_id"])
+            i = min(max(siblings.index(message_id) + int(step), 0), len(siblings) - 1)
+            _set_leaf(conn, conv_id, _newest_leaf(conn, siblings[i]))
+            return _load(conn, _conversation_row(conn, conv_id))
+
+    def delete_message(self, conv_id: int, message_id: int) -> Conversation:
+        """Delete a message and everything below it. If the shown path ran through it, it now runs
+        through another version of it (the previous one, else the next), else ends at its parent."""
+        with self._write() as conn:
+            _touch(conn, conv_id, time.time())
+            row = _message_row(conn, conv_id, message_id)
+            leaf = _conversation_row(conn, conv_id)["leaf_id"]
+            siblings = _sibling_ids(conn, conv_id, row["parent_id"])
+            doomed = [message_id, *_descendants(conn, conv_id, message_id)]
+            _delete_messages(conn, doomed)
+            if leaf in set(doomed):
+                i = siblings.index(message_id)
+                others = siblings[:i][-1:] + siblings[i + 1:i + 2]  # the previous, else the next
+                _set_leaf(conn, conv_id, _newest_leaf(conn, others[0]) if others else row["parent_id"])
+            return _load(conn, _conversation_row(conn, conv_id))
+
+    # ---- import, search and export
+
+    def import_conversation(self, text: str | bytes) -> Conversation:
+        """A new conversation from a file's text: our own export_json (its whole tree when it has
+        one) or OpenAI-style messages, ``{"messages": [...]}`` or a bare list, where a leading
+        system message becomes the system prompt. The file is checked whole before anything is
+        stored; BadImportFile says what is wrong, and then nothing is."""
+        plan = _plan_import(text)
+        now = time.time()
+        with self._write() as conn:
+            cur = conn.execute(
+                f"INSERT INTO conversations (title, created_at, updated_at, settings) "
+                f"VALUES (?, ?, {_NEWEST}, ?)",
+                (plan.title, plan.created_at or now, now, json.dumps(plan.settings.to_dict())))
+            conv_id = cur.lastrowid
+            new_ids: dict[int, tuple[int, int]] = {}  # key in the file -> (id, position) here
+            for m in plan.messages:
+                parent_id, parent_position = new_ids[m.parent] if m.parent is not None else (None, -1)
+                new_id = _insert(conn, conv_id, parent_id, parent_position + 1, m.role, m.content,
+                                 m.created_at or now, m.stats)
+                new_ids[m.key] = (new_id, parent_position + 1)
+            _set_leaf(conn, conv_id, _newest_leaf(conn, new_ids[plan.leaf][0]))
+            return _load(conn, _conversation_row(conn, conv_id))
+
+    def search(self, query: str, limit: int = 50) -> list[ConversationSummary]:
+        """Conversations whose title, or one of whose messages (in any branch), has every word of
+        ``query``, the last word as a prefix (results while typing); most recently updated first.
+        Any text is safe to pass: each word is quoted, so FTS5 syntax in it means nothing."""
+        match = _fts_query(query)
+        if match is None or limit < 1:
+            return []
+        with self._read() as conn:
+            rows = conn.execute(
+                "WITH hits AS (SELECT m.conversation_id, MAX(m.id) AS newest FROM messages_fts "
+                "              JOIN messages m ON m.id = messages_fts.rowid "
+                "              WHERE messages_fts MATCH :match GROUP BY m.conversation_id) "
+                f"SELECT {_SUMMARY_COLUMNS}, hits.newest FROM conversations c "
+                "LEFT JOIN hits ON hits.conversation_id = c.id "
+                "WHERE hits.newest IS NOT NULL "
+                "   OR c.id IN (SELECT rowid FROM conversations_fts WHERE conversations_fts MATCH :match) "
+                "ORDER BY c.updated_at DESC, c.id DESC LIMIT :limit",
+                {"match": match, "limit": int(limit)}).fetchall()
+            return [_summary(r, _snippet(conn, match, r["newest"])) for r in rows]
 
     def export_markdown(self, conv_id: int) -> str:
-        """The conversation as a Markdown document: title, system prompt, then each turn."""
+        """The shown path as a Markdown document: title, system prompt, then each turn."""
         conv = self.get(conv_id)
         out = [f"# {conv.title}", "",
                f"_Exported from minisgl-chat, {_when(time.time())}. "
@@ -352,10 +526,16 @@ class ConversationStore:
         return "\n".join(out).rstrip() + "\n"
 
     def export_json(self, conv_id: int) -> str:
-        """The conversation as JSON: title, settings, messages (with stats) and schema version."""
-        conv = self.get(conv_id)
+        """The conversation as JSON: title, settings, the shown path as ``messages`` (with stats),
+        every version as ``tree`` (parents before children) with the selected ``leaf_id``, and the
+        schema version. :meth:`import_conversation` reads it back, branches included."""
+        with self._read() as conn:
+            row = _conversation_row(conn, conv_id)
+            conv = _load(conn, row)
+            tree = conn.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY position, id",
+                                (conv_id,)).fetchall()
         doc = {
-            "format": "minisgl-chat conversation",
+            "format": EXPORT_FORMAT,
             "schema_version": SCHEMA_VERSION,
             "id": conv.id,
             "title": conv.title,
@@ -363,9 +543,15 @@ class ConversationStore:
             "updated_at": conv.updated_at,
             "settings": conv.settings.to_dict(),
             "messages": [
-                {"position": m.position, "role": m.role, "content": m.content,
+                {"id": m.id, "position": m.position, "role": m.role, "content": m.content,
                  "created_at": m.created_at, "stats": m.stats.to_dict() if m.stats else None}
                 for m in conv.messages
+            ],
+            "leaf_id": row["leaf_id"],
+            "tree": [
+                {"id": r["id"], "parent_id": r["parent_id"], "role": r["role"], "content": r["content"],
+                 "created_at": r["created_at"], "stats": _stats_dict(r["stats"])}
+                for r in tree
             ],
         }
         return json.dumps(doc, ensure_ascii=False, indent=2)
@@ -374,12 +560,9 @@ class ConversationStore:
     def list(self) -> list[ConversationSummary]:
         """Every conversation, most recently updated first."""
         with self._read() as conn:
-            rows = conn.execute(
-                "SELECT c.id, c.title, c.created_at, c.updated_at, "
-                "       (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) AS n "
-                "FROM conversations c ORDER BY c.updated_at DESC, c.id DESC").fetchall()
-        return [ConversationSummary(r["id"], r["title"], r["created_at"], r["updated_at"], r["n"])
-                for r in rows]
+            rows = conn.execute(f"SELECT {_SUMMARY_COLUMNS} FROM conversations c "
+                                "ORDER BY c.updated_at DESC, c.id DESC").fetchall()
+        return [_summary(r) for r in rows]
 
     # ---- transactions
 
@@ -427,6 +610,388 @@ def _touch(conn: sqlite3.Connection, conv_id: int, now: float) -> None:
     cur = conn.execute(f"UPDATE conversations SET updated_at = {_NEWEST} WHERE id = ?", (now, conv_id))
     if cur.rowcount == 0:
         raise NotFoundError(f"no conversation with id {conv_id}")
+
+
+# ----------------------------------------------------------------------------- the tree
+
+# A summary row; message_count is the shown path's length, which is the leaf's depth + 1.
+_SUMMARY_COLUMNS = ("c.id, c.title, c.created_at, c.updated_at, "
+                    "COALESCE((SELECT position + 1 FROM messages WHERE id = c.leaf_id), 0) AS n")
+
+# The messages from the root down to a given one. Parameter: its id.
+_PATH_SQL = """
+    WITH RECURSIVE path(id, depth) AS (
+        SELECT ?, 0
+        UNION ALL
+        SELECT m.parent_id, path.depth + 1 FROM messages m JOIN path ON m.id = path.id
+        WHERE m.parent_id IS NOT NULL)
+    SELECT m.* FROM path JOIN messages m ON m.id = path.id ORDER BY path.depth DESC"""
+
+
+def _conversation_row(conn: sqlite3.Connection, conv_id: int) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM conversations WHERE id = ?", (conv_id,)).fetchone()
+    if row is None:
+        raise NotFoundError(f"no conversation with id {conv_id}")
+    return row
+
+
+def _message_row(conn: sqlite3.Connection, conv_id: int, message_id: int) -> sqlite3.Row:
+    """The message, which must belong to the conversation; NotFoundError otherwise."""
+    _conversation_row(conn, conv_id)
+    row = conn.execute("SELECT * FROM messages WHERE id = ? AND conversation_id = ?",
+                       (message_id, conv_id)).fetchone()
+    if row is None:
+        raise NotFoundError(f"no message with id {message_id} in conversation {conv_id}")
+    return row
+
+
+def _load(conn: sqlite3.Connection, row: sqlite3.Row) -> Conversation:
+    """The conversation with its shown path; each message learns its versions from the ids and
+    parents of the whole tree (small: no text is read for branches not shown)."""
+    if row["leaf_id"] is None:
+        return _conversation(row, [])
+    path = conn.execute(_PATH_SQL, (row["leaf_id"],)).fetchall()
+    versions: dict[int | None, list[int]] = {}
+    for message_id, parent_id in conn.execute(
+            "SELECT id, parent_id FROM messages WHERE conversation_id = ? ORDER BY id", (row["id"],)):
+        versions.setdefault(parent_id, []).append(message_id)
+    return _conversation(row, [_message(r, versions[r["parent_id"]]) for r in path])
+
+
+def _path_ids(conn: sqlite3.Connection, leaf_id: int | None) -> list[int]:
+    return [] if leaf_id is None else [r["id"] for r in conn.execute(_PATH_SQL, (leaf_id,))]
+
+
+def _sibling_ids(conn: sqlite3.Connection, conv_id: int, parent_id: int | None) -> list[int]:
+    """The versions below ``parent_id`` (None: the first messages), oldest first."""
+    return [r[0] for r in conn.execute(
+        "SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ? ORDER BY id",
+        (conv_id, parent_id))]
+
+
+def _descendants(conn: sqlite3.Connection, conv_id: int, message_id: int | None) -> list[int]:
+    """Every message below ``message_id`` (None: every message of the conversation)."""
+    return [r[0] for r in conn.execute(
+        "WITH RECURSIVE below(id) AS ("
+        "    SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ?"
+        "    UNION ALL SELECT m.id FROM messages m JOIN below ON m.parent_id = below.id) "
+        "SELECT id FROM below", (conv_id, message_id))]
+
+
+def _newest_leaf(conn: sqlite3.Connection, message_id: int) -> int:
+    """The most recently created message without children at or below ``message_id``: where the
+    branch through it was last written to."""
+    return conn.execute(
+        "WITH RECURSIVE below(id) AS ("
+        "    SELECT ? UNION ALL SELECT m.id FROM messages m JOIN below ON m.parent_id = below.id) "
+        "SELECT MAX(id) FROM below "
+        "WHERE NOT EXISTS (SELECT 1 FROM messages c WHERE c.parent_id = below.id)",
+        (message_id,)).fetchone()[0]
+
+
+def _set_leaf(conn: sqlite3.Connection, conv_id: int, leaf_id: int | None) -> None:
+    conn.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf_id, conv_id))
+
+
+def _insert(conn: sqlite3.Connection, conv_id: int, parent_id: int | None, position: int, role: str,
+            content: str, created_at: float, stats_json: str | None) -> int:
+    cur = conn.execute(
+        "INSERT INTO messages (conversation_id, parent_id, position, role, content, created_at, stats) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (conv_id, parent_id, position, role, content, created_at, stats_json))
+    return cur.lastrowid
+
+
+def _add(conn: sqlite3.Connection, conv_id: int, parent_id: int | None, role: str, content: str,
+         stats_json: str | None) -> Message:
+    """Insert a child of ``parent_id`` and select it; the message as stored, with its versions."""
+    now = time.time()
+    _touch(conn, conv_id, now)
+    parent = conn.execute("SELECT position FROM messages WHERE id = ?", (parent_id,)).fetchone()
+    message_id = _insert(conn, conv_id, parent_id, parent[0] + 1 if parent else 0, role, content,
+                         now, stats_json)
+    _set_leaf(conn, conv_id, message_id)
+    row = conn.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+    return _message(row, _sibling_ids(conn, conv_id, parent_id))
+
+
+def _delete_messages(conn: sqlite3.Connection, ids: list[int]) -> None:
+    """Delete these messages (whole subtrees). Each is detached from its parent first: deleting
+    a root would otherwise cascade one trigger level per generation, and SQLite stops at 1000."""
+    rows = [(i,) for i in ids]
+    conn.executemany("UPDATE messages SET parent_id = NULL WHERE id = ?", rows)
+    conn.executemany("DELETE FROM messages WHERE id = ?", rows)
+
+
+# ----------------------------------------------------------------------------- search
+
+def _fts_query(text: str) -> str | None:
+    """An FTS5 query for every word of ``text``, the last one as a prefix; None if it has no word.
+    Each word is one quoted string, so quotes, ``*``, ``AND``, ``NEAR(`` and the like are text."""
+    words = [w for w in str(text).split() if any(ch.isalnum() for ch in w)]
+    if not words:
+        return None
+    quoted = ['"' + w.replace('"', '""') + '"' for w in words]
+    return " ".join(quoted) + "*"
+
+
+def _snippet(conn: sqlite3.Connection, match: str, message_id: int | None) -> str:
+    """A few words around the match in a matching message ("" for None: only the title matched).
+    Looked up by rowid: one message, not every hit of a common word."""
+    if message_id is None:
+        return ""
+    row = conn.execute("SELECT snippet(messages_fts, 0, '', '', '…', ?) FROM messages_fts "
+                       "WHERE messages_fts MATCH ? AND rowid = ?",
+                       (SNIPPET_TOKENS, match, message_id)).fetchone()
+    return row[0] if row else ""
+
+
+def _summary(row: sqlite3.Row, snippet: str = "") -> ConversationSummary:
+    return ConversationSummary(row["id"], row["title"], row["created_at"], row["updated_at"], row["n"],
+                               snippet)
+
+
+# ----------------------------------------------------------------------------- import
+
+@dataclass(frozen=True)
+class _Imported:
+    """A message read from an import file, before it has an id here."""
+
+    role: str
+    content: str
+    created_at: float | None
+    stats: str | None  # as stored: MessageStats as JSON
+    key: int = 0  # its id in the file's tree, or its index in a list
+    parent: int | None = None  # its parent's key
+
+
+@dataclass(frozen=True)
+class _ImportPlan:
+    """A whole import file, checked: what import_conversation stores in one transaction."""
+
+    title: str
+    settings: ChatSettings
+    created_at: float | None
+    messages: list[_Imported]  # parents before children
+    leaf: int  # key of the message to show the path to
+
+
+def _plan_import(text: str | bytes) -> _ImportPlan:
+    """Read and check an import file; BadImportFile names the first problem."""
+    if isinstance(text, (bytes, bytearray)):
+        if len(text) > IMPORT_LIMIT_BYTES:
+            raise _too_big(len(text))
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadImportFile(f"not UTF-8 text: byte {e.start + 1} (0x{text[e.start]:02x}) cannot be "
+                                "read; save the file as UTF-8") from None
+    elif not isinstance(text, str):
+        raise TypeError(f"import_conversation takes text or bytes (got {type(text).__name__})")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > IMPORT_LIMIT_BYTES:
+        raise _too_big(size)
+    try:
+        doc = json.loads(text.removeprefix("\ufeff"))
+    except json.JSONDecodeError as e:
+        raise BadImportFile(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise BadImportFile("not JSON that can be read: it is nested too deeply") from None
+    if isinstance(doc, dict) and doc.get("format") == EXPORT_FORMAT:
+        return _plan_ours(doc)
+    if isinstance(doc, dict) and "messages" in doc:
+        return _plan_openai(doc["messages"], doc.get("title"))
+    if isinstance(doc, list):
+        return _plan_openai(doc, None)
+    raise BadImportFile('expected a minisgl-chat export, an object with a "messages" list, '
+                        f"or a list of messages; got {_kind(doc)}")
+
+
+def _too_big(size: int) -> BadImportFile:
+    return BadImportFile(f"the file is {size / 1e6:.1f} MB; the limit is {IMPORT_LIMIT_BYTES / 1e6:.0f} MB")
+
+
+def _plan_ours(doc: dict[str, Any]) -> _ImportPlan:
+    """Our own export: the tree and its selected leaf if the file has them (schema 3 on), else
+    the messages as one branch (what schemas 1 and 2 wrote)."""
+    settings = doc.get("settings", {})
+    if not isinstance(settings, dict):
+        raise BadImportFile(f"settings: expected an object, got {_kind(settings)}")
+    settings = _checked_settings(ChatSettings.from_dict(settings), "settings")
+    if "tree" in doc:
+        messages, leaf = _read_tree(doc["tree"], doc.get("leaf_id"))
+    else:
+        messages = _chain(_read_messages(doc.get("messages"), "messages"))
+        leaf = len(messages) - 1
+    created_at = doc.get("created_at")
+    return _ImportPlan(_import_title(doc.get("title"), messages), settings,
+                       float(created_at) if _is_number(created_at) else None, messages, leaf)
+
+
+def _plan_openai(items: object, title: object) -> _ImportPlan:
+    """OpenAI-style messages; a leading system message becomes the system prompt."""
+    parsed = _read_messages(items, "messages")
+    system_prompt = parsed.pop(0).content if parsed and parsed[0].role == "system" else ""
+    settings = _checked_settings(replace(default_settings(), system_prompt=system_prompt), "messages[0]")
+    messages = _chain(parsed)
+    return _ImportPlan(_import_title(title, messages), settings, None, messages, len(messages) - 1)
+
+
+def _read_messages(items: object, where: str) -> list[_Imported]:
+    if not isinstance(items, list):
+        raise BadImportFile(f"{where}: expected a list of messages, got {_kind(items)}")
+    if not items:
+        raise BadImportFile("no messages to import")
+    return [_read_message(item, f"{where}[{i}]") for i, item in enumerate(items)]
+
+
+def _chain(messages: list[_Imported]) -> list[_Imported]:
+    """A list of messages as one branch: each the child of the one before."""
+    if not messages:
+        raise BadImportFile("no messages to import")
+    return [replace(m, key=i, parent=i - 1 if i else None) for i, m in enumerate(messages)]
+
+
+def _read_tree(tree: object, leaf_id: object) -> tuple[list[_Imported], int]:
+    """Our export's ``tree``: every parent must come before its children (as we write it)."""
+    if not isinstance(tree, list):
+        raise BadImportFile(f"tree: expected a list of messages, got {_kind(tree)}")
+    out: list[_Imported] = []
+    seen: set[int] = set()
+    for i, item in enumerate(tree):
+        where = f"tree[{i}]"
+        message = _read_message(item, where)
+        key, parent = item.get("id"), item.get("parent_id")
+        if not _is_id(key):
+            raise BadImportFile(f"{where}.id: expected a whole number, got {_shown(key)}")
+        if key in seen:
+            raise BadImportFile(f"{where}.id: {key} is also the id of an earlier message")
+        if parent is not None and (not _is_id(parent) or parent not in seen):
+            raise BadImportFile(f"{where}.parent_id: {_shown(parent)} is not the id of an earlier message")
+        seen.add(key)
+        out.append(replace(message, key=key, parent=parent))
+    if not out:
+        raise BadImportFile("no messages to import")
+    if leaf_id is None:
+        return out, out[-1].key  # listed after its parents, so it has no children
+    if not _is_id(leaf_id) or leaf_id not in seen:
+        raise BadImportFile(f"leaf_id: {_shown(leaf_id)} is not the id of a message in the tree")
+    return out, leaf_id
+
+
+def _read_message(item: object, where: str) -> _Imported:
+    """One message of a list or a tree: role and content, and the created_at and stats we write."""
+    if not isinstance(item, dict):
+        raise BadImportFile(f"{where}: expected an object with role and content, got {_kind(item)}")
+    for key in ("role", "content"):
+        if key not in item:
+            raise BadImportFile(f"{where}.{key} is missing")
+    role = item["role"]
+    if not isinstance(role, str) or role not in ROLES:
+        raise BadImportFile(f"{where}.role: {_shown(role)} is not one of {', '.join(ROLES)}")
+    created_at = item.get("created_at")
+    return _Imported(role, _content_text(item["content"], f"{where}.content"),
+                     float(created_at) if _is_number(created_at) else None,
+                     _read_stats(item.get("stats"), f"{where}.stats"))
+
+
+def _content_text(content: object, where: str) -> str:
+    """Text, or OpenAI's list of parts of which only text ones can be imported (joined by lines)."""
+    if isinstance(content, str):
+        return _checked_text(content, where)
+    if not isinstance(content, list):
+        raise BadImportFile(f"{where}: expected text or a list of text parts, got {_kind(content)}")
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise BadImportFile(f'{where}[{i}]: expected a part like {{"type": "text", "text": "..."}}, '
+                                f"got {_kind(part)}")
+        if part.get("type") != "text":
+            raise BadImportFile(f"{where}[{i}].type: only text parts can be imported, "
+                                f"not {_shown(part.get('type'))}")
+        if not isinstance(part.get("text"), str):
+            raise BadImportFile(f"{where}[{i}].text: expected text, got {_kind(part.get('text'))}")
+        texts.append(part["text"])
+    return _checked_text("\n".join(texts), where)
+
+
+def _checked_text(text: str, where: str) -> str:
+    """Text SQLite can store as UTF-8: JSON may carry half a surrogate pair ("\\ud83d", a cut emoji)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadImportFile(f"{where}: character {e.start + 1} is {ascii(text[e.start])}, half of a "
+                            "character pair (a cut emoji?); remove it") from None
+    return text
+
+
+# What each stats field may hold in an import file (null is always allowed).
+_STATS_KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "ttft_ms": (lambda v: _is_number(v), "a number"),  # late-bound: defined below
+    "tok_s": (lambda v: _is_number(v), "a number"),
+    "tokens": (lambda v: _is_id(v) and v >= 0, "a whole number"),
+    "finish_reason": (lambda v: isinstance(v, str), "text"),
+    "stopped": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+def _read_stats(value: object, where: str) -> str | None:
+    """Stats as stored, or None; unknown keys are dropped (other versions' files), wrong types
+    refused (the UI formats these numbers)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadImportFile(f"{where}: expected an object or null, got {_kind(value)}")
+    for name, (ok, wanted) in _STATS_KINDS.items():
+        v = value.get(name)
+        if v is not None and not ok(v):
+            raise BadImportFile(f"{where}.{name}: expected {wanted}, got {_shown(v)}")
+    stats = MessageStats.from_dict(value)
+    return json.dumps(replace(stats, stopped=bool(stats.stopped)).to_dict())
+
+
+def _checked_settings(settings: ChatSettings, where: str) -> ChatSettings:
+    try:
+        settings.validate()
+    except ValueError as e:
+        raise BadImportFile(f"{where}: {e}") from None
+    return settings
+
+
+def _import_title(title: object, messages: list[_Imported]) -> str:
+    """The file's title, else one from the first user message; at most IMPORT_TITLE_LIMIT chars."""
+    if title is not None and not isinstance(title, str):
+        raise BadImportFile(f"title: expected text, got {_kind(title)}")
+    text = " ".join(_checked_text(title or "", "title").split())
+    if not text:
+        text = title_from(next((m.content for m in messages if m.role == "user"), ""))
+    return text if len(text) <= IMPORT_TITLE_LIMIT else text[:IMPORT_TITLE_LIMIT - 1] + "…"
+
+
+def _is_id(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, in words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def _shown(value: object) -> str:
+    """A value quoted for an error message, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+# ----------------------------------------------------------------------------- the file
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -512,6 +1077,10 @@ def _check_message(role: str, content: str) -> None:
         raise TypeError(f"message content must be a str (got {type(content).__name__})")
 
 
+def _is_whole(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -529,10 +1098,16 @@ def _stats_json(stats: StatsLike | None) -> str | None:
     return json.dumps(stats.to_dict())
 
 
-def _message(row: sqlite3.Row) -> Message:
+def _stats_dict(stats_json: str | None) -> dict[str, Any] | None:
+    return MessageStats.from_dict(json.loads(stats_json)).to_dict() if stats_json is not None else None
+
+
+def _message(row: sqlite3.Row, siblings: list[int] | None = None) -> Message:
+    """A message from its row; ``siblings``: the ids of its versions, oldest first."""
     stats = MessageStats.from_dict(json.loads(row["stats"])) if row["stats"] is not None else None
+    siblings = siblings or [row["id"]]
     return Message(row["id"], row["conversation_id"], row["position"], row["role"], row["content"],
-                   row["created_at"], stats)
+                   row["created_at"], stats, row["parent_id"], siblings.index(row["id"]), len(siblings))
 
 
 def _conversation(row: sqlite3.Row, messages: list[Message]) -> Conversation:

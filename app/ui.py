@@ -1,17 +1,20 @@
-"""The chat window (Gradio), mounted on the same FastAPI app as the OpenAI routes.
+"""The chat page (Gradio), mounted on the same FastAPI app as the OpenAI routes.
 
-The UI talks to the engine only through the front end's ``FrontendClient.generate`` (the one
-way in); conversations live in the SQLite :class:`~minisgl_app.store.ConversationStore`. A reply
-streams token by token; Stop (or closing the tab) cancels the handler, which closes the engine
-stream, and the engine aborts the request and frees its KV pages.
+The page is a view. Each tab has a :class:`Tab` on the server saying which conversation it
+shows; one long-running ``watch`` event per tab renders that conversation (stored messages plus
+the live reply, app/view.py) whenever anything changes. Replies run apart from the page
+(app/live.py), so the chat shown is always the one selected, whatever streams elsewhere.
+
+Every other event changes state (the store, the tab, the replies) and returns quickly; a refused
+action says why in a toast (``gr.Warning``) and leaves the page as it was. The UI talks to the
+engine only through the front end's ``FrontendClient.generate``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
-from contextlib import aclosing
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import gradio as gr
@@ -20,391 +23,563 @@ from minisgl_engine.errors import UserError
 from minisgl_engine.sampling_params import SamplingParams
 from minisgl_engine.server.openai_protocol import GenerateRequest
 
-from .store import ChatSettings, ConversationStore, title_from
+from .live import ReplyManager, Turn
+from .store import IMPORT_LIMIT_BYTES, BadImportFile, ChatSettings, ConversationStore, NotFoundError, title_from
+from .view import can_continue, engine_messages, focus_of, sidebar_choices, status_line, versions_label, view_messages
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-STORE_EVERY_S = 0.5  # how often a growing reply is written to the database
 THINK_TAGS = [("<think>", "</think>")]
+RENDER_EVERY_S = 0.05  # a page re-renders a streaming reply at most this often
+IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
+BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
+ATTACH_LIMIT_BYTES = 1_000_000
+TEXT_FILES = [".txt", ".md", ".py", ".js", ".ts", ".json", ".yaml", ".yml", ".toml", ".csv", ".c", ".h", ".cpp", ".rs", ".go",
+              ".java", ".sh", ".html", ".css", ".sql", ".xml", ".ini", ".cfg", ".log", ".tex", ".rst"]
+# Escape stops the reply, as in other chat apps; Enter on an empty box does nothing.
+PAGE_JS = """
+() => {
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Escape') { const b = document.querySelector('#stop-btn'); if (b) b.click(); }
+  });
+}
+"""
+CLICK_DOWNLOAD_JS = "() => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); }"
 
 
-def format_stats(stats: dict | None) -> str:
-    if not stats:
-        return ""
-    parts = []
-    if stats.get("ttft_ms") is not None:
-        parts.append(f"{stats['ttft_ms'] / 1000:.2f} s to first token")
-    if stats.get("tok_s") is not None:
-        parts.append(f"{stats['tok_s']:.1f} tok/s")
-    if stats.get("tokens") is not None:
-        parts.append(f"{stats['tokens']} tokens")
-    if stats.get("stopped"):
-        parts.append("stopped")
-    elif stats.get("finish_reason") == "length":
-        parts.append("hit the token limit")
-    return " · ".join(parts)
+def confirm_js(question: str) -> str:
+    """Ask in the browser first; the handler gets the answer as its input."""
+    return f"(x) => [confirm({question + ' This cannot be undone.'!r})]"
 
 
-def chat_messages(conv) -> list[dict]:
-    """The conversation as the Chatbot shows it: a stats line under each finished reply."""
-    out = []
-    for m in conv.messages:
-        if m.role == "system":
-            continue
-        content = m.content
-        line = format_stats(m.stats.to_dict() if m.stats else None)
-        if m.role == "assistant" and line:
-            content = f"{content}\n\n<sub class=\"reply-stats\">{line}</sub>"
-        out.append({"role": m.role, "content": content})
-    return out
+@dataclass
+class Tab:
+    """What one browser tab shows: a conversation, or (None) a new chat not stored yet, with
+    the settings it will start with."""
+
+    conv_id: int | None = None
+    draft: ChatSettings | None = None
+    focus: int | None = None  # the message the versions bar acts on (None: the deepest with versions)
+    search: str = ""  # what the sidebar is filtered by
+    attachments: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) for the next message
+    follower: int = 0  # which follow event renders the tab now
+    sidebar: tuple | None = None  # the sidebar as last sent
 
 
-def engine_messages(conv, settings: ChatSettings) -> list[dict]:
-    """What the model sees: the system prompt, then every stored turn."""
-    msgs = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
-    msgs += [{"role": m.role, "content": m.content} for m in conv.messages if m.role in ("user", "assistant")]
-    return msgs
+class ChatPage:
+    """The page's state and event handlers; ``build`` lays it out."""
 
+    def __init__(self, client, store: ConversationStore) -> None:
+        self.client = client
+        self.store = store
+        self.replies = ReplyManager(store, client.generate)
+        self.tabs: dict[str, Tab] = {}
 
-def status_line(client) -> str:
-    if not client.ready:
-        if client.startup_errors:
-            worker, error = next(iter(client.startup_errors.items()))
-            return f"**Error:** {worker} failed to start: {error}"
-        done = len(client.worker_info)
-        total = len(client.expected_workers)
-        return f"**Starting** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready)"
-    sched = client.worker_info.get("minisgl-TP0-scheduler", {})
-    s = client.stats
-    kv = f"KV {s.kv_pages_used + s.kv_pages_cached}/{s.kv_pages_total} pages" if s else "KV –"
-    running = f"{s.running} running, {s.waiting} waiting" if s else ""
-    return f"**Ready** · {client.model_name} on {sched.get('device', '?')} ({sched.get('dtype', '?')}) · {kv} · {running}"
+    # ---- state of one tab
 
+    def tab(self, request: gr.Request | None) -> Tab:
+        key = request.session_hash if request is not None and request.session_hash else "-"
+        return self.tabs.setdefault(key, Tab(draft=self.store.default_settings()))
 
-def conversation_choices(store: ConversationStore) -> list[tuple[str, int]]:
-    return [(c.title, c.id) for c in store.list()]
-
-
-def build_ui(client, store: ConversationStore) -> gr.Blocks:
-    """The whole page. ``client`` is the engine's FrontendClient."""
-
-    def settings_of(conv_id: int | None) -> ChatSettings:
-        return store.get(conv_id).settings if conv_id is not None else store.default_settings()
-
-    def settings_outputs(s: ChatSettings):
-        return s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.thinking
-
-    # ---- conversations ------------------------------------------------------------------
-
-    def load_page():
-        convs = store.list()
-        conv_id = convs[0].id if convs else None
-        thinking_toggle = gr.update(visible=chat_template_supports_thinking(client.tokenizer_path))
-        return (*show_conversation(conv_id), thinking_toggle, gr.update(label=client.model_name))
-
-    def show_conversation(conv_id: int | None):
-        msgs = chat_messages(store.get(conv_id)) if conv_id is not None else []
-        title = store.get(conv_id).title if conv_id is not None else ""
-        return (
-            conv_id,
-            gr.update(choices=conversation_choices(store), value=conv_id),
-            msgs,
-            title,
-            *settings_outputs(settings_of(conv_id)),
-        )
-
-    def new_chat():
-        return show_conversation(None)
-
-    def rename(conv_id: int | None, title: str):
-        if conv_id is None:
-            gr.Warning("Start a chat first, then rename it.")
-            return gr.update()
-        title = title.strip()
-        if not title:
-            gr.Warning("A title cannot be empty.")
-            return gr.update()
-        store.rename(conv_id, title[:200])
-        return gr.update(choices=conversation_choices(store), value=conv_id)
-
-    def delete(conv_id: int | None):
-        if conv_id is not None:
-            store.delete(conv_id)
-        return load_page()
-
-    def export(conv_id: int | None, kind: str):
-        if conv_id is None:
-            gr.Warning("Nothing to export yet.")
+    def shown(self, tab: Tab):
+        """The tab's conversation (None for a new chat); a deleted one turns the tab to a new chat."""
+        if tab.conv_id is None:
             return None
-        conv = store.get(conv_id)
-        text = store.export_markdown(conv_id) if kind == "md" else store.export_json(conv_id)
+        try:
+            return self.store.get(tab.conv_id)
+        except NotFoundError:
+            tab.conv_id = None
+            return None
+
+    def fields(self, tab: Tab) -> tuple:
+        """Title and settings fields for the tab's conversation."""
+        conv = self.shown(tab)
+        s = conv.settings if conv is not None else (tab.draft or self.store.default_settings())
+        return (conv.title if conv is not None else "", s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.thinking,
+                s.top_k, s.seed, "\n".join(s.stop))
+
+    def conversations(self, tab: Tab):
+        return self.store.search(tab.search) if tab.search else self.store.list()
+
+    # ---- the view: one long event per tab
+
+    async def follow(self, request: gr.Request):
+        """Render the tab's conversation after an action, then as long as a reply streams in
+        it; a newer follow of the same tab takes over. (Not one endless event per tab: Gradio
+        disables a chat's ↻ and ✎ while an event that writes it is running.)"""
+        tab = self.tab(request)
+        session = request.session_hash if request is not None else None
+        tab.follower += 1
+        me, last, version = tab.follower, [None] * 6, -1
+        ended = False
+        try:
+            while tab.follower == me:
+                self.replies.page_seen(session, tab.conv_id)
+                now = self.render(tab)
+                if now != last:
+                    yield tuple(gr.skip() if new == old else self.as_update(i, new) for i, (new, old) in enumerate(zip(now, last)))
+                    last = now
+                    tab.sidebar = now[2]
+                if not self.replies.is_busy(tab.conv_id):
+                    break
+                version = await self.replies.changes(version, IDLE_CHECK_S)
+                await asyncio.sleep(RENDER_EVERY_S)  # coalesce a burst of tokens into one render
+            ended = True
+        finally:
+            if not ended:  # cancelled: the tab closed or reloaded mid-reply
+                self.replies.page_gone(session)
+
+    async def tick(self, request: gr.Request):
+        """Every second: the status line, and the sidebar when another chat starts or ends replying."""
+        tab = self.tab(request)
+        self.replies.page_seen(request.session_hash if request is not None else None, tab.conv_id)
+        side = self.render_sidebar(tab)
+        changed = side != tab.sidebar
+        tab.sidebar = side
+        return status_line(self.client), self.as_update(2, side) if changed else gr.skip()
+
+    async def unload(self, request: gr.Request) -> None:
+        session = request.session_hash if request is not None else None
+        self.replies.page_gone(session)
+        self.tabs.pop(session or "-", None)
+
+    def render_sidebar(self, tab: Tab) -> tuple:
+        return (tuple(sidebar_choices(self.conversations(tab), self.replies.busy_conversations())), tab.conv_id)
+
+    def render(self, tab: Tab) -> list:
+        """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue."""
+        conv = self.shown(tab)
+        chat = [v.shown for v in view_messages(conv, self.replies.live.get(tab.conv_id))]
+        side = self.render_sidebar(tab)
+        focus = focus_of(conv, tab.focus)
+        label = versions_label(conv, focus) if focus is not None else ""
+        continuable = can_continue(conv) and not self.replies.is_busy(tab.conv_id)
+        return [chat, status_line(self.client), side, focus is not None, label, continuable]
+
+    @staticmethod
+    def as_update(index: int, value):
+        if index == 2:  # the sidebar: choices and the selected one
+            return gr.update(choices=list(value[0]), value=value[1])
+        if index in (3, 5):  # shown or hidden
+            return gr.update(visible=value)
+        return value
+
+    # ---- conversations
+
+    async def load_page(self, request: gr.Request):
+        tab = self.tab(request)
+        convs = self.store.list()
+        tab.conv_id = convs[0].id if convs else None
+        thinking = gr.update(visible=chat_template_supports_thinking(self.client.tokenizer_path))
+        return (*self.fields(tab), thinking)
+
+    async def select(self, conv_id: int | None, request: gr.Request):
+        tab = self.tab(request)
+        tab.conv_id, tab.focus = conv_id, None
+        self.replies.notify()
+        return self.fields(tab)
+
+    async def new_chat(self, request: gr.Request):
+        tab = self.tab(request)
+        tab.conv_id, tab.focus = None, None
+        tab.draft = self.store.default_settings()
+        self.replies.notify()
+        return self.fields(tab)
+
+    async def rename(self, title: str, request: gr.Request):
+        tab = self.tab(request)
+        title = (title or "").strip()
+        if tab.conv_id is None:
+            gr.Warning("Start a chat first, then rename it.")
+        elif not title:
+            gr.Warning("A title cannot be empty.")
+        else:
+            self.store.rename(tab.conv_id, title[:200])
+        tab.sidebar = self.render_sidebar(tab)
+        return self.as_update(2, tab.sidebar)
+
+    async def delete(self, confirmed: bool, request: gr.Request):
+        tab = self.tab(request)
+        if not confirmed or tab.conv_id is None:
+            return self.fields(tab)
+        self.replies.stop_all(tab.conv_id)
+        try:
+            self.store.delete(tab.conv_id)
+        except NotFoundError:
+            pass
+        convs = self.store.list()
+        tab.conv_id = convs[0].id if convs else None
+        self.replies.notify()
+        gr.Info("Chat deleted.")
+        return self.fields(tab)
+
+    def export(self, kind: str, request: gr.Request):
+        """Write the shown chat to a file for the hidden download link, which the page clicks."""
+        conv = self.shown(self.tab(request))
+        if conv is None or not conv.messages:
+            gr.Warning("Nothing to export yet: this chat has no messages.")
+            return gr.skip()
+        text = self.store.export_markdown(conv.id) if kind == "md" else self.store.export_json(conv.id)
         folder = Path(tempfile.mkdtemp(prefix="minisgl-export-"))
         safe = "".join(ch if ch.isalnum() or ch in "-_ " else "_" for ch in conv.title).strip() or "chat"
         path = folder / f"{safe}.{kind}"
         path.write_text(text, encoding="utf-8")
         return str(path)
 
-    def save_settings(conv_id, system_prompt, temperature, top_p, max_tokens, thinking):
-        settings = ChatSettings(system_prompt or "", temperature, top_p, max_tokens, bool(thinking))
+    async def settings_changed(self, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
+                         request: gr.Request) -> None:
+        self.save_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, request)
+
+    async def export_md(self, request: gr.Request):
+        return self.export("md", request)
+
+    async def export_json(self, request: gr.Request):
+        return self.export("json", request)
+
+    def save_settings(self, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
+                      request: gr.Request) -> bool:
+        """Apply the fields to the tab's chat as they change. Invalid values are refused with a
+        toast naming them and are not used; returns whether the settings are in force."""
+        tab = self.tab(request)
         try:
-            settings = validated(settings)
+            settings = validated(ChatSettings(system_prompt or "", temperature, top_p, max_tokens, bool(thinking),
+                                              top_k if top_k is not None else 0, seed, stop_strings(stop)))
         except ValueError as exc:
             gr.Warning(f"Settings not saved: {exc}")
-            return
-        if conv_id is not None:
-            store.update_settings(conv_id, settings)
-        gr.Info("Settings saved." if conv_id is not None else "Settings will apply to the next chat you start.")
-
-    # ---- one reply ------------------------------------------------------------------------
-
-    reply_locks: dict[int, asyncio.Lock] = {}  # one per conversation replied to (a few bytes each)
-    replies_due: dict[str, int] = {}  # per browser session: messages stored whose reply has not started
-    stop_signals: dict[str, set[asyncio.Event]] = {}  # per browser session: one per reply started, until it ends
-
-    async def respond(conv_id, system_prompt, temperature, top_p, max_tokens, thinking, request: gr.Request):
-        """Stream the assistant's reply to the last user message of ``conv_id``. One reply at a
-        time per conversation: a message sent while a reply streams (or while a stopped one is
-        still being cancelled) is answered after it, to the whole stored conversation."""
-        stop = asyncio.Event()
-        session = request.session_hash if request is not None else None
-        stop_signals.setdefault(session, set()).add(stop)
-        _reply_started(request)
+            return False
+        if tab.conv_id is None:
+            tab.draft = settings
+            return True
         try:
-            async with reply_locks.setdefault(conv_id, asyncio.Lock()):
-                if stop.is_set():  # Stop was clicked while this reply waited for the previous one
-                    return
-                async with aclosing(_respond(conv_id, stop)) as replies:
-                    async for shown in replies:
-                        yield shown
-        finally:
-            stop_signals[session].discard(stop)
-            if not stop_signals[session]:
-                del stop_signals[session]
+            if self.store.get(tab.conv_id).settings != settings:
+                self.store.update_settings(tab.conv_id, settings)
+        except NotFoundError:
+            tab.conv_id = None
+        return True
 
-    def _reply_due(request: gr.Request | None) -> None:
-        if request is not None and request.session_hash:
-            replies_due[request.session_hash] = replies_due.get(request.session_hash, 0) + 1
+    # ---- replies
 
-    def _reply_started(request: gr.Request | None) -> None:
-        if request is not None and request.session_hash and replies_due.get(request.session_hash, 0) > 0:
-            replies_due[request.session_hash] -= 1
-            if not replies_due[request.session_hash]:
-                del replies_due[request.session_hash]
+    def turn_for(self, conv_id: int, after: int | None = None, continue_id: int | None = None):
+        """The next reply of ``conv_id``, made when it starts (after any reply before it): a new
+        reply to the shown chat's last message, a new version of the reply to ``after`` (a user
+        message on the path), or more of reply ``continue_id``."""
+        def make_turn() -> Turn | None:
+            conv = self.store.get(conv_id)
+            path = conv.messages
+            ids = [m.id for m in path]
+            cut = after if after is not None else continue_id
+            if cut is not None:
+                if cut not in ids:
+                    return None  # that message is gone or no longer shown
+                path = path[: ids.index(cut) + 1]
+            if not path or path[-1].role != ("assistant" if continue_id is not None else "user"):
+                return None  # nothing to answer (stopped, deleted or answered meanwhile)
+            s = conv.settings
+            params = SamplingParams(max_tokens=int(s.max_tokens), temperature=float(s.temperature), top_p=float(s.top_p),
+                                    top_k=int(s.top_k) or -1, seed=s.seed, stop=list(s.stop))
+            kwargs = {"enable_thinking": bool(s.thinking)} if chat_template_supports_thinking(self.client.tokenizer_path) else {}
+            messages = engine_messages(replace(conv, messages=path), s)
+            if continue_id is not None:
+                kwargs["continue_final_message"] = True
+                last = path[-1]
+                request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)
+                return Turn(request, last.id, text=last.content, earlier_tokens=(last.stats.tokens or 0) if last.stats else 0)
+            request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs or None)
+            reply = self.store.add_message(conv_id, path[-1].id, "assistant", "", stats={"tokens": 0})
+            return Turn(request, reply.id)
+        return make_turn
 
-    async def _respond(conv_id, stop: asyncio.Event):
-        conv = store.get(conv_id)
-        settings = conv.settings
-        try:
-            params = SamplingParams(
-                max_tokens=int(settings.max_tokens), temperature=float(settings.temperature), top_p=float(settings.top_p)
-            )
-        except UserError as exc:
-            gr.Warning(str(exc))
-            return
-        kwargs = {"enable_thinking": bool(settings.thinking)} if chat_template_supports_thinking(client.tokenizer_path) else None
-        request = GenerateRequest(params=params, messages=engine_messages(conv, settings), chat_template_kwargs=kwargs)
-        reply = store.append(conv_id, "assistant", "", stats={"tokens": 0})
-        text, tokens, finish, error = "", 0, None, None
-        start = time.perf_counter()
-        first = None
-        last_store = start
-        stopped = True  # until the engine says the reply is complete
-        shown = chat_messages(conv) + [{"role": "assistant", "content": ""}]
-
-        def stats() -> dict:
-            now = time.perf_counter()
-            ttft = (first - start) * 1000 if first else None
-            rate = (tokens - 1) / (now - first) if first and tokens > 1 and now > first else None
-            return {"ttft_ms": ttft, "tok_s": rate, "tokens": tokens, "finish_reason": finish, "stopped": stopped and finish is None}
-
-        try:
-            async for out in client.generate(request, stop):
-                if out.error:
-                    error = out.error
-                    break
-                if out.incremental_output:
-                    if first is None:
-                        first = time.perf_counter()
-                    text += out.incremental_output
-                tokens = out.completion_tokens
-                if out.finished:
-                    finish = out.finish_reason
-                    stopped = False
-                shown[-1] = {"role": "assistant", "content": text}
-                now = time.perf_counter()
-                if now - last_store > STORE_EVERY_S:
-                    store.update_message(reply.id, text, stats())
-                    last_store = now
-                yield shown
-        finally:
-            # Runs on completion, on Stop (the task is cancelled) and when the tab goes away:
-            # what was shown is what is stored.
-            if error is not None:
-                # the engine refused this turn (e.g. too long): forget it, so the conversation
-                # stays usable; the page still shows the message and why it failed
-                store.truncate_after(conv_id, reply.position - 2)
-            else:
-                store.update_message(reply.id, text, stats())
-        if error is not None:
-            gr.Warning(error)
-            shown[-1] = {"role": "assistant", "content": f"⚠️ {error}"}
-            yield shown
-            return
-        shown[-1] = {"role": "assistant", "content": f"{text}\n\n<sub class=\"reply-stats\">{format_stats(stats())}</sub>"}
-        yield shown
-
-    def add_user_message(conv_id, text: str, system_prompt, temperature, top_p, max_tokens, thinking,
-                         request: gr.Request):
-        """Store the user's message (starting a conversation if needed); clear the box."""
+    async def send(self, text: str, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
+                   request: gr.Request):
+        """Store the message (starting a chat if needed) and ask for its reply; a message sent
+        while the chat replies is shown at once and answered next."""
+        tab = self.tab(request)
         text = (text or "").strip()
-        if not text:
-            raise gr.Error("Type a message first.", print_exception=False)
-        if conv_id is None:
-            try:
-                settings = validated(ChatSettings(system_prompt or "", temperature, top_p, max_tokens, bool(thinking)))
-            except ValueError as exc:
-                raise gr.Error(f"Check the settings: {exc}", print_exception=False) from None
-            conv_id = store.create(title=title_from(text), settings=settings).id
-        store.append(conv_id, "user", text)
-        _reply_due(request)
-        conv = store.get(conv_id)
-        return conv_id, "", chat_messages(conv), gr.update(choices=conversation_choices(store), value=conv_id)
+        if not text and not tab.attachments:
+            return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
+        if not self.save_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, request):
+            return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
+        if not self.client.ready:
+            gr.Warning("The model is still loading; send your message once the status line says Ready.")
+            return gr.skip(), gr.skip()
+        text = with_attachments(text, tab.attachments)
+        tab.attachments = []
+        if tab.conv_id is None:
+            tab.conv_id = self.store.create(title=title_from(text), settings=tab.draft).id
+        self.store.append(tab.conv_id, "user", text)
+        self.replies.submit(tab.conv_id, request.session_hash, self.turn_for(tab.conv_id))
+        return "", ""
 
-    def prepare_retry(conv_id, request: gr.Request):
-        """Regenerate: drop the last reply, keep the user message."""
-        conv = store.get(conv_id)
-        last_user = max((m.position for m in conv.messages if m.role == "user"), default=None)
-        if last_user is None:
-            raise gr.Error("Nothing to regenerate.", print_exception=False)
-        store.truncate_after(conv_id, last_user)
-        _reply_due(request)
-        return chat_messages(store.get(conv_id))
+    async def regenerate(self, request: gr.Request):
+        """↻: a new version of the last reply (the old one stays, ‹ › shows it again)."""
+        tab = self.tab(request)
+        conv = self.shown(tab)
+        users = [m for m in conv.messages if m.role == "user"] if conv is not None else []
+        if not users:
+            gr.Warning("Nothing to regenerate yet.")
+        elif self.replies.is_busy(conv.id):
+            gr.Warning(BUSY_HINT)
+        else:
+            self.replies.submit(conv.id, request.session_hash, self.turn_for(conv.id, after=users[-1].id))
+        self.replies.notify()
 
-    def prepare_edit(conv_id, edit: gr.EditData, request: gr.Request):
-        """Edit-and-resend: only the last user message can be edited; later turns are dropped."""
-        conv = store.get(conv_id)
-        visible = [m for m in conv.messages if m.role != "system"]
-        target = visible[edit.index] if 0 <= edit.index < len(visible) else None
-        last_user = max((m.position for m in conv.messages if m.role == "user"), default=None)
-        if target is None or target.role != "user" or target.position != last_user:
-            raise gr.Error("Only your last message can be edited and sent again.", print_exception=False)
-        new_text = edit.value if isinstance(edit.value, str) else str(edit.value)
-        store.truncate_after(conv_id, target.position - 1)
-        store.append(conv_id, "user", new_text.strip())
-        _reply_due(request)
-        return chat_messages(store.get(conv_id))
+    async def continue_reply(self, request: gr.Request):
+        """Continue: the stopped or cut reply goes on where it ended (same message)."""
+        tab = self.tab(request)
+        conv = self.shown(tab)
+        if not can_continue(conv):
+            gr.Warning("Only a reply that was stopped or cut at max tokens can be continued.")
+        elif self.replies.is_busy(conv.id):
+            gr.Warning(BUSY_HINT)
+        else:
+            self.replies.submit(conv.id, request.session_hash, self.turn_for(conv.id, continue_id=conv.messages[-1].id))
 
-    def refresh_list(conv_id):
-        return gr.update(choices=conversation_choices(store), value=conv_id)
+    async def edit(self, edit: gr.EditData, request: gr.Request):
+        """✎ on any message makes a new version of it (the old one stays). An edited question is
+        answered again; an edited reply is kept as you wrote it."""
+        tab = self.tab(request)
+        conv = self.shown(tab)
+        shown = view_messages(conv, self.replies.live.get(tab.conv_id))
+        item = shown[edit.index] if conv is not None and 0 <= edit.index < len(shown) else None
+        new_text = (edit.value if isinstance(edit.value, str) else str(edit.value or "")).strip()
+        if item is None or item.is_line or item.source is None:
+            gr.Warning("Edit the message itself, not the line under it.")
+        elif self.replies.is_busy(conv.id):
+            gr.Warning(BUSY_HINT)
+        elif not new_text:
+            gr.Warning("A message cannot be empty.")
+        elif new_text != item.source.content:
+            target = item.source
+            self.store.add_message(conv.id, target.parent_id, target.role, new_text)
+            if target.role == "user":
+                self.replies.submit(conv.id, request.session_hash, self.turn_for(conv.id))
+        self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
 
-    async def stop_replies(request: gr.Request):
-        """Stop: end every reply of this browser session, on the server. (Gradio then also
-        cancels the tab's reply events, but only those the page already knows as started: a
-        reply whose message was sent just before Stop could run on.) A message stored but whose
-        reply has not started yet is waited for (at most 5 s), so that it is stopped too."""
-        deadline = time.monotonic() + 5.0
-        while replies_due.get(request.session_hash, 0) > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        for stop in stop_signals.get(request.session_hash, ()):
-            stop.set()
+    async def stop(self, request: gr.Request) -> None:
+        """Stop the reply of the chat this tab shows (and the turns waiting behind it)."""
+        tab = self.tab(request)
+        if tab.conv_id is not None:
+            self.replies.queued.pop(tab.conv_id, None)
+            self.replies.stop(tab.conv_id)
 
-    def show_stored(conv_id, shown):
-        """After a reply was stopped: the tab's conversation as stored (the stopped reply with its
-        stats line). Runs once the cancelled handler has written it, for the conversation the tab
-        shows by then; nothing if the tab has moved on to a new chat."""
-        if conv_id is None or not shown:
+    # ---- versions, one message
+
+    async def focus(self, evt: gr.SelectData, request: gr.Request):
+        """A click on a message: the versions bar now acts on it."""
+        tab = self.tab(request)
+        shown = view_messages(self.shown(tab))
+        index = evt.index if isinstance(evt.index, int) else (evt.index[0] if evt.index else -1)
+        if 0 <= index < len(shown) and shown[index].source is not None:
+            tab.focus = shown[index].source.id
+            self.replies.notify()
+
+    def switch_version(self, step: int, request: gr.Request):
+        tab = self.tab(request)
+        conv = self.shown(tab)
+        target = focus_of(conv, tab.focus)
+        if target is None:
+            return
+        if self.replies.is_busy(conv.id):
+            gr.Warning(BUSY_HINT)
+            return
+        conv = self.store.switch_version(conv.id, target.id, step)
+        depth = target.position
+        tab.focus = next((m.id for m in conv.messages if m.position == depth), None)
+        self.replies.notify()
+
+    async def previous_version(self, request: gr.Request):
+        self.switch_version(-1, request)
+
+    async def next_version(self, request: gr.Request):
+        self.switch_version(+1, request)
+
+    async def delete_message(self, confirmed: bool, request: gr.Request):
+        tab = self.tab(request)
+        conv = self.shown(tab)
+        target = focus_of(conv, tab.focus)
+        if not confirmed or target is None:
+            return
+        if self.replies.is_busy(conv.id):
+            gr.Warning(BUSY_HINT)
+            return
+        self.store.delete_message(conv.id, target.id)
+        tab.focus = None
+        self.replies.notify()
+
+    # ---- import, search, attachments
+
+    async def import_chat(self, path: str | None, request: gr.Request):
+        tab = self.tab(request)
+        if not path:
+            return self.fields(tab)
+        try:
+            if Path(path).stat().st_size > IMPORT_LIMIT_BYTES:
+                raise BadImportFile(f"the file is larger than {IMPORT_LIMIT_BYTES // 1_000_000} MB")
+            conv = self.store.import_conversation(Path(path).read_bytes())
+        except BadImportFile as exc:
+            gr.Warning(f"Not imported: {exc}")
+            return self.fields(tab)
+        tab.conv_id, tab.focus, tab.search = conv.id, None, ""
+        self.replies.notify()
+        gr.Info(f"Imported “{conv.title}” ({len(conv.messages)} messages shown).")
+        return self.fields(tab)
+
+    async def search(self, query: str, request: gr.Request):
+        tab = self.tab(request)
+        tab.search = (query or "").strip()
+        tab.sidebar = self.render_sidebar(tab)
+        return self.as_update(2, tab.sidebar)
+
+    async def attach(self, path: str | None, request: gr.Request):
+        """A text file goes into the next message, under its name."""
+        tab = self.tab(request)
+        if not path:
             return gr.skip()
-        return chat_messages(store.get(conv_id))
+        file = Path(path)
+        name = file.name
+        try:
+            if file.stat().st_size > ATTACH_LIMIT_BYTES:
+                raise ValueError(f"{name} is larger than 1 MB")
+            text = file.read_bytes().decode("utf-8")
+            if "\x00" in text:
+                raise ValueError(f"{name} is not a text file")
+        except UnicodeDecodeError:
+            gr.Warning(f"Not attached: {name} is not UTF-8 text.")
+            return gr.skip()
+        except ValueError as exc:
+            gr.Warning(f"Not attached: {exc}.")
+            return gr.skip()
+        tab.attachments.append((name, text))
+        return attachments_line(tab.attachments)
 
-    # ---- layout ---------------------------------------------------------------------------
+    # ---- layout
 
-    with gr.Blocks(title="minisgl-chat", fill_height=True) as demo:
-        conv_state = gr.State(None)
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=1, min_width=220, elem_id="sidebar"):
-                new_btn = gr.Button("＋ New chat", elem_id="new-chat-btn", variant="secondary")
-                conv_list = gr.Radio(choices=[], label="Conversations", elem_id="conv-list", interactive=True)
-                with gr.Accordion("Manage", open=False):
-                    title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
-                    rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
-                    delete_btn = gr.Button("Delete chat", elem_id="delete-btn", size="sm", variant="stop")
-                    export_md = gr.DownloadButton("Export Markdown", elem_id="export-md-btn", size="sm")
-                    export_json = gr.DownloadButton("Export JSON", elem_id="export-json-btn", size="sm")
-                with gr.Accordion("Settings", open=False, elem_id="settings"):
-                    d = store.default_settings()
-                    system_box = gr.Textbox(label="System prompt", value=d.system_prompt, lines=3, elem_id="system-prompt")
-                    temperature = gr.Number(label="Temperature (0 = greedy, up to 2)", value=d.temperature, elem_id="temperature")
-                    top_p = gr.Number(label="Top-p (0–1]", value=d.top_p, elem_id="top-p")
-                    max_tokens = gr.Number(label="Max tokens", value=d.max_tokens, precision=0, elem_id="max-tokens")
-                    thinking = gr.Checkbox(label="Thinking mode", value=d.thinking, visible=False, elem_id="thinking")
-                    save_btn = gr.Button("Save settings", elem_id="save-settings-btn", size="sm")
-            with gr.Column(scale=4, elem_id="main"):
-                status = gr.Markdown(status_line(client), elem_id="status-line")
-                chatbot = gr.Chatbot(
-                    elem_id="chatbot",
-                    label=client.model_name,
-                    height="70vh",
-                    editable="user",
-                    reasoning_tags=THINK_TAGS,
-                    buttons=["copy"],
-                    placeholder="Ask anything. Replies stream in; **Stop** ends one at once.",
-                    feedback_options=None,
-                )
-                with gr.Row():
-                    msg = gr.Textbox(
-                        show_label=False, placeholder="Message (Enter sends, Shift+Enter for a new line)",
-                        elem_id="msg-input", scale=8, lines=1, max_lines=8, autofocus=True,
+    def build(self) -> gr.Blocks:
+        with gr.Blocks(title="minisgl-chat", fill_height=True) as demo:
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=1, min_width=220, elem_id="sidebar"):
+                    new_btn = gr.Button("＋ New chat", elem_id="new-chat-btn", variant="secondary")
+                    search = gr.Textbox(show_label=False, label="Search chats", placeholder="Search chats", elem_id="search",
+                                        max_lines=1)
+                    conv_list = gr.Radio(choices=[], label="Conversations", elem_id="conv-list", interactive=True)
+                    with gr.Accordion("Manage", open=False):
+                        title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
+                        rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
+                        delete_btn = gr.Button("Delete chat", elem_id="delete-btn", size="sm", variant="stop")
+                        export_md = gr.Button("Export Markdown", elem_id="export-md-btn", size="sm")
+                        export_json = gr.Button("Export JSON", elem_id="export-json-btn", size="sm")
+                        import_btn = gr.UploadButton("Import chat (JSON)", elem_id="import-btn", size="sm", file_types=[".json"])
+                        export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
+                        confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
+                    with gr.Accordion("Settings", open=False, elem_id="settings"):
+                        d = self.store.default_settings()
+                        system_box = gr.Textbox(label="System prompt", value=d.system_prompt, lines=3, elem_id="system-prompt")
+                        temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="Temperature (0 = greedy)",
+                                                elem_id="temperature")
+                        top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="Top-p", elem_id="top-p")
+                        max_tokens = gr.Number(label="Max tokens", value=d.max_tokens, precision=0,
+                                               step=1, elem_id="max-tokens")
+                        thinking = gr.Checkbox(label="Thinking mode", value=d.thinking, visible=False, elem_id="thinking")
+                        top_k = gr.Number(label="Top-k (0 = off)", value=d.top_k, precision=0,
+                                          elem_id="top-k")
+                        seed = gr.Number(label="Seed (empty = random)", value=d.seed, precision=0, elem_id="seed")
+                        stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
+                        gr.Markdown("Settings apply to this chat as you change them.", elem_classes="hint")
+                with gr.Column(scale=4, elem_id="main"):
+                    status = gr.Markdown(status_line(self.client), elem_id="status-line")
+                    chatbot = gr.Chatbot(
+                        elem_id="chatbot", show_label=False, height="70vh", editable="all", reasoning_tags=THINK_TAGS,
+                        buttons=["copy"], feedback_options=None,
+                        placeholder="Ask anything. Replies stream in; **Stop** (or Escape) ends one at once.",
                     )
-                    send_btn = gr.Button("Send", elem_id="send-btn", variant="primary", scale=1, min_width=80)
-                    stop_btn = gr.Button("Stop", elem_id="stop-btn", variant="stop", scale=1, min_width=80)
-        timer = gr.Timer(1.0)
+                    with gr.Row(elem_id="versions", visible=False) as versions:
+                        prev_btn = gr.Button("‹", elem_id="prev-version-btn", size="sm", min_width=40, scale=0)
+                        versions_text = gr.Markdown("", elem_id="versions-label")
+                        next_btn = gr.Button("›", elem_id="next-version-btn", size="sm", min_width=40, scale=0)
+                        delete_msg_btn = gr.Button("Delete message", elem_id="delete-message-btn", size="sm", scale=0,
+                                                   min_width=120)
+                    with gr.Row(elem_id="composer"):
+                        attach_btn = gr.UploadButton("Attach", elem_id="attach-btn", size="sm", scale=0, min_width=70,
+                                                     file_types=TEXT_FILES)
+                        msg = gr.Textbox(label="Message", show_label=False, elem_id="msg-input", scale=8, lines=1, max_lines=8,
+                                         autofocus=True, placeholder="Message (Enter sends, Shift+Enter for a new line)")
+                        send_btn = gr.Button("Send", elem_id="send-btn", variant="primary", scale=1, min_width=80)
+                        stop_btn = gr.Button("Stop", elem_id="stop-btn", variant="stop", scale=1, min_width=80)
+                        continue_btn = gr.Button("Continue", elem_id="continue-btn", scale=1, min_width=90, visible=False)
+                    attached = gr.Markdown("", elem_id="attached")
 
-        settings_inputs = [system_box, temperature, top_p, max_tokens, thinking]
-        page_outputs = [conv_state, conv_list, chatbot, title_box, *settings_inputs]
-        reply_inputs = [conv_state, *settings_inputs]
+            settings = [system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop]
+            tab_fields = [title_box, *settings]
+            # queued (toasts need the queue) but never waiting behind one another
+            quick = dict(show_progress="hidden", concurrency_limit=None)
 
-        demo.load(load_page, outputs=[*page_outputs, thinking, chatbot], queue=False)
-        timer.tick(lambda: status_line(client), outputs=status, queue=False, show_progress="hidden")
-        new_btn.click(new_chat, outputs=page_outputs, queue=False)
-        conv_list.input(show_conversation, inputs=conv_list, outputs=page_outputs, queue=False)
-        rename_btn.click(rename, inputs=[conv_state, title_box], outputs=conv_list)
-        delete_btn.click(delete, inputs=conv_state, outputs=page_outputs)
-        export_md.click(lambda c: export(c, "md"), inputs=conv_state, outputs=export_md)
-        export_json.click(lambda c: export(c, "json"), inputs=conv_state, outputs=export_json)
-        save_btn.click(save_settings, inputs=[conv_state, *settings_inputs])
+            view = [chatbot, status, conv_list, versions, versions_text, continue_btn]
+            follow = dict(fn=self.follow, outputs=view, show_progress="hidden", concurrency_limit=None)
+            timer = gr.Timer(IDLE_CHECK_S)
 
-        # trigger_mode "multiple": with Gradio's default ("once") the page silently skips a reply
-        # whose previous run is still pending, e.g. one being cancelled by Stop while the next
-        # message is sent; respond itself answers one message at a time per conversation.
-        reply_event = dict(fn=respond, inputs=reply_inputs, outputs=chatbot, concurrency_limit=None,
-                           show_progress="hidden", trigger_mode="multiple")
-        # queue=False: a message is stored the moment it arrives, never behind a queue, so a
-        # Stop clicked right after it finds its reply due and stops it (stop_replies).
-        sends = [trigger(add_user_message, inputs=[conv_state, msg, *settings_inputs],
-                         outputs=[conv_state, msg, chatbot, conv_list], show_progress="hidden", queue=False)
-                 for trigger in (msg.submit, send_btn.click)]
-        replies = [send.success(**reply_event) for send in sends]
-        replies.append(chatbot.retry(prepare_retry, inputs=conv_state, outputs=chatbot, queue=False).success(**reply_event))
-        replies.append(chatbot.edit(prepare_edit, inputs=conv_state, outputs=chatbot, queue=False).success(**reply_event))
-        # Stop ends the reply at once: cancelling the handler closes the engine stream (abort).
-        # The page cancels only after stop_replies has returned (Gradio runs an event's own
-        # function before the cancellation it asks for).
-        stop_btn.click(stop_replies, cancels=replies, queue=False)
-        chatbot.clear(new_chat, outputs=page_outputs, queue=False)  # the chat's own trash icon: a fresh chat
-        for event in replies:
-            event.failure(show_stored, inputs=[conv_state, chatbot], outputs=chatbot, queue=False)  # stopped: its stats line
-            event.then(refresh_list, inputs=conv_state, outputs=conv_list, queue=False)
-    return demo
+            demo.load(self.load_page, outputs=[*tab_fields, thinking], **quick).then(**follow)
+            demo.unload(self.unload)
+            timer.tick(self.tick, outputs=[status, conv_list], queue=False, show_progress="hidden")
+            new_btn.click(self.new_chat, outputs=tab_fields, **quick).then(**follow)
+            conv_list.input(self.select, inputs=conv_list, outputs=tab_fields, **quick).then(**follow)
+            search.input(self.search, inputs=search, outputs=conv_list, **quick)
+            rename_btn.click(self.rename, inputs=title_box, outputs=conv_list, **quick)
+            title_box.submit(self.rename, inputs=title_box, outputs=conv_list, **quick)
+            delete_btn.click(self.delete, inputs=confirmed, outputs=tab_fields, js=confirm_js("Delete this chat?"),
+                             **quick).then(**follow)
+            for button, handler in ((export_md, self.export_md), (export_json, self.export_json)):
+                button.click(handler, outputs=export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
+            import_btn.upload(self.import_chat, inputs=import_btn, outputs=tab_fields, **quick).then(**follow)
+            for item in settings:
+                item.input(self.settings_changed, inputs=settings, **quick)
+            for trigger in (msg.submit, send_btn.click):
+                trigger(self.send, inputs=[msg, *settings], outputs=[msg, attached], **quick).then(**follow)
+            attach_btn.upload(self.attach, inputs=attach_btn, outputs=attached, **quick)
+            chatbot.retry(self.regenerate, **quick).then(**follow)
+            chatbot.edit(self.edit, **quick).then(**follow)
+            chatbot.select(self.focus, **quick).then(**follow)
+            prev_btn.click(self.previous_version, **quick).then(**follow)
+            next_btn.click(self.next_version, **quick).then(**follow)
+            delete_msg_btn.click(self.delete_message, inputs=confirmed, js=confirm_js("Delete this message and what follows it?"),
+                                 **quick).then(**follow)
+            continue_btn.click(self.continue_reply, **quick).then(**follow)
+            stop_btn.click(self.stop, **quick)
+        return demo
+
+
+def build_ui(client, store: ConversationStore) -> gr.Blocks:
+    """The whole page. ``client`` is the engine's FrontendClient."""
+    return ChatPage(client, store).build()
+
+
+def stop_strings(text: str | None) -> tuple[str, ...]:
+    return tuple(line for line in (text or "").splitlines() if line.strip())
+
+
+def with_attachments(text: str, attachments: list[tuple[str, str]]) -> str:
+    """The message with each attached file after it, under its name, in a fenced block."""
+    parts = [text] if text else []
+    for name, body in attachments:
+        fence = "````" if "```" in body else "```"
+        parts.append(f"**{name}**\n{fence}\n{body.rstrip()}\n{fence}")
+    return "\n\n".join(parts)
+
+
+def attachments_line(attachments: list[tuple[str, str]]) -> str:
+    if not attachments:
+        return ""
+    return "Attached to your next message: " + ", ".join(f"`{name}` ({len(body):,} characters)" for name, body in attachments)
 
 
 def validated(settings: ChatSettings) -> ChatSettings:
     """Coerce the form's numbers, then apply the store's own checks."""
     try:
-        settings = ChatSettings(
-            system_prompt=settings.system_prompt,
+        settings = replace(
+            settings,
             temperature=float(settings.temperature),
             top_p=float(settings.top_p),
             max_tokens=int(settings.max_tokens) if float(settings.max_tokens).is_integer() else settings.max_tokens,
-            thinking=settings.thinking,
+            top_k=int(settings.top_k) if float(settings.top_k).is_integer() else settings.top_k,
+            seed=None if settings.seed in (None, "") else (int(settings.seed) if float(settings.seed).is_integer() else settings.seed),
         )
     except (TypeError, ValueError):
         raise ValueError("temperature, top-p and max tokens must be numbers") from None
@@ -453,6 +628,7 @@ def mount_ui(app, client, store: ConversationStore, api_key: str | None) -> None
         footer_links=[],
         run_history=False,  # Gradio would keep a copy of each event's output (the chats) in the browser
         css=theme_css(),
+        js=PAGE_JS,
         theme=gr.themes.Soft(),
         ssr_mode=False,
     )

@@ -193,7 +193,8 @@ def test_bench_decode_short_lengths(tiny_dir) -> None:
 
 MULTITURN_KEYS = {
     "bench", "device", "model", "dtype", "tp", "cache", "page_size", "conversations", "turns", "system_len",
-    "user_len", "reply_len", "ttft_ms_per_turn", "last_turn_ttft_ms", "prefix_cache_hit_tokens", "replies_identical",
+    "user_len", "reply_len", "ttft_ms_per_turn", "last_turn_ttft_ms", "regenerate_ttft_ms", "prefix_cache_hit_tokens",
+    "replies_identical",
 }
 
 
@@ -209,8 +210,10 @@ def test_bench_multiturn_runs_radix_and_naive_side_by_side(tiny_dir) -> None:
         assert (row["bench"], row["cache"], row["conversations"], row["turns"], row["page_size"]) == ("multiturn", cache, 3, 3, 4)
         assert len(row["ttft_ms_per_turn"]) == 3 and row["last_turn_ttft_ms"] == row["ttft_ms_per_turn"][-1]
         assert row["replies_identical"] is True
-    # turn 1 finds the system prompt (24 tokens); turns 2 and 3 the previous turn, page-aligned
-    assert radix["prefix_cache_hit_tokens"] == 3 * (24 + 32 + 40)
+    # turn 1 finds the system prompt (24 tokens); turns 2 and 3 the previous turn, page-aligned;
+    # the regenerate its whole 46-token prompt but the last token, page-aligned: 44
+    assert radix["prefix_cache_hit_tokens"] == 3 * (24 + 32 + 40 + 44)
+    assert "regenerate last reply" in proc.stdout
     assert naive["prefix_cache_hit_tokens"] == 0
 
 

@@ -1,10 +1,12 @@
-"""The conversation store: what the chat UI relies on when it saves, lists, exports and reloads."""
+"""The conversation store: what the chat UI relies on when it saves, lists, branches, imports,
+searches, exports and reloads."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
+import shutil
 import sqlite3
 import stat
 import threading
@@ -17,6 +19,7 @@ from minisgl_app.store import (
     DB_NAME,
     DEFAULT_TITLE,
     SCHEMA_VERSION,
+    BadImportFile,
     ChatSettings,
     ConversationStore,
     MessageStats,
@@ -165,6 +168,181 @@ def test_delete_cascades_to_messages(store):
         assert raw.execute("SELECT conversation_id, content FROM messages").fetchall() == [(keep.id, "stay")]
 
 
+# ----------------------------------------------------------------------------- trees
+
+def shown(conv) -> list[tuple[str, int, int]]:
+    """The shown path as (content, version index, version count)."""
+    return [(m.content, m.sibling_index, m.sibling_count) for m in conv.messages]
+
+
+def chat(store, *contents: str):
+    """A linear chat of alternating user and assistant messages; returns (conversation, messages)."""
+    conv = store.create()
+    msgs = [store.append(conv.id, "user" if i % 2 == 0 else "assistant", c) for i, c in enumerate(contents)]
+    return conv, msgs
+
+
+def test_append_grows_one_branch_below_the_selected_leaf(store):
+    conv, [u, a, u2] = chat(store, "u", "a", "u2")
+    assert [(m.parent_id, m.position) for m in (u, a, u2)] == [(None, 0), (u.id, 1), (a.id, 2)]
+    got = store.get(conv.id)
+    assert [m.id for m in got.messages] == [u.id, a.id, u2.id]
+    assert shown(got) == [("u", 0, 1), ("a", 0, 1), ("u2", 0, 1)]
+    assert [m.parent_id for m in got.messages] == [None, u.id, a.id]
+
+
+def test_regenerate_adds_a_sibling_and_keeps_the_old_version(store):
+    conv, [u, a1] = chat(store, "Capital of France?", "Paris.")
+    a2 = store.add_message(conv.id, a1.parent_id, "assistant", "It is Paris.", {"tokens": 4})
+    assert (a2.parent_id, a2.position, a2.sibling_index, a2.sibling_count) == (u.id, 1, 1, 2)
+    assert shown(store.get(conv.id)) == [("Capital of France?", 0, 1), ("It is Paris.", 1, 2)]
+    back = store.switch_version(conv.id, a2.id, -1)
+    assert shown(back) == [("Capital of France?", 0, 1), ("Paris.", 0, 2)]
+    assert back == store.get(conv.id)  # the switch is stored, not only returned
+    assert shown(store.switch_version(conv.id, a1.id, -1))[-1] == ("Paris.", 0, 2)  # clamped
+    assert shown(store.switch_version(conv.id, a1.id, +5))[-1] == ("It is Paris.", 1, 2)
+    assert store.get(conv.id).messages[-1].stats == MessageStats(tokens=4)
+
+
+def test_edit_adds_a_sibling_question_with_its_own_reply(store):
+    conv, [u1, a1, u2, a2] = chat(store, "u1", "a1", "u2", "a2")
+    edited = store.add_message(conv.id, u2.parent_id, "user", "u2 edited")
+    store.append(conv.id, "assistant", "a2 for the edit")
+    assert shown(store.get(conv.id)) == [("u1", 0, 1), ("a1", 0, 1), ("u2 edited", 1, 2),
+                                         ("a2 for the edit", 0, 1)]
+    # back to the original question: its reply comes back with it
+    assert shown(store.switch_version(conv.id, edited.id, -1)) == [
+        ("u1", 0, 1), ("a1", 0, 1), ("u2", 0, 2), ("a2", 0, 1)]
+    # a streamed reply in the other branch updates in place
+    store.update_message(a2.id, "a2, longer", MessageStats(tokens=9))
+    assert store.get(conv.id).messages[-1].content == "a2, longer"
+
+
+def test_select_message_follows_the_branch_written_to_last(store):
+    conv, [u, a1] = chat(store, "u", "a1")
+    c1 = store.append(conv.id, "user", "c1")
+    c2 = store.add_message(conv.id, a1.id, "user", "c2")      # the newest child of a1 ...
+    g = store.add_message(conv.id, c1.id, "assistant", "g")   # ... but c1's branch was written to last
+    a2 = store.add_message(conv.id, u.id, "assistant", "a2")
+    assert shown(store.get(conv.id)) == [("u", 0, 1), ("a2", 1, 2)]
+    assert [m.id for m in store.select_message(conv.id, a1.id).messages] == [u.id, a1.id, c1.id, g.id]
+    assert [m.id for m in store.select_message(conv.id, c2.id).messages] == [u.id, a1.id, c2.id]
+    assert [m.id for m in store.switch_version(conv.id, c2.id, -1).messages] == [u.id, a1.id, c1.id, g.id]
+    assert [m.id for m in store.select_message(conv.id, u.id).messages] == [u.id, a2.id]
+
+
+def test_a_new_first_message_is_a_root_version(store):
+    conv, [u, a] = chat(store, "first start", "reply")
+    other = store.add_message(conv.id, None, "user", "second start")
+    assert (other.parent_id, other.position, other.sibling_index, other.sibling_count) == (None, 0, 1, 2)
+    assert shown(store.get(conv.id)) == [("second start", 1, 2)]
+    assert shown(store.switch_version(conv.id, other.id, -1)) == [("first start", 0, 2), ("reply", 0, 1)]
+
+
+def test_select_and_switch_do_not_reorder_the_sidebar(store):
+    conv, [u, a1] = chat(store, "u", "a1")
+    a2 = store.add_message(conv.id, u.id, "assistant", "a2")
+    later = store.create("later")
+    store.switch_version(conv.id, a2.id, -1)
+    store.select_message(conv.id, a2.id)
+    assert [c.id for c in store.list()] == [later.id, conv.id]
+
+
+def test_delete_message_deletes_its_subtree_and_shows_another_version(store):
+    conv, [u, a1, follow] = chat(store, "u", "a1", "follow-up")
+    a2 = store.add_message(conv.id, u.id, "assistant", "a2")
+    a3 = store.add_message(conv.id, u.id, "assistant", "a3")
+    store.select_message(conv.id, a2.id)
+    # the shown version goes: the previous one is shown, with its own continuation
+    assert shown(store.delete_message(conv.id, a2.id)) == [("u", 0, 1), ("a1", 0, 2), ("follow-up", 0, 1)]
+    # the first version goes: the next one is shown; its subtree went with it
+    assert shown(store.delete_message(conv.id, a1.id)) == [("u", 0, 1), ("a3", 0, 1)]
+    with sqlite3.connect(store.path) as raw:
+        assert raw.execute("SELECT content FROM messages ORDER BY id").fetchall() == [("u",), ("a3",)]
+    # the only version goes: the path ends at its parent, and the next reply continues from there
+    assert shown(store.delete_message(conv.id, a3.id)) == [("u", 0, 1)]
+    assert store.append(conv.id, "assistant", "again").parent_id == u.id
+    # a message off the shown path goes: nothing shown changes
+    side = store.add_message(conv.id, u.id, "assistant", "side")
+    store.switch_version(conv.id, side.id, -1)
+    assert shown(store.delete_message(conv.id, side.id)) == [("u", 0, 1), ("again", 0, 1)]
+    # the root goes: the conversation is empty and starts again with a new root
+    assert store.delete_message(conv.id, u.id).messages == []
+    assert store.append(conv.id, "user", "fresh").parent_id is None
+    assert [c.message_count for c in store.list()] == [1]
+
+
+def test_truncate_after_drops_everything_below_the_shown_message(store):
+    conv, [u0, a1, u2, a3] = chat(store, "u0", "a1", "u2", "a3")
+    a1b = store.add_message(conv.id, u0.id, "assistant", "a1b")
+    store.append(conv.id, "user", "u2b")
+    store.append(conv.id, "assistant", "a3b")
+    store.truncate_after(conv.id, 2)  # regenerate in the shown branch: its last reply goes
+    assert shown(store.get(conv.id)) == [("u0", 0, 1), ("a1b", 1, 2), ("u2b", 0, 1)]
+    # the other branch is above position 2, so it is kept
+    assert shown(store.switch_version(conv.id, a1b.id, -1)) == [
+        ("u0", 0, 1), ("a1", 0, 2), ("u2", 0, 1), ("a3", 0, 1)]
+    store.truncate_after(conv.id, 0)  # below the first message: both versions of the reply go
+    assert shown(store.get(conv.id)) == [("u0", 0, 1)]
+    assert store.append(conv.id, "assistant", "a1c").sibling_count == 1
+    store.truncate_after(conv.id, 7)  # past the end: nothing to drop
+    assert len(store.get(conv.id).messages) == 2
+    store.truncate_after(conv.id, -1)
+    assert store.get(conv.id).messages == []
+    with sqlite3.connect(store.path) as raw:
+        assert raw.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+
+
+def test_a_chat_deeper_than_sqlites_trigger_limit_can_be_deleted(store):
+    # a cascade goes one trigger level per generation and SQLite stops at 1000
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(1500)]
+    conv = store.import_conversation(json.dumps(turns))
+    assert conv.messages[-1].position == 1499
+    store.truncate_after(conv.id, 1000)
+    assert len(store.get(conv.id).messages) == 1001
+    assert store.delete_message(conv.id, conv.messages[0].id).messages == []
+    deep = store.import_conversation(json.dumps(turns))
+    store.delete(deep.id)
+    with sqlite3.connect(store.path) as raw:
+        assert raw.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+
+
+def test_list_counts_the_messages_shown(store):
+    conv, [u, a1] = chat(store, "u", "a1")
+    store.add_message(conv.id, u.id, "assistant", "a2")
+    store.append(conv.id, "user", "more")
+    assert store.list()[0].message_count == 3
+    store.switch_version(conv.id, a1.id, 0)
+    assert store.list()[0].message_count == 2
+
+
+def test_tree_calls_with_missing_or_foreign_ids_raise_not_found(store):
+    conv, [u, a] = chat(store, "u", "a")
+    other, [x] = chat(store, "x")
+    calls = [lambda: store.add_message(conv.id, x.id, "assistant", "wrong parent"),
+             lambda: store.add_message(999, None, "user", "no conversation"),
+             lambda: store.select_message(conv.id, x.id),
+             lambda: store.switch_version(conv.id, 999, 1),
+             lambda: store.delete_message(conv.id, x.id),
+             lambda: store.delete_message(999, u.id)]
+    for call in calls:
+        with pytest.raises(NotFoundError):
+            call()
+    assert shown(store.get(conv.id)) == [("u", 0, 1), ("a", 0, 1)]
+    assert shown(store.get(other.id)) == [("x", 0, 1)]
+
+
+def test_a_tree_survives_reopening(data_dir):
+    with ConversationStore() as s:
+        conv, [u, a1] = chat(s, "u", "a1")
+        s.add_message(conv.id, u.id, "assistant", "a2")
+        s.switch_version(conv.id, a1.id, -1)
+        before = s.get(conv.id)
+    with ConversationStore() as again:
+        assert again.get(conv.id) == before
+        assert shown(before) == [("u", 0, 1), ("a1", 0, 2)]
+
+
 # ----------------------------------------------------------------------------- export
 
 def test_export_markdown_contains_title_system_prompt_and_messages(store):
@@ -194,6 +372,238 @@ def test_export_json_round_trips(store):
     assert [(m["position"], m["role"], m["content"], m["created_at"],
              MessageStats.from_dict(m["stats"]) if m["stats"] else None) for m in doc["messages"]] == [
         (m.position, m.role, m.content, m.created_at, m.stats) for m in got.messages]
+
+
+# ----------------------------------------------------------------------------- import
+
+def nothing_stored(store) -> bool:
+    with sqlite3.connect(store.path) as raw:
+        return (store.list() == []
+                and raw.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0)
+
+
+def test_import_of_our_export_round_trips_a_branched_chat(store):
+    settings = ChatSettings(system_prompt="Sois bref.", temperature=1.1, top_p=0.5, thinking=True)
+    conv = store.create("Branches 🌳", settings)
+    u = store.append(conv.id, "user", "Bonjour")
+    a1 = store.append(conv.id, "assistant", "Salut", MessageStats(ttft_ms=9.0, tok_s=50.0, tokens=2,
+                                                                  finish_reason="stop"))
+    store.append(conv.id, "user", "Ça va ?")
+    a2 = store.add_message(conv.id, u.id, "assistant", "Bonjour !", {"stopped": True})
+    store.switch_version(conv.id, a2.id, -1)
+    original = store.get(conv.id)
+
+    copy = store.import_conversation(store.export_json(conv.id))
+    assert copy.id != conv.id and store.list()[0].id == copy.id
+    assert (copy.title, copy.settings, copy.created_at) == (original.title, settings, original.created_at)
+
+    def same(c):
+        return [(m.role, m.content, m.created_at, m.stats, m.position, m.sibling_index, m.sibling_count)
+                for m in c.messages]
+
+    assert same(copy) == same(original)  # the selected branch, a1's, is the one shown
+    other = store.switch_version(copy.id, copy.messages[1].id, +1)
+    assert [(m.content, m.sibling_index) for m in other.messages] == [("Bonjour", 0), ("Bonjour !", 1)]
+    assert other.messages[-1].stats == MessageStats(stopped=True)
+    assert len(json.loads(store.export_json(copy.id))["tree"]) == 4
+    assert a1.id not in {m.id for m in copy.messages}  # new ids
+
+
+def test_import_reads_exports_written_before_trees(store):
+    old_export = {  # what schema 2 wrote: the messages only
+        "format": "minisgl-chat conversation", "schema_version": 2, "id": 3, "title": "Old",
+        "created_at": 100.0, "updated_at": 200.0,
+        "settings": {"system_prompt": "", "temperature": 0.7, "top_p": 0.9, "max_tokens": 64,
+                     "thinking": False, "from_the_future": 1},
+        "messages": [
+            {"position": 0, "role": "user", "content": "hi", "created_at": 150.0, "stats": None},
+            {"position": 1, "role": "assistant", "content": "hello", "created_at": 160.0,
+             "stats": {"tokens": 2, "finish_reason": "stop", "stopped": False}}]}
+    conv = store.import_conversation(json.dumps(old_export))
+    assert (conv.title, conv.settings, conv.created_at) == (
+        "Old", ChatSettings(temperature=0.7, max_tokens=64), 100.0)
+    assert [(m.role, m.content, m.created_at, m.stats, m.parent_id is None) for m in conv.messages] == [
+        ("user", "hi", 150.0, None, True),
+        ("assistant", "hello", 160.0, MessageStats(tokens=2, finish_reason="stop"), False)]
+
+
+def test_import_of_openai_messages(store):
+    doc = {"model": "gpt-4o", "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": [{"type": "text", "text": "What is"},
+                                     {"type": "text", "text": "KV cache?"}]},
+        {"role": "assistant", "content": "Saved keys and values.", "refusal": None},
+        {"role": "user", "content": "Thanks"}]}
+    conv = store.import_conversation(json.dumps(doc))
+    assert conv.settings == ChatSettings(system_prompt="You are terse.")
+    assert conv.title == "What is"  # the first line of the first user message
+    assert [(m.role, m.content, m.position) for m in conv.messages] == [
+        ("user", "What is\nKV cache?", 0), ("assistant", "Saved keys and values.", 1), ("user", "Thanks", 2)]
+    assert all(m.stats is None for m in conv.messages)
+
+
+def test_import_of_a_bare_list_and_a_titled_file(store):
+    bare = store.import_conversation('[{"role": "user", "content": "  Plan a trip\\nto Rome"}]')
+    assert (bare.title, bare.settings, [m.content for m in bare.messages]) == (
+        "Plan a trip", ChatSettings(), ["  Plan a trip\nto Rome"])
+    titled = store.import_conversation(json.dumps(
+        {"title": "  My   chat ", "messages": [{"role": "assistant", "content": "Hello!"}]}))
+    assert titled.title == "My chat"
+    untitled = store.import_conversation('[{"role": "assistant", "content": "Hi"}]')
+    assert untitled.title == DEFAULT_TITLE
+    with_bom = store.import_conversation(b'\xef\xbb\xbf[{"role": "user", "content": "caf\xc3\xa9"}]')
+    assert with_bom.messages[0].content == "café"
+
+
+TREE = {"format": "minisgl-chat conversation", "title": "t", "settings": {},
+        "tree": [{"id": 1, "parent_id": None, "role": "user", "content": "a"},
+                 {"id": 2, "parent_id": 99, "role": "assistant", "content": "b"}]}
+
+
+BAD_FILES = [  # (test id, the file's text, what the user is told)
+    ("empty", "", "not JSON: Expecting value at line 1 column 1"),
+    ("prose", "hello", "not JSON: Expecting value at line 1 column 1"),
+    ("broken", '{"messages": [}', "not JSON: Expecting value at line 1 column 15"),
+    ("two-documents", "[] []", "not JSON: Extra data at line 1 column 4"),
+    ("too-deep", "[" * 100_000, "not JSON that can be read: it is nested too deeply"),
+    ("not-utf8", b"[\xff]", "not UTF-8 text: byte 2 (0xff) cannot be read; save the file as UTF-8"),
+    ("a-number", "42", 'expected a minisgl-chat export, an object with a "messages" list, '
+                       "or a list of messages; got a number"),
+    ("empty-list", "[]", "no messages to import"),
+    ("no-messages", '{"messages": []}', "no messages to import"),
+    ("only-system", '{"messages": [{"role": "system", "content": "only a prompt"}]}',
+     "no messages to import"),
+    ("messages-text", '{"messages": "hi"}', "messages: expected a list of messages, got text"),
+    ("message-text", '["hi"]', "messages[0]: expected an object with role and content, got text"),
+    ("robot", '[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, '
+              '{"role": "user", "content": "c"}, {"role": "robot", "content": "d"}]',
+     "messages[3].role: 'robot' is not one of user, assistant, system"),
+    ("tool", '[{"role": "tool", "content": "x"}]',
+     "messages[0].role: 'tool' is not one of user, assistant, system"),
+    ("no-content", '[{"role": "user"}]', "messages[0].content is missing"),
+    ("no-role", '[{"content": "x"}]', "messages[0].role is missing"),
+    ("null-content", '[{"role": "assistant", "content": null}]',
+     "messages[0].content: expected text or a list of text parts, got null"),
+    ("image", '[{"role": "user", "content": [{"type": "text", "text": "look"}, '
+              '{"type": "image_url", "image_url": {}}]}]',
+     "messages[0].content[1].type: only text parts can be imported, not 'image_url'"),
+    ("cut-emoji", '[{"role": "user", "content": "hi \\ud83d"}]',
+     "messages[0].content: character 4 is '\\ud83d', half of a character pair (a cut emoji?); remove it"),
+    ("part-without-text", '[{"role": "user", "content": [{"type": "text"}]}]',
+     "messages[0].content[0].text: expected text, got null"),
+    ("long-system-prompt",
+     '[{"role": "system", "content": "' + "p" * 20_001 + '"}, {"role": "user", "content": "x"}]',
+     "messages[0]: system prompt is 20,001 characters; the limit is 20,000"),
+    ("title-number", '{"title": 7, "messages": [{"role": "user", "content": "x"}]}',
+     "title: expected text, got a number"),
+    ("bad-settings",
+     '{"format": "minisgl-chat conversation", "settings": {"temperature": 9}, "messages": []}',
+     "settings: temperature must be between 0 and 2 (got 9)"),
+    ("bad-stats", '{"format": "minisgl-chat conversation", "messages": [{"role": "user", "content": "x", '
+                  '"stats": {"tokens": "many"}}]}',
+     "messages[0].stats.tokens: expected a whole number, got 'many'"),
+    ("unknown-parent", json.dumps(TREE), "tree[1].parent_id: 99 is not the id of an earlier message"),
+    ("unknown-leaf", json.dumps({**TREE, "tree": TREE["tree"][:1], "leaf_id": 5}),
+     "leaf_id: 5 is not the id of a message in the tree"),
+    ("too-big", '[{"role": "user", "content": "' + "x" * 21_000_000 + '"}]',
+     "the file is 21.0 MB; the limit is 20 MB"),
+]
+
+
+@pytest.mark.parametrize("text, words", [b[1:] for b in BAD_FILES], ids=[b[0] for b in BAD_FILES])
+def test_a_bad_import_file_is_refused_with_a_message_a_user_can_act_on(store, text, words):
+    with pytest.raises(BadImportFile) as err:
+        store.import_conversation(text)
+    assert str(err.value) == words
+    assert isinstance(err.value, ValueError)
+    assert nothing_stored(store)
+
+
+def test_an_import_that_fails_while_storing_leaves_nothing(store, monkeypatch):
+    from minisgl_app import store as store_module
+
+    real_insert, calls = store_module._insert, []
+
+    def failing_insert(*args):
+        calls.append(args)
+        if len(calls) == 3:
+            raise sqlite3.OperationalError("disk I/O error")
+        return real_insert(*args)
+
+    monkeypatch.setattr(store_module, "_insert", failing_insert)
+    turns = [{"role": "user", "content": f"m{i}"} for i in range(5)]
+    with pytest.raises(sqlite3.OperationalError):
+        store.import_conversation(json.dumps(turns))
+    assert len(calls) == 3 and nothing_stored(store)
+
+
+# ----------------------------------------------------------------------------- search
+
+@pytest.fixture
+def searchable(store):
+    """Three chats, oldest first: a Paris chat, a French one with a hidden branch, a CJK one."""
+    paris, [u, _] = chat(store, "What is the capital of France?", "Paris, a city of salt and pepper.")
+    store.rename(paris.id, "Travel plans")
+    french, [q, _] = chat(store, "Crème brûlée recipe", "Use cream and sugar.")
+    hidden = store.add_message(french.id, q.id, "assistant", "Hidden branch mentions Paris")
+    store.switch_version(french.id, hidden.id, -1)
+    cjk, _ = chat(store, "什么是 KV Cache？", "Привет мир")
+    return paris, french, cjk
+
+
+def test_search_finds_titles_and_text_in_any_branch_most_recent_first(store, searchable):
+    paris, french, cjk = searchable
+    found = store.search("paris")
+    assert [r.id for r in found] == [french.id, paris.id]  # french was updated later
+    assert found[0].snippet == "Hidden branch mentions Paris"
+    assert found[1].snippet == "Paris, a city of salt and pepper."
+    assert [(r.id, r.snippet) for r in store.search("travel")] == [(paris.id, "")]  # the title
+    assert [r.id for r in store.search("capital fra")] == [paris.id]  # every word; the last a prefix
+    assert store.search("capital sugar") == []  # words in different chats
+    assert [r.id for r in store.search("Pari")] == [french.id, paris.id]
+    assert store.search("par", limit=1) == store.search("par")[:1]
+    assert found[0].message_count == 2
+
+
+def test_search_follows_edits_renames_and_deletes(store, searchable):
+    paris, french, cjk = searchable
+    reply = store.get(paris.id).messages[1]
+    store.update_message(reply.id, "Lyon is not the capital.")
+    assert store.search("pepper") == [] and [r.id for r in store.search("lyon")] == [paris.id]
+    store.rename(paris.id, "Geography")
+    assert store.search("travel") == [] and [r.id for r in store.search("geography")] == [paris.id]
+    assert [r.id for r in store.search("hidden")] == [french.id]
+    store.truncate_after(french.id, 0)
+    assert store.search("hidden") == []
+    store.delete(paris.id)
+    assert store.search("lyon") == [] and store.search("geography") == []
+
+
+def test_search_matches_unicode_text(store, searchable):
+    paris, french, cjk = searchable
+    assert [r.id for r in store.search("creme brulee")] == [french.id]  # accents do not matter
+    assert [r.id for r in store.search("BRÛL")] == [french.id]
+    assert [r.id for r in store.search("什么")] == [cjk.id]  # the start of a run of CJK text
+    assert [r.id for r in store.search("kv cache")] == [cjk.id]
+    assert [r.id for r in store.search("привет")] == [cjk.id]  # case folded beyond ASCII
+
+
+@pytest.mark.parametrize("query", [
+    '"', '""', "*", "AND", "OR", "NOT", "and or not", "NEAR(a b)", "(", ")", "a OR", '"unterminated',
+    'salt"', "^salt", "content:salt", "title:x", "-", "+", ":", "{a b}", "", "   ", "🐈", "\x00",
+    "'; DROP TABLE messages; --", "x" * 1000, "a*b", "\\", "%", "_",
+])
+def test_search_never_raises_on_odd_input(store, searchable, query):
+    results = store.search(query)
+    assert isinstance(results, list)
+    assert len(store.list()) == 3  # and it changed nothing
+
+
+def test_search_treats_operators_and_quotes_as_text(store, searchable):
+    paris, french, cjk = searchable
+    assert [r.id for r in store.search("AND")] == [french.id, paris.id]  # the word "and"
+    assert [r.id for r in store.search('"salt" pepper*')] == [paris.id]
+    assert store.search('"') == store.search("*") == store.search("🐈") == []
 
 
 # ----------------------------------------------------------------------------- settings and titles
@@ -319,13 +729,112 @@ def test_a_version_1_database_is_migrated_and_keeps_its_data(tmp_path):
         assert (conv.title, conv.settings) == ("old chat", ChatSettings(temperature=0.3))
         assert [(m.role, m.content, m.stats) for m in conv.messages] == [
             ("user", "hi", None), ("assistant", "hello", MessageStats(tokens=2, finish_reason="stop"))]
-        assert s.append(7, "user", "again").position == 2
+        again = s.append(7, "user", "again")
+        assert (again.position, again.parent_id) == (2, 2)
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-        assert "messages_by_position" in indexes
-        with pytest.raises(sqlite3.IntegrityError):  # positions are now unique per conversation
-            raw.execute("INSERT INTO messages VALUES (9, 7, 0, 'user', 'dup', 1.0, NULL)")
+        # version 2's unique positions went in version 3, where versions of a message share one
+        assert "messages_by_position" not in indexes and "messages_by_conversation" in indexes
+        assert raw.execute("SELECT id, parent_id, position FROM messages ORDER BY id").fetchall() == [
+            (1, None, 0), (2, 1, 1), (3, 2, 2)]
+
+
+V2_FILE = Path(__file__).parent / "data" / "chats-v2.sqlite3"
+
+
+def test_the_previous_releases_v2_file_becomes_one_branch_trees(tmp_path):
+    """tests/data/chats-v2.sqlite3 was written by the release with schema version 2 (app/store.py at
+    commit 1b897c89, taken with `git show`) through its own API, on a fake clock:
+    `.venv/bin/python tests/data/make_chats_v2.py` makes it again. It holds "Capitals" (system
+    prompt, a stopped reply), a deleted chat (a gap in the ids), "Deux 🐈" (truncated and appended
+    to, as v2 regenerated) and an empty chat."""
+    path = tmp_path / DB_NAME
+    shutil.copyfile(V2_FILE, path)
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+    with ConversationStore(path) as s:
+        assert [(c.id, c.title, c.message_count) for c in s.list()] == [
+            (4, "empty", 0), (3, "Deux 🐈", 4), (1, "Capitals", 4)]
+        capitals = s.get(1)
+        assert (capitals.created_at, capitals.updated_at) == (1764000001.0, 1764000006.0)
+        assert capitals.settings == ChatSettings(system_prompt="Answer in one word.", temperature=0.2)
+        assert [(m.id, m.parent_id, m.position, m.role, m.content, m.stats) for m in capitals.messages] == [
+            (1, None, 0, "user", "What is the capital of France?", None),
+            (2, 1, 1, "assistant", "Paris.", MessageStats(12.5, 80.0, 3, "stop", False)),
+            (3, 2, 2, "user", "And of Italy?", None),
+            (4, 3, 3, "assistant", "Rome", MessageStats(tokens=2, finish_reason="abort", stopped=True))]
+        deux = s.get(3)
+        assert deux.settings == ChatSettings(max_tokens=2048, thinking=True)
+        assert [(m.id, m.parent_id, m.position, m.content) for m in deux.messages] == [
+            (6, None, 0, "message 0"), (7, 6, 1, "message 1"), (10, 7, 2, "Bonjour, ça va ?"),
+            (11, 10, 3, "<think>hm</think>Très bien.")]
+        assert all((m.sibling_index, m.sibling_count) == (0, 1) for m in capitals.messages + deux.messages)
+        assert s.get(4).messages == []
+        with pytest.raises(NotFoundError):
+            s.get(2)
+        # the old text is in the search index, and the chats go on as trees
+        assert [c.id for c in s.search("rome")] == [1] and [c.id for c in s.search("deux")] == [3]
+        assert (s.append(1, "user", "And Spain?").parent_id, s.get(1).messages[-1].position) == (4, 4)
+        regenerated = s.add_message(3, 10, "assistant", "Bien, merci.")
+        assert (regenerated.sibling_index, regenerated.sibling_count) == (1, 2)
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
+        assert raw.execute("SELECT id, leaf_id FROM conversations ORDER BY id").fetchall() == [
+            (1, 12), (3, 13), (4, None)]
+
+
+def test_a_failing_v3_migration_leaves_the_v2_file_as_it_was(tmp_path, monkeypatch):
+    from minisgl_app import store as store_module
+
+    path = tmp_path / DB_NAME
+    shutil.copyfile(V2_FILE, path)
+
+    def broken(*args):
+        raise sqlite3.OperationalError("no such module: fts5")
+
+    monkeypatch.setattr(store_module, "_v3_search_index", broken)  # after the trees are linked
+    with pytest.raises(sqlite3.OperationalError, match="fts5"):
+        ConversationStore(path)
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert "parent_id" not in {r[1] for r in raw.execute("PRAGMA table_info(messages)")}
+        assert raw.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'messages_by_position'"
+                           ).fetchone()[0] == 1
+        assert raw.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 8
+    monkeypatch.undo()
+    with ConversationStore(path) as s:  # and the next start migrates it
+        assert len(s.get(1).messages) == 4
+
+
+def test_schema_3_has_trees_and_a_search_index(store):
+    with sqlite3.connect(store.path) as raw:
+        objects = {(r[0], r[1]) for r in raw.execute("SELECT type, name FROM sqlite_master "
+                                                     "WHERE name NOT LIKE '%fts\\_%' ESCAPE '\\'")}
+        assert objects >= {
+            ("table", "conversations"), ("table", "messages"), ("table", "messages_fts"),
+            ("table", "conversations_fts"), ("index", "conversations_by_update"),
+            ("index", "messages_by_conversation"), ("index", "messages_by_parent"),
+            ("index", "conversations_by_leaf")}
+        triggers = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+        assert triggers == {f"{t}_fts_{op}" for t in ("messages", "conversations")
+                            for op in ("insert", "delete", "update")}
+        keys = {(r[2], r[3], r[6]) for r in raw.execute("PRAGMA foreign_key_list(messages)")}
+        assert keys == {("conversations", "conversation_id", "CASCADE"), ("messages", "parent_id", "CASCADE")}
+        assert [(r[2], r[3], r[6]) for r in raw.execute("PRAGMA foreign_key_list(conversations)")] == [
+            ("messages", "leaf_id", "SET NULL")]
+
+
+def test_deleting_a_message_outside_the_store_cascades_to_its_subtree(store):
+    conv, [u, a, u2] = chat(store, "u", "a", "u2")
+    with sqlite3.connect(store.path) as raw:
+        raw.execute("PRAGMA foreign_keys = ON")
+        raw.execute("DELETE FROM messages WHERE id = ?", (a.id,))
+    assert [m.content for m in store.get(conv.id).messages] == []  # the leaf was deleted: SET NULL
+    with sqlite3.connect(store.path) as raw:
+        assert raw.execute("SELECT id FROM messages").fetchall() == [(u.id,)]
 
 
 def test_a_version_0_database_gets_the_whole_schema(tmp_path):

@@ -57,8 +57,12 @@ class PromptEncoder:
     def apply_chat_template(self, messages: list[dict], kwargs: dict) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise UserError("this model has no chat template; use /v1/completions with a plain prompt")
+        # continue_final_message: the last (assistant) message is left open so the model goes on
+        # writing it (the chat's Continue), instead of starting a new turn
+        add_generation_prompt = not kwargs.get("continue_final_message", False)
         try:
-            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs)
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                                     return_dict=False, **kwargs)
         except Exception as exc:  # jinja2's TemplateError and friends: the messages don't fit the template
             raise UserError(f"the chat template rejected these messages: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         return list(out)

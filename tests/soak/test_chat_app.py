@@ -30,7 +30,7 @@ from minisgl_engine.weights.demo import demo_model_dir
 from minisgl_engine.weights.gguf_convert import is_complete
 from server_utils import ServerProcess, wait_until
 from soak_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, Scale, assert_idle, group_gone, long_prompt, runtime_dir_of
-from test_browser import BOT, CHROMIUM, USER, browser, last_reply, make_greedy, send  # noqa: F401 (browser: fixture)
+from test_browser import BOT, CHROMIUM, USER, browser, last_reply, make_greedy, send, stats_text  # noqa: F401 (browser: fixture)
 
 pytestmark = [
     pytest.mark.soak,
@@ -126,7 +126,7 @@ def engine_state(app: ServerProcess) -> str:
 
 def reply_over(page) -> bool:
     """The reply ended by itself (its stats line is shown) or was refused (a warning)."""
-    return page.locator(".reply-stats").count() > 0 or "⚠️" in last_reply(page)
+    return "tok/s" in stats_text(page) or "⚠️" in last_reply(page)
 
 
 def wait_for_reply(page, app: ServerProcess, done: Callable[[], bool], stall_s: float = 60.0) -> bool:

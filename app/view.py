@@ -1,0 +1,171 @@
+"""What the page shows, as plain functions of the stored conversation and the live replies (no
+Gradio here, so the logic is tested without a browser).
+
+The chat is rendered as Gradio message dicts. A reply's figures (time to first token, tok/s,
+tokens) are not part of its text: they travel as a separate small message marked with
+``metadata`` (Gradio shows it as a collapsed line under the reply), so Copy gives the reply's
+Markdown alone. ``ViewMessage.source`` maps each shown message back to the stored one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from .live import LiveReply
+from .store import ChatSettings, Conversation, ConversationSummary, Message
+
+
+
+VERSIONS_HINT = "Click a message, then ‹ › under the chat to see its other versions."
+
+
+@dataclass(frozen=True)
+class ViewMessage:
+    """One message on the page and the stored message it shows (a stats or version line shows
+    the message above it); ``shown`` without ``metadata`` is the message itself."""
+
+    shown: dict
+    source: Message | None
+
+    @property
+    def is_line(self) -> bool:
+        return "metadata" in self.shown
+
+
+def focus_of(conv: Conversation | None, chosen: int | None) -> Message | None:
+    """The message the versions bar acts on: the one the user clicked, if still shown; else the
+    deepest message that has other versions."""
+    if conv is None:
+        return None
+    by_id = {m.id: m for m in conv.messages}
+    if chosen in by_id:
+        return by_id[chosen]
+    return next((m for m in reversed(conv.messages) if m.sibling_count > 1), None)
+
+
+def versions_label(conv: Conversation, focus: Message) -> str:
+    who = "Your message" if focus.role == "user" else "Reply"
+    turn = [m.id for m in conv.messages if m.role != "system"].index(focus.id) + 1
+    return f"{who} {turn}: version {focus.sibling_index + 1} of {focus.sibling_count}"
+
+
+def can_continue(conv: Conversation | None) -> bool:
+    """A reply that was stopped or cut at max tokens can be continued."""
+    last = conv.messages[-1] if conv is not None and conv.messages else None
+    return (last is not None and last.role == "assistant" and bool(last.content) and last.stats is not None
+            and not is_failed(last) and (last.stats.stopped or last.stats.finish_reason == "length"))
+
+
+def format_stats(stats: dict | None) -> str:
+    if not stats:
+        return ""
+    parts = []
+    if stats.get("ttft_ms") is not None:
+        parts.append(f"{stats['ttft_ms'] / 1000:.2f} s to first token")
+    if stats.get("tok_s") is not None:
+        parts.append(f"{stats['tok_s']:.1f} tok/s")
+    if stats.get("tokens") is not None:
+        parts.append(f"{stats['tokens']} tokens")
+    if stats.get("stopped"):
+        parts.append("stopped")
+    elif stats.get("finish_reason") == "length":
+        parts.append("hit the token limit")
+    return " · ".join(parts)
+
+
+def is_failed(message: Message) -> bool:
+    """A reply the engine refused (its text is the reason, not the model's words)."""
+    return message.role == "assistant" and message.stats is not None and message.stats.finish_reason == "error"
+
+
+def view_messages(conv: Conversation | None, live: LiveReply | None = None) -> list[ViewMessage]:
+    """The conversation as the chat shows it; the live reply's text replaces its stored copy
+    (which is written only every half second)."""
+    if conv is None:
+        return []
+    out: list[ViewMessage] = []
+    for m in conv.messages:
+        if m.role == "system":
+            continue
+        streaming = live is not None and live.message_id == m.id and not live.done
+        content = live.text if streaming else m.content
+        out.append(ViewMessage({"role": m.role, "content": content}, m))
+        version = f"version {m.sibling_index + 1}/{m.sibling_count}" if m.sibling_count > 1 else ""
+        if m.role == "user":
+            if version:  # under your message: which of your versions this is
+                out.append(ViewMessage({"role": "user", "content": VERSIONS_HINT, "metadata": {"title": version, "status": "done"}}, m))
+            continue
+        if is_failed(m):
+            continue
+        line = "replying…" if streaming else format_stats(m.stats.to_dict() if m.stats else None)
+        line = " · ".join(x for x in (version, line) if x)
+        if line:
+            # status "done": collapsed, and no spinner (an animation costs a software-rendered
+            # browser as much CPU as the engine gets)
+            out.append(ViewMessage({"role": "assistant", "content": ending(m, streaming),
+                                    "metadata": {"title": line, "status": "done"}}, m))
+    return out
+
+
+def ending(m: Message, streaming: bool) -> str:
+    """The stats line's details: how the reply ended."""
+    if streaming:
+        return "The reply is streaming; Stop (or Escape) ends it."
+    reason = m.stats.finish_reason if m.stats else None
+    if m.stats is not None and m.stats.stopped:
+        return "Stopped before the end."
+    return {"stop": "The model finished its answer.", "length": "Cut at this chat's max tokens (Settings)."}.get(reason or "", "Ended.")
+
+
+def engine_messages(conv: Conversation, settings: ChatSettings) -> list[dict]:
+    """What the model sees: the system prompt, then every stored turn, leaving out a turn the
+    engine refused (its question and the reason shown in its place) and empty replies."""
+    msgs = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
+    turns = [m for m in conv.messages if m.role in ("user", "assistant")]
+    for i, m in enumerate(turns):
+        if is_failed(m) or (m.role == "user" and i + 1 < len(turns) and is_failed(turns[i + 1])):
+            continue
+        if m.role == "assistant" and not m.content:
+            continue
+        msgs.append({"role": m.role, "content": m.content})
+    return msgs
+
+
+def sidebar_choices(summaries: list[ConversationSummary], busy: set[int], now: datetime | None = None) -> list[tuple[str, int]]:
+    """(label, id) per conversation: its title, when it was last used, and a mark while it replies."""
+    now = now or datetime.now()
+    out = []
+    for c in summaries:
+        mark = "● " if c.id in busy else ""
+        out.append((f"{mark}{c.title} · {when(c.updated_at, now)}", c.id))
+    return out
+
+
+def when(ts: float, now: datetime) -> str:
+    """Sidebar dates: the time today, the weekday this week, else the date."""
+    then = datetime.fromtimestamp(ts)
+    if then.date() == now.date():
+        return then.strftime("%H:%M")
+    if 0 < (now.date() - then.date()).days < 7:
+        return then.strftime("%a")
+    return then.strftime("%Y-%m-%d")
+
+
+def status_line(client) -> str:
+    """The model, the device and the engine's load, in one line."""
+    if not client.ready:
+        if client.startup_errors:
+            worker, error = next(iter(client.startup_errors.items()))
+            return f"**Error:** {worker} failed to start: {error}"
+        done = len(client.worker_info)
+        total = len(client.expected_workers)
+        return f"**Starting** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready)"
+    sched = client.worker_info.get("minisgl-TP0-scheduler", {})
+    s = client.stats
+    if s is None:
+        load = ""
+    else:
+        load = (f" · KV cache: {s.kv_pages_used:,} in use, {s.kv_pages_cached:,} cached, {s.kv_pages_total:,} total pages"
+                f" · {s.running} running, {s.waiting} waiting")
+    return f"**Ready** · {client.model_name} on {sched.get('device', '?')} ({sched.get('dtype', '?')}){load}"

@@ -1,0 +1,217 @@
+"""The chat page's logic without a browser: replies streaming into their own conversations
+(app/live.py) and what the page shows of a conversation (app/view.py), over a real SQLite store
+and a stand-in engine stream."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+import pytest
+
+from minisgl_app import live
+from minisgl_app.live import ReplyManager, Turn
+from minisgl_app.store import ConversationStore
+from minisgl_app.view import can_continue, engine_messages, focus_of, sidebar_choices, versions_label, view_messages
+from minisgl_engine.messages import UserReply
+from minisgl_engine.sampling_params import SamplingParams
+from minisgl_engine.server.openai_protocol import GenerateRequest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class FakeEngine:
+    """generate(request, stop): the words of the request's last message, echoed one per step,
+    then finished; stops at once when ``stop`` is set. ``refuse`` makes it answer with an error."""
+
+    def __init__(self, step_s: float = 0.01, refuse: str | None = None) -> None:
+        self.step_s = step_s
+        self.refuse = refuse
+        self.requests: list[GenerateRequest] = []
+        self.aborted = 0
+
+    async def generate(self, request: GenerateRequest, stop: asyncio.Event):
+        self.requests.append(request)
+        if self.refuse:
+            yield UserReply(1, "", finished=True, finish_reason="error", error=self.refuse)
+            return
+        words = f"echo: {request.messages[-1]['content']}".split()
+        for i, word in enumerate(words):
+            if stop.is_set():
+                self.aborted += 1
+                return
+            await asyncio.sleep(self.step_s)
+            last = i == len(words) - 1
+            yield UserReply(1, word + ("" if last else " "), finished=last, finish_reason="stop" if last else None,
+                            completion_tokens=i + 1)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ConversationStore(tmp_path / "chats.sqlite3") as s:
+        yield s
+
+
+def turn_for(store: ConversationStore, conv_id: int):
+    def make_turn() -> Turn | None:
+        conv = store.get(conv_id)
+        if not conv.messages or conv.messages[-1].role != "user":
+            return None
+        request = GenerateRequest(params=SamplingParams(), messages=engine_messages(conv, conv.settings))
+        return Turn(request, store.append(conv_id, "assistant", "").id)
+    return make_turn
+
+
+async def until_idle(manager: ReplyManager, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while manager.busy_conversations():
+        assert asyncio.get_running_loop().time() < deadline, "replies did not end"
+        await asyncio.sleep(0.01)
+
+
+def texts(store: ConversationStore, conv_id: int) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in store.get(conv_id).messages]
+
+
+@pytest.mark.anyio
+async def test_two_conversations_stream_into_their_own_messages(store):
+    engine = FakeEngine()
+    manager = ReplyManager(store, engine.generate)
+    a, b = store.create("a").id, store.create("b").id
+    store.append(a, "user", "apples are red")
+    store.append(b, "user", "bananas are yellow and long")
+    manager.submit(a, "tab", turn_for(store, a))
+    manager.submit(b, "tab", turn_for(store, b))
+    assert manager.busy_conversations() == {a, b}
+    await until_idle(manager)
+    assert texts(store, a)[-1] == ("assistant", "echo: apples are red")
+    assert texts(store, b)[-1] == ("assistant", "echo: bananas are yellow and long")
+    stats = store.get(a).messages[-1].stats
+    assert stats.finish_reason == "stop" and not stats.stopped and stats.tokens == 4
+
+
+@pytest.mark.anyio
+async def test_a_message_sent_while_the_chat_replies_is_answered_after_it(store):
+    engine = FakeEngine(step_s=0.02)
+    manager = ReplyManager(store, engine.generate)
+    c = store.create().id
+    store.append(c, "user", "first question here")
+    manager.submit(c, "tab", turn_for(store, c))
+    await asyncio.sleep(0.03)
+    store.append(c, "user", "second")  # stored (and shown) at once, below the streaming reply
+    manager.submit(c, "tab", turn_for(store, c))
+    assert manager.is_busy(c) and len(manager.queued[c]) == 1
+    await until_idle(manager)
+    assert texts(store, c) == [("user", "first question here"), ("assistant", "echo: first question here"),
+                               ("user", "second"), ("assistant", "echo: second")]
+    assert engine.requests[1].messages[-3:] == [{"role": "user", "content": "first question here"},
+                                               {"role": "assistant", "content": "echo: first question here"},
+                                               {"role": "user", "content": "second"}]
+
+
+@pytest.mark.anyio
+async def test_stop_keeps_the_partial_reply_marked_stopped(store):
+    engine = FakeEngine(step_s=0.05)
+    manager = ReplyManager(store, engine.generate)
+    c = store.create().id
+    store.append(c, "user", " ".join(["word"] * 50))
+    manager.submit(c, "tab", turn_for(store, c))
+    await asyncio.sleep(0.2)
+    assert manager.stop(c)
+    await until_idle(manager)
+    reply = store.get(c).messages[-1]
+    assert reply.content.startswith("echo:") and len(reply.content.split()) < 50
+    assert reply.stats.stopped and reply.stats.finish_reason is None
+    assert engine.aborted == 1
+
+
+@pytest.mark.anyio
+async def test_a_closed_tab_stops_its_replies_unless_a_page_shows_them_again(store, monkeypatch):
+    monkeypatch.setattr(live, "ORPHAN_GRACE_S", 0.1)
+    engine = FakeEngine(step_s=0.05)
+    manager = ReplyManager(store, engine.generate)
+    kept, dropped = store.create().id, store.create().id
+    for c in (kept, dropped):
+        store.append(c, "user", " ".join(["w"] * 20))
+        manager.page_seen("old-tab", c)
+        manager.submit(c, "old-tab", turn_for(store, c))
+    manager.page_gone("old-tab")
+    manager.page_seen("reloaded-tab", kept)  # the reloaded page shows one of them: it adopts it
+    await asyncio.sleep(0.3)
+    assert manager.is_busy(kept) and not manager.is_busy(dropped)
+    assert store.get(dropped).messages[-1].stats.stopped
+    await until_idle(manager)
+    assert store.get(kept).messages[-1].stats.finish_reason == "stop"
+
+
+@pytest.mark.anyio
+async def test_a_refused_turn_shows_why_and_is_left_out_of_the_next_request(store):
+    engine = FakeEngine(refuse="the prompt is 9000 tokens long but the model's context is 8192 tokens; shorten it")
+    manager = ReplyManager(store, engine.generate)
+    c = store.create().id
+    store.append(c, "user", "hello " * 9000)
+    manager.submit(c, "tab", turn_for(store, c))
+    await until_idle(manager)
+    conv = store.get(c)
+    assert conv.messages[-1].content.startswith("⚠️ the prompt is 9000 tokens")
+    shown = view_messages(conv)
+    assert [v.shown["role"] for v in shown] == ["user", "assistant"]  # no stats line under a refusal
+    store.append(c, "user", "What is the capital of France?")
+    assert engine_messages(store.get(c), conv.settings) == [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_stats_are_a_line_of_their_own_and_never_in_the_reply_text(store):
+    c = store.create().id
+    store.append(c, "user", "hi")
+    store.append(c, "assistant", "Hello **there**", stats={"ttft_ms": 120.0, "tok_s": 31.5, "tokens": 12, "finish_reason": "stop"})
+    shown = [v.shown for v in view_messages(store.get(c))]
+    assert shown[1] == {"role": "assistant", "content": "Hello **there**"}
+    assert "tok/s" in shown[2]["metadata"]["title"] and "0.12 s to first token" in shown[2]["metadata"]["title"]
+    assert "<" not in shown[1]["content"]
+
+
+def test_the_live_text_replaces_the_stored_copy_while_streaming(store):
+    c = store.create().id
+    store.append(c, "user", "hi")
+    reply = store.append(c, "assistant", "Hel")
+    streaming = live.LiveReply(c, reply.id, "tab", text="Hello wor")
+    shown = [v.shown for v in view_messages(store.get(c), streaming)]
+    assert shown[1]["content"] == "Hello wor" and shown[2]["metadata"]["title"] == "replying…"
+
+
+def test_versions_show_under_messages_and_focus_the_deepest(store):
+    c = store.create().id
+    q = store.append(c, "user", "question")
+    store.append(c, "assistant", "first answer", stats={"tokens": 2, "finish_reason": "stop"})
+    store.add_message(c, q.id, "assistant", "second answer", stats={"tokens": 2, "finish_reason": "stop"})
+    conv = store.get(c)
+    lines = [v.shown["metadata"]["title"] for v in view_messages(conv) if "metadata" in v.shown]
+    assert lines == ["version 2/2 · 2 tokens"]
+    focus = focus_of(conv, None)
+    assert focus.content == "second answer" and versions_label(conv, focus) == "Reply 2: version 2 of 2"
+    assert focus_of(conv, q.id).id == q.id  # a clicked message wins
+    conv = store.switch_version(c, focus.id, -1)
+    assert conv.messages[-1].content == "first answer"
+
+
+def test_only_a_stopped_or_cut_reply_can_be_continued(store):
+    c = store.create().id
+    store.append(c, "user", "q")
+    reply = store.append(c, "assistant", "partial", stats={"tokens": 8, "finish_reason": "length"})
+    assert can_continue(store.get(c))
+    store.update_message(reply.id, "done", stats={"tokens": 8, "finish_reason": "stop"})
+    assert not can_continue(store.get(c))
+    store.update_message(reply.id, "stopped", stats={"tokens": 3, "stopped": True})
+    assert can_continue(store.get(c))
+    assert not can_continue(None)
+
+
+def test_sidebar_marks_replying_chats_and_dates(store):
+    a, b = store.create("alpha").id, store.create("beta").id
+    now = datetime.fromtimestamp(store.get(b).updated_at)
+    labels = dict((cid, label) for label, cid in sidebar_choices(store.list(), {a}, now))
+    assert labels[a].startswith("● alpha · ") and labels[b].startswith("beta · ")
+    assert labels[b].endswith(now.strftime("%H:%M"))
