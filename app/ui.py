@@ -339,9 +339,12 @@ class ChatPage:
         tab = self.tab(request)
         conv = self.shown(tab)
         shown = view_messages(conv, self.replies.live.get(tab.conv_id))
-        item = shown[edit.index] if conv is not None and 0 <= edit.index < len(shown) else None
-        new_text = (edit.value if isinstance(edit.value, str) else str(edit.value or "")).strip()
-        if item is None or item.is_line or item.source is None:
+        index = edit.index if isinstance(edit.index, int) else edit.index[0]
+        item = shown[index] if conv is not None and 0 <= index < len(shown) else None
+        new_text = edit_text(edit.value)
+        if new_text == edit_text(edit.previous_value):
+            pass  # unchanged (Gradio edits a reply and the line under it together: the line is no edit)
+        elif item is None or item.is_line or item.source is None:
             gr.Warning("Edit the message itself, not the line under it.")
         elif self.replies.is_busy(conv.id):
             gr.Warning(BUSY_HINT)
@@ -410,18 +413,18 @@ class ChatPage:
     async def import_chat(self, path: str | None, request: gr.Request):
         tab = self.tab(request)
         if not path:
-            return self.fields(tab)
+            return (*self.fields(tab), gr.skip())
         try:
             if Path(path).stat().st_size > IMPORT_LIMIT_BYTES:
                 raise BadImportFile(f"the file is larger than {IMPORT_LIMIT_BYTES // 1_000_000} MB")
             conv = self.store.import_conversation(Path(path).read_bytes())
         except BadImportFile as exc:
             gr.Warning(f"Not imported: {exc}")
-            return self.fields(tab)
+            return (*self.fields(tab), gr.skip())
         tab.conv_id, tab.focus, tab.search = conv.id, None, ""
         self.replies.notify()
         gr.Info(f"Imported “{conv.title}” ({len(conv.messages)} messages shown).")
-        return self.fields(tab)
+        return (*self.fields(tab), "")
 
     async def search(self, query: str, request: gr.Request):
         tab = self.tab(request)
@@ -521,16 +524,18 @@ class ChatPage:
             timer.tick(self.tick, outputs=[status, conv_list], queue=False, show_progress="hidden")
             new_btn.click(self.new_chat, outputs=tab_fields, **quick).then(**follow)
             conv_list.input(self.select, inputs=conv_list, outputs=tab_fields, **quick).then(**follow)
-            search.input(self.search, inputs=search, outputs=conv_list, **quick)
+            # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
+            # Backspace, cut or paste); the box is never an output, so only the user changes it
+            search.change(self.search, inputs=search, outputs=conv_list, **quick)
             rename_btn.click(self.rename, inputs=title_box, outputs=conv_list, **quick)
             title_box.submit(self.rename, inputs=title_box, outputs=conv_list, **quick)
             delete_btn.click(self.delete, inputs=confirmed, outputs=tab_fields, js=confirm_js("Delete this chat?"),
                              **quick).then(**follow)
             for button, handler in ((export_md, self.export_md), (export_json, self.export_json)):
                 button.click(handler, outputs=export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
-            import_btn.upload(self.import_chat, inputs=import_btn, outputs=tab_fields, **quick).then(**follow)
-            for item in settings:
-                item.input(self.settings_changed, inputs=settings, **quick)
+            import_btn.upload(self.import_chat, inputs=import_btn, outputs=[*tab_fields, search], **quick).then(**follow)
+            for item in settings:  # .change: see search (a switch of chats sets equal values: no write)
+                item.change(self.settings_changed, inputs=settings, **quick)
             for trigger in (msg.submit, send_btn.click):
                 trigger(self.send, inputs=[msg, *settings], outputs=[msg, attached], **quick).then(**follow)
             attach_btn.upload(self.attach, inputs=attach_btn, outputs=attached, **quick)
@@ -549,6 +554,15 @@ class ChatPage:
 def build_ui(client, store: ConversationStore) -> gr.Blocks:
     """The whole page. ``client`` is the engine's FrontendClient."""
     return ChatPage(client, store).build()
+
+
+def edit_text(value) -> str:
+    """The text of an edited message as Gradio sends it (a string, or a list of text parts)."""
+    if isinstance(value, list):
+        return "".join(edit_text(v) for v in value)
+    if isinstance(value, dict):
+        return str(value.get("text") or value.get("content") or "")
+    return ("" if value is None else str(value)).strip()
 
 
 def stop_strings(text: str | None) -> tuple[str, ...]:

@@ -1,0 +1,625 @@
+"""The chat page's conversation features, as a person uses them in Debian's Chromium (Playwright),
+against the real app (`minisgl-chat chat`, demo model): versions (Retry, Edit, ‹ ›), Continue,
+deleting a message, import and export, search, attachments, stop strings and seeds.
+
+One app and one browser serve the module (the app is restarted once, on the same data folder);
+each test opens its own tab. Where text is compared, replies are greedy (temperature 0) or seeded,
+and short. Chats that need no model (delete, search, import) are made by importing a file, so
+only the features that generate wait for the engine. Screenshots go to test-artifacts/."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from minisgl_engine.weights.demo import demo_model_dir
+from minisgl_engine.weights.gguf_convert import is_complete
+from server_utils import ServerProcess, wait_until
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`"),
+]
+ARTIFACTS = Path(os.environ.get("MINISGL_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+
+# The messages themselves; a reply's stats line and the versions line under a user message are
+# separate `.thought` messages next to them.
+REPLY = "#chatbot .message:not(.thought) > [data-testid='bot']"
+USER = "#chatbot .message:not(.thought) > [data-testid='user']"
+LINE = "#chatbot .thought"
+ROW = "#chatbot .message-row"  # one per group: a user message (and its line), a reply (and its stats)
+SIDEBAR = "#conv-list label"
+REPLY_WAIT_S = 120  # a loaded 2-core machine is slow
+
+
+# ---- the app (restartable on the same data folder) and the browser
+
+class App:
+    """The running app; ``restart`` stops it and starts another on the same data folder and port."""
+
+    def __init__(self, data_dir: Path, logs: Path) -> None:
+        self.data_dir, self.logs, self.starts = data_dir, logs, 0
+        self.srv = self._start(None)
+
+    def _start(self, port: int | None) -> ServerProcess:
+        self.starts += 1
+        return ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat",
+                             log_path=self.logs / f"app-{self.starts}.log",
+                             env={"MINISGL_DATA_DIR": str(self.data_dir)}, port=port)
+
+    @property
+    def url(self) -> str:
+        return self.srv.url
+
+    def metrics(self) -> dict[str, float]:
+        return self.srv.metrics()
+
+    def restart(self) -> None:
+        port = self.srv.port
+        self.srv.stop()
+        self.srv = self._start(port)
+
+    def stop(self) -> None:
+        self.srv.stop()
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    running = App(tmp_path_factory.mktemp("features-data"), tmp_path_factory.mktemp("features-app"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"],
+        )
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, app):
+    """A tab of its own (its own session), closed after the test."""
+    context = browser.new_context(viewport={"width": 1280, "height": 860}, accept_downloads=True)
+    tab = context.new_page()
+    open_app(tab, app)
+    yield tab
+    context.close()
+
+
+# ---- helpers: what a person does and sees
+
+def open_app(page, app) -> None:
+    page.goto(f"{app.url}/")
+    page.wait_for_selector("#msg-input textarea", timeout=60_000)
+    assert wait_until(lambda: "Ready" in page.inner_text("#status-line"), 180), page.inner_text("#status-line")
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"features-{name}.png"), full_page=True)
+
+
+def send(page, text: str) -> None:
+    page.fill("#msg-input textarea", text)
+    page.press("#msg-input textarea", "Enter")
+
+
+def replies(page) -> list[str]:
+    return [t.strip() for t in page.locator(REPLY).all_inner_texts()]
+
+
+def users(page) -> list[str]:
+    return [t.strip() for t in page.locator(USER).all_inner_texts()]
+
+
+def lines(page) -> list[str]:
+    """The lines under messages: a reply's stats (with its version), a user message's version."""
+    return [t.strip() for t in page.locator(LINE).all_inner_texts()]
+
+
+def last_line(page) -> str:
+    found = lines(page)
+    return found[-1] if found else ""
+
+
+def versions_label(page) -> str:
+    label = page.locator("#versions-label")
+    return label.inner_text().strip() if page.locator("#versions").is_visible() else ""
+
+
+def toasts(page) -> str:
+    return " | ".join(page.locator(".toast-body").all_inner_texts())
+
+
+def close_toasts(page) -> None:
+    for button in page.locator(".toast-close").all():
+        try:
+            button.click(timeout=2_000)
+        except Exception:
+            pass
+    wait_until(lambda: page.locator(".toast-body").count() == 0, 5)
+
+
+def engine_idle(app) -> bool:
+    m = app.metrics()
+    return m.get("minisgl_running_requests") == 0 and m.get("minisgl_waiting_requests", 0) == 0
+
+
+def reply_done(page, *, tokens: int | None = None, version: str | None = None) -> bool:
+    """The last reply has finished: its stats line shows its token count (and the version)."""
+    line = last_line(page)
+    if "replying" in line or not re.search(r"\d+ tokens", line):
+        return False
+    if tokens is not None and f"{tokens} tokens" not in line:
+        return False
+    return version is None or version in line
+
+
+def wait_reply(page, app, what: str, **expect) -> None:
+    ok = wait_until(lambda: reply_done(page, **expect), REPLY_WAIT_S, interval=0.2)
+    if not ok:
+        shot(page, f"timeout-{what}")
+    assert ok, f"{what}: the reply did not finish as expected ({expect}); lines: {lines(page)}; toasts: {toasts(page)}"
+    assert wait_until(lambda: engine_idle(app), 30), app.metrics()
+
+
+def open_settings(page) -> None:
+    if not page.locator("#max-tokens input").is_visible():
+        page.click("#settings >> text=Settings")
+        page.wait_for_selector("#max-tokens input", state="visible")
+
+
+def set_settings(page, *, temperature=None, max_tokens=None, seed=None, stop=None) -> None:
+    """Fill the settings fields; each applies when the field loses focus (Tab)."""
+    open_settings(page)
+    fields = [("#temperature input[type=number]", temperature), ("#max-tokens input", max_tokens), ("#seed input", seed),
+              ("#stop-strings textarea", stop)]
+    for selector, value in fields:
+        if value is not None:
+            page.fill(selector, str(value))
+            page.press(selector, "Tab")
+    time.sleep(1.0)  # the change event is sent; nothing on the page confirms it
+
+
+def new_chat(page, **settings) -> None:
+    page.click("#new-chat-btn")
+    wait_until(lambda: page.locator(USER).count() == 0, 10)
+    set_settings(page, **settings)
+
+
+def open_manage(page) -> None:
+    if not page.locator("#import-btn").is_visible():
+        page.click("text=Manage")
+        page.wait_for_selector("#import-btn", state="visible")
+
+
+def import_file(page, path: Path) -> None:
+    open_manage(page)
+    with page.expect_file_chooser() as chooser:
+        page.click("#import-btn")
+    chooser.value.set_files(str(path))
+
+
+def attach_file(page, path: Path) -> None:
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach-btn")
+    chooser.value.set_files(str(path))
+
+
+def sidebar(page) -> list[str]:
+    return [t.strip() for t in page.locator(SIDEBAR).all_inner_texts()]
+
+
+def select_chat(page, title: str) -> None:
+    page.locator(SIDEBAR, has_text=title).first.click()
+
+
+def row_buttons(page, index: int):
+    """Hover message group ``index`` (0: the first user message, 1: its reply, ...); its buttons."""
+    row = page.locator(ROW).nth(index)
+    row.hover()
+    return row, row.locator("xpath=following-sibling::div[contains(@class, 'message-buttons')][1]")
+
+
+def retry(page) -> None:
+    _, buttons = row_buttons(page, page.locator(ROW).count() - 1)
+    buttons.locator("button[aria-label='Retry']").click()
+
+
+def edit(page, index: int, new_text: str) -> None:
+    """✎ on message group ``index``, type the new text, ✓."""
+    row, buttons = row_buttons(page, index)
+    buttons.locator("button[aria-label='Edit']").click()
+    box = row.locator("textarea.edit-textarea").first
+    box.wait_for(state="visible")
+    box.fill(new_text)
+    buttons.locator("button[aria-label='Submit']").click()
+
+
+def prev_version(page) -> None:
+    page.click("#prev-version-btn")
+
+
+def next_version(page) -> None:
+    page.click("#next-version-btn")
+
+
+def shows(page, label: str, *, reply: str | None = None, user: str | None = None, index: int = -1) -> bool:
+    """The versions bar says ``label`` and the chat shows that version's text."""
+    if label not in versions_label(page):
+        return False
+    if reply is not None:
+        r = replies(page)
+        if not r or r[index] != reply:
+            return False
+    if user is not None:
+        u = users(page)
+        if not u or u[index] != user:
+            return False
+    return True
+
+
+def expect_shown(page, label: str, what: str, **kw) -> None:
+    ok = wait_until(lambda: shows(page, label, **kw), 20, interval=0.1)
+    if not ok:
+        shot(page, f"failed-{what}")
+    assert ok, (f"{what}: expected the bar to say {label!r} with {kw}; the bar says {versions_label(page)!r}, "
+                f"replies {replies(page)}, your messages {users(page)}")
+
+
+def write_json(path: Path, doc) -> Path:
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+# ---- 1. versions of a reply: Retry, ‹ ›, kept across reload and restart
+
+def test_regenerate_keeps_the_old_version_across_reload_and_restart(browser, app):
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    open_app(page, app)
+    # Greedy both times; the first reply is cut at 3 tokens, the second may say more, so the two
+    # versions differ in a known way.
+    new_chat(page, temperature=0, max_tokens=3)
+    send(page, "What is the capital of France? (versions test)")
+    wait_reply(page, app, "first reply", tokens=3)
+    first = replies(page)[-1]
+    assert first
+    set_settings(page, max_tokens=16)
+    retry(page)
+    wait_reply(page, app, "regenerated reply", version="version 2/2")
+    second = replies(page)[-1]
+    assert second != first and second.startswith(first.split()[0]), (first, second)
+    assert len(page.locator(REPLY).all()) == 1, "a regenerated reply must replace the shown one, not add a message"
+    expect_shown(page, "Reply 2: version 2 of 2", "after Retry", reply=second)
+    shot(page, "01-regenerated")
+
+    prev_version(page)
+    expect_shown(page, "Reply 2: version 1 of 2", "‹ after Retry", reply=first)
+    assert "version 1/2" in last_line(page)
+    next_version(page)
+    expect_shown(page, "Reply 2: version 2 of 2", "› after Retry", reply=second)
+    prev_version(page)  # the branch chosen: the first version
+    expect_shown(page, "Reply 2: version 1 of 2", "‹ again", reply=first)
+
+    page.reload()
+    page.wait_for_selector(REPLY, timeout=60_000)
+    select_chat(page, "versions test")
+    expect_shown(page, "Reply 2: version 1 of 2", "after a reload", reply=first)
+    shot(page, "01-after-reload")
+    next_version(page)
+    expect_shown(page, "Reply 2: version 2 of 2", "› after a reload", reply=second)
+    prev_version(page)
+    expect_shown(page, "Reply 2: version 1 of 2", "‹ after a reload", reply=first)
+    context.close()
+
+    app.restart()
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    open_app(page, app)
+    select_chat(page, "versions test")
+    page.wait_for_selector(REPLY, timeout=60_000)
+    expect_shown(page, "Reply 2: version 1 of 2", "after a restart", reply=first)
+    shot(page, "01-after-restart")
+    next_version(page)
+    expect_shown(page, "Reply 2: version 2 of 2", "› after a restart", reply=second)
+    prev_version(page)
+    expect_shown(page, "Reply 2: version 1 of 2", "‹ after a restart", reply=first)
+    context.close()
+
+
+# ---- 2. editing a user message that is not the last
+
+def test_editing_an_earlier_question_answers_it_again_and_keeps_the_old_branch(page, app, tmp_path):
+    q1, a1 = "What is the capital of France?", "Paris is the capital of France."
+    q2, a2 = "And what is its most famous tower?", "The Eiffel Tower."
+    import_file(page, write_json(tmp_path / "two-turns.json", {"title": "Edit question test", "messages": [
+        {"role": "user", "content": q1}, {"role": "assistant", "content": a1},
+        {"role": "user", "content": q2}, {"role": "assistant", "content": a2}]}))
+    assert wait_until(lambda: users(page) == [q1, q2] and replies(page) == [a1, a2], 30), (users(page), replies(page))
+    set_settings(page, temperature=0, max_tokens=12)
+    close_toasts(page)  # the import's own toast
+
+    edited = "What is the capital of Italy?"
+    edit(page, 0, edited)
+    wait_reply(page, app, "answer to the edited question", tokens=None)
+    shot(page, "02-edited-question")
+    after_edit = toasts(page)  # checked last, so that the rest is checked too
+    assert users(page) == [edited], f"the chat below the edited question must be replaced: {users(page)}"
+    assert len(replies(page)) == 1 and replies(page)[0] not in ("", a1), replies(page)
+    assert q2 not in page.inner_text("#chatbot") and a2 not in page.inner_text("#chatbot")
+    expect_shown(page, "Your message 1: version 2 of 2", "after editing", user=edited, index=0)
+    assert any("version 2/2" in x for x in lines(page)), lines(page)
+    new_answer = replies(page)[0]
+
+    prev_version(page)
+    expect_shown(page, "Your message 1: version 1 of 2", "‹ after editing", user=q1, index=0)
+    assert users(page) == [q1, q2] and replies(page) == [a1, a2], (users(page), replies(page))
+    next_version(page)
+    expect_shown(page, "Your message 1: version 2 of 2", "› after editing", user=edited, index=0)
+    assert replies(page) == [new_answer]
+    assert after_edit == "", f"a warning after a plain edit of the question: {after_edit}"
+
+
+# ---- 3. editing a reply
+
+def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
+    new_chat(page, temperature=0, max_tokens=6)
+    send(page, "Name a colour.")
+    wait_reply(page, app, "the reply to edit")
+    old = replies(page)[-1]
+    assert old
+    close_toasts(page)
+
+    mine = "Green, said the editor."
+    edit(page, 1, mine)
+    expect_shown(page, "Reply 2: version 2 of 2", "after editing the reply", reply=mine)
+    time.sleep(2.0)  # time for a reply to start, had one been asked for
+    shot(page, "03-edited-reply")
+    assert replies(page) == [mine], f"editing a reply must not generate another: {replies(page)}"
+    assert app.metrics().get("minisgl_running_requests") == 0
+    assert "replying" not in page.inner_text("#chatbot")
+    after_edit = toasts(page)  # checked last, so that the rest is checked too
+
+    prev_version(page)
+    expect_shown(page, "Reply 2: version 1 of 2", "‹ after editing the reply", reply=old)
+    next_version(page)
+    expect_shown(page, "Reply 2: version 2 of 2", "› after editing the reply", reply=mine)
+    assert after_edit == "", f"a warning after a plain edit of the reply (screenshot features-03-edited-reply): {after_edit}"
+
+
+# ---- 4. Continue
+
+def test_continue_grows_the_same_reply(page, app):
+    new_chat(page, temperature=0, max_tokens=8)
+    send(page, "Write a long story about a dragon who learns to cook.")
+    wait_reply(page, app, "cut reply", tokens=8)
+    assert "hit the token limit" in last_line(page), last_line(page)
+    cut = " ".join(replies(page)[-1].split())
+    assert page.locator("#continue-btn").is_visible(), "Continue must show under a reply cut at max tokens"
+    shot(page, "04-cut")
+
+    page.click("#continue-btn")
+    wait_reply(page, app, "continued reply", tokens=16)
+    shot(page, "04-continued")
+    shown = replies(page)
+    assert len(shown) == 1, f"Continue must grow the same message, not add one: {shown}"
+    grown = " ".join(shown[0].split())
+    assert len(grown) > len(cut) and grown.startswith(cut), (cut, grown)
+    assert "version" not in last_line(page), f"Continue is not a new version: {last_line(page)}"
+
+
+# ---- 5. deleting one message
+
+def test_deleting_a_message_removes_it_and_what_follows_unless_dismissed(page, app, tmp_path):
+    msgs = [("user", "First question about otters."), ("assistant", "Otters hold hands."),
+            ("user", "Second question about otters."), ("assistant", "Otters use stones."),
+            ("user", "Third question about otters."), ("assistant", "Otters live in rivers.")]
+    import_file(page, write_json(tmp_path / "otters.json", {"title": "Delete message test",
+                                                          "messages": [{"role": r, "content": c} for r, c in msgs]}))
+    assert wait_until(lambda: len(users(page)) == 3 and len(replies(page)) == 3, 30), (users(page), replies(page))
+
+    page.locator(USER).nth(1).click()  # the versions bar now acts on the second question
+    assert wait_until(lambda: "Your message 3" in versions_label(page), 10), versions_label(page)
+
+    page.once("dialog", lambda d: d.dismiss())
+    page.click("#delete-message-btn")
+    time.sleep(2.0)
+    assert users(page) == [c for r, c in msgs if r == "user"] and replies(page) == [c for r, c in msgs if r == "assistant"], \
+        "dismissing the question must keep every message"
+
+    questions = []
+    page.once("dialog", lambda d: (questions.append(d.message), d.accept()))
+    page.click("#delete-message-btn")
+    assert wait_until(lambda: len(users(page)) == 1, 15), users(page)
+    shot(page, "05-deleted")
+    assert questions and "Delete this message" in questions[0]
+    assert users(page) == ["First question about otters."] and replies(page) == ["Otters hold hands."], \
+        (users(page), replies(page))
+    # after a reload the deletion is still there
+    page.reload()
+    page.wait_for_selector("#msg-input textarea", timeout=60_000)
+    select_chat(page, "Delete message test")
+    assert wait_until(lambda: users(page) == ["First question about otters."], 20), users(page)
+
+
+# ---- 6. import and export
+
+def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(page, app, tmp_path):
+    doc = {"messages": [
+        {"role": "system", "content": "You are a terse librarian."},
+        {"role": "user", "content": "Recommend a book about lighthouses."},
+        {"role": "assistant", "content": "Try The Lighthouse Stevensons."},
+        {"role": "user", "content": "Another one?"},
+        {"role": "assistant", "content": "The Lamplighter's Log."},
+    ]}
+    before = len(sidebar(page))
+    import_file(page, write_json(tmp_path / "openai.json", doc))
+    assert wait_until(lambda: users(page) == ["Recommend a book about lighthouses.", "Another one?"], 30), users(page)
+    assert replies(page) == ["Try The Lighthouse Stevensons.", "The Lamplighter's Log."]
+    assert wait_until(lambda: len(sidebar(page)) == before + 1, 10), sidebar(page)
+    assert any("Recommend a book about lighthouses" in s for s in sidebar(page)), sidebar(page)
+    assert wait_until(lambda: "Imported" in toasts(page), 10), toasts(page)
+    open_settings(page)
+    assert page.input_value("#system-prompt textarea") == "You are a terse librarian."
+    shot(page, "06-imported")
+
+    # a second version of the last reply, so that the export has a branch
+    close_toasts(page)
+    edit(page, 3, "The Keeper's Diary.")
+    expect_shown(page, "Reply 4: version 2 of 2", "edited before export", reply="The Keeper's Diary.", index=1)
+
+    open_manage(page)
+    with page.expect_download() as download:
+        page.click("#export-json-btn")
+    exported = tmp_path / "exported.json"
+    download.value.save_as(exported)
+    assert json.loads(exported.read_text(encoding="utf-8"))["title"]
+
+    before = len(sidebar(page))
+    close_toasts(page)
+    import_file(page, exported)
+    assert wait_until(lambda: "Imported" in toasts(page), 30), toasts(page)
+    assert wait_until(lambda: len(sidebar(page)) == before + 1, 10), sidebar(page)
+    assert users(page) == ["Recommend a book about lighthouses.", "Another one?"]
+    assert replies(page) == ["Try The Lighthouse Stevensons.", "The Keeper's Diary."]
+    expect_shown(page, "Reply 4: version 2 of 2", "the round-tripped chat", reply="The Keeper's Diary.", index=1)
+    prev_version(page)
+    expect_shown(page, "Reply 4: version 1 of 2", "‹ in the round-tripped chat", reply="The Lamplighter's Log.", index=1)
+    assert page.input_value("#system-prompt textarea") == "You are a terse librarian."
+    shot(page, "06-round-trip")
+
+    # bad files: a toast says what is wrong, and no chat is made
+    shown_before = (users(page), replies(page))
+    count = len(sidebar(page))
+    for name, body, words in [
+        ("broken.json", "this is not JSON {", ["not JSON"]),
+        ("robot.json", json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]}),
+         ["role", "robot"]),
+    ]:
+        close_toasts(page)
+        path = tmp_path / name
+        path.write_text(body, encoding="utf-8")
+        import_file(page, path)
+        assert wait_until(lambda: "Not imported" in toasts(page), 30), f"{name}: no toast; toasts: {toasts(page)}"
+        message = toasts(page)
+        for word in words:
+            assert word in message, f"{name}: the toast does not name what is wrong: {message}"
+        time.sleep(1.0)
+        assert len(sidebar(page)) == count, f"{name}: a chat was made: {sidebar(page)}"
+        assert (users(page), replies(page)) == shown_before
+    shot(page, "06-bad-import")
+
+
+# ---- 7. search
+
+def test_search_narrows_the_sidebar_and_clearing_shows_all(page, app, tmp_path):
+    import_file(page, write_json(tmp_path / "s1.json", {"title": "Gardening notes", "messages": [
+        {"role": "user", "content": "How do I grow zucchiniflower seedlings?"},
+        {"role": "assistant", "content": "Keep them warm."}]}))
+    assert wait_until(lambda: any("Gardening notes" in s for s in sidebar(page)), 30), sidebar(page)
+    import_file(page, write_json(tmp_path / "s2.json", {"title": "Kitchen notes", "messages": [
+        {"role": "user", "content": "How long do I boil an egg?"},
+        {"role": "assistant", "content": "About nine minutes."}]}))
+    assert wait_until(lambda: any("Kitchen notes" in s for s in sidebar(page)), 30), sidebar(page)
+    everything = len(sidebar(page))
+    assert everything >= 2
+
+    box = page.locator("#search input")
+    box.click()
+    box.press_sequentially("zucchiniflower")  # typed: a word only in a message, not in a title
+    assert wait_until(lambda: len(sidebar(page)) == 1, 15), sidebar(page)
+    assert "Gardening notes" in sidebar(page)[0]
+    shot(page, "07-search")
+    box.press("Control+A")
+    box.press("Backspace")  # the box is empty again
+    assert box.input_value() == ""
+    ok = wait_until(lambda: len(sidebar(page)) == everything, 15)
+    shot(page, "07-search-cleared")
+    assert ok, f"the search box is empty but the sidebar still shows only {sidebar(page)} (all {everything} expected)"
+
+
+# ---- 8. attachments
+
+def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_path):
+    new_chat(page, temperature=0, max_tokens=4)
+    bad = tmp_path / "latin1-notes.txt"
+    bad.write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e\n".encode("latin-1"))
+    attach_file(page, bad)
+    assert wait_until(lambda: "Not attached" in toasts(page), 30), toasts(page)
+    assert "latin1-notes.txt" in toasts(page) and "UTF-8" in toasts(page), toasts(page)
+    assert "latin1-notes" not in page.inner_text("#attached")
+    close_toasts(page)
+
+    big = tmp_path / "huge-notes.txt"
+    big.write_text("x" * 1_100_000, encoding="utf-8")
+    attach_file(page, big)
+    assert wait_until(lambda: "Not attached" in toasts(page), 30), toasts(page)
+    assert "huge-notes.txt" in toasts(page) and "1 MB" in toasts(page), toasts(page)
+    assert "huge-notes" not in page.inner_text("#attached")
+    close_toasts(page)
+
+    good = tmp_path / "launch-notes.txt"
+    good.write_text("MARKER-7731: the launch code is plum.\n", encoding="utf-8")
+    attach_file(page, good)
+    assert wait_until(lambda: "launch-notes.txt" in page.inner_text("#attached"), 30), page.inner_text("#attached")
+    assert "Attached to your next message" in page.inner_text("#attached")
+    assert toasts(page) == "", toasts(page)
+    shot(page, "08-attached")
+
+    send(page, "What does the file say?")
+    assert wait_until(lambda: len(users(page)) == 1, 30), users(page)
+    sent = users(page)[0]
+    assert "What does the file say?" in sent and "launch-notes.txt" in sent and "MARKER-7731: the launch code is plum." in sent, sent
+    assert "latin1-notes" not in sent and "huge-notes" not in sent
+    assert wait_until(lambda: page.inner_text("#attached").strip() == "", 10), "the attachment must go with one message only"
+    wait_reply(page, app, "reply to the attached file", tokens=None)
+    shot(page, "08-sent")
+
+
+# ---- 9. stop strings and seeds
+
+def test_stop_string_ends_the_reply_before_it(page, app):
+    new_chat(page, temperature=0, max_tokens=40, stop="5")
+    send(page, "Count from 1 to 10.")
+    wait_reply(page, app, "reply with a stop string")
+    reply = replies(page)[-1]
+    line = last_line(page)
+    shot(page, "09-stop-string")
+    assert reply and "5" not in reply, f"the reply went past the stop string: {reply!r}"
+    assert "4" in reply, f"the reply should count up to 4 before the stop string: {reply!r}"
+    assert "hit the token limit" not in line and "stopped" not in line, line
+    page.locator(LINE).last.locator(".title").click()  # open the stats line: how the reply ended
+    assert wait_until(lambda: "finished" in page.locator(LINE).last.inner_text(), 5), page.locator(LINE).last.inner_text()
+
+
+def test_a_seed_gives_the_same_sampled_reply_every_time(page, app):
+    new_chat(page, temperature=1, max_tokens=8, seed=1234)
+    send(page, "Invent a name for a new planet.")
+    wait_reply(page, app, "seeded reply")
+    for n in (2, 3):
+        retry(page)
+        wait_reply(page, app, f"seeded reply, version {n}", version=f"version {n}/3" if n == 3 else "version 2/2")
+    texts = {3: replies(page)[-1]}
+    for n in (2, 1):
+        prev_version(page)
+        assert wait_until(lambda: f"Reply 2: version {n} of 3" in versions_label(page), 20), versions_label(page)
+        time.sleep(0.3)
+        texts[n] = replies(page)[-1]
+    shot(page, "09-seeded")
+    assert texts[1] and texts[1] == texts[2] == texts[3], f"the same seed gave different replies: {texts}"
