@@ -114,12 +114,15 @@ class ChatPage:
         try:
             while tab.follower == me:
                 self.replies.page_seen(session, tab.conv_id)
+                # read before rendering: a reply that ends while the render is being sent is
+                # rendered once more, finished, before this loop stops
+                busy = self.replies.is_busy(tab.conv_id)
                 now = self.render(tab)
                 if now != last:
                     yield tuple(gr.skip() if new == old else self.as_update(i, new) for i, (new, old) in enumerate(zip(now, last)))
                     last = now
                     tab.sidebar = now[2]
-                if not self.replies.is_busy(tab.conv_id):
+                if not busy:
                     break
                 version = await self.replies.changes(version, IDLE_CHECK_S)
                 await asyncio.sleep(RENDER_EVERY_S)  # coalesce a burst of tokens into one render
@@ -358,11 +361,10 @@ class ChatPage:
         self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
 
     async def stop(self, request: gr.Request) -> None:
-        """Stop the reply of the chat this tab shows (and the turns waiting behind it)."""
+        """Stop the reply of the chat this tab shows; a message sent while it replied is
+        answered next (it was never lost; Stop again ends that reply too)."""
         tab = self.tab(request)
-        if tab.conv_id is not None:
-            self.replies.queued.pop(tab.conv_id, None)
-            self.replies.stop(tab.conv_id)
+        self.replies.stop(tab.conv_id)
 
     # ---- versions, one message
 
