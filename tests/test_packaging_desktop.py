@@ -133,7 +133,7 @@ def test_theme_css_styles_the_app_elements() -> None:
     body = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
     assert body.count("{") == body.count("}")
     for selector in ("#chatbot", "#msg-input", "#send-btn", "#stop-btn", "#status-line",
-                     ".reply-stats", ".thinking", "#sidebar", "#conv-list"):
+                     "#versions", ".thought-group", ".thinking", "#sidebar", "#conv-list"):
         assert selector in body, selector
     assert "var(--body-text-color-subdued)" in body
 
