@@ -11,6 +11,8 @@ import sys
 from minisgl_engine.args import add_bench_args, add_engine_args, engine_config_from_args
 from minisgl_engine.errors import UserError
 
+from .bench_page import add_page_bench_args
+
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):  # one line instead of usage + error
@@ -74,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("model", nargs="?", default="demo")
 
     bench = sub.add_parser("bench", help="benchmarks, side by side with Hugging Face transformers")
-    add_bench_args(bench, ArgumentParser)
+    benches = add_bench_args(bench, ArgumentParser)
+    page = benches.add_parser("page", help="a reply's tok/s in the chat page against the same reply through the API (Chromium)")
+    add_page_bench_args(page)
     return parser
 
 
@@ -163,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve(args)
         if args.command == "pull":
             return cmd_pull(args)
+        if args.command == "bench" and args.bench == "page":
+            from .bench_page import run_page_bench
+
+            return run_page_bench(args)
         if args.command == "bench":
             from minisgl_engine.bench import run_bench
 

@@ -410,13 +410,16 @@ class ConversationStore:
 
     def update_message(self, message_id: int, content: str, stats: StatsLike | None = None) -> None:
         """Replace a message's content, whatever its role (a streamed reply as it grows);
-        ``stats=None`` keeps the stored stats, so only the final update needs to carry them."""
+        ``stats=None`` keeps the stored stats, so only the final update needs to carry them.
+
+        The conversation's updated_at is left alone: the turn was dated when its reply was added,
+        and a stream that re-dated its chat every half second would make two replying chats swap
+        places in the sidebar under the user's pointer."""
         _check_message("assistant", content)
         with self._write() as conn:
             row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no message with id {message_id}")
-            _touch(conn, row["conversation_id"], time.time())
             conn.execute("UPDATE messages SET content = ?, stats = COALESCE(?, stats) WHERE id = ?",
                          (content, _stats_json(stats), message_id))
 

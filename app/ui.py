@@ -13,6 +13,7 @@ engine only through the front end's ``FrontendClient.generate``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,8 +29,8 @@ from .store import IMPORT_LIMIT_BYTES, BadImportFile, ChatSettings, Conversation
 from .view import can_continue, engine_messages, focus_of, sidebar_choices, status_line, versions_label, view_messages
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-THINK_TAGS = [("<think>", "</think>")]
-RENDER_EVERY_S = 0.05  # a page re-renders a streaming reply at most this often
+RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
+FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces to end
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 ATTACH_LIMIT_BYTES = 1_000_000
@@ -63,6 +64,8 @@ class Tab:
     attachments: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) for the next message
     follower: int = 0  # which follow event renders the tab now
     sidebar: tuple | None = None  # the sidebar as last sent
+    status: str | None = None  # the status line as last sent
+    following: asyncio.Event | None = None  # set when the tab's latest follow event has ended
 
 
 class ChatPage:
@@ -111,7 +114,15 @@ class ChatPage:
         tab.follower += 1
         me, last, version = tab.follower, [None] * 6, -1
         ended = False
+        previous, tab.following = tab.following, asyncio.Event()
+        done = tab.following
         try:
+            if previous is not None and not previous.is_set():
+                # Let the follow this one replaces end first: a render it already made (of the chat
+                # shown before) would otherwise reach the browser after this one's, and stay.
+                self.replies.notify()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(previous.wait(), FOLLOW_HANDOVER_S)
             while tab.follower == me:
                 self.replies.page_seen(session, tab.conv_id)
                 # read before rendering: a reply that ends while the render is being sent is
@@ -121,13 +132,14 @@ class ChatPage:
                 if now != last:
                     yield tuple(gr.skip() if new == old else self.as_update(i, new) for i, (new, old) in enumerate(zip(now, last)))
                     last = now
-                    tab.sidebar = now[2]
+                    tab.status, tab.sidebar = now[1], now[2]
                 if not busy:
                     break
                 version = await self.replies.changes(version, IDLE_CHECK_S)
                 await asyncio.sleep(RENDER_EVERY_S)  # coalesce a burst of tokens into one render
             ended = True
         finally:
+            done.set()
             if not ended:  # cancelled: the tab closed or reloaded mid-reply
                 self.replies.page_gone(session)
 
@@ -135,10 +147,11 @@ class ChatPage:
         """Every second: the status line, and the sidebar when another chat starts or ends replying."""
         tab = self.tab(request)
         self.replies.page_seen(request.session_hash if request is not None else None, tab.conv_id)
-        side = self.render_sidebar(tab)
-        changed = side != tab.sidebar
-        tab.sidebar = side
-        return status_line(self.client), self.as_update(2, side) if changed else gr.skip()
+        status, side = status_line(self.client), self.render_sidebar(tab)
+        # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
+        updates = (status if status != tab.status else gr.skip(), self.as_update(2, side) if side != tab.sidebar else gr.skip())
+        tab.status, tab.sidebar = status, side
+        return updates
 
     async def unload(self, request: gr.Request) -> None:
         session = request.session_hash if request is not None else None
@@ -348,7 +361,7 @@ class ChatPage:
         if new_text == edit_text(edit.previous_value):
             pass  # unchanged (Gradio edits a reply and the line under it together: the line is no edit)
         elif item is None or item.is_line or item.source is None:
-            gr.Warning("Edit the message itself, not the line under it.")
+            gr.Warning("Edit the message's own text, not the line above or under it.")
         elif self.replies.is_busy(conv.id):
             gr.Warning(BUSY_HINT)
         elif not new_text:
@@ -371,7 +384,7 @@ class ChatPage:
     async def focus(self, evt: gr.SelectData, request: gr.Request):
         """A click on a message: the versions bar now acts on it."""
         tab = self.tab(request)
-        shown = view_messages(self.shown(tab))
+        shown = view_messages(self.shown(tab), self.replies.live.get(tab.conv_id))
         index = evt.index if isinstance(evt.index, int) else (evt.index[0] if evt.index else -1)
         if 0 <= index < len(shown) and shown[index].source is not None:
             tab.focus = shown[index].source.id
@@ -492,7 +505,9 @@ class ChatPage:
                 with gr.Column(scale=4, elem_id="main"):
                     status = gr.Markdown(status_line(self.client), elem_id="status-line")
                     chatbot = gr.Chatbot(
-                        elem_id="chatbot", show_label=False, height="70vh", editable="all", reasoning_tags=THINK_TAGS,
+                        elem_id="chatbot", show_label=False, height="70vh", editable="all",
+                        # one bubble per message: Copy copies one message (not the reply with its stats line)
+                        group_consecutive_messages=False,
                         buttons=["copy"], feedback_options=None,
                         placeholder="Ask anything. Replies stream in; **Stop** (or Escape) ends one at once.",
                     )

@@ -90,7 +90,16 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None) -> l
             continue
         streaming = live is not None and live.message_id == m.id and not live.done
         content = live.text if streaming else m.content
-        out.append(ViewMessage({"role": m.role, "content": content}, m))
+        if m.role == "assistant":
+            for text, thinking, still_open in split_thinking(content):
+                if thinking:  # a collapsed line above the answer, as the stats line under it
+                    title = "Thinking…" if still_open and streaming else "Thought"
+                    out.append(ViewMessage({"role": "assistant", "content": text,
+                                            "metadata": {"title": title, "status": "done"}}, m))
+                else:
+                    out.append(ViewMessage({"role": "assistant", "content": text}, m))
+        else:
+            out.append(ViewMessage({"role": m.role, "content": content}, m))
         version = f"version {m.sibling_index + 1}/{m.sibling_count}" if m.sibling_count > 1 else ""
         if m.role == "user":
             if version:  # under your message: which of your versions this is
@@ -106,6 +115,32 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None) -> l
             out.append(ViewMessage({"role": "assistant", "content": ending(m, streaming),
                                     "metadata": {"title": line, "status": "done"}}, m))
     return out
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def split_thinking(text: str) -> list[tuple[str, bool, bool]]:
+    """A reasoning model's reply as ``(text, is_thinking, still_open)`` parts, so the page shows
+    its <think> block apart from the answer. Done here rather than by Gradio's reasoning_tags, so
+    that the page's message indexes (of a click or an edit) stay those of ``view_messages``. A
+    reply whose block was opened by the chat template (only the closing tag in the reply) counts
+    as thinking up to that tag."""
+    if THINK_OPEN not in text and THINK_CLOSE not in text:
+        return [(text, False, False)]
+    head, close, _ = text.partition(THINK_CLOSE)
+    if close and THINK_OPEN not in head:
+        text = THINK_OPEN + text
+    parts: list[tuple[str, bool, bool]] = []
+    rest = text
+    while rest:
+        answer, opened, rest = rest.partition(THINK_OPEN)
+        parts.append((answer, False, False))
+        if not opened:
+            break
+        thought, closed, rest = rest.partition(THINK_CLOSE)
+        parts.append((thought, True, not closed))
+    return [(t.strip(), thinking, still_open) for t, thinking, still_open in parts if t.strip()]
 
 
 def ending(m: Message, streaming: bool) -> str:

@@ -39,7 +39,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**{k: v for k, v in vars(args).items() if k in names})
 
 
-def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argparse.ArgumentParser) -> None:
+def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argparse.ArgumentParser):
+    """The engine's benchmarks; returns the subparsers so that the app adds its own (`bench page`)."""
     sub = parser.add_subparsers(dest="bench", parser_class=parser_class, required=True)
     dec = sub.add_parser("decode", help="decode tok/s and time to first token at fixed lengths")
     dec.add_argument("--batch-size", type=int, nargs="+", default=[1])
@@ -64,3 +65,4 @@ def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argpars
     multi.add_argument("--user-len", type=int, default=16, help="each user message, tokens (default: %(default)s)")
     multi.add_argument("--reply-len", type=int, default=8, help="each reply, tokens (default: %(default)s)")
     add_engine_args(multi)
+    return sub

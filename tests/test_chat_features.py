@@ -30,11 +30,12 @@ pytestmark = [
 ARTIFACTS = Path(os.environ.get("MINISGL_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
 # The messages themselves; a reply's stats line and the versions line under a user message are
-# separate `.thought` messages next to them.
-REPLY = "#chatbot .message:not(.thought) > [data-testid='bot']"
-USER = "#chatbot .message:not(.thought) > [data-testid='user']"
-LINE = "#chatbot .thought"
-ROW = "#chatbot .message-row"  # one per group: a user message (and its line), a reply (and its stats)
+# messages of their own, shown as a collapsed `.thought-group`.
+REPLY = "#chatbot [data-testid='bot']:not(:has(.thought-group))"
+USER = "#chatbot [data-testid='user']:not(:has(.thought-group))"
+LINE = "#chatbot .thought-group"
+ROW = "#chatbot .message-row:not(:has(.thought-group))"  # one per message (not its stats or version line)
+ANY_ROW = "#chatbot .message-row"  # messages and the lines under them, each a row of its own
 SIDEBAR = "#conv-list label"
 REPLY_WAIT_S = 120  # a loaded 2-core machine is slow
 
@@ -229,20 +230,20 @@ def select_chat(page, title: str) -> None:
     page.locator(SIDEBAR, has_text=title).first.click()
 
 
-def row_buttons(page, index: int):
-    """Hover message group ``index`` (0: the first user message, 1: its reply, ...); its buttons."""
-    row = page.locator(ROW).nth(index)
+def row_buttons(page, index: int, rows: str = ROW):
+    """Hover message ``index`` (0: the first user message, 1: its reply, ...); its buttons."""
+    row = page.locator(rows).nth(index)
     row.hover()
     return row, row.locator("xpath=following-sibling::div[contains(@class, 'message-buttons')][1]")
 
 
 def retry(page) -> None:
-    _, buttons = row_buttons(page, page.locator(ROW).count() - 1)
+    _, buttons = row_buttons(page, page.locator(ANY_ROW).count() - 1, ANY_ROW)  # under the last line
     buttons.locator("button[aria-label='Retry']").click()
 
 
 def edit(page, index: int, new_text: str) -> None:
-    """✎ on message group ``index``, type the new text, ✓."""
+    """✎ on message ``index``, type the new text, ✓."""
     row, buttons = row_buttons(page, index)
     buttons.locator("button[aria-label='Edit']").click()
     box = row.locator("textarea.edit-textarea").first

@@ -12,7 +12,8 @@ import pytest
 from minisgl_app import live
 from minisgl_app.live import ReplyManager, Turn
 from minisgl_app.store import ConversationStore
-from minisgl_app.view import can_continue, engine_messages, focus_of, sidebar_choices, versions_label, view_messages
+from minisgl_app.view import (can_continue, engine_messages, focus_of, sidebar_choices, split_thinking, versions_label,
+                              view_messages)
 from minisgl_engine.messages import UserReply
 from minisgl_engine.sampling_params import SamplingParams
 from minisgl_engine.server.openai_protocol import GenerateRequest
@@ -180,6 +181,28 @@ def test_the_live_text_replaces_the_stored_copy_while_streaming(store):
     streaming = live.LiveReply(c, reply.id, "tab", text="Hello wor")
     shown = [v.shown for v in view_messages(store.get(c), streaming)]
     assert shown[1]["content"] == "Hello wor" and shown[2]["metadata"]["title"] == "replying…"
+
+
+def test_thinking_is_a_line_of_its_own_and_indexes_match_the_page(store):
+    """A reasoning model's <think> block shows as a collapsed line above the answer; view_messages
+    makes that split itself, so an index the page sends (a click, an edit) names the right message."""
+    c = store.create().id
+    store.append(c, "user", "2+2?")
+    reply = store.append(c, "assistant", "<think>\nAdd them.\n</think>\n\nIt is **4**.", stats={"tokens": 9, "finish_reason": "stop"})
+    follow = store.append(c, "user", "and 3+3?")
+    shown = view_messages(store.get(c))
+    assert [(v.shown["content"], v.shown.get("metadata", {}).get("title")) for v in shown] == [
+        ("2+2?", None), ("Add them.", "Thought"), ("It is **4**.", None), ("The model finished its answer.", "9 tokens"), ("and 3+3?", None)]
+    assert [v.source.id for v in shown][1:] == [reply.id, reply.id, reply.id, follow.id]
+    assert [v.is_line for v in shown] == [False, True, False, True, False]
+    # streaming: the block is still open
+    streaming = live.LiveReply(c, reply.id, "tab", text="<think>\nAdd")
+    lines = [(v.shown["content"][:9], v.shown.get("metadata", {}).get("title")) for v in view_messages(store.get(c), streaming)]
+    assert lines[1:3] == [("Add", "Thinking…"), ("The reply", "replying…")]
+    # the chat template opened the block: only the closing tag is in the reply
+    assert split_thinking("Add them.</think>Four.") == [("Add them.", True, False), ("Four.", False, False)]
+    assert split_thinking("no tags, kept as is \n") == [("no tags, kept as is \n", False, False)]
+    assert split_thinking("<think></think>Four.") == [("Four.", False, False)]
 
 
 def test_versions_show_under_messages_and_focus_the_deepest(store):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from minisgl_engine.weights.demo import demo_model_dir
 from minisgl_engine.weights.gguf_convert import is_complete
-from server_utils import ServerProcess, wait_until
+from server_utils import CLI, ServerProcess, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
@@ -26,9 +27,9 @@ pytestmark = [
 
 LONG_PROMPT = "Write a very long story about a dragon who learns to cook. Use many chapters."
 SEA_PROMPT = "Write a very long poem about the sea and old sailing ships. Use many verses."
-# A message's own text (a line under it, such as a reply's stats, is a separate `.thought` message).
-USER = "#chatbot .message:not(.thought) > [data-testid='user']"
-REPLY = "#chatbot .message:not(.thought) > [data-testid='bot']"
+# A message's own text (a line under it, such as a reply's stats, is a message of its own, a `.thought-group`).
+USER = "#chatbot [data-testid='user']:not(:has(.thought-group))"
+REPLY = "#chatbot [data-testid='bot']:not(:has(.thought-group))"
 EDIT_USER = "#chatbot .message-buttons-right button[aria-label='Edit']"
 COPY_REPLY = "#chatbot .message-buttons-left button[aria-label='Copy message']"
 STATS = re.compile(r"(\d+) tokens")
@@ -245,6 +246,54 @@ def test_switching_chats_mid_reply_shows_the_selected_chat(tab, app):
     assert wait_until(lambda: engine_idle(app), 5), app.metrics()
 
 
+def test_two_chats_stream_at_once_in_one_tab(tab, app):
+    t = tab()
+    page = t.page
+    new_chat(page, max_tokens=1500)
+    send(page, story("Okapi"))
+    assert wait_until(lambda: len(last_reply(page)) > 20, 60)
+    new_chat(page, max_tokens=400)
+    send(page, f"Ibex: {SEA_PROMPT}")
+    assert wait_until(lambda: running(app) == 2, 30), f"the two chats were not replying at the same time: {app.metrics()}"
+    assert wait_until(lambda: len(last_reply(page)) > 20 and shows_only(page, "Ibex", ()), 30), chat_text(page)[-300:]
+    # the tab shows B only, while A streams too
+    samples, orders = [], []
+
+    def order() -> tuple:
+        return tuple(x.split(":")[0].lstrip("● ") for x in sidebar(page)[:2])
+
+    t_end = time.monotonic() + 3
+    while time.monotonic() < t_end:
+        samples.append(shows_only(page, "Ibex", ("Okapi", "dragon")))
+        orders.append(order())
+        time.sleep(0.1)
+    assert all(samples), f"chat A's stream showed in chat B ({samples.count(False)}/{len(samples)} samples)"
+    assert label_of(page, "Okapi").startswith("●") and label_of(page, "Ibex").startswith("●"), sidebar(page)
+    page.click("#stop-btn")  # stops B, the chat shown
+    assert wait_until(lambda: running(app) == 1, 5), app.metrics()
+    t_end = time.monotonic() + 2
+    while time.monotonic() < t_end:  # A streams on
+        orders.append(order())
+        time.sleep(0.1)
+    # the sidebar holds still while chats reply, so that a click lands on the chat aimed at
+    assert len(set(orders)) == 1, f"the sidebar reorders itself while a chat replies: {sorted(set(orders))}"
+    select_chat(page, "Okapi")
+    assert wait_until(lambda: shows_only(page, "Okapi", ("Ibex",)), 10), f"{sidebar(page)} {chat_text(page)[-300:]!r}"
+    page.click("#stop-btn")
+    assert wait_until(lambda: engine_idle(app), 5), app.metrics()
+    # each reply is stored in its own chat (what a reload shows)
+    t.open()
+    stored = {}
+    for mine, other in (("Okapi", "Ibex"), ("Ibex", "Okapi")):
+        select_chat(page, mine)
+        assert wait_until(lambda: shows_only(page, mine, (other,)), 10), chat_text(page)[-300:]
+        assert wait_until(lambda: len(users(page)) == 1 and len(replies(page)) == 1 and last_reply(page), 5), chat_text(page)[-500:]
+        stored[mine] = last_reply(page)
+    assert stored["Okapi"][:40] != stored["Ibex"][:40], stored
+
+
+# ---- 2. a message sent while a reply streams
+
 def test_message_sent_during_a_reply_is_shown_and_answered_next(tab, app):
     t = tab()
     page = t.page
@@ -396,6 +445,22 @@ def test_export_downloads_the_shown_chat_every_time(tab, app):
 
 # ---- 5. copy
 
+def test_copy_gives_the_reply_markdown_only(tab, app):
+    page = tab().page
+    new_chat(page, max_tokens=12)
+    send(page, "Koala quiz: what is the capital of France?")
+    wait_finished(page, 1)
+    page.evaluate("navigator.clipboard.writeText('')")
+    page.locator(REPLY).last.hover()
+    page.locator(COPY_REPLY).filter(visible=True).last.click()  # the stats line under it has none
+    assert wait_until(lambda: page.evaluate("navigator.clipboard.readText()"), 5), "nothing was copied"
+    copied = page.evaluate("navigator.clipboard.readText()")
+    assert "Paris" in copied, copied
+    assert "<sub" not in copied and "tok/s" not in copied and "tokens" not in copied, f"Copy gave more than the reply: {copied!r}"
+
+
+# ---- 6. reload mid-reply
+
 def test_reload_mid_reply_and_closing_the_tab(tab, app):
     t = tab()
     page = t.page
@@ -524,6 +589,21 @@ def test_status_line_says_0_running_after_a_reply(tab, app):
     t0 = time.monotonic()
     assert wait_until(lambda: "0 running" in page.inner_text("#status-line"), 2), page.inner_text("#status-line")
     assert time.monotonic() - t0 <= 2
+
+
+# ---- 12. what the page costs: `minisgl-chat bench page`
+
+def test_bench_page_times_the_same_reply_in_the_page_and_through_the_api(app):
+    """The command behind docs/benchmarks.md's page-against-API figures, on the module's app."""
+    proc = subprocess.run([*CLI, "bench", "page", "--url", app.url, "--replies", "1", "--max-tokens", "16"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    *replies, summary = rows
+    assert [r["path"] for r in replies] == ["api_alone", "api", "page"], rows
+    # greedy, cut at 16 tokens: the page and the API generated the same reply length
+    assert [r["tokens"] for r in replies] == [16, 16, 16] and summary["tokens"] == [16], rows
+    assert all(r["tok_s"] > 0 for r in replies) and summary["page_vs_api"] > 0, rows
 
 
 def test_app_log_has_no_errors_and_no_chat_text(app):

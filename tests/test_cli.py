@@ -224,3 +224,7 @@ def test_flashinfer_attention_on_cpu_is_a_clear_error(tiny_dir) -> None:
 
 def test_negative_cuda_graph_batch_size(tiny_dir) -> None:
     assert_one_line_error(run_cli("generate", "--model", str(tiny_dir), "--device", "cpu", "--cuda-graph-max-bs", "-1", "hi"), "--cuda-graph-max-bs")
+
+
+def test_bench_page_without_a_browser_says_what_to_install(tmp_path) -> None:
+    assert_one_line_error(run_cli("bench", "page", "--chromium", str(tmp_path / "no-chromium")), "apt-get install chromium")

@@ -248,6 +248,19 @@ def test_select_and_switch_do_not_reorder_the_sidebar(store):
     assert [c.id for c in store.list()] == [later.id, conv.id]
 
 
+def test_streamed_updates_do_not_reorder_the_sidebar(store):
+    """Two chats replying at once: their stream updates must not swap them in the sidebar."""
+    first, [_, reply_1] = chat(store, "q1", "")
+    second, [_, reply_2] = chat(store, "q2", "")
+    for i in range(3):
+        store.update_message(reply_1.id, f"part {i}")
+        assert [c.id for c in store.list()] == [second.id, first.id]
+        store.update_message(reply_2.id, f"part {i}", MessageStats(tokens=i))
+        assert [c.id for c in store.list()] == [second.id, first.id]
+    store.append(first.id, "user", "next question")  # a new turn does move it up
+    assert [c.id for c in store.list()] == [first.id, second.id]
+
+
 def test_delete_message_deletes_its_subtree_and_shows_another_version(store):
     conv, [u, a1, follow] = chat(store, "u", "a1", "follow-up")
     a2 = store.add_message(conv.id, u.id, "assistant", "a2")
