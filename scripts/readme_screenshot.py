@@ -45,7 +45,7 @@ def main(url: str) -> None:
         page.click("#new-chat-btn")
         send(page, "What is the capital of France?")
         wait_for_stats(page, 1)
-        page.hover("#chatbot [data-testid='bot']")
+        page.locator("#chatbot .message-row").last.hover()  # Retry sits under the reply's stats line
         page.click("#chatbot button[aria-label='Retry']")
         time.sleep(1)
         wait_for_stats(page, 1)
