@@ -10,12 +10,19 @@ never as pickled objects, which ``broadcast_object_list`` would unpickle.
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import threading
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from .config import ModelConfig
+
+logger = logging.getLogger("minisgl.distributed")
+SHUTDOWN_TIMEOUT_S = 5.0  # how long a rank waits for the group to come down before it exits anyway
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,14 @@ def check_nodes(tp: int, nnodes: int, node_rank: int, dist_init_addr: str | None
 
 
 def init_tp(rank: int, size: int, init_method: str, device: torch.device, timeout_s: float = 120.0) -> TPInfo:
-    """Join the tensor-parallel group (``init_method`` like ``tcp://127.0.0.1:PORT``)."""
+    """Join the tensor-parallel group (``init_method`` like ``tcp://127.0.0.1:PORT``).
+
+    On a GPU the rank makes its device current first: Triton and FlashInfer launch on the
+    current device, which is cuda:0 in every process until set (rank 1's kernels would run on
+    GPU 0 with pointers into GPU 1)."""
     global _tp
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if size > 1:
         from datetime import timedelta
 
@@ -100,14 +113,35 @@ def init_tp(rank: int, size: int, init_method: str, device: torch.device, timeou
     return _tp
 
 
-def shutdown_tp() -> None:
-    """Leave the group in step with the other ranks. A process that exits with gloo's or NCCL's
-    threads still running is aborted by the C++ runtime ("terminate called without an active
-    exception"), so every rank waits for the others, then tears the group down."""
+def shutdown_tp(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+    """Leave the group in step with the other ranks, within ``timeout_s``.
+
+    A process that exits with gloo's or NCCL's threads still running is aborted by the C++
+    runtime ("terminate called without an active exception"), so every rank waits for the
+    others, then tears the group down. That can hang: NCCL's teardown after CUDA graphs captured
+    its collectives (pytorch/pytorch#115388), or a peer that died. So it runs in a thread, and a
+    rank whose group is not down in time flushes its output and exits the process at once (what
+    it had to do is done: this is the last call of a rank)."""
     global _tp, _cpu_group
     if dist.is_initialized():
-        dist.barrier(group=_cpu_group)
-        dist.destroy_process_group()
+        done = threading.Event()
+
+        def leave() -> None:
+            try:
+                dist.barrier(group=_cpu_group)
+                dist.destroy_process_group()
+            except Exception as exc:  # a peer already gone: nothing left to leave in step with
+                logger.warning("rank %d: leaving the tensor-parallel group: %s", _tp.rank, exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=leave, name="tp-shutdown", daemon=True).start()
+        if not done.wait(timeout_s):
+            logger.warning("rank %d: the tensor-parallel group did not come down within %.0f s; exiting without it",
+                           _tp.rank, timeout_s)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     _tp, _cpu_group = TPInfo(), None
 
 

@@ -4,7 +4,9 @@
 # carried halves (.gguf2/part_aa then .gguf1/part_ab). Stages, run in order over one or more calls:
 #   bash scripts/gpu_check.sh setup kernels tests     # install, build FlashInfer kernels, pytest -m cuda
 #   bash scripts/gpu_check.sh demo serve bench ablations   # the demo model, the server test, benchmarks
-#   bash scripts/gpu_check.sh setup kernels tp        # kind nvidia-h200-x2: tensor parallelism
+#   bash scripts/gpu_check.sh setup kernels verify    # every `cuda` test on this machine's GPUs + a short bench
+#   bash scripts/gpu_check.sh setup kernels tp        # kind nvidia-h200-x2: tensor parallelism (tests, 8B bench)
+#   bash scripts/gpu_check.sh setup kernels verify tpbench   # kind nvidia-h200-x2: all of it in one call
 #   bash scripts/gpu_check.sh setup loadcache kernels profile savecache   # where the time goes
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
 set -uo pipefail
@@ -21,6 +23,17 @@ ln -sfn "$PWD/app" .pkgs/minisgl_app
 export PYTHONPATH=$PWD/.pkgs:$W/site
 CLI=(python3 -m minisgl_app.cli)
 status=0
+
+tp_bench() {  # batch-1 decode of the qwen3-8b shape with --tp 1 and 2; a bench that hangs (at exit, say) is cut off and fails
+  for tp in 1 2; do
+    local start code
+    start=$(date +%s)
+    timeout 240 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-8b --input-len 128 --output-len 128 --repeat 3 --tp $tp 2>&1 | tee -a "$OUT/bench_tp.log"
+    code=${PIPESTATUS[0]}
+    echo "bench --tp $tp: exit $code after $(( $(date +%s) - start )) s" | tee -a "$OUT/bench_tp.log"
+    [ "$code" -eq 0 ] || status=1
+  done
+}
 
 for stage in "$@"; do
   echo "=== $stage $(date -u +%H:%M:%S)"
@@ -89,12 +102,26 @@ print('demo model ready at', demo_model_dir())" || status=1
         # shellcheck disable=SC2086
         "${CLI[@]}" bench decode "${Q[@]}" --input-len 128 --output-len 128 --repeat 3 $ablation 2>&1 | tail -1 | tee -a "$OUT/bench_ablations.log"
       done ;;
+    verify)  # every `cuda` test on whatever GPUs are here (the two-GPU ones where there are two), then a short bench
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      git log --oneline -1 2>/dev/null | tee "$OUT/verify.log"
+      nvidia-smi -L | tee -a "$OUT/verify.log"
+      # the files that hold `cuda` tests (not all of tests/: the device lacks the packages of the rest), and the Triton kernels
+      mapfile -t cuda_files < <(grep -l "pytest.mark.cuda" tests/*.py)
+      timeout 120 python3 -m pytest tests/test_triton_kernels.py -q -p no:cacheprovider 2>&1 | tail -3 | tee -a "$OUT/verify.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      timeout 420 python3 -m pytest -m cuda tests/test_overlap.py "${cuda_files[@]}" -q -s -p no:cacheprovider --durations=10 2>&1 \
+        | tee -a "$OUT/verify.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      timeout 120 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-0.6b --input-len 128 --output-len 64 2>&1 | tee "$OUT/bench_verify.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     tp)  # two GPUs: bf16 agreement of --tp 2 vs --tp 1, then batch-1 decode of an 8B shape
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      python3 -m pytest -m cuda tests/test_cuda_tp.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/tp_tests.log" || status=1
-      for tp in 1 2; do
-        "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-8b --input-len 128 --output-len 128 --repeat 3 --tp $tp 2>&1 | tee -a "$OUT/bench_tp.log"
-      done ;;
+      timeout 300 python3 -m pytest -m cuda tests/test_cuda_tp.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/tp_tests.log" || status=1
+      tp_bench ;;
+    tpbench)  # the batch-1 decode of the 8B shape alone, --tp 1 then 2
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      tp_bench ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

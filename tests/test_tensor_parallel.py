@@ -197,3 +197,26 @@ def test_bench_decode_with_tp2_prints_its_json_line(tiny_model):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"bench"')]
     assert len(rows) == 1 and rows[0]["tp"] == 2 and rows[0]["engine_tok_s"] > 0
+
+
+def test_shutdown_is_bounded_when_a_peer_never_leaves(tmp_path):
+    """A rank whose peer is stuck (or gone) leaves within its timeout instead of hanging in the
+    group's teardown, and exits cleanly (the bench's ranks must not hang at exit)."""
+    import time
+
+    from tp_worker import leave_rank
+
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    ranks = [ctx.Process(target=leave_rank, args=(r, 2, port, str(tmp_path))) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    try:
+        ranks[0].join(90)  # start-up (spawn, import torch) plus the 2 s timeout
+        assert ranks[0].exitcode == 0, ranks[0].exitcode
+        assert not (tmp_path / "rank0_left").exists(), "shutdown_tp returned instead of exiting"
+        assert ranks[1].is_alive()
+    finally:
+        for p in ranks:
+            p.kill()
+            p.join(10)

@@ -39,3 +39,18 @@ def score_rank(rank: int, world: int, port: int, folder: str, seqs: list[list[in
     if rank == 0:
         torch.save(torch.cat([rows[-positions - 1 : -1].cpu() for rows in logits]), Path(out) / "tp_logits.pt")
     shutdown_tp()
+
+
+def leave_rank(rank: int, world: int, port: int, out: str) -> None:
+    """Rank 0 shuts down while rank 1 never does (stuck, or dead): rank 0 must still exit, and
+    soon. Rank 1 writes when it is in place, then sleeps until the test kills it."""
+    import time
+
+    from minisgl_engine.distributed import init_tp, shutdown_tp
+
+    init_tp(rank, world, f"tcp://127.0.0.1:{port}", torch.device("cpu"), timeout_s=60)
+    if rank == 1:
+        time.sleep(600)
+    start = time.monotonic()
+    shutdown_tp(timeout_s=2.0)
+    Path(out, "rank0_left").write_text(f"{time.monotonic() - start:.2f}")  # not reached: it exits
