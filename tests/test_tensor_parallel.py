@@ -202,8 +202,6 @@ def test_bench_decode_with_tp2_prints_its_json_line(tiny_model):
 def test_shutdown_is_bounded_when_a_peer_never_leaves(tmp_path):
     """A rank whose peer is stuck (or gone) leaves within its timeout instead of hanging in the
     group's teardown, and exits cleanly (the bench's ranks must not hang at exit)."""
-    import time
-
     from tp_worker import leave_rank
 
     ctx = mp.get_context("spawn")
@@ -220,3 +218,17 @@ def test_shutdown_is_bounded_when_a_peer_never_leaves(tmp_path):
         for p in ranks:
             p.kill()
             p.join(10)
+
+
+def test_bench_and_the_ranks_import_without_the_web_stack():
+    """`bench --tp` and a scheduler rank run where no web packages are installed (the GPU
+    machines here have none): importing them must not pull starlette, FastAPI, uvicorn or Gradio."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for name in ('starlette', 'fastapi', 'uvicorn', 'gradio', 'pydantic'): sys.modules[name] = None\n"
+            "import minisgl_engine.bench, minisgl_engine.server.scheduler_worker\n"
+            "from minisgl_engine.server.server import prepare_model\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

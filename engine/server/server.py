@@ -12,11 +12,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ..config import EngineConfig, ModelConfig
 from ..errors import UserError
 from .ipc import SocketPaths, make_runtime_dir, remove_runtime_dir
-from .security import AccessPolicy
+
+if TYPE_CHECKING:  # the web stack (starlette) is imported only by what serves HTTP: not by `bench --tp`
+    from .security import AccessPolicy
 
 logger = logging.getLogger("minisgl.server")
 
@@ -31,6 +34,8 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()  # web pages allowed to call the server (with CORS)
 
     def access_policy(self) -> AccessPolicy:
+        from .security import AccessPolicy
+
         return AccessPolicy.for_bind(self.host, self.allowed_hosts, self.allowed_origins)
 
 
