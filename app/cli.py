@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--seed", type=int, default=None)
+    # the sampling seed; not EngineConfig.seed (the seed of --dummy-weights), which it would set through vars(args)
+    gen.add_argument("--seed", dest="sample_seed", type=int, default=None, help="seed of the sampling (default: random)")
     gen.add_argument("--no-chat-template", action="store_true", help="send the prompt as plain text")
     add_engine_args(gen)
 
@@ -87,7 +88,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from minisgl_engine.sampling_params import SamplingParams
 
     config = engine_config_from_args(args)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed)
     llm = LLM(config=config)
     if llm.tokenizer is None:
         raise UserError("this model has no tokenizer; pass --tokenizer PATH")

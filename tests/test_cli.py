@@ -228,3 +228,21 @@ def test_negative_cuda_graph_batch_size(tiny_dir) -> None:
 
 def test_bench_page_without_a_browser_says_what_to_install(tmp_path) -> None:
     assert_one_line_error(run_cli("bench", "page", "--chromium", str(tmp_path / "no-chromium")), "apt-get install chromium")
+
+
+def test_generate_with_dummy_weights_and_no_seed(tmp_path) -> None:
+    """`generate --dummy-weights` (random weights, a real config's shapes) runs without --seed:
+    the sampling seed is not the dummy weights' seed."""
+    from transformers import AutoTokenizer, LlamaConfig
+
+    from minisgl_engine.weights.demo import demo_model_dir
+
+    demo = demo_model_dir()
+    if not (demo / "tokenizer.json").exists():
+        pytest.skip("demo model not pulled: run `minisgl-chat pull`")
+    folder = tmp_path / "shapes"
+    LlamaConfig(vocab_size=AutoTokenizer.from_pretrained(demo).vocab_size, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2).save_pretrained(folder)
+    proc = run_cli("generate", "--model", str(folder), "--tokenizer", str(demo), "--dummy-weights", "--device", "cpu",
+                   "--max-tokens", "4", "hi")
+    assert proc.returncode == 0, proc.stderr[-2000:]
