@@ -82,15 +82,28 @@ def param_bytes(model_config: ModelConfig, dtype: torch.dtype) -> int:
     return total * torch.empty((), dtype=dtype).element_size()
 
 
-def check_fits(model_name: str, weight_bytes: int, kv_bytes_min: int, device: torch.device, dtype: torch.dtype) -> None:
+def check_fits(model_name: str, weight_bytes: int, kv_bytes_min: int, device: torch.device, dtype: torch.dtype,
+               tp: int = 1) -> None:
+    """Refuse a model whose share of weights and a minimal KV cache (``weight_bytes`` and
+    ``kv_bytes_min`` are the whole model's; each of ``tp`` ranks holds about 1/tp) does not fit
+    the device's free memory. On GPUs the message says which --tp would fit."""
     free = free_memory_bytes(device)
-    if weight_bytes + kv_bytes_min > free:
-        gib = 1 << 30
-        raise UserError(
-            f"{model_name} needs {weight_bytes / gib:.1f} GiB of weights in {str(dtype).removeprefix('torch.')} plus "
-            f"{kv_bytes_min / gib:.2f} GiB of KV cache, but only {free / gib:.1f} GiB of {device.type} memory is free; "
-            "pick a smaller model or a smaller --dtype"
-        )
+    if (weight_bytes + kv_bytes_min) // tp <= free:
+        return
+    gib = 1 << 30
+    share = "" if tp == 1 else f" (its 1/{tp} share with --tp {tp})"
+    advice = "pick a smaller model or a smaller --dtype"
+    if device.type == "cuda":
+        fits = next((n for n in (2, 4, 8, 16) if n > tp and (weight_bytes + kv_bytes_min) // n <= free), None)
+        if fits is not None:
+            gpus = torch.cuda.device_count()
+            have = f"this machine has {gpus}" if gpus < fits else "this machine has them"
+            advice = f"--tp {fits} would fit it over {fits} GPUs ({have}), or pick a smaller model or --dtype"
+    raise UserError(
+        f"{model_name} needs {weight_bytes // tp / gib:.1f} GiB of weights in {str(dtype).removeprefix('torch.')} plus "
+        f"{kv_bytes_min // tp / gib:.2f} GiB of KV cache{share}, but only {free / gib:.1f} GiB of {device.type} memory "
+        f"is free; {advice}"
+    )
 
 
 @dataclass
@@ -148,7 +161,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
 
     per_token = KVPool.bytes_per_token(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype)
     tp = get_tp().size  # each rank holds about 1/tp of the weights and of the KV heads
-    check_fits(name, weight_bytes // tp, per_token * min(model_config.max_context_len, 4096) // tp, device, dtype)
+    check_fits(name, weight_bytes, per_token * min(model_config.max_context_len, 4096), device, dtype, tp)
 
     with torch.device(device):
         default_dtype = torch.get_default_dtype()

@@ -41,3 +41,22 @@ def test_cli_exits_2_when_the_model_does_not_fit():
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "GiB" in proc.stderr
+
+
+def test_a_model_too_big_for_one_gpu_names_the_tp_that_fits(monkeypatch):
+    """70 GiB of weights on GPUs with 40 GiB free each: --tp 2 would fit; on a machine of one GPU
+    the message says so too."""
+    import torch
+
+    monkeypatch.setattr(model_loader, "free_memory_bytes", lambda device: 40 << 30)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(UserError) as err:
+        model_loader.check_fits("big", 70 << 30, 1 << 30, torch.device("cuda"), torch.bfloat16)
+    msg = str(err.value)
+    assert "\n" not in msg and "--tp 2 would fit" in msg and "this machine has them" in msg, msg
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(UserError) as err:
+        model_loader.check_fits("big", 150 << 30, 1 << 30, torch.device("cuda"), torch.bfloat16, tp=2)
+    msg = str(err.value)
+    assert "--tp 4 would fit" in msg and "this machine has 1" in msg and "1/2 share with --tp 2" in msg, msg
+    model_loader.check_fits("big", 70 << 30, 1 << 30, torch.device("cuda"), torch.bfloat16, tp=2)  # fits: no error
