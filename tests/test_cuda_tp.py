@@ -43,3 +43,17 @@ def test_tp2_bf16_agrees_with_float32_as_well_as_tp1(tmp_path):
     figures = {name: (agreement(x, ref), rel_error(x, ref)) for name, x in (("tp1", tp1), ("tp2", tp2))}
     print("top-1 agreement with float32 transformers (%), relative logit error:", figures)
     assert figures["tp2"][0] >= figures["tp1"][0] - 1.0, figures
+
+
+def test_all_reduce_one_shot_and_nccl_give_nccls_sums(tmp_path):
+    """The one-shot all-reduce (small bf16 tensors, symmetric memory) gives exactly NCCL's sums,
+    eagerly and replayed from a CUDA graph with alternating buffers; large tensors use NCCL."""
+    import json
+
+    from tp_worker import all_reduce_rank
+
+    mp.start_processes(all_reduce_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    found = json.loads((tmp_path / "all_reduce.json").read_text())
+    print("all_reduce checks:", found)
+    assert found.pop("one_shot"), "the one-shot all-reduce did not start on this machine"
+    assert all(v in ("exact", "rounding") for v in found.values()), found

@@ -54,3 +54,65 @@ def leave_rank(rank: int, world: int, port: int, out: str) -> None:
     start = time.monotonic()
     shutdown_tp(timeout_s=2.0)
     Path(out, "rank0_left").write_text(f"{time.monotonic() - start:.2f}")  # not reached: it exits
+
+
+def all_reduce_rank(rank: int, world: int, port: int, out: str) -> None:
+    """distributed.all_reduce on GPUs against NCCL's own sum, eager and replayed from a CUDA
+    graph, small (one-shot) and large (NCCL) tensors; rank 0 writes what it found."""
+    import json
+
+    from minisgl_engine import distributed
+    from minisgl_engine.distributed import all_reduce, init_tp, shutdown_tp
+
+    device = torch.device(f"cuda:{rank}")
+    init_tp(rank, world, f"tcp://127.0.0.1:{port}", device)
+    found: dict = {"one_shot": distributed._one_shot is not None}
+    gen = torch.Generator(device=device).manual_seed(rank)
+
+    def sample(rows: int) -> torch.Tensor:
+        return torch.randn(rows, 4096, generator=gen, device=device).to(torch.bfloat16)
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> str:
+        """"exact", "rounding" (within bf16's rounding of a sum) or the largest difference."""
+        if torch.equal(a, b):
+            return "exact"
+        return "rounding" if torch.allclose(a.float(), b.float(), rtol=2e-2, atol=1e-2) else f"off by {(a - b).abs().max().item()}"
+
+    def nccl_sum(x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        torch.distributed.all_reduce(y)
+        return y
+
+    for rows in (1, 8, 128, 300):  # 128 rows = 1 MiB, the one-shot limit; 300 go through NCCL
+        for buffer in (0, 1):
+            x = sample(rows)
+            found[f"eager_{rows}_{buffer}"] = same(all_reduce(x.clone(), buffer), nccl_sum(x))
+    # a decode step's pattern inside a CUDA graph: alternate buffers, each result feeding the next
+    inputs = [sample(4) for _ in range(6)]
+    static = [x.clone() for x in inputs]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        h = static[0]
+        for i in range(1, 6):
+            h = all_reduce(h + static[i], i % 2)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h = static[0]
+        for i in range(1, 6):
+            h = all_reduce(h + static[i], i % 2)
+    graph_out = h
+    for step in range(3):
+        fresh = [sample(4) for _ in range(6)]
+        for s, f in zip(static, fresh):
+            s.copy_(f)
+        graph.replay()
+        ref = fresh[0]
+        for i in range(1, 6):
+            ref = nccl_sum(ref + fresh[i])
+        found[f"graph_replay_{step}"] = same(graph_out, ref)
+    torch.cuda.synchronize()
+    if rank == 0:
+        Path(out, "all_reduce.json").write_text(json.dumps(found))
+    shutdown_tp()

@@ -36,7 +36,7 @@ class SelfAttention(nn.Module):
         q_size, kv_size = local_heads * head_dim, local_kv_heads * head_dim
         self.qkv_proj = MergedLinear(hidden_size, [q_size, kv_size, kv_size], ("q", "k", "v"), bias=qkv_bias,
                                      shard_parts=[get_tp().rank, kv_part, kv_part])
-        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, all_reduce_buffer=0)  # the MLP's uses 1
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
 

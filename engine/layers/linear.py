@@ -124,11 +124,12 @@ class RowParallelLinear(Linear):
     """A projection whose input dimension is split across tensor-parallel ranks (attention's
     output and the MLP's down projection): each rank multiplies its slice, an all-reduce sums."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, all_reduce_buffer: int | None = None) -> None:
         tp = get_tp()
         super().__init__(tp.split(in_features, "input features of a row-parallel projection"), out_features)
         self.weight.weight_loader = self._load
         self.tp = tp
+        self.all_reduce_buffer = all_reduce_buffer  # which one-shot buffer its all-reduce uses (distributed.py)
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         size = param.shape[1]
@@ -137,4 +138,4 @@ class RowParallelLinear(Linear):
         default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(super().forward(x))
+        return all_reduce(super().forward(x), self.all_reduce_buffer)

@@ -44,7 +44,7 @@ class MLP(nn.Module):
         tp = get_tp()
         local = tp.split(intermediate_size, "MLP intermediate features")
         self.gate_up_proj = MergedLinear(hidden_size, [local] * 2, ("gate", "up"), shard_parts=[tp.rank] * 2)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, all_reduce_buffer=1)  # attention's uses 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if 0 < x.shape[0] <= self.fused_max_rows:
