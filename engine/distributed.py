@@ -60,8 +60,6 @@ class OneShotAllReduce:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.group = dist.group.WORLD.group_name
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older PyTorch versions
-            symm_mem.enable_symm_mem_for_group(self.group)
         self.max_numel = max_bytes // 2
         self.buffers = [symm_mem.empty(self.max_numel, dtype=torch.bfloat16, device=device) for _ in range(2)]
         for buf in self.buffers:
