@@ -607,7 +607,10 @@ def test_bench_page_times_the_same_reply_in_the_page_and_through_the_api(app):
 
 
 def test_app_log_has_no_errors_and_no_chat_text(app):
-    """After all of the above: no server error, and nothing anyone typed or read, in the log."""
+    """After all of the above: the engine idle (nothing running, no KV page held: every stop,
+    switch, reload and closed tab gave its request back), no server error, and nothing anyone
+    typed or read, in the log."""
+    assert wait_until(lambda: engine_idle(app), 15), f"the engine is not idle after the suite: {app.metrics()}"
     log = log_text(app)
     assert " 500" not in log and "Traceback" not in log, log[-3000:]
     leaked = [m for m in MARKERS if m in log]
