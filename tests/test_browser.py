@@ -4,24 +4,15 @@ test-artifacts/ (or $MINISGL_ARTIFACTS)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from minisgl_engine.weights.demo import demo_model_dir
-from minisgl_engine.weights.gguf_convert import is_complete
+from chat_page_utils import ARTIFACTS, BROWSER_MARKS, browser, engine_idle, send  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, wait_until
 
-CHROMIUM = "/usr/bin/chromium"
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
-    pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`"),
-]
-ARTIFACTS = Path(os.environ.get("MINISGL_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+pytestmark = BROWSER_MARKS
 LONG_PROMPT = "Write a very long story about a dragon who learns to cook. Use many chapters."
 # a reply's stats (and version) line is a message of its own under it, shown as a collapsed "thought"
 STATS = "#chatbot [data-testid='bot'] .thought-group"
@@ -46,20 +37,6 @@ def app(data_dir, tmp_path_factory):
     srv.stop()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
-        )
-        yield b
-        b.close()
-
-
 def open_page(browser, app):
     page = browser.new_page(viewport={"width": 1280, "height": 860})
     page.goto(f"{app.url}/")
@@ -71,11 +48,6 @@ def open_page(browser, app):
 def shot(page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
-
-
-def send(page, text: str) -> None:
-    page.fill("#msg-input textarea", text)
-    page.press("#msg-input textarea", "Enter")
 
 
 def last_reply(page) -> str:
@@ -106,11 +78,6 @@ def set_field(page, selector: str, value: str) -> None:
     """Type into a settings field; it applies when the field changes (no Save button)."""
     page.fill(selector, value)
     page.press(selector, "Tab")
-
-
-def engine_idle(app) -> bool:
-    m = app.metrics()
-    return m.get("minisgl_running_requests") == 0 and m.get("minisgl_kv_pages_used") == 0
 
 
 def test_reply_streams_in_growing_pieces(browser, app):

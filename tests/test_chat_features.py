@@ -10,30 +10,17 @@ only the features that generate wait for the engine. Screenshots go to test-arti
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 
 import pytest
 
-from minisgl_engine.weights.demo import demo_model_dir
-from minisgl_engine.weights.gguf_convert import is_complete
+from chat_page_utils import ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, browser, send  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, wait_until
 
-CHROMIUM = "/usr/bin/chromium"
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
-    pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`"),
-]
-ARTIFACTS = Path(os.environ.get("MINISGL_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+pytestmark = BROWSER_MARKS
 
-# The messages themselves; a reply's stats line and the versions line under a user message are
-# messages of their own, shown as a collapsed `.thought-group`.
-REPLY = "#chatbot [data-testid='bot']:not(:has(.thought-group))"
-USER = "#chatbot [data-testid='user']:not(:has(.thought-group))"
-LINE = "#chatbot .thought-group"
 ROW = "#chatbot .message-row:not(:has(.thought-group))"  # one per message (not its stats or version line)
 ANY_ROW = "#chatbot .message-row"  # messages and the lines under them, each a row of its own
 SIDEBAR = "#conv-list label"
@@ -78,20 +65,6 @@ def app(tmp_path_factory):
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
-        )
-        yield b
-        b.close()
-
-
 @pytest.fixture
 def page(browser, app):
     """A tab of its own (its own session), closed after the test."""
@@ -113,11 +86,6 @@ def open_app(page, app) -> None:
 def shot(page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"features-{name}.png"), full_page=True)
-
-
-def send(page, text: str) -> None:
-    page.fill("#msg-input textarea", text)
-    page.press("#msg-input textarea", "Enter")
 
 
 def replies(page) -> list[str]:

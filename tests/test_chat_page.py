@@ -14,22 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from minisgl_engine.weights.demo import demo_model_dir
-from minisgl_engine.weights.gguf_convert import is_complete
+from chat_page_utils import BROWSER_MARKS, REPLY, USER, browser, engine_idle, send  # noqa: F401 (browser: fixture)
 from server_utils import CLI, ServerProcess, wait_until
 
-CHROMIUM = "/usr/bin/chromium"
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
-    pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`"),
-]
+pytestmark = BROWSER_MARKS
 
 LONG_PROMPT = "Write a very long story about a dragon who learns to cook. Use many chapters."
 SEA_PROMPT = "Write a very long poem about the sea and old sailing ships. Use many verses."
-# A message's own text (a line under it, such as a reply's stats, is a message of its own, a `.thought-group`).
-USER = "#chatbot [data-testid='user']:not(:has(.thought-group))"
-REPLY = "#chatbot [data-testid='bot']:not(:has(.thought-group))"
 EDIT_USER = "#chatbot .message-buttons-right button[aria-label='Edit']"
 COPY_REPLY = "#chatbot .message-buttons-left button[aria-label='Copy message']"
 STATS = re.compile(r"(\d+) tokens")
@@ -49,20 +40,6 @@ def app(tmp_path_factory):
                         env={"MINISGL_DATA_DIR": str(data)})
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
-        )
-        yield b
-        b.close()
 
 
 class BrowserTab:
@@ -105,18 +82,8 @@ def tab(browser, app):
 
 # ---- what a person does and sees
 
-def engine_idle(app) -> bool:
-    m = app.metrics()
-    return m.get("minisgl_running_requests") == 0 and m.get("minisgl_kv_pages_used") == 0
-
-
 def running(app) -> float:
     return app.metrics().get("minisgl_running_requests", -1)
-
-
-def send(page, text: str) -> None:
-    page.fill("#msg-input textarea", text)
-    page.press("#msg-input textarea", "Enter")
 
 
 def users(page) -> list[str]:

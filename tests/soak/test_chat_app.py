@@ -26,18 +26,12 @@ from pathlib import Path
 import pytest
 
 from minisgl_app.store import DB_NAME, ConversationStore
-from minisgl_engine.weights.demo import demo_model_dir
-from minisgl_engine.weights.gguf_convert import is_complete
 from server_utils import ServerProcess, wait_until
 from soak_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, Scale, assert_idle, group_gone, long_prompt, runtime_dir_of
-from test_browser import BOT, CHROMIUM, USER, browser, last_reply, make_greedy, send, stats_text  # noqa: F401 (browser: fixture)
+from chat_page_utils import BROWSER_MARKS, browser, send  # noqa: F401 (browser: fixture)
+from test_browser import BOT, USER, last_reply, make_greedy, stats_text
 
-pytestmark = [
-    pytest.mark.soak,
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
-    pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`"),
-]
+pytestmark = [pytest.mark.soak, *BROWSER_MARKS]
 FIGURES: dict[str, object] = {}
 STORIES = ["Write a very long story about a dragon who learns to cook. Use many chapters.",
            "Tell me a long tale about a lighthouse keeper and a storm, with many details.",

@@ -1,0 +1,53 @@
+"""What the browser test modules share (test_browser, test_chat_page, test_chat_features and the
+soak suite's chat tests): Debian's Chromium as one module-scoped Playwright browser, the marks
+that skip a module without it or the demo model, the page's selectors, and the few actions and
+checks every module makes the same way."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from minisgl_engine.weights.demo import demo_model_dir
+from minisgl_engine.weights.gguf_convert import is_complete
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+BROWSER_MARKS = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`"),
+]
+ARTIFACTS = Path(os.environ.get("MINISGL_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+
+# A message's own text: a reply's stats line and the versions line under a message are messages
+# of their own, shown as a collapsed `.thought-group` (so is a reasoning model's thinking).
+USER = "#chatbot [data-testid='user']:not(:has(.thought-group))"
+REPLY = "#chatbot [data-testid='bot']:not(:has(.thought-group))"
+LINE = "#chatbot .thought-group"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One Chromium for the module (each test opens its own context or page)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def engine_idle(app) -> bool:
+    """Nothing running and no KV page held (the prefix cache may keep pages: they are not held)."""
+    m = app.metrics()
+    return m.get("minisgl_running_requests") == 0 and m.get("minisgl_kv_pages_used") == 0
+
+
+def send(page, text: str) -> None:
+    """Type a message and press Enter, as a person does."""
+    page.fill("#msg-input textarea", text)
+    page.press("#msg-input textarea", "Enter")
