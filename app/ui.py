@@ -529,11 +529,14 @@ class ChatPage:
 
             settings = [system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop]
             tab_fields = [title_box, *settings]
-            # queued (toasts need the queue) but never waiting behind one another
-            quick = dict(show_progress="hidden", concurrency_limit=None)
+            # queued (toasts need the queue) but never waiting behind one another; and never
+            # dropped: Gradio's default trigger_mode "once" ignores an event while its previous run
+            # is pending, so a message sent (or a follow started) while the last one still ran
+            # was lost, and the page kept showing a stale chat
+            quick = dict(show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
 
             view = [chatbot, status, conv_list, versions, versions_text, continue_btn]
-            follow = dict(fn=self.follow, outputs=view, show_progress="hidden", concurrency_limit=None)
+            follow = dict(fn=self.follow, outputs=view, show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
             timer = gr.Timer(IDLE_CHECK_S)
 
             demo.load(self.load_page, outputs=[*tab_fields, thinking], **quick).then(**follow)
