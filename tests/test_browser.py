@@ -108,6 +108,9 @@ def test_stop_freezes_the_reply_and_frees_the_engine(browser, app):
     page.click("#stop-btn")
     t0 = time.monotonic()
     assert wait_until(lambda: engine_idle(app), 2.0), app.metrics()
+    # the page draws a stream at most 4 times a second: the tokens made before the Stop land in
+    # its last render, the one that also marks the reply stopped; after that nothing may change
+    assert wait_until(lambda: "stopped" in stats_text(page), 5), stats_text(page)
     frozen = last_reply(page)
     time.sleep(1.0)
     assert last_reply(page) == frozen, "text kept growing after Stop"
