@@ -61,8 +61,14 @@ def stats_text(page) -> str:
 
 
 def new_greedy_chat(page, max_tokens: int = 1024) -> None:
-    """A new chat whose settings make a long, deterministic reply (greedy, many tokens)."""
+    """A new chat whose settings make a long, deterministic reply (greedy, many tokens).
+
+    New chat resets the settings fields when the server answers the click; a field typed into
+    before that answer arrives is reset (seen in CI: a "greedy" chat replied with the default
+    temperature and length). So wait for the answer (the sidebar selects no chat: the page
+    draws that after New chat's answer) before typing."""
     page.click("#new-chat-btn")
+    assert wait_until(lambda: page.locator("#conv-list input:checked").count() == 0, 30)
     make_greedy(page, max_tokens)
 
 
@@ -70,8 +76,17 @@ def make_greedy(page, max_tokens: int = 1024) -> None:
     """This chat's settings: greedy and long (a sampled reply can end after a sentence)."""
     if not page.locator("#temperature input[type=number]").is_visible():
         page.click("#settings >> text=Settings")
-    set_field(page, "#temperature input[type=number]", "0")
-    set_field(page, "#max-tokens input", str(max_tokens))
+    fields = {"#temperature input[type=number]": "0", "#max-tokens input": str(max_tokens)}
+    for selector, value in fields.items():
+        set_field(page, selector, value)
+    # the values must hold (a reset still on its way would undo them: type them again then)
+    steady_since = time.monotonic()
+    while time.monotonic() - steady_since < 1.0:
+        for selector, value in fields.items():
+            if float(page.input_value(selector) or "nan") != float(value):
+                set_field(page, selector, value)
+                steady_since = time.monotonic()
+        time.sleep(0.1)
 
 
 def set_field(page, selector: str, value: str) -> None:
