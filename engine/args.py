@@ -30,6 +30,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="capture CUDA graphs for decode batches up to this size; 0 disables them (default: %(default)s)")
     g.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="on CUDA, do not prepare the next step while the GPU runs the current one (for comparison)")
+    g.add_argument("--cpu-threads", type=int, default=d.cpu_threads,
+                   help="on CPU, compute threads; 0 = one per core that other processes leave free, re-checked as they come and go (default: %(default)s)")
     g.add_argument("--no-fused-kernels", dest="fused_kernels", action="store_false",
                    help="on CUDA, do not use the Triton kernels (fused q/k norm + RoPE + KV store, small-batch matrix products; for comparison)")
 
@@ -48,6 +50,8 @@ def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argpars
     dec.add_argument("--output-len", type=int, default=128)
     dec.add_argument("--compare-hf", action="store_true", help="also run transformers' generate on the same weights")
     dec.add_argument("--repeat", type=int, default=1, help="timed runs per configuration; the best is reported")
+    dec.add_argument("--busy-cores", type=int, default=0,
+                     help="keep this many cores busy with other processes for the run (the CPU path under load; default: %(default)s)")
     add_engine_args(dec)
     off = sub.add_parser("offline", help="nano-vllm's offline workload: 256 requests, random lengths, sampled, ignore_eos")
     off.add_argument("--num-requests", type=int, default=256)

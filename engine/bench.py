@@ -7,10 +7,13 @@ configuration."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import platform
 import random
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -22,6 +25,7 @@ from .sampling_params import SamplingParams
 
 
 WARMUP_LEN = 20  # prompt + output tokens of the untimed first run
+TORCH_DEFAULT_THREADS = torch.get_num_threads()  # before any engine picks its own count
 
 
 def device_name(device: torch.device) -> str:
@@ -31,10 +35,10 @@ def device_name(device: torch.device) -> str:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()} ({torch.get_num_threads()} threads)"
+                    return f"{line.split(':', 1)[1].strip()} ({TORCH_DEFAULT_THREADS} threads)"
     except OSError:
         pass
-    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+    return f"{platform.processor() or platform.machine()} ({TORCH_DEFAULT_THREADS} threads)"
 
 
 def _sync(device: torch.device) -> None:
@@ -103,10 +107,44 @@ def time_hf(hf, prompts: list[list[int]], output_len: int, device: torch.device)
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def busy_cores(count: int):
+    """``count`` other processes, each keeping one core busy, for as long as the block runs: the
+    machine a chat app meets beside a browser or a build (``bench decode --busy-cores N``)."""
+    if count < 0:
+        raise UserError(f"--busy-cores must be >= 0, got {count}")
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def threads_of_transformers(llm):
+    """transformers runs with torch's own thread count (every core), as its users run it; the
+    engine's CPU path then picks its own count again."""
+    threads = llm.engine.cpu_threads
+    if threads is None:
+        yield
+        return
+    torch.set_num_threads(TORCH_DEFAULT_THREADS)
+    try:
+        yield
+    finally:
+        threads.applied = 0  # the next step sets the engine's count again
+
+
 def run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
+    with busy_cores(args.busy_cores):
+        return _run_decode(args, config)
+
+
+def _run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     from .llm import LLM
 
-    torch.set_num_threads(torch.get_num_threads())  # every core, for both implementations
     max_len = max(max(args.input_len) + args.output_len, WARMUP_LEN)
     need = max(args.batch_size) * (max_len + 1)
     if config.max_kv_tokens is None:
@@ -120,7 +158,8 @@ def run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     # warm-up: first-call costs (allocator, kernels) are not what we measure
     time_engine(llm, random_prompts(1, WARMUP_LEN - 4, vocab, seed=1), 4)
     if hf is not None:
-        time_hf(hf, random_prompts(1, WARMUP_LEN - 4, vocab, seed=1), 4, engine.device)
+        with threads_of_transformers(llm):
+            time_hf(hf, random_prompts(1, WARMUP_LEN - 4, vocab, seed=1), 4, engine.device)
     seeds = itertools.count(100)  # fresh prompts for every run: the prefix cache must find nothing
     for bs in args.batch_size:
         for input_len in args.input_len:
@@ -139,15 +178,20 @@ def run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
                 "hf_tok_s": None,
                 "hf_settings": None,
                 "ttft_ms": round(ttft * 1000, 2),
+                "busy_cores": args.busy_cores,
+                # CPU: the engine's thread count at the end of the run (it follows the free cores)
+                "engine_threads": engine.cpu_threads.applied if engine.cpu_threads is not None else None,
             }
             if hf is not None:
-                hf_total = min(time_hf(hf, prompts, args.output_len, engine.device) for _ in range(args.repeat))
+                with threads_of_transformers(llm):
+                    hf_total = min(time_hf(hf, prompts, args.output_len, engine.device) for _ in range(args.repeat))
+                    hf_threads = torch.get_num_threads()
                 import transformers
 
                 row["hf_tok_s"] = round(bs * args.output_len / hf_total, 2)
                 row["hf_settings"] = (
                     f"transformers {transformers.__version__} generate, {row['dtype']}, do_sample=False, "
-                    f"min_new_tokens=max_new_tokens={args.output_len}, default cache, {torch.get_num_threads()} threads"
+                    f"min_new_tokens=max_new_tokens={args.output_len}, default cache, {hf_threads} threads"
                 )
             results.append(row)
     return results
@@ -307,7 +351,6 @@ def time_hf_sampled(hf, prompts: list[list[int]], output_lens: list[int], device
 def run_offline(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     from .llm import LLM
 
-    torch.set_num_threads(torch.get_num_threads())
     prompts, output_lens = offline_workload(args.num_requests, args.max_input_len, args.max_output_len)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
     config = replace(config, max_running_requests=max(config.max_running_requests, args.num_requests))

@@ -105,6 +105,7 @@ class EngineConfig:
     overlap: bool = True  # on CUDA, schedule step N+1 while the GPU runs step N
     fused_kernels: bool = True  # on CUDA, Triton kernels where they beat the unfused path
     seed: int = 0  # seed for random dummy weights
+    cpu_threads: int = 0  # CPU path: compute threads; 0 = the cores other processes leave free (re-checked while running)
     tp: int = 1  # tensor-parallel ranks (all machines together)
     nnodes: int = 1  # machines the ranks are spread over (serve / chat only)
     node_rank: int = 0  # which of them this is; 0 runs the front end

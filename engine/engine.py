@@ -20,6 +20,7 @@ from . import flashinfer_kernels
 from .attention import create_attention_backend
 from .batch import Batch, ForwardBatch
 from .config import EngineConfig
+from .cpu_threads import CpuThreads
 from .distributed import get_tp, local_head_counts, min_over_ranks
 from .errors import UserError
 from .kvcache import KVPool, PageTable
@@ -63,6 +64,8 @@ class Engine:
         """``on_phase`` hears what start-up is doing (compiling kernels, capturing graphs)."""
         if config.page_size < 1:
             raise UserError(f"--page-size must be >= 1, got {config.page_size}")
+        if config.cpu_threads < 0:
+            raise UserError(f"--cpu-threads must be >= 0 (0: the free cores), got {config.cpu_threads}")
         self.tp = get_tp()
         if config.tp != self.tp.size:
             raise UserError(f"--tp {config.tp} needs {config.tp} scheduler processes in one group; start it with `minisgl-chat serve --tp {config.tp}`")
@@ -76,9 +79,9 @@ class Engine:
         self.model_dir = loaded.model_dir
         self.device = loaded.device
         self.dtype = loaded.dtype
-        if self.device.type == "cpu":
-            # all cores (torch's default), shared among the tensor-parallel ranks of this machine
-            torch.set_num_threads(max(1, torch.get_num_threads() // self.tp.size))
+        # CPU: the cores other processes leave free (a browser beside the chat app is the common
+        # case), shared among the tensor-parallel ranks of this machine
+        self.cpu_threads = CpuThreads(config.cpu_threads, share=self.tp.size) if self.device.type == "cpu" else None
         mc = self.model_config
         self.max_context_len = mc.max_context_len
         # a GPU computes a big prefill batch about as fast per token as a small one and each step
@@ -249,6 +252,8 @@ class Engine:
         )
 
     def _forward(self, batch: Batch, use_graph: bool | None = None, pad_to: int | None = None) -> tuple[ForwardBatch, torch.Tensor]:
+        if self.cpu_threads is not None:
+            self.cpu_threads.apply()
         graph_size = self.graph_size(batch)
         if use_graph and graph_size is None:
             raise ValueError("this batch cannot replay a CUDA graph")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -24,7 +25,8 @@ def free_port() -> int:
 class ServerProcess:
     def __init__(self, *args: str, log_path: Path | None = None, timeout: float = 180.0, command: str = "serve",
                  env: dict[str, str] | None = None, port: int | None = None) -> None:
-        self.port = port or free_port()
+        # port 0: the server picks one and says which in its "ready at" line (needs log_path)
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "wb") if log_path else subprocess.DEVNULL
@@ -38,6 +40,13 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.output()}")
+            if self.port == 0:
+                found = re.search(r"ready at http://127\.0\.0\.1:(\d+)", self.output())
+                if found is None:
+                    time.sleep(0.2)
+                    continue
+                self.port = int(found.group(1))
+                self.url = f"http://127.0.0.1:{self.port}"
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
                     return

@@ -3,7 +3,9 @@ one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -116,6 +118,26 @@ def test_bad_dtype(tiny_dir) -> None:
     assert_one_line_error(run_cli("generate", "--model", str(tiny_dir), "--dtype", "nope", "hi"), "nope")
 
 
+@pytest.mark.parametrize(("port", "needle"), [("70000", "between 0 and 65535"), ("-1", "between 0 and 65535")])
+def test_a_port_out_of_range_is_a_one_line_error(port, needle) -> None:
+    assert_one_line_error(run_cli("serve", "--port", port), needle)
+
+
+def test_an_unknown_host_is_a_one_line_error_naming_the_flag() -> None:
+    line = assert_one_line_error(run_cli("serve", "--host", "no-such-host.invalid", "--api-key", "k", "--port", "0"), "--host")
+    assert "another server" not in line  # not the busy-port hint
+
+
+@pytest.mark.parametrize(("err", "needle"), [
+    (errno.EADDRINUSE, "another server"), (errno.EACCES, "1024"), (errno.EADDRNOTAVAIL, "--host 127.0.0.1"),
+])
+def test_each_bind_error_says_which_flag_to_change(err, needle) -> None:
+    from minisgl_engine.server.server import bind_error_hint
+
+    hint = bind_error_hint("192.0.2.1", 80, OSError(err, os.strerror(err)))
+    assert needle in hint and "192.0.2.1:80" in hint
+
+
 def test_dummy_weights_without_config() -> None:
     assert_one_line_error(run_cli("bench", "decode", "--dummy-weights", "--device", "cpu"), "--config")
 
@@ -163,7 +185,7 @@ def test_generate_with_a_prompt_longer_than_the_context(demo_dir) -> None:
 
 BENCH_KEYS = {
     "bench", "device", "model", "dtype", "tp", "cache", "batch_size", "input_len", "output_len",
-    "engine_tok_s", "hf_tok_s", "hf_settings", "ttft_ms",
+    "engine_tok_s", "hf_tok_s", "hf_settings", "ttft_ms", "busy_cores", "engine_threads",
 }
 
 
@@ -189,6 +211,22 @@ def test_bench_decode_compare_hf_prints_a_json_line(tiny_dir) -> None:
 def test_bench_decode_short_lengths(tiny_dir) -> None:
     proc = run_cli("bench", "decode", "--model", str(tiny_dir), "--device", "cpu", "--compare-hf", "--output-len", "4", "--input-len", "8")
     check_bench_json(proc, tiny_dir, 8, 4)
+
+
+def test_bench_decode_busy_cores_runs_beside_spinning_processes_and_stops_them(tiny_dir) -> None:
+    import psutil
+
+    before = {p.pid for p in psutil.process_iter()}
+    proc = run_cli("bench", "decode", "--model", str(tiny_dir), "--device", "cpu", "--busy-cores", "1", "--output-len", "4",
+                   "--input-len", "8")
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row["busy_cores"] == 1 and row["engine_threads"] >= 1
+    spinners = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.pid not in before and "while True: pass" in " ".join(p.info["cmdline"] or [])]
+    assert spinners == [], "the spinning processes outlived the bench"
+
+
+def test_bench_decode_negative_busy_cores_is_a_one_line_error(tiny_dir) -> None:
+    assert_one_line_error(run_cli("bench", "decode", "--model", str(tiny_dir), "--device", "cpu", "--busy-cores", "-1"), "--busy-cores")
 
 
 MULTITURN_KEYS = {

@@ -262,7 +262,9 @@ def test_port_in_use_is_refused(server):
 
 
 def test_second_instance_with_api_key_then_sigterm(server, tmp_path):
-    other = ServerProcess("--api-key", "s3cret", log_path=tmp_path / "other.log")
+    # --port 0: the system picks a free port, and the "ready at" line names it
+    other = ServerProcess("--api-key", "s3cret", log_path=tmp_path / "other.log", port=0)
+    assert other.port != 0
     try:
         body = chat_body("What is the capital of France?", max_tokens=16)
         assert httpx.post(f"{other.url}/v1/chat/completions", json=body, timeout=60).status_code == 401

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import signal
@@ -57,7 +58,10 @@ def check_server_config(server: ServerConfig) -> None:
 
 
 def bind_listen_socket(host: str, port: int) -> socket.socket:
-    """Bind before starting any worker, so a busy port is a one-line error, not a late crash."""
+    """Bind before starting any worker, so a bad or busy port is a one-line error that says what
+    to do, not a late crash."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535 (0 picks a free one), got {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -65,10 +69,24 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); is another server running? pick another --port") from None
+        raise UserError(bind_error_hint(host, port, exc)) from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def bind_error_hint(host: str, port: int, exc: OSError) -> str:
+    """Why a bind failed, and the flag to change."""
+    where = f"cannot listen on {host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return f"{where}: unknown --host {host!r}; use an IP address (127.0.0.1 on this machine only) or a name it resolves"
+    if exc.errno == errno.EADDRINUSE:
+        return f"{where}: the port is in use; is another server running? pick another --port (0 picks a free one)"
+    if exc.errno == errno.EACCES:
+        return f"{where}: permission denied (ports below 1024 need root); pick a --port of 1024 or more"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{where}: {host} is not an address of this machine; pick --host 127.0.0.1 or one of its own addresses"
+    return f"{where} ({exc.strerror or exc}); check --host and --port"
 
 
 def served_model_name(config: EngineConfig) -> str:
@@ -179,7 +197,7 @@ def run_server(
     paths = SocketPaths(str(runtime_dir), server.num_tokenizers)
     log_level = logging.getLogger("minisgl").getEffectiveLevel()
     host = f"[{server.host}]" if ":" in server.host else server.host
-    url = f"http://{host}:{server.port}"
+    url = f"http://{host}:{listen_socket.getsockname()[1]}"  # --port 0: the port the system picked
     model_name = served_model_name(config)
     processes: list[EngineProcesses] = []  # at most one; filled by the start-up thread
     lifecycle = threading.Lock()
