@@ -15,7 +15,7 @@ from tiny_models import make_tiny_model  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
-        skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (CUDA)")
         for item in items:
             if "cuda" in item.keywords:
                 item.add_marker(skip)

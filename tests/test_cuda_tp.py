@@ -1,5 +1,5 @@
-"""Tensor parallelism on two GPUs (NCCL, CUDA graphs capturing the all-reduce): run on the
-device kind nvidia-h200-x2 with ``pytest -m cuda tests/test_cuda_tp.py``; skipped elsewhere."""
+"""Tensor parallelism on two GPUs (NCCL, CUDA graphs capturing the all-reduce): run on
+a machine with 2 NVIDIA GPUs with ``pytest -m cuda tests/test_cuda_tp.py``; skipped elsewhere."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from server_utils import free_port
 from test_cuda import agreement, hf_last_logits, random_sequences, rel_error
 from tp_worker import score_rank
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nvidia-h200-x2)")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs")]
 
 
 def test_tp2_bf16_agrees_with_float32_as_well_as_tp1(tmp_path):
