@@ -158,8 +158,14 @@ def run_worker_node(config: EngineConfig) -> int:
     return result["code"]
 
 
+class Terminated(SystemExit):
+    """SIGTERM: the ordinary way to stop a service. Raised (not the default handler's death)
+    so that the clean-up runs; ``run_server`` then returns its own exit code, 0 when nothing
+    failed: an orderly stop is a success (`make run` stopped with SIGTERM does not say Error)."""
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise Terminated(128 + signum)
 
 
 def run_server(
@@ -289,6 +295,8 @@ def run_server(
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         asyncio.run(main())
+    except Terminated:
+        pass  # stopped in order: the exit code says whether anything failed before
     finally:
         with lifecycle:
             stopping = True
