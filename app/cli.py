@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 
 from minisgl_engine.args import add_bench_args, add_engine_args, engine_config_from_args
@@ -115,6 +116,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     """The app: engine + chat page + OpenAI routes on one server, opened in the browser."""
+    files = private_files_dir()  # before Gradio is imported: some of its modules read the folder then
+    try:
+        return run_chat(args)
+    finally:
+        shutil.rmtree(files, ignore_errors=True)
+
+
+def run_chat(args: argparse.Namespace) -> int:
     import webbrowser
 
     from minisgl_engine.server.server import run_server
@@ -134,6 +143,17 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return run_server(
         engine_config_from_args(args), server, mount=lambda app, client: mount_ui(app, client, store, server.api_key), on_listen=on_listen
     )
+
+
+def private_files_dir() -> str:
+    """A folder only this user can read (0700), removed when the app stops, for the files the
+    page hands out or takes in (exports, attachments, imports). Gradio's default is a shared
+    /tmp/gradio that keeps every exported chat, readable by other users of the machine."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="minisgl-chat-files-")
+    os.environ["GRADIO_TEMP_DIR"] = folder  # read by Gradio when it stores a file
+    return folder
 
 
 def cmd_pull(args: argparse.Namespace) -> int:

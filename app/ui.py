@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -235,7 +236,8 @@ class ChatPage:
             gr.Warning("Nothing to export yet: this chat has no messages.")
             return gr.skip()
         text = self.store.export_markdown(conv.id) if kind == "md" else self.store.export_json(conv.id)
-        folder = Path(tempfile.mkdtemp(prefix="minisgl-export-"))
+        # inside the app's private files folder (GRADIO_TEMP_DIR, app/cli.py), removed at exit
+        folder = Path(tempfile.mkdtemp(prefix="export-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         safe = "".join(ch if ch.isalnum() or ch in "-_ " else "_" for ch in conv.title).strip() or "chat"
         path = folder / f"{safe}.{kind}"
         path.write_text(text, encoding="utf-8")

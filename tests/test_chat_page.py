@@ -40,6 +40,19 @@ def app(tmp_path_factory):
                         env={"MINISGL_DATA_DIR": str(data)})
     yield srv
     srv.stop()
+    # the app's private files folder (exports, uploads) goes with it
+    assert not [str(f) for f in FILES_FOLDERS if f.exists()], "the app left its files folder behind"
+
+
+FILES_FOLDERS: list[Path] = []  # the app's files folders seen in download URLs
+
+
+def files_folder(url: str) -> Path:
+    """The app's files folder from a download URL (…/gradio_api/file=/tmp/minisgl-chat-files-…/…)."""
+    from urllib.parse import unquote
+
+    path = Path(unquote(url.split("file=", 1)[1]))
+    return next(p for p in path.parents if p.name.startswith("minisgl-chat-files-"))
 
 
 class BrowserTab:
@@ -388,6 +401,10 @@ def test_export_downloads_the_shown_chat_every_time(tab, app):
             page.click(button)
         time.sleep(1)
         assert len(downloads) == n + 1, f"one click gave {len(downloads) - n} downloads"
+        # served from the app's own folder, which only its user can read (not a shared /tmp/gradio)
+        folder = files_folder(info.value.url)
+        assert folder.stat().st_mode & 0o777 == 0o700, oct(folder.stat().st_mode)
+        FILES_FOLDERS.append(folder)
         return Path(info.value.path()).read_text()
 
     send(page, "Narwhal facts: say hi.")
