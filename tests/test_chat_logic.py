@@ -238,3 +238,21 @@ def test_sidebar_marks_replying_chats_and_dates(store):
     labels = dict((cid, label) for label, cid in sidebar_choices(store.list(), {a}, now))
     assert labels[a].startswith("● alpha · ") and labels[b].startswith("beta · ")
     assert labels[b].endswith(now.strftime("%H:%M"))
+
+
+def test_gradio_queue_polls_every_20_ms_not_every_millisecond() -> None:
+    """An idle app's CPU: Gradio's queue polled every 1 ms (~7% of a core, measured). quiet_queue
+    sets the poll on the queue mounting keeps; a Gradio that renamed the attribute fails here."""
+    import gradio as gr
+    from fastapi import FastAPI
+
+    from minisgl_app.ui import QUEUE_POLL_S, quiet_queue
+
+    with gr.Blocks() as demo:
+        gr.Markdown("x")
+    demo.queue(default_concurrency_limit=None)
+    assert demo._queue.sleep_when_free < QUEUE_POLL_S  # Gradio's own default
+    quiet_queue(demo)
+    gr.mount_gradio_app(FastAPI(), demo, path="/")
+    assert demo._queue.sleep_when_free == QUEUE_POLL_S
+    assert demo._queue.progress_update_sleep_when_free >= QUEUE_POLL_S
