@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -37,6 +38,10 @@ IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 # app (measured with psutil, 2-core VM), CPU the engine then lacks. Every 20 ms costs a click at
 # most 20 ms before its handler starts.
 QUEUE_POLL_S = 0.02
+# Stop pressed just after Enter can reach the server before the message does (two events of one
+# tab may start in either order); a Stop that found nothing to stop therefore also stops the
+# reply this tab starts within this long.
+EARLY_STOP_S = 1.0
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 ATTACH_LIMIT_BYTES = 1_000_000
 TEXT_FILES = [".txt", ".md", ".py", ".js", ".ts", ".json", ".yaml", ".yml", ".toml", ".csv", ".c", ".h", ".cpp", ".rs", ".go",
@@ -71,6 +76,7 @@ class Tab:
     sidebar: tuple | None = None  # the sidebar as last sent
     status: str | None = None  # the status line as last sent
     following: asyncio.Event | None = None  # set when the tab's latest follow event has ended
+    early_stop: float = 0.0  # when a Stop of this tab last found no reply to stop (time.monotonic())
 
 
 class ChatPage:
@@ -310,6 +316,14 @@ class ChatPage:
             return Turn(request, reply.id)
         return make_turn
 
+    def submit(self, tab: Tab, conv_id: int, request: gr.Request, make_turn) -> None:
+        """Start (or queue) a reply of ``conv_id`` for this tab; stopped at once if the tab's Stop
+        came just before it (EARLY_STOP_S)."""
+        self.replies.submit(conv_id, request.session_hash if request is not None else None, make_turn)
+        if time.monotonic() - tab.early_stop < EARLY_STOP_S:
+            tab.early_stop = 0.0
+            self.replies.stop(conv_id)
+
     async def send(self, text: str, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
                    request: gr.Request):
         """Store the message (starting a chat if needed) and ask for its reply; a message sent
@@ -328,7 +342,7 @@ class ChatPage:
         if tab.conv_id is None:
             tab.conv_id = self.store.create(title=title_from(text), settings=tab.draft).id
         self.store.append(tab.conv_id, "user", text)
-        self.replies.submit(tab.conv_id, request.session_hash, self.turn_for(tab.conv_id))
+        self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id))
         return "", ""
 
     async def regenerate(self, request: gr.Request):
@@ -341,7 +355,7 @@ class ChatPage:
         elif self.replies.is_busy(conv.id):
             gr.Warning(BUSY_HINT)
         else:
-            self.replies.submit(conv.id, request.session_hash, self.turn_for(conv.id, after=users[-1].id))
+            self.submit(tab, conv.id, request, self.turn_for(conv.id, after=users[-1].id))
         self.replies.notify()
 
     async def continue_reply(self, request: gr.Request):
@@ -353,7 +367,7 @@ class ChatPage:
         elif self.replies.is_busy(conv.id):
             gr.Warning(BUSY_HINT)
         else:
-            self.replies.submit(conv.id, request.session_hash, self.turn_for(conv.id, continue_id=conv.messages[-1].id))
+            self.submit(tab, conv.id, request, self.turn_for(conv.id, continue_id=conv.messages[-1].id))
 
     async def edit(self, edit: gr.EditData, request: gr.Request):
         """✎ on any message makes a new version of it (the old one stays). An edited question is
@@ -376,14 +390,15 @@ class ChatPage:
             target = item.source
             self.store.add_message(conv.id, target.parent_id, target.role, new_text)
             if target.role == "user":
-                self.replies.submit(conv.id, request.session_hash, self.turn_for(conv.id))
+                self.submit(tab, conv.id, request, self.turn_for(conv.id))
         self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
 
     async def stop(self, request: gr.Request) -> None:
         """Stop the reply of the chat this tab shows; a message sent while it replied is
         answered next (it was never lost; Stop again ends that reply too)."""
         tab = self.tab(request)
-        self.replies.stop(tab.conv_id)
+        if not self.replies.stop(tab.conv_id):
+            tab.early_stop = time.monotonic()  # the message it meant may not have arrived yet
 
     # ---- versions, one message
 

@@ -256,3 +256,43 @@ def test_gradio_queue_polls_every_20_ms_not_every_millisecond() -> None:
     gr.mount_gradio_app(FastAPI(), demo, path="/")
     assert demo._queue.sleep_when_free == QUEUE_POLL_S
     assert demo._queue.progress_update_sleep_when_free >= QUEUE_POLL_S
+
+
+class FakeClient:
+    """What ChatPage reads of the engine's front end."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self.generate = engine.generate
+        self.ready = True
+        self.tokenizer_path = None
+
+
+class FakeRequest:
+    session_hash = "tab-1"
+
+
+SETTINGS = ("", 0.0, 1.0, 64, False, 0, None, "")  # system prompt, temperature, top-p, max tokens, thinking, top-k, seed, stop
+
+
+@pytest.mark.anyio
+async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(store) -> None:
+    """Enter then Stop at once: Gradio may start the two events in either order. A Stop that
+    found nothing to stop stops the reply the tab starts just after; a Stop that stopped a
+    reply does not stop the next message (it is answered)."""
+    from minisgl_app.ui import ChatPage
+
+    engine = FakeEngine(step_s=0.05)
+    page = ChatPage(FakeClient(engine), store)
+    await page.stop(FakeRequest())  # nothing to stop yet: the message is on its way
+    await page.send("one two three four five six seven eight", *SETTINGS, FakeRequest())
+    conv_id = page.tab(FakeRequest()).conv_id
+    await until_idle(page.replies)
+    [_, reply] = store.get(conv_id).messages
+    assert reply.stats.stopped and reply.content == "", reply  # stopped before its first word
+    # a Stop that stopped something: the message after it is answered in full
+    await page.send("alpha beta gamma delta", *SETTINGS, FakeRequest())
+    await asyncio.sleep(0.06)
+    await page.stop(FakeRequest())
+    await page.send("again", *SETTINGS, FakeRequest())
+    await until_idle(page.replies)
+    assert store.get(conv_id).messages[-1].content == "echo: again"
