@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import tempfile
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -39,9 +38,9 @@ IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 # most 20 ms before its handler starts.
 QUEUE_POLL_S = 0.02
 # Stop pressed just after Enter can reach the server before the message does (two events of one
-# tab may start in either order); a Stop that found nothing to stop therefore also stops the
-# reply this tab starts within this long.
-EARLY_STOP_S = 1.0
+# tab may start in either order). Both carry the browser's click time (STAMP_JS), so a Stop that
+# found nothing to stop also stops a message clicked before it, and never one clicked after it.
+STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 ATTACH_LIMIT_BYTES = 1_000_000
 TEXT_FILES = [".txt", ".md", ".py", ".js", ".ts", ".json", ".yaml", ".yml", ".toml", ".csv", ".c", ".h", ".cpp", ".rs", ".go",
@@ -76,7 +75,7 @@ class Tab:
     sidebar: tuple | None = None  # the sidebar as last sent
     status: str | None = None  # the status line as last sent
     following: asyncio.Event | None = None  # set when the tab's latest follow event has ended
-    early_stop: float = 0.0  # when a Stop of this tab last found no reply to stop (time.monotonic())
+    early_stop: float = 0.0  # browser time (ms) of the tab's last Stop that found no reply to stop
 
 
 class ChatPage:
@@ -316,16 +315,16 @@ class ChatPage:
             return Turn(request, reply.id)
         return make_turn
 
-    def submit(self, tab: Tab, conv_id: int, request: gr.Request, make_turn) -> None:
+    def submit(self, tab: Tab, conv_id: int, request: gr.Request, make_turn, clicked_at: float | None = None) -> None:
         """Start (or queue) a reply of ``conv_id`` for this tab; stopped at once if the tab's Stop
-        came just before it (EARLY_STOP_S)."""
+        was clicked after it (``clicked_at``, browser ms) but handled before it."""
         self.replies.submit(conv_id, request.session_hash if request is not None else None, make_turn)
-        if time.monotonic() - tab.early_stop < EARLY_STOP_S:
+        if clicked_at is not None and tab.early_stop > clicked_at:
             tab.early_stop = 0.0
             self.replies.stop(conv_id)
 
     async def send(self, text: str, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
-                   request: gr.Request):
+                   clicked_at: float | None, request: gr.Request):
         """Store the message (starting a chat if needed) and ask for its reply; a message sent
         while the chat replies is shown at once and answered next."""
         tab = self.tab(request)
@@ -342,7 +341,7 @@ class ChatPage:
         if tab.conv_id is None:
             tab.conv_id = self.store.create(title=title_from(text), settings=tab.draft).id
         self.store.append(tab.conv_id, "user", text)
-        self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id))
+        self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
         return "", ""
 
     async def regenerate(self, request: gr.Request):
@@ -393,12 +392,12 @@ class ChatPage:
                 self.submit(tab, conv.id, request, self.turn_for(conv.id))
         self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
 
-    async def stop(self, request: gr.Request) -> None:
+    async def stop(self, clicked_at: float | None, request: gr.Request) -> None:
         """Stop the reply of the chat this tab shows; a message sent while it replied is
         answered next (it was never lost; Stop again ends that reply too)."""
         tab = self.tab(request)
-        if not self.replies.stop(tab.conv_id):
-            tab.early_stop = time.monotonic()  # the message it meant may not have arrived yet
+        if not self.replies.stop(tab.conv_id) and clicked_at is not None:
+            tab.early_stop = clicked_at  # a message clicked before it may not have arrived yet
 
     # ---- versions, one message
 
@@ -509,6 +508,7 @@ class ChatPage:
                         import_btn = gr.UploadButton("Import chat (JSON)", elem_id="import-btn", size="sm", file_types=[".json"])
                         export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
                         confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
+                        clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
                     with gr.Accordion("Settings", open=False, elem_id="settings"):
                         d = self.store.default_settings()
                         system_box = gr.Textbox(label="System prompt", value=d.system_prompt, lines=3, elem_id="system-prompt")
@@ -578,7 +578,8 @@ class ChatPage:
             for item in settings:  # .change: see search (a switch of chats sets equal values: no write)
                 item.change(self.settings_changed, inputs=settings, **quick)
             for trigger in (msg.submit, send_btn.click):
-                trigger(self.send, inputs=[msg, *settings], outputs=[msg, attached], **quick).then(**follow)
+                trigger(self.send, inputs=[msg, *settings, clicked_at], outputs=[msg, attached], js=STAMP_JS,
+                        **quick).then(**follow)
             attach_btn.upload(self.attach, inputs=attach_btn, outputs=attached, **quick)
             chatbot.retry(self.regenerate, **quick).then(**follow)
             chatbot.edit(self.edit, **quick).then(**follow)
@@ -588,7 +589,7 @@ class ChatPage:
             delete_msg_btn.click(self.delete_message, inputs=confirmed, js=confirm_js("Delete this message and what follows it?"),
                                  **quick).then(**follow)
             continue_btn.click(self.continue_reply, **quick).then(**follow)
-            stop_btn.click(self.stop, **quick)
+            stop_btn.click(self.stop, inputs=clicked_at, js=STAMP_JS, **quick)
         return demo
 
 

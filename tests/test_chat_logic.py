@@ -276,23 +276,28 @@ SETTINGS = ("", 0.0, 1.0, 64, False, 0, None, "")  # system prompt, temperature,
 
 @pytest.mark.anyio
 async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(store) -> None:
-    """Enter then Stop at once: Gradio may start the two events in either order. A Stop that
-    found nothing to stop stops the reply the tab starts just after; a Stop that stopped a
-    reply does not stop the next message (it is answered)."""
+    """Enter then Stop at once: Gradio may start the two events in either order. Both carry the
+    browser's click time: a Stop that found nothing to stop stops a message clicked before it,
+    never one clicked after it (Stop as a reply ends, then the next message: it is answered)."""
     from minisgl_app.ui import ChatPage
 
     engine = FakeEngine(step_s=0.05)
     page = ChatPage(FakeClient(engine), store)
-    await page.stop(FakeRequest())  # nothing to stop yet: the message is on its way
-    await page.send("one two three four five six seven eight", *SETTINGS, FakeRequest())
+    await page.stop(2000.0, FakeRequest())  # nothing to stop yet: the message clicked at 1000 is on its way
+    await page.send("one two three four five six seven eight", *SETTINGS, 1000.0, FakeRequest())
     conv_id = page.tab(FakeRequest()).conv_id
     await until_idle(page.replies)
     [_, reply] = store.get(conv_id).messages
     assert reply.stats.stopped and reply.content == "", reply  # stopped before its first word
-    # a Stop that stopped something: the message after it is answered in full
-    await page.send("alpha beta gamma delta", *SETTINGS, FakeRequest())
+    # Stop clicked when nothing replies (the reply had just ended), then a message: answered
+    await page.stop(3000.0, FakeRequest())
+    await page.send("alpha beta", *SETTINGS, 3500.0, FakeRequest())
+    await until_idle(page.replies)
+    assert store.get(conv_id).messages[-1].content == "echo: alpha beta"
+    # a Stop that stopped a reply: the message after it is answered in full
+    await page.send("gamma delta epsilon zeta eta theta", *SETTINGS, 4000.0, FakeRequest())
     await asyncio.sleep(0.06)
-    await page.stop(FakeRequest())
-    await page.send("again", *SETTINGS, FakeRequest())
+    await page.stop(4500.0, FakeRequest())
+    await page.send("again", *SETTINGS, 5000.0, FakeRequest())
     await until_idle(page.replies)
     assert store.get(conv_id).messages[-1].content == "echo: again"
