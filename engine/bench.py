@@ -134,7 +134,7 @@ def threads_of_transformers(llm):
     try:
         yield
     finally:
-        threads.applied = 0  # the next step sets the engine's count again
+        threads.forget_applied()
 
 
 def run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:

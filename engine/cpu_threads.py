@@ -142,6 +142,11 @@ class CpuThreads:
             self.applied = wanted
         return wanted
 
+    def forget_applied(self) -> None:
+        """Someone else set torch's thread count (a benchmark's transformers run): the next
+        ``apply()`` sets ours again."""
+        self.applied = 0
+
     def __del__(self) -> None:
         self._stop.set()
 
