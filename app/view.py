@@ -196,7 +196,7 @@ def status_line(client) -> str:
         done = len(client.worker_info)
         total = len(client.expected_workers)
         return f"**Starting** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready)"
-    sched = client.worker_info.get("minisgl-TP0-scheduler", {})
+    sched = client.scheduler_info
     s = client.stats
     if s is None:
         load = ""

@@ -24,6 +24,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prefill-tokens", type=int, default=None, help="token budget of one prefill batch; longer prompts are chunked (default: 8192 on a GPU, 2048 on CPU)")
     g.add_argument("--cache", default=d.cache, choices=["radix", "naive"], help="KV cache manager: radix shares the KV of common prefixes, naive shares nothing (default: %(default)s)")
     g.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel ranks, one GPU each (default: %(default)s)")
+    g.add_argument("--dp", type=int, default=d.dp,
+                   help="data-parallel replicas: N copies of the engine (--tp GPUs each) behind one front end, for more throughput from a small model (default: %(default)s)")
+    g.add_argument("--dp-routing", default=d.dp_routing, choices=["prefix", "round-robin"],
+                   help="with --dp: send a request to the replica holding the longest cached prefix of its prompt, else the least loaded (prefix), or take turns (default: %(default)s)")
     g.add_argument("--attn", default=d.attn, choices=["auto", "flashinfer", "torch"],
                    help="attention backend: auto = FlashInfer on CUDA when its kernels build, else torch (default: %(default)s)")
     g.add_argument("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,

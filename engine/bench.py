@@ -54,6 +54,7 @@ def row_header(bench: str, config: EngineConfig, engine) -> dict:
         "model": config.config if config.dummy_weights and config.config else str(engine.model_dir),
         "dtype": str(engine.dtype).removeprefix("torch."),
         "tp": config.tp,
+        "dp": config.dp,
     }
 
 
@@ -348,10 +349,14 @@ def time_hf_sampled(hf, prompts: list[list[int]], output_lens: list[int], device
     return time.perf_counter() - start
 
 
-def run_offline(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
+def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int, object] | None = None) -> list[dict]:
+    """``share`` = (replica, barrier): one replica of ``bench offline --dp N`` runs requests
+    replica, replica + N, ... and starts its clock when every replica is loaded and warm."""
     from .llm import LLM
 
     prompts, output_lens = offline_workload(args.num_requests, args.max_input_len, args.max_output_len)
+    if share is not None:
+        prompts, output_lens = prompts[share[0]::config.dp], output_lens[share[0]::config.dp]
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
     config = replace(config, max_running_requests=max(config.max_running_requests, args.num_requests))
     llm = LLM(config=config)
@@ -360,6 +365,9 @@ def run_offline(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     # warm-up, sampled like the workload: first-use costs (a kernel module's loading) are not timed
     llm.generate([prompts[0][:32]], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True))
     _sync(engine.device)
+    if share is not None:
+        share[1].wait()  # every replica starts together
+    started_at = time.time()
     start = time.perf_counter()
     results = llm.generate(prompts, params)
     _sync(engine.device)
@@ -371,7 +379,7 @@ def run_offline(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
         "attention": engine.attn_name,
         "cuda_graphs": engine.uses_cuda_graphs,
         "overlap": llm.scheduler.overlap,
-        "requests": args.num_requests,
+        "requests": len(prompts),
         "input_tokens": sum(map(len, prompts)),
         "output_tokens": produced,
         "seconds": round(seconds, 3),
@@ -384,6 +392,9 @@ def run_offline(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
         "bandwidth_floor_s": None,
         "share_of_floor": None,
     }
+    if share is not None:
+        row.update(started_at=started_at, ended_at=started_at + seconds)
+        return [row]
     if bandwidth is not None:
         floor = bandwidth_floor_s(engine, prompts, output_lens, bandwidth)
         row.update(copy_bandwidth_tb_s=round(bandwidth / 1e12, 2), bandwidth_floor_s=round(floor, 3), share_of_floor=round(floor / seconds, 3))
@@ -410,6 +421,17 @@ def run_offline(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
             f"engine_tok_s_on_hf_subset is our engine on the same subset"
         )
     return [row]
+
+
+def print_routed_table(rows: list[dict]) -> None:
+    by_routing = {r["routing"]: r for r in rows}
+    names = list(by_routing)
+    print(f"{'turn':>4} " + " ".join(f"{name + ' TTFT ms':>22}" for name in names))
+    for turn in range(len(rows[0]["ttft_ms_per_turn"])):
+        print(f"{turn + 1:>4} " + " ".join(f"{by_routing[name]['ttft_ms_per_turn'][turn]:>22.1f}" for name in names))
+    for name, r in by_routing.items():
+        print(f"{name}: prefix-cache hits {r['prefix_cache_hit_tokens']:,} tokens, per replica {r['replica_prefix_cache_hit_tokens']}")
+    print()
 
 
 def print_offline(rows: list[dict]) -> None:
@@ -455,12 +477,77 @@ def _bench_rank(rank: int, args: argparse.Namespace, config: EngineConfig, addr:
     shutdown_tp()
 
 
+def _offline_replica(replica: int, args: argparse.Namespace, config: EngineConfig, barrier, results) -> None:
+    """One replica of ``bench offline --dp N``: its own process and GPU, its share of the requests."""
+    from .server.scheduler_worker import rank_device
+
+    config = replace(config, device=rank_device(config, replica))
+    if config.device.startswith("cuda:"):
+        torch.cuda.set_device(torch.device(config.device))
+    [row] = run_offline(args, config, share=(replica, barrier))
+    results.put(row)
+
+
+def run_offline_dp(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
+    """nano-vllm's workload over ``--dp N`` replicas, one process each, the requests dealt out in
+    turn (what the front end's least-loaded routing does with prompts that share nothing).
+    The time is from the replicas' common start to the last one's end."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(config.dp), ctx.Queue()
+    procs = [ctx.Process(target=_offline_replica, args=(i, args, config, barrier, results)) for i in range(config.dp)]
+    for proc in procs:
+        proc.start()
+    rows = []
+    while len(rows) < config.dp:
+        try:
+            rows.append(results.get(timeout=5))
+        except Exception:  # queue.Empty: is every replica still running?
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise RuntimeError("a replica of bench offline --dp failed (its error is above)") from None
+    for proc in procs:
+        proc.join()
+    start, end = min(r["started_at"] for r in rows), max(r["ended_at"] for r in rows)
+    produced = sum(r["output_tokens"] for r in rows)
+    row = {k: v for k, v in rows[0].items() if k not in ("started_at", "ended_at")}
+    row.update(
+        requests=sum(r["requests"] for r in rows),
+        input_tokens=sum(r["input_tokens"] for r in rows),
+        output_tokens=produced,
+        seconds=round(end - start, 3),
+        engine_tok_s=round(produced / (end - start), 1),
+        replica_seconds=[r["seconds"] for r in sorted(rows, key=lambda r: r["device"])],
+    )
+    return [row]
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from .args import engine_config_from_args
 
     config = engine_config_from_args(args)
     if args.bench not in BENCHES:  # pragma: no cover - argparse rejects unknown benches
         raise UserError(f"unknown benchmark {args.bench!r}")
+    if config.dp > 1:
+        from .server.server import prepare_model
+
+        if args.bench == "decode" or config.tp > 1 or getattr(args, "compare_hf", False):
+            raise UserError("bench --dp N runs offline (one replica per GPU) and multiturn (through the front end's router), "
+                            "with --tp 1 and without --compare-hf")
+        config, model_config, _ = prepare_model(config)  # resolves the model once for all replicas and checks the GPUs
+        if args.bench == "offline":
+            rows = run_offline_dp(args, config)
+            print_offline(rows)
+        else:
+            from .server.dp_bench import run_multiturn_routed
+
+            rows = run_multiturn_routed(args, config, model_config.max_context_len)
+            print_routed_table(rows)
+        for row in rows:
+            print(json.dumps(row))
+        return 0
     if config.tp > 1:
         import torch.multiprocessing as mp
 

@@ -107,6 +107,8 @@ class EngineConfig:
     seed: int = 0  # seed for random dummy weights
     cpu_threads: int = 0  # CPU path: compute threads; 0 = the cores other processes leave free (re-checked while running)
     tp: int = 1  # tensor-parallel ranks (all machines together)
+    dp: int = 1  # data-parallel replicas of the whole engine, tp GPUs each, behind one front end
+    dp_routing: str = "prefix"  # prefix (the replica holding the longest cached prefix) | round-robin
     nnodes: int = 1  # machines the ranks are spread over (serve / chat only)
     node_rank: int = 0  # which of them this is; 0 runs the front end
     dist_init_addr: str | None = None  # HOST:PORT where rank 0 meets the others (nnodes > 1)

@@ -109,8 +109,8 @@ def get_tp() -> TPInfo:
     return _tp
 
 
-def check_tp(model_config: ModelConfig, tp: int, device_name: str) -> None:
-    """Refuse, before anything starts, a --tp the model or the machine cannot take."""
+def check_tp(model_config: ModelConfig, tp: int, device_name: str, dp: int = 1) -> None:
+    """Refuse, before anything starts, a --tp (or --dp) the model or the machine cannot take."""
     global _tp
     saved, _tp = _tp, TPInfo(0, tp)
     try:
@@ -118,15 +118,27 @@ def check_tp(model_config: ModelConfig, tp: int, device_name: str) -> None:
         _tp.split(model_config.intermediate_size, "MLP intermediate features")
     finally:
         _tp = saved
-    if tp > 1 and device_name != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < tp:
-        from .errors import UserError
+    from .errors import UserError
 
-        raise UserError(f"--tp {tp} needs {tp} GPUs but this machine has {torch.cuda.device_count()}; lower --tp")
+    if tp < 1 or dp < 1:
+        raise UserError(f"--tp and --dp must be at least 1 (got --tp {tp}, --dp {dp})")
+    gpus = tp * dp
+    if gpus > 1 and device_name.startswith("cuda:"):
+        raise UserError(f"--device {device_name} names one GPU but --tp {tp} × --dp {dp} needs {gpus}; use --device cuda "
+                        "(CUDA_VISIBLE_DEVICES chooses which GPUs)")
+    if gpus > 1 and device_name != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < gpus:
+        have = torch.cuda.device_count()
+        if dp == 1:
+            raise UserError(f"--tp {tp} needs {tp} GPUs but this machine has {have}; lower --tp")
+        raise UserError(f"--dp {dp} × --tp {tp} needs {gpus} GPUs but this machine has {have}; lower --dp or --tp (--dp × --tp ≤ {have})")
 
 
-def check_nodes(tp: int, nnodes: int, node_rank: int, dist_init_addr: str | None) -> None:
+def check_nodes(tp: int, nnodes: int, node_rank: int, dist_init_addr: str | None, dp: int = 1) -> None:
     """The multi-machine flags must describe one consistent group."""
     from .errors import UserError
+
+    if dp > 1 and nnodes > 1:
+        raise UserError("--dp runs its replicas on this machine only; use it without --nnodes")
 
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise UserError(f"--node-rank must be in [0, --nnodes) and --nnodes >= 1 (got {node_rank} of {nnodes})")

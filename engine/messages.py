@@ -28,10 +28,12 @@ class TokenizeMsg(msgspec.Struct, tag=True):
     messages: list[dict[str, Any]] | None = None
     input_ids: list[int] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    replica: int = 0  # --dp: the replica the front end chose for it
 
 
 class AbortMsg(msgspec.Struct, tag=True):
     uid: int
+    replica: int = 0  # where its request went
 
 
 class UserMsg(msgspec.Struct, tag=True):
@@ -52,6 +54,7 @@ class DetokenizeMsg(msgspec.Struct, tag=True):
     error: str | None = None
     prompt_tokens: int = 0
     stop: list[str] | None = None  # the request's stop strings, sent with its first message
+    replica: int = 0  # --dp: the replica that runs it (where a stop string's drop must go)
 
 
 class UserReply(msgspec.Struct, tag=True):
@@ -65,6 +68,8 @@ class UserReply(msgspec.Struct, tag=True):
 
 
 class StatsMsg(msgspec.Struct, tag=True):
+    """One replica's load and totals (``replica`` is 0 without --dp)."""
+
     running: int
     waiting: int
     kv_pages_total: int
@@ -76,6 +81,13 @@ class StatsMsg(msgspec.Struct, tag=True):
     requests_finished_total: int
     requests_aborted_total: int
     prefix_cache_hit_tokens_total: int
+    replica: int = 0
+
+
+def sum_stats(stats: list[StatsMsg]) -> StatsMsg:
+    """The whole engine's figures: every replica's added up."""
+    fields = [f for f in StatsMsg.__struct_fields__ if f != "replica"]
+    return StatsMsg(**{f: sum(getattr(s, f) for s in stats) for f in fields})
 
 
 class ReadyMsg(msgspec.Struct, tag=True):

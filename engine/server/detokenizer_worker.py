@@ -72,20 +72,21 @@ def run_detokenizer_worker(args: DetokenizerWorkerArgs) -> None:
 
         tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
         receiver = Receiver(ctx, args.paths.detokenizer, DetokenizerBatch)
-    to_scheduler = Sender(ctx, args.paths.scheduler)
+    to_schedulers = [Sender(ctx, args.paths.scheduler(i)) for i in range(args.paths.num_replicas)]
     detokenizer = Detokenizer(tokenizer)
     to_frontend.send(FrontendBatch([ReadyMsg(name)]))
     while True:
         replies: list = []
-        drops: list = []
+        drops: list[list] = [[] for _ in to_schedulers]  # requests a stop string ended, per replica
         for batch in receiver.recv_all(block=True):
             for msg in batch.msgs:
                 reply, drop = detokenizer.handle(msg)
                 if reply is not None:
                     replies.append(reply)
-                if drop:
-                    drops.append(AbortBackendMsg(msg.uid))
+                if drop and 0 <= msg.replica < len(to_schedulers):
+                    drops[msg.replica].append(AbortBackendMsg(msg.uid))
         if replies:
             to_frontend.send(FrontendBatch(replies))
-        if drops:
-            to_scheduler.send(BackendBatch(drops))
+        for sender, msgs in zip(to_schedulers, drops):
+            if msgs:
+                sender.send(BackendBatch(msgs))

@@ -4,6 +4,10 @@
 ``UserReply`` messages that ``listen()`` routes back by uid. Per-uid state lives only while a
 request is in flight: it is deleted when the request finishes, fails or is abandoned by its
 consumer, and an abandoned request is aborted in the engine.
+
+With ``--dp N`` the front end also picks each request's replica (``router.ReplicaRouter``: the
+one holding the longest cached prefix of its prompt, else the least loaded); the replica's index
+travels in the request's messages, and each replica's stats arrive tagged with it.
 """
 
 from __future__ import annotations
@@ -17,23 +21,28 @@ import zmq
 import zmq.asyncio
 
 from ..errors import RequestError
-from ..messages import AbortMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode
+from ..messages import AbortMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode, sum_stats
 from .ipc import SocketPaths
 from .openai_protocol import GenerateRequest
+from .router import ReplicaRouter, prompt_blocks
 
 logger = logging.getLogger("minisgl.frontend")
 
 
 class FrontendClient:
-    def __init__(self, paths: SocketPaths, model_name: str, expected_workers: list[str]) -> None:
+    def __init__(self, paths: SocketPaths, model_name: str, expected_workers: list[str], routing: str = "prefix") -> None:
+        """``expected_workers``: those that report ready, the first scheduler among them being
+        replica 0's rank 0 (whose device and settings the page shows)."""
         self.paths = paths
         self.model_name = model_name
         self.expected_workers = set(expected_workers)
+        self.leader = next((w for w in expected_workers if w.endswith("-scheduler")), "minisgl-TP0-scheduler")
         self.ready = False
         self.phase = "starting"  # what start-up is doing, for the chat page
         self.tokenizer_path: str | None = None  # known once the model is resolved
         self.max_context_len: int | None = None
-        self.stats: StatsMsg | None = None
+        self.replica_stats: dict[int, StatsMsg] = {}  # each replica's latest (one without --dp)
+        self.router = ReplicaRouter(paths.num_replicas, routing)
         self.worker_info: dict[str, dict] = {}
         self.startup_errors: dict[str, str] = {}
         self.pending: dict[int, asyncio.Queue[UserReply | None]] = {}  # None: the request was stopped
@@ -58,6 +67,18 @@ class FrontendClient:
     def pending_count(self) -> int:
         return len(self.pending)
 
+    @property
+    def stats(self) -> StatsMsg | None:
+        """The whole engine's load and totals (every replica's added up); None before any."""
+        if len(self.replica_stats) <= 1:
+            return next(iter(self.replica_stats.values()), None)
+        return sum_stats(list(self.replica_stats.values()))
+
+    @property
+    def scheduler_info(self) -> dict:
+        """Device, dtype, KV size... as replica 0's rank 0 reported them at start."""
+        return self.worker_info.get(self.leader, {})
+
     def start(self) -> None:
         """Start routing replies (call from the server's event loop)."""
         self._listen_task = asyncio.get_running_loop().create_task(self.listen())
@@ -76,7 +97,7 @@ class FrontendClient:
                     if queue is not None:  # else: its consumer is gone (aborted) — drop it
                         queue.put_nowait(msg)
                 elif isinstance(msg, StatsMsg):
-                    self.stats = msg
+                    self.replica_stats[msg.replica] = msg
                 elif isinstance(msg, ReadyMsg):
                     self._on_ready(msg)
                 elif isinstance(msg, StartupMsg) and not self.ready:
@@ -92,7 +113,7 @@ class FrontendClient:
         if self.expected_workers <= set(self.worker_info):
             self.ready = True
 
-    def _send(self, uid: int, msg) -> None:
+    def _send(self, uid: int, msg: TokenizeMsg | AbortMsg) -> None:
         self._send_raw(uid, encode(TokenizerBatch([msg])))
 
     def _send_raw(self, uid: int, data: bytes) -> None:
@@ -109,8 +130,9 @@ class FrontendClient:
         button) ends the stream at once, even mid-prefill when no reply is due yet, and aborts
         the request in the engine, the same as abandoning the iterator."""
         uid = next(self._uids)
+        replica = self.router.choose(prompt_blocks(req.text, req.messages, req.input_ids))
         msg = TokenizeMsg(uid, req.params, text=req.text, messages=req.messages, input_ids=req.input_ids,
-                          chat_template_kwargs=req.chat_template_kwargs)
+                          chat_template_kwargs=req.chat_template_kwargs, replica=replica)
         try:  # JSON may carry lone surrogates ("\ud800") or integers beyond 64 bits: no message holds them
             data = encode(TokenizerBatch([msg]))
         except UnicodeEncodeError:
@@ -121,6 +143,7 @@ class FrontendClient:
         self.pending[uid] = queue
         finished = False
         stop_watch = asyncio.create_task(_put_none_when_set(stop, queue)) if stop is not None else None
+        self.router.started(replica)
         try:
             self._send_raw(uid, data)
             while not finished:
@@ -133,8 +156,9 @@ class FrontendClient:
             if stop_watch is not None:
                 stop_watch.cancel()
             del self.pending[uid]
+            self.router.ended(replica)
             if not finished:
-                self._send(uid, AbortMsg(uid))
+                self._send(uid, AbortMsg(uid, replica))
 
     def close(self) -> None:
         if self._listen_task is not None:

@@ -43,13 +43,13 @@ class SocketPaths:
 
     runtime_dir: str
     num_tokenizers: int
+    num_replicas: int = 1  # --dp: one scheduler (its rank 0) per replica
 
     def tokenizer(self, i: int) -> str:
         return f"ipc://{self.runtime_dir}/tokenizer-{i}"
 
-    @property
-    def scheduler(self) -> str:
-        return f"ipc://{self.runtime_dir}/scheduler"
+    def scheduler(self, replica: int = 0) -> str:
+        return f"ipc://{self.runtime_dir}/scheduler-{replica}"
 
     @property
     def detokenizer(self) -> str:

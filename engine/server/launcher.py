@@ -19,7 +19,7 @@ from multiprocessing.process import BaseProcess
 from ..config import EngineConfig
 from .detokenizer_worker import DetokenizerWorkerArgs, run_detokenizer_worker
 from .ipc import SocketPaths
-from .scheduler_worker import SchedulerWorkerArgs, run_scheduler_worker
+from .scheduler_worker import SchedulerWorkerArgs, run_scheduler_worker, scheduler_name
 from .tokenizer_worker import TokenizerWorkerArgs, run_tokenizer_worker
 
 logger = logging.getLogger("minisgl.launcher")
@@ -34,9 +34,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def worker_names(num_tokenizers: int, tp: int = 1) -> list[str]:
+def reporting_workers(num_tokenizers: int, dp: int = 1, tp: int = 1) -> list[str]:
+    """The workers that report ready to the front end: every tokenizer, the detokenizer, and
+    each replica's rank 0 (for its whole tensor-parallel group)."""
     return [f"minisgl-tokenizer-{i}" for i in range(num_tokenizers)] + ["minisgl-detokenizer-0"] + [
-        f"minisgl-TP{r}-scheduler" for r in range(tp)
+        scheduler_name(replica, 0, dp, tp) for replica in range(dp)
     ]
 
 
@@ -60,12 +62,16 @@ class EngineProcesses:
             self.processes["minisgl-detokenizer-0"] = ctx.Process(
                 target=run_detokenizer_worker, args=(DetokenizerWorkerArgs(paths, tokenizer_path, pid, log_level),), daemon=True
             )
-        dist_init_addr = config.dist_init_addr or (f"127.0.0.1:{free_port()}" if config.tp > 1 else None)
         per_node = config.tp // config.nnodes
-        for local_rank in range(per_node):
-            rank = config.node_rank * per_node + local_rank
-            args = SchedulerWorkerArgs(config, paths, rank, pid, log_level, dist_init_addr=dist_init_addr, local_rank=local_rank)
-            self.processes[f"minisgl-TP{rank}-scheduler"] = ctx.Process(target=run_scheduler_worker, args=(args,), daemon=True)
+        for replica in range(config.dp):  # --dp: replicas share nothing but the front end; one machine
+            # each replica's ranks meet at a rendezvous of their own: every replica is its own group
+            dist_init_addr = config.dist_init_addr or (f"127.0.0.1:{free_port()}" if config.tp > 1 else None)
+            for local_rank in range(per_node):
+                rank = config.node_rank * per_node + local_rank
+                args = SchedulerWorkerArgs(config, paths, rank, pid, log_level, dist_init_addr=dist_init_addr,
+                                           local_rank=replica * per_node + local_rank, replica=replica)
+                name = scheduler_name(replica, rank, config.dp, config.tp)
+                self.processes[name] = ctx.Process(target=run_scheduler_worker, args=(args,), daemon=True)
         self._stopping = threading.Event()
 
     @property

@@ -19,8 +19,10 @@ from ..messages import StatsMsg
 
 
 class StatsSource(Protocol):
-    stats: StatsMsg | None  # None until the scheduler sends its first stats
+    stats: StatsMsg | None  # None until the scheduler sends its first stats (all replicas added up)
     pending_count: int
+    # optional: with --dp, each replica's own (the collector reads it with getattr)
+    # replica_stats: dict[int, StatsMsg]
 
 
 # (exposed name, StatsMsg field, help)
@@ -62,6 +64,22 @@ class StatsCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=getattr(stats, field))
         for name, field, doc in _COUNTERS:
             yield CounterMetricFamily(name, doc, value=getattr(stats, field))
+        replicas = getattr(self._source, "replica_stats", {})
+        if len(replicas) > 1:  # --dp: the same figures per replica, under minisgl_replica_* with a label
+            yield from _per_replica(replicas)
+
+
+def _per_replica(replicas: dict[int, StatsMsg]) -> Iterator[Metric]:
+    for name, field, doc in _GAUGES:
+        family = GaugeMetricFamily(name.replace("minisgl_", "minisgl_replica_", 1), f"{doc} Per data-parallel replica.", labels=["replica"])
+        for replica, stats in sorted(replicas.items()):
+            family.add_metric([str(replica)], getattr(stats, field))
+        yield family
+    for name, field, doc in _COUNTERS:
+        family = CounterMetricFamily(name.replace("minisgl_", "minisgl_replica_", 1), f"{doc} Per data-parallel replica.", labels=["replica"])
+        for replica, stats in sorted(replicas.items()):
+            family.add_metric([str(replica)], getattr(stats, field))
+        yield family
 
 
 def create_registry(source: StatsSource) -> CollectorRegistry:

@@ -1,4 +1,5 @@
-"""``minisgl-TP{rank}-scheduler``: the engine-core scheduler behind a message loop.
+"""``minisgl-TP{rank}-scheduler``: the engine-core scheduler behind a message loop (with ``--dp N``,
+``minisgl-DP{replica}-scheduler``, or ``minisgl-DP{replica}-TP{rank}-scheduler`` when also --tp).
 
 Each turn: receive messages (block only when idle), schedule and launch one batch, send the new
 tokens to the detokenizer, push stats to the front end when they changed (and before blocking).
@@ -10,6 +11,10 @@ tokenizers) and sends (to the detokenizer and the front end); each turn it forwa
 received to the other ranks as msgpack bytes, so every rank takes the same scheduling decisions
 in the same order and the ranks' collective operations line up. While idle, rank 0 forwards an
 empty turn every second, so the other ranks never wait long enough to time out.
+
+With data parallelism each replica is such a group of its own (its own socket, its own
+tensor-parallel group and GPUs); the replica's rank 0 tags its tokens and stats with the
+replica's index.
 """
 
 from __future__ import annotations
@@ -43,15 +48,26 @@ class SchedulerWorkerArgs:
     dist_init_addr: str | None = None  # host:port of rank 0's rendezvous (tp > 1)
     local_rank: int = 0  # which GPU of this machine
     report_ready: bool = True  # rank 0 reports for the whole group
+    replica: int = 0  # --dp: which replica this rank belongs to
+
+
+def scheduler_name(replica: int, rank: int, dp: int = 1, tp: int = 1) -> str:
+    """The process title: minisgl-TP{rank}-scheduler, and with --dp minisgl-DP{replica}-scheduler
+    (minisgl-DP{replica}-TP{rank}-scheduler when the replica has several ranks)."""
+    if dp == 1:
+        return f"minisgl-TP{rank}-scheduler"
+    return f"minisgl-DP{replica}-scheduler" if tp == 1 else f"minisgl-DP{replica}-TP{rank}-scheduler"
 
 
 IDLE_HEARTBEAT_MS = 1000
 
 
 class SchedulerWorker:
-    def __init__(self, scheduler: Scheduler, receiver: Receiver | None, to_detokenizer: Sender | None, to_frontend: Sender | None) -> None:
+    def __init__(self, scheduler: Scheduler, receiver: Receiver | None, to_detokenizer: Sender | None, to_frontend: Sender | None,
+                 replica: int = 0) -> None:
         """Ranks other than 0 have no sockets (None)."""
         self.scheduler = scheduler
+        self.replica = replica
         self.tp = get_tp()
         self._backend_decoder = decoder(BackendBatch)
         self.receiver = receiver
@@ -77,7 +93,8 @@ class SchedulerWorker:
                         self.prompt_lens[msg.uid] = len(msg.input_ids)
                         self.unsent_stops[msg.uid] = list(msg.params.stop)
                 except UserError as exc:
-                    replies.append(DetokenizeMsg(msg.uid, None, finished=True, finish_reason="error", error=str(exc), prompt_tokens=len(msg.input_ids)))
+                    replies.append(DetokenizeMsg(msg.uid, None, finished=True, finish_reason="error", error=str(exc),
+                                                 prompt_tokens=len(msg.input_ids), replica=self.replica))
         return replies
 
     def to_detokenize(self, out: TokenOutput) -> DetokenizeMsg:
@@ -91,6 +108,7 @@ class SchedulerWorker:
             error=out.error,
             prompt_tokens=prompt_len,
             stop=stop,
+            replica=self.replica,
         )
 
     def stats(self) -> StatsMsg:
@@ -107,6 +125,7 @@ class SchedulerWorker:
             requests_finished_total=s.requests_finished_total,
             requests_aborted_total=s.requests_aborted_total,
             prefix_cache_hit_tokens_total=s.prefix_cache_hit_tokens_total,
+            replica=self.replica,
         )
 
     def push_stats(self) -> None:
@@ -166,8 +185,9 @@ def check_ranks_agree(engine, scheduler: Scheduler) -> None:
 
 
 def rank_device(config: EngineConfig, local_rank: int) -> str:
-    """Rank i of a machine uses its GPU i (or the CPU)."""
-    if config.tp == 1 or config.device == "cpu":
+    """Rank i of a machine uses its GPU i (or the CPU); with --dp, ``local_rank`` counts the ranks
+    of every replica on the machine (replica r's rank t is r * tp + t)."""
+    if (config.tp == 1 and config.dp == 1) or config.device == "cpu":
         return config.device
     if config.device in ("auto", "cuda") and torch.cuda.is_available():
         return f"cuda:{local_rank}"
@@ -175,7 +195,7 @@ def rank_device(config: EngineConfig, local_rank: int) -> str:
 
 
 def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
-    name = f"minisgl-TP{args.rank}-scheduler"
+    name = scheduler_name(args.replica, args.rank, args.config.dp, args.config.tp)
     init_worker(name, args.parent_pid, args.log_level)
     # SIGTERM ends a rank at once, also while it waits inside a collective (where a Python
     # handler would not run until the call returns): it has nothing to save
@@ -201,13 +221,14 @@ def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
         engine = Engine(config, on_phase=on_phase)
         scheduler = Scheduler(engine)
         check_ranks_agree(engine, scheduler)
-        receiver = Receiver(ctx, args.paths.scheduler, BackendBatch) if leader else None
+        receiver = Receiver(ctx, args.paths.scheduler(args.replica), BackendBatch) if leader else None
     if leader:
-        worker = SchedulerWorker(scheduler, receiver, Sender(ctx, args.paths.detokenizer), to_frontend)
+        worker = SchedulerWorker(scheduler, receiver, Sender(ctx, args.paths.detokenizer), to_frontend, args.replica)
         info = {
             "device": str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."),
             "tp": config.tp,
+            "replica": args.replica,
             "kv_tokens": engine.num_pages * engine.page_size,
             "max_context_len": engine.max_context_len,
             "attention": engine.attn_name,

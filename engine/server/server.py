@@ -120,7 +120,7 @@ def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str 
     model_config = ModelConfig.from_hf(load_hf_config(config, model_dir))
     from ..distributed import check_tp
 
-    check_tp(model_config, config.tp, config.device)
+    check_tp(model_config, config.tp, config.device, config.dp)
     tokenizer = config.tokenizer or (str(model_dir) if model_dir is not None else None)
     return config, model_config, tokenizer
 
@@ -186,13 +186,13 @@ def run_server(
     import uvicorn
 
     from .frontend import FrontendClient
-    from .launcher import EngineProcesses, worker_names
+    from .launcher import EngineProcesses, reporting_workers
     from .openai_api import create_app
 
     check_server_config(server)
     from ..distributed import check_nodes
 
-    check_nodes(config.tp, config.nnodes, config.node_rank, config.dist_init_addr)
+    check_nodes(config.tp, config.nnodes, config.node_rank, config.dist_init_addr, config.dp)
     if config.nnodes > 1:
         print(f"minisgl-chat: {config.tp} ranks on {config.nnodes} machines meet at {config.dist_init_addr}; that port is "
               "unauthenticated: use this on a trusted network only", file=sys.stderr, flush=True)
@@ -200,7 +200,7 @@ def run_server(
         return run_worker_node(config)
     listen_socket = bind_listen_socket(server.host, server.port)
     runtime_dir = make_runtime_dir()
-    paths = SocketPaths(str(runtime_dir), server.num_tokenizers)
+    paths = SocketPaths(str(runtime_dir), server.num_tokenizers, config.dp)
     log_level = logging.getLogger("minisgl").getEffectiveLevel()
     host = f"[{server.host}]" if ":" in server.host else server.host
     url = f"http://{host}:{listen_socket.getsockname()[1]}"  # --port 0: the port the system picked
@@ -211,7 +211,7 @@ def run_server(
     exit_code = 0
 
     async def main() -> None:
-        client = FrontendClient(paths, model_name, worker_names(server.num_tokenizers))
+        client = FrontendClient(paths, model_name, reporting_workers(server.num_tokenizers, config.dp, config.tp), config.dp_routing)
         app = create_app(client, server.api_key, server.access_policy())
         if mount is not None:
             mount(app, client)
@@ -271,8 +271,9 @@ def run_server(
         async def announce() -> None:
             while not client.ready:
                 await asyncio.sleep(0.05)
-            info = client.worker_info.get("minisgl-TP0-scheduler", {})
-            fast = ", CUDA graphs" if info.get("cuda_graphs") else ""
+            info = client.scheduler_info
+            fast = f", {config.dp} replicas" if config.dp > 1 else ""
+            fast += ", CUDA graphs" if info.get("cuda_graphs") else ""
             fast += ", overlap scheduling" if info.get("overlap") else ""
             print(f"minisgl-chat: ready at {url} (model {model_name} on {info.get('device', '?')}, "
                   f"KV cache {info.get('kv_tokens', '?')} tokens, attention {info.get('attention', '?')}{fast})",

@@ -78,22 +78,26 @@ def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
 
         tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
         receiver = Receiver(ctx, args.paths.tokenizer(args.index), TokenizerBatch)
-    to_scheduler = Sender(ctx, args.paths.scheduler)
+    to_schedulers = [Sender(ctx, args.paths.scheduler(i)) for i in range(args.paths.num_replicas)]
     encoder = PromptEncoder(tokenizer, args.max_context_len)
     to_frontend.send(FrontendBatch([ReadyMsg(name)]))
     while True:
-        forward: list = []
+        forward: list[list] = [[] for _ in to_schedulers]  # per replica (--dp), as the front end chose
         errors: list = []
         for batch in receiver.recv_all(block=True):
             for msg in batch.msgs:
+                if not 0 <= msg.replica < len(to_schedulers):
+                    logger.warning("dropped a message for replica %d of %d", msg.replica, len(to_schedulers))
+                    continue
                 if isinstance(msg, AbortMsg):
-                    forward.append(AbortBackendMsg(msg.uid))
+                    forward[msg.replica].append(AbortBackendMsg(msg.uid))
                     continue
                 try:
-                    forward.append(UserMsg(msg.uid, encoder.encode(msg), msg.params))
+                    forward[msg.replica].append(UserMsg(msg.uid, encoder.encode(msg), msg.params))
                 except UserError as exc:
                     errors.append(UserReply(msg.uid, "", finished=True, finish_reason="error", error=str(exc)))
-        if forward:
-            to_scheduler.send(BackendBatch(forward))
+        for sender, msgs in zip(to_schedulers, forward):
+            if msgs:
+                sender.send(BackendBatch(msgs))
         if errors:
             to_frontend.send(FrontendBatch(errors))

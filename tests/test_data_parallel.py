@@ -1,0 +1,260 @@
+"""Data parallelism (``--dp N``): N replicas of the engine behind one front end. The router on its
+own, then real servers on CPU: a tiny Qwen3 with --dp 1 and --dp 2 answer alike, a chat's next
+turn reaches the replica that cached its first, stop strings and aborts reach the right replica,
+and a dead replica ends the app naming it."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import time
+
+import httpx
+import psutil
+import pytest
+
+from minisgl_engine.server.router import TOKEN_BLOCK, ReplicaRouter, prompt_blocks
+from server_utils import CLI, ServerProcess, wait_until
+
+
+def chat(*turns: str) -> list[dict]:
+    roles = ["user", "assistant"]
+    return [{"role": roles[i % 2], "content": text} for i, text in enumerate(turns)]
+
+
+# ---- the router -------------------------------------------------------------------------------
+
+def test_a_chats_next_turn_goes_where_its_first_went():
+    router = ReplicaRouter(2)
+    history = chat("Tell me about the history of the printing press in Europe, in detail please. " * 8)
+    first = router.choose(prompt_blocks(None, history, None))
+    router.started(first)
+    router.ended(first)
+    router.started(1 - first)  # the other replica is now the less loaded one
+    later = chat("Tell me about the history of the printing press in Europe, in detail please. " * 8, "It began...", "And then?")
+    assert router.choose(prompt_blocks(None, later, None)) == first
+
+
+def test_prompts_that_share_nothing_spread_over_the_replicas():
+    router = ReplicaRouter(3)
+    rng = random.Random(0)
+    chosen = []
+    for _ in range(6):
+        replica = router.choose(prompt_blocks(None, None, [rng.randrange(50000) for _ in range(100)]))
+        router.started(replica)
+        chosen.append(replica)
+    assert sorted(chosen) == [0, 0, 1, 1, 2, 2]
+
+
+def test_a_regenerated_reply_goes_to_the_replica_holding_its_prompt():
+    router = ReplicaRouter(2)
+    prompt = "short"  # shorter than one text block: the whole prompt is its only block
+    first = router.choose(prompt_blocks(prompt, None, None))
+    router.started(1 - first)
+    assert router.choose(prompt_blocks(prompt, None, None)) == first
+
+
+def test_a_short_shared_system_prompt_does_not_pile_chats_onto_one_replica():
+    router = ReplicaRouter(2)
+    system = list(range(2, 2 + 4 * TOKEN_BLOCK))  # 64 tokens, shared by every chat
+    chosen = []
+    for user in range(8):
+        replica = router.choose(prompt_blocks(None, None, system + [1000 + user] * 16))
+        router.started(replica)
+        chosen.append(replica)
+    assert chosen.count(0) == chosen.count(1) == 4
+
+
+def test_a_long_history_stays_unless_its_replica_is_far_busier():
+    router = ReplicaRouter(2)
+    history = list(range(2, 2 + 1024))
+    home = router.choose(prompt_blocks(None, None, history))
+    for _ in range(3):  # three requests more than the other replica: 1024 cached tokens still win
+        router.started(home)
+    assert router.choose(prompt_blocks(None, None, history + [7] * 16)) == home
+    for _ in range(2):  # five more: queueing behind them costs more than prefilling 1024 tokens
+        router.started(home)
+    assert router.choose(prompt_blocks(None, None, history + [8] * 16)) == 1 - home
+
+
+def test_round_robin_takes_turns_whatever_is_cached():
+    router = ReplicaRouter(2, "round-robin")
+    prompt = prompt_blocks("the same prompt every time", None, None)
+    assert [router.choose(prompt) for _ in range(4)] == [0, 1, 0, 1]
+
+
+def test_the_router_forgets_the_least_recently_used_prefixes_beyond_its_bound():
+    router = ReplicaRouter(2, max_blocks=100)
+    for i in range(50):
+        router.choose(prompt_blocks(None, None, [i] * (TOKEN_BLOCK * 10)))
+    assert len(router.holders) == 100
+
+
+def test_unknown_routing_is_refused():
+    with pytest.raises(ValueError, match="round-robin"):
+        ReplicaRouter(2, "random")
+
+
+# ---- through real servers -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dp_servers(tiny_model, tmp_path_factory):
+    """The same tiny Qwen3 served with --dp 1 and --dp 2 on CPU; the demo model's tokenizer
+    turns its ids into text and its chat template makes the prompts."""
+    from minisgl_engine.weights.demo import demo_model_dir
+
+    logs = tmp_path_factory.mktemp("dp-servers")
+    common = ("--model", str(tiny_model("qwen3")[0]), "--tokenizer", str(demo_model_dir()))
+    one = ServerProcess(*common, log_path=logs / "dp1.log")
+    two = ServerProcess(*common, "--dp", "2", log_path=logs / "dp2.log")
+    yield one, two
+    one.stop()
+    two.stop()
+
+
+def complete(url: str, max_tokens: int = 12, **body) -> dict:
+    route = "chat/completions" if "messages" in body else "completions"
+    resp = httpx.post(f"{url}/v1/{route}", json={"model": "m", "max_tokens": max_tokens, "temperature": 0, **body}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def text_of(reply: dict) -> str:
+    choice = reply["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+def replica_metrics(server: ServerProcess, name: str) -> list[float]:
+    values = server.metrics()
+    return [values[f'minisgl_replica_{name}{{replica="{i}"}}'] for i in range(2)]
+
+
+def idle(server: ServerProcess) -> bool:
+    return replica_metrics(server, "running_requests") == [0, 0] and replica_metrics(server, "waiting_requests") == [0, 0]
+
+
+def test_serve_dp2_runs_one_scheduler_per_replica(dp_servers):
+    _, two = dp_servers
+    names = [" ".join(p.cmdline()) for p in two.workers()]
+    for replica in range(2):
+        assert sum(f"minisgl-DP{replica}-scheduler" in n for n in names) == 1, names
+    assert not any("minisgl-TP0-scheduler" in n for n in names)
+    assert "2 replicas" in two.output()
+
+
+def test_serve_dp2_answers_like_dp1(dp_servers):
+    from concurrent.futures import ThreadPoolExecutor
+
+    one, two = dp_servers
+    rng = random.Random(3)
+    prompts = [[rng.randrange(2, 200) for _ in range(rng.randrange(5, 60))] for _ in range(6)]
+    expected = [text_of(complete(one.url, prompt=p)) for p in prompts]
+    assert [text_of(complete(two.url, prompt=p)) for p in prompts] == expected
+    with ThreadPoolExecutor(6) as pool:  # together: spread over both replicas, batched within each
+        together = list(pool.map(lambda p: text_of(complete(two.url, prompt=p)), prompts))
+    assert together == expected
+    finished = replica_metrics(two, "requests_finished_total")
+    assert min(finished) >= 3, f"both replicas served some of the 12 requests: {finished}"
+
+
+@pytest.fixture(scope="module")
+def demo_dp2(tmp_path_factory):
+    """The demo model (real weights, its own chat template) with --dp 2."""
+    from minisgl_engine.weights.demo import demo_model_dir, is_complete
+
+    if not is_complete(demo_model_dir()):
+        pytest.skip("demo model not pulled: run `minisgl-chat pull`")
+    srv = ServerProcess("--dp", "2", "--max-kv-tokens", "4096", log_path=tmp_path_factory.mktemp("dp-demo") / "serve.log")
+    yield srv
+    srv.stop()
+
+
+def test_a_chats_second_turn_hits_the_cache_of_the_replica_that_served_its_first(demo_dp2):
+    two = demo_dp2
+    assert text_of(complete(two.url, messages=chat("What is the capital of France?"), max_tokens=16)) == "The capital of France is Paris."
+    assert wait_until(lambda: idle(two), 10)
+    before_done, before_hits = replica_metrics(two, "requests_finished_total"), replica_metrics(two, "prefix_cache_hit_tokens_total")
+    first_turn = chat("Hello there! Please tell me a long story about a lighthouse keeper and the sea. " * 3)
+    reply = text_of(complete(two.url, messages=first_turn, max_tokens=16))
+    assert wait_until(lambda: idle(two), 10)
+    done = replica_metrics(two, "requests_finished_total")
+    [served] = [i for i in range(2) if done[i] > before_done[i]]
+    hits = replica_metrics(two, "prefix_cache_hit_tokens_total")
+    complete(two.url, messages=first_turn + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Go on."}])
+    assert wait_until(lambda: idle(two), 10)
+    after_done, after_hits = replica_metrics(two, "requests_finished_total"), replica_metrics(two, "prefix_cache_hit_tokens_total")
+    assert after_done[served] == done[served] + 1 and after_done[1 - served] == done[1 - served], "the second turn went elsewhere"
+    prompt_tokens = complete(two.url, messages=first_turn, max_tokens=1)["usage"]["prompt_tokens"]
+    assert after_hits[served] - hits[served] >= prompt_tokens - 1, "the second turn reused the first turn's prompt"
+    assert after_hits[1 - served] == hits[1 - served] == before_hits[1 - served]
+
+
+def test_metrics_totals_are_the_replicas_added_up(dp_servers):
+    _, two = dp_servers
+    assert wait_until(lambda: idle(two), 10)
+    values = two.metrics()
+    for name in ("generation_tokens_total", "requests_finished_total", "kv_pages_total", "prefix_cache_hit_tokens_total"):
+        assert values[f"minisgl_{name}"] == sum(replica_metrics(two, name)), name
+
+
+def test_a_stop_string_ends_the_request_on_its_own_replica(dp_servers):
+    _, two = dp_servers
+    rng = random.Random(5)
+    for _ in range(2):  # two requests in a row: both replicas (the router alternates idle ones)
+        prompt = [rng.randrange(2, 200) for _ in range(20)]
+        free = text_of(complete(two.url, prompt=prompt, max_tokens=24))
+        stop = free[len(free) // 2:len(free) // 2 + 2]
+        assert stop.strip(), f"no stop string to take from {free!r}"
+        before = sum(replica_metrics(two, "generation_tokens_total"))
+        reply = complete(two.url, prompt=prompt, max_tokens=4000, stop=[stop])
+        assert reply["choices"][0]["finish_reason"] == "stop"
+        assert wait_until(lambda: idle(two), 10), "the replica kept generating after the stop string"
+        assert sum(replica_metrics(two, "generation_tokens_total")) - before < 100
+
+
+def test_a_client_that_goes_away_frees_its_replica(dp_servers):
+    _, two = dp_servers
+    for _ in range(2):
+        body = {"model": "m", "prompt": [5, 6, 7, 8], "max_tokens": 4000, "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{two.url}/v1/completions", json=body, timeout=60) as resp:
+            for i, _line in enumerate(resp.iter_lines()):
+                if i > 4:
+                    break
+        assert wait_until(lambda: idle(two), 10), replica_metrics(two, "running_requests")
+
+
+def test_killing_a_replica_ends_the_app_naming_it(tiny_model, tmp_path):
+    from minisgl_engine.weights.demo import demo_model_dir
+
+    srv = ServerProcess("--model", str(tiny_model("llama")[0]), "--tokenizer", str(demo_model_dir()), "--dp", "2",
+                        log_path=tmp_path / "kill.log")
+    workers = srv.workers()
+    [replica1] = [p for p in workers if "minisgl-DP1-scheduler" in " ".join(p.cmdline())]
+    start = time.monotonic()
+    replica1.send_signal(signal.SIGKILL)
+    assert srv.proc.wait(5) != 0
+    print(f"the app exited {time.monotonic() - start:.2f} s after replica 1 was killed")
+    assert "minisgl-DP1-scheduler exited unexpectedly" in srv.output()
+    assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dp", "0"], "--tp and --dp must be at least 1"),
+    (["--dp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "127.0.0.1:29999"], "--dp runs its replicas on this machine only"),
+])
+def test_impossible_dp_flags_are_one_line_errors(tiny_model, flags, message):
+    out = subprocess.run([*CLI, "serve", "--device", "cpu", "--port", "0", "--model", str(tiny_model("llama")[0]), *flags],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_bench_offline_with_dp2_deals_the_requests_to_both_replicas(demo_dp2):
+    out = subprocess.run([*CLI, "bench", "offline", "--device", "cpu", "--dp", "2", "--num-requests", "6", "--max-input-len", "120", "--max-output-len", "104"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (row["bench"], row["dp"], row["requests"]) == ("offline", 2, 6)
+    assert len(row["replica_seconds"]) == 2 and row["seconds"] >= max(row["replica_seconds"])
