@@ -393,7 +393,7 @@ def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int
         "share_of_floor": None,
     }
     if share is not None:
-        row.update(started_at=started_at, ended_at=started_at + seconds)
+        row.update(started_at=started_at, ended_at=started_at + seconds, replica_device=str(engine.device))
         return [row]
     if bandwidth is not None:
         floor = bandwidth_floor_s(engine, prompts, output_lens, bandwidth)
@@ -512,14 +512,16 @@ def run_offline_dp(args: argparse.Namespace, config: EngineConfig) -> list[dict]
         proc.join()
     start, end = min(r["started_at"] for r in rows), max(r["ended_at"] for r in rows)
     produced = sum(r["output_tokens"] for r in rows)
-    row = {k: v for k, v in rows[0].items() if k not in ("started_at", "ended_at")}
+    rows.sort(key=lambda r: r["replica_device"])
+    row = {k: v for k, v in rows[0].items() if k not in ("started_at", "ended_at", "replica_device")}
     row.update(
         requests=sum(r["requests"] for r in rows),
         input_tokens=sum(r["input_tokens"] for r in rows),
         output_tokens=produced,
         seconds=round(end - start, 3),
         engine_tok_s=round(produced / (end - start), 1),
-        replica_seconds=[r["seconds"] for r in sorted(rows, key=lambda r: r["device"])],
+        replica_seconds=[r["seconds"] for r in rows],
+        replica_devices=[r["replica_device"] for r in rows],
     )
     return [row]
 

@@ -8,6 +8,7 @@
 #   bash scripts/gpu_check.sh setup kernels tp        # kind nvidia-h200-x2: tensor parallelism (tests, 8B bench)
 #   bash scripts/gpu_check.sh setup kernels verify tpbench   # kind nvidia-h200-x2: all of it in one call
 #   bash scripts/gpu_check.sh setup kernels tpserve   # kind nvidia-h200-x2: serve --tp 2 streams a chat, SIGTERM ends it
+#   bash scripts/gpu_check.sh setup kernels dpserve dpbench   # kind nvidia-h200-x2: serve --dp 2; bench offline --dp 1/2, routing
 #   bash scripts/gpu_check.sh setup loadcache kernels profile savecache   # where the time goes
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
 set -uo pipefail
@@ -34,6 +35,40 @@ tp_bench() {  # batch-1 decode of the qwen3-8b shape with --tp 1 and 2; a bench 
     echo "bench --tp $tp: exit $code after $(( $(date +%s) - start )) s" | tee -a "$OUT/bench_tp.log"
     [ "$code" -eq 0 ] || status=1
   done
+}
+
+serve_check() {  # NAME FLAGS...: `serve FLAGS` answers a streamed chat, then SIGTERM ends every process
+  local name=$1; shift
+  # the model: qwen3-0.6b's shapes, random weights, the demo tokenizer (carried in .tok/tokenizer)
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  M=$W/serve-model python3 -c '
+import os, shutil
+from transformers import AutoTokenizer
+from minisgl_engine.config import EngineConfig
+from minisgl_engine.model_loader import load_hf_config
+out = os.environ["M"]
+config = load_hf_config(EngineConfig(config="qwen3-0.6b"), None)
+config.vocab_size = len(AutoTokenizer.from_pretrained(".tok/tokenizer"))
+config.save_pretrained(out)
+for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    shutil.copy(f".tok/tokenizer/{name}", out)
+' 2>&1 | tee "$OUT/$name.log"
+  local port=19321 pid code start left chunks done_line
+  "${CLI[@]}" serve "$@" --model $W/serve-model --dummy-weights --device cuda --port $port >>"$OUT/$name.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
+  echo "health: $(curl -s localhost:$port/health)" | tee -a "$OUT/$name.log"
+  curl -sN localhost:$port/v1/chat/completions -H 'content-type: application/json' \
+    -d '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "stream": true}' >"$OUT/${name}_stream.txt"
+  chunks=$(grep -c '^data: {' "$OUT/${name}_stream.txt"); done_line=$(grep -c '^data: \[DONE\]' "$OUT/${name}_stream.txt")
+  echo "streamed chunks: $chunks, [DONE]: $done_line" | tee -a "$OUT/$name.log"
+  { [ "$chunks" -ge 2 ] && [ "$done_line" -eq 1 ]; } || status=1
+  ps -eo args | grep '^minisgl-' | sort | tee -a "$OUT/$name.log"
+  start=$(date +%s); kill -TERM $pid; wait $pid; code=$?
+  sleep 1; left=$(pgrep -fc "minisgl-" || true)
+  echo "SIGTERM: exit $code after $(( $(date +%s) - start )) s; minisgl processes left: $left" | tee -a "$OUT/$name.log"
+  # 0: the server's exit code after an orderly stop on SIGTERM (as on the CPU)
+  { [ "$code" -eq 0 ] && [ "$left" -eq 0 ]; } || status=1
 }
 
 for stage in "$@"; do
@@ -124,35 +159,19 @@ print('demo model ready at', demo_model_dir())" || status=1
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       tp_bench ;;
     tpserve)  # kind nvidia-h200-x2: `serve --tp 2` answers a streamed chat, then SIGTERM ends every process
-      # the model: qwen3-0.6b's shapes, random weights, the demo tokenizer (carried in .tok/tokenizer)
+      serve_check tpserve --tp 2 ;;
+    dpserve)  # kind nvidia-h200-x2: the same with `serve --dp 2` (a replica per GPU)
+      serve_check dpserve --dp 2 ;;
+    dpbench)  # kind nvidia-h200-x2: nano-vllm's workload with --dp 1 and 2 (qwen3-0.6b), then chat turns routed by prefix vs round-robin
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      M=$W/tpserve-model python3 -c '
-import os, shutil
-from transformers import AutoTokenizer
-from minisgl_engine.config import EngineConfig
-from minisgl_engine.model_loader import load_hf_config
-out = os.environ["M"]
-config = load_hf_config(EngineConfig(config="qwen3-0.6b"), None)
-config.vocab_size = len(AutoTokenizer.from_pretrained(".tok/tokenizer"))
-config.save_pretrained(out)
-for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-    shutil.copy(f".tok/tokenizer/{name}", out)
-' 2>&1 | tee "$OUT/tpserve.log"
-      port=19321
-      "${CLI[@]}" serve --tp 2 --model $W/tpserve-model --dummy-weights --device cuda --port $port >>"$OUT/tpserve.log" 2>&1 &
-      pid=$!
-      for _ in $(seq 240); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
-      echo "health: $(curl -s localhost:$port/health)" | tee -a "$OUT/tpserve.log"
-      curl -sN localhost:$port/v1/chat/completions -H 'content-type: application/json' \
-        -d '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "stream": true}' >"$OUT/tpserve_stream.txt"
-      chunks=$(grep -c '^data: {' "$OUT/tpserve_stream.txt"); done_line=$(grep -c '^data: \[DONE\]' "$OUT/tpserve_stream.txt")
-      echo "streamed chunks: $chunks, [DONE]: $done_line" | tee -a "$OUT/tpserve.log"
-      { [ "$chunks" -ge 2 ] && [ "$done_line" -eq 1 ]; } || status=1
-      start=$(date +%s); kill -TERM $pid; wait $pid; code=$?
-      sleep 1; left=$(pgrep -fc "minisgl-" || true)
-      echo "SIGTERM: exit $code after $(( $(date +%s) - start )) s; minisgl processes left: $left" | tee -a "$OUT/tpserve.log"
-      # 0: the server's exit code after an orderly stop on SIGTERM (as on the CPU)
-      { [ "$code" -eq 0 ] && [ "$left" -eq 0 ]; } || status=1 ;;
+      Q=(--device cuda --dummy-weights --config qwen3-0.6b)
+      for dp in 1 2; do
+        timeout 200 "${CLI[@]}" bench offline "${Q[@]}" --dp $dp 2>&1 | tee -a "$OUT/bench_dp.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done
+      timeout 300 "${CLI[@]}" bench multiturn "${Q[@]}" --dp 2 --conversations 32 --turns 8 --system-len 256 --user-len 256 --reply-len 64 2>&1 \
+        | tee -a "$OUT/bench_dp.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

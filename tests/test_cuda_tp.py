@@ -1,5 +1,6 @@
-"""Tensor parallelism on two GPUs (NCCL, CUDA graphs capturing the all-reduce): run on
-a machine with 2 NVIDIA GPUs with ``pytest -m cuda tests/test_cuda_tp.py``; skipped elsewhere."""
+"""Tensor parallelism on two GPUs (NCCL, CUDA graphs capturing the all-reduce), and data
+parallelism (a replica per GPU): run on a machine with 2 NVIDIA GPUs with
+``pytest -m cuda tests/test_cuda_tp.py``; skipped elsewhere."""
 
 from __future__ import annotations
 
@@ -57,3 +58,55 @@ def test_all_reduce_one_shot_and_nccl_give_nccls_sums(tmp_path):
     print("all_reduce checks:", found)
     assert found.pop("one_shot"), "the one-shot all-reduce did not start on this machine"
     assert all(v in ("exact", "rounding") for v in found.values()), found
+
+
+def test_bench_offline_dp2_runs_a_replica_on_each_gpu():
+    import json
+    import subprocess
+
+    from server_utils import CLI
+
+    out = subprocess.run([*CLI, "bench", "offline", "--device", "cuda", "--dummy-weights", "--config", "qwen3-0.6b", "--dp", "2",
+                          "--num-requests", "16", "--max-input-len", "200", "--max-output-len", "120"],
+                         capture_output=True, text=True, timeout=500)
+    assert out.returncode == 0, out.stderr[-3000:]
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    print(row)
+    assert row["replica_devices"] == ["cuda:0", "cuda:1"] and row["requests"] == 16
+
+
+def test_serve_dp2_answers_from_both_gpus_and_stops_on_sigterm(tmp_path):
+    """``serve --dp 2``: each replica takes its own GPU's memory, concurrent requests are spread
+    over both, SIGTERM ends every process with exit code 0."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    import psutil
+
+    from server_utils import ServerProcess, wait_until
+
+    srv = ServerProcess("--device", "cuda", "--dummy-weights", "--config", "qwen3-0.6b", "--dp", "2",
+                        log_path=tmp_path / "dp2.log", timeout=500)
+    try:
+        free = [torch.cuda.mem_get_info(i)[0] / torch.cuda.mem_get_info(i)[1] for i in range(2)]
+        assert max(free) < 0.5, f"a GPU is mostly free: {free}"
+        rng = random.Random(0)
+        prompts = [[rng.randrange(10, 10000) for _ in range(50)] for _ in range(6)]
+
+        def ask(prompt):
+            body = {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+            return httpx.post(f"{srv.url}/v1/completions", json=body, timeout=120)
+
+        with ThreadPoolExecutor(6) as pool:
+            replies = list(pool.map(ask, prompts))
+        assert all(r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8 for r in replies), [r.text for r in replies]
+        values = srv.metrics()
+        finished = [values[f'minisgl_replica_requests_finished_total{{replica="{i}"}}'] for i in range(2)]
+        assert min(finished) >= 1, finished
+        workers = srv.workers()
+        srv.proc.terminate()
+        assert srv.proc.wait(15) == 0
+        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)
+    finally:
+        srv.stop()
