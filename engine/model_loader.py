@@ -151,7 +151,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     hf_config = load_hf_config(config, model_dir)
     model_config = ModelConfig.from_hf(hf_config)
     device = resolve_device(config.device)
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:  # plain "cuda": the current device already
         # Triton and FlashInfer launch on the current device, cuda:0 until set: an engine on
         # cuda:1 (a --dp replica, a tensor-parallel rank, LLM(device="cuda:1")) would run its
         # kernels on GPU 0 with pointers into GPU 1
