@@ -218,16 +218,20 @@ async def test_request_fields_become_sampling_params_and_generate_request():
 
 
 @pytest.mark.parametrize("route, body, contains", [
-    ("/v1/chat/completions", {**CHAT, "n": 2}, "n=1"),
+    ("/v1/chat/completions", {**CHAT, "n": 0}, "n must be between 1 and 128"),
+    ("/v1/chat/completions", {**CHAT, "n": 129}, "n must be between 1 and 128"),
+    ("/v1/chat/completions", {**CHAT, "n": 2, "best_of": 3}, "best_of is not supported"),
     ("/v1/chat/completions", {**CHAT, "temperature": "hot"}, "temperature"),
     ("/v1/chat/completions", {**CHAT, "max_tokens": -5}, "max_tokens"),
     ("/v1/chat/completions", {**CHAT, "top_p": 0}, "top_p"),
     ("/v1/chat/completions", {"model": "x"}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "not supported"),
-    ("/v1/completions", {"prompt": ["first", "second"]}, "only one prompt per request"),
     ("/v1/completions", {"prompt": []}, "must not be empty"),
-    ("/v1/completions", {"prompt": "x", "n": 3}, "n=1"),
+    ("/v1/completions", {"prompt": ["first", ""]}, "must not be empty"),
+    ("/v1/completions", {"prompt": [[1, 2], []]}, "must not be empty"),
+    ("/v1/completions", {"prompt": ["p"] * 129}, "at most 128 prompts"),
+    ("/v1/completions", {"prompt": ["p"] * 20, "n": 7}, "more than 128 choices"),
 ])
 async def test_bad_requests_are_400_in_openai_shape(route, body, contains):
     client = FakeClient()
@@ -441,9 +445,72 @@ async def test_openai_client_completions_and_errors():
     app = create_app(FakeClient(), api_key="k")
     async with openai_client(app, api_key="k") as oc:
         done = await oc.completions.create(model="any", prompt="x y z", max_tokens=2, extra_body={"top_k": 5})
-        with pytest.raises(openai.BadRequestError, match="only n=1"):
-            await oc.completions.create(model="any", prompt="x", n=2)
+        with pytest.raises(openai.BadRequestError, match="best_of is not supported"):
+            await oc.completions.create(model="any", prompt="x", n=2, best_of=2)
     async with openai_client(app, api_key="wrong") as oc:
         with pytest.raises(openai.AuthenticationError):
             await oc.models.list()
     assert done.choices[0].text == "x y " and done.choices[0].finish_reason == "length"
+
+
+# --- several choices: n > 1 and batched prompts ----------------------------------------------
+
+
+async def test_n_choices_of_a_prompt_are_prefilled_once_then_seeded_apart():
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "n": 3, "seed": 7, "temperature": 0.8, "max_tokens": 5})
+    body = r.json()
+    assert r.status_code == 200, body
+    assert [ch["index"] for ch in body["choices"]] == [0, 1, 2]
+    warm, *choices = client.requests
+    assert warm.params.max_tokens == 1 and warm.params.is_greedy, "the prompt runs once first, for the radix cache"
+    assert [q.params.seed for q in choices] == [7, 8, 9] and all(q.params.temperature == 0.8 for q in choices)
+    assert all(q.messages == warm.messages for q in choices)
+    words = len(CHAT["messages"][-1]["content"].split())
+    assert body["usage"]["prompt_tokens"] == words, "the prompt counts once"
+    assert body["usage"]["completion_tokens"] == 3 * min(words, 5)
+
+
+async def test_a_batch_of_prompts_gives_one_choice_per_prompt_in_order():
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/completions", json={"prompt": ["a b c", "d e", "f"], "max_tokens": 8})
+        ids = await c.post("/v1/completions", json={"prompt": [[1, 2], [3]], "n": 2, "max_tokens": 8})
+    assert [ch["text"] for ch in r.json()["choices"]] == ["a b c ", "d e ", "f "]
+    assert [ch["index"] for ch in r.json()["choices"]] == [0, 1, 2]
+    assert r.json()["usage"] == {"prompt_tokens": 6, "completion_tokens": 6, "total_tokens": 12}
+    assert [ch["text"] for ch in ids.json()["choices"]] == ["1 2 ", "1 2 ", "3 ", "3 "]
+    assert ids.json()["usage"]["prompt_tokens"] == 3
+
+
+async def test_streamed_choices_carry_their_index_and_finish_each():
+    client = FakeClient(delay=0.001)
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/completions", json={"prompt": ["a b c", "d e"], "stream": True, "max_tokens": 8,
+                                                  "stream_options": {"include_usage": True}})
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    for chunk in chunks[:-1]:
+        [choice] = chunk["choices"]
+        texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+        if choice["finish_reason"]:
+            finishes[choice["index"]] = choice["finish_reason"]
+    assert texts == {0: "a b c ", 1: "d e "} and finishes == {0: "stop", 1: "stop"}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+
+
+async def test_one_refused_choice_refuses_the_request_and_stops_the_others():
+    def script(req: GenerateRequest) -> list[UserReply]:
+        return refuse_script(req) if req.text == "too long" else echo_script(req)
+
+    client = FakeClient(script, delay=0.01)
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/completions", json={"prompt": ["a b c d e f g h", "too long"], "max_tokens": 8})
+        streamed = await c.post("/v1/completions", json={"prompt": ["a b c d e f g h", "too long"], "max_tokens": 8, "stream": True})
+    assert_openai_error(r, 400, "context holds 8192")
+    assert_openai_error(streamed, 400, "context holds 8192")
+    assert sorted(client.endings) == ["aborted", "aborted", "finished", "finished"], client.endings

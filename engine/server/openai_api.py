@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 import hmac
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable
+from dataclasses import replace
 from typing import Protocol, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
@@ -210,51 +211,106 @@ def _refusal(reply: UserReply, produced_text: bool) -> APIError:
 _ENDED_EARLY = "the engine ended the request without finishing it"
 
 
-async def _collect(upstream: AsyncGenerator[UserReply, None]) -> tuple[str, UserReply]:
-    """All text of a request and its final reply."""
-    parts: list[str] = []
-    async for reply in upstream:
-        parts.append(reply.incremental_output)
+async def _merge(upstreams: list[AsyncGenerator[UserReply, None]]) -> AsyncGenerator[tuple[int, UserReply], None]:
+    """The replies of a request's choices (prompts × n), each tagged with its choice's index, as
+    they come. Closing this (the response is done, the client left, a choice failed) closes
+    every choice's stream, which aborts those still running in the engine."""
+    if len(upstreams) == 1:  # the common case, without tasks
+        try:
+            async for reply in upstreams[0]:
+                yield 0, reply
+        finally:
+            await upstreams[0].aclose()
+        return
+    queue: asyncio.Queue[tuple[int, UserReply | Exception | None]] = asyncio.Queue()
+
+    async def pump(index: int, upstream: AsyncGenerator[UserReply, None]) -> None:
+        try:
+            async for reply in upstream:
+                queue.put_nowait((index, reply))
+        except Exception as exc:  # a refused request (RequestError): the consumer raises it
+            queue.put_nowait((index, exc))
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(i, upstream)) for i, upstream in enumerate(upstreams)]
+    try:
+        live = len(tasks)
+        while live:
+            index, reply = await queue.get()
+            if reply is None:
+                live -= 1
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                yield index, reply
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for upstream in upstreams:
+            await upstream.aclose()
+
+
+async def _collect(merged: AsyncGenerator[tuple[int, UserReply], None], count: int) -> list[tuple[str, UserReply]]:
+    """Each choice's whole text and final reply."""
+    parts: list[list[str]] = [[] for _ in range(count)]
+    finals: list[UserReply | None] = [None] * count
+    async for index, reply in merged:
+        parts[index].append(reply.incremental_output)
         if reply.finished:
-            text = "".join(parts)
             if reply.finish_reason == "error":
-                raise _refusal(reply, bool(text))
-            return text, reply
+                raise _refusal(reply, any(parts[index]))
+            finals[index] = reply
+    if any(final is None for final in finals):
+        raise APIError(500, _ENDED_EARLY, type="server_error")
+    return [("".join(p), final) for p, final in zip(parts, finals)]
+
+
+async def _until_first_text(merged: AsyncGenerator[tuple[int, UserReply], None], count: int) -> list[tuple[int, UserReply]]:
+    """Replies up to each choice's first with text (or its last): a refusal must become an HTTP
+    error before the 200 of a stream is sent."""
+    replies: list[tuple[int, UserReply]] = []
+    started: set[int] = set()
+    async for index, reply in merged:
+        replies.append((index, reply))
+        if reply.finished and reply.finish_reason == "error":
+            raise _refusal(reply, produced_text=bool(reply.incremental_output) or index in started)
+        if reply.incremental_output or reply.finished:
+            started.add(index)
+            if len(started) == count:
+                return replies
     raise APIError(500, _ENDED_EARLY, type="server_error")
 
 
-async def _until_first_text(upstream: AsyncGenerator[UserReply, None]) -> list[UserReply]:
-    """Replies up to the first with text (or the last): a refusal must become an HTTP error
-    before the 200 of a stream is sent."""
-    replies: list[UserReply] = []
-    async for reply in upstream:
-        replies.append(reply)
-        if reply.incremental_output or reply.finished:
-            break
-    if not replies:
-        raise APIError(500, _ENDED_EARLY, type="server_error")
-    last = replies[-1]
-    if last.finished and last.finish_reason == "error":
-        raise _refusal(last, produced_text=bool(last.incremental_output))
-    return replies
+async def _prefill_once(client: FrontendClient, req: GenerateRequest) -> None:
+    """Run a prompt once (one greedy token) before its n choices: when it ends, its KV is in the
+    radix cache, and the n choices, sent after it, find it there instead of each prefilling the
+    prompt (SGLang does the same for parallel sampling). A prompt the engine refuses is refused
+    here, before any choice starts."""
+    params = replace(req.params, max_tokens=1, temperature=0.0, seed=None, stop=[], stop_token_ids=[])
+    upstream = client.generate(replace(req, params=params))
+    try:
+        await _collect(_merge([upstream]), 1)
+    finally:
+        await upstream.aclose()
 
 
 class _Format(ABC):
-    """How one route spells its response and its stream chunks."""
+    """How one route spells its response and its stream chunks; ``index`` is the choice's."""
 
     def __init__(self, model: str) -> None:
         self.model = model
         self.created = now()
 
-    def opening(self) -> list[BaseModel]:
+    def opening(self, index: int) -> list[BaseModel]:
         return []
 
     @abstractmethod
-    def text_chunk(self, text: str) -> BaseModel:
+    def text_chunk(self, index: int, text: str) -> BaseModel:
         ...
 
     @abstractmethod
-    def finish_chunk(self, finish_reason: str | None) -> BaseModel:
+    def finish_chunk(self, index: int, finish_reason: str | None) -> BaseModel:
         ...
 
     @abstractmethod
@@ -262,8 +318,8 @@ class _Format(ABC):
         ...
 
     @abstractmethod
-    def response(self, text: str, finish_reason: str | None, usage: UsageInfo) -> BaseModel:
-        ...
+    def response(self, choices: list[tuple[str, str | None]], usage: UsageInfo) -> BaseModel:
+        """``choices``: (text, finish reason) in index order."""
 
 
 class _ChatFormat(_Format):
@@ -274,21 +330,21 @@ class _ChatFormat(_Format):
     def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
-    def opening(self) -> list[BaseModel]:
-        return [self._chunk([ChatChunkChoice(delta={"role": "assistant", "content": ""})])]
+    def opening(self, index: int) -> list[BaseModel]:
+        return [self._chunk([ChatChunkChoice(index=index, delta={"role": "assistant", "content": ""})])]
 
-    def text_chunk(self, text: str) -> BaseModel:
-        return self._chunk([ChatChunkChoice(delta={"content": text})])
+    def text_chunk(self, index: int, text: str) -> BaseModel:
+        return self._chunk([ChatChunkChoice(index=index, delta={"content": text})])
 
-    def finish_chunk(self, finish_reason: str | None) -> BaseModel:
-        return self._chunk([ChatChunkChoice(delta={}, finish_reason=finish_reason)])
+    def finish_chunk(self, index: int, finish_reason: str | None) -> BaseModel:
+        return self._chunk([ChatChunkChoice(index=index, delta={}, finish_reason=finish_reason)])
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:
         return self._chunk([], usage)
 
-    def response(self, text: str, finish_reason: str | None, usage: UsageInfo) -> BaseModel:
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)
-        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage)
+    def response(self, choices: list[tuple[str, str | None]], usage: UsageInfo) -> BaseModel:
+        out = [ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=reason) for i, (text, reason) in enumerate(choices)]
+        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=out, usage=usage)
 
 
 class _CompletionFormat(_Format):
@@ -299,21 +355,23 @@ class _CompletionFormat(_Format):
     def _make(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
-    def text_chunk(self, text: str) -> BaseModel:
-        return self._make([CompletionChoice(text=text)])
+    def text_chunk(self, index: int, text: str) -> BaseModel:
+        return self._make([CompletionChoice(index=index, text=text)])
 
-    def finish_chunk(self, finish_reason: str | None) -> BaseModel:
-        return self._make([CompletionChoice(text="", finish_reason=finish_reason)])
+    def finish_chunk(self, index: int, finish_reason: str | None) -> BaseModel:
+        return self._make([CompletionChoice(index=index, text="", finish_reason=finish_reason)])
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:
         return self._make([], usage)
 
-    def response(self, text: str, finish_reason: str | None, usage: UsageInfo) -> BaseModel:
-        return self._make([CompletionChoice(text=text, finish_reason=finish_reason)], usage)
+    def response(self, choices: list[tuple[str, str | None]], usage: UsageInfo) -> BaseModel:
+        return self._make([CompletionChoice(index=i, text=text, finish_reason=reason) for i, (text, reason) in enumerate(choices)], usage)
 
 
-def _usage(reply: UserReply) -> UsageInfo:
-    return UsageInfo.of(reply.prompt_tokens, reply.completion_tokens)
+def _usage(finals: list[UserReply], n: int) -> UsageInfo:
+    """A prompt counts once however many choices it has (choices i*n .. i*n+n-1 share prompt i);
+    every choice's tokens count."""
+    return UsageInfo.of(sum(r.prompt_tokens for r in finals[::n]), sum(r.completion_tokens for r in finals))
 
 
 def _sse(payload: BaseModel | str) -> str:
@@ -321,34 +379,38 @@ def _sse(payload: BaseModel | str) -> str:
     return f"data: {data}\n\n"
 
 
-async def _event_stream(
-    upstream: AsyncGenerator[UserReply, None], first: list[UserReply], fmt: _Format, include_usage: bool
-) -> AsyncGenerator[str, None]:
-    """SSE events: opening chunk, text chunks, one finish chunk, usage if asked, [DONE]."""
+async def _event_stream(merged: AsyncGenerator[tuple[int, UserReply], None], first: list[tuple[int, UserReply]],
+                        fmt: _Format, count: int, n: int, include_usage: bool) -> AsyncGenerator[str, None]:
+    """SSE events: each choice's opening chunk, text chunks, one finish chunk per choice, usage if
+    asked, [DONE]."""
     try:
-        for chunk in fmt.opening():
-            yield _sse(chunk)
+        for index in range(count):
+            for chunk in fmt.opening(index):
+                yield _sse(chunk)
         pending = deque(first)
-        while True:
-            reply = pending.popleft() if pending else await anext(upstream, None)
-            if reply is None:
+        finals: dict[int, UserReply] = {}
+        while len(finals) < count:
+            item = pending.popleft() if pending else await anext(merged, None)
+            if item is None:
                 yield _sse(ErrorResponse(error=ErrorInfo(message=_ENDED_EARLY, type="server_error")))
                 break
+            index, reply = item
             if reply.incremental_output:
-                yield _sse(fmt.text_chunk(reply.incremental_output))
+                yield _sse(fmt.text_chunk(index, reply.incremental_output))
             if not reply.finished:
                 continue
             if reply.finish_reason == "error":  # the 200 is already sent: report it in-band
                 info = ErrorInfo(message=reply.error or "generation failed", type="server_error")
                 yield _sse(ErrorResponse(error=info))
                 break
-            yield _sse(fmt.finish_chunk(reply.finish_reason))
+            finals[index] = reply
+            yield _sse(fmt.finish_chunk(index, reply.finish_reason))
+        else:
             if include_usage:
-                yield _sse(fmt.usage_chunk(_usage(reply)))
-            break
+                yield _sse(fmt.usage_chunk(_usage([finals[i] for i in range(count)], n)))
         yield _sse("[DONE]")
     finally:
-        await upstream.aclose()
+        await merged.aclose()
 
 
 class _EventStreamResponse(StreamingResponse):
@@ -367,21 +429,27 @@ class _EventStreamResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
-async def _serve(request: Request, client: FrontendClient, body: ChatCompletionRequest | CompletionRequest,
-                 gen_req: GenerateRequest, fmt: _Format) -> Response:
-    upstream = client.generate(gen_req)
+async def _serve(request: Request, client: FrontendClient, body: ChatCompletionRequest | CompletionRequest, fmt: _Format) -> Response:
+    """One HTTP request: its prompts × n choices as engine requests, answered as one response
+    (or one stream), choice i*n + j being prompt i's j-th."""
+    per_prompt = body.generate_requests()
+    if body.n > 1:
+        await _unless_disconnected(request, asyncio.gather(*(_prefill_once(client, choices[0]) for choices in per_prompt)))
+    requests = [req for choices in per_prompt for req in choices]
+    merged = _merge([client.generate(req) for req in requests])
     handed_over = False
     try:
         if not body.stream:
-            text, final = await _unless_disconnected(request, _collect(upstream))
-            return JSONResponse(fmt.response(text, final.finish_reason, _usage(final)).model_dump(mode="json"))
-        first = await _unless_disconnected(request, _until_first_text(upstream))
-        events = _event_stream(upstream, first, fmt, body.include_usage)
+            results = await _unless_disconnected(request, _collect(merged, len(requests)))
+            usage = _usage([final for _, final in results], body.n)
+            return JSONResponse(fmt.response([(text, final.finish_reason) for text, final in results], usage).model_dump(mode="json"))
+        first = await _unless_disconnected(request, _until_first_text(merged, len(requests)))
+        events = _event_stream(merged, first, fmt, len(requests), body.n, body.include_usage)
         handed_over = True
         return _EventStreamResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     finally:
         if not handed_over:
-            await upstream.aclose()
+            await merged.aclose()
 
 
 # --- the app --------------------------------------------------------------------------------
@@ -393,13 +461,11 @@ def _v1_router(client: FrontendClient) -> APIRouter:
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        gen_req = body.generate_request()
-        return await _serve(request, client, body, gen_req, _ChatFormat(body.model or client.model_name))
+        return await _serve(request, client, body, _ChatFormat(body.model or client.model_name))
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        gen_req = body.generate_request()
-        return await _serve(request, client, body, gen_req, _CompletionFormat(body.model or client.model_name))
+        return await _serve(request, client, body, _CompletionFormat(body.model or client.model_name))
 
     @router.get("/models")
     async def models() -> ModelList:

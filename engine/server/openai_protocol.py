@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from ..errors import RequestError
 from ..sampling_params import SamplingParams
 
 DEFAULT_MAX_TOKENS = 4096
 """Used when a request gives no max_tokens; the engine clamps it to what the context leaves."""
+MAX_CHOICES = 128
+"""Choices one request may ask for (prompts × n), OpenAI's own limit on n."""
 
 
 @dataclass
@@ -82,15 +85,23 @@ class _SamplingRequest(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False  # extension
-    n: int = 1
+    n: int = 1  # choices per prompt, each sampled on its own (seed + its index when a seed is given)
+    best_of: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("only n=1 is supported")
+    def _choices(cls, value: int) -> int:
+        if not 1 <= value <= MAX_CHOICES:
+            raise ValueError(f"n must be between 1 and {MAX_CHOICES}")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("best_of is not supported (it needs log-probabilities to rank choices); ask for n choices instead")
         return value
 
     @property
@@ -99,6 +110,14 @@ class _SamplingRequest(BaseModel):
 
     def _max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def choice_params(self) -> list[SamplingParams]:
+        """One SamplingParams per choice: choice i of a seeded request samples with seed + i, so
+        each choice is reproducible and differs from the others."""
+        params = self.sampling_params()
+        if params.seed is None:
+            return [params] + [replace(params) for _ in range(self.n - 1)]
+        return [replace(params, seed=params.seed + i) for i in range(self.n)]
 
     def sampling_params(self) -> SamplingParams:
         """Raises RequestError for values the engine refuses."""
@@ -123,36 +142,48 @@ class ChatCompletionRequest(_SamplingRequest):
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def generate_request(self) -> GenerateRequest:
-        return GenerateRequest(
-            params=self.sampling_params(),
-            messages=[message.to_dict() for message in self.messages],
-            chat_template_kwargs=self.chat_template_kwargs,
-        )
+    def generate_requests(self) -> list[list[GenerateRequest]]:
+        """The engine requests: one prompt, ``n`` choices."""
+        messages = [message.to_dict() for message in self.messages]
+        return [[GenerateRequest(params=params, messages=messages, chat_template_kwargs=self.chat_template_kwargs)
+                 for params in self.choice_params()]]
 
 
 class CompletionRequest(_SamplingRequest):
-    # OpenAI allows a batch of prompts; we serve one, given as text or token ids.
+    """A prompt as text or token ids, or a batch of them (a list of strings or of id lists):
+    one choice per prompt (``n`` with n > 1), in the prompts' order."""
+
     prompt: str | list[int] | list[str] | list[list[int]]
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: str | list) -> str | list[int]:
+    def _prompts(cls, value: str | list) -> str | list:
         if isinstance(value, str):
             return value
-        if value and isinstance(value[0], (str, list)):
-            if len(value) != 1:
-                raise ValueError("only one prompt per request")
-            value = value[0]
-        if not value:
+        batch = value if value and isinstance(value[0], (str, list)) else [value]
+        if not batch or any(len(p) == 0 for p in batch):
             raise ValueError("prompt must not be empty")
+        if len(batch) > MAX_CHOICES:
+            raise ValueError(f"at most {MAX_CHOICES} prompts per request")
         return value
 
-    def generate_request(self) -> GenerateRequest:
-        params = self.sampling_params()
+    @property
+    def prompts(self) -> list[str | list[int]]:
         if isinstance(self.prompt, str):
-            return GenerateRequest(params=params, text=self.prompt)
-        return GenerateRequest(params=params, input_ids=list(self.prompt))
+            return [self.prompt]
+        return list(self.prompt) if isinstance(self.prompt[0], (str, list)) else [self.prompt]
+
+    def generate_requests(self) -> list[list[GenerateRequest]]:
+        """The engine requests, per prompt its ``n`` choices."""
+        if len(self.prompts) * self.n > MAX_CHOICES:
+            raise RequestError(f"{len(self.prompts)} prompts × n={self.n} asks for more than {MAX_CHOICES} choices")
+        out = []
+        for prompt in self.prompts:
+            if isinstance(prompt, str):
+                out.append([GenerateRequest(params=params, text=prompt) for params in self.choice_params()])
+            else:
+                out.append([GenerateRequest(params=params, input_ids=list(prompt)) for params in self.choice_params()])
+        return out
 
 
 # --- responses ------------------------------------------------------------------------------

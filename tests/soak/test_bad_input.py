@@ -124,7 +124,8 @@ def test_every_openai_role_is_served_and_developer_means_system(soak_server):
     from minisgl_engine.server.openai_protocol import ChatCompletionRequest
 
     # Qwen3's chat template drops a message whose role it does not know: "developer" goes in as "system"
-    [first] = ChatCompletionRequest(messages=messages[:1]).generate_request().messages
+    [[request]] = ChatCompletionRequest(messages=messages[:1]).generate_requests()
+    [first] = request.messages
     assert first == {"role": "system", "content": "Answer in one word."}
 
 
