@@ -54,6 +54,7 @@ class FakeClient:
     """Plays a script of replies; records each request and how its generator ended."""
 
     model_name = "fake-model"
+    thinks = False
 
     def __init__(self, script: Callable[[GenerateRequest], list[UserReply]] = echo_script,
                  delay: float = 0.0, ready: bool = True) -> None:
@@ -514,3 +515,71 @@ async def test_one_refused_choice_refuses_the_request_and_stops_the_others():
     assert_openai_error(r, 400, "context holds 8192")
     assert_openai_error(streamed, 400, "context holds 8192")
     assert sorted(client.endings) == ["aborted", "aborted", "finished", "finished"], client.endings
+
+
+# --- reasoning content -------------------------------------------------------------------------
+
+
+def test_the_reasoning_splitter_takes_the_think_block_whatever_the_chunking():
+    from minisgl_engine.server.reasoning import ReasoningSplitter, split_reasoning
+
+    text = "<think>\nThe user greets me. I greet back.\n</think>\n\nHello! How can I help?"
+    for size in (1, 2, 3, 5, 7, 100):
+        splitter = ReasoningSplitter()
+        reasoning, answer = "", ""
+        for i in range(0, len(text), size):
+            r, a = splitter.push(text[i:i + size])
+            reasoning, answer = reasoning + r, answer + a
+        r, a = splitter.flush()
+        assert (reasoning + r, answer + a) == ("\nThe user greets me. I greet back.\n", "Hello! How can I help?"), size
+    assert split_reasoning("Just an answer, <think> mentioned later") == (None, "Just an answer, <think> mentioned later")
+    assert split_reasoning("<think>cut off by max_tok") == ("cut off by max_tok", "")
+    assert split_reasoning("<thi") == (None, "<thi")
+    assert split_reasoning("<think></think>\n\nAnswer") == ("", "Answer")
+
+
+def thinking_script(req: GenerateRequest) -> list[UserReply]:
+    pieces = ["<thi", "nk>\nLet me", " think.</th", "ink>\n", "\nThe answer", " is 4."]
+    replies = [UserReply(uid=1, incremental_output=p) for p in pieces[:-1]]
+    return replies + [UserReply(uid=1, incremental_output=pieces[-1], finished=True, finish_reason="stop",
+                                prompt_tokens=3, completion_tokens=6)]
+
+
+async def test_a_thinking_models_reply_comes_as_reasoning_content_and_content():
+    client = FakeClient(thinking_script)
+    client.thinks = True
+    async with http(create_app(client)) as c:
+        whole = (await c.post("/v1/chat/completions", json=CHAT)).json()
+        kept = (await c.post("/v1/chat/completions", json={**CHAT, "separate_reasoning": False})).json()
+        streamed = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    message = whole["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("\nLet me think.", "The answer is 4.")
+    assert "reasoning_content" not in kept["choices"][0]["message"]
+    assert kept["choices"][0]["message"]["content"] == "".join(p.incremental_output for p in thinking_script(None))
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in streamed.text.splitlines()
+              if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "\nLet me think."
+    assert "".join(d.get("content", "") for d in deltas) == "The answer is 4."
+    assert all("<" not in d.get("content", "") + d.get("reasoning_content", "") for d in deltas)
+
+
+async def test_a_model_without_think_blocks_keeps_its_text_whole():
+    client = FakeClient(thinking_script)  # thinks = False: a "<think>" it writes is just text
+    async with http(create_app(client)) as c:
+        whole = (await c.post("/v1/chat/completions", json=CHAT)).json()
+    assert whole["choices"][0]["message"]["content"].startswith("<think>")
+    assert "reasoning_content" not in whole["choices"][0]["message"]
+
+
+def test_only_a_template_with_think_blocks_makes_replies_split():
+    from pathlib import Path
+
+    from minisgl_engine.server.reasoning import template_thinks
+    from minisgl_engine.weights.demo import demo_model_dir
+
+    demo = Path(demo_model_dir()) / "chat_template.jinja"
+    if demo.exists():
+        assert not template_thinks(demo.read_text())
+    qwen3_like = "{%- if enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    assert template_thinks(qwen3_like) and template_thinks({"default": qwen3_like})
+    assert not template_thinks(None) and not template_thinks("")

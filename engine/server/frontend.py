@@ -75,6 +75,11 @@ class FrontendClient:
         return sum_stats(list(self.replica_stats.values()))
 
     @property
+    def thinks(self) -> bool:
+        """The model's chat template has <think> blocks: chat replies get ``reasoning_content``."""
+        return self.worker_info.get("minisgl-tokenizer-0", {}).get("thinks", False)
+
+    @property
     def scheduler_info(self) -> dict:
         """Device, dtype, KV size... as replica 0's rank 0 reported them at start."""
         return self.worker_info.get(self.leader, {})

@@ -31,6 +31,7 @@ from ..errors import RequestError
 from ..messages import UserReply
 from .metrics import StatsSource, metrics_router
 from .security import AccessPolicy, install_guard
+from .reasoning import ReasoningSplitter, split_reasoning
 from .openai_protocol import (
     AssistantMessage,
     ChatChoice,
@@ -60,6 +61,7 @@ class FrontendClient(StatsSource, Protocol):
 
     model_name: str  # listed by /v1/models; a request naming any model is served by it
     ready: bool
+    thinks: bool  # the model writes <think> blocks: chat replies split them off as reasoning_content
 
     def generate(self, req: GenerateRequest) -> AsyncGenerator[UserReply, None]:
         """Replies for one request, the last with ``finished=True``; closing the generator
@@ -306,11 +308,11 @@ class _Format(ABC):
         return []
 
     @abstractmethod
-    def text_chunk(self, index: int, text: str) -> BaseModel:
+    def text_chunks(self, index: int, text: str) -> list[BaseModel]:
         ...
 
     @abstractmethod
-    def finish_chunk(self, index: int, finish_reason: str | None) -> BaseModel:
+    def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]:
         ...
 
     @abstractmethod
@@ -323,9 +325,12 @@ class _Format(ABC):
 
 
 class _ChatFormat(_Format):
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, split_reasoning: bool = False) -> None:
+        """``split_reasoning``: a thinking model's <think> block goes to ``reasoning_content``."""
         super().__init__(model)
         self.id = new_id("chatcmpl")
+        self.split_reasoning = split_reasoning
+        self.splitters: dict[int, ReasoningSplitter] = {}
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
@@ -333,17 +338,31 @@ class _ChatFormat(_Format):
     def opening(self, index: int) -> list[BaseModel]:
         return [self._chunk([ChatChunkChoice(index=index, delta={"role": "assistant", "content": ""})])]
 
-    def text_chunk(self, index: int, text: str) -> BaseModel:
-        return self._chunk([ChatChunkChoice(index=index, delta={"content": text})])
+    def _deltas(self, index: int, reasoning: str, answer: str) -> list[BaseModel]:
+        deltas = [{"reasoning_content": reasoning}] if reasoning else []
+        deltas += [{"content": answer}] if answer else []
+        return [self._chunk([ChatChunkChoice(index=index, delta=delta)]) for delta in deltas]
 
-    def finish_chunk(self, index: int, finish_reason: str | None) -> BaseModel:
-        return self._chunk([ChatChunkChoice(index=index, delta={}, finish_reason=finish_reason)])
+    def text_chunks(self, index: int, text: str) -> list[BaseModel]:
+        if not self.split_reasoning:
+            return self._deltas(index, "", text)
+        return self._deltas(index, *self.splitters.setdefault(index, ReasoningSplitter()).push(text))
+
+    def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]:
+        held = self._deltas(index, *self.splitters[index].flush()) if index in self.splitters else []
+        return held + [self._chunk([ChatChunkChoice(index=index, delta={}, finish_reason=finish_reason)])]
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:
         return self._chunk([], usage)
 
+    def _message(self, text: str) -> AssistantMessage:
+        if not self.split_reasoning:
+            return AssistantMessage(content=text)
+        reasoning, answer = split_reasoning(text)
+        return AssistantMessage(content=answer, reasoning_content=reasoning)
+
     def response(self, choices: list[tuple[str, str | None]], usage: UsageInfo) -> BaseModel:
-        out = [ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=reason) for i, (text, reason) in enumerate(choices)]
+        out = [ChatChoice(index=i, message=self._message(text), finish_reason=reason) for i, (text, reason) in enumerate(choices)]
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=out, usage=usage)
 
 
@@ -355,11 +374,11 @@ class _CompletionFormat(_Format):
     def _make(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
-    def text_chunk(self, index: int, text: str) -> BaseModel:
-        return self._make([CompletionChoice(index=index, text=text)])
+    def text_chunks(self, index: int, text: str) -> list[BaseModel]:
+        return [self._make([CompletionChoice(index=index, text=text)])]
 
-    def finish_chunk(self, index: int, finish_reason: str | None) -> BaseModel:
-        return self._make([CompletionChoice(index=index, text="", finish_reason=finish_reason)])
+    def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]:
+        return [self._make([CompletionChoice(index=index, text="", finish_reason=finish_reason)])]
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:
         return self._make([], usage)
@@ -396,7 +415,8 @@ async def _event_stream(merged: AsyncGenerator[tuple[int, UserReply], None], fir
                 break
             index, reply = item
             if reply.incremental_output:
-                yield _sse(fmt.text_chunk(index, reply.incremental_output))
+                for chunk in fmt.text_chunks(index, reply.incremental_output):
+                    yield _sse(chunk)
             if not reply.finished:
                 continue
             if reply.finish_reason == "error":  # the 200 is already sent: report it in-band
@@ -404,7 +424,8 @@ async def _event_stream(merged: AsyncGenerator[tuple[int, UserReply], None], fir
                 yield _sse(ErrorResponse(error=info))
                 break
             finals[index] = reply
-            yield _sse(fmt.finish_chunk(index, reply.finish_reason))
+            for chunk in fmt.finish_chunks(index, reply.finish_reason):
+                yield _sse(chunk)
         else:
             if include_usage:
                 yield _sse(fmt.usage_chunk(_usage([finals[i] for i in range(count)], n)))
@@ -461,7 +482,8 @@ def _v1_router(client: FrontendClient) -> APIRouter:
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _serve(request, client, body, _ChatFormat(body.model or client.model_name))
+        split = body.separate_reasoning and client.thinks
+        return await _serve(request, client, body, _ChatFormat(body.model or client.model_name, split))
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:

@@ -138,6 +138,7 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: bool = True  # extension (SGLang): a thinking model's <think> block as reasoning_content
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -214,6 +215,8 @@ class UsageInfo(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    # a thinking model's <think> block (SGLang's and vLLM's field); absent for other models
+    reasoning_content: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ChatChoice(BaseModel):
@@ -234,7 +237,7 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
-    delta: dict[str, str]  # {"role", "content"} first, then {"content"}, then {} with the finish
+    delta: dict[str, str]  # {"role", "content"} first, then {"content"} or {"reasoning_content"}, then {} with the finish
     logprobs: None = None
     finish_reason: str | None = None
 

@@ -80,7 +80,11 @@ def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
         receiver = Receiver(ctx, args.paths.tokenizer(args.index), TokenizerBatch)
     to_schedulers = [Sender(ctx, args.paths.scheduler(i)) for i in range(args.paths.num_replicas)]
     encoder = PromptEncoder(tokenizer, args.max_context_len)
-    to_frontend.send(FrontendBatch([ReadyMsg(name)]))
+    from .reasoning import template_thinks
+
+    # the front end splits <think> blocks off chat replies only for a model whose template has them
+    info = {"thinks": template_thinks(getattr(tokenizer, "chat_template", None) if tokenizer is not None else None)}
+    to_frontend.send(FrontendBatch([ReadyMsg(name, info=info)]))
     while True:
         forward: list[list] = [[] for _ in to_schedulers]  # per replica (--dp), as the front end chose
         errors: list = []

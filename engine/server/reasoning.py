@@ -1,0 +1,84 @@
+"""Reasoning content: the thinking a model writes between ``<think>`` and ``</think>`` before its
+answer (Qwen3 and its kind), returned apart from the answer as ``reasoning_content``, the field
+SGLang and vLLM add to OpenAI's chat messages and that Open WebUI reads.
+
+Only a reply that *starts* with ``<think>`` has reasoning (Qwen3's chat template leaves the tag
+to the model; with ``enable_thinking: false`` it closes the block in the prompt, and the reply is
+all answer). The split works on streamed text: a tag cut between two chunks is held back until
+the next chunk says what it is.
+"""
+
+from __future__ import annotations
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+
+def template_thinks(chat_template: object) -> bool:
+    """Whether a model's chat template (a string, or a dict of named ones) speaks of think
+    blocks: only then is a reply split."""
+    text = chat_template if isinstance(chat_template, str) else str(chat_template or "")
+    return THINK_START in text and THINK_END in text
+
+
+class ReasoningSplitter:
+    """Feeds on a reply's text as it streams; hands out (reasoning, answer) text."""
+
+    def __init__(self) -> None:
+        self.state = "opening"  # opening (is there a <think>?) -> thinking -> after (whitespace) -> answer
+        self.pending = ""  # text held back: a tag may be cut in two
+
+    def push(self, text: str) -> tuple[str, str]:
+        self.pending += text
+        reasoning, answer = "", ""
+        while True:
+            if self.state == "opening":
+                head = self.pending.lstrip()
+                if head.startswith(THINK_START):
+                    self.pending, self.state = head[len(THINK_START):], "thinking"
+                    continue
+                if THINK_START.startswith(head):  # nothing yet, or a piece of the tag
+                    return reasoning, answer
+                self.state = "answer"
+                continue
+            if self.state == "thinking":
+                end = self.pending.find(THINK_END)
+                if end >= 0:
+                    reasoning += self.pending[:end]
+                    self.pending, self.state = self.pending[end + len(THINK_END):], "after"
+                    continue
+                keep = _partial_tag_at_end(self.pending, THINK_END)
+                reasoning += self.pending[:len(self.pending) - keep]
+                self.pending = self.pending[len(self.pending) - keep:]
+                return reasoning, answer
+            if self.state == "after":  # the blank lines between </think> and the answer
+                self.pending = self.pending.lstrip()
+                if not self.pending:
+                    return reasoning, answer
+                self.state = "answer"
+            answer += self.pending
+            self.pending = ""
+            return reasoning, answer
+
+    def flush(self) -> tuple[str, str]:
+        """The reply ended: what was held back goes where it was heading."""
+        rest, self.pending = self.pending, ""
+        if self.state == "thinking":  # cut off mid-thought (max_tokens)
+            return rest, ""
+        return "", "" if self.state == "after" else rest
+
+
+def _partial_tag_at_end(text: str, tag: str) -> int:
+    """Length of the longest end of ``text`` that begins ``tag``."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """A whole reply as (reasoning or None when it has none, answer)."""
+    splitter = ReasoningSplitter()
+    reasoning, answer = splitter.push(text)
+    more_reasoning, more_answer = splitter.flush()
+    return (reasoning + more_reasoning if text.lstrip().startswith(THINK_START) else None), answer + more_answer
