@@ -55,6 +55,7 @@ class FakeClient:
 
     model_name = "fake-model"
     thinks = False
+    tool_format: str | None = None
 
     def __init__(self, script: Callable[[GenerateRequest], list[UserReply]] = echo_script,
                  delay: float = 0.0, ready: bool = True) -> None:
@@ -583,3 +584,102 @@ def test_only_a_template_with_think_blocks_makes_replies_split():
     qwen3_like = "{%- if enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
     assert template_thinks(qwen3_like) and template_thinks({"default": qwen3_like})
     assert not template_thinks(None) and not template_thinks("")
+
+
+# --- tool calls --------------------------------------------------------------------------------
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def test_the_hermes_parser_finds_calls_whatever_the_chunking():
+    from minisgl_engine.server.tool_calls import ToolCallParser
+
+    text = ('Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')
+    for size in (1, 3, 8, 1000):
+        parser = ToolCallParser("hermes")
+        content, calls = "", []
+        for i in range(0, len(text), size):
+            c, found = parser.push(text[i:i + size])
+            content, calls = content + c, calls + found
+        c, found = parser.flush()
+        content, calls = content + c, calls + found
+        assert content == "Let me check.", size
+        assert [(call.name, json.loads(call.arguments)) for call in calls] == [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+
+
+def test_what_is_not_a_call_stays_content():
+    from minisgl_engine.server.tool_calls import parse_tool_calls
+
+    assert parse_tool_calls("<tool_call>not json</tool_call> after", "hermes") == ("<tool_call>not json</tool_call> after", [])
+    assert parse_tool_calls("I use <tool_call> tags", "hermes") == ("I use <tool_call> tags", [])
+    content, [call] = parse_tool_calls('{"name": "get_weather", "parameters": {"city": "Oslo"}}', "llama3")
+    assert content == "" and (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Oslo"})
+    assert parse_tool_calls("{not a call}", "llama3") == ("{not a call}", [])
+    assert parse_tool_calls("Plain answer.", "llama3") == ("Plain answer.", [])
+
+
+def tool_script(req: GenerateRequest) -> list[UserReply]:
+    pieces = ["Checking.", "<tool_", 'call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>']
+    return [UserReply(uid=1, incremental_output=p) for p in pieces[:-1]] + [
+        UserReply(uid=1, incremental_output=pieces[-1], finished=True, finish_reason="stop", prompt_tokens=5, completion_tokens=9)]
+
+
+async def test_a_tool_call_comes_back_as_tool_calls_streamed_and_not():
+    client = FakeClient(tool_script)
+    client.tool_format = "hermes"
+    body = {**CHAT, "tools": [WEATHER_TOOL]}
+    async with http(create_app(client)) as c:
+        whole = (await c.post("/v1/chat/completions", json=body)).json()
+        streamed = await c.post("/v1/chat/completions", json={**body, "stream": True})
+        unused = (await c.post("/v1/chat/completions", json={**body, "tool_choice": "none"})).json()
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Checking."
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("get_weather", {"city": "Paris"})
+    assert client.requests[0].chat_template_kwargs == {"tools": [WEATHER_TOOL]}
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+    assert "".join(d.get("content", "") for d in deltas) == "Checking."
+    [streamed_call] = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert streamed_call["index"] == 0 and streamed_call["function"]["name"] == "get_weather"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert client.requests[-1].chat_template_kwargs is None, "tool_choice none: the tools stay out of the prompt"
+    assert "tool_calls" not in unused["choices"][0]["message"] and unused["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("body, contains", [
+    ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "constrained decoding"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "constrained decoding"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "'auto' or 'none'"),
+    ({"tools": [{"type": "function"}]}, "function"),
+])
+async def test_tool_requests_this_server_cannot_honour_are_400(body, contains):
+    client = FakeClient()
+    client.tool_format = "hermes"
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, **body})
+    assert_openai_error(r, 400, contains)
+
+
+async def test_tools_for_a_model_without_tool_calls_are_400():
+    async with http(create_app(FakeClient())) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "tools": [WEATHER_TOOL]})
+    assert_openai_error(r, 400, "no tool calls")
+
+
+def test_tool_turns_reach_the_template_as_transformers_reads_them():
+    from minisgl_engine.server.openai_protocol import ChatCompletionRequest
+
+    request = ChatCompletionRequest(messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    ], tools=[WEATHER_TOOL])
+    [[req]] = request.generate_requests()
+    assert req.messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert req.messages[2] == {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1"}
+    assert req.chat_template_kwargs["tools"][0]["function"]["name"] == "get_weather"

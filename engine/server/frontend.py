@@ -80,6 +80,11 @@ class FrontendClient:
         return self.worker_info.get("minisgl-tokenizer-0", {}).get("thinks", False)
 
     @property
+    def tool_format(self) -> str | None:
+        """How the model writes tool calls (its chat template's convention), None if it has none."""
+        return self.worker_info.get("minisgl-tokenizer-0", {}).get("tool_format")
+
+    @property
     def scheduler_info(self) -> dict:
         """Device, dtype, KV size... as replica 0's rank 0 reported them at start."""
         return self.worker_info.get(self.leader, {})

@@ -32,6 +32,7 @@ from ..messages import UserReply
 from .metrics import StatsSource, metrics_router
 from .security import AccessPolicy, install_guard
 from .reasoning import ReasoningSplitter, split_reasoning
+from .tool_calls import ToolCall, ToolCallParser, parse_tool_calls
 from .openai_protocol import (
     AssistantMessage,
     ChatChoice,
@@ -62,6 +63,7 @@ class FrontendClient(StatsSource, Protocol):
     model_name: str  # listed by /v1/models; a request naming any model is served by it
     ready: bool
     thinks: bool  # the model writes <think> blocks: chat replies split them off as reasoning_content
+    tool_format: str | None  # how the model writes tool calls (tool_calls.py), None if it has none
 
     def generate(self, req: GenerateRequest) -> AsyncGenerator[UserReply, None]:
         """Replies for one request, the last with ``finished=True``; closing the generator
@@ -325,12 +327,18 @@ class _Format(ABC):
 
 
 class _ChatFormat(_Format):
-    def __init__(self, model: str, split_reasoning: bool = False) -> None:
-        """``split_reasoning``: a thinking model's <think> block goes to ``reasoning_content``."""
+    """Chat replies: text as ``content``; a thinking model's <think> block as ``reasoning_content``
+    (``split_reasoning``); with tools, the calls the model writes in ``tool_format`` as
+    ``tool_calls`` (and finish reason "tool_calls")."""
+
+    def __init__(self, model: str, split_reasoning: bool = False, tool_format: str | None = None) -> None:
         super().__init__(model)
         self.id = new_id("chatcmpl")
         self.split_reasoning = split_reasoning
+        self.tool_format = tool_format
         self.splitters: dict[int, ReasoningSplitter] = {}
+        self.parsers: dict[int, ToolCallParser] = {}
+        self.calls_sent: dict[int, int] = {}  # choice -> tool calls streamed so far
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
@@ -338,31 +346,52 @@ class _ChatFormat(_Format):
     def opening(self, index: int) -> list[BaseModel]:
         return [self._chunk([ChatChunkChoice(index=index, delta={"role": "assistant", "content": ""})])]
 
-    def _deltas(self, index: int, reasoning: str, answer: str) -> list[BaseModel]:
-        deltas = [{"reasoning_content": reasoning}] if reasoning else []
+    def _deltas(self, index: int, reasoning: str, answer: str, calls: list[ToolCall]) -> list[BaseModel]:
+        deltas: list[dict] = [{"reasoning_content": reasoning}] if reasoning else []
         deltas += [{"content": answer}] if answer else []
+        for call in calls:
+            sent = self.calls_sent.get(index, 0)
+            deltas.append({"tool_calls": [call.to_openai(sent)]})
+            self.calls_sent[index] = sent + 1
         return [self._chunk([ChatChunkChoice(index=index, delta=delta)]) for delta in deltas]
 
+    def _answer(self, index: int, answer: str, final: bool) -> tuple[str, list[ToolCall]]:
+        if self.tool_format is None:
+            return answer, []
+        parser = self.parsers.setdefault(index, ToolCallParser(self.tool_format))
+        content, calls = parser.push(answer)
+        if final:
+            more, more_calls = parser.flush()
+            content, calls = content + more, calls + more_calls
+        return content, calls
+
     def text_chunks(self, index: int, text: str) -> list[BaseModel]:
-        if not self.split_reasoning:
-            return self._deltas(index, "", text)
-        return self._deltas(index, *self.splitters.setdefault(index, ReasoningSplitter()).push(text))
+        reasoning, answer = self.splitters.setdefault(index, ReasoningSplitter()).push(text) if self.split_reasoning else ("", text)
+        return self._deltas(index, reasoning, *self._answer(index, answer, final=False))
 
     def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]:
-        held = self._deltas(index, *self.splitters[index].flush()) if index in self.splitters else []
+        reasoning, answer = self.splitters[index].flush() if index in self.splitters else ("", "")
+        held = self._deltas(index, reasoning, *self._answer(index, answer, final=True))
+        if self.calls_sent.get(index) and finish_reason == "stop":
+            finish_reason = "tool_calls"
         return held + [self._chunk([ChatChunkChoice(index=index, delta={}, finish_reason=finish_reason)])]
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:
         return self._chunk([], usage)
 
-    def _message(self, text: str) -> AssistantMessage:
-        if not self.split_reasoning:
-            return AssistantMessage(content=text)
-        reasoning, answer = split_reasoning(text)
-        return AssistantMessage(content=answer, reasoning_content=reasoning)
+    def _choice(self, index: int, text: str, finish_reason: str | None) -> ChatChoice:
+        reasoning, answer = split_reasoning(text) if self.split_reasoning else (None, text)
+        calls: list[ToolCall] = []
+        if self.tool_format is not None:
+            answer, calls = parse_tool_calls(answer, self.tool_format)
+        if calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
+        message = AssistantMessage(content=answer if answer or not calls else None, reasoning_content=reasoning,
+                                   tool_calls=[call.to_openai() for call in calls] or None)
+        return ChatChoice(index=index, message=message, finish_reason=finish_reason)
 
     def response(self, choices: list[tuple[str, str | None]], usage: UsageInfo) -> BaseModel:
-        out = [ChatChoice(index=i, message=self._message(text), finish_reason=reason) for i, (text, reason) in enumerate(choices)]
+        out = [self._choice(i, text, reason) for i, (text, reason) in enumerate(choices)]
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=out, usage=usage)
 
 
@@ -483,7 +512,12 @@ def _v1_router(client: FrontendClient) -> APIRouter:
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         split = body.separate_reasoning and client.thinks
-        return await _serve(request, client, body, _ChatFormat(body.model or client.model_name, split))
+        tool_format = None
+        if body.uses_tools:
+            tool_format = client.tool_format
+            if tool_format is None:
+                raise APIError(400, "this model's chat template has no tool calls; send the request without tools", param="tools")
+        return await _serve(request, client, body, _ChatFormat(body.model or client.model_name, split, tool_format))
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:

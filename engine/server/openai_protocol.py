@@ -7,6 +7,7 @@ by :class:`SamplingParams`, so the HTTP routes and the offline engine refuse the
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -59,19 +60,61 @@ ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 render an unknown role verbatim or silently drop the message."""
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallItem(BaseModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     role: ChatRole
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallItem] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool's answer: which call it answers
+    name: str | None = None
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, Any]:
         """The plain {role, content} dict a chat template expects; text parts are joined.
         "developer" (OpenAI's newer name for the system role) becomes "system", which every
-        chat template knows (Qwen3's would drop a "developer" message)."""
+        chat template knows (Qwen3's would drop a "developer" message). Tool calls go in as
+        transformers' templates read them (arguments as an object)."""
         if isinstance(self.content, list):
             content = "".join(part.text or "" for part in self.content)
         else:
             content = self.content or ""
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": call.id, "type": "function",
+                                  "function": {"name": call.function.name, "arguments": _json_or_text(call.function.arguments)}}
+                                 for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _json_or_text(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+class FunctionDefinition(BaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDefinition(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class _SamplingRequest(BaseModel):
@@ -139,6 +182,22 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     chat_template_kwargs: dict[str, Any] | None = None
     separate_reasoning: bool = True  # extension (SGLang): a thinking model's <think> block as reasoning_content
+    tools: list[ToolDefinition] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # "auto" (default with tools) or "none"
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: str | dict | None) -> str | dict | None:
+        if value in (None, "auto", "none"):
+            return value
+        if value == "required" or isinstance(value, dict):
+            raise ValueError("tool_choice 'required' or a named function needs constrained decoding, which this server "
+                             "does not have yet; use 'auto' (the model decides) or 'none'")
+        raise ValueError(f"tool_choice must be 'auto' or 'none', got {value!r}")
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -146,7 +205,10 @@ class ChatCompletionRequest(_SamplingRequest):
     def generate_requests(self) -> list[list[GenerateRequest]]:
         """The engine requests: one prompt, ``n`` choices."""
         messages = [message.to_dict() for message in self.messages]
-        return [[GenerateRequest(params=params, messages=messages, chat_template_kwargs=self.chat_template_kwargs)
+        kwargs = self.chat_template_kwargs
+        if self.uses_tools:  # the template lays the tools out in the prompt, in its model's convention
+            kwargs = {**(kwargs or {}), "tools": [tool.model_dump(exclude_none=True) for tool in self.tools]}
+        return [[GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)
                  for params in self.choice_params()]]
 
 
@@ -214,7 +276,8 @@ class UsageInfo(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None when the reply is only tool calls
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, exclude_if=lambda value: value is None)
     # a thinking model's <think> block (SGLang's and vLLM's field); absent for other models
     reasoning_content: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
@@ -237,7 +300,7 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
-    delta: dict[str, str]  # {"role", "content"} first, then {"content"} or {"reasoning_content"}, then {} with the finish
+    delta: dict[str, Any]  # {"role", "content"} first, then {"content"}, {"reasoning_content"} or {"tool_calls"}, then {} with the finish
     logprobs: None = None
     finish_reason: str | None = None
 

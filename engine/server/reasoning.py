@@ -47,7 +47,7 @@ class ReasoningSplitter:
                     reasoning += self.pending[:end]
                     self.pending, self.state = self.pending[end + len(THINK_END):], "after"
                     continue
-                keep = _partial_tag_at_end(self.pending, THINK_END)
+                keep = partial_tag_at_end(self.pending, THINK_END)
                 reasoning += self.pending[:len(self.pending) - keep]
                 self.pending = self.pending[len(self.pending) - keep:]
                 return reasoning, answer
@@ -68,8 +68,9 @@ class ReasoningSplitter:
         return "", "" if self.state == "after" else rest
 
 
-def _partial_tag_at_end(text: str, tag: str) -> int:
-    """Length of the longest end of ``text`` that begins ``tag``."""
+def partial_tag_at_end(text: str, tag: str) -> int:
+    """Length of the longest end of ``text`` that begins ``tag`` (held back while streaming: the
+    next chunk may complete the tag)."""
     for size in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-size:]):
             return size
