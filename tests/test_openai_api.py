@@ -56,6 +56,7 @@ class FakeClient:
     model_name = "fake-model"
     thinks = False
     tool_format: str | None = None
+    max_context_len: int | None = 8192
 
     def __init__(self, script: Callable[[GenerateRequest], list[UserReply]] = echo_script,
                  delay: float = 0.0, ready: bool = True) -> None:
@@ -186,7 +187,8 @@ async def test_models_lists_the_served_model():
     async with http(create_app(FakeClient())) as c:
         r = await c.get("/v1/models")
     assert r.json() == {"object": "list", "data": [
-        {"id": "fake-model", "object": "model", "created": r.json()["data"][0]["created"], "owned_by": "minisgl-chat"}]}
+        {"id": "fake-model", "object": "model", "created": r.json()["data"][0]["created"], "owned_by": "minisgl-chat",
+         "max_model_len": 8192}]}
 
 
 # --- what reaches the engine ----------------------------------------------------------------

@@ -88,7 +88,8 @@ def test_openai_client(server):
     assert text == res.choices[0].message.content
     comp = client.completions.create(model="demo", prompt="The capital of France is", max_tokens=8, temperature=0)
     assert comp.choices[0].text and comp.usage.completion_tokens == 8
-    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
+    [model] = client.models.list().data
+    assert model.id == "SmolLM2-135M-Instruct" and model.max_model_len == 8192
 
 
 def test_n_sampled_choices_share_one_prefill_and_each_reproduces_alone(server):

@@ -64,6 +64,7 @@ class FrontendClient(StatsSource, Protocol):
     ready: bool
     thinks: bool  # the model writes <think> blocks: chat replies split them off as reasoning_content
     tool_format: str | None  # how the model writes tool calls (tool_calls.py), None if it has none
+    max_context_len: int | None  # the model's context in tokens, None until it is resolved
 
     def generate(self, req: GenerateRequest) -> AsyncGenerator[UserReply, None]:
         """Replies for one request, the last with ``finished=True``; closing the generator
@@ -525,7 +526,7 @@ def _v1_router(client: FrontendClient) -> APIRouter:
 
     @router.get("/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=client.model_name, created=created)])
+        return ModelList(data=[ModelCard(id=client.model_name, created=created, max_model_len=client.max_context_len)])
 
     return router
 

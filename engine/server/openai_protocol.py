@@ -336,6 +336,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "minisgl-chat"
+    max_model_len: int | None = None  # the context in tokens (vLLM's and SGLang's field), once the model is known
 
 
 class ModelList(BaseModel):
