@@ -532,8 +532,13 @@ def run_bench(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     if args.bench not in BENCHES:  # pragma: no cover - argparse rejects unknown benches
         raise UserError(f"unknown benchmark {args.bench!r}")
+    if config.dp < 1:
+        raise UserError(f"--dp must be at least 1, got {config.dp}")
     if config.dp > 1:
         from .server.server import prepare_model
+
+        if args.bench == "offline" and args.num_requests < config.dp:
+            raise UserError(f"--num-requests {args.num_requests} leaves a replica of --dp {config.dp} without work; ask for at least {config.dp}")
 
         if args.bench == "decode" or config.tp > 1 or getattr(args, "compare_hf", False):
             raise UserError("bench --dp N runs offline (one replica per GPU) and multiturn (through the front end's router), "

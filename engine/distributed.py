@@ -111,6 +111,10 @@ def get_tp() -> TPInfo:
 
 def check_tp(model_config: ModelConfig, tp: int, device_name: str, dp: int = 1) -> None:
     """Refuse, before anything starts, a --tp (or --dp) the model or the machine cannot take."""
+    from .errors import UserError
+
+    if tp < 1 or dp < 1:
+        raise UserError(f"--tp and --dp must be at least 1 (got --tp {tp}, --dp {dp})")
     global _tp
     saved, _tp = _tp, TPInfo(0, tp)
     try:
@@ -118,10 +122,6 @@ def check_tp(model_config: ModelConfig, tp: int, device_name: str, dp: int = 1) 
         _tp.split(model_config.intermediate_size, "MLP intermediate features")
     finally:
         _tp = saved
-    from .errors import UserError
-
-    if tp < 1 or dp < 1:
-        raise UserError(f"--tp and --dp must be at least 1 (got --tp {tp}, --dp {dp})")
     gpus = tp * dp
     if gpus > 1 and device_name.startswith("cuda:"):
         raise UserError(f"--device {device_name} names one GPU but --tp {tp} × --dp {dp} needs {gpus}; use --device cuda "
@@ -137,8 +137,9 @@ def check_nodes(tp: int, nnodes: int, node_rank: int, dist_init_addr: str | None
     """The multi-machine flags must describe one consistent group."""
     from .errors import UserError
 
-    if dp > 1 and nnodes > 1:
-        raise UserError("--dp runs its replicas on this machine only; use it without --nnodes")
+    if dp > 1 and (nnodes > 1 or dist_init_addr):
+        raise UserError("--dp runs its replicas on this machine only (each picks its own rendezvous); use it without --nnodes "
+                        "and --dist-init-addr")
 
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise UserError(f"--node-rank must be in [0, --nnodes) and --nnodes >= 1 (got {node_rank} of {nnodes})")

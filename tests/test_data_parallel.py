@@ -199,30 +199,56 @@ def test_metrics_totals_are_the_replicas_added_up(dp_servers):
         assert values[f"minisgl_{name}"] == sum(replica_metrics(two, name)), name
 
 
+def served_by(server: ServerProcess, before: list[float]) -> int:
+    """The replica whose finished requests grew since ``before`` (exactly one must have)."""
+    after = finished_and_aborted(server)
+    [replica] = [i for i in range(2) if after[i] + after[i + 2] > before[i] + before[i + 2]]
+    return replica
+
+
+def finished_and_aborted(server: ServerProcess) -> list[float]:
+    return replica_metrics(server, "requests_finished_total") + replica_metrics(server, "requests_aborted_total")
+
+
 def test_a_stop_string_ends_the_request_on_its_own_replica(dp_servers):
+    """On each replica in turn (new prompts alternate between idle replicas): a stop string the
+    detokenizer finds must stop the scheduler of the replica that runs the request."""
     _, two = dp_servers
     rng = random.Random(5)
-    for _ in range(2):  # two requests in a row: both replicas (the router alternates idle ones)
+    replicas = set()
+    for _ in range(2):
         prompt = [rng.randrange(2, 200) for _ in range(20)]
+        assert wait_until(lambda: idle(two), 10)
+        before = finished_and_aborted(two)
         free = text_of(complete(two.url, prompt=prompt, max_tokens=24))
         stop = free[len(free) // 2:len(free) // 2 + 2]
         assert stop.strip(), f"no stop string to take from {free!r}"
-        before = sum(replica_metrics(two, "generation_tokens_total"))
+        assert wait_until(lambda: idle(two), 10)
+        replica = served_by(two, before)
+        before, generated = finished_and_aborted(two), sum(replica_metrics(two, "generation_tokens_total"))
         reply = complete(two.url, prompt=prompt, max_tokens=4000, stop=[stop])
         assert reply["choices"][0]["finish_reason"] == "stop"
         assert wait_until(lambda: idle(two), 10), "the replica kept generating after the stop string"
-        assert sum(replica_metrics(two, "generation_tokens_total")) - before < 100
+        assert served_by(two, before) == replica, "the same prompt again goes where it is cached"
+        assert sum(replica_metrics(two, "generation_tokens_total")) - generated < 100
+        replicas.add(replica)
+    assert replicas == {0, 1}
 
 
 def test_a_client_that_goes_away_frees_its_replica(dp_servers):
     _, two = dp_servers
-    for _ in range(2):
-        body = {"model": "m", "prompt": [5, 6, 7, 8], "max_tokens": 4000, "temperature": 0, "ignore_eos": True, "stream": True}
+    replicas = set()
+    for prompt in ([5, 6, 7, 8], [9, 10, 11, 12]):
+        assert wait_until(lambda: idle(two), 10)
+        before = finished_and_aborted(two)
+        body = {"model": "m", "prompt": prompt, "max_tokens": 4000, "temperature": 0, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{two.url}/v1/completions", json=body, timeout=60) as resp:
             for i, _line in enumerate(resp.iter_lines()):
                 if i > 4:
                     break
         assert wait_until(lambda: idle(two), 10), replica_metrics(two, "running_requests")
+        replicas.add(served_by(two, before))
+    assert replicas == {0, 1}
 
 
 def test_killing_a_replica_ends_the_app_naming_it(tiny_model, tmp_path):
@@ -242,7 +268,9 @@ def test_killing_a_replica_ends_the_app_naming_it(tiny_model, tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--dp", "0"], "--tp and --dp must be at least 1"),
+    (["--tp", "0"], "--tp and --dp must be at least 1"),
     (["--dp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "127.0.0.1:29999"], "--dp runs its replicas on this machine only"),
+    (["--dp", "2", "--tp", "2", "--dist-init-addr", "127.0.0.1:29999"], "--dp runs its replicas on this machine only"),
 ])
 def test_impossible_dp_flags_are_one_line_errors(tiny_model, flags, message):
     out = subprocess.run([*CLI, "serve", "--device", "cpu", "--port", "0", "--model", str(tiny_model("llama")[0]), *flags],
@@ -258,3 +286,21 @@ def test_bench_offline_with_dp2_deals_the_requests_to_both_replicas(demo_dp2):
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert (row["bench"], row["dp"], row["requests"]) == ("offline", 2, 6)
     assert len(row["replica_seconds"]) == 2 and row["seconds"] >= max(row["replica_seconds"])
+
+
+def test_the_n_choices_of_a_prompt_and_its_prefill_share_one_replica(dp_servers):
+    _, two = dp_servers
+    assert wait_until(lambda: idle(two), 10)
+    before = replica_metrics(two, "requests_finished_total")
+    reply = complete(two.url, prompt=[7, 8, 9, 10, 11], max_tokens=4, n=4, seed=1)
+    assert len(reply["choices"]) == 4
+    assert wait_until(lambda: idle(two), 10)
+    grew = [after - b for after, b in zip(replica_metrics(two, "requests_finished_total"), before)]
+    assert sorted(grew) == [0, 5], f"the prefill and the 4 choices, all on one replica: {grew}"
+
+
+def test_new_prompts_alternate_between_idle_replicas_even_after_a_repeat():
+    router = ReplicaRouter(2)
+    first = router.choose(prompt_blocks("a new prompt", None, None))
+    assert router.choose(prompt_blocks("a new prompt", None, None)) == first  # the repeat: where it is cached
+    assert router.choose(prompt_blocks("another new prompt", None, None)) == 1 - first

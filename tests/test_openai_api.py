@@ -68,6 +68,9 @@ class FakeClient:
         self.requests: list[GenerateRequest] = []
         self.endings: list[str] = []  # "finished", or "aborted" when closed before the last reply
 
+    def route(self, req: GenerateRequest) -> int:
+        return 0
+
     async def generate(self, req: GenerateRequest) -> AsyncGenerator[UserReply, None]:
         self.requests.append(req)
         self.pending_count += 1

@@ -123,6 +123,11 @@ class FrontendClient:
         if self.expected_workers <= set(self.worker_info):
             self.ready = True
 
+    def route(self, req: GenerateRequest) -> int:
+        """Choose the replica for ``req`` now (and count its prefixes as held there): requests
+        that must share one replica's cache (a prompt's n choices) are sent with ``replica`` set."""
+        return self.router.choose(prompt_blocks(req.text, req.messages, req.input_ids))
+
     def _send(self, uid: int, msg: TokenizeMsg | AbortMsg) -> None:
         self._send_raw(uid, encode(TokenizerBatch([msg])))
 
@@ -140,7 +145,12 @@ class FrontendClient:
         button) ends the stream at once, even mid-prefill when no reply is due yet, and aborts
         the request in the engine, the same as abandoning the iterator."""
         uid = next(self._uids)
-        replica = self.router.choose(prompt_blocks(req.text, req.messages, req.input_ids))
+        if req.replica is None:
+            replica = self.router.choose(prompt_blocks(req.text, req.messages, req.input_ids))
+        elif 0 <= req.replica < self.router.num_replicas:
+            replica = req.replica
+        else:
+            raise RequestError(f"replica {req.replica} does not exist (this server runs {self.router.num_replicas})")
         msg = TokenizeMsg(uid, req.params, text=req.text, messages=req.messages, input_ids=req.input_ids,
                           chat_template_kwargs=req.chat_template_kwargs, replica=replica)
         try:  # JSON may carry lone surrogates ("\ud800") or integers beyond 64 bits: no message holds them

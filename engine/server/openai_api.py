@@ -71,6 +71,10 @@ class FrontendClient(StatsSource, Protocol):
         early aborts the request."""
         ...
 
+    def route(self, req: GenerateRequest) -> int:
+        """The replica (--dp) that requests sharing ``req``'s prompt should all go to."""
+        ...
+
 
 # --- errors ---------------------------------------------------------------------------------
 
@@ -484,7 +488,9 @@ async def _serve(request: Request, client: FrontendClient, body: ChatCompletionR
     """One HTTP request: its prompts × n choices as engine requests, answered as one response
     (or one stream), choice i*n + j being prompt i's j-th."""
     per_prompt = body.generate_requests()
-    if body.n > 1:
+    if body.n > 1:  # a prompt's choices, and the prefill before them, on one replica (--dp): one cache
+        per_prompt = [[replace(req, replica=replica) for req in choices]
+                      for choices, replica in zip(per_prompt, [client.route(choices[0]) for choices in per_prompt])]
         await _unless_disconnected(request, asyncio.gather(*(_prefill_once(client, choices[0]) for choices in per_prompt)))
     requests = [req for choices in per_prompt for req in choices]
     merged = _merge([client.generate(req) for req in requests])

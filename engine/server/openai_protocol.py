@@ -34,6 +34,7 @@ class GenerateRequest:
     messages: list[dict] | None = None
     input_ids: list[int] | None = None
     chat_template_kwargs: dict | None = None
+    replica: int | None = None  # --dp: run it on this replica (the n choices of a prompt share one); None: routed
 
 
 # --- requests -------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ class _SamplingRequest(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False  # extension
-    n: int = 1  # choices per prompt, each sampled on its own (seed + its index when a seed is given)
+    n: int = 1  # choices per prompt, each sampled on its own (seed + its index when a seed is given; temperature 1 unless given)
     best_of: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -158,6 +159,8 @@ class _SamplingRequest(BaseModel):
         """One SamplingParams per choice: choice i of a seeded request samples with seed + i, so
         each choice is reproducible and differs from the others."""
         params = self.sampling_params()
+        if self.n > 1 and self.temperature is None:  # n greedy choices would all be the same: OpenAI's default
+            params = replace(params, temperature=1.0)
         if params.seed is None:
             return [params] + [replace(params) for _ in range(self.n - 1)]
         return [replace(params, seed=params.seed + i) for i in range(self.n)]

@@ -84,15 +84,21 @@ class ReplicaRouter:
             return next(self._turns) % self.num_replicas
         hashes = prefix_hashes(blocks)
         cached = self.cached_tokens(blocks, hashes)
-        turn = next(self._turns)
-        replica = max(range(self.num_replicas), key=lambda r: (
-            cached[r] - TOKENS_PER_REQUEST_IN_FLIGHT * self.in_flight[r], -self.in_flight[r], -((r - turn) % self.num_replicas)))
+        rank = {r: (cached[r] - TOKENS_PER_REQUEST_IN_FLIGHT * self.in_flight[r], -self.in_flight[r]) for r in range(self.num_replicas)}
+        best = max(rank.values())
+        tied = [r for r in range(self.num_replicas) if rank[r] == best]
+        # the turn moves only when it decides, so that new prompts alternate between idle replicas
+        replica = tied[next(self._turns) % len(tied)] if len(tied) > 1 else tied[0]
+        self.remember(hashes, replica)
+        return replica
+
+    def remember(self, hashes: list[int], replica: int) -> None:
+        """``replica`` now holds these prefixes."""
         for h in hashes:
             self.holders[h] = self.holders.get(h, 0) | (1 << replica)
             self.holders.move_to_end(h)
         while len(self.holders) > self.max_blocks:
             self.holders.popitem(last=False)
-        return replica
 
     def cached_tokens(self, blocks: list, hashes: list[int]) -> list[int]:
         """For each replica, about how many of the prompt's first tokens it got before (a text
