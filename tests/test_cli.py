@@ -184,7 +184,7 @@ def test_generate_with_a_prompt_longer_than_the_context(demo_dir) -> None:
 # ---- bench ---------------------------------------------------------------------------------
 
 BENCH_KEYS = {
-    "bench", "device", "model", "dtype", "tp", "cache", "batch_size", "input_len", "output_len",
+    "bench", "device", "model", "dtype", "tp", "dp", "cache", "batch_size", "input_len", "output_len",
     "engine_tok_s", "hf_tok_s", "hf_settings", "ttft_ms", "busy_cores", "engine_threads",
 }
 
@@ -230,7 +230,7 @@ def test_bench_decode_negative_busy_cores_is_a_one_line_error(tiny_dir) -> None:
 
 
 MULTITURN_KEYS = {
-    "bench", "device", "model", "dtype", "tp", "cache", "page_size", "conversations", "turns", "system_len",
+    "bench", "device", "model", "dtype", "tp", "dp", "cache", "page_size", "conversations", "turns", "system_len",
     "user_len", "reply_len", "ttft_ms_per_turn", "last_turn_ttft_ms", "regenerate_ttft_ms", "prefix_cache_hit_tokens",
     "replies_identical",
 }

@@ -81,14 +81,14 @@ def test_a_two_turn_tool_conversation(tool_server):
 
     client = OpenAI(base_url=f"{tool_server.url}/v1", api_key="unused")
     plain = client.chat.completions.create(model="demo", messages=QUESTION, max_tokens=1)
-    first = client.chat.completions.create(model="demo", messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=32, temperature=0)
+    first = client.chat.completions.create(model="demo", messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=16, temperature=0)
     assert first.usage.prompt_tokens > plain.usage.prompt_tokens + 40, "the tool's schema is in the prompt"
     assert well_formed(first.choices[0].message)
     assert (first.choices[0].finish_reason == "tool_calls") == bool(first.choices[0].message.tool_calls)
-    second = client.chat.completions.create(model="demo", messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=32, temperature=0)
+    second = client.chat.completions.create(model="demo", messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=16, temperature=0)
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 15, "the call and its answer are in the prompt"
     assert well_formed(second.choices[0].message)
-    stream = client.chat.completions.create(model="demo", messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=32,
+    stream = client.chat.completions.create(model="demo", messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=16,
                                             temperature=0, stream=True)
     text, calls, finish = "", [], None
     for chunk in stream:

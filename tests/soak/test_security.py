@@ -75,7 +75,7 @@ def connect_as(user: pwd.struct_passwd, paths: list[str]) -> dict[str, str]:
 def test_another_local_user_cannot_connect_to_the_ipc_sockets(soak_server, other_user):
     paths = ipc_socket_paths(soak_server)
     names = {Path(p).name for p in paths}
-    assert {"frontend", "scheduler", "detokenizer", "tokenizer-0"} <= names, paths
+    assert {"frontend", "scheduler-0", "detokenizer", "tokenizer-0"} <= names, paths
     runtime_dir = runtime_dir_of(soak_server)
     assert stat.S_IMODE(runtime_dir.stat().st_mode) == 0o700 and runtime_dir.stat().st_uid == os.getuid()
     assert all(stat.S_ISSOCK(os.stat(p).st_mode) for p in paths)
