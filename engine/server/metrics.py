@@ -36,7 +36,7 @@ _GAUGES = (
 )
 # prometheus_client appends "_total" to counter samples, so these are the exposed names.
 _COUNTERS = (
-    ("minisgl_prompt_tokens_total", "prompt_tokens_total", "Prompt tokens prefilled."),
+    ("minisgl_prompt_tokens_total", "prompt_tokens_total", "Prompt tokens of the requests taken in, those read from the prefix cache included."),
     ("minisgl_generation_tokens_total", "generation_tokens_total", "Tokens generated."),
     ("minisgl_requests_finished_total", "requests_finished_total", "Requests finished (any reason)."),
     ("minisgl_requests_aborted_total", "requests_aborted_total", "Requests aborted."),
