@@ -197,10 +197,12 @@ def status_line(client) -> str:
         total = len(client.expected_workers)
         return f"**Starting** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready)"
     sched = client.scheduler_info
+    # with --dp, every replica's device (each replica's rank 0 reports one)
+    devices = [info["device"] for name, info in sorted(client.worker_info.items()) if name.endswith("-scheduler") and "device" in info]
     s = client.stats
     if s is None:
         load = ""
     else:
         load = (f" · KV cache: {s.kv_pages_used:,} in use, {s.kv_pages_cached:,} cached, {s.kv_pages_total:,} total pages"
                 f" · {s.running} running, {s.waiting} waiting")
-    return f"**Ready** · {client.model_name} on {sched.get('device', '?')} ({sched.get('dtype', '?')}){load}"
+    return f"**Ready** · {client.model_name} on {', '.join(devices) or '?'} ({sched.get('dtype', '?')}){load}"

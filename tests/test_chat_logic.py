@@ -301,3 +301,22 @@ async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(
     await page.send("again", *SETTINGS, 5000.0, FakeRequest())
     await until_idle(page.replies)
     assert store.get(conv_id).messages[-1].content == "echo: again"
+
+
+def test_the_status_line_names_every_replicas_device():
+    from types import SimpleNamespace
+
+    from minisgl_app.view import status_line
+    from minisgl_engine.messages import StatsMsg
+
+    info = {"dtype": "bfloat16", "tp": 1}
+    client = SimpleNamespace(
+        ready=True, model_name="qwen3-0.6b", startup_errors={},
+        worker_info={"minisgl-tokenizer-0": {"thinks": False}, "minisgl-DP0-scheduler": {**info, "device": "cuda:0", "replica": 0},
+                     "minisgl-DP1-scheduler": {**info, "device": "cuda:1", "replica": 1}},
+        stats=StatsMsg(running=3, waiting=0, kv_pages_total=200, kv_pages_used=20, kv_pages_cached=10, kv_pages_free=170,
+                       prompt_tokens_total=0, generation_tokens_total=0, requests_finished_total=0, requests_aborted_total=0,
+                       prefix_cache_hit_tokens_total=0))
+    client.scheduler_info = client.worker_info["minisgl-DP0-scheduler"]
+    line = status_line(client)
+    assert "qwen3-0.6b on cuda:0, cuda:1 (bfloat16)" in line and "3 running" in line, line

@@ -54,7 +54,7 @@ class FakeClient:
     """Plays a script of replies; records each request and how its generator ended."""
 
     model_name = "fake-model"
-    thinks = False
+    thinks: str | None = None
     tool_format: str | None = None
     max_context_len: int | None = 8192
 
@@ -553,7 +553,7 @@ def thinking_script(req: GenerateRequest) -> list[UserReply]:
 
 async def test_a_thinking_models_reply_comes_as_reasoning_content_and_content():
     client = FakeClient(thinking_script)
-    client.thinks = True
+    client.thinks = "model"
     async with http(create_app(client)) as c:
         whole = (await c.post("/v1/chat/completions", json=CHAT)).json()
         kept = (await c.post("/v1/chat/completions", json={**CHAT, "separate_reasoning": False})).json()
@@ -570,7 +570,7 @@ async def test_a_thinking_models_reply_comes_as_reasoning_content_and_content():
 
 
 async def test_a_model_without_think_blocks_keeps_its_text_whole():
-    client = FakeClient(thinking_script)  # thinks = False: a "<think>" it writes is just text
+    client = FakeClient(thinking_script)  # thinks = None: a "<think>" it writes is just text
     async with http(create_app(client)) as c:
         whole = (await c.post("/v1/chat/completions", json=CHAT)).json()
     assert whole["choices"][0]["message"]["content"].startswith("<think>")
@@ -688,3 +688,30 @@ def test_tool_turns_reach_the_template_as_transformers_reads_them():
     assert req.messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert req.messages[2] == {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1"}
     assert req.chat_template_kwargs["tools"][0]["function"]["name"] == "get_weather"
+
+
+def test_a_block_the_template_opened_is_reasoning_up_to_its_close():
+    from minisgl_engine.server.reasoning import ReasoningSplitter, split_reasoning
+
+    assert split_reasoning("Weighing it up.\n</think>\n\n42", opened=True) == ("Weighing it up.\n", "42")
+    assert split_reasoning("still thinking when cut off", opened=True) == ("still thinking when cut off", "")
+    splitter = ReasoningSplitter(opened=True)
+    parts = [splitter.push(piece) for piece in ("Weigh", "ing.</th", "ink>\n", "42")] + [splitter.flush()]
+    assert ("".join(r for r, _ in parts), "".join(a for _, a in parts)) == ("Weighing.", "42")
+
+
+def test_the_thinking_mode_comes_from_what_the_generation_prompt_ends_with():
+    from minisgl_engine.server.reasoning import thinking_mode
+
+    class Tokenizer:
+        def __init__(self, template: str, prompt: str) -> None:
+            self.chat_template, self.prompt = template, prompt
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            return self.prompt
+
+    both_tags = "{{ '<think>' }}...{{ '</think>' }}"
+    assert thinking_mode(Tokenizer(both_tags, "<|im_start|>assistant\n")) == "model"
+    assert thinking_mode(Tokenizer(both_tags, "<|im_start|>assistant\n<think>\n")) == "template"
+    assert thinking_mode(Tokenizer("no tags", "<|im_start|>assistant\n<think>\n")) is None
+    assert thinking_mode(None) is None

@@ -75,9 +75,10 @@ class FrontendClient:
         return sum_stats(list(self.replica_stats.values()))
 
     @property
-    def thinks(self) -> bool:
-        """The model's chat template has <think> blocks: chat replies get ``reasoning_content``."""
-        return self.worker_info.get("minisgl-tokenizer-0", {}).get("thinks", False)
+    def thinks(self) -> str | None:
+        """Whether the model writes <think> blocks (chat replies get ``reasoning_content``): None,
+        "model" (the reply opens the block) or "template" (the prompt opened it)."""
+        return self.worker_info.get("minisgl-tokenizer-0", {}).get("thinks")
 
     @property
     def tool_format(self) -> str | None:

@@ -62,7 +62,7 @@ class FrontendClient(StatsSource, Protocol):
 
     model_name: str  # listed by /v1/models; a request naming any model is served by it
     ready: bool
-    thinks: bool  # the model writes <think> blocks: chat replies split them off as reasoning_content
+    thinks: str | None  # the model writes <think> blocks ("model" opens them, "template": the prompt did), None: no
     tool_format: str | None  # how the model writes tool calls (tool_calls.py), None if it has none
     max_context_len: int | None  # the model's context in tokens, None until it is resolved
 
@@ -336,7 +336,8 @@ class _ChatFormat(_Format):
     (``split_reasoning``); with tools, the calls the model writes in ``tool_format`` as
     ``tool_calls`` (and finish reason "tool_calls")."""
 
-    def __init__(self, model: str, split_reasoning: bool = False, tool_format: str | None = None) -> None:
+    def __init__(self, model: str, split_reasoning: str | None = None, tool_format: str | None = None) -> None:
+        """``split_reasoning``: None, or how the model thinks (``reasoning.thinking_mode``)."""
         super().__init__(model)
         self.id = new_id("chatcmpl")
         self.split_reasoning = split_reasoning
@@ -371,7 +372,10 @@ class _ChatFormat(_Format):
         return content, calls
 
     def text_chunks(self, index: int, text: str) -> list[BaseModel]:
-        reasoning, answer = self.splitters.setdefault(index, ReasoningSplitter()).push(text) if self.split_reasoning else ("", text)
+        if self.split_reasoning:
+            reasoning, answer = self.splitters.setdefault(index, ReasoningSplitter(self.split_reasoning == "template")).push(text)
+        else:
+            reasoning, answer = "", text
         return self._deltas(index, reasoning, *self._answer(index, answer, final=False))
 
     def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]:
@@ -385,7 +389,7 @@ class _ChatFormat(_Format):
         return self._chunk([], usage)
 
     def _choice(self, index: int, text: str, finish_reason: str | None) -> ChatChoice:
-        reasoning, answer = split_reasoning(text) if self.split_reasoning else (None, text)
+        reasoning, answer = split_reasoning(text, self.split_reasoning == "template") if self.split_reasoning else (None, text)
         calls: list[ToolCall] = []
         if self.tool_format is not None:
             answer, calls = parse_tool_calls(answer, self.tool_format)
@@ -518,7 +522,7 @@ def _v1_router(client: FrontendClient) -> APIRouter:
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        split = body.separate_reasoning and client.thinks
+        split = client.thinks if body.separate_reasoning else None
         tool_format = None
         if body.uses_tools:
             tool_format = client.tool_format

@@ -2,10 +2,11 @@
 answer (Qwen3 and its kind), returned apart from the answer as ``reasoning_content``, the field
 SGLang and vLLM add to OpenAI's chat messages and that Open WebUI reads.
 
-Only a reply that *starts* with ``<think>`` has reasoning (Qwen3's chat template leaves the tag
-to the model; with ``enable_thinking: false`` it closes the block in the prompt, and the reply is
-all answer). The split works on streamed text: a tag cut between two chunks is held back until
-the next chunk says what it is.
+Two kinds of templates: Qwen3's leaves the ``<think>`` tag to the model, so only a reply that
+starts with it has reasoning (with ``enable_thinking: false`` the template closes the block in
+the prompt and the reply is all answer); thinking-only models' templates (Qwen3-*-Thinking-2507)
+open the block in the prompt, so the reply is reasoning up to its ``</think>``. The split works on
+streamed text: a tag cut between two chunks is held back until the next chunk says what it is.
 """
 
 from __future__ import annotations
@@ -21,11 +22,25 @@ def template_thinks(chat_template: object) -> bool:
     return THINK_START in text and THINK_END in text
 
 
+def thinking_mode(tokenizer) -> str | None:
+    """How a tokenizer's model thinks: None (no think blocks), "model" (the reply opens the
+    block) or "template" (the generation prompt already opened it)."""
+    if tokenizer is None or not template_thinks(getattr(tokenizer, "chat_template", None)):
+        return None
+    try:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    except Exception:  # a template that needs more than one user message: the common case
+        return "model"
+    return "template" if str(prompt).rstrip().endswith(THINK_START) else "model"
+
+
 class ReasoningSplitter:
     """Feeds on a reply's text as it streams; hands out (reasoning, answer) text."""
 
-    def __init__(self) -> None:
-        self.state = "opening"  # opening (is there a <think>?) -> thinking -> after (whitespace) -> answer
+    def __init__(self, opened: bool = False) -> None:
+        """``opened``: the prompt opened the think block (``thinking_mode`` "template")."""
+        # opening (is there a <think>?) -> thinking -> after (whitespace) -> answer
+        self.state = "thinking" if opened else "opening"
         self.pending = ""  # text held back: a tag may be cut in two
 
     def push(self, text: str) -> tuple[str, str]:
@@ -77,9 +92,10 @@ def partial_tag_at_end(text: str, tag: str) -> int:
     return 0
 
 
-def split_reasoning(text: str) -> tuple[str | None, str]:
+def split_reasoning(text: str, opened: bool = False) -> tuple[str | None, str]:
     """A whole reply as (reasoning or None when it has none, answer)."""
-    splitter = ReasoningSplitter()
+    splitter = ReasoningSplitter(opened)
     reasoning, answer = splitter.push(text)
     more_reasoning, more_answer = splitter.flush()
-    return (reasoning + more_reasoning if text.lstrip().startswith(THINK_START) else None), answer + more_answer
+    has = opened or text.lstrip().startswith(THINK_START)
+    return (reasoning + more_reasoning if has else None), answer + more_answer

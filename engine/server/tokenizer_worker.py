@@ -80,13 +80,13 @@ def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
         receiver = Receiver(ctx, args.paths.tokenizer(args.index), TokenizerBatch)
     to_schedulers = [Sender(ctx, args.paths.scheduler(i)) for i in range(args.paths.num_replicas)]
     encoder = PromptEncoder(tokenizer, args.max_context_len)
-    from .reasoning import template_thinks
+    from .reasoning import thinking_mode
     from .tool_calls import template_tool_format
 
     # the front end splits <think> blocks and tool calls off chat replies only for a model whose
     # chat template has them
     template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
-    info = {"thinks": template_thinks(template), "tool_format": template_tool_format(template)}
+    info = {"thinks": thinking_mode(tokenizer), "tool_format": template_tool_format(template)}
     to_frontend.send(FrontendBatch([ReadyMsg(name, info=info)]))
     while True:
         forward: list[list] = [[] for _ in to_schedulers]  # per replica (--dp), as the front end chose
