@@ -715,3 +715,35 @@ def test_the_thinking_mode_comes_from_what_the_generation_prompt_ends_with():
     assert thinking_mode(Tokenizer(both_tags, "<|im_start|>assistant\n<think>\n")) == "template"
     assert thinking_mode(Tokenizer("no tags", "<|im_start|>assistant\n<think>\n")) is None
     assert thinking_mode(None) is None
+
+
+@pytest.mark.parametrize("route, extra, contains", [
+    ("/v1/chat/completions", {"logprobs": True}, "logprobs is not supported"),
+    ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs is not supported"),
+    ("/v1/chat/completions", {"frequency_penalty": 0.5}, "frequency_penalty is not supported"),
+    ("/v1/chat/completions", {"presence_penalty": -1}, "presence_penalty is not supported"),
+    ("/v1/chat/completions", {"repetition_penalty": 1.1}, "repetition_penalty is not supported"),
+    ("/v1/chat/completions", {"min_p": 0.1}, "min_p is not supported"),
+    ("/v1/chat/completions", {"logit_bias": {"50256": -100}}, "logit_bias is not supported"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format other than text"),
+    ("/v1/completions", {"logprobs": 2}, "logprobs is not supported"),
+    ("/v1/completions", {"echo": True}, "echo is not supported"),
+    ("/v1/completions", {"suffix": "end"}, "suffix"),
+])
+async def test_fields_not_supported_yet_are_400_not_ignored(route, extra, contains):
+    client = FakeClient()
+    body = {**CHAT, **extra} if route.endswith("chat/completions") else {"prompt": "x", **extra}
+    async with http(create_app(client)) as c:
+        r = await c.post(route, json=body)
+    assert_openai_error(r, 400, contains)
+    assert client.requests == []
+
+
+async def test_neutral_values_of_unsupported_fields_and_stop_token_ids_pass():
+    client = FakeClient()
+    neutral = {"logprobs": False, "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0,
+               "logit_bias": {}, "response_format": {"type": "text"}, "stop_token_ids": [7, 8]}
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, **neutral})
+    assert r.status_code == 200, r.text
+    assert client.requests[0].params.stop_token_ids == [7, 8]

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ..errors import RequestError
 from ..sampling_params import SamplingParams
@@ -131,8 +131,31 @@ class _SamplingRequest(BaseModel):
     ignore_eos: bool = False  # extension
     n: int = 1  # choices per prompt, each sampled on its own (seed + its index when a seed is given; temperature 1 unless given)
     best_of: int | None = None
+    stop_token_ids: list[int] | None = None  # extension (vLLM, SGLang)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Known fields this server cannot honour yet: asking for them (a value other than the neutral
+    # one) is a 400 naming the field, never a reply that silently ignored it.
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _nothing_unsupported(self):
+        neutral = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
+                   "repetition_penalty": (None, 1), "min_p": (None, 0), "min_tokens": (None, 0), "logit_bias": (None, {})}
+        for name, allowed in neutral.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} is not supported by this server yet; leave it out")
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise ValueError("response_format other than text (JSON mode, JSON schema) is not supported by this server yet")
+        return self
 
     @field_validator("n")
     @classmethod
@@ -177,6 +200,7 @@ class _SamplingRequest(BaseModel):
             seed=self.seed,
             ignore_eos=self.ignore_eos,
             stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
         )
 
 
@@ -220,6 +244,22 @@ class CompletionRequest(_SamplingRequest):
     one choice per prompt (``n`` with n > 1), in the prompts' order."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported by this server yet; leave it out")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix (fill in the middle) is not supported by this server")
+        return value
 
     @field_validator("prompt")
     @classmethod
