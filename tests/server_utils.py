@@ -98,3 +98,18 @@ def titles(procs: list[psutil.Process]) -> list[str]:
         except psutil.Error:
             pass
     return out
+
+
+def kill_worker_and_expect_the_app_to_end(srv: "ServerProcess", title: str, message: str) -> None:
+    """SIGKILL the worker titled ``title``: the app must exit non-zero within 5 s with ``message``
+    in its log, and every worker must be gone 5 s later."""
+    import signal
+
+    workers = srv.workers()
+    [victim] = [p for p in workers if title in " ".join(p.cmdline())]
+    start = time.monotonic()
+    victim.send_signal(signal.SIGKILL)
+    assert srv.proc.wait(5) != 0
+    print(f"the app exited {time.monotonic() - start:.2f} s after {title} was killed")
+    assert message in srv.output()
+    assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import subprocess
 import time
 
 import httpx
-import psutil
 import pytest
 
 from minisgl_engine.server.router import TOKEN_BLOCK, ReplicaRouter, prompt_blocks
-from server_utils import CLI, ServerProcess, wait_until
+from server_utils import CLI, ServerProcess, kill_worker_and_expect_the_app_to_end, wait_until
 
 
 def chat(*turns: str) -> list[dict]:
@@ -256,14 +254,7 @@ def test_killing_a_replica_ends_the_app_naming_it(tiny_model, tmp_path):
 
     srv = ServerProcess("--model", str(tiny_model("llama")[0]), "--tokenizer", str(demo_model_dir()), "--dp", "2",
                         log_path=tmp_path / "kill.log")
-    workers = srv.workers()
-    [replica1] = [p for p in workers if "minisgl-DP1-scheduler" in " ".join(p.cmdline())]
-    start = time.monotonic()
-    replica1.send_signal(signal.SIGKILL)
-    assert srv.proc.wait(5) != 0
-    print(f"the app exited {time.monotonic() - start:.2f} s after replica 1 was killed")
-    assert "minisgl-DP1-scheduler exited unexpectedly" in srv.output()
-    assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)
+    kill_worker_and_expect_the_app_to_end(srv, "minisgl-DP1-scheduler", "minisgl-DP1-scheduler exited unexpectedly")
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -116,25 +116,12 @@ def test_serve_tp2_answers_like_tp1(tp_servers):
 
 
 def test_killing_a_rank_ends_the_app_naming_it(tiny_model, tmp_path):
-    import signal
-
-    import psutil
-
     from minisgl_engine.weights.demo import demo_model_dir
-    from server_utils import ServerProcess, wait_until
+    from server_utils import ServerProcess, kill_worker_and_expect_the_app_to_end
 
     srv = ServerProcess("--model", str(tiny_model("llama")[0]), "--tokenizer", str(demo_model_dir()), "--tp", "2",
                         log_path=tmp_path / "kill.log")
-    workers = srv.workers()
-    [rank1] = [p for p in workers if "minisgl-TP1-scheduler" in " ".join(p.cmdline())]
-    import time
-
-    start = time.monotonic()
-    rank1.send_signal(signal.SIGKILL)
-    assert srv.proc.wait(5) != 0
-    print(f"the app exited {time.monotonic() - start:.2f} s after rank 1 was killed")
-    assert "minisgl-TP1-scheduler" in srv.output()
-    assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)
+    kill_worker_and_expect_the_app_to_end(srv, "minisgl-TP1-scheduler", "minisgl-TP1-scheduler")
 
 
 def test_a_tp_that_does_not_divide_the_heads_is_refused(tiny_model):

@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -146,11 +146,14 @@ class _SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
 
+    # field -> the values that ask for nothing (a route's own unsupported fields are added by it)
+    _NEUTRAL: ClassVar[dict[str, tuple]] = {
+        "logprobs": (None, False, 0), "top_logprobs": (None, 0), "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
+        "repetition_penalty": (None, 1), "min_p": (None, 0), "min_tokens": (None, 0), "logit_bias": (None, {})}
+
     @model_validator(mode="after")
     def _nothing_unsupported(self):
-        neutral = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
-                   "repetition_penalty": (None, 1), "min_p": (None, 0), "min_tokens": (None, 0), "logit_bias": (None, {})}
-        for name, allowed in neutral.items():
+        for name, allowed in self._NEUTRAL.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} is not supported by this server yet; leave it out")
         if self.response_format is not None and self.response_format.get("type", "text") != "text":
@@ -245,21 +248,8 @@ class CompletionRequest(_SamplingRequest):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    suffix: str | None = None
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo is not supported by this server yet; leave it out")
-        return value
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value: str | None) -> str | None:
-        if value:
-            raise ValueError("suffix (fill in the middle) is not supported by this server")
-        return value
+    suffix: str | None = None  # fill in the middle
+    _NEUTRAL: ClassVar[dict[str, tuple]] = {**_SamplingRequest._NEUTRAL, "echo": (False,), "suffix": (None, "")}
 
     @field_validator("prompt")
     @classmethod
