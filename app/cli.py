@@ -34,6 +34,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="more Host names to answer to (e.g. a LAN name or a reverse proxy's); loopback names and --host always are")
     g.add_argument("--allowed-origins", type=comma_list, default=(), metavar="ORIGIN,...",
                    help="web pages allowed to call the API from the browser, e.g. http://localhost:3000 (CORS for exactly those)")
+    g.add_argument("--served-model-name", nargs="+", action="extend", default=[], metavar="NAME",
+                   help="the names requests' `model` may give (repeatable or comma-separated; the first is listed by /v1/models "
+                        "and echoed in replies; any other model is a 404). Default: the name of --model")
     d = parser.add_argument_group("several machines (trusted network only: the rendezvous port is unauthenticated)")
     d.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks are spread over (default: %(default)s)")
     d.add_argument("--node-rank", type=int, default=0, help="this machine's index; 0 runs the front end (default: %(default)s)")
@@ -45,8 +48,10 @@ def server_config_from_args(args: argparse.Namespace):
 
     from minisgl_engine.server.server import ServerConfig
 
+    names = dict.fromkeys(name for value in args.served_model_name for name in comma_list(value))  # in order, once each
     return ServerConfig(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("MINISGL_API_KEY") or None,
-                        num_tokenizers=args.num_tokenizer, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins)
+                        num_tokenizers=args.num_tokenizer, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins,
+                        served_model_names=tuple(names))
 
 
 def build_parser() -> argparse.ArgumentParser:

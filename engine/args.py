@@ -64,6 +64,9 @@ def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argpars
     off.add_argument("--compare-hf", action="store_true", help="also run transformers on the first --hf-requests requests")
     off.add_argument("--hf-requests", type=int, default=64, help="requests transformers runs with --compare-hf (default: %(default)s)")
     off.add_argument("--hf-output-len", type=int, default=64, help="cap on those requests' outputs (default: %(default)s)")
+    off.add_argument("--extras-share", type=float, default=0.0,
+                     help="this share of the requests also uses penalties + logprobs, and as many a JSON schema "
+                          "(needs the model's tokenizer, or --tokenizer); default: %(default)s")
     add_engine_args(off)
     # defaults sized so that both caches finish in about two minutes on 2 CPU cores (demo model)
     multi = sub.add_parser("multiturn", help="time to first token per chat turn with --cache radix and naive side by side (runs both)")

@@ -21,7 +21,7 @@ import torch
 
 from .config import EngineConfig
 from .errors import UserError
-from .sampling_params import SamplingParams
+from .sampling_params import GrammarSpec, SamplingParams
 
 
 WARMUP_LEN = 20  # prompt + output tokens of the untimed first run
@@ -293,10 +293,11 @@ def print_multiturn_table(rows: list[dict]) -> None:
 def offline_workload(num_requests: int, max_input_len: int, max_output_len: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
     """nano-vllm's bench.py: with ``random.seed(0)``, each request's input length uniform in
     [100, max_input_len] and then that many ids in [0, 10000]; after all prompts, each output
-    length in [100, max_output_len]. 256 requests: 142,827 input and 133,966 output tokens."""
+    length in [100, max_output_len]. 256 requests: 142,827 input and 133,966 output tokens.
+    (A maximum below 100 makes every length that maximum.)"""
     rng = random.Random(seed)
-    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(100, max_input_len))] for _ in range(num_requests)]
-    output_lens = [rng.randint(100, max_output_len) for _ in range(num_requests)]
+    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(min(100, max_input_len), max_input_len))] for _ in range(num_requests)]
+    output_lens = [rng.randint(min(100, max_output_len), max_output_len) for _ in range(num_requests)]
     return prompts, output_lens
 
 
@@ -349,6 +350,28 @@ def time_hf_sampled(hf, prompts: list[list[int]], output_lens: list[int], device
     return time.perf_counter() - start
 
 
+BENCH_SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 64}, "score": {"type": "integer"},
+                                                 "tags": {"type": "array", "items": {"type": "string", "maxLength": 16}}},
+                "required": ["title", "score", "tags"], "additionalProperties": False}
+
+
+def offline_params(output_lens: list[int], extras_share: float) -> list[SamplingParams]:
+    """The workload's sampling: every request sampled at temperature 0.6 to its length; with
+    ``extras_share`` s, a share s of them also asks for penalties and logprobs and another
+    share s for a JSON schema (spread evenly through the list)."""
+    params = []
+    for i, n in enumerate(output_lens):
+        p = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n)
+        if extras_share > 0:
+            slot = (i * extras_share) % 1.0  # lands in [0, s) for a share s of the requests, in [s, 2s) for another
+            if slot < extras_share:
+                p = replace(p, frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.1, logprobs=True, top_logprobs=5)
+            elif slot < 2 * extras_share:
+                p = replace(p, grammar=GrammarSpec("json_schema", json.dumps(BENCH_SCHEMA)))
+        params.append(p)
+    return params
+
+
 def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int, object] | None = None) -> list[dict]:
     """``share`` = (replica, barrier): one replica of ``bench offline --dp N`` runs requests
     replica, replica + N, ... and starts its clock when every replica is loaded and warm."""
@@ -357,13 +380,19 @@ def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int
     prompts, output_lens = offline_workload(args.num_requests, args.max_input_len, args.max_output_len)
     if share is not None:
         prompts, output_lens = prompts[share[0]::config.dp], output_lens[share[0]::config.dp]
-    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
+    if args.max_input_len < 1 or args.max_output_len < 1:
+        raise UserError("--max-input-len and --max-output-len must be >= 1")
+    if not 0 <= args.extras_share <= 0.5:
+        raise UserError(f"--extras-share must be in [0, 0.5], got {args.extras_share}")
+    params = offline_params(output_lens, args.extras_share)
     config = replace(config, max_running_requests=max(config.max_running_requests, args.num_requests))
     llm = LLM(config=config)
     engine = llm.engine
     bandwidth = copy_bandwidth(engine.device)
-    # warm-up, sampled like the workload: first-use costs (a kernel module's loading) are not timed
-    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True))
+    # warm-up, sampled like the workload (one request of each kind in it): first-use costs (a
+    # kernel module's loading, the grammar compiler's vocabulary scan) are not timed
+    kinds = {(p.has_penalties, p.grammar is not None): p for p in params}
+    llm.generate([prompts[0][:32]] * len(kinds), [replace(p, max_tokens=8) for p in kinds.values()])
     _sync(engine.device)
     if share is not None:
         share[1].wait()  # every replica starts together
@@ -380,6 +409,9 @@ def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int
         "cuda_graphs": engine.uses_cuda_graphs,
         "overlap": llm.scheduler.overlap,
         "requests": len(prompts),
+        "extras_share": args.extras_share,
+        "penalized_requests": sum(p.has_penalties for p in params),
+        "json_schema_requests": sum(p.grammar is not None for p in params),
         "input_tokens": sum(map(len, prompts)),
         "output_tokens": produced,
         "seconds": round(seconds, 3),

@@ -63,3 +63,36 @@ class DecodeState:
                     break
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False
+
+
+class TokenBytes:
+    """Each token's own bytes and text, as OpenAI's logprobs list them (a token may be part of a
+    multi-byte character: its text then shows U+FFFD, its bytes are exact). Cached per id."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.cache: dict[int, tuple[str, list[int]]] = {}
+        self.byte_of_char: dict[str, int] | None = None
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        if type(decoder).__name__ == "ByteLevel":  # GPT-2-style: each byte is spelled as one char
+            from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+            self.byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
+
+    def get(self, token_id: int) -> tuple[str, list[int]]:
+        found = self.cache.get(token_id)
+        if found is None:
+            data = self._bytes(token_id)
+            found = self.cache[token_id] = (data.decode("utf-8", errors="replace"), list(data))
+        return found
+
+    def _bytes(self, token_id: int) -> bytes:
+        if self.tokenizer is None:
+            return b""
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            if self.byte_of_char is not None and all(c in self.byte_of_char for c in piece):
+                return bytes(self.byte_of_char[c] for c in piece)
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # SentencePiece byte fallback
+                return bytes([int(piece[3:5], 16)])
+        return self.tokenizer.decode([token_id]).encode()

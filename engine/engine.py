@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -24,6 +25,7 @@ from .cpu_threads import CpuThreads
 from .distributed import get_tp, local_head_counts, min_over_ranks
 from .errors import UserError
 from .kvcache import KVPool, PageTable
+from .logits_processor import Logprobs, LogitsProcessor, TokenMasks
 from .model_loader import free_memory_bytes, load_model
 from .models.transformer import enable_flashinfer_ops
 from .request import PLACEHOLDER
@@ -37,26 +39,58 @@ DEFAULT_PREFILL_TOKENS_GPU = 8192
 CPU_KV_MAX_BYTES = 1 << 30  # a laptop shares its RAM (and zeroing a big pool is slow): cap the default
 
 
-class StepResult:
-    """The tokens one step sampled, copied to the CPU without blocking; ``tokens()`` waits."""
+@dataclass
+class TokenLogprobs:
+    """A sampled token's log-probability and the likeliest alternatives, (token id, logprob)."""
 
-    def __init__(self, next_ids: torch.Tensor | None) -> None:
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+class StepResult:
+    """The tokens one step sampled (and the logprobs some requests asked for), copied to the CPU
+    without blocking; ``tokens()`` waits for them."""
+
+    def __init__(self, next_ids: torch.Tensor | None, logprobs: Logprobs | None = None) -> None:
         self._event = None
+        self._logprobs = logprobs
+        self._tokens: list[int] | None = None
         if next_ids is None:
             self._cpu = None
-        elif next_ids.is_cuda:
-            self._cpu = next_ids.to("cpu", non_blocking=True)  # into pinned memory
+            return
+        tensors = [next_ids]
+        if logprobs is not None:
+            tensors += [logprobs.chosen] + ([logprobs.top_ids, logprobs.top_logprobs] if logprobs.top_ids is not None else [])
+        if next_ids.is_cuda:
+            self._cpu = [t.to("cpu", non_blocking=True) for t in tensors]  # into pinned memory
             self._event = torch.cuda.Event()
             self._event.record()
         else:
-            self._cpu = next_ids
+            self._cpu = tensors
 
     def tokens(self) -> list[int]:
-        if self._cpu is None:
-            return []
-        if self._event is not None:
-            self._event.synchronize()
-        return self._cpu.tolist()
+        """The sampled token of each sampling request, in order (read once, then kept)."""
+        if self._tokens is None:
+            if self._cpu is None:
+                self._tokens = []
+            else:
+                if self._event is not None:
+                    self._event.synchronize()
+                self._tokens = self._cpu[0].tolist()
+        return self._tokens
+
+    def logprobs(self) -> list[TokenLogprobs | None]:
+        """For each sampling request, its token's logprobs if it asked for them (after tokens())."""
+        result: list[TokenLogprobs | None] = [None] * len(self.tokens())
+        if self._logprobs is None:
+            return result
+        chosen = self._cpu[1].tolist()
+        top_ids = self._cpu[2].tolist() if len(self._cpu) > 2 else None
+        top_lps = self._cpu[3].tolist() if len(self._cpu) > 2 else None
+        for j, row in enumerate(self._logprobs.rows):
+            top = list(zip(top_ids[j], top_lps[j])) if top_ids is not None else []
+            result[row] = TokenLogprobs(chosen[j], top)
+        return result
 
 
 class Engine:
@@ -116,6 +150,7 @@ class Engine:
         )
         self.sampler = Sampler(use_flashinfer=self.attn_name == "flashinfer")
         self.eos_token_ids = self._eos_token_ids()
+        self.logits_processor = LogitsProcessor(mc.vocab_size, config.max_running_requests, self.device, self.eos_token_ids)
         # the newest sampled token of each page-table row: the next decode step's input
         self.last_token = torch.zeros(config.max_running_requests, dtype=torch.int64, device=self.device)
         logger.info(
@@ -277,18 +312,27 @@ class Engine:
         return logits.clone() if fb.use_graph else logits
 
     @torch.inference_mode()
-    def forward_batch(self, batch: Batch) -> StepResult:
+    def forward_batch(self, batch: Batch, token_masks: Callable[[list[int]], TokenMasks | None] | None = None) -> StepResult:
         """Queue the batch and its sampling; the result holds one token per request that
-        samples, in order. The sampled tokens also become their rows' next decode input."""
+        samples, in order. The sampled tokens also become their rows' next decode input.
+
+        ``token_masks`` (grammars) is called with the sampling rows' batch indexes once the
+        forward pass is queued, so the CPU fills the masks while the GPU computes the logits."""
         fb, logits = self._forward(batch)
         sampling = [i for i in range(batch.size) if batch.samples(i)]
         if not sampling:
             return StepResult(None)
         reqs = [batch.reqs[i] for i in sampling]
+        table_rows = [req.table_slot for req in reqs]
+        raw_logprobs = self.logits_processor.raw_logprobs(logits, reqs)
+        masks = token_masks(sampling) if token_masks is not None else None
+        self.logits_processor.apply(logits, reqs, table_rows, masks)
         next_ids = self.sampler.sample(logits, [r.params for r in reqs], [r.generator for r in reqs]).long()
+        self.logits_processor.record(reqs, table_rows, next_ids)
         if len(sampling) == batch.size:
             rows = fb.table_rows
         else:
             rows = fb.table_rows[to_device(sampling, self.device)]
         self.last_token.index_copy_(0, rows, next_ids)
-        return StepResult(next_ids)
+        logprobs = self.logits_processor.gather_logprobs(raw_logprobs, reqs, next_ids) if raw_logprobs is not None else None
+        return StepResult(next_ids, logprobs)

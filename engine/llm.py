@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from .config import EngineConfig
-from .engine import Engine
+from .engine import Engine, TokenLogprobs
 from .errors import UserError
 from .request import FinishReason
 from .sampling_params import SamplingParams
@@ -22,6 +22,7 @@ class GenerationResult:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # per token, when params.logprobs
 
 
 class LLM:
@@ -139,6 +140,8 @@ class LLM:
                 res = results[out.uid]
                 if out.token_id is not None:
                     res.token_ids.append(out.token_id)
+                if out.logprobs is not None:
+                    res.logprobs.append(out.logprobs)
                 if out.finished:
                     res.finish_reason = out.finish_reason.value
         self.scheduler.drain()  # a finished request's extra step may still be in flight

@@ -46,6 +46,16 @@ class AbortBackendMsg(msgspec.Struct, tag=True):
     uid: int
 
 
+class LogprobEntry(msgspec.Struct, array_like=True):
+    """A token as OpenAI's logprobs show it: its text, its UTF-8 bytes (a token may hold part of a
+    character), its log-probability, and (for a sampled token) the likeliest alternatives."""
+
+    token: str
+    token_bytes: list[int]
+    logprob: float
+    top: list[LogprobEntry] = []
+
+
 class DetokenizeMsg(msgspec.Struct, tag=True):
     uid: int
     next_token: int | None  # None when the request ends without a new token (abort, error)
@@ -55,6 +65,8 @@ class DetokenizeMsg(msgspec.Struct, tag=True):
     prompt_tokens: int = 0
     stop: list[str] | None = None  # the request's stop strings, sent with its first message
     replica: int = 0  # --dp: the replica that runs it (where a stop string's drop must go)
+    logprob: float | None = None  # next_token's, when the request asked for logprobs
+    top_logprobs: list[tuple[int, float]] | None = None  # (token id, logprob), likeliest first
 
 
 class UserReply(msgspec.Struct, tag=True):
@@ -65,6 +77,7 @@ class UserReply(msgspec.Struct, tag=True):
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: list[LogprobEntry] | None = None  # one per token this reply adds, when asked for
 
 
 class StatsMsg(msgspec.Struct, tag=True):

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .grammar import GrammarState
 
 
 PLACEHOLDER = -1  # a sampled token still on its way from the GPU (overlap scheduling)
@@ -40,6 +44,7 @@ class Req:
     generator: torch.Generator | None = None  # per-request RNG when a seed is given
     use_prefix_cache: bool = True  # False for teacher-forced scoring, which needs every token's logits
     finish_reason: FinishReason | None = None
+    grammar: GrammarState | None = None  # structured output: where the request is in its grammar
 
     @property
     def seq_len(self) -> int:

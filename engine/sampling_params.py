@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Literal
 
 from .errors import RequestError
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
+MAX_TOP_LOGPROBS = 20
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "tool_call")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """Structured output: the text must match this grammar (compiled by xgrammar in the
+    scheduler). ``spec`` is the JSON schema (as JSON text), the regex or the EBNF grammar;
+    empty for ``json_object`` (any JSON object); for ``tool_call`` (a forced tool call) JSON
+    ``{"format": "hermes" | "llama3", "tools": [{"name", "parameters"}]}``."""
+
+    kind: Literal["json_object", "json_schema", "regex", "ebnf", "tool_call"]
+    spec: str = ""
 
 
 @dataclass
@@ -26,6 +41,17 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
+    # OpenAI's penalties (on the tokens generated so far) and vLLM's repetition penalty (on the
+    # prompt's tokens too); 0 / 0 / 1 = off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0  # drop tokens less likely than min_p x the likeliest one; 0 = off
+    min_tokens: int = 0  # EOS and stop tokens are banned until this many tokens are out
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    logprobs: bool = False  # return each sampled token's log-probability (the model's, unprocessed)
+    top_logprobs: int = 0  # and this many likeliest alternatives (0-20)
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -38,8 +64,38 @@ class SamplingParams:
             raise RequestError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise RequestError(f"seed must be an integer, got {self.seed!r}")
+        for name, low, high in (("frequency_penalty", -2, 2), ("presence_penalty", -2, 2), ("min_p", 0, 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise RequestError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+            setattr(self, name, float(value))
+        rp = self.repetition_penalty
+        if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0 < rp <= 10:
+            raise RequestError(f"repetition_penalty must be a number in (0, 10], got {rp!r}")
+        self.repetition_penalty = float(rp)
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise RequestError(f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}), got {self.min_tokens!r}")
+        for token, bias in self.logit_bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise RequestError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+                raise RequestError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
+        if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.top_logprobs!r}")
+        if self.grammar is not None and self.grammar.kind not in GRAMMAR_KINDS:
+            raise RequestError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.grammar.kind!r}")
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
+
+    @cached_property  # read for every request of every step: computed once (replace() makes a new object)
+    def has_penalties(self) -> bool:
+        """Needs the counts of the tokens seen so far (kept on the device, per request)."""
+        return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
+
+    @cached_property
+    def changes_logits(self) -> bool:
+        """Anything besides temperature / top-k / top-p that edits this request's logits."""
+        return self.has_penalties or self.min_p > 0 or self.min_tokens > 0 or bool(self.logit_bias) or self.grammar is not None
 
     @property
     def is_greedy(self) -> bool:

@@ -40,3 +40,17 @@ def pytest_addoption(parser):
     # started (a conftest below the root one is not an "initial" conftest for `pytest tests/x.py`).
     parser.addoption("--soak-scale", choices=("short", "full"), default="short",
                      help="size of the soak suite under tests/soak: short (CI, default) or full")
+
+
+@pytest.fixture(scope="session")
+def demo_server(tmp_path_factory):
+    """One `minisgl-chat serve` of the demo model for the endpoint tests that need real text."""
+    from minisgl_engine.weights.demo import demo_model_dir
+    from minisgl_engine.weights.gguf_convert import is_complete
+    from server_utils import ServerProcess
+
+    if not is_complete(demo_model_dir()):
+        pytest.skip("demo model not pulled: run `minisgl-chat pull`")
+    srv = ServerProcess("--max-kv-tokens", "16384", "--max-running-requests", "32", log_path=tmp_path_factory.mktemp("demo-server") / "serve.log")
+    yield srv
+    srv.stop()

@@ -81,6 +81,12 @@ class ServerProcess:
             self.log.close()
 
 
+def served_model(url: str) -> str:
+    """The name /v1/models lists: what a request's `model` must say (any other is a 404)."""
+    [model] = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    return model["id"]
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

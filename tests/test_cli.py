@@ -138,6 +138,18 @@ def test_each_bind_error_says_which_flag_to_change(err, needle) -> None:
     assert needle in hint and "192.0.2.1:80" in hint
 
 
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_served_model_names_are_repeatable_or_comma_separated_in_order_once_each(command) -> None:
+    from minisgl_app.cli import build_parser, server_config_from_args
+
+    def names(*flags: str) -> tuple[str, ...]:
+        return server_config_from_args(build_parser().parse_args([command, *flags])).served_model_names
+
+    assert names() == ()
+    assert names("--served-model-name", "my-assistant") == ("my-assistant",)
+    assert names("--served-model-name", "a", "b,c", "--port", "0", "--served-model-name", "a, d") == ("a", "b", "c", "d")
+
+
 def test_dummy_weights_without_config() -> None:
     assert_one_line_error(run_cli("bench", "decode", "--dummy-weights", "--device", "cpu"), "--config")
 

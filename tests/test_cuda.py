@@ -187,14 +187,14 @@ def test_mixed_prefill_decode_chunks_and_aborts_return_every_page():
 def test_serve_on_cuda_answers_paris(tmp_path):
     """The app's server on the GPU with the demo model (prepared beforehand in
     MINISGL_CACHE_DIR: the device has no network)."""
-    from minisgl_engine.weights.demo import demo_model_dir
+    from minisgl_engine.weights.demo import DEMO_MODEL_NAME, demo_model_dir
     from server_utils import ServerProcess, wait_until
 
     if not (demo_model_dir() / ".complete").exists():
         pytest.skip("the demo model is not in the cache (run `minisgl-chat pull` first)")
     server = ServerProcess("--device", "cuda", timeout=600, log_path=tmp_path / "serve.log")
     try:
-        body = {"model": "demo", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        body = {"model": DEMO_MODEL_NAME, "messages": [{"role": "user", "content": "What is the capital of France?"}],
                 "max_tokens": 32, "temperature": 0, "stream": True}
         text, lines = "", []
         with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as resp:

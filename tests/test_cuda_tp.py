@@ -95,7 +95,7 @@ def test_serve_dp2_answers_from_both_gpus_and_stops_on_sigterm(tmp_path):
         prompts = [[rng.randrange(10, 10000) for _ in range(50)] for _ in range(6)]
 
         def ask(prompt):
-            body = {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+            body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
             return httpx.post(f"{srv.url}/v1/completions", json=body, timeout=120)
 
         with ThreadPoolExecutor(6) as pool:

@@ -113,7 +113,7 @@ def dp_servers(tiny_model, tmp_path_factory):
 
 def complete(url: str, max_tokens: int = 12, **body) -> dict:
     route = "chat/completions" if "messages" in body else "completions"
-    resp = httpx.post(f"{url}/v1/{route}", json={"model": "m", "max_tokens": max_tokens, "temperature": 0, **body}, timeout=60)
+    resp = httpx.post(f"{url}/v1/{route}", json={"max_tokens": max_tokens, "temperature": 0, **body}, timeout=60)
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -238,7 +238,7 @@ def test_a_client_that_goes_away_frees_its_replica(dp_servers):
     for prompt in ([5, 6, 7, 8], [9, 10, 11, 12]):
         assert wait_until(lambda: idle(two), 10)
         before = finished_and_aborted(two)
-        body = {"model": "m", "prompt": prompt, "max_tokens": 4000, "temperature": 0, "ignore_eos": True, "stream": True}
+        body = {"prompt": prompt, "max_tokens": 4000, "temperature": 0, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{two.url}/v1/completions", json=body, timeout=60) as resp:
             for i, _line in enumerate(resp.iter_lines()):
                 if i > 4:

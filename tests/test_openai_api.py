@@ -104,7 +104,7 @@ def assert_openai_error(response: httpx.Response, status: int, contains: str = "
     return error
 
 
-CHAT = {"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": "what is a KV cache"}]}
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "what is a KV cache"}]}
 
 
 # --- shapes ---------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ async def test_chat_completion_non_stream_shape():
     assert r.status_code == 200
     body = r.json()
     assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
-    assert body["model"] == "Qwen/Qwen3-0.6B" and isinstance(body["created"], int)
+    assert body["model"] == "fake-model" and isinstance(body["created"], int)
     choice = body["choices"][0]
     assert choice["message"] == {"role": "assistant", "content": "what is a KV cache "}
     assert choice["finish_reason"] == "stop"
@@ -231,7 +231,7 @@ async def test_request_fields_become_sampling_params_and_generate_request():
     ("/v1/chat/completions", {**CHAT, "temperature": "hot"}, "temperature"),
     ("/v1/chat/completions", {**CHAT, "max_tokens": -5}, "max_tokens"),
     ("/v1/chat/completions", {**CHAT, "top_p": 0}, "top_p"),
-    ("/v1/chat/completions", {"model": "x"}, "messages"),
+    ("/v1/chat/completions", {"model": "fake-model"}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "not supported"),
     ("/v1/completions", {"prompt": []}, "must not be empty"),
@@ -435,9 +435,9 @@ def openai_client(app, api_key: str = "unused") -> openai.AsyncOpenAI:
 async def test_openai_client_chat_non_stream_and_stream():
     app = create_app(FakeClient(), api_key="k")
     async with openai_client(app, api_key="k") as oc:
-        done = await oc.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi there"}])
+        done = await oc.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi there"}])
         stream = await oc.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": "hi there"}], stream=True,
+            model="fake-model", messages=[{"role": "user", "content": "hi there"}], stream=True,
             stream_options={"include_usage": True})
         chunks = [chunk async for chunk in stream]
         models = await oc.models.list()
@@ -451,13 +451,62 @@ async def test_openai_client_chat_non_stream_and_stream():
 async def test_openai_client_completions_and_errors():
     app = create_app(FakeClient(), api_key="k")
     async with openai_client(app, api_key="k") as oc:
-        done = await oc.completions.create(model="any", prompt="x y z", max_tokens=2, extra_body={"top_k": 5})
+        done = await oc.completions.create(model="fake-model", prompt="x y z", max_tokens=2, extra_body={"top_k": 5})
         with pytest.raises(openai.BadRequestError, match="best_of is not supported"):
-            await oc.completions.create(model="any", prompt="x", n=2, best_of=2)
+            await oc.completions.create(model="fake-model", prompt="x", n=2, best_of=2)
     async with openai_client(app, api_key="wrong") as oc:
         with pytest.raises(openai.AuthenticationError):
             await oc.models.list()
     assert done.choices[0].text == "x y " and done.choices[0].finish_reason == "length"
+
+
+# --- the model field: only a served name --------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route, body", [("/v1/chat/completions", CHAT), ("/v1/completions", {"prompt": "a b"})])
+async def test_a_model_not_served_is_404_model_not_found(route, body, stream):
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        r = await c.post(route, json={**body, "model": "Qwen/Qwen3-0.6B", "stream": stream})
+    error = assert_openai_error(r, 404)
+    assert error == {"message": "The model `Qwen/Qwen3-0.6B` does not exist.", "type": "invalid_request_error",
+                     "param": "model", "code": "model_not_found"}
+    assert client.requests == []
+
+
+async def test_a_request_without_model_is_answered_as_the_listed_model():
+    async with http(create_app(FakeClient())) as c:
+        chat = await c.post("/v1/chat/completions", json={"messages": CHAT["messages"], "model": None})
+        streamed = await c.post("/v1/completions", json={"prompt": "a b", "stream": True})
+    assert chat.json()["model"] == "fake-model"
+    assert {json.loads(p)["model"] for p in sse_payloads(streamed.text)[:-1]} == {"fake-model"}
+
+
+async def test_served_model_names_are_each_accepted_and_answered_as_the_first():
+    client = FakeClient()
+    app = create_app(client, served_model_names=("my-assistant", "gpt-4o-mini"))
+    async with http(app) as c:
+        models = await c.get("/v1/models")
+        alias = await c.post("/v1/chat/completions", json={**CHAT, "model": "gpt-4o-mini"})
+        first = await c.post("/v1/completions", json={"prompt": "a b", "model": "my-assistant", "stream": True})
+        own_name = await c.post("/v1/chat/completions", json=CHAT)  # the model's own name is no longer served
+    assert [m["id"] for m in models.json()["data"]] == ["my-assistant"]
+    assert alias.status_code == 200 and alias.json()["model"] == "my-assistant"
+    assert {json.loads(p)["model"] for p in sse_payloads(first.text)[:-1]} == {"my-assistant"}
+    assert assert_openai_error(own_name, 404, "`fake-model` does not exist")["code"] == "model_not_found"
+
+
+async def test_openai_client_gets_not_found_for_a_model_not_served():
+    async with openai_client(create_app(FakeClient())) as oc:
+        for stream in (False, True):
+            with pytest.raises(openai.NotFoundError) as chat:
+                await oc.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=stream)
+            with pytest.raises(openai.NotFoundError) as completion:
+                await oc.completions.create(model="gpt-4o", prompt="hi", stream=stream)
+            for raised in (chat.value, completion.value):
+                assert raised.status_code == 404 and raised.code == "model_not_found" and raised.param == "model"
+                assert raised.body["message"] == "The model `gpt-4o` does not exist."
 
 
 # --- several choices: n > 1 and batched prompts ----------------------------------------------
@@ -656,9 +705,10 @@ async def test_a_tool_call_comes_back_as_tool_calls_streamed_and_not():
 
 
 @pytest.mark.parametrize("body, contains", [
-    ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "constrained decoding"),
-    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "constrained decoding"),
-    ({"tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "'auto' or 'none'"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "'auto', 'none', 'required' or a named function"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "not among the tools"),
+    ({"tool_choice": "required"}, "needs tools"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}, "leave out response_format"),
     ({"tools": [{"type": "function"}]}, "function"),
 ])
 async def test_tool_requests_this_server_cannot_honour_are_400(body, contains):
@@ -667,6 +717,24 @@ async def test_tool_requests_this_server_cannot_honour_are_400(body, contains):
     async with http(create_app(client)) as c:
         r = await c.post("/v1/chat/completions", json={**CHAT, **body})
     assert_openai_error(r, 400, contains)
+    assert client.requests == []
+
+
+@pytest.mark.parametrize("tool_format", ["hermes", "llama3"])
+async def test_a_required_or_named_tool_choice_constrains_the_reply_to_a_call(tool_format):
+    time_tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    client = FakeClient()
+    client.tool_format = tool_format
+    async with http(create_app(client)) as c:
+        for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+            r = await c.post("/v1/chat/completions", json={**CHAT, "tools": [WEATHER_TOOL, time_tool], "tool_choice": choice})
+            assert r.status_code == 200, r.text
+    required, named = (req.params.grammar for req in client.requests)
+    assert required.kind == named.kind == "tool_call"
+    assert json.loads(required.spec) == {"format": tool_format, "tools": [
+        {"name": "get_weather", "parameters": WEATHER_TOOL["function"]["parameters"]}, {"name": "get_time", "parameters": {"type": "object", "properties": {}}}]}
+    assert [t["name"] for t in json.loads(named.spec)["tools"]] == ["get_time"]
+    assert client.requests[0].chat_template_kwargs["tools"], "the tools are still laid out in the prompt"
 
 
 async def test_tools_for_a_model_without_tool_calls_are_400():
@@ -718,19 +786,11 @@ def test_the_thinking_mode_comes_from_what_the_generation_prompt_ends_with():
 
 
 @pytest.mark.parametrize("route, extra, contains", [
-    ("/v1/chat/completions", {"logprobs": True}, "logprobs is not supported"),
-    ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs is not supported"),
-    ("/v1/chat/completions", {"frequency_penalty": 0.5}, "frequency_penalty is not supported"),
-    ("/v1/chat/completions", {"presence_penalty": -1}, "presence_penalty is not supported"),
-    ("/v1/chat/completions", {"repetition_penalty": 1.1}, "repetition_penalty is not supported"),
-    ("/v1/chat/completions", {"min_p": 0.1}, "min_p is not supported"),
-    ("/v1/chat/completions", {"logit_bias": {"50256": -100}}, "logit_bias is not supported"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format other than text"),
-    ("/v1/completions", {"logprobs": 2}, "logprobs is not supported"),
     ("/v1/completions", {"echo": True}, "echo is not supported"),
     ("/v1/completions", {"suffix": "end"}, "suffix"),
+    ("/v1/chat/completions", {"best_of": 2}, "best_of"),
 ])
-async def test_fields_not_supported_yet_are_400_not_ignored(route, extra, contains):
+async def test_fields_not_supported_are_400_not_ignored(route, extra, contains):
     client = FakeClient()
     body = {**CHAT, **extra} if route.endswith("chat/completions") else {"prompt": "x", **extra}
     async with http(create_app(client)) as c:
@@ -739,7 +799,28 @@ async def test_fields_not_supported_yet_are_400_not_ignored(route, extra, contai
     assert client.requests == []
 
 
-async def test_neutral_values_of_unsupported_fields_and_stop_token_ids_pass():
+async def test_sampling_fields_reach_the_engine():
+    from minisgl_engine.sampling_params import GrammarSpec
+
+    client = FakeClient()
+    chat = {"logprobs": True, "top_logprobs": 3, "frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.1,
+            "min_p": 0.1, "min_tokens": 2, "logit_bias": {"50": -100, "7": 2.5},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}
+    async with http(create_app(client)) as c:
+        assert (await c.post("/v1/chat/completions", json={**CHAT, **chat})).status_code == 200
+        assert (await c.post("/v1/completions", json={"prompt": "x", "logprobs": 2, "regex": "[a-z]+"})).status_code == 200
+        assert (await c.post("/v1/completions", json={"prompt": "x", "ebnf": 'root ::= "a"'})).status_code == 200
+        assert (await c.post("/v1/chat/completions", json={**CHAT, "response_format": {"type": "json_object"}})).status_code == 200
+    params = [req.params for req in client.requests]
+    assert (params[0].logprobs, params[0].top_logprobs, params[0].frequency_penalty, params[0].presence_penalty) == (True, 3, 0.5, -1.0)
+    assert (params[0].repetition_penalty, params[0].min_p, params[0].min_tokens, params[0].logit_bias) == (1.1, 0.1, 2, {50: -100, 7: 2.5})
+    assert params[0].grammar == GrammarSpec("json_schema", '{"type": "object"}')
+    assert (params[1].logprobs, params[1].top_logprobs, params[1].grammar) == (True, 2, GrammarSpec("regex", "[a-z]+"))
+    assert params[2].grammar == GrammarSpec("ebnf", 'root ::= "a"') and not params[2].logprobs
+    assert params[3].grammar == GrammarSpec("json_object")
+
+
+async def test_neutral_values_of_sampling_fields_and_stop_token_ids_pass():
     client = FakeClient()
     neutral = {"logprobs": False, "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0,
                "logit_bias": {}, "response_format": {"type": "text"}, "stop_token_ids": [7, 8]}

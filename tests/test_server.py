@@ -14,13 +14,14 @@ import httpx
 import psutil
 import pytest
 
-from minisgl_engine.weights.demo import demo_model_dir
+from minisgl_engine.weights.demo import DEMO_MODEL_NAME, demo_model_dir
 from minisgl_engine.weights.gguf_convert import is_complete
 from server_utils import CLI, ServerProcess, free_port, titles, wait_until
 
 pytestmark = pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`")
 
 SEED_PROMPT = "什么是 KV Cache？"
+MODEL = DEMO_MODEL_NAME  # what /v1/models lists for the demo model (test_openai_client checks it)
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +32,7 @@ def server(tmp_path_factory):
 
 
 def chat_body(content: str, **kw) -> dict:
-    return {"model": "whatever", "messages": [{"role": "user", "content": content}], **kw}
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], **kw}
 
 
 def stream_chat(url: str, body: dict) -> tuple[list[dict], list[str]]:
@@ -80,16 +81,33 @@ def test_openai_client(server):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-    res = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32)
+    [model] = client.models.list().data
+    assert model.id == "SmolLM2-135M-Instruct" == MODEL and model.max_model_len == 8192
+    res = client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32)
     assert "Paris" in res.choices[0].message.content
-    assert res.choices[0].finish_reason == "stop"
-    stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32, stream=True)
+    assert res.choices[0].finish_reason == "stop" and res.model == model.id
+    stream = client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32, stream=True)
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert text == res.choices[0].message.content
-    comp = client.completions.create(model="demo", prompt="The capital of France is", max_tokens=8, temperature=0)
+    comp = client.completions.create(model=model.id, prompt="The capital of France is", max_tokens=8, temperature=0)
     assert comp.choices[0].text and comp.usage.completion_tokens == 8
-    [model] = client.models.list().data
-    assert model.id == "SmolLM2-135M-Instruct" and model.max_model_len == 8192
+
+
+def test_openai_client_gets_not_found_for_a_model_not_served(server):
+    """The seed request's "Qwen/Qwen3-0.6B" against the demo model: a 404 on both routes, streamed or not."""
+    from openai import NotFoundError, OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    for stream in (False, True):
+        with pytest.raises(NotFoundError) as chat:
+            client.chat.completions.create(model="Qwen/Qwen3-0.6B", messages=[{"role": "user", "content": SEED_PROMPT}],
+                                           max_tokens=4, stream=stream)
+        with pytest.raises(NotFoundError) as completion:
+            client.completions.create(model="Qwen/Qwen3-0.6B", prompt="The capital of France is", max_tokens=4, stream=stream)
+        for raised in (chat.value, completion.value):
+            assert raised.status_code == 404 and raised.body == {
+                "message": "The model `Qwen/Qwen3-0.6B` does not exist.", "type": "invalid_request_error",
+                "param": "model", "code": "model_not_found"}
 
 
 def test_n_sampled_choices_share_one_prefill_and_each_reproduces_alone(server):
@@ -101,15 +119,15 @@ def test_n_sampled_choices_share_one_prefill_and_each_reproduces_alone(server):
     messages = [{"role": "user", "content": "Write a short poem about the sea and the wind, in four lines."}]
     assert wait_until(lambda: server.metrics()["minisgl_running_requests"] == 0, 5.0)
     before = server.metrics()["minisgl_prefix_cache_hit_tokens_total"]
-    res = client.chat.completions.create(model="demo", messages=messages, n=3, temperature=1.0, seed=11, max_tokens=16)
+    res = client.chat.completions.create(model=MODEL, messages=messages, n=3, temperature=1.0, seed=11, max_tokens=16)
     texts = [c.message.content for c in res.choices]
     assert [c.index for c in res.choices] == [0, 1, 2] and len(set(texts)) == 3, texts
     want = 3 * (res.usage.prompt_tokens - 1)  # each choice found the prompt (all but the token it recomputes)
     assert wait_until(lambda: server.metrics()["minisgl_prefix_cache_hit_tokens_total"] - before >= want, 5.0)
     assert 3 <= res.usage.completion_tokens <= 3 * 16
-    alone = client.chat.completions.create(model="demo", messages=messages, temperature=1.0, seed=12, max_tokens=16)
+    alone = client.chat.completions.create(model=MODEL, messages=messages, temperature=1.0, seed=12, max_tokens=16)
     assert alone.choices[0].message.content == texts[1]
-    stream = client.chat.completions.create(model="demo", messages=messages, n=3, temperature=1.0, seed=11, max_tokens=16, stream=True)
+    stream = client.chat.completions.create(model=MODEL, messages=messages, n=3, temperature=1.0, seed=11, max_tokens=16, stream=True)
     streamed = ["", "", ""]
     for chunk in stream:
         for choice in chunk.choices:
@@ -122,12 +140,12 @@ def test_a_batch_of_prompts_answers_as_one_by_one(server):
 
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     prompts = ["The capital of France is", "Water boils at", "The largest planet is"]
-    batch = client.completions.create(model="demo", prompt=prompts, max_tokens=10, temperature=0)
-    singles = [client.completions.create(model="demo", prompt=p, max_tokens=10, temperature=0) for p in prompts]
+    batch = client.completions.create(model=MODEL, prompt=prompts, max_tokens=10, temperature=0)
+    singles = [client.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0) for p in prompts]
     assert [c.index for c in batch.choices] == [0, 1, 2]
     assert [c.text for c in batch.choices] == [s.choices[0].text for s in singles]
     assert batch.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
-    ids = client.completions.create(model="demo", prompt=[[504, 3575, 282], [11, 12, 13]], max_tokens=4, temperature=0, n=2)
+    ids = client.completions.create(model=MODEL, prompt=[[504, 3575, 282], [11, 12, 13]], max_tokens=4, temperature=0, n=2)
     assert len(ids.choices) == 4 and ids.choices[0].text == ids.choices[1].text
 
 
@@ -229,7 +247,7 @@ def chat_turns(url: str) -> tuple[list[str], list[dict]]:
     """Two greedy turns of one chat: (replies, usages)."""
     replies, usages, messages = [], [], list(TURN_1)
     for follow_up in (TURN_2_QUESTION, None):
-        r = httpx.post(f"{url}/v1/chat/completions", json={"model": "demo", "messages": messages, "max_tokens": REPLY_TOKENS}, timeout=120)
+        r = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": REPLY_TOKENS}, timeout=120)
         assert r.status_code == 200, r.text
         replies.append(r.json()["choices"][0]["message"]["content"])
         usages.append(r.json()["usage"])
@@ -245,12 +263,12 @@ def test_chat_turn_two_reuses_the_kv_of_turn_one(server):
         return server.metrics()["minisgl_prefix_cache_hit_tokens_total"]
 
     messages = list(TURN_1)
-    first = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "demo", "messages": messages, "max_tokens": REPLY_TOKENS}, timeout=120).json()
+    first = httpx.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": REPLY_TOKENS}, timeout=120).json()
     reply, usage = first["choices"][0]["message"]["content"], first["usage"]
     assert usage["completion_tokens"] >= 8
     assert wait_until(lambda: server.metrics()["minisgl_running_requests"] == 0, 5.0)
     before = hits()
-    body = {"model": "demo", "messages": [*messages, {"role": "assistant", "content": reply}, TURN_2_QUESTION], "max_tokens": 1}
+    body = {"model": MODEL, "messages": [*messages, {"role": "assistant", "content": reply}, TURN_2_QUESTION], "max_tokens": 1}
     assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120).status_code == 200
     want = usage["prompt_tokens"] + usage["completion_tokens"] // 2 - 1
     assert wait_until(lambda: hits() - before >= want, 5.0), (hits() - before, want, usage)
@@ -298,21 +316,23 @@ def test_port_in_use_is_refused(server):
     assert len(proc.stderr.strip().splitlines()) == 1 and str(server.port) in proc.stderr
 
 
-# ---- a second instance: API key, independence, shutdown -----------------------------------
+# ---- a second instance: API key, model names, independence, shutdown ----------------------
 
 
-def test_second_instance_with_api_key_then_sigterm(server, tmp_path):
+def test_second_instance_with_api_key_and_served_model_names_then_sigterm(server, tmp_path):
     # --port 0: the system picks a free port, and the "ready at" line names it
-    other = ServerProcess("--api-key", "s3cret", log_path=tmp_path / "other.log", port=0)
+    other = ServerProcess("--api-key", "s3cret", "--served-model-name", "my-assistant,gpt-4o-mini",
+                          log_path=tmp_path / "other.log", port=0)
     assert other.port != 0
     try:
-        body = chat_body("What is the capital of France?", max_tokens=16)
+        body = chat_body("What is the capital of France?", max_tokens=16, model="gpt-4o-mini")
         assert httpx.post(f"{other.url}/v1/chat/completions", json=body, timeout=60).status_code == 401
         bad = httpx.post(f"{other.url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer nope"}, timeout=60)
         assert bad.status_code == 401 and "error" in bad.json()
         good = httpx.post(f"{other.url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer s3cret"}, timeout=60)
-        ours = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        ours = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "model": MODEL}, timeout=60)
         assert good.json()["choices"][0]["message"]["content"] == ours.json()["choices"][0]["message"]["content"]
+        assert_served_as_first_name(other, "s3cret", ["my-assistant", "gpt-4o-mini"])
         workers = other.workers()
         assert len(workers) >= 3
         other.proc.send_signal(signal.SIGTERM)
@@ -320,9 +340,26 @@ def test_second_instance_with_api_key_then_sigterm(server, tmp_path):
         other.proc.wait(5)
         assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5 - (time.monotonic() - t0) + 0.5)
         # the first server is unaffected
-        assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+        assert httpx.post(f"{server.url}/v1/chat/completions", json={**body, "model": MODEL}, timeout=60).status_code == 200
     finally:
         other.stop()
+
+
+def assert_served_as_first_name(srv: ServerProcess, api_key: str, names: list[str]) -> None:
+    """--served-model-name: /v1/models lists the first name, every name is answered (as the
+    first), the model's own name no longer is; the "ready at" line says the names."""
+    from openai import NotFoundError, OpenAI
+
+    client = OpenAI(base_url=f"{srv.url}/v1", api_key=api_key)
+    assert [m.id for m in client.models.list().data] == names[:1]
+    for name in names:
+        done = client.completions.create(model=name, prompt="The capital of France is", max_tokens=2)
+        stream = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, stream=True)
+        assert done.model == names[0] and {chunk.model for chunk in stream} == {names[0]}
+    with pytest.raises(NotFoundError) as own_name:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert own_name.value.code == "model_not_found"
+    assert f"(model {MODEL} as {', '.join(names)} on " in srv.output()
 
 
 def test_sigkill_of_main_takes_workers_down(tmp_path):

@@ -90,7 +90,7 @@ def tp_servers(tiny_model, tmp_path_factory):
 def complete(url: str, prompt, max_tokens: int = 12) -> str:
     import httpx
 
-    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     resp = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
     return resp.json()["choices"][0]["text"]

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from server_utils import ServerProcess
+from server_utils import ServerProcess, served_model
 
 QWEN3_STYLE_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -80,15 +80,16 @@ def test_a_two_turn_tool_conversation(tool_server):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{tool_server.url}/v1", api_key="unused")
-    plain = client.chat.completions.create(model="demo", messages=QUESTION, max_tokens=1)
-    first = client.chat.completions.create(model="demo", messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=16, temperature=0)
+    model = served_model(tool_server.url)
+    plain = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=1)
+    first = client.chat.completions.create(model=model, messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=16, temperature=0)
     assert first.usage.prompt_tokens > plain.usage.prompt_tokens + 40, "the tool's schema is in the prompt"
     assert well_formed(first.choices[0].message)
     assert (first.choices[0].finish_reason == "tool_calls") == bool(first.choices[0].message.tool_calls)
-    second = client.chat.completions.create(model="demo", messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=16, temperature=0)
+    second = client.chat.completions.create(model=model, messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=16, temperature=0)
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 15, "the call and its answer are in the prompt"
     assert well_formed(second.choices[0].message)
-    stream = client.chat.completions.create(model="demo", messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=16,
+    stream = client.chat.completions.create(model=model, messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=16,
                                             temperature=0, stream=True)
     text, calls, finish = "", [], None
     for chunk in stream:
@@ -105,6 +106,7 @@ def test_tool_choice_none_leaves_the_tools_out(tool_server):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{tool_server.url}/v1", api_key="unused")
-    plain = client.chat.completions.create(model="demo", messages=QUESTION, max_tokens=1)
-    none = client.chat.completions.create(model="demo", messages=QUESTION, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=1)
+    model = served_model(tool_server.url)
+    plain = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=1)
+    none = client.chat.completions.create(model=model, messages=QUESTION, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=1)
     assert none.usage.prompt_tokens == plain.usage.prompt_tokens

@@ -13,7 +13,7 @@ import pytest
 from minisgl_app.store import ConversationStore
 from minisgl_engine.errors import UserError
 from minisgl_engine.server.security import AccessPolicy, host_name, parse_origin
-from minisgl_engine.weights.demo import demo_model_dir
+from minisgl_engine.weights.demo import DEMO_MODEL_NAME, demo_model_dir
 from minisgl_engine.weights.gguf_convert import is_complete
 from server_utils import CLI, ServerProcess
 
@@ -21,7 +21,7 @@ needs_demo = pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo 
 SECRET = "my-bank-pin-is-7431"  # the text a rebinding page is after
 FOREIGN = "evil.example"
 EVIL_ORIGIN = "http://evil.example"
-CHAT = {"model": "x", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
+CHAT = {"model": DEMO_MODEL_NAME, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
 # one route of each class: the page, Gradio's config / API description / named call / queue, OpenAI, metrics, health
 ROUTES = [("GET", "/"), ("GET", "/config"), ("GET", "/gradio_api/info"), ("POST", "/gradio_api/call/load_page"),
           ("POST", "/gradio_api/queue/join"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"),

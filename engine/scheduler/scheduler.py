@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from ..engine import Engine
 from ..errors import RequestError, UserError
 from ..kvcache import CacheManager, KVStats, NaiveCacheManager, PageAllocator, RadixCacheManager
-from ..engine import StepResult
+from ..engine import StepResult, TokenLogprobs
+from ..grammar import GrammarCompiler, GrammarState
+from ..logits_processor import TokenMasks
 from ..request import PLACEHOLDER, FinishReason, Req
 from ..sampling_params import SamplingParams
 from .decode import DecodeManager
@@ -32,6 +36,7 @@ from .prefill import PrefillManager, pages_for
 logger = logging.getLogger(__name__)
 
 EARLY_ABORTS_KEPT = 4096  # aborts that arrived before their request, remembered for a while
+GRAMMAR_WAIT_S = 0.005  # with nothing else to run, how long one step waits for a grammar to compile
 CACHE_MANAGERS: dict[str, type[CacheManager]] = {"radix": RadixCacheManager, "naive": NaiveCacheManager}
 
 
@@ -43,6 +48,7 @@ class TokenOutput:
     token_id: int | None
     finish_reason: FinishReason | None = None
     error: str | None = None
+    logprobs: TokenLogprobs | None = None  # when the request asked for them
 
     @property
     def finished(self) -> bool:
@@ -95,6 +101,9 @@ class Scheduler:
         self.eos_token_ids = set(engine.eos_token_ids)
         self._early_aborts: OrderedDict[int, None] = OrderedDict()
         self._counters = dict(prompt=0, generation=0, finished=0, aborted=0)
+        self.grammar_compiler: GrammarCompiler | None = None  # made for the first structured request
+        self.grammar_waiting: dict[int, tuple[Req, Future]] = {}  # uid -> request and its compiling grammar
+        self.ready_outputs: list[TokenOutput] = []  # endings decided outside a step (a bad grammar)
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -115,6 +124,10 @@ class Scheduler:
         vocab = self.engine.model_config.vocab_size
         if min(token_ids) < 0 or max(token_ids) >= vocab:
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+            if any(not 0 <= t < vocab for t in ids):
+                raise RequestError(f"{name} token ids must be in [0, {vocab})")
+        compiling = self._grammar_compiler().submit(params.grammar) if params.grammar is not None else None
         # Clamp so the sequence fits both the context and (alone) the KV pool: finish "length".
         max_new = min(params.max_tokens, limit - len(token_ids), capacity - len(token_ids))
         generator = None
@@ -122,8 +135,46 @@ class Scheduler:
             generator = torch.Generator(device=self.engine.device).manual_seed(params.seed)
         req = Req(uid=uid, token_ids=list(token_ids), prompt_len=len(token_ids), params=params, max_new_tokens=max_new, generator=generator)
         self.reqs[uid] = req
-        self.prefill_manager.add(req)
+        if compiling is not None:
+            self.grammar_waiting[uid] = (req, compiling)
+        else:
+            self.prefill_manager.add(req)
         self._counters["prompt"] += len(token_ids)
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self.grammar_compiler is None:
+            from ..tokenizer import load_tokenizer
+
+            path = self.engine.config.tokenizer or self.engine.model_dir
+            tokenizer = load_tokenizer(path) if path is not None else None
+            if tokenizer is None:
+                raise RequestError("structured output needs the model's tokenizer, and this model has none")
+            try:
+                self.grammar_compiler = GrammarCompiler(tokenizer, self.engine.model_config.vocab_size, list(self.engine.eos_token_ids))
+            except ImportError:
+                raise RequestError("structured output needs xgrammar: pip install xgrammar") from None
+        return self.grammar_compiler
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar is compiled join the prefill queue; a bad grammar ends its
+        request with the compiler's message."""
+        if not self.grammar_waiting:
+            return
+        compiling = [f for _, f in self.grammar_waiting.values()]
+        if self.engine.tp.size > 1:
+            wait(compiling)  # tensor-parallel ranks must admit the same requests at the same step
+        elif not self.reqs.keys() - self.grammar_waiting.keys():  # nothing else to run: wait a little
+            wait(compiling, timeout=GRAMMAR_WAIT_S, return_when=FIRST_COMPLETED)
+        for uid, (req, compiling) in list(self.grammar_waiting.items()):
+            if not compiling.done():
+                continue
+            del self.grammar_waiting[uid]
+            try:
+                req.grammar = GrammarState(self.grammar_compiler.xgr.GrammarMatcher(compiling.result()))
+            except RequestError as exc:
+                self.ready_outputs.append(self.finish(req, FinishReason.ERROR, str(exc)))
+                continue
+            self.prefill_manager.add(req)
 
     def abort_request(self, uid: int) -> TokenOutput | None:
         """End a request in any state; an abort for an unknown uid is remembered in case the
@@ -152,6 +203,9 @@ class Scheduler:
             req.table_slot, req.pages = -1, []
         if req in self.prefill_manager.waiting:
             self.prefill_manager.remove(req)
+        waiting = self.grammar_waiting.pop(req.uid, None)
+        if waiting is not None:
+            waiting[1].cancel()
         self.decode_manager.remove(req)
         self.reqs.pop(req.uid, None)
         self._counters["aborted" if reason == FinishReason.ABORT else "finished"] += 1
@@ -161,7 +215,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.reqs) or self.in_flight is not None
+        return bool(self.reqs) or self.in_flight is not None or bool(self.ready_outputs)
 
     def _preempt(self, req: Req) -> None:
         """Out of KV pages while decoding: send ``req`` back to the queue; it will recompute its
@@ -191,6 +245,7 @@ class Scheduler:
                     break
 
     def schedule(self):
+        self._admit_compiled()
         room = self.max_running_requests - len(self.decode_manager.running)
         batch = self.prefill_manager.schedule(max_new_requests=room)
         if batch is not None:
@@ -202,11 +257,12 @@ class Scheduler:
         """Schedule and launch one batch; return the tokens of the step that completed: this
         one, or with overlap the previous one (launched before this one was scheduled)."""
         batch = self.schedule()
+        outputs, self.ready_outputs = self.ready_outputs, []
         launched = self.launch(batch) if batch is not None else None
         if not self.overlap:
-            return self.collect(launched) if launched is not None else []
+            return outputs + (self.collect(launched) if launched is not None else [])
         previous, self.in_flight = self.in_flight, launched
-        return self.collect(previous) if previous is not None else []
+        return outputs + (self.collect(previous) if previous is not None else [])
 
     def drain(self) -> list[TokenOutput]:
         """Read the step still in flight (overlap), if any."""
@@ -215,7 +271,8 @@ class Scheduler:
 
     def launch(self, batch) -> InFlight:
         """Queue ``batch`` on the engine and advance every request as if its token were known."""
-        result = self.engine.forward_batch(batch)
+        token_masks = partial(self._fill_token_masks, batch) if any(r.grammar is not None for r in batch.reqs) else None
+        result = self.engine.forward_batch(batch, token_masks)
         sampled = []
         for i, (req, extend) in enumerate(zip(batch.reqs, batch.extend_lens)):
             samples = batch.samples(i)
@@ -228,10 +285,35 @@ class Scheduler:
                 self.decode_manager.add(req)
         return InFlight(result, sampled)
 
+    def _fill_token_masks(self, batch, sampling: list[int]) -> TokenMasks | None:
+        """The grammar rows' bitmasks for ``batch`` (called by the engine once the forward pass
+        is queued, so they are filled while the GPU computes). A grammar must have seen every
+        earlier token: with overlap the previous step's tokens are read here (that step is done
+        or about to be; the GPU is already busy with this one)."""
+        rows = [row for row, i in enumerate(sampling) if batch.reqs[i].grammar is not None and batch.reqs[i].grammar.active]
+        if not rows:
+            return None  # every grammar here has ended: nothing to wait for
+        if self.in_flight is not None:
+            for (req, index), token in zip(self.in_flight.sampled, self.in_flight.result.tokens()):
+                if req.grammar is not None and not req.finished:
+                    req.token_ids[index] = token
+        states = []
+        for row in rows:
+            req = batch.reqs[sampling[row]]
+            req.grammar.advance(req)
+            states.append(req.grammar)
+        active = [j for j, state in enumerate(states) if state.active]  # one may have just ended
+        states, rows = [states[j] for j in active], [rows[j] for j in active]
+        if not rows:
+            return None
+        bitmask = self.grammar_compiler.fill_bitmask(states, self.max_running_requests, self.engine.device.type == "cuda")
+        return TokenMasks(bitmask, rows, self.grammar_compiler.apply_bitmask)
+
     def collect(self, step: InFlight) -> list[TokenOutput]:
         """Read a launched step's tokens and end the requests they finish."""
         outputs: list[TokenOutput] = []
-        for (req, index), token in zip(step.sampled, step.result.tokens()):
+        tokens = step.result.tokens()
+        for (req, index), token, logprobs in zip(step.sampled, tokens, step.result.logprobs()):
             if req.finished:
                 continue  # aborted, or finished by an earlier token, while this step ran
             req.token_ids[index] = token
@@ -239,16 +321,18 @@ class Scheduler:
             reason = self._finish_reason(req, token, index)
             if reason is not None:
                 out = self.finish(req, reason)
-                out.token_id = token
+                out.token_id, out.logprobs = token, logprobs
                 outputs.append(out)
                 continue
-            outputs.append(TokenOutput(req.uid, token))
+            outputs.append(TokenOutput(req.uid, token, logprobs=logprobs))
         return outputs
 
     def _finish_reason(self, req: Req, token: int, index: int) -> FinishReason | None:
         """Why the token at ``token_ids[index]`` ends ``req``, if it does."""
         if token in req.params.stop_token_ids or (token in self.eos_token_ids and not req.params.ignore_eos):
             return FinishReason.STOP
+        if req.grammar is not None and token in self.grammar_compiler.stop_token_ids and not req.params.ignore_eos:
+            return FinishReason.STOP  # the grammar's end (the tokenizer's EOS where the model names none)
         if index + 1 - req.prompt_len >= req.max_new_tokens:
             return FinishReason.LENGTH
         return None

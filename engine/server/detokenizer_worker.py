@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from ..detokenize import DecodeState
-from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, UserReply
+from ..detokenize import DecodeState, TokenBytes
+from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, LogprobEntry, ReadyMsg, UserReply
 from .ipc import Receiver, Sender, SocketPaths, reporting_startup
 from .process import init_worker
 
@@ -22,6 +22,7 @@ RECENTLY_STOPPED_KEPT = 4096
 class Detokenizer:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.token_bytes = TokenBytes(tokenizer)
         self.states: dict[int, DecodeState] = {}
         self.stopped: OrderedDict[int, None] = OrderedDict()  # ended here by a stop string
 
@@ -42,7 +43,7 @@ class Detokenizer:
         reason = "stop" if hit_stop else msg.finish_reason
         reply = UserReply(
             msg.uid, text, finished=finished, finish_reason=reason if finished else None, error=msg.error,
-            prompt_tokens=state.prompt_tokens, completion_tokens=len(state.ids),
+            prompt_tokens=state.prompt_tokens, completion_tokens=len(state.ids), logprobs=self._logprobs(msg),
         )
         if finished:
             del self.states[msg.uid]
@@ -52,6 +53,12 @@ class Detokenizer:
                 self.stopped.popitem(last=False)
             return reply, True
         return reply, False
+
+    def _logprobs(self, msg: DetokenizeMsg) -> list[LogprobEntry] | None:
+        if msg.logprob is None or msg.next_token is None:
+            return None
+        top = [LogprobEntry(*self.token_bytes.get(token), logprob) for token, logprob in msg.top_logprobs or []]
+        return [LogprobEntry(*self.token_bytes.get(msg.next_token), msg.logprob, top)]
 
 
 @dataclass(frozen=True)

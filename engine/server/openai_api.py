@@ -13,8 +13,8 @@ import asyncio
 from abc import ABC, abstractmethod
 import hmac
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable
-from dataclasses import replace
+from collections.abc import AsyncGenerator, Awaitable, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
@@ -28,7 +28,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import RequestError
-from ..messages import UserReply
+from ..messages import LogprobEntry, UserReply
 from .metrics import StatsSource, metrics_router
 from .security import AccessPolicy, install_guard
 from .reasoning import ReasoningSplitter, split_reasoning
@@ -49,6 +49,8 @@ from .openai_protocol import (
     ModelCard,
     ModelList,
     UsageInfo,
+    chat_logprobs,
+    completion_logprobs,
     new_id,
     now,
 )
@@ -60,7 +62,7 @@ T = TypeVar("T")
 class FrontendClient(StatsSource, Protocol):
     """What the routes need from the front end (minisgl_engine.server.frontend)."""
 
-    model_name: str  # listed by /v1/models; a request naming any model is served by it
+    model_name: str  # the model's name (server.served_model_name): what /v1/models lists unless create_app gets others
     ready: bool
     thinks: str | None  # the model writes <think> blocks ("model" opens them, "template": the prompt did), None: no
     tool_format: str | None  # how the model writes tool calls (tool_calls.py), None if it has none
@@ -260,19 +262,31 @@ async def _merge(upstreams: list[AsyncGenerator[UserReply, None]]) -> AsyncGener
             await upstream.aclose()
 
 
-async def _collect(merged: AsyncGenerator[tuple[int, UserReply], None], count: int) -> list[tuple[str, UserReply]]:
-    """Each choice's whole text and final reply."""
+@dataclass
+class ChoiceResult:
+    """One choice, whole: its text, its final reply, its tokens' logprobs (None: not asked)."""
+
+    text: str
+    final: UserReply
+    logprobs: list[LogprobEntry] | None = None
+
+
+async def _collect(merged: AsyncGenerator[tuple[int, UserReply], None], count: int) -> list[ChoiceResult]:
+    """Each choice's whole text, final reply and logprobs."""
     parts: list[list[str]] = [[] for _ in range(count)]
+    logprobs: list[list[LogprobEntry] | None] = [None] * count
     finals: list[UserReply | None] = [None] * count
     async for index, reply in merged:
         parts[index].append(reply.incremental_output)
+        if reply.logprobs is not None:
+            logprobs[index] = (logprobs[index] or []) + reply.logprobs
         if reply.finished:
             if reply.finish_reason == "error":
                 raise _refusal(reply, any(parts[index]))
             finals[index] = reply
     if any(final is None for final in finals):
         raise APIError(500, _ENDED_EARLY, type="server_error")
-    return [("".join(p), final) for p, final in zip(parts, finals)]
+    return [ChoiceResult("".join(p), final, lp) for p, final, lp in zip(parts, finals, logprobs)]
 
 
 async def _until_first_text(merged: AsyncGenerator[tuple[int, UserReply], None], count: int) -> list[tuple[int, UserReply]]:
@@ -310,6 +324,16 @@ class _Format(ABC):
     def __init__(self, model: str) -> None:
         self.model = model
         self.created = now()
+        self.pending_logprobs: dict[int, list[LogprobEntry]] = {}  # choice -> logprobs not sent yet
+
+    def add_logprobs(self, index: int, entries: list[LogprobEntry] | None) -> None:
+        """Logprobs of tokens just out; they go with the choice's next chunk that carries text
+        (a token may add no text yet: half a character, a held-back stop string or tag)."""
+        if entries:
+            self.pending_logprobs.setdefault(index, []).extend(entries)
+
+    def take_logprobs(self, index: int) -> list[LogprobEntry] | None:
+        return self.pending_logprobs.pop(index, None)
 
     def opening(self, index: int) -> list[BaseModel]:
         return []
@@ -327,8 +351,8 @@ class _Format(ABC):
         ...
 
     @abstractmethod
-    def response(self, choices: list[tuple[str, str | None]], usage: UsageInfo) -> BaseModel:
-        """``choices``: (text, finish reason) in index order."""
+    def response(self, choices: list[ChoiceResult], usage: UsageInfo) -> BaseModel:
+        """``choices`` in index order."""
 
 
 class _ChatFormat(_Format):
@@ -359,7 +383,14 @@ class _ChatFormat(_Format):
             sent = self.calls_sent.get(index, 0)
             deltas.append({"tool_calls": [call.to_openai(sent)]})
             self.calls_sent[index] = sent + 1
-        return [self._chunk([ChatChunkChoice(index=index, delta=delta)]) for delta in deltas]
+        chunks = [ChatChunkChoice(index=index, delta=delta) for delta in deltas]
+        if chunks:
+            chunks[0].logprobs = self._logprobs(index)
+        return [self._chunk([chunk]) for chunk in chunks]
+
+    def _logprobs(self, index: int) -> dict | None:
+        entries = self.take_logprobs(index)
+        return chat_logprobs(entries) if entries else None
 
     def _answer(self, index: int, answer: str, final: bool) -> tuple[str, list[ToolCall]]:
         if self.tool_format is None:
@@ -383,12 +414,13 @@ class _ChatFormat(_Format):
         held = self._deltas(index, reasoning, *self._answer(index, answer, final=True))
         if self.calls_sent.get(index) and finish_reason == "stop":
             finish_reason = "tool_calls"
-        return held + [self._chunk([ChatChunkChoice(index=index, delta={}, finish_reason=finish_reason)])]
+        last = ChatChunkChoice(index=index, delta={}, logprobs=self._logprobs(index), finish_reason=finish_reason)
+        return held + [self._chunk([last])]
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:
         return self._chunk([], usage)
 
-    def _choice(self, index: int, text: str, finish_reason: str | None) -> ChatChoice:
+    def _choice(self, index: int, text: str, finish_reason: str | None, logprobs: list[LogprobEntry] | None) -> ChatChoice:
         reasoning, answer = split_reasoning(text, self.split_reasoning == "template") if self.split_reasoning else (None, text)
         calls: list[ToolCall] = []
         if self.tool_format is not None:
@@ -397,10 +429,11 @@ class _ChatFormat(_Format):
             finish_reason = "tool_calls"
         message = AssistantMessage(content=answer if answer or not calls else None, reasoning_content=reasoning,
                                    tool_calls=[call.to_openai() for call in calls] or None)
-        return ChatChoice(index=index, message=message, finish_reason=finish_reason)
+        return ChatChoice(index=index, message=message, finish_reason=finish_reason,
+                          logprobs=chat_logprobs(logprobs) if logprobs is not None else None)
 
-    def response(self, choices: list[tuple[str, str | None]], usage: UsageInfo) -> BaseModel:
-        out = [self._choice(i, text, reason) for i, (text, reason) in enumerate(choices)]
+    def response(self, choices: list[ChoiceResult], usage: UsageInfo) -> BaseModel:
+        out = [self._choice(i, c.text, c.final.finish_reason, c.logprobs) for i, c in enumerate(choices)]
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=out, usage=usage)
 
 
@@ -408,21 +441,30 @@ class _CompletionFormat(_Format):
     def __init__(self, model: str) -> None:
         super().__init__(model)
         self.id = new_id("cmpl")
+        self.text_len: dict[int, int] = {}  # choice -> characters streamed so far (text_offset)
 
     def _make(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
+    def _logprobs(self, index: int) -> dict | None:
+        entries = self.take_logprobs(index)
+        return completion_logprobs(entries, self.text_len.get(index, 0)) if entries else None
+
     def text_chunks(self, index: int, text: str) -> list[BaseModel]:
-        return [self._make([CompletionChoice(index=index, text=text)])]
+        chunk = CompletionChoice(index=index, text=text, logprobs=self._logprobs(index))
+        self.text_len[index] = self.text_len.get(index, 0) + len(text)
+        return [self._make([chunk])]
 
     def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]:
-        return [self._make([CompletionChoice(index=index, text="", finish_reason=finish_reason)])]
+        return [self._make([CompletionChoice(index=index, text="", logprobs=self._logprobs(index), finish_reason=finish_reason)])]
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:
         return self._make([], usage)
 
-    def response(self, choices: list[tuple[str, str | None]], usage: UsageInfo) -> BaseModel:
-        return self._make([CompletionChoice(index=i, text=text, finish_reason=reason) for i, (text, reason) in enumerate(choices)], usage)
+    def response(self, choices: list[ChoiceResult], usage: UsageInfo) -> BaseModel:
+        return self._make([CompletionChoice(index=i, text=c.text, finish_reason=c.final.finish_reason,
+                                            logprobs=completion_logprobs(c.logprobs) if c.logprobs is not None else None)
+                           for i, c in enumerate(choices)], usage)
 
 
 def _usage(finals: list[UserReply], n: int) -> UsageInfo:
@@ -452,6 +494,7 @@ async def _event_stream(merged: AsyncGenerator[tuple[int, UserReply], None], fir
                 yield _sse(ErrorResponse(error=ErrorInfo(message=_ENDED_EARLY, type="server_error")))
                 break
             index, reply = item
+            fmt.add_logprobs(index, reply.logprobs)
             if reply.incremental_output:
                 for chunk in fmt.text_chunks(index, reply.incremental_output):
                     yield _sse(chunk)
@@ -502,8 +545,8 @@ async def _serve(request: Request, client: FrontendClient, body: ChatCompletionR
     try:
         if not body.stream:
             results = await _unless_disconnected(request, _collect(merged, len(requests)))
-            usage = _usage([final for _, final in results], body.n)
-            return JSONResponse(fmt.response([(text, final.finish_reason) for text, final in results], usage).model_dump(mode="json"))
+            usage = _usage([result.final for result in results], body.n)
+            return JSONResponse(fmt.response(results, usage).model_dump(mode="json"))
         first = await _unless_disconnected(request, _until_first_text(merged, len(requests)))
         events = _event_stream(merged, first, fmt, len(requests), body.n, body.include_usage)
         handed_over = True
@@ -516,41 +559,54 @@ async def _serve(request: Request, client: FrontendClient, body: ChatCompletionR
 # --- the app --------------------------------------------------------------------------------
 
 
-def _v1_router(client: FrontendClient) -> APIRouter:
+def _model_served(requested: str | None, names: tuple[str, ...]) -> str:
+    """The name a reply carries: the first of ``names``, when the request names one of them or
+    none; any other model is a 404, as OpenAI answers it."""
+    if requested is not None and requested not in names:
+        raise APIError(404, f"The model `{requested}` does not exist.", param="model", code="model_not_found")
+    return names[0]
+
+
+def _v1_router(client: FrontendClient, names: tuple[str, ...]) -> APIRouter:
     router = APIRouter(prefix="/v1")
     created = now()
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        model = _model_served(body.model, names)
         split = client.thinks if body.separate_reasoning else None
         tool_format = None
         if body.uses_tools:
             tool_format = client.tool_format
             if tool_format is None:
                 raise APIError(400, "this model's chat template has no tool calls; send the request without tools", param="tools")
-        return await _serve(request, client, body, _ChatFormat(body.model or client.model_name, split, tool_format))
+            body.use_tool_format(tool_format)
+        return await _serve(request, client, body, _ChatFormat(model, split, tool_format))
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _serve(request, client, body, _CompletionFormat(body.model or client.model_name))
+        return await _serve(request, client, body, _CompletionFormat(_model_served(body.model, names)))
 
     @router.get("/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=client.model_name, created=created, max_model_len=client.max_context_len)])
+        return ModelList(data=[ModelCard(id=names[0], created=created, max_model_len=client.max_context_len)])
 
     return router
 
 
-def create_app(client: FrontendClient, api_key: str | None = None, access: AccessPolicy | None = None) -> FastAPI:
+def create_app(client: FrontendClient, api_key: str | None = None, access: AccessPolicy | None = None,
+               served_model_names: Sequence[str] = ()) -> FastAPI:
     """The HTTP app over ``client``. With ``api_key``, /v1/* needs ``Authorization: Bearer <key>``;
     /health and /metrics stay open (they carry no prompt text). ``access`` says which Host names
-    and foreign Origins are answered (security.py); by default those of a loopback server."""
+    and foreign Origins are answered (security.py); by default those of a loopback server.
+    ``served_model_names`` (--served-model-name): the names a request's ``model`` may give, the
+    first listed by /v1/models and echoed in every reply; by default ``client.model_name`` only."""
     app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None)
     _install_error_handlers(app)
     if api_key:
         app.add_middleware(_RequireApiKey, api_key=api_key)
     install_guard(app, access or AccessPolicy.for_bind("127.0.0.1"))  # outermost: before the key check
-    app.include_router(_v1_router(client))
+    app.include_router(_v1_router(client, tuple(served_model_names) or (client.model_name,)))
     app.include_router(metrics_router(client))
 
     @app.get("/health", include_in_schema=False)

@@ -13,10 +13,11 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from ..errors import RequestError
-from ..sampling_params import SamplingParams
+from ..messages import LogprobEntry
+from ..sampling_params import GrammarSpec, SamplingParams
 
 DEFAULT_MAX_TOKENS = 4096
 """Used when a request gives no max_tokens; the engine clamps it to what the context leaves."""
@@ -134,31 +135,45 @@ class _SamplingRequest(BaseModel):
     stop_token_ids: list[int] | None = None  # extension (vLLM, SGLang)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # Known fields this server cannot honour yet: asking for them (a value other than the neutral
-    # one) is a 400 naming the field, never a reply that silently ignored it.
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_p: float | None = None
-    min_tokens: int | None = None
-    logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # extension (vLLM, SGLang)
+    min_p: float = 0.0  # extension (vLLM, SGLang)
+    min_tokens: int = 0  # extension (vLLM, SGLang)
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's JSON) -> bias in [-100, 100]
+    response_format: dict[str, Any] | None = None  # text | json_object | json_schema
+    regex: str | None = None  # extension (SGLang): the output matches this regular expression
+    ebnf: str | None = None  # extension (SGLang): the output matches this EBNF grammar (its rule "root")
 
-    # field -> the values that ask for nothing (a route's own unsupported fields are added by it)
-    _NEUTRAL: ClassVar[dict[str, tuple]] = {
-        "logprobs": (None, False, 0), "top_logprobs": (None, 0), "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
-        "repetition_penalty": (None, 1), "min_p": (None, 0), "min_tokens": (None, 0), "logit_bias": (None, {})}
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.strip().isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        return value
 
-    @model_validator(mode="after")
-    def _nothing_unsupported(self):
-        for name, allowed in self._NEUTRAL.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} is not supported by this server yet; leave it out")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise ValueError("response_format other than text (JSON mode, JSON schema) is not supported by this server yet")
-        return self
+    def grammar(self) -> GrammarSpec | None:
+        """What the output must match: response_format, or SGLang's regex / ebnf fields (one)."""
+        fmt = self.response_format or {}
+        kind = fmt.get("type", "text")
+        asked = [name for name, on in (("response_format", kind != "text"), ("regex", self.regex is not None), ("ebnf", self.ebnf is not None)) if on]
+        if len(asked) > 1:
+            raise RequestError(f"give one of {' and '.join(asked)}, not both")
+        if self.regex is not None:
+            return GrammarSpec("regex", self.regex)
+        if self.ebnf is not None:
+            return GrammarSpec("ebnf", self.ebnf)
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return GrammarSpec("json_object")
+        if kind == "json_schema":
+            schema = (fmt.get("json_schema") or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise RequestError("response_format json_schema needs json_schema.schema, a JSON schema object")
+            return GrammarSpec("json_schema", json.dumps(schema))
+        raise RequestError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
 
     @field_validator("n")
     @classmethod
@@ -204,7 +219,20 @@ class _SamplingRequest(BaseModel):
             ignore_eos=self.ignore_eos,
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_p=self.min_p,
+            min_tokens=self.min_tokens,
+            logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()},
+            logprobs=self._logprobs()[0],
+            top_logprobs=self._logprobs()[1],
+            grammar=self.grammar(),
         )
+
+    def _logprobs(self) -> tuple[bool, int]:
+        """(return logprobs, how many alternatives): each route spells it its own way."""
+        return False, 0
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -213,17 +241,53 @@ class ChatCompletionRequest(_SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     separate_reasoning: bool = True  # extension (SGLang): a thinking model's <think> block as reasoning_content
     tools: list[ToolDefinition] | None = None
-    tool_choice: str | dict[str, Any] | None = None  # "auto" (default with tools) or "none"
+    tool_choice: str | dict[str, Any] | None = None  # "auto" (default with tools), "none", "required" or a named function
+    logprobs: bool = False
+    top_logprobs: int | None = None  # 0-20 alternatives per token; needs logprobs
+
+    def _logprobs(self) -> tuple[bool, int]:
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true")
+        return self.logprobs, self.top_logprobs or 0
+
+    _tool_format: str | None = PrivateAttr(default=None)  # the model's tool-call convention, set by the route
 
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, value: str | dict | None) -> str | dict | None:
-        if value in (None, "auto", "none"):
+        if value in (None, "auto", "none", "required"):
             return value
-        if value == "required" or isinstance(value, dict):
-            raise ValueError("tool_choice 'required' or a named function needs constrained decoding, which this server "
-                             "does not have yet; use 'auto' (the model decides) or 'none'")
-        raise ValueError(f"tool_choice must be 'auto' or 'none', got {value!r}")
+        if isinstance(value, dict):
+            name = (value.get("function") or {}).get("name") if value.get("type") == "function" else None
+            if not isinstance(name, str):
+                raise ValueError('a named tool_choice is {"type": "function", "function": {"name": ...}}')
+            return value
+        raise ValueError(f"tool_choice must be 'auto', 'none', 'required' or a named function, got {value!r}")
+
+    @model_validator(mode="after")
+    def _forced_tool_exists(self):
+        if self.tool_choice not in (None, "auto", "none") and not self.tools:
+            raise ValueError("tool_choice 'required' or a named function needs tools")
+        if isinstance(self.tool_choice, dict):
+            name = self.tool_choice["function"]["name"]
+            if name not in [tool.function.name for tool in self.tools]:
+                raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+        return self
+
+    def use_tool_format(self, tool_format: str) -> None:
+        self._tool_format = tool_format
+
+    def grammar(self) -> GrammarSpec | None:
+        """With tool_choice 'required' or named, the reply is constrained to a call (the model's
+        convention, arguments valid for the tool's schema)."""
+        forced = self.tool_choice == "required" or isinstance(self.tool_choice, dict)
+        if not forced:
+            return super().grammar()
+        if super().grammar() is not None:
+            raise RequestError("tool_choice 'required' or a named function already constrains the reply; leave out response_format")
+        tools = self.tools if self.tool_choice == "required" else [t for t in self.tools if t.function.name == self.tool_choice["function"]["name"]]
+        spec = {"format": self._tool_format, "tools": [{"name": t.function.name, "parameters": t.function.parameters or {"type": "object"}} for t in tools]}
+        return GrammarSpec("tool_call", json.dumps(spec))
 
     @property
     def uses_tools(self) -> bool:
@@ -247,9 +311,22 @@ class CompletionRequest(_SamplingRequest):
     one choice per prompt (``n`` with n > 1), in the prompts' order."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None  # the sampled token's logprob and this many alternatives (0-20)
     echo: bool = False
     suffix: str | None = None  # fill in the middle
-    _NEUTRAL: ClassVar[dict[str, tuple]] = {**_SamplingRequest._NEUTRAL, "echo": (False,), "suffix": (None, "")}
+    _NEUTRAL: ClassVar[dict[str, tuple]] = {"echo": (False,), "suffix": (None, "")}
+
+    @model_validator(mode="after")
+    def _nothing_unsupported(self):
+        """Known fields this server cannot honour yet: asking for them is a 400 naming the
+        field, never a reply that silently ignored it."""
+        for name, allowed in self._NEUTRAL.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} is not supported by this server yet; leave it out")
+        return self
+
+    def _logprobs(self) -> tuple[bool, int]:
+        return self.logprobs is not None, self.logprobs or 0
 
     @field_validator("prompt")
     @classmethod
@@ -315,10 +392,41 @@ class AssistantMessage(BaseModel):
     reasoning_content: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
+LOWEST_LOGPROB = -9999.0  # what OpenAI reports for an impossible token (JSON has no -inf)
+
+
+def _logprob(value: float) -> float:
+    return value if value >= LOWEST_LOGPROB else LOWEST_LOGPROB
+
+
+def chat_logprobs(entries: list[LogprobEntry]) -> dict[str, Any]:
+    """A chat choice's (or chunk's) ``logprobs``: per token its text, logprob, UTF-8 bytes and
+    the likeliest alternatives."""
+    return {"content": [
+        {"token": e.token, "logprob": _logprob(e.logprob), "bytes": e.token_bytes,
+         "top_logprobs": [{"token": t.token, "logprob": _logprob(t.logprob), "bytes": t.token_bytes} for t in e.top]}
+        for e in entries]}
+
+
+def completion_logprobs(entries: list[LogprobEntry], text_offset: int = 0) -> dict[str, Any]:
+    """A completion choice's ``logprobs`` (the legacy shape): parallel lists, with each token's
+    character offset in the choice's text counted from ``text_offset``."""
+    offsets = []
+    for e in entries:
+        offsets.append(text_offset)
+        text_offset += len(e.token)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [_logprob(e.logprob) for e in entries],
+        "top_logprobs": [{t.token: _logprob(t.logprob) for t in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: str | None
 
 
@@ -334,7 +442,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: dict[str, Any]  # {"role", "content"} first, then {"content"}, {"reasoning_content"} or {"tool_calls"}, then {} with the finish
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
 
 
@@ -351,7 +459,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
 
 

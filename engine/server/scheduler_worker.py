@@ -109,6 +109,8 @@ class SchedulerWorker:
             prompt_tokens=prompt_len,
             stop=stop,
             replica=self.replica,
+            logprob=out.logprobs.logprob if out.logprobs is not None else None,
+            top_logprobs=out.logprobs.top if out.logprobs is not None else None,
         )
 
     def stats(self) -> StatsMsg:

@@ -33,6 +33,7 @@ class ServerConfig:
     num_tokenizers: int = 1
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides the bind address and loopback
     allowed_origins: tuple[str, ...] = ()  # web pages allowed to call the server (with CORS)
+    served_model_names: tuple[str, ...] = ()  # names a request's `model` may give, the first listed; () = the model's own
 
     def access_policy(self) -> AccessPolicy:
         from .security import AccessPolicy
@@ -212,7 +213,7 @@ def run_server(
 
     async def main() -> None:
         client = FrontendClient(paths, model_name, reporting_workers(server.num_tokenizers, config.dp, config.tp), config.dp_routing)
-        app = create_app(client, server.api_key, server.access_policy())
+        app = create_app(client, server.api_key, server.access_policy(), server.served_model_names)
         if mount is not None:
             mount(app, client)
         http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
@@ -275,7 +276,8 @@ def run_server(
             fast = f", {config.dp} replicas" if config.dp > 1 else ""
             fast += ", CUDA graphs" if info.get("cuda_graphs") else ""
             fast += ", overlap scheduling" if info.get("overlap") else ""
-            print(f"minisgl-chat: ready at {url} (model {model_name} on {info.get('device', '?')}, "
+            served_as = f" as {', '.join(server.served_model_names)}" if server.served_model_names else ""
+            print(f"minisgl-chat: ready at {url} (model {model_name}{served_as} on {info.get('device', '?')}, "
                   f"KV cache {info.get('kv_tokens', '?')} tokens, attention {info.get('attention', '?')}{fast})",
                   file=sys.stderr, flush=True)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from minisgl_engine.weights.demo import DEMO_MODEL_NAME
 from server_utils import ServerProcess, wait_until
 
 
@@ -48,7 +49,7 @@ MAX_KV_TOKENS = 16384
 
 
 def chat_body(content: str, **kw) -> dict:
-    return {"model": "demo", "messages": [{"role": "user", "content": content}], **kw}
+    return {"model": DEMO_MODEL_NAME, "messages": [{"role": "user", "content": content}], **kw}
 
 
 def idle(srv: ServerProcess) -> bool:

@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 
+from server_utils import served_model
 from soak_utils import assert_idle, chat_body, run, save_tiny_model_with_demo_vocab
 
 FIGURES: dict[str, object] = {}
@@ -30,8 +31,8 @@ def assert_openai_error(r: httpx.Response, status: int = 400) -> str:
 
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
 def test_invalid_utf8_in_the_body_is_a_clean_400(soak_server, route):
-    for raw in (b'{"model": "m", "prompt": "\xff\xfe\xc3(", "messages": [{"role": "user", "content": "a\xffb"}], "max_tokens": 4}',
-                b"\xff\xff\xff", b'{"model": "m", "messages": [{"role": "user", "content": "\xed\xa0\x80"}], "max_tokens": 4}'):
+    for raw in (b'{"prompt": "\xff\xfe\xc3(", "messages": [{"role": "user", "content": "a\xffb"}], "max_tokens": 4}',
+                b"\xff\xff\xff", b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}], "max_tokens": 4}'):
         r = httpx.post(f"{soak_server.url}{route}", content=raw, headers={"Content-Type": "application/json"}, timeout=60)
         assert_openai_error(r)
 
@@ -39,13 +40,13 @@ def test_invalid_utf8_in_the_body_is_a_clean_400(soak_server, route):
 @pytest.mark.parametrize("stream", [False, True])
 def test_lone_surrogates_are_a_clean_400(soak_server, stream):
     for text in ("\\ud800", "a\\udfffb", "\\udc00\\ud800 hi"):
-        raw = ('{"model": "m", "messages": [{"role": "user", "content": "' + text + '"}], "max_tokens": 4, "stream": %s}'
+        raw = ('{"messages": [{"role": "user", "content": "' + text + '"}], "max_tokens": 4, "stream": %s}'
                % json.dumps(stream)).encode()
         r = post_raw(soak_server, raw)
         # regression: these were HTTP 500 (UnicodeEncodeError when the front end encoded the message)
         assert "Unicode" in assert_openai_error(r)
     # a valid surrogate pair (escaped, as JSON writes an emoji) is served
-    raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi \\ud83d\\ude00"}], "max_tokens": 2}'
+    raw = b'{"messages": [{"role": "user", "content": "hi \\ud83d\\ude00"}], "max_tokens": 2}'
     assert post_raw(soak_server, raw).status_code == 200
     assert_idle(soak_server)
 
@@ -53,7 +54,7 @@ def test_lone_surrogates_are_a_clean_400(soak_server, stream):
 def test_nul_bytes_are_served(soak_server):
     r = httpx.post(f"{soak_server.url}/v1/chat/completions", json=chat_body("a\x00b\x00 what is \x00 this?", max_tokens=4), timeout=300)
     assert r.status_code == 200, r.text
-    r = httpx.post(f"{soak_server.url}/v1/completions", json={"model": "m", "prompt": "\x00" * 50, "max_tokens": 4}, timeout=300)
+    r = httpx.post(f"{soak_server.url}/v1/completions", json={"prompt": "\x00" * 50, "max_tokens": 4}, timeout=300)
     assert r.status_code == 200, r.text
 
 
@@ -94,7 +95,7 @@ def test_many_requests_with_one_seed_at_once_agree(soak_server, scale):
 @pytest.mark.parametrize("route,body", [
     ("/v1/chat/completions", chat_body("hi", max_tokens=2, seed=2**70)),
     ("/v1/chat/completions", chat_body("hi", max_tokens=2, top_k=-(2**64))),
-    ("/v1/completions", {"model": "m", "prompt": [1, 2**65], "max_tokens": 2}),
+    ("/v1/completions", {"prompt": [1, 2**65], "max_tokens": 2}),
 ])
 def test_integers_beyond_64_bits_are_a_clean_400(soak_server, route, body):
     """Regression: found by schemathesis — an integer msgpack cannot hold was HTTP 500
@@ -108,7 +109,7 @@ def test_integers_beyond_64_bits_are_a_clean_400(soak_server, route, body):
 def test_an_unknown_chat_role_is_a_clean_400(soak_server, role, stream):
     """Regression: any role string was accepted ("" too, found by schemathesis) and rendered into
     the prompt verbatim by the chat template."""
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": role, "content": "hello"}],
+    body = {"messages": [{"role": "user", "content": "hi"}, {"role": role, "content": "hello"}],
             "max_tokens": 2, "stream": stream}
     r = httpx.post(f"{soak_server.url}/v1/chat/completions", json=body, timeout=60)
     msg = assert_openai_error(r)
@@ -119,7 +120,7 @@ def test_every_openai_role_is_served_and_developer_means_system(soak_server):
     messages = [{"role": "developer", "content": "Answer in one word."}, {"role": "user", "content": "Capital of France?"},
                 {"role": "assistant", "content": "Paris."}, {"role": "tool", "content": "{}"},
                 {"role": "system", "content": "Be brief."}, {"role": "user", "content": "And of Italy?"}]
-    r = httpx.post(f"{soak_server.url}/v1/chat/completions", json={"model": "m", "messages": messages, "max_tokens": 2}, timeout=120)
+    r = httpx.post(f"{soak_server.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}, timeout=120)
     assert r.status_code == 200, r.text
     from minisgl_engine.server.openai_protocol import ChatCompletionRequest
 
@@ -157,7 +158,7 @@ def test_max_tokens_beyond_the_models_context_is_clamped_with_finish_length(shor
     """The KV pool would hold 4096 tokens: only the model's context can stop this request."""
     srv = short_context_server
     assert srv.metrics()["minisgl_kv_pages_total"] > 4 * SHORT_CONTEXT
-    body = chat_body("ok " * 150, max_tokens=max_tokens, ignore_eos=True, stream=stream,
+    body = chat_body("ok " * 150, model=served_model(srv.url), max_tokens=max_tokens, ignore_eos=True, stream=stream,
                      stream_options={"include_usage": True})
     if stream:
         with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body, timeout=120) as r:

@@ -5,12 +5,16 @@ error is in OpenAI's shape ({"error": {"message": str, "type": str, ...}}).
 Generated bodies may ask for up to a million tokens; to bound CPU time a generated integer
 ``max_tokens`` / ``max_completion_tokens`` above 8 is lowered to 8, and a JSON-object body with
 neither field (or only nulls) gets ``max_tokens: 8`` (without it a reply may run to the end of the 8192-token
-context: one such request took over 120 s on 2 cores). Other values are sent as generated."""
+context: one such request took over 120 s on 2 cores). A generated ``model`` string becomes the served
+model's name (any other is a 404 that leaves the rest of a valid body untried). Other values are sent
+as generated."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+
+from server_utils import served_model
 
 schemathesis = pytest.importorskip("schemathesis")
 
@@ -26,6 +30,7 @@ def test_generated_v1_requests_never_5xx_and_errors_are_openai_shaped(soak_serve
     assert {op.path for op in ops} >= {"/v1/chat/completions", "/v1/completions", "/v1/models"}
     # GET /v1/models takes no input (one request); the two POST routes share the rest
     per_op = (MIN_TOTAL if scale.name == "short" else 4 * MIN_TOTAL) // 2 + 20
+    model = served_model(url)
     failures = []
     for op in ops:
         COUNTS[op.label] = 0
@@ -35,6 +40,8 @@ def test_generated_v1_requests_never_5xx_and_errors_are_openai_shaped(soak_serve
         @given(case=op.as_strategy())
         def check(case):
             if isinstance(case.body, dict):
+                if isinstance(case.body.get("model"), str):
+                    case.body["model"] = model  # else nearly every request is a 404
                 if case.body.get("max_tokens") is None and case.body.get("max_completion_tokens") is None:
                     case.body["max_tokens"] = 8  # else the reply may run to the end of the 8192-token context
                 for key in ("max_tokens", "max_completion_tokens"):
