@@ -44,13 +44,14 @@ def pytest_addoption(parser):
 
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory):
-    """One `minisgl-chat serve` of the demo model for the endpoint tests that need real text."""
+    """One `minisgl-chat serve` of the demo model (two tokenizer workers), shared by every test
+    file that needs real text from a real server: a start costs ~25 s on CI."""
     from minisgl_engine.weights.demo import demo_model_dir
     from minisgl_engine.weights.gguf_convert import is_complete
     from server_utils import ServerProcess
 
     if not is_complete(demo_model_dir()):
         pytest.skip("demo model not pulled: run `minisgl-chat pull`")
-    srv = ServerProcess("--max-kv-tokens", "16384", "--max-running-requests", "32", log_path=tmp_path_factory.mktemp("demo-server") / "serve.log")
+    srv = ServerProcess("--num-tokenizer", "2", "--max-kv-tokens", "16384", log_path=tmp_path_factory.mktemp("demo-server") / "serve.log")
     yield srv
     srv.stop()

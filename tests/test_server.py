@@ -25,10 +25,8 @@ MODEL = DEMO_MODEL_NAME  # what /v1/models lists for the demo model (test_openai
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    srv = ServerProcess("--num-tokenizer", "2", "--max-kv-tokens", "16384", log_path=tmp_path_factory.mktemp("server") / "serve.log")
-    yield srv
-    srv.stop()
+def server(demo_server):
+    return demo_server  # conftest.py: shared with the other files that drive the demo model's server
 
 
 def chat_body(content: str, **kw) -> dict:

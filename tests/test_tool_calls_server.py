@@ -110,3 +110,36 @@ def test_tool_choice_none_leaves_the_tools_out(tool_server):
     plain = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=1)
     none = client.chat.completions.create(model=model, messages=QUESTION, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=1)
     assert none.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+TIME_TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time in a timezone",
+                                               "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 32}},
+                                                              "required": ["timezone"]}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_and_named_tool_choice_always_give_a_valid_call(tool_server, stream):
+    """The demo model was not trained to call tools; constrained by the grammar it always does,
+    with arguments that match the tool's schema, greedy and sampled."""
+    import jsonschema
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{tool_server.url}/v1", api_key="unused")
+    model = served_model(tool_server.url)
+    cases = [("required", {"get_weather", "get_time"}), ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER_TOOL, TIME_TOOL)}
+    for choice, allowed in cases:
+        for sampling in ({}, {"temperature": 1.0, "seed": 4}):
+            kw = dict(model=model, messages=QUESTION, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice=choice, max_tokens=80, **sampling)
+            if stream:
+                calls, finish = [], None
+                for chunk in client.chat.completions.create(stream=True, **kw):
+                    for c in chunk.choices:
+                        calls += c.delta.tool_calls or []
+                        finish = c.finish_reason or finish
+            else:
+                reply = client.chat.completions.create(**kw)
+                calls, finish = reply.choices[0].message.tool_calls or [], reply.choices[0].finish_reason
+            assert finish == "tool_calls" and len(calls) == 1, (choice, calls, finish)
+            assert calls[0].function.name in allowed
+            jsonschema.validate(json.loads(calls[0].function.arguments), schemas[calls[0].function.name])
