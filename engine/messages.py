@@ -43,7 +43,11 @@ class UserMsg(msgspec.Struct, tag=True):
 
 
 class AbortBackendMsg(msgspec.Struct, tag=True):
+    """End a request in the scheduler: the client went away (``stop`` False) or the
+    detokenizer found one of its stop strings (``stop`` True: it finished, it was not aborted)."""
+
     uid: int
+    stop: bool = False
 
 
 class LogprobEntry(msgspec.Struct, array_like=True):

@@ -223,6 +223,20 @@ def test_disconnect_non_stream_aborts(server):
     assert m["minisgl_running_requests"] == 0 and m["minisgl_kv_pages_used"] == 0
 
 
+def test_a_stop_string_is_a_finish_not_an_abort(server):
+    """The detokenizer finds the stop string and has the scheduler drop the request: /metrics
+    counts it finished, as it counts EOS, and frees its pages."""
+    before = server.metrics()
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 200, "ignore_eos": True, "stop": ["."]}
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+    assert reply["choices"][0]["finish_reason"] == "stop" and "." not in reply["choices"][0]["text"], reply
+    assert reply["usage"]["completion_tokens"] < 200
+    assert wait_until(lambda: server.metrics()["minisgl_requests_finished_total"] == before["minisgl_requests_finished_total"] + 1, 3.0)
+    after = server.metrics()
+    assert after["minisgl_requests_aborted_total"] == before["minisgl_requests_aborted_total"]
+    assert after["minisgl_running_requests"] == 0 and after["minisgl_kv_pages_used"] == 0
+
+
 def test_metrics_are_prometheus(server):
     m = server.metrics()
     for name in ("minisgl_running_requests", "minisgl_waiting_requests", "minisgl_kv_pages_total", "minisgl_kv_pages_used",

@@ -176,16 +176,18 @@ class Scheduler:
                 continue
             self.prefill_manager.add(req)
 
-    def abort_request(self, uid: int) -> TokenOutput | None:
-        """End a request in any state; an abort for an unknown uid is remembered in case the
-        request is still on its way."""
+    def abort_request(self, uid: int, reason: FinishReason = FinishReason.ABORT) -> TokenOutput | None:
+        """End a request in any state (``reason`` STOP: the detokenizer found a stop string, a
+        finish like EOS); an abort for an unknown uid is remembered in case the request is still
+        on its way."""
         req = self.reqs.get(uid)
         if req is None:
-            self._early_aborts[uid] = None
-            while len(self._early_aborts) > EARLY_ABORTS_KEPT:
-                self._early_aborts.popitem(last=False)
+            if reason == FinishReason.ABORT:
+                self._early_aborts[uid] = None
+                while len(self._early_aborts) > EARLY_ABORTS_KEPT:
+                    self._early_aborts.popitem(last=False)
             return None
-        return self.finish(req, FinishReason.ABORT)
+        return self.finish(req, reason)
 
     # ---- the one way out ---------------------------------------------------------------------
 

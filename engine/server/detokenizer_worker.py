@@ -91,7 +91,7 @@ def run_detokenizer_worker(args: DetokenizerWorkerArgs) -> None:
                 if reply is not None:
                     replies.append(reply)
                 if drop and 0 <= msg.replica < len(to_schedulers):
-                    drops[msg.replica].append(AbortBackendMsg(msg.uid))
+                    drops[msg.replica].append(AbortBackendMsg(msg.uid, stop=True))
         if replies:
             to_frontend.send(FrontendBatch(replies))
         for sender, msgs in zip(to_schedulers, drops):

@@ -31,6 +31,7 @@ from ..config import EngineConfig
 from ..distributed import broadcast_bytes, get_tp, init_tp
 from ..errors import UserError
 from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, UserMsg, decoder, encode
+from ..request import FinishReason
 from ..scheduler.scheduler import Scheduler, TokenOutput
 from .ipc import Receiver, Sender, SocketPaths, reporting_startup
 from .process import init_worker
@@ -82,7 +83,7 @@ class SchedulerWorker:
         for batch in batches:
             for msg in batch.msgs:
                 if isinstance(msg, AbortBackendMsg):
-                    out = self.scheduler.abort_request(msg.uid)
+                    out = self.scheduler.abort_request(msg.uid, FinishReason.STOP if msg.stop else FinishReason.ABORT)
                     if out is not None:
                         replies.append(self.to_detokenize(out))
                     continue
