@@ -95,4 +95,6 @@ class TokenBytes:
                 return bytes(self.byte_of_char[c] for c in piece)
             if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # SentencePiece byte fallback
                 return bytes([int(piece[3:5], 16)])
+            if "\u2581" in piece:  # SentencePiece / Metaspace: "▁" is the space decode() would drop at the start
+                return piece.replace("\u2581", " ").encode()
         return self.tokenizer.decode([token_id]).encode()

@@ -87,8 +87,8 @@ class StepResult:
         chosen = self._cpu[1].tolist()
         top_ids = self._cpu[2].tolist() if len(self._cpu) > 2 else None
         top_lps = self._cpu[3].tolist() if len(self._cpu) > 2 else None
-        for j, row in enumerate(self._logprobs.rows):
-            top = list(zip(top_ids[j], top_lps[j])) if top_ids is not None else []
+        for j, (row, count) in enumerate(zip(self._logprobs.rows, self._logprobs.counts)):
+            top = list(zip(top_ids[j][:count], top_lps[j][:count])) if top_ids is not None else []
             result[row] = TokenLogprobs(chosen[j], top)
         return result
 

@@ -140,11 +140,12 @@ class GrammarState:
 
     def advance(self, req: Req) -> None:
         """Accept the request's generated tokens known so far (an in-flight one is not yet)."""
-        out = req.token_ids[req.prompt_len :]
-        while self.accepted < len(out) and out[self.accepted] != PLACEHOLDER:
+        ids = req.token_ids
+        while req.prompt_len + self.accepted < len(ids) and ids[req.prompt_len + self.accepted] != PLACEHOLDER:
+            token = ids[req.prompt_len + self.accepted]
             if not self.broken and not self.matcher.is_terminated():
-                if not self.matcher.accept_token(out[self.accepted]):
-                    logger.warning("request %d: the grammar refused token %d; its output is no longer constrained", req.uid, out[self.accepted])
+                if not self.matcher.accept_token(token):
+                    logger.warning("request %d: the grammar refused token %d; its output is no longer constrained", req.uid, token)
                     self.broken = True
             self.accepted += 1
 

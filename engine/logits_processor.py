@@ -42,6 +42,7 @@ class Logprobs:
     chosen: torch.Tensor  # [len(rows)] the sampled token's logprob
     top_ids: torch.Tensor | None  # [len(rows), k] the k likeliest tokens (k = the most any row asked)
     top_logprobs: torch.Tensor | None
+    counts: list[int]  # how many alternatives each row asked for (its share of the k)
 
 
 class LogitsProcessor:
@@ -49,7 +50,7 @@ class LogitsProcessor:
         self.vocab_size = vocab_size
         self.max_rows = max_rows
         self.device = device
-        self.eos_token_ids = list(eos_token_ids)
+        self.eos_token_ids = [t for t in eos_token_ids if 0 <= t < vocab_size]  # a config may name one outside
         self.counts: torch.Tensor | None = None  # [max_rows, vocab] float32: generated tokens seen
         self.in_prompt: torch.Tensor | None = None  # [max_rows, vocab] bool: the prompt's tokens
         self.row_owner: dict[int, int] = {}  # page-table row -> uid whose counts it holds
@@ -71,11 +72,11 @@ class LogitsProcessor:
         rows, logprobs = raw
         ids = next_ids if len(rows) == len(reqs) else next_ids[to_device(rows, next_ids.device)]
         chosen = logprobs.gather(1, ids.view(-1, 1)).squeeze(1)
-        k = max(reqs[i].params.top_logprobs for i in rows)
-        if k == 0:
-            return Logprobs(rows, chosen, None, None)
-        top = logprobs.topk(k, dim=-1)
-        return Logprobs(rows, chosen, top.indices, top.values)
+        counts = [reqs[i].params.top_logprobs for i in rows]
+        if max(counts) == 0:
+            return Logprobs(rows, chosen, None, None, counts)
+        top = logprobs.topk(max(counts), dim=-1)
+        return Logprobs(rows, chosen, top.indices, top.values, counts)
 
     # ---- edits ---------------------------------------------------------------------------------
 

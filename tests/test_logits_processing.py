@@ -125,3 +125,29 @@ def test_penalties_follow_a_request_through_preemption(tiny_model):
     together = small.generate(PROMPTS, params)
     for prompt, result in zip(PROMPTS, together):
         assert result.token_ids == hf_greedy(hf, prompt, new=20, rule=Rule(len(prompt), frequency=1.2, presence=0.3))
+
+
+def test_each_request_gets_the_alternatives_it_asked_for(qwen3):
+    llm, _ = qwen3
+    counts = [0, 1, 5, 20]
+    results = llm.generate([PROMPTS[0]] * len(counts), [SamplingParams(max_tokens=4, logprobs=True, top_logprobs=k) for k in counts])
+    for k, result in zip(counts, results):
+        assert [len(lp.top) for lp in result.logprobs] == [k] * 4
+
+
+def test_token_bytes_for_byte_level_and_sentencepiece_tokenizers():
+    from minisgl_engine.detokenize import TokenBytes
+
+    class Metaspace:  # what a Llama-2 / Mistral tokenizer gives for its pieces
+        pieces = {5: "\u2581Hello", 6: "<0xE2>", 7: "world"}
+
+        def convert_ids_to_tokens(self, token_id):
+            return self.pieces[token_id]
+
+        def decode(self, ids):
+            return "".join(self.pieces[i] for i in ids).replace("\u2581", "")
+
+    table = TokenBytes(Metaspace())
+    assert table.get(5) == (" Hello", list(b" Hello"))
+    assert table.get(6) == ("\ufffd", [0xE2])
+    assert table.get(7) == ("world", list(b"world"))

@@ -828,3 +828,49 @@ async def test_neutral_values_of_sampling_fields_and_stop_token_ids_pass():
         r = await c.post("/v1/chat/completions", json={**CHAT, **neutral})
     assert r.status_code == 200, r.text
     assert client.requests[0].params.stop_token_ids == [7, 8]
+
+
+async def test_null_sampling_fields_mean_their_neutral_values():
+    client = FakeClient()
+    nulls = {"frequency_penalty": None, "presence_penalty": None, "repetition_penalty": None, "min_p": None, "min_tokens": None,
+             "logprobs": None, "top_logprobs": None, "logit_bias": None, "response_format": None}
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, **nulls})
+    assert r.status_code == 200, r.text
+    params = client.requests[0].params
+    assert not params.changes_logits and not params.logprobs and params.grammar is None
+
+
+@pytest.mark.parametrize("key", ["²", "-1", "1.5", " "])
+async def test_logit_bias_keys_that_are_not_token_ids_are_400(key):
+    async with http(create_app(FakeClient())) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "logit_bias": {key: 1}})
+    assert_openai_error(r, 400, "logit_bias keys must be token ids")
+
+
+async def test_the_prefill_before_n_choices_asks_for_nothing_the_choices_ask_for():
+    """n > 1 runs the prompt once with one greedy token first: min_tokens (> its max_tokens of 1),
+    a grammar or logprobs must not ride along (min_tokens would even refuse it)."""
+    client = FakeClient()
+    extras = {"n": 2, "max_tokens": 6, "min_tokens": 5, "logprobs": True, "top_logprobs": 2, "frequency_penalty": 1,
+              "response_format": {"type": "json_object"}}
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, **extras})
+    assert r.status_code == 200, r.text
+    prefill, *choices = [req.params for req in client.requests]
+    assert prefill.max_tokens == 1 and not prefill.changes_logits and not prefill.logprobs
+    assert len(choices) == 2 and all(p.min_tokens == 5 and p.logprobs and p.grammar is not None for p in choices)
+
+
+async def test_a_constrained_reply_is_content_even_where_the_template_opens_a_think_block():
+    def json_reply(req: GenerateRequest) -> list[UserReply]:
+        return [UserReply(uid=1, incremental_output='{"a": 1}', finished=True, finish_reason="stop", completion_tokens=4)]
+
+    client = FakeClient(json_reply)
+    client.thinks = "template"
+    async with http(create_app(client)) as c:
+        constrained = (await c.post("/v1/chat/completions", json={**CHAT, "response_format": {"type": "json_object"}})).json()
+        free = (await c.post("/v1/chat/completions", json=CHAT)).json()
+    assert constrained["choices"][0]["message"]["content"] == '{"a": 1}'
+    assert "reasoning_content" not in constrained["choices"][0]["message"]
+    assert free["choices"][0]["message"]["reasoning_content"] == '{"a": 1}', "unconstrained, the opened block is reasoning"

@@ -153,6 +153,9 @@ class Scheduler:
                 self.grammar_compiler = GrammarCompiler(tokenizer, self.engine.model_config.vocab_size, list(self.engine.eos_token_ids))
             except ImportError:
                 raise RequestError("structured output needs xgrammar: pip install xgrammar") from None
+            except Exception as exc:  # this request fails; the engine keeps serving the others
+                logger.exception("structured output could not start")
+                raise RequestError(f"structured output could not start for this model's tokenizer: {exc}") from None
         return self.grammar_compiler
 
     def _admit_compiled(self) -> None:
@@ -171,8 +174,9 @@ class Scheduler:
             del self.grammar_waiting[uid]
             try:
                 req.grammar = GrammarState(self.grammar_compiler.xgr.GrammarMatcher(compiling.result()))
-            except RequestError as exc:
-                self.ready_outputs.append(self.finish(req, FinishReason.ERROR, str(exc)))
+            except Exception as exc:  # a RequestError (bad schema) or anything xgrammar raised: this request only
+                message = str(exc) if isinstance(exc, RequestError) else f"the grammar could not be used: {exc}"
+                self.ready_outputs.append(self.finish(req, FinishReason.ERROR, message))
                 continue
             self.prefill_manager.add(req)
 

@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import RequestError
 from ..messages import LogprobEntry, UserReply
+from ..sampling_params import SamplingParams
 from .metrics import StatsSource, metrics_router
 from .security import AccessPolicy, install_guard
 from .reasoning import ReasoningSplitter, split_reasoning
@@ -310,8 +311,8 @@ async def _prefill_once(client: FrontendClient, req: GenerateRequest) -> None:
     radix cache, and the n choices, sent after it, find it there instead of each prefilling the
     prompt (SGLang does the same for parallel sampling). A prompt the engine refuses is refused
     here, before any choice starts."""
-    params = replace(req.params, max_tokens=1, temperature=0.0, seed=None, stop=[], stop_token_ids=[])
-    upstream = client.generate(replace(req, params=params))
+    # one greedy token and nothing else the choices ask for (a grammar, penalties, min_tokens...)
+    upstream = client.generate(replace(req, params=SamplingParams(max_tokens=1)))
     try:
         await _collect(_merge([upstream]), 1)
     finally:
@@ -574,7 +575,11 @@ def _v1_router(client: FrontendClient, names: tuple[str, ...]) -> APIRouter:
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         model = _model_served(body.model, names)
-        split = client.thinks if body.separate_reasoning else None
+        # a reply held to a grammar (JSON, a forced tool call) has no think block to split off,
+        # even where the template opens one in the prompt
+        constrained = (body.response_format or {}).get("type", "text") != "text" or body.regex is not None or body.ebnf is not None \
+            or body.tool_choice == "required" or isinstance(body.tool_choice, dict)
+        split = client.thinks if body.separate_reasoning and not constrained else None
         tool_format = None
         if body.uses_tools:
             tool_format = client.tool_format

@@ -135,11 +135,12 @@ class _SamplingRequest(BaseModel):
     stop_token_ids: list[int] | None = None  # extension (vLLM, SGLang)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0  # extension (vLLM, SGLang)
-    min_p: float = 0.0  # extension (vLLM, SGLang)
-    min_tokens: int = 0  # extension (vLLM, SGLang)
+    # null (some clients send it) means the neutral value, as leaving the field out does
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None  # extension (vLLM, SGLang)
+    min_p: float | None = None  # extension (vLLM, SGLang)
+    min_tokens: int | None = None  # extension (vLLM, SGLang)
     logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's JSON) -> bias in [-100, 100]
     response_format: dict[str, Any] | None = None  # text | json_object | json_schema
     regex: str | None = None  # extension (SGLang): the output matches this regular expression
@@ -149,7 +150,7 @@ class _SamplingRequest(BaseModel):
     @classmethod
     def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key in value or {}:
-            if not key.strip().isdigit():
+            if not (key.strip().isascii() and key.strip().isdecimal()):
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
         return value
 
@@ -219,11 +220,11 @@ class _SamplingRequest(BaseModel):
             ignore_eos=self.ignore_eos,
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
-            frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty,
-            repetition_penalty=self.repetition_penalty,
-            min_p=self.min_p,
-            min_tokens=self.min_tokens,
+            frequency_penalty=0.0 if self.frequency_penalty is None else self.frequency_penalty,
+            presence_penalty=0.0 if self.presence_penalty is None else self.presence_penalty,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            min_tokens=0 if self.min_tokens is None else self.min_tokens,
             logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()},
             logprobs=self._logprobs()[0],
             top_logprobs=self._logprobs()[1],
@@ -242,13 +243,13 @@ class ChatCompletionRequest(_SamplingRequest):
     separate_reasoning: bool = True  # extension (SGLang): a thinking model's <think> block as reasoning_content
     tools: list[ToolDefinition] | None = None
     tool_choice: str | dict[str, Any] | None = None  # "auto" (default with tools), "none", "required" or a named function
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: int | None = None  # 0-20 alternatives per token; needs logprobs
 
     def _logprobs(self) -> tuple[bool, int]:
         if self.top_logprobs and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs: true")
-        return self.logprobs, self.top_logprobs or 0
+        return bool(self.logprobs), self.top_logprobs or 0
 
     _tool_format: str | None = PrivateAttr(default=None)  # the model's tool-call convention, set by the route
 
