@@ -168,23 +168,24 @@ EXTRAS = {
 }
 
 
-@pytest.mark.parametrize("name", list(EXTRAS))
-def test_plain_requests_are_unchanged_beside_requests_using_an_option(api, name):
+def test_plain_requests_are_unchanged_beside_requests_using_each_option(api):
+    """One batch: a greedy and a seeded plain request beside two requests for each option
+    (tests/test_logits_processing.py checks each option on its own against transformers)."""
     client, model = api
 
     def plain(i: int) -> str:
         kw = {"temperature": 0.8, "seed": 7} if i else {}
         return client.chat.completions.create(model=model, messages=QUESTION, max_tokens=24, **kw).choices[0].message.content
 
-    def extra(_: int) -> str:
+    def extra(name: str) -> str:
         return client.chat.completions.create(model=model, messages=QUESTION, max_tokens=24, **EXTRAS[name]).choices[0].message.content
 
     alone = [plain(0), plain(1)]
-    with ThreadPoolExecutor(8) as pool:
-        extras = [pool.submit(extra, i) for i in range(6)]
+    with ThreadPoolExecutor(2 * len(EXTRAS) + 2) as pool:
+        extras = {name: [pool.submit(extra, name) for _ in range(2)] for name in EXTRAS}
         together = [pool.submit(plain, 0), pool.submit(plain, 1)]
         assert [f.result() for f in together] == alone
-        assert all(f.result() is not None for f in extras)
+        assert all(f.result() is not None for fs in extras.values() for f in fs)
 
 
 # --- 200 random JSON schemas -----------------------------------------------------------------

@@ -117,8 +117,7 @@ TIME_TOOL = {"type": "function", "function": {"name": "get_time", "description":
                                                               "required": ["timezone"]}}}
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_required_and_named_tool_choice_always_give_a_valid_call(tool_server, stream):
+def test_required_and_named_tool_choice_always_give_a_valid_call(tool_server):
     """The demo model was not trained to call tools; constrained by the grammar it always does,
     with arguments that match the tool's schema, greedy and sampled."""
     import jsonschema
@@ -128,7 +127,7 @@ def test_required_and_named_tool_choice_always_give_a_valid_call(tool_server, st
     model = served_model(tool_server.url)
     cases = [("required", {"get_weather", "get_time"}), ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})]
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER_TOOL, TIME_TOOL)}
-    for choice, allowed in cases:
+    for (choice, allowed), stream in zip(cases, (False, True)):  # each case streamed or not, in turn
         for sampling in ({}, {"temperature": 1.0, "seed": 4}):
             kw = dict(model=model, messages=QUESTION, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice=choice, max_tokens=80, **sampling)
             if stream:
