@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="the chat app (the default command): engine + chat page + OpenAI routes")
     chat.add_argument("--no-browser", action="store_true", help="do not open the browser")
+    remote = chat.add_argument_group("remote engine (no local engine: replies come from an OpenAI-compatible server)")
+    remote.add_argument("--remote", default=None, metavar="URL",
+                        help="e.g. http://gpu-box:30000 (SGLang, vLLM or another minisgl-chat serve); docs/scale-out.md")
+    remote.add_argument("--remote-api-key", default=None, metavar="KEY", help="the remote's API key (env MINISGL_REMOTE_API_KEY)")
+    remote.add_argument("--remote-model", default=None, metavar="NAME", help="the remote model to ask (default: the first it lists)")
     add_server_args(chat)
     add_engine_args(chat)
 
@@ -145,8 +150,17 @@ def run_chat(args: argparse.Namespace) -> int:
         if not args.no_browser:
             webbrowser.open(f"{url}/")
 
+    if args.remote is not None:  # no engine here: the page's replies come from that server
+        from .remote_app import run_remote_chat
+        from .reply_source import RemoteEngine
+
+        remote = RemoteEngine(args.remote, args.remote_api_key or os.environ.get("MINISGL_REMOTE_API_KEY"), args.remote_model)
+        return run_remote_chat(remote, server, store, on_listen)
+    from .reply_source import LocalEngine
+
     return run_server(
-        engine_config_from_args(args), server, mount=lambda app, client: mount_ui(app, client, store, server.api_key), on_listen=on_listen
+        engine_config_from_args(args), server, mount=lambda app, client: mount_ui(app, LocalEngine(client), store, server.api_key),
+        on_listen=on_listen
     )
 
 

@@ -216,11 +216,14 @@ class ReplyManager:
             self._next(reply.conv_id)
 
     def _store(self, reply: LiveReply) -> None:
-        """What the page shows is what is stored; a refused turn keeps its reason as the reply."""
+        """What the page shows is what is stored; a refused turn keeps its reason as the reply,
+        and a reply that failed half-way (the engine or the remote went away) its text and then
+        the reason."""
         stats = reply.stats()
+        text = reply.text
         if reply.error is not None:
             stats = {**stats, "finish_reason": "error", "stopped": False}
-        text = reply.text if reply.error is None or reply.text else f"⚠️ {reply.error}"
+            text = f"{reply.text}\n\n⚠️ {reply.error}" if reply.text else f"⚠️ {reply.error}"
         try:
             self.store.update_message(reply.message_id, text, stats)
         except NotFoundError:

@@ -27,7 +27,8 @@ from minisgl_engine.server.openai_protocol import GenerateRequest
 
 from .live import ReplyManager, Turn
 from .store import IMPORT_LIMIT_BYTES, BadImportFile, ChatSettings, ConversationStore, NotFoundError, title_from
-from .view import can_continue, engine_messages, focus_of, sidebar_choices, status_line, versions_label, view_messages
+from .reply_source import ReplySource
+from .view import can_continue, engine_messages, focus_of, sidebar_choices, versions_label, view_messages
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
@@ -81,10 +82,10 @@ class Tab:
 class ChatPage:
     """The page's state and event handlers; ``build`` lays it out."""
 
-    def __init__(self, client, store: ConversationStore) -> None:
-        self.client = client
+    def __init__(self, source: ReplySource, store: ConversationStore) -> None:
+        self.source = source  # where replies come from: the local engine or a remote server
         self.store = store
-        self.replies = ReplyManager(store, client.generate)
+        self.replies = ReplyManager(store, source.generate)
         self.tabs: dict[str, Tab] = {}
 
     # ---- state of one tab
@@ -157,7 +158,7 @@ class ChatPage:
         """Every second: the status line, and the sidebar when another chat starts or ends replying."""
         tab = self.tab(request)
         self.replies.page_seen(request.session_hash if request is not None else None, tab.conv_id)
-        status, side = status_line(self.client), self.render_sidebar(tab)
+        status, side = self.source.status_line(), self.render_sidebar(tab)
         # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
         updates = (status if status != tab.status else gr.skip(), self.as_update(2, side) if side != tab.sidebar else gr.skip())
         tab.status, tab.sidebar = status, side
@@ -179,7 +180,7 @@ class ChatPage:
         focus = focus_of(conv, tab.focus)
         label = versions_label(conv, focus) if focus is not None else ""
         continuable = can_continue(conv) and not self.replies.is_busy(tab.conv_id)
-        return [chat, status_line(self.client), side, focus is not None, label, continuable]
+        return [chat, self.source.status_line(), side, focus is not None, label, continuable]
 
     @staticmethod
     def as_update(index: int, value):
@@ -195,7 +196,7 @@ class ChatPage:
         tab = self.tab(request)
         convs = self.store.list()
         tab.conv_id = convs[0].id if convs else None
-        thinking = gr.update(visible=chat_template_supports_thinking(self.client.tokenizer_path))
+        thinking = gr.update(visible=self.source.supports_thinking)
         return (*self.fields(tab), thinking)
 
     async def select(self, conv_id: int | None, request: gr.Request):
@@ -303,7 +304,7 @@ class ChatPage:
             s = conv.settings
             params = SamplingParams(max_tokens=int(s.max_tokens), temperature=float(s.temperature), top_p=float(s.top_p),
                                     top_k=int(s.top_k) or -1, seed=s.seed, stop=list(s.stop))
-            kwargs = {"enable_thinking": bool(s.thinking)} if chat_template_supports_thinking(self.client.tokenizer_path) else {}
+            kwargs = {"enable_thinking": bool(s.thinking)} if self.source.supports_thinking else {}
             messages = engine_messages(replace(conv, messages=path), s)
             if continue_id is not None:
                 kwargs["continue_final_message"] = True
@@ -333,7 +334,7 @@ class ChatPage:
             return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
         if not self.save_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, request):
             return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
-        if not self.client.ready:
+        if not self.source.ready:
             gr.Warning("The model is still loading; send your message once the status line says Ready.")
             return gr.skip(), gr.skip()
         text = with_attachments(text, tab.attachments)
@@ -524,7 +525,7 @@ class ChatPage:
                         stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
                         gr.Markdown("Settings apply to this chat as you change them.", elem_classes="hint")
                 with gr.Column(scale=4, elem_id="main"):
-                    status = gr.Markdown(status_line(self.client), elem_id="status-line")
+                    status = gr.Markdown(self.source.status_line(), elem_id="status-line")
                     chatbot = gr.Chatbot(
                         elem_id="chatbot", show_label=False, height="70vh", editable="all",
                         # one bubble per message: Copy copies one message (not the reply with its stats line)
@@ -593,9 +594,9 @@ class ChatPage:
         return demo
 
 
-def build_ui(client, store: ConversationStore) -> gr.Blocks:
-    """The whole page. ``client`` is the engine's FrontendClient."""
-    return ChatPage(client, store).build()
+def build_ui(source: ReplySource, store: ConversationStore) -> gr.Blocks:
+    """The whole page, its replies written by ``source`` (reply_source.py)."""
+    return ChatPage(source, store).build()
 
 
 def edit_text(value) -> str:
@@ -643,15 +644,6 @@ def validated(settings: ChatSettings) -> ChatSettings:
     return settings
 
 
-def chat_template_supports_thinking(tokenizer_path: str | None) -> bool:
-    """Qwen3-style templates read an `enable_thinking` variable; others ignore the toggle."""
-    if tokenizer_path is None:
-        return False
-    folder = Path(tokenizer_path)
-    texts = [p.read_text(errors="ignore") for p in (folder / "chat_template.jinja", folder / "tokenizer_config.json") if p.exists()]
-    return any("enable_thinking" in t for t in texts)
-
-
 def quiet_queue(demo: gr.Blocks) -> None:
     """Poll Gradio's event queue every QUEUE_POLL_S instead of every millisecond (its attributes
     are not public API: tests/test_chat_logic.py fails if a Gradio upgrade renames them)."""
@@ -667,12 +659,12 @@ def theme_css() -> str:
     return path.read_text() if path.exists() else ""
 
 
-def mount_ui(app, client, store: ConversationStore, api_key: str | None) -> None:
-    """Serve the chat at ``/`` of the engine's FastAPI app. Off loopback, the page asks for
-    the API key (any user name, the key as password)."""
+def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | None) -> None:
+    """Serve the chat at ``/`` of ``app`` (the engine's FastAPI app, or the remote mode's own).
+    Off loopback, the page asks for the API key (any user name, the key as password)."""
     import hmac
 
-    demo = build_ui(client, store)
+    demo = build_ui(source, store)
     demo.queue(default_concurrency_limit=None)
     quiet_queue(demo)
     # The page's events are its internals, not an API (docs/security.md): none is listed by

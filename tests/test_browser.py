@@ -211,29 +211,6 @@ def test_a_conversation_longer_than_the_context_says_what_to_do(browser, app):
     page.close()
 
 
-def test_api_key_puts_a_login_wall_on_the_page(browser, data_dir, tmp_path):
-    secured = ServerProcess("--no-browser", "--api-key", "s3cret", command="chat", log_path=tmp_path / "secured.log",
-                            env={"MINISGL_DATA_DIR": str(data_dir)})
-    try:
-        page = browser.new_page()
-        page.goto(f"{secured.url}/")
-        page.wait_for_selector("input[type=password]", timeout=30_000)
-        assert page.locator("#msg-input").count() == 0
-        shot(page, "08-login")
-        page.fill("input[type=text]", "me")
-        page.fill("input[type=password]", "wrong")
-        page.click("button:has-text('Login')")
-        page.wait_for_selector("text=Incorrect", timeout=10_000)
-        assert page.locator("#msg-input").count() == 0
-        page.fill("input[type=text]", "me")
-        page.fill("input[type=password]", "s3cret")
-        page.click("button:has-text('Login')")
-        page.wait_for_selector("#msg-input textarea", timeout=30_000)
-        page.close()
-    finally:
-        secured.stop()
-
-
 def test_reload_and_restart_keep_the_conversation(browser, app, data_dir, tmp_path):
     page = open_page(browser, app)
     page.click("#new-chat-btn")

@@ -259,12 +259,15 @@ def test_gradio_queue_polls_every_20_ms_not_every_millisecond() -> None:
 
 
 class FakeClient:
-    """What ChatPage reads of the engine's front end."""
+    """A ReplySource (app/reply_source.py): what ChatPage reads of where replies come from."""
 
     def __init__(self, engine: FakeEngine) -> None:
         self.generate = engine.generate
         self.ready = True
-        self.tokenizer_path = None
+        self.supports_thinking = False
+
+    def status_line(self) -> str:
+        return "**Ready** · fake"
 
 
 class FakeRequest:

@@ -248,14 +248,6 @@ def test_a_client_that_goes_away_frees_its_replica(dp_servers):
     assert replicas == {0, 1}
 
 
-def test_killing_a_replica_ends_the_app_naming_it(tiny_model, tmp_path):
-    from minisgl_engine.weights.demo import demo_model_dir
-
-    srv = ServerProcess("--model", str(tiny_model("llama")[0]), "--tokenizer", str(demo_model_dir()), "--dp", "2",
-                        log_path=tmp_path / "kill.log")
-    kill_worker_and_expect_the_app_to_end(srv, "minisgl-DP1-scheduler", "minisgl-DP1-scheduler exited unexpectedly")
-
-
 @pytest.mark.parametrize("flags, message", [
     (["--dp", "0"], "--tp and --dp must be at least 1"),
     (["--tp", "0"], "--tp and --dp must be at least 1"),
@@ -294,3 +286,9 @@ def test_new_prompts_alternate_between_idle_replicas_even_after_a_repeat():
     first = router.choose(prompt_blocks("a new prompt", None, None))
     assert router.choose(prompt_blocks("a new prompt", None, None)) == first  # the repeat: where it is cached
     assert router.choose(prompt_blocks("another new prompt", None, None)) == 1 - first
+
+
+def test_killing_a_replica_ends_the_app_naming_it(dp_servers):
+    """Last in this module: it ends the module's --dp 2 server (a server of its own cost ~30 s)."""
+    _, two = dp_servers
+    kill_worker_and_expect_the_app_to_end(two, "minisgl-DP1-scheduler", "minisgl-DP1-scheduler exited unexpectedly")

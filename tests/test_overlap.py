@@ -46,7 +46,9 @@ def test_greedy_outputs_equal_the_plain_loop(llm):
     params = [SamplingParams(max_tokens=n) for n in (1, 2, 3, 7, 20, 33, 1, 5, 16, 2, 40, 9)]
     plain = run(llm, False, ids, params)
     assert run(llm, True, ids, params) == plain
-    assert {reason for _, reason in plain} == {"length"} or "stop" in {reason for _, reason in plain}
+    for (tokens, reason), p in zip(plain, params):  # "length" exactly at max_tokens; else an EOS ended it
+        assert reason in ("length", "stop") and 0 < len(tokens) <= p.max_tokens, (reason, len(tokens), p.max_tokens)
+        assert reason == "stop" or len(tokens) == p.max_tokens, (reason, len(tokens), p.max_tokens)
 
 
 def test_stop_tokens_end_at_the_same_place(llm):

@@ -115,15 +115,6 @@ def test_serve_tp2_answers_like_tp1(tp_servers):
     assert together == [complete(one.url, p) for p in ids]
 
 
-def test_killing_a_rank_ends_the_app_naming_it(tiny_model, tmp_path):
-    from minisgl_engine.weights.demo import demo_model_dir
-    from server_utils import ServerProcess, kill_worker_and_expect_the_app_to_end
-
-    srv = ServerProcess("--model", str(tiny_model("llama")[0]), "--tokenizer", str(demo_model_dir()), "--tp", "2",
-                        log_path=tmp_path / "kill.log")
-    kill_worker_and_expect_the_app_to_end(srv, "minisgl-TP1-scheduler", "minisgl-TP1-scheduler")
-
-
 def test_a_tp_that_does_not_divide_the_heads_is_refused(tiny_model):
     import subprocess
 
@@ -219,3 +210,11 @@ def test_bench_and_the_ranks_import_without_the_web_stack():
             "from minisgl_engine.server.server import prepare_model\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_killing_a_rank_ends_the_app_naming_it(tp_servers):
+    """Last in this module: it ends the module's --tp 2 server (a server of its own cost ~35 s)."""
+    from server_utils import kill_worker_and_expect_the_app_to_end
+
+    _, two = tp_servers
+    kill_worker_and_expect_the_app_to_end(two, "minisgl-TP1-scheduler", "minisgl-TP1-scheduler")

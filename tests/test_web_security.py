@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,6 +16,7 @@ from minisgl_engine.errors import UserError
 from minisgl_engine.server.security import AccessPolicy, host_name, parse_origin
 from minisgl_engine.weights.demo import DEMO_MODEL_NAME, demo_model_dir
 from minisgl_engine.weights.gguf_convert import is_complete
+from chat_page_utils import CHROMIUM, browser  # noqa: F401 (browser: fixture)
 from server_utils import CLI, ServerProcess
 
 needs_demo = pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`")
@@ -195,9 +197,12 @@ def test_dns_rebinding_simulation_reads_no_chat(app):
 
 @pytest.fixture(scope="module")
 def lan_server(tmp_path_factory):
-    srv = ServerProcess("--host", "0.0.0.0", "--api-key", "k3y", "--allowed-hosts", "chat.lan",
-                        "--allowed-origins", EVIL_ORIGIN, "--max-kv-tokens", "4096",
-                        log_path=tmp_path_factory.mktemp("lan") / "serve.log")
+    """The chat app bound for the LAN: an API key, one more host name and one more origin (the
+    app, not `serve`: the login wall of the page is tested here too, without another start)."""
+    folder = tmp_path_factory.mktemp("lan")
+    srv = ServerProcess("--no-browser", "--host", "0.0.0.0", "--api-key", "k3y", "--allowed-hosts", "chat.lan",
+                        "--allowed-origins", EVIL_ORIGIN, "--max-kv-tokens", "4096", command="chat",
+                        log_path=folder / "app.log", env={"MINISGL_DATA_DIR": str(folder / "data")})
     yield srv
     srv.stop()
 
@@ -223,3 +228,24 @@ def test_allowed_origin_gets_cors_for_itself_only(lan_server):
     other = call(lan_server, "POST", "/v1/chat/completions", {**key, "Origin": "http://other.example"})
     assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
     assert call(lan_server, "POST", "/v1/chat/completions", {"Origin": EVIL_ORIGIN}).status_code == 401  # the key still counts
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)")
+@needs_demo
+def test_api_key_puts_a_login_wall_on_the_page(browser, lan_server):
+    """With --api-key the page asks for the key before it shows anything of the chats."""
+    page = browser.new_page()
+    page.goto(f"{lan_server.url}/")
+    page.wait_for_selector("input[type=password]", timeout=30_000)
+    assert page.locator("#msg-input").count() == 0
+    page.fill("input[type=text]", "me")
+    page.fill("input[type=password]", "wrong")
+    page.click("button:has-text('Login')")
+    page.wait_for_selector("text=Incorrect", timeout=10_000)
+    assert page.locator("#msg-input").count() == 0
+    page.fill("input[type=text]", "me")
+    page.fill("input[type=password]", "k3y")
+    page.click("button:has-text('Login')")
+    page.wait_for_selector("#msg-input textarea", timeout=30_000)
+    page.close()

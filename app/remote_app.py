@@ -1,0 +1,65 @@
+"""``minisgl-chat --remote URL``: the chat page with no engine of its own.
+
+The same page, store and security as the local app (Host/Origin guard, the API-key login wall
+off loopback, loopback by default); its replies come from a remote OpenAI-compatible server
+through :class:`~.reply_source.RemoteEngine`. No model is loaded and no engine process runs
+here, so this starts in seconds on any machine."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+
+from minisgl_engine.server.server import ServerConfig, bind_listen_socket, check_server_config
+
+from .reply_source import RemoteEngine
+from .store import ConversationStore
+
+
+def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: ConversationStore,
+                    on_listen: Callable[[str], None]) -> int:
+    """Serve the page until SIGINT/SIGTERM (exit 0: an orderly stop)."""
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from minisgl_engine.server.security import install_guard
+
+    from .ui import mount_ui
+
+    check_server_config(server)
+    if not remote.url.startswith(("http://", "https://")):
+        from minisgl_engine.errors import UserError
+
+        raise UserError(f"--remote must be an http:// or https:// URL, got {remote.url!r}")
+    listen_socket = bind_listen_socket(server.host, server.port)
+    app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None, openapi_url=None)
+    install_guard(app, server.access_policy())
+
+    @app.get("/health", include_in_schema=False)
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok", "remote": remote.url})
+
+    mount_ui(app, remote, store, server.api_key)
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    url = f"http://{host}:{listen_socket.getsockname()[1]}"
+    http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
+
+    async def main() -> None:
+        await remote.check()  # the first status line already says whether the remote answers
+        print(f"minisgl-chat: ready at {url} (remote {remote.url}: {remote.status_line().split(' · ', 1)[-1]})",
+              file=sys.stderr, flush=True)
+        on_listen(url)
+        await http.serve(sockets=[listen_socket])
+
+    import asyncio
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # uvicorn installs its own once serving
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        listen_socket.close()
+    return 0

@@ -1,0 +1,293 @@
+"""Where the chat's replies come from: this machine's engine, or a remote OpenAI-compatible server.
+
+The page talks to one interface, :class:`ReplySource`, and has no branch on which one it has:
+
+- :class:`LocalEngine` wraps the engine's front end (``FrontendClient``): replies come over
+  ZeroMQ from the tokenizer / scheduler / detokenizer processes started with the app.
+- :class:`RemoteEngine` (``minisgl-chat --remote URL``) streams ``/v1/chat/completions`` from
+  SGLang, vLLM or another minisgl-chat with the ``openai`` package's async client. Stop closes
+  the stream (those servers abort a request whose client goes away); the figures under a reply
+  come from the stream itself (first token, chunks, ``usage``); a remote's errors become a
+  sentence in the chat, never a traceback.
+
+Both yield the engine's :class:`UserReply` messages, which :class:`~.live.ReplyManager` reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Protocol
+
+from minisgl_engine.messages import UserReply
+from minisgl_engine.server.openai_protocol import GenerateRequest
+
+from .view import status_line
+
+logger = logging.getLogger("minisgl.app")
+
+REMOTE_CHECK_S = 5.0  # how often the remote's /v1/models is asked while a page is open
+REMOTE_CONNECT_TIMEOUT_S = 5.0
+REMOTE_READ_TIMEOUT_S = 300.0  # the longest wait for the next chunk (a long prefill on a busy server)
+
+
+class ReplySource(Protocol):
+    """What the chat page needs from whatever writes its replies."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether a message sent now is taken (else the page says the model is loading and
+        keeps it in the box)."""
+
+    @property
+    def supports_thinking(self) -> bool:
+        """Whether the model's chat template reads ``enable_thinking`` (the page shows the toggle)."""
+
+    def status_line(self) -> str:
+        """The one line under the chat: the model, where it runs, its load or what is wrong."""
+
+    def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
+        """The reply, piece by piece; ends early, unfinished, once ``stop`` is set."""
+
+
+class LocalEngine:
+    """The engine started with the app (``FrontendClient`` over ZeroMQ)."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    @property
+    def ready(self) -> bool:
+        return self.client.ready
+
+    @property
+    def supports_thinking(self) -> bool:
+        return chat_template_supports_thinking(self.client.tokenizer_path)
+
+    def status_line(self) -> str:
+        return status_line(self.client)
+
+    def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
+        return self.client.generate(request, stop)
+
+
+def chat_template_supports_thinking(tokenizer_path: str | None) -> bool:
+    """Qwen3-style templates read an `enable_thinking` variable; others ignore the toggle."""
+    if tokenizer_path is None:
+        return False
+    folder = Path(tokenizer_path)
+    texts = [p.read_text(errors="ignore") for p in (folder / "chat_template.jinja", folder / "tokenizer_config.json") if p.exists()]
+    return any("enable_thinking" in t for t in texts)
+
+
+class RemoteEngine:
+    """An OpenAI-compatible server elsewhere (SGLang, vLLM, another ``minisgl-chat serve``).
+
+    ``model``: the one to ask for; by default the first that the remote's ``/v1/models`` lists.
+    The remote is looked at again every ``REMOTE_CHECK_S`` while a page is open, so the status
+    line follows it going away and coming back; a message sent while it is away gets the
+    reason as its reply, and the next one (or Regenerate) tries again."""
+
+    def __init__(self, url: str, api_key: str | None = None, model: str | None = None) -> None:
+        import httpx
+        import openai
+
+        url = url.rstrip("/")
+        self.url = url.removesuffix("/v1")
+        self.chosen_model = model
+        self.model_name: str | None = model
+        self.models: list[str] = []
+        self.error: str | None = None
+        self.checked_at = 0.0
+        self._check: asyncio.Task | None = None
+        self.client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=api_key or "none", max_retries=0,
+                                         timeout=httpx.Timeout(REMOTE_READ_TIMEOUT_S, connect=REMOTE_CONNECT_TIMEOUT_S))
+
+    # ---- what the page reads
+
+    @property
+    def ready(self) -> bool:
+        return True  # a message is always taken: if the remote fails it, the reply says why, and the next one retries
+
+    @property
+    def supports_thinking(self) -> bool:
+        return False  # a remote's chat template is not visible from here; its reasoning still shows
+
+    def status_line(self) -> str:
+        self._look_again()
+        if self.error is not None:
+            return f"**Remote unavailable** · {self.url}: {self.error} (trying again every {REMOTE_CHECK_S:.0f} s)"
+        if self.model_name is None:
+            return f"**Connecting** to {self.url}…"
+        return f"**Remote** · {self.model_name} at {self.url}"
+
+    def _look_again(self) -> None:
+        """Ask the remote for its models again when the last answer is old (from the page's tick)."""
+        if self._check is not None and not self._check.done():
+            return
+        if time.monotonic() - self.checked_at < REMOTE_CHECK_S:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to schedule on
+            self._check = asyncio.get_running_loop().create_task(self.check())
+
+    async def check(self) -> None:
+        """The remote's models; sets ``error`` to what went wrong when it does not answer."""
+        import openai
+
+        self.checked_at = time.monotonic()
+        try:
+            listed = await self.client.models.list()
+        except openai.APIError as exc:
+            self.error = self.describe(exc)
+            return
+        self.models = [m.id for m in listed.data]
+        if self.chosen_model is not None and self.chosen_model not in self.models:
+            self.error = f"it does not serve `{self.chosen_model}` (it serves {', '.join(self.models) or 'nothing'})"
+            return
+        self.model_name = self.chosen_model or (self.models[0] if self.models else None)
+        self.error = None if self.model_name is not None else "it lists no models"
+
+    def describe(self, exc: BaseException) -> str:
+        """A remote's failure as a sentence saying what to do."""
+        import httpx
+        import openai
+
+        if isinstance(exc, openai.AuthenticationError):
+            return "it refused the API key (HTTP 401): check --remote-api-key"
+        if isinstance(exc, openai.NotFoundError):
+            return f"it does not serve model `{self.model_name}` (HTTP 404)"
+        if isinstance(exc, openai.APIStatusError):
+            return f"it answered HTTP {exc.status_code}: {remote_message(exc)}"
+        if isinstance(exc, openai.APITimeoutError):
+            return "it did not answer in time"
+        if isinstance(exc, openai.APIConnectionError):
+            return "cannot connect; is it running?"
+        if isinstance(exc, httpx.HTTPError):
+            return f"the connection broke ({type(exc).__name__})"
+        return f"{type(exc).__name__}: {exc}"
+
+    # ---- one reply
+
+    async def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
+        import httpx
+        import openai
+
+        if self.model_name is None:
+            await self.check()
+        if self.model_name is None:
+            yield UserReply(0, "", finished=True, error=f"the remote at {self.url}: {self.error}")
+            return
+        stream = None
+        stopper = asyncio.ensure_future(stop.wait())
+        pieces = ReasoningJoiner()
+        tokens, finish_reason = 0, None
+        try:
+            stream = await until_stopped(self.client.chat.completions.create(**chat_body(request, self.model_name)), stopper)
+            if stream is None:
+                return  # stopped before the remote answered: the request was cancelled with its connection
+            chunks = aiter(stream)
+            while True:
+                try:
+                    chunk = await until_stopped(anext(chunks), stopper)
+                except StopAsyncIteration:
+                    break
+                if chunk is None:
+                    return  # Stop: closing the stream (below) makes the remote abort the request
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens or tokens
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                text = pieces.push(choice.delta.content, getattr(choice.delta, "reasoning_content", None))
+                if text:
+                    tokens += 1  # a chunk per token from SGLang, vLLM and this engine; `usage` corrects it at the end
+                finish_reason = choice.finish_reason or finish_reason
+                if text:
+                    yield UserReply(0, text, completion_tokens=tokens)
+            if finish_reason is None:
+                yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True,
+                                error=f"the remote at {self.url} ended the reply without finishing it")
+                return
+            yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True, finish_reason=finish_reason)
+        except (openai.APIError, httpx.HTTPError) as exc:
+            reason = self.describe(exc)
+            if isinstance(exc, (openai.APIConnectionError, openai.AuthenticationError)):
+                self.error, self.checked_at = reason, time.monotonic()  # the status line says so at once
+            yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True, error=f"the remote at {self.url}: {reason}")
+        finally:
+            stopper.cancel()
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    await stream.close()
+
+
+async def until_stopped(step, stopper: asyncio.Future):
+    """``await step``, unless ``stopper`` finishes first: then ``step`` is cancelled and the
+    result is None."""
+    task = asyncio.ensure_future(step)
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    return None
+
+
+class ReasoningJoiner:
+    """A remote sends a thinking model's reasoning apart (``reasoning_content``, SGLang's and
+    vLLM's field); the page shows replies as the model wrote them, with a <think> block, so
+    the two are put back together."""
+
+    def __init__(self) -> None:
+        self.thinking = False
+
+    def push(self, content: str | None, reasoning: str | None) -> str:
+        out = ""
+        if reasoning:
+            out += "" if self.thinking else "<think>"
+            self.thinking = True
+            out += reasoning
+        if content:
+            out += self.close() + content
+        return out
+
+    def close(self) -> str:
+        if not self.thinking:
+            return ""
+        self.thinking = False
+        return "</think>"
+
+
+def chat_body(request: GenerateRequest, model: str) -> dict:
+    """The chat turn as an OpenAI streamed request; top_k and the template's options are the
+    extensions SGLang, vLLM and this engine read."""
+    p = request.params
+    body: dict = {"model": model, "messages": request.messages, "stream": True, "stream_options": {"include_usage": True},
+                  "max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
+    if p.seed is not None:
+        body["seed"] = p.seed
+    if p.stop:
+        body["stop"] = list(p.stop)
+    extra: dict = {}
+    if p.top_k is not None and p.top_k > 0:
+        extra["top_k"] = p.top_k
+    if request.chat_template_kwargs:
+        extra["chat_template_kwargs"] = dict(request.chat_template_kwargs)
+    if extra:
+        body["extra_body"] = extra
+    return body
+
+
+def remote_message(exc) -> str:
+    """The error message a remote put in its body (OpenAI's shape), shortened."""
+    body = getattr(exc, "body", None)
+    message = body.get("message") if isinstance(body, dict) else None
+    if message is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
+        message = body["error"].get("message")
+    text = str(message or getattr(exc, "message", "") or exc)
+    return text if len(text) <= 300 else text[:297] + "…"

@@ -1,0 +1,201 @@
+"""`minisgl-chat --remote URL`: the chat page with no engine of its own, its replies streamed from
+a real OpenAI-compatible server (our own `minisgl-chat serve --api-key`, demo model, CPU), in
+Chromium: a streamed reply with its stats, Stop aborting the request on the remote, a wrong key,
+and the remote killed mid-reply then back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from chat_page_utils import BROWSER_MARKS, browser, send  # noqa: F401 (browser: fixture)
+from server_utils import ServerProcess, wait_until
+from test_browser import BOT, last_reply, make_greedy, stats_text
+
+KEY = "r3mote"
+
+
+# ---- the pieces, without a server ----------------------------------------------------------
+
+
+def test_a_chat_turn_becomes_an_openai_streamed_request():
+    from minisgl_app.reply_source import chat_body
+    from minisgl_engine.sampling_params import SamplingParams
+    from minisgl_engine.server.openai_protocol import GenerateRequest
+
+    request = GenerateRequest(params=SamplingParams(max_tokens=64, temperature=0.5, top_p=0.9, top_k=20, seed=3, stop=["END"]),
+                              messages=[{"role": "user", "content": "hi"}], chat_template_kwargs={"enable_thinking": False})
+    body = chat_body(request, "m")
+    assert body["model"] == "m" and body["stream"] and body["stream_options"] == {"include_usage": True}
+    assert (body["max_tokens"], body["temperature"], body["top_p"], body["seed"], body["stop"]) == (64, 0.5, 0.9, 3, ["END"])
+    assert body["extra_body"] == {"top_k": 20, "chat_template_kwargs": {"enable_thinking": False}}
+    plain = chat_body(GenerateRequest(params=SamplingParams(max_tokens=8), messages=[]), "m")
+    assert "extra_body" not in plain and "seed" not in plain and "stop" not in plain  # nothing a plain OpenAI server refuses
+
+
+def test_reasoning_sent_apart_is_shown_as_a_think_block():
+    from minisgl_app.reply_source import ReasoningJoiner
+    from minisgl_app.view import split_thinking
+
+    joiner = ReasoningJoiner()
+    text = "".join([joiner.push(None, "Let me"), joiner.push(None, " think."), joiner.push("Paris", None),
+                    joiner.push(" it is.", None), joiner.close()])
+    assert text == "<think>Let me think.</think>Paris it is."
+    assert split_thinking(text) == [("Let me think.", True, False), ("Paris it is.", False, False)]
+    cut = ReasoningJoiner()
+    assert cut.push(None, "half") + cut.close() == "<think>half</think>"  # a reply stopped mid-thought still closes
+
+
+def test_an_unreachable_remote_is_a_sentence_not_a_traceback():
+    from minisgl_app.reply_source import RemoteEngine
+    from minisgl_engine.sampling_params import SamplingParams
+    from minisgl_engine.server.openai_protocol import GenerateRequest
+    from server_utils import free_port
+
+    port = free_port()
+    remote = RemoteEngine(f"http://127.0.0.1:{port}/v1/")  # with or without /v1: the server's address
+    assert remote.url == f"http://127.0.0.1:{port}"
+
+    async def ask() -> list:
+        request = GenerateRequest(params=SamplingParams(max_tokens=4), messages=[{"role": "user", "content": "hi"}])
+        return [out async for out in remote.generate(request, asyncio.Event())]
+
+    [out] = asyncio.run(ask())
+    assert out.finished and "cannot connect; is it running?" in out.error and remote.url in out.error
+    assert remote.status_line().startswith("**Remote unavailable**")
+
+
+# ---- against a real server, in the browser ---------------------------------------------------
+
+def browser_test(fn):
+    """Chromium and the demo model are needed (skipped, saying which, where they are missing)."""
+    for mark in BROWSER_MARKS:
+        fn = mark(fn)
+    return fn
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory):
+    """The remote engine: `minisgl-chat serve` of the demo model with an API key."""
+    from minisgl_engine.weights.demo import demo_model_dir
+    from minisgl_engine.weights.gguf_convert import is_complete
+
+    if not is_complete(demo_model_dir()):
+        pytest.skip("demo model not pulled: run `minisgl-chat pull`")
+    folder = tmp_path_factory.mktemp("remote")
+    holder = {"srv": ServerProcess("--api-key", KEY, "--max-kv-tokens", "8192", log_path=folder / "remote.log"), "folder": folder}
+    yield holder
+    holder["srv"].stop()
+
+
+def start_app(tmp_path_factory, remote_srv: ServerProcess, key: str, name: str) -> ServerProcess:
+    folder = tmp_path_factory.mktemp(name)
+    return ServerProcess("--no-browser", "--remote", remote_srv.url, "--remote-api-key", key, command="chat",
+                         log_path=folder / "app.log", env={"MINISGL_DATA_DIR": str(folder / "data")})
+
+
+@pytest.fixture(scope="module")
+def app(remote, tmp_path_factory):
+    srv = start_app(tmp_path_factory, remote["srv"], KEY, "remote-app")
+    yield srv
+    srv.stop()
+
+
+def open_remote_page(browser, app: ServerProcess, status: str = "Remote"):  # noqa: F811
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page.goto(f"{app.url}/")
+    page.wait_for_selector("#msg-input textarea", timeout=60_000)
+    assert wait_until(lambda: status in page.inner_text("#status-line"), 30), page.inner_text("#status-line")
+    return page
+
+
+def new_greedy_chat(page, max_tokens: int) -> None:
+    page.click("#new-chat-btn")
+    assert wait_until(lambda: page.locator("#conv-list input:checked").count() == 0, 30)
+    make_greedy(page, max_tokens)
+
+
+def engine_figures(srv: ServerProcess) -> dict[str, float]:
+    m = srv.metrics()
+    return {k.removeprefix("minisgl_"): m[k] for k in ("minisgl_running_requests", "minisgl_kv_pages_used",
+                                                        "minisgl_requests_aborted_total", "minisgl_requests_finished_total")}
+
+
+@browser_test
+def test_the_page_streams_a_remote_reply_with_its_figures(browser, app, remote):  # noqa: F811
+    srv = remote["srv"]
+    page = open_remote_page(browser, app)
+    status = page.inner_text("#status-line")
+    assert "smollm2" in status.lower() and srv.url in status, status
+    before = engine_figures(srv)
+    new_greedy_chat(page, 32)
+    send(page, "What is the capital of France?")
+    assert wait_until(lambda: "tok/s" in stats_text(page), 60), (last_reply(page), stats_text(page))
+    assert "Paris" in last_reply(page)
+    assert "s to first token" in stats_text(page) and "tokens" in stats_text(page)
+    after = engine_figures(srv)
+    assert after["requests_finished_total"] == before["requests_finished_total"] + 1, (before, after)
+    page.close()
+
+
+@browser_test
+def test_stop_aborts_the_request_on_the_remote_and_frees_its_kv(browser, app, remote):  # noqa: F811
+    srv = remote["srv"]
+    page = open_remote_page(browser, app)
+    before = engine_figures(srv)
+    new_greedy_chat(page, 1024)
+    send(page, "Write a very long story about a dragon who learns to cook. Use many chapters.")
+    assert wait_until(lambda: len(last_reply(page)) >= 20, 60), last_reply(page)
+    page.click("#stop-btn")
+    start = time.monotonic()
+    freed = wait_until(lambda: engine_figures(srv)["running_requests"] == 0 and engine_figures(srv)["kv_pages_used"] == 0, 2.0)
+    print(f"remote freed the request {time.monotonic() - start:.2f} s after Stop")
+    after = engine_figures(srv)
+    assert freed, after
+    assert after["requests_aborted_total"] == before["requests_aborted_total"] + 1, (before, after)
+    assert wait_until(lambda: "stopped" in stats_text(page), 10), stats_text(page)
+    page.close()
+
+
+@browser_test
+def test_a_wrong_key_is_a_message_in_the_chat(browser, remote, tmp_path_factory):  # noqa: F811
+    wrong = start_app(tmp_path_factory, remote["srv"], "not-the-key", "remote-wrong-key")
+    try:
+        page = open_remote_page(browser, wrong, status="Remote unavailable")
+        assert "API key" in page.inner_text("#status-line")
+        send(page, "Hello?")
+        assert wait_until(lambda: "⚠️" in last_reply(page), 30), last_reply(page)
+        assert "refused the API key (HTTP 401)" in last_reply(page) and "--remote-api-key" in last_reply(page)
+        assert "Traceback" not in wrong.output()
+        page.close()
+    finally:
+        wrong.stop()
+
+
+@browser_test
+def test_the_remote_killed_mid_reply_then_back(browser, app, remote):  # noqa: F811
+    """Last in this module: it kills the module's remote (then starts it again on its port)."""
+    srv = remote["srv"]
+    page = open_remote_page(browser, app)
+    new_greedy_chat(page, 1024)
+    send(page, "Tell me a long tale about a lighthouse keeper and a storm, with many details.")
+    assert wait_until(lambda: len(last_reply(page)) >= 20, 60), last_reply(page)
+    srv.proc.kill()  # SIGKILL: the remote's workers follow it (tests/test_server.py)
+    srv.proc.wait(10)
+    assert wait_until(lambda: "⚠️" in last_reply(page), 30), page.locator(BOT).all_inner_texts()
+    reply = last_reply(page)
+    assert len(reply.split("⚠️")[0].strip()) >= 20, reply  # the text that came before stays
+    assert "the remote at" in reply and "Traceback" not in reply, reply
+    assert wait_until(lambda: "Remote unavailable" in page.inner_text("#status-line"), 15), page.inner_text("#status-line")
+    # back on the same address: the page says so and the next message is answered
+    remote["srv"] = ServerProcess("--api-key", KEY, "--max-kv-tokens", "8192", port=srv.port,
+                                  log_path=remote["folder"] / "remote-again.log")
+    assert wait_until(lambda: "Remote ·" in page.inner_text("#status-line"), 15), page.inner_text("#status-line")
+    new_greedy_chat(page, 32)
+    send(page, "What is the capital of France?")
+    assert wait_until(lambda: "tok/s" in stats_text(page), 60), (last_reply(page), stats_text(page))
+    assert "Paris" in last_reply(page)
+    assert app.proc.poll() is None  # the app kept running throughout
+    page.close()
