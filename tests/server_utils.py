@@ -119,3 +119,23 @@ def kill_worker_and_expect_the_app_to_end(srv: "ServerProcess", title: str, mess
     print(f"the app exited {time.monotonic() - start:.2f} s after {title} was killed")
     assert message in srv.output()
     assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)
+
+
+def group_gone(procs: list[psutil.Process]) -> bool:
+    """No process of ``procs`` is left (a zombie waiting for its parent's wait() counts as gone)."""
+    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
+
+
+def ipc_socket_paths(srv: ServerProcess) -> list[str]:
+    """The AF_UNIX paths the server's processes have bound (its ZeroMQ ipc:// endpoints)."""
+    paths: set[str] = set()
+    for proc in [psutil.Process(srv.proc.pid), *srv.workers()]:
+        paths |= {c.laddr for c in proc.net_connections(kind="unix") if c.laddr}
+    return sorted(paths)
+
+
+def runtime_dir_of(srv: ServerProcess) -> Path:
+    """The server's private runtime folder (engine/server/ipc.py make_runtime_dir): the one
+    folder holding all of its sockets."""
+    [folder] = {Path(p).parent for p in ipc_socket_paths(srv)}
+    return folder

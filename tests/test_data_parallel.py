@@ -262,11 +262,11 @@ def test_impossible_dp_flags_are_one_line_errors(tiny_model, flags, message):
 
 
 def test_bench_offline_with_dp2_deals_the_requests_to_both_replicas(demo_dp2):
-    out = subprocess.run([*CLI, "bench", "offline", "--device", "cpu", "--dp", "2", "--num-requests", "2", "--max-input-len", "110", "--max-output-len", "100"],
+    out = subprocess.run([*CLI, "bench", "offline", "--device", "cpu", "--dp", "2", "--num-requests", "2", "--max-input-len", "40", "--max-output-len", "16"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     row = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (row["bench"], row["dp"], row["requests"], row["output_tokens"]) == ("offline", 2, 2, 200)
+    assert (row["bench"], row["dp"], row["requests"], row["output_tokens"]) == ("offline", 2, 2, 32)
     assert len(row["replica_seconds"]) == 2 and row["seconds"] >= max(row["replica_seconds"])
 
 

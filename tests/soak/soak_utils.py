@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import psutil
 
 from minisgl_engine.weights.demo import DEMO_MODEL_NAME
-from server_utils import ServerProcess, wait_until
+from server_utils import ServerProcess, group_gone, ipc_socket_paths, runtime_dir_of, wait_until  # noqa: F401 (used by the soak tests)
 
 
 @dataclass(frozen=True)
@@ -118,26 +117,6 @@ def long_prompt(rng: random.Random, words: int = 300) -> str:
     """~1.3 tokens a word: several chunks at the soak server's 64-token prefill budget; random words
     so the radix cache cannot skip the prefill."""
     return "Summarise: " + " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-def group_gone(procs: list[psutil.Process]) -> bool:
-    """No process of ``procs`` is left (a zombie waiting for its parent's wait() counts as gone)."""
-    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
-
-
-def ipc_socket_paths(srv: ServerProcess) -> list[str]:
-    """The AF_UNIX paths the server's processes have bound (its ZeroMQ ipc:// endpoints)."""
-    paths: set[str] = set()
-    for proc in [psutil.Process(srv.proc.pid), *srv.workers()]:
-        paths |= {c.laddr for c in proc.net_connections(kind="unix") if c.laddr}
-    return sorted(paths)
-
-
-def runtime_dir_of(srv: ServerProcess) -> Path:
-    """The server's private runtime folder (engine/server/ipc.py make_runtime_dir): the one
-    folder holding all of its sockets."""
-    [folder] = {Path(p).parent for p in ipc_socket_paths(srv)}
-    return folder
 
 
 def save_tiny_model_with_demo_vocab(folder: Path, max_context: int) -> None:

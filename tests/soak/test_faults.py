@@ -3,12 +3,12 @@ streams are running → the app exits within 5 s with a message naming the dead 
 process of the group is left; SIGTERM under load → the whole group exits cleanly within 5 s.
 
 Each case needs its own server start (~10-25 s on 2 cores), so the short profile (CI) runs only
-the tokenizer case; tests/test_server.py keeps its SIGKILL-of-scheduler and SIGTERM tests
-(without load)."""
+the scheduler case (the plain server's, without --tp or --dp; those are killed in
+tests/test_tensor_parallel.py and tests/test_data_parallel.py); SIGTERM without load, and the
+runtime folder it must remove, are tests/test_server.py's second-instance test."""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import threading
 import time
@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from server_utils import ServerProcess, wait_until
-from soak_utils import chat_body, group_gone, runtime_dir_of, save_tiny_model_with_demo_vocab
+from soak_utils import chat_body, group_gone
 
 FIGURES: dict[str, float] = {}
 
@@ -26,9 +26,9 @@ FIGURES: dict[str, float] = {}
 def loaded_server(scale, soak_server, tmp_path, request):
     """A fresh server with a few long streams running (soak_server is only asked for its skip
     when the demo model is missing)."""
-    if not scale.faults and "[minisgl-tokenizer-0]" not in request.node.name:
+    if not scale.faults and "[minisgl-TP0-scheduler]" not in request.node.name:
         pytest.skip("runs in the full profile only (--soak-scale full): each fault case needs its own server start; "
-                    "the short profile runs the tokenizer case")
+                    "the short profile runs the scheduler case")
     srv = ServerProcess("--max-kv-tokens", "4096", log_path=tmp_path / "serve.log")
     stop = threading.Event()
     srv.last_lines = {}
@@ -89,28 +89,3 @@ def test_sigterm_under_load_exits_cleanly(loaded_server):
     log = loaded_server.log_path.read_text(errors="replace")
     assert "Traceback" not in log, log[-3000:]
     print(f"\nSOAK FAULT sigterm: exit in {FIGURES['sigterm exit_s']} s, rc {rc}")
-
-
-def test_sigterm_removes_the_runtime_dir(tmp_path):
-    """SIGTERM is the ordinary way to stop a service: nothing may stay behind, not even the
-    sockets folder (under $XDG_RUNTIME_DIR, a small tmpfs, or /tmp). Regression: uvicorn re-raised
-    SIGTERM under the default handler after its shutdown, killing the main process before it
-    stopped the workers and removed the folder."""
-    from minisgl_engine.weights.demo import demo_model_dir
-    from minisgl_engine.weights.gguf_convert import is_complete
-
-    if not is_complete(demo_model_dir()):
-        pytest.skip("demo model not pulled (its tokenizer is used): run `minisgl-chat pull`")
-    save_tiny_model_with_demo_vocab(tmp_path / "model", 512)
-    srv = ServerProcess("--model", str(tmp_path / "model"), "--tokenizer", str(demo_model_dir()), "--max-kv-tokens", "1024",
-                        log_path=tmp_path / "serve.log")
-    folder = runtime_dir_of(srv)
-    try:
-        workers = srv.workers()
-        srv.proc.send_signal(signal.SIGTERM)
-        assert srv.proc.wait(10) == 0  # an orderly stop, not death by the signal (-15)
-        assert wait_until(lambda: group_gone(workers), 5)
-        assert not folder.exists(), sorted(p.name for p in folder.iterdir())
-    finally:
-        srv.stop()
-        shutil.rmtree(folder, ignore_errors=True)  # only if the test failed
