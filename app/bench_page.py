@@ -26,7 +26,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from collections.abc import Iterator
 
-from minisgl_engine.errors import UserError
+from minisgl_engine import UserError
 
 DEFAULT_PROMPT = "Write a very long story about a dragon who learns to cook. Use many chapters."
 STATS_LINE = re.compile(r"([\d.]+) tok/s · (\d+) tokens")
@@ -46,7 +46,7 @@ def add_page_bench_args(parser: argparse.ArgumentParser) -> None:
 @contextmanager
 def started_app(app_args: str) -> Iterator[str]:
     """`minisgl-chat chat` on a free port with its own data folder; yields its URL."""
-    from minisgl_engine.server.launcher import free_port
+    from minisgl_engine import free_port
 
     with tempfile.TemporaryDirectory(prefix="minisgl-bench-page-") as data:
         port = free_port()

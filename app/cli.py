@@ -9,8 +9,7 @@ import os
 import shutil
 import sys
 
-from minisgl_engine.args import add_bench_args, add_engine_args, engine_config_from_args
-from minisgl_engine.errors import UserError
+from minisgl_engine import UserError, add_bench_args, add_engine_args, engine_config_from_args
 
 from .bench_page import add_page_bench_args
 
@@ -46,7 +45,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 def server_config_from_args(args: argparse.Namespace):
     import os
 
-    from minisgl_engine.server.server import ServerConfig
+    from minisgl_engine import ServerConfig
 
     names = dict.fromkeys(name for value in args.served_model_name for name in comma_list(value))  # in order, once each
     return ServerConfig(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("MINISGL_API_KEY") or None,
@@ -95,8 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from minisgl_engine.llm import LLM
-    from minisgl_engine.sampling_params import SamplingParams
+    from minisgl_engine import LLM, SamplingParams
 
     config = engine_config_from_args(args)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed)
@@ -104,7 +102,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if llm.tokenizer is None:
         raise UserError("this model has no tokenizer; pass --tokenizer PATH")
 
-    from minisgl_engine.detokenize import DecodeState
+    from minisgl_engine import DecodeState
 
     state = DecodeState(stop=[], prompt_tokens=0)
     for _, token, finish in llm.stream(args.prompt, params, chat=not args.no_chat_template):
@@ -118,7 +116,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from minisgl_engine.server.server import run_server
+    from minisgl_engine import run_server
 
     logging.getLogger("minisgl").setLevel(logging.INFO)
     return run_server(engine_config_from_args(args), server_config_from_args(args))
@@ -136,7 +134,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def run_chat(args: argparse.Namespace) -> int:
     import webbrowser
 
-    from minisgl_engine.server.server import run_server
+    from minisgl_engine import run_server
 
     from .store import ConversationStore
     from .ui import mount_ui
@@ -176,7 +174,7 @@ def private_files_dir() -> str:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from minisgl_engine.weights.source import resolve_model
+    from minisgl_engine import resolve_model
 
     print(resolve_model(None if args.model == "demo" else args.model))
     return 0
@@ -212,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_page_bench(args)
         if args.command == "bench":
-            from minisgl_engine.bench import run_bench
+            from minisgl_engine import run_bench
 
             return run_bench(args)
         parser.print_help()

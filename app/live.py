@@ -20,8 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from minisgl_engine.messages import UserReply
-from minisgl_engine.server.openai_protocol import GenerateRequest
+from minisgl_engine import GenerateRequest, UserReply
 
 from .store import ConversationStore, NotFoundError
 

@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from minisgl_engine.server.server import ServerConfig, bind_listen_socket, check_server_config
+from minisgl_engine import ServerConfig, bind_listen_socket, check_server_config
 
 from .reply_source import RemoteEngine
 from .store import ConversationStore
@@ -24,13 +24,13 @@ def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: Conversat
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
-    from minisgl_engine.server.security import install_guard
+    from minisgl_engine import install_guard
 
     from .ui import mount_ui
 
     check_server_config(server)
     if not remote.url.startswith(("http://", "https://")):
-        from minisgl_engine.errors import UserError
+        from minisgl_engine import UserError
 
         raise UserError(f"--remote must be an http:// or https:// URL, got {remote.url!r}")
     listen_socket = bind_listen_socket(server.host, server.port)

@@ -23,8 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Protocol
 
-from minisgl_engine.messages import UserReply
-from minisgl_engine.server.openai_protocol import GenerateRequest
+from minisgl_engine import GenerateRequest, UserReply
 
 from .view import status_line
 

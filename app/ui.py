@@ -21,9 +21,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from minisgl_engine.errors import UserError
-from minisgl_engine.sampling_params import SamplingParams
-from minisgl_engine.server.openai_protocol import GenerateRequest
+from minisgl_engine import GenerateRequest, SamplingParams, UserError
 
 from .live import ReplyManager, Turn
 from .store import IMPORT_LIMIT_BYTES, BadImportFile, ChatSettings, ConversationStore, NotFoundError, title_from

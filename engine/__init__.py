@@ -2,5 +2,70 @@
 
 Modules import strictly downward: plain data types (``sampling_params``, ``request``, ``batch``)
 at the bottom, then ``kvcache`` and ``attention``, ``layers``, ``models``, ``engine``,
-``scheduler`` and the offline ``llm`` API on top.
+``scheduler`` and the offline ``llm`` API on top; ``server`` runs them as processes.
+
+The names below are the engine's public surface: what the chat app (``minisgl_app``) and other
+programs use. Each is imported on first use (``from minisgl_engine import LLM`` loads the model
+code; ``from minisgl_engine import UserError`` does not load torch).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# name -> the module that defines it
+_PUBLIC = {
+    # offline use
+    "LLM": ".llm",
+    "SamplingParams": ".sampling_params",
+    "EngineConfig": ".config",
+    "DecodeState": ".detokenize",  # incremental detokenization of a token stream
+    "UserError": ".errors",  # a problem the user can fix: one line, exit code 2
+    # the command line's engine flags, and the benchmarks
+    "add_engine_args": ".args",
+    "add_bench_args": ".args",
+    "engine_config_from_args": ".args",
+    "run_bench": ".bench",
+    "resolve_model": ".weights.source",
+    # serving: the front end's client interface and its request and reply types
+    "FrontendClient": ".server.frontend",
+    "GenerateRequest": ".server.frontend",
+    "UserReply": ".messages",
+    "ServerConfig": ".server.server",
+    "run_server": ".server.server",
+    "check_server_config": ".server.server",
+    "bind_listen_socket": ".server.server",
+    "install_guard": ".server.security",
+    "free_port": ".server.launcher",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'minisgl_engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
+
+if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eagerly
+    from .args import add_bench_args, add_engine_args, engine_config_from_args
+    from .bench import run_bench
+    from .config import EngineConfig
+    from .detokenize import DecodeState
+    from .errors import UserError
+    from .llm import LLM
+    from .messages import UserReply
+    from .sampling_params import SamplingParams
+    from .server.frontend import FrontendClient, GenerateRequest
+    from .server.launcher import free_port
+    from .server.security import install_guard
+    from .server.server import ServerConfig, bind_listen_socket, check_server_config, run_server
+    from .weights.source import resolve_model

@@ -16,7 +16,7 @@ from minisgl_app.view import (can_continue, engine_messages, focus_of, sidebar_c
                               view_messages)
 from minisgl_engine.messages import UserReply
 from minisgl_engine.sampling_params import SamplingParams
-from minisgl_engine.server.openai_protocol import GenerateRequest
+from minisgl_engine.server.frontend import GenerateRequest
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from minisgl_engine.messages import AbortMsg, FrontendBatch, TokenizeMsg, Tokeni
 from minisgl_engine.sampling_params import SamplingParams
 from minisgl_engine.server.frontend import FrontendClient
 from minisgl_engine.server.ipc import SocketPaths, make_runtime_dir, remove_runtime_dir
-from minisgl_engine.server.openai_protocol import GenerateRequest
+from minisgl_engine.server.frontend import GenerateRequest
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import pytest
 
 from minisgl_engine.messages import StatsMsg, UserReply
 from minisgl_engine.server.openai_api import create_app
-from minisgl_engine.server.openai_protocol import DEFAULT_MAX_TOKENS, GenerateRequest
+from minisgl_engine.server.frontend import GenerateRequest
+from minisgl_engine.server.openai_protocol import DEFAULT_MAX_TOKENS
 
 pytestmark = pytest.mark.anyio
 

@@ -23,7 +23,7 @@ KEY = "r3mote"
 def test_a_chat_turn_becomes_an_openai_streamed_request():
     from minisgl_app.reply_source import chat_body
     from minisgl_engine.sampling_params import SamplingParams
-    from minisgl_engine.server.openai_protocol import GenerateRequest
+    from minisgl_engine.server.frontend import GenerateRequest
 
     request = GenerateRequest(params=SamplingParams(max_tokens=64, temperature=0.5, top_p=0.9, top_k=20, seed=3, stop=["END"]),
                               messages=[{"role": "user", "content": "hi"}], chat_template_kwargs={"enable_thinking": False})
@@ -51,7 +51,7 @@ def test_reasoning_sent_apart_is_shown_as_a_think_block():
 def test_an_unreachable_remote_is_a_sentence_not_a_traceback():
     from minisgl_app.reply_source import RemoteEngine
     from minisgl_engine.sampling_params import SamplingParams
-    from minisgl_engine.server.openai_protocol import GenerateRequest
+    from minisgl_engine.server.frontend import GenerateRequest
     from server_utils import free_port
 
     port = free_port()

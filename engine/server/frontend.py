@@ -16,17 +16,32 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 
 from ..errors import RequestError
 from ..messages import AbortMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode, sum_stats
+from ..sampling_params import SamplingParams
 from .ipc import SocketPaths
-from .openai_protocol import GenerateRequest
 from .router import ReplicaRouter, prompt_blocks
 
 logger = logging.getLogger("minisgl.frontend")
+
+
+@dataclass
+class GenerateRequest:
+    """One request as the front end hands it to the tokenizers: exactly one of ``text``,
+    ``messages`` (the tokenizer applies the chat template) or ``input_ids``. The OpenAI routes
+    and the chat page both make these."""
+
+    params: SamplingParams
+    text: str | None = None
+    messages: list[dict] | None = None
+    input_ids: list[int] | None = None
+    chat_template_kwargs: dict | None = None
+    replica: int | None = None  # --dp: run it on this replica (the n choices of a prompt share one); None: routed
 
 
 class FrontendClient:

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..errors import RequestError
 from ..messages import LogprobEntry, UserReply
 from ..sampling_params import SamplingParams
+from .frontend import GenerateRequest
 from .metrics import StatsSource, metrics_router
 from .security import AccessPolicy, install_guard
 from .reasoning import ReasoningSplitter, split_reasoning
@@ -46,7 +47,6 @@ from .openai_protocol import (
     CompletionResponse,
     ErrorInfo,
     ErrorResponse,
-    GenerateRequest,
     ModelCard,
     ModelList,
     UsageInfo,
@@ -61,7 +61,7 @@ T = TypeVar("T")
 
 
 class FrontendClient(StatsSource, Protocol):
-    """What the routes need from the front end (minisgl_engine.server.frontend)."""
+    """What the routes need of the front end (frontend.py's ``FrontendClient``; tests pass fakes)."""
 
     model_name: str  # the model's name (server.served_model_name): what /v1/models lists unless create_app gets others
     ready: bool
@@ -69,9 +69,9 @@ class FrontendClient(StatsSource, Protocol):
     tool_format: str | None  # how the model writes tool calls (tool_calls.py), None if it has none
     max_context_len: int | None  # the model's context in tokens, None until it is resolved
 
-    def generate(self, req: GenerateRequest) -> AsyncGenerator[UserReply, None]:
+    def generate(self, req: GenerateRequest, stop: asyncio.Event | None = None) -> AsyncGenerator[UserReply, None]:
         """Replies for one request, the last with ``finished=True``; closing the generator
-        early aborts the request."""
+        early, or setting ``stop``, aborts the request."""
         ...
 
     def route(self, req: GenerateRequest) -> int:

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible wire format: request bodies, response bodies, and what a request becomes
-inside the engine (a :class:`GenerateRequest`).
+"""The OpenAI-compatible wire format: request bodies and response bodies. A request body becomes
+the front end's :class:`~.frontend.GenerateRequest` (``generate_requests``).
 
 Request models only check types; values (temperature >= 0, top_p in (0, 1], ...) are checked once,
 by :class:`SamplingParams`, so the HTTP routes and the offline engine refuse the same things.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
@@ -18,24 +18,12 @@ from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_valid
 from ..errors import RequestError
 from ..messages import LogprobEntry
 from ..sampling_params import GrammarSpec, SamplingParams
+from .frontend import GenerateRequest
 
 DEFAULT_MAX_TOKENS = 4096
 """Used when a request gives no max_tokens; the engine clamps it to what the context leaves."""
 MAX_CHOICES = 128
 """Choices one request may ask for (prompts × n), OpenAI's own limit on n."""
-
-
-@dataclass
-class GenerateRequest:
-    """One request as the front end hands it to the tokenizers: exactly one of ``text``,
-    ``messages`` (the tokenizer applies the chat template) or ``input_ids``."""
-
-    params: SamplingParams
-    text: str | None = None
-    messages: list[dict] | None = None
-    input_ids: list[int] | None = None
-    chat_template_kwargs: dict | None = None
-    replica: int | None = None  # --dp: run it on this replica (the n choices of a prompt share one); None: routed
 
 
 # --- requests -------------------------------------------------------------------------------
