@@ -190,12 +190,12 @@ class ReplyManager:
         last_store = time.perf_counter()
         try:
             async for out in self.generate(request, reply.stop):
+                if out.incremental_output:  # an error reply may still close what came before (a <think> block)
+                    reply.first_token = reply.first_token or time.perf_counter()
+                    reply.text += out.incremental_output
                 if out.error:
                     reply.error = out.error
                     break
-                if out.incremental_output:
-                    reply.first_token = reply.first_token or time.perf_counter()
-                    reply.text += out.incremental_output
                 reply.tokens = out.completion_tokens
                 if out.finished:
                     reply.finish_reason = out.finish_reason

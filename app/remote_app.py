@@ -32,14 +32,14 @@ def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: Conversat
     if not remote.url.startswith(("http://", "https://")):
         from minisgl_engine import UserError
 
-        raise UserError(f"--remote must be an http:// or https:// URL, got {remote.url!r}")
+        raise UserError(f"--remote must be an http:// or https:// URL, got {remote.shown_url!r}")
     listen_socket = bind_listen_socket(server.host, server.port)
     app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None, openapi_url=None)
     install_guard(app, server.access_policy())
 
     @app.get("/health", include_in_schema=False)
     async def health() -> JSONResponse:
-        return JSONResponse({"status": "ok", "remote": remote.url})
+        return JSONResponse({"status": "ok"})  # not the remote's address: /health is outside the login wall
 
     mount_ui(app, remote, store, server.api_key)
     host = f"[{server.host}]" if ":" in server.host else server.host
@@ -48,10 +48,12 @@ def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: Conversat
 
     async def main() -> None:
         await remote.check()  # the first status line already says whether the remote answers
-        print(f"minisgl-chat: ready at {url} (remote {remote.url}: {remote.status_line().split(' · ', 1)[-1]})",
-              file=sys.stderr, flush=True)
+        print(f"minisgl-chat: ready at {url} ({remote.status_line().replace('**', '')})", file=sys.stderr, flush=True)
         on_listen(url)
-        await http.serve(sockets=[listen_socket])
+        try:
+            await http.serve(sockets=[listen_socket])
+        finally:
+            await remote.close()
 
     import asyncio
 

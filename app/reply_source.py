@@ -32,6 +32,7 @@ logger = logging.getLogger("minisgl.app")
 REMOTE_CHECK_S = 5.0  # how often the remote's /v1/models is asked while a page is open
 REMOTE_CONNECT_TIMEOUT_S = 5.0
 REMOTE_READ_TIMEOUT_S = 300.0  # the longest wait for the next chunk (a long prefill on a busy server)
+REMOTE_CHECK_TIMEOUT_S = 10.0  # the longest wait for /v1/models
 
 
 class ReplySource(Protocol):
@@ -92,11 +93,10 @@ class RemoteEngine:
     reason as its reply, and the next one (or Regenerate) tries again."""
 
     def __init__(self, url: str, api_key: str | None = None, model: str | None = None) -> None:
-        import httpx
         import openai
 
-        url = url.rstrip("/")
-        self.url = url.removesuffix("/v1")
+        self.url = url.rstrip("/").removesuffix("/v1")
+        self.shown_url = without_credentials(self.url)  # what the page and the log may show
         self.chosen_model = model
         self.model_name: str | None = model
         self.models: list[str] = []
@@ -104,7 +104,7 @@ class RemoteEngine:
         self.checked_at = 0.0
         self._check: asyncio.Task | None = None
         self.client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=api_key or "none", max_retries=0,
-                                         timeout=httpx.Timeout(REMOTE_READ_TIMEOUT_S, connect=REMOTE_CONNECT_TIMEOUT_S))
+                                         timeout=openai.Timeout(REMOTE_READ_TIMEOUT_S, connect=REMOTE_CONNECT_TIMEOUT_S))
 
     # ---- what the page reads
 
@@ -119,10 +119,10 @@ class RemoteEngine:
     def status_line(self) -> str:
         self._look_again()
         if self.error is not None:
-            return f"**Remote unavailable** · {self.url}: {self.error} (trying again every {REMOTE_CHECK_S:.0f} s)"
+            return f"**Remote unavailable** · {self.shown_url}: {self.error} (trying again every {REMOTE_CHECK_S:.0f} s)"
         if self.model_name is None:
-            return f"**Connecting** to {self.url}…"
-        return f"**Remote** · {self.model_name} at {self.url}"
+            return f"**Connecting** to {self.shown_url}…"
+        return f"**Remote** · {self.model_name} at {self.shown_url}"
 
     def _look_again(self) -> None:
         """Ask the remote for its models again when the last answer is old (from the page's tick)."""
@@ -134,57 +134,58 @@ class RemoteEngine:
             self._check = asyncio.get_running_loop().create_task(self.check())
 
     async def check(self) -> None:
-        """The remote's models; sets ``error`` to what went wrong when it does not answer."""
-        import openai
-
+        """The remote's models; sets ``error`` to what went wrong when it does not answer.
+        Never raises: whatever is at the address, the page gets a sentence."""
         self.checked_at = time.monotonic()
         try:
-            listed = await self.client.models.list()
-        except openai.APIError as exc:
-            self.error = self.describe(exc)
+            listed = await self.client.models.list(timeout=REMOTE_CHECK_TIMEOUT_S)
+            models = [m.id for m in listed.data]
+        except Exception as exc:  # noqa: BLE001 (an HTML page at the address, a 404, a refused connection: all said in words)
+            self.error = self.describe(exc, listing=True)
             return
-        self.models = [m.id for m in listed.data]
+        self.models = models
         if self.chosen_model is not None and self.chosen_model not in self.models:
             self.error = f"it does not serve `{self.chosen_model}` (it serves {', '.join(self.models) or 'nothing'})"
             return
         self.model_name = self.chosen_model or (self.models[0] if self.models else None)
         self.error = None if self.model_name is not None else "it lists no models"
 
-    def describe(self, exc: BaseException) -> str:
+    def describe(self, exc: BaseException, listing: bool = False, mid_reply: bool = False) -> str:
         """A remote's failure as a sentence saying what to do."""
-        import httpx
         import openai
 
         if isinstance(exc, openai.AuthenticationError):
             return "it refused the API key (HTTP 401): check --remote-api-key"
         if isinstance(exc, openai.NotFoundError):
+            if listing:
+                return "it has no /v1/models (HTTP 404): is this the address of an OpenAI-compatible server?"
             return f"it does not serve model `{self.model_name}` (HTTP 404)"
         if isinstance(exc, openai.APIStatusError):
             return f"it answered HTTP {exc.status_code}: {remote_message(exc)}"
         if isinstance(exc, openai.APITimeoutError):
             return "it did not answer in time"
         if isinstance(exc, openai.APIConnectionError):
-            return "cannot connect; is it running?"
-        if isinstance(exc, httpx.HTTPError):
-            return f"the connection broke ({type(exc).__name__})"
+            return "the connection broke mid-reply" if mid_reply else "cannot connect; is it running?"
+        if listing:
+            return f"its /v1/models answer is not OpenAI's ({type(exc).__name__}): is this the right address?"
         return f"{type(exc).__name__}: {exc}"
 
     # ---- one reply
 
     async def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
-        import httpx
         import openai
 
-        if self.model_name is None:
-            await self.check()
-        if self.model_name is None:
-            yield UserReply(0, "", finished=True, error=f"the remote at {self.url}: {self.error}")
-            return
         stream = None
         stopper = asyncio.ensure_future(stop.wait())
         pieces = ReasoningJoiner()
-        tokens, finish_reason = 0, None
+        tokens, finish_reason, started = 0, None, False
         try:
+            if self.model_name is None:
+                await until_stopped(self.check(), stopper)
+            if self.model_name is None:
+                if not stop.is_set():
+                    yield UserReply(0, "", finished=True, error=f"the remote at {self.shown_url}: {self.error or 'no model'}")
+                return
             stream = await until_stopped(self.client.chat.completions.create(**chat_body(request, self.model_name)), stopper)
             if stream is None:
                 return  # stopped before the remote answered: the request was cancelled with its connection
@@ -194,47 +195,78 @@ class RemoteEngine:
                     chunk = await until_stopped(anext(chunks), stopper)
                 except StopAsyncIteration:
                     break
-                if chunk is None:
-                    return  # Stop: closing the stream (below) makes the remote abort the request
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens or tokens
-                if not chunk.choices:
+                if chunk is None:  # Stop: closing the stream (below) makes the remote abort the request
+                    if pieces.thinking:
+                        yield UserReply(0, pieces.close(), completion_tokens=tokens)
+                    return
+                started = True
+                if not chunk.choices:  # the last chunk of a stream with include_usage
+                    tokens = chunk.usage.completion_tokens if chunk.usage is not None else tokens
                     continue
-                choice = chunk.choices[0]
-                text = pieces.push(choice.delta.content, getattr(choice.delta, "reasoning_content", None))
-                if text:
+                delta = chunk.choices[0].delta
+                # SGLang's and older vLLM's reasoning_content; vLLM now calls it reasoning
+                reasoning = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
+                text = pieces.push(delta.content, reasoning)
+                if chunk.usage is not None:  # vLLM's continuous usage stats: the count so far
+                    tokens = chunk.usage.completion_tokens or tokens
+                elif text:
                     tokens += 1  # a chunk per token from SGLang, vLLM and this engine; `usage` corrects it at the end
-                finish_reason = choice.finish_reason or finish_reason
+                finish_reason = chunk.choices[0].finish_reason or finish_reason
                 if text:
                     yield UserReply(0, text, completion_tokens=tokens)
-            if finish_reason is None:
-                yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True,
-                                error=f"the remote at {self.url} ended the reply without finishing it")
+            if finish_reason in FINISHED:
+                yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True, finish_reason=FINISHED[finish_reason])
                 return
-            yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True, finish_reason=finish_reason)
-        except (openai.APIError, httpx.HTTPError) as exc:
-            reason = self.describe(exc)
+            why = f"it ended the reply ({finish_reason})" if finish_reason else "it ended the reply without finishing it"
+            yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True, error=f"the remote at {self.shown_url}: {why}")
+        except Exception as exc:  # noqa: BLE001 (a remote's failure is a sentence in the chat, never a traceback)
+            if not isinstance(exc, openai.APIError):
+                logger.exception("the reply from %s failed", self.shown_url)
+            reason = self.describe(exc, mid_reply=started)
             if isinstance(exc, (openai.APIConnectionError, openai.AuthenticationError)):
                 self.error, self.checked_at = reason, time.monotonic()  # the status line says so at once
-            yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True, error=f"the remote at {self.url}: {reason}")
+            yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True, error=f"the remote at {self.shown_url}: {reason}")
         finally:
             stopper.cancel()
             if stream is not None:
                 with contextlib.suppress(Exception):
                     await stream.close()
 
+    async def close(self) -> None:
+        await self.client.close()
+
+
+# a remote's finish reasons that end a reply well, as the page knows them; any other ("abort",
+# "error", ...) is shown as a failure
+FINISHED = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop", "content_filter": "stop"}
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without a ``user:password@`` part (the page and the log show the address only)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
 
 async def until_stopped(step, stopper: asyncio.Future):
     """``await step``, unless ``stopper`` finishes first: then ``step`` is cancelled and the
-    result is None."""
+    result is None. ``step`` never outlives this call (cancelled here too, it is cancelled)."""
     task = asyncio.ensure_future(step)
-    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    return None
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        return None
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 class ReasoningJoiner:
@@ -275,8 +307,11 @@ def chat_body(request: GenerateRequest, model: str) -> dict:
     extra: dict = {}
     if p.top_k is not None and p.top_k > 0:
         extra["top_k"] = p.top_k
-    if request.chat_template_kwargs:
-        extra["chat_template_kwargs"] = dict(request.chat_template_kwargs)
+    kwargs = dict(request.chat_template_kwargs or {})
+    if kwargs.pop("continue_final_message", False):  # Continue: as vLLM and SGLang (and this engine) take it
+        extra.update(continue_final_message=True, add_generation_prompt=False)
+    if kwargs:
+        extra["chat_template_kwargs"] = kwargs
     if extra:
         body["extra_body"] = extra
     return body

@@ -875,3 +875,16 @@ async def test_a_constrained_reply_is_content_even_where_the_template_opens_a_th
     assert constrained["choices"][0]["message"]["content"] == '{"a": 1}'
     assert "reasoning_content" not in constrained["choices"][0]["message"]
     assert free["choices"][0]["message"]["reasoning_content"] == '{"a": 1}', "unconstrained, the opened block is reasoning"
+
+
+def test_continue_final_message_is_taken_at_the_top_level_too():
+    """vLLM's and SGLang's top-level field (what the chat app's --remote sends for Continue) means
+    what chat_template_kwargs {"continue_final_message": true} means here."""
+    from minisgl_engine.server.openai_protocol import ChatCompletionRequest
+
+    messages = [{"role": "user", "content": "Tell a story."}, {"role": "assistant", "content": "Once"}]
+    top = ChatCompletionRequest(messages=messages, continue_final_message=True, add_generation_prompt=False)
+    [[request]] = top.generate_requests()
+    assert request.chat_template_kwargs == {"continue_final_message": True}
+    [[plain]] = ChatCompletionRequest(messages=messages, continue_final_message=None).generate_requests()
+    assert not (plain.chat_template_kwargs or {}).get("continue_final_message")

@@ -9,6 +9,8 @@ import asyncio
 import time
 
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 
 from chat_page_utils import BROWSER_MARKS, browser, send  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, wait_until
@@ -65,6 +67,128 @@ def test_an_unreachable_remote_is_a_sentence_not_a_traceback():
     [out] = asyncio.run(ask())
     assert out.finished and "cannot connect; is it running?" in out.error and remote.url in out.error
     assert remote.status_line().startswith("**Remote unavailable**")
+
+
+def test_continue_and_credentials():
+    """Continue goes as vLLM's and SGLang's top-level fields (this engine reads them too); an
+    address's user:password never reaches the page."""
+    from minisgl_app.reply_source import chat_body, without_credentials
+    from minisgl_engine.sampling_params import SamplingParams
+    from minisgl_engine.server.frontend import GenerateRequest
+
+    request = GenerateRequest(params=SamplingParams(max_tokens=8), messages=[{"role": "assistant", "content": "Once"}],
+                              chat_template_kwargs={"continue_final_message": True, "enable_thinking": False})
+    assert chat_body(request, "m")["extra_body"] == {"continue_final_message": True, "add_generation_prompt": False,
+                                                     "chat_template_kwargs": {"enable_thinking": False}}
+    assert without_credentials("https://me:s3cret@gpu-box:8443") == "https://gpu-box:8443"
+    assert without_credentials("http://[::1]:30000") == "http://[::1]:30000"
+
+
+# ---- a remote that misbehaves on purpose (a fake OpenAI server in this process) ----------------
+
+
+def sse(chunk: dict) -> str:
+    import json
+
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+def chunk(content=None, finish=None, usage=None, **delta) -> dict:
+    choice = {"index": 0, "delta": {"content": content, **delta}, "finish_reason": finish}
+    return {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "fake", "choices": [choice], "usage": usage}
+
+
+SCENARIOS = {  # model name -> what the fake remote streams
+    # vLLM's current field name for a thinking model's reasoning, then the answer; usage only at the end
+    "thinks": [chunk(reasoning="Let me"), chunk(reasoning=" see."), chunk("Paris"), chunk(".", finish="stop"),
+               {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "fake", "choices": [],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}],
+    # usage in every chunk (vLLM's continuous usage stats): the count is the remote's, not one more
+    "counts": [chunk("a", usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}),
+               chunk("b", finish="length", usage={"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3})],
+    "aborts": [chunk("Half"), chunk(None, finish="abort")],  # SGLang/vLLM end an aborted request so
+    "drops": [chunk(reasoning="Thinking"), chunk(reasoning=" hard")],  # then the connection breaks
+}
+
+
+@pytest.fixture(scope="module")
+def fake_remote():
+    """A fake OpenAI-compatible server on a thread: /v1/models and a streamed /v1/chat/completions
+    playing the scenario its `model` names."""
+    import threading
+
+    import uvicorn
+
+    from server_utils import free_port
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "x"} for name in SCENARIOS]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> StreamingResponse:
+        scenario = (await request.json())["model"]
+
+        async def events():
+            for piece in SCENARIOS[scenario]:
+                yield sse(piece)
+            if scenario == "drops":
+                raise RuntimeError("the remote died")  # uvicorn cuts the connection mid-stream
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert wait_until(lambda: server.started, 30)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def reply_from(url: str, model: str) -> tuple[str, list]:
+    """The text the page would store, and the replies, for one chat turn to ``model``."""
+    from minisgl_app.reply_source import RemoteEngine
+    from minisgl_engine.sampling_params import SamplingParams
+    from minisgl_engine.server.frontend import GenerateRequest
+
+    async def ask() -> list:
+        remote = RemoteEngine(url, model=model)
+        try:
+            request = GenerateRequest(params=SamplingParams(max_tokens=16), messages=[{"role": "user", "content": "hi"}])
+            return [out async for out in remote.generate(request, asyncio.Event())]
+        finally:
+            await remote.close()
+
+    outs = asyncio.run(ask())
+    return "".join(o.incremental_output for o in outs), outs
+
+
+def test_reasoning_in_vllms_field_is_a_think_block_and_usage_counts(fake_remote):
+    text, outs = reply_from(fake_remote, "thinks")
+    assert text == "<think>Let me see.</think>Paris.", outs
+    assert (outs[-1].finished, outs[-1].finish_reason, outs[-1].error, outs[-1].completion_tokens) == (True, "stop", None, 9)
+
+
+def test_usage_in_every_chunk_is_taken_as_the_count(fake_remote):
+    _, outs = reply_from(fake_remote, "counts")
+    assert [o.completion_tokens for o in outs] == [1, 2, 2] and outs[-1].finish_reason == "length"
+
+
+def test_an_aborted_finish_is_a_failure_not_an_ending(fake_remote):
+    text, outs = reply_from(fake_remote, "aborts")
+    assert text == "Half" and outs[-1].finish_reason is None
+    assert outs[-1].error.endswith("it ended the reply (abort)")
+
+
+def test_a_connection_cut_mid_thought_closes_the_block_and_says_so(fake_remote):
+    text, outs = reply_from(fake_remote, "drops")
+    assert text == "<think>Thinking hard</think>", text
+    assert outs[-1].error.endswith("the connection broke mid-reply"), outs[-1].error
 
 
 # ---- against a real server, in the browser ---------------------------------------------------

@@ -228,6 +228,9 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     chat_template_kwargs: dict[str, Any] | None = None
+    # extension (vLLM, SGLang): go on writing the last (assistant) message instead of starting a
+    # new one; the same as chat_template_kwargs {"continue_final_message": true}
+    continue_final_message: bool | None = None
     separate_reasoning: bool = True  # extension (SGLang): a thinking model's <think> block as reasoning_content
     tools: list[ToolDefinition] | None = None
     tool_choice: str | dict[str, Any] | None = None  # "auto" (default with tools), "none", "required" or a named function
@@ -289,6 +292,8 @@ class ChatCompletionRequest(_SamplingRequest):
         """The engine requests: one prompt, ``n`` choices."""
         messages = [message.to_dict() for message in self.messages]
         kwargs = self.chat_template_kwargs
+        if self.continue_final_message:
+            kwargs = {**(kwargs or {}), "continue_final_message": True}
         if self.uses_tools:  # the template lays the tools out in the prompt, in its model's convention
             kwargs = {**(kwargs or {}), "tools": [tool.model_dump(exclude_none=True) for tool in self.tools]}
         return [[GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)
