@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -75,8 +76,10 @@ class LocalEngine:
         return self.client.generate(request, stop)
 
 
+@functools.lru_cache(maxsize=8)
 def chat_template_supports_thinking(tokenizer_path: str | None) -> bool:
-    """Qwen3-style templates read an `enable_thinking` variable; others ignore the toggle."""
+    """Qwen3-style templates read an `enable_thinking` variable; others ignore the toggle. (Asked
+    at every turn: the template files are read once per tokenizer.)"""
     if tokenizer_path is None:
         return False
     folder = Path(tokenizer_path)

@@ -18,10 +18,9 @@ from dataclasses import replace
 
 from ..config import EngineConfig
 from ..sampling_params import SamplingParams
-from .frontend import FrontendClient
+from .frontend import FrontendClient, GenerateRequest
 from .ipc import SocketPaths, make_runtime_dir, remove_runtime_dir
 from .launcher import EngineProcesses, reporting_workers
-from .frontend import GenerateRequest
 from .router import ROUTING_POLICIES
 
 START_TIMEOUT_S = 600.0  # a fresh GPU machine compiles kernels and captures graphs first
