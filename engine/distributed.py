@@ -43,6 +43,8 @@ _tp = TPInfo()
 _cpu_group = None  # gloo group for the scheduler's messages (CPU tensors)
 _one_shot: OneShotAllReduce | None = None  # small all-reduces between GPUs, when the machine allows it
 ONE_SHOT_MAX_BYTES = 1 << 20  # larger messages (prefill) go through NCCL
+_fused_norm: FusedAllReduceNorm | None = None  # all-reduce + residual add + RMSNorm in one kernel, on GPUs
+FUSED_NORM_MAX_TOKENS = 128  # decode batches; longer inputs (prefill) take the all-reduce, then the norm
 
 
 class OneShotAllReduce:
@@ -89,6 +91,133 @@ def enable_one_shot_all_reduce(device: torch.device) -> bool:
         logger.info("one-shot all-reduce unavailable (%s); NCCL does every all-reduce", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         _one_shot = None
     return _one_shot is not None
+
+
+class FusedAllReduceNorm:
+    """All-reduce, residual add and RMSNorm in one kernel: FlashInfer's port of TensorRT-LLM's
+    all-reduce fusion, in its one-shot form (each GPU writes its partial sums into every peer's
+    buffer and reads its own; "Lamport" buffers marked with -0.0 tell data that has arrived from
+    data that has not, so no separate barrier kernel runs). In a decode step of the 8B shape this
+    replaces 72 copies, 72 all-reduces and 72 add+norm kernels by 72 kernels.
+
+    The kernel takes a table of pointers: every rank's scratch buffer, barrier flags and Lamport
+    buffer, then a few counters of this rank. The buffers come from PyTorch's symmetric memory
+    (which maps the peers' allocations into this process), so nothing but device pointers is
+    exchanged, and never a pickled object."""
+
+    def __init__(self, device: torch.device, hidden_size: int, max_tokens: int = FUSED_NORM_MAX_TOKENS) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+        from flashinfer.comm import trtllm_ar
+
+        self.ar = trtllm_ar
+        self.hidden_size, self.max_tokens = hidden_size, max_tokens
+        size, rank = _tp.size, _tp.rank
+        two_mb = 1 << 21
+
+        def aligned(n: int) -> int:
+            return (n + two_mb - 1) // two_mb * two_mb
+
+        scratch = size * max_tokens * hidden_size * 2
+        flags = size * trtllm_ar.BarrierFlagCount * 4
+        lamport_comm = min(size * max_tokens * hidden_size * 2, trtllm_ar.MAX_COMM_SIZE)
+        lamport = aligned(3 * lamport_comm)  # three buffers used in turn
+        group = dist.group.WORLD.group_name
+        self.buffers, pointers = [], []
+        for nbytes in (aligned(scratch), aligned(flags), lamport):
+            buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+            buf.zero_()
+            handle = symm_mem.rendezvous(buf, group)
+            self.buffers.append(buf)
+            pointers.extend(int(handle.buffer_ptrs[r]) for r in range(size))
+        # this rank's Lamport buffer starts all "not arrived" (-0.0 in 16-bit floats)
+        trtllm_ar.trtllm_lamport_initialize(self.buffers[2].data_ptr(), lamport // 2, torch.float16)
+        # the kernel's counters: read count, flag, Lamport flag, Lamport buffer size, bytes to clear
+        self.counters = torch.tensor([0, 0, 0, lamport_comm, 0], dtype=torch.int32, device=device)
+        pointers.append(self.counters.data_ptr())
+        self.workspace = torch.tensor(pointers, dtype=torch.int64, device=device)
+        torch.cuda.synchronize(device)
+        dist.barrier(group=_cpu_group)  # every rank's buffers are ready before any kernel writes to them
+        self.rank = rank
+
+    def fits(self, x: torch.Tensor) -> bool:
+        return x.dim() == 2 and x.shape[0] <= self.max_tokens and x.shape[1] == self.hidden_size and x.dtype == torch.bfloat16
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(sum of x over ranks + residual), sum + residual)``, like RMSNorm(x, residual)
+        after an all-reduce of ``x``."""
+        norm_out, residual_out = torch.empty_like(x), torch.empty_like(residual)
+        self.ar.trtllm_allreduce_fusion(
+            allreduce_in=x.contiguous(), world_size=_tp.size, world_rank=self.rank, token_num=x.shape[0],
+            hidden_dim=self.hidden_size, workspace_ptrs=self.workspace, launch_with_pdl=False,
+            trigger_completion_at_end=True, fp32_acc=True,
+            pattern_code=self.ar.AllReduceFusionPattern.kARResidualRMSNorm, use_oneshot=True,
+            allreduce_out=None, residual_in=residual.contiguous(), residual_out=residual_out, norm_out=norm_out,
+            quant_out=None, scale_out=None, rms_gamma=weight, rms_eps=eps, scale_factor=None, layout_code=None)
+        return norm_out, residual_out
+
+
+def _all_ranks_agree(ok: bool) -> bool:
+    """True only if ``ok`` on every rank (over the gloo group: a rank whose set-up failed must
+    not leave the others waiting inside a kernel for its writes)."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=_cpu_group)
+    return bool(flag.item())
+
+
+def fused_all_reduce_norm_wanted() -> bool:
+    """Opt-in for now (MINISGL_ALL_REDUCE=fused): measured faster in ``bench decode --tp 2``
+    (docs/benchmarks.md), not yet run through the whole GPU check; see issue 14's notes."""
+    return os.environ.get("MINISGL_ALL_REDUCE", "").lower() == "fused"
+
+
+def enable_fused_all_reduce_norm(device: torch.device, hidden_size: int) -> bool:
+    """Set up :class:`FusedAllReduceNorm` on every rank (all call it), check its result against
+    the plain all-reduce, add and norm once, and report whether it is on. Off, logged, where
+    FlashInfer cannot build its kernel or where any rank fails."""
+    global _fused_norm
+    _fused_norm = None
+    if _tp.size == 1 or device.type != "cuda":
+        return False
+    reason = ""
+    try:
+        from flashinfer.comm.trtllm_ar import get_trtllm_comm_module
+
+        get_trtllm_comm_module()  # builds the kernel (first run only), before any rank waits for another
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if not _all_ranks_agree(not reason):
+        logger.info("fused all-reduce + RMSNorm unavailable (%s); separate kernels", reason or "another rank failed")
+        return False
+    fused = FusedAllReduceNorm(device, hidden_size)
+    error = _check_fused_norm(fused, device)
+    if not _all_ranks_agree(error < 0.05):
+        logger.warning("fused all-reduce + RMSNorm disagrees with the plain ops (max error %.3g); separate kernels", error)
+        return False
+    _fused_norm = fused
+    return True
+
+
+def _check_fused_norm(fused: FusedAllReduceNorm, device: torch.device) -> float:
+    """Largest difference between the fused kernel and all-reduce + add + norm in float32, over
+    a few batch sizes (each rank contributes different values)."""
+    worst = 0.0
+    gen = torch.Generator(device=device).manual_seed(1234 + _tp.rank)
+    for rows in (1, 3, fused.max_tokens):
+        x = torch.randn(rows, fused.hidden_size, device=device, generator=gen).to(torch.bfloat16)
+        residual = torch.randn(rows, fused.hidden_size, device=device, generator=gen).to(torch.bfloat16)
+        weight = (1 + 0.1 * torch.randn(fused.hidden_size, device=device, generator=gen)).to(torch.bfloat16)
+        for _ in range(4):  # the Lamport buffers rotate: check more than one turn
+            normed, summed = fused(x, residual, weight, 1e-6)
+        total = x.float()
+        dist.all_reduce(total)
+        expect_sum = total + residual.float()
+        expect = expect_sum * torch.rsqrt(expect_sum.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()
+        worst = max(worst, (summed.float() - expect_sum).abs().max().item(), (normed.float() - expect).abs().max().item())
+    return worst
+
+
+def fused_all_reduce_norm() -> FusedAllReduceNorm | None:
+    return _fused_norm
 
 
 def local_head_counts(num_heads: int, num_kv_heads: int) -> tuple[int, int, int]:
@@ -185,8 +314,8 @@ def shutdown_tp(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
     its collectives (pytorch/pytorch#115388), or a peer that died. So it runs in a thread, and a
     rank whose group is not down in time flushes its output and exits the process at once (what
     it had to do is done: this is the last call of a rank)."""
-    global _tp, _cpu_group, _one_shot
-    _one_shot = None
+    global _tp, _cpu_group, _one_shot, _fused_norm
+    _one_shot = _fused_norm = None
     if dist.is_initialized():
         done = threading.Event()
 

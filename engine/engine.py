@@ -22,7 +22,7 @@ from .attention import create_attention_backend
 from .batch import Batch, ForwardBatch
 from .config import EngineConfig
 from .cpu_threads import CpuThreads
-from .distributed import get_tp, local_head_counts, min_over_ranks
+from .distributed import fused_all_reduce_norm_wanted, get_tp, local_head_counts, min_over_ranks
 from .errors import UserError
 from .kvcache import KVPool, PageTable
 from .logits_processor import Logprobs, LogitsProcessor, TokenMasks
@@ -135,6 +135,10 @@ class Engine:
                 from .fused_ops import enable_fused_kernels
 
                 self.fused_kernels = enable_fused_kernels(self.model, on_phase)
+                if self.tp.size > 1 and self.dtype == torch.bfloat16 and fused_all_reduce_norm_wanted():  # every rank alike
+                    from .fused_ops import enable_fused_all_reduce_norm
+
+                    self.fused_kernels["all_reduce_norm"] = enable_fused_all_reduce_norm(self.model, self.device, mc.hidden_size, on_phase)
         self.num_pages = self._num_kv_pages()
         self.kv_pool = KVPool(mc.num_layers, self.num_pages, self.page_size, self.num_kv_heads, mc.head_dim, self.dtype, self.device)
         self.page_table = PageTable(config.max_running_requests, self.max_context_len, self.device, self.page_size)

@@ -126,3 +126,30 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
         mlp.down_proj.skinny_max_rows = decide("down_proj", mlp.down_proj)
     torch.cuda.synchronize()
     return report
+
+
+def enable_fused_all_reduce_norm(model: nn.Module, device: torch.device, hidden_size: int,
+                                 on_phase: Callable[[str], None] | None = None) -> bool:
+    """Under tensor parallelism on GPUs: each decoder layer's two row-parallel projections leave
+    their all-reduce to the RMSNorm after them, which does all-reduce, residual add and norm in
+    one kernel (distributed.FusedAllReduceNorm). Every rank calls this; False where it is off."""
+    from .distributed import enable_fused_all_reduce_norm as set_up
+    from .models.transformer import DecoderLayer, DecoderModel
+
+    message = "setting up the fused all-reduce + RMSNorm kernel (built on the first run only)"
+    logger.info(message)
+    if on_phase is not None:
+        on_phase(message)
+    if not set_up(device, hidden_size):
+        return False
+    for module in model.modules():
+        if isinstance(module, DecoderLayer):
+            # attention's output goes to post_attention_layernorm, the MLP's to the next layer's
+            # input_layernorm (or the final norm): buffers as the projections' own all-reduces
+            module.self_attn.o_proj.leaves_all_reduce = True
+            module.post_attention_layernorm.takes_all_reduce = module.self_attn.o_proj.all_reduce_buffer
+            module.mlp.down_proj.leaves_all_reduce = True
+            module.input_layernorm.takes_all_reduce = module.mlp.down_proj.all_reduce_buffer
+        elif isinstance(module, DecoderModel):
+            module.norm.takes_all_reduce = module.layers[-1].mlp.down_proj.all_reduce_buffer
+    return True

@@ -10,6 +10,7 @@
 #   bash scripts/gpu_check.sh setup kernels tpserve   # kind nvidia-h200-x2: serve --tp 2 streams a chat, SIGTERM ends it
 #   bash scripts/gpu_check.sh setup kernels dpserve dpbench   # kind nvidia-h200-x2: serve --dp 2; bench offline --dp 1/2, routing
 #   bash scripts/gpu_check.sh setup loadcache kernels profile savecache   # where the time goes
+#   bash scripts/gpu_check.sh setup kernels tpprofile   # kind nvidia-h200-x2: where a --tp 2 step's time goes
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,13 +27,15 @@ export PYTHONPATH=$PWD/.pkgs:$W/site
 CLI=(python3 -m minisgl_app.cli)
 status=0
 
-tp_bench() {  # batch-1 decode of the qwen3-8b shape with --tp 1 and 2; a bench that hangs (at exit, say) is cut off and fails
-  for tp in 1 2; do
-    local start code
+tp_bench() {  # batch-1 decode of the qwen3-8b shape with --tp 1, 2, and 2 with the fused all-reduce + RMSNorm (opt-in);
+  # a bench that hangs (at exit, say) is cut off and fails
+  for run in 1 2 2fused; do
+    local start code tp=${run%fused} mode=""
+    [ "$run" = 2fused ] && mode=fused
     start=$(date +%s)
-    timeout 240 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-8b --input-len 128 --output-len 128 --repeat 3 --tp $tp 2>&1 | tee -a "$OUT/bench_tp.log"
+    MINISGL_ALL_REDUCE=$mode timeout 240 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-8b --input-len 128 --output-len 128 --repeat 3 --tp $tp 2>&1 | tee -a "$OUT/bench_tp.log"
     code=${PIPESTATUS[0]}
-    echo "bench --tp $tp: exit $code after $(( $(date +%s) - start )) s" | tee -a "$OUT/bench_tp.log"
+    echo "bench --tp $tp ${mode:+(MINISGL_ALL_REDUCE=$mode)}: exit $code after $(( $(date +%s) - start )) s" | tee -a "$OUT/bench_tp.log"
     [ "$code" -eq 0 ] || status=1
   done
 }
@@ -87,6 +90,11 @@ start = time.perf_counter()
 build_kernels(torch.bfloat16, 128, decode_tensor_cores=False)  # also the CUDA-core decode module
 build_kernels(torch.bfloat16, 64, decode_tensor_cores=False)
 print(f"built the FlashInfer modules in {time.perf_counter() - start:.0f} s")
+if torch.cuda.device_count() > 1:  # tensor parallelism's fused all-reduce + RMSNorm (distributed.py)
+    from flashinfer.comm.trtllm_ar import get_trtllm_comm_module
+    start = time.perf_counter()
+    get_trtllm_comm_module()
+    print(f"built FlashInfer's all-reduce fusion module in {time.perf_counter() - start:.0f} s")
 EOF
       ;;
     loadcache)  # kernels built by an earlier call (carried as .ficache/fi.tgz.*): no rebuild
@@ -155,9 +163,17 @@ print('demo model ready at', demo_model_dir())" || status=1
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       timeout 300 python3 -m pytest -m cuda tests/test_cuda_tp.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/tp_tests.log" || status=1
       tp_bench ;;
+    fusedtest)  # kind nvidia-h200-x2: the fused all-reduce + RMSNorm kernel against the separate ops
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout 200 python3 -m pytest -m cuda tests/test_cuda_tp.py -k fused -q -s -p no:cacheprovider 2>&1 | tee "$OUT/fused_test.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     tpbench)  # the batch-1 decode of the 8B shape alone, --tp 1 then 2
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       tp_bench ;;
+    tpprofile)  # kind nvidia-h200-x2: where a --tp 2 decode step's time goes, beside --tp 1 (scripts/gpu_profile_tp.py)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      OUT=$OUT timeout 400 python3 scripts/gpu_profile_tp.py 2>&1 | tee "$OUT/tpprofile.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     tpserve)  # kind nvidia-h200-x2: `serve --tp 2` answers a streamed chat, then SIGTERM ends every process
       serve_check tpserve --tp 2 ;;
     dpserve)  # kind nvidia-h200-x2: the same with `serve --dp 2` (a replica per GPU)

@@ -9,7 +9,7 @@ through ``scripts/gpu_check.sh profile``). Prints, for a Qwen3-0.6B-shape model 
 4. nano-vllm's offline workload split into prefill and decode steps (GPU time from CUDA events
    around each step, host time from the wall clock), for two prefill budgets.
 
-A Chrome trace of a few batch-1 steps goes to $OUT/trace_bs1.json.gz.
+With ``host_stages(trace=NAME)`` a Chrome trace of a few batch-1 steps goes to $OUT/NAME.gz.
 """
 
 from __future__ import annotations
@@ -126,7 +126,10 @@ class Timers:
         self.calls: dict[str, int] = collections.defaultdict(int)
 
     def wrap(self, owner, name: str, label: str | None = None) -> None:
-        fn = getattr(owner, name)
+        fn = getattr(owner, name, None)
+        if fn is None:  # the engine changed: time what still exists
+            print(f"  (no {type(owner).__name__}.{name} to time)")
+            return
         label = label or name
 
         def timed(*args, **kwargs):
@@ -144,9 +147,11 @@ class Timers:
             print(f"  {label:28s} {1e6 * t / steps:8.1f} us/step ({self.calls[label] / steps:.1f} calls)")
 
 
-def host_stages(overlap: bool, trace: bool = False) -> None:
-    print(f"\n== 3. host time per stage, batch 1, 128 in, overlap {'on' if overlap else 'off'}")
-    llm = make_llm(overlap=overlap, max_kv_tokens=20_000, max_running_requests=16, cuda_graph_max_bs=16)
+def host_stages(overlap: bool, trace: str | None = None, **overrides) -> None:
+    """Host time per stage of batch-1 decode (``overrides``: other EngineConfig fields, such as
+    another model shape); ``trace`` names a Chrome trace of a few steps to write under $OUT."""
+    print(f"\n== 3. host time per stage, batch 1, 128 in, overlap {'on' if overlap else 'off'} {overrides or ''}")
+    llm = make_llm(**{**dict(overlap=overlap, max_kv_tokens=20_000, max_running_requests=16, cuda_graph_max_bs=16), **overrides})
     eng, sched = llm.engine, llm.scheduler
     timers = Timers()
     for name in ("schedule", "launch", "collect", "_grow_decode_pages"):
@@ -195,7 +200,7 @@ def host_stages(overlap: bool, trace: bool = False) -> None:
     print("\n".join(text.getvalue().splitlines()[:60]))
     if trace:
         p = profile_steps(llm, 6)
-        path = os.path.join(OUT, "trace_bs1.json")
+        path = os.path.join(OUT, trace)
         p.export_chrome_trace(path)
         with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
             shutil.copyfileobj(f, g)

@@ -60,6 +60,20 @@ def test_all_reduce_one_shot_and_nccl_give_nccls_sums(tmp_path):
     assert all(v in ("exact", "rounding") for v in found.values()), found
 
 
+def test_fused_all_reduce_norm_matches_all_reduce_then_norm(tmp_path):
+    """All-reduce + residual add + RMSNorm in one kernel (FlashInfer's Lamport one-shot) gives
+    what NCCL's sum and FlashInfer's add + norm give, eagerly and chained in a CUDA graph."""
+    import json
+
+    from tp_worker import fused_norm_rank
+
+    mp.start_processes(fused_norm_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    found = json.loads((tmp_path / "fused_norm.json").read_text())
+    print("fused all-reduce + norm checks:", found)
+    assert found.pop("fused"), "the fused all-reduce + RMSNorm did not start on this machine"
+    assert found and all(v in ("exact", "rounding") for v in found.values()), found
+
+
 def test_bench_offline_dp2_runs_a_replica_on_each_gpu():
     import json
     import subprocess

@@ -130,6 +130,7 @@ class RowParallelLinear(Linear):
         self.weight.weight_loader = self._load
         self.tp = tp
         self.all_reduce_buffer = all_reduce_buffer  # which one-shot buffer its all-reduce uses (distributed.py)
+        self.leaves_all_reduce = False  # the next RMSNorm does it, fused (fused_ops.enable_fused_all_reduce_norm)
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         size = param.shape[1]
@@ -138,4 +139,5 @@ class RowParallelLinear(Linear):
         default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(super().forward(x), self.all_reduce_buffer)
+        partial = super().forward(x)
+        return partial if self.leaves_all_reduce else all_reduce(partial, self.all_reduce_buffer)

@@ -13,6 +13,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
         self.eps = eps
+        # Under tensor parallelism with the fused all-reduce on (fused_ops.py), the projection
+        # before this norm leaves its all-reduce to it: x is then this rank's partial sum, and
+        # this is the one-shot buffer its all-reduce uses when the fused kernel does not fit.
+        self.takes_all_reduce: int | None = None
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # already float32: the same arithmetic, fewer ops
@@ -26,6 +30,13 @@ class RMSNorm(nn.Module):
         """Without ``residual``: ``norm(x)``. With it: ``(norm(x + residual), x + residual)``.
 
         x may be [tokens, hidden] or [tokens, heads, head_dim] (Qwen3's per-head q/k norm)."""
+        if self.takes_all_reduce is not None and residual is not None:
+            from ..distributed import all_reduce, fused_all_reduce_norm
+
+            fused = fused_all_reduce_norm()
+            if fused is not None and fused.fits(x):
+                return fused(x, residual, self.weight, self.eps)
+            x = all_reduce(x, self.takes_all_reduce)
         if self.use_flashinfer:
             import flashinfer
 
