@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -31,6 +32,11 @@ from .view import can_continue, engine_messages, focus_of, sidebar_choices, vers
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
 FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces to end
+# A follow that took over from another one (running, or ended less than RACE_S before) has the
+# tick send the whole view once more, RECHECK_AFTER_S after it ends (see ChatPage.tick).
+RACE_S = 2.0
+RECHECK_AFTER_S = 1.0
+VIEW_SIZE = 6  # chat, status line, sidebar, versions bar, its label, Continue (ChatPage.render)
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 # Gradio's queue looks for new events every 1 ms while it has none: ~7% of a core for an idle
 # app (measured with psutil, 2-core VM), CPU the engine then lacks. Every 20 ms costs a click at
@@ -74,6 +80,8 @@ class Tab:
     sidebar: tuple | None = None  # the sidebar as last sent
     status: str | None = None  # the status line as last sent
     following: asyncio.Event | None = None  # set when the tab's latest follow event has ended
+    ended_at: float = 0.0  # when (monotonic s) a follow of the tab last ended
+    recheck_at: float | None = None  # when the tick sends the whole view once more (monotonic s)
     early_stop: float = 0.0  # browser time (ms) of the tab's last Stop that found no reply to stop
 
 
@@ -121,10 +129,11 @@ class ChatPage:
         tab = self.tab(request)
         session = request.session_hash if request is not None else None
         tab.follower += 1
-        me, last, version = tab.follower, [None] * 6, -1
+        me, last, version = tab.follower, [None] * VIEW_SIZE, -1
         ended = False
         previous, tab.following = tab.following, asyncio.Event()
         done = tab.following
+        raced = previous is not None and (not previous.is_set() or time.monotonic() - tab.ended_at < RACE_S)
         try:
             if previous is not None and not previous.is_set():
                 # Let the follow this one replaces end first: a render it already made (of the chat
@@ -146,21 +155,40 @@ class ChatPage:
                     break
                 version = await self.replies.changes(version, IDLE_CHECK_S)
                 await asyncio.sleep(RENDER_EVERY_S)  # coalesce a burst of tokens into one render
+            # Gradio sends a generator's last output once more with its end (blocks.py,
+            # handle_streaming_diffs(final=True); a generator that never yielded sends None for
+            # each output, which blanks them), and the browser may apply that after a newer
+            # follow's render: the last output of every follow changes nothing.
+            yield (gr.skip(),) * VIEW_SIZE
             ended = True
         finally:
             done.set()
             if not ended:  # cancelled: the tab closed or reloaded mid-reply
                 self.replies.page_gone(session)
+            elif tab.follower == me:
+                tab.ended_at = time.monotonic()
+                if raced:
+                    tab.recheck_at = tab.ended_at + RECHECK_AFTER_S
 
     async def tick(self, request: gr.Request):
-        """Every second: the status line, and the sidebar when another chat starts or ends replying."""
+        """Every second: the status line, and the sidebar when another chat starts or ends replying.
+
+        Once after a follow that took over from another one, the whole view: the browser runs
+        the follows of a tab as separate submissions and does not keep their order (a message of
+        the older one can land after the newer one's render), so what it shows is set again."""
         tab = self.tab(request)
         self.replies.page_seen(request.session_hash if request is not None else None, tab.conv_id)
+        following = tab.following is not None and not tab.following.is_set()
+        if tab.recheck_at is not None and not following and time.monotonic() >= tab.recheck_at:
+            tab.recheck_at = None
+            now = self.render(tab)
+            tab.status, tab.sidebar = now[1], now[2]
+            return tuple(self.as_update(i, value) for i, value in enumerate(now))
         status, side = self.source.status_line(), self.render_sidebar(tab)
         # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
         updates = (status if status != tab.status else gr.skip(), self.as_update(2, side) if side != tab.sidebar else gr.skip())
         tab.status, tab.sidebar = status, side
-        return updates
+        return (gr.skip(), *updates, gr.skip(), gr.skip(), gr.skip())
 
     async def unload(self, request: gr.Request) -> None:
         session = request.session_hash if request is not None else None
@@ -561,7 +589,8 @@ class ChatPage:
 
             demo.load(self.load_page, outputs=[*tab_fields, thinking], **quick).then(**follow)
             demo.unload(self.unload)
-            timer.tick(self.tick, outputs=[status, conv_list], queue=False, show_progress="hidden")
+            # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
+            timer.tick(self.tick, outputs=view, queue=False, show_progress="hidden", show_progress_on=[status])
             new_btn.click(self.new_chat, outputs=tab_fields, **quick).then(**follow)
             conv_list.input(self.select, inputs=conv_list, outputs=tab_fields, **quick).then(**follow)
             # .change, not .input: Gradio's Textbox sends .input on key presses only (not on

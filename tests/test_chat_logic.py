@@ -323,3 +323,103 @@ def test_the_status_line_names_every_replicas_device():
     client.scheduler_info = client.worker_info["minisgl-DP0-scheduler"]
     line = status_line(client)
     assert "qwen3-0.6b on cuda:0, cuda:1 (bfloat16)" in line and "3 running" in line, line
+
+
+# ---- the view after a view change: two follow events of one tab
+
+SKIP = {"__type__": "update"}  # gr.skip(): leaves an output as it is
+
+
+def test_gradio_sends_a_generators_last_output_again_with_its_end() -> None:
+    """Why a follow's last output matters: Gradio's final message of a generator event repeats
+    its last output in full (diffs only in between), and the browser applies it, maybe after a
+    newer follow's render. (A Gradio that stops doing so makes this test fail, not the page.)"""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    fn = SimpleNamespace(outputs=[None, None])
+    blocks = gr.Blocks()
+    assert blocks.handle_streaming_diffs(fn, [["chat A"], "x"], "tab-1", "run", final=False) == [["chat A"], "x"]
+    assert blocks.handle_streaming_diffs(fn, [["chat A", "reply"], "x"], "tab-1", "run", final=False) != [["chat A", "reply"], "x"]
+    assert blocks.handle_streaming_diffs(fn, [None, None], "tab-1", "run", final=True) == [["chat A", "reply"], "x"]
+
+
+@pytest.mark.anyio
+async def test_a_follow_ends_on_an_output_that_changes_nothing(store) -> None:
+    """New chat while chat A streams: A's follow renders A, the new follow renders the empty
+    chat. Whatever Gradio sends again of the older follow when it ends (its last output) must
+    leave the new chat on the page, in whichever order the browser applies the two."""
+    from minisgl_app.ui import ChatPage
+
+    engine = FakeEngine(step_s=0.05)
+    page = ChatPage(FakeClient(engine), store)
+    request = FakeRequest()
+    await page.send(" ".join(f"w{i}" for i in range(60)), *SETTINGS, None, request)
+    old = page.follow(request)
+    rendered = await anext(old)
+    assert rendered[0] and "w0" in str(rendered[0][0]), rendered
+    await page.new_chat(request)
+    new = page.follow(request)
+    first_new = asyncio.ensure_future(anext(new))
+    old_outputs = [output async for output in old]  # the older follow ends (the newer one waits for it)
+    [chat, *_] = await first_new
+    assert chat == [], chat
+    last = (old_outputs or [rendered])[-1]  # what Gradio sends again as the older follow ends
+    assert all(o == SKIP for o in last), f"the older follow ends on {str(last)[:200]}"
+    new_outputs = [output async for output in new]
+    assert new_outputs and all(o == SKIP for o in new_outputs[-1]), new_outputs
+    page.replies.stop_all(store.list()[0].id)
+    await until_idle(page.replies)
+
+
+@pytest.mark.anyio
+async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_changes_nothing(store) -> None:
+    """A follow that never rendered would end on Gradio's None for every output (an empty chat,
+    no chat selected) if it yielded nothing."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    running = page.follow(request)
+    await anext(running)  # renders the new chat; ends at its next step
+    waiting = page.follow(request)  # waits for `running` to end...
+    first = asyncio.ensure_future(anext(waiting))
+    await asyncio.sleep(0)
+    newest = page.follow(request)  # ...and is replaced before it renders
+    newest_first = asyncio.ensure_future(anext(newest))
+    assert [o async for o in running][-1] == (SKIP,) * 6
+    assert await first == (SKIP,) * 6
+    assert (await newest_first)[0] == []
+
+
+@pytest.mark.anyio
+async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(store, monkeypatch) -> None:
+    """The browser may apply an older follow's message after the newer one's render: once the
+    newer one has ended, the tick sets the view again (once), whatever the browser last got."""
+    from minisgl_app import ui
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    a = store.create(title="chat A")
+    store.append(a.id, "user", "hello A")
+    first = page.follow(request)
+    await anext(first)
+    page.tab(request).conv_id = a.id
+    second = page.follow(request)  # took over from `first`
+    pending = asyncio.ensure_future(anext(second))
+    [o async for o in first]
+    await pending
+    [o async for o in second]
+    chat, *rest = await page.tick(request)
+    assert chat == SKIP, "the view is sent again only a while after the follow ended"
+    monkeypatch.setattr(page.tab(request), "recheck_at", 0.0)
+    chat, *rest = await page.tick(request)
+    assert "hello A" in str(chat), chat
+    assert (await page.tick(request))[0] == SKIP, "once"
+    monkeypatch.setattr(ui, "RACE_S", 0.0)  # no follow ended just before this one: nothing to set again
+    alone = page.follow(request)
+    [o async for o in alone]
+    monkeypatch.setattr(ui, "RECHECK_AFTER_S", 0.0)
+    assert (await page.tick(request))[0] == SKIP
