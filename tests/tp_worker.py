@@ -118,7 +118,7 @@ def all_reduce_rank(rank: int, world: int, port: int, out: str) -> None:
     shutdown_tp()
 
 
-def fused_norm_rank(rank: int, world: int, port: int, out: str) -> None:
+def fused_norm_rank(rank: int, world: int, port: int, out: str, hidden: int) -> None:
     """The fused all-reduce + residual add + RMSNorm kernel against what it replaces (NCCL's sum,
     then FlashInfer's add + norm), eager at several batch sizes and chained in a CUDA graph the
     way decoder layers call it; rank 0 writes what it found."""
@@ -131,7 +131,6 @@ def fused_norm_rank(rank: int, world: int, port: int, out: str) -> None:
 
     device = torch.device(f"cuda:{rank}")
     init_tp(rank, world, f"tcp://127.0.0.1:{port}", device)
-    hidden = 4096  # the qwen3-8b shape's (the one measured); 1024 (qwen3-0.6b) is not checked yet
     found: dict = {"fused": distributed.enable_fused_all_reduce_norm(device, hidden)}
     fused = distributed.fused_all_reduce_norm()
     gen = torch.Generator(device=device).manual_seed(rank)
@@ -184,5 +183,5 @@ def fused_norm_rank(rank: int, world: int, port: int, out: str) -> None:
             found[f"graph_replay_{step}"] = same(graph_out, chain(unfused))
     torch.cuda.synchronize()
     if rank == 0:
-        Path(out, "fused_norm.json").write_text(json.dumps(found))
+        Path(out, f"fused_norm_{hidden}.json").write_text(json.dumps(found))
     shutdown_tp()
