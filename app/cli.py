@@ -157,7 +157,7 @@ def run_chat(args: argparse.Namespace) -> int:
     from .reply_source import LocalEngine
 
     return run_server(
-        engine_config_from_args(args), server, mount=lambda app, client: mount_ui(app, LocalEngine(client), store, server.api_key),
+        engine_config_from_args(args), server, mount=lambda app, client, engine: mount_ui(app, LocalEngine(client, engine), store, server.api_key),
         on_listen=on_listen
     )
 

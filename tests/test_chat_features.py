@@ -195,7 +195,10 @@ def sidebar(page) -> list[str]:
 
 
 def select_chat(page, title: str) -> None:
-    page.locator(SIDEBAR, has_text=title).first.click()
+    label = page.locator(SIDEBAR, has_text=title).first
+    assert wait_until(lambda: label.count() > 0, 30), \
+        f"no {title!r} in the sidebar 30 s on: it lists {sidebar(page)}; status line: {page.inner_text('#status-line')!r}"
+    label.click()
 
 
 def row_buttons(page, index: int, rows: str = ROW):
