@@ -122,6 +122,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_server(engine_config_from_args(args), server_config_from_args(args))
 
 
+def engine_flags_given(args: argparse.Namespace) -> list[str]:
+    """The engine flags (``add_engine_args``) set to something other than their defaults."""
+    probe = argparse.ArgumentParser(add_help=False)
+    add_engine_args(probe)
+    return [a.option_strings[0] for a in probe._actions
+            if a.option_strings and a.dest != "help" and getattr(args, a.dest, a.default) != a.default]
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     """The app: engine + chat page + OpenAI routes on one server, opened in the browser."""
     files = private_files_dir()  # before Gradio is imported: some of its modules read the folder then
@@ -149,6 +157,10 @@ def run_chat(args: argparse.Namespace) -> int:
             webbrowser.open(f"{url}/")
 
     if args.remote is not None:  # no engine here: the page's replies come from that server
+        given = engine_flags_given(args)
+        if given:
+            raise UserError(f"--remote runs no local engine, so {', '.join(given)} would do nothing; drop "
+                            f"{'it' if len(given) == 1 else 'them'} (the remote server chooses its own model and settings)")
         from .remote_app import run_remote_chat
         from .reply_source import RemoteEngine
 

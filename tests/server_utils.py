@@ -30,7 +30,9 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "wb") if log_path else subprocess.DEVNULL
-        cmd = [*CLI, command, "--port", str(self.port), "--device", "cpu", *args]
+        # the CPU engine (the test machines have no GPU); with --remote there is no engine to place
+        device = [] if "--remote" in args else ["--device", "cpu"]
+        cmd = [*CLI, command, "--port", str(self.port), *device, *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.wait_ready(timeout)

@@ -70,6 +70,19 @@ def test_an_unreachable_remote_is_a_sentence_not_a_traceback():
     assert remote.status_line().startswith("**Remote unavailable**")
 
 
+def test_engine_flags_beside_remote_are_one_line_and_exit_2():
+    """--remote runs no engine: --model or --tp beside it would be silently ignored; say so."""
+    import subprocess
+
+    from server_utils import CLI
+
+    out = subprocess.run([*CLI, "chat", "--no-browser", "--remote", "http://127.0.0.1:9", "--model", "Qwen/Qwen3-8B", "--tp", "2"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("minisgl-chat: error: --remote runs no local engine") and "--model, --tp" in line, line
+
+
 def test_continue_and_credentials():
     """Continue goes as vLLM's and SGLang's top-level fields (this engine reads them too); an
     address's user:password never reaches the page."""
