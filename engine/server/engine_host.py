@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -28,6 +27,7 @@ from .launcher import EngineProcesses
 logger = logging.getLogger("minisgl.server")
 
 DRAIN_S = 0.2  # after the old workers stop: time for their last messages to reach the front end
+ERROR_REPORT_WAIT_S = 1.0  # how long a worker's exit waits for its start-up error report (usually ms)
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,7 @@ class EngineHost:
         if procs is not self.procs:
             return  # a generation already stopped
         error = self.client.startup_errors.get(name)
-        if error is None:  # its error report may still be on the way
-            time.sleep(0.3)
+        if error is None and self.client.error_reported.wait(ERROR_REPORT_WAIT_S):  # its report may still be on the way
             error = self.client.startup_errors.get(name)
         if self.switching and not self.client.ready:
             self.failure = error or f"{name} exited (exit code {code})"

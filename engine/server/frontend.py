@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -63,6 +64,9 @@ class FrontendClient:
         self.router = ReplicaRouter(paths.num_replicas, routing)
         self.worker_info: dict[str, dict] = {}
         self.startup_errors: dict[str, str] = {}
+        # set when a worker reports a start-up error: whoever saw that worker exit waits on it
+        # for the report, which travels apart from the exit (engine_host.EngineHost.on_exit)
+        self.error_reported = threading.Event()
         self.pending: dict[int, asyncio.Queue[UserReply | None]] = {}  # None: the request was stopped
         self._uids = itertools.count(1)
         self._decoder = decoder(FrontendBatch)
@@ -108,6 +112,7 @@ class FrontendClient:
         self.ready = False
         self.worker_info = {}
         self.startup_errors = {}
+        self.error_reported.clear()
         self.replica_stats = {}
         self.router = ReplicaRouter(self.paths.num_replicas, self.routing)
         self._connect_tokenizers()
@@ -166,6 +171,7 @@ class FrontendClient:
     def _on_ready(self, msg: ReadyMsg) -> None:
         if msg.error is not None:
             self.startup_errors[msg.worker] = msg.error
+            self.error_reported.set()
             logger.error("%s failed to start: %s", msg.worker, msg.error)
             return
         self.worker_info[msg.worker] = msg.info
