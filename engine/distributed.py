@@ -374,7 +374,7 @@ def min_over_ranks(value: int, device: torch.device) -> int:
     return int(t.item())
 
 
-def broadcast_bytes(data: bytes | None, device: torch.device | None = None) -> bytes:
+def broadcast_bytes(data: bytes | None) -> bytes:
     """Rank 0's ``data`` on every rank (others pass None): a length, then the bytes, as CPU
     tensors over the gloo group."""
     if _tp.size == 1:

@@ -63,14 +63,5 @@ class Req:
         return self.seq_len - self.cached_len
 
     @property
-    def remain_new_tokens(self) -> int:
-        return self.max_new_tokens - self.output_len
-
-    @property
-    def is_prefilling(self) -> bool:
-        """True until every token of the sequence except the last-sampled one has KV."""
-        return self.extend_len > 1 or self.output_len == 0
-
-    @property
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -155,9 +155,9 @@ def test_write_pages_maps_each_position_to_its_slot(page_size, data) -> None:
     pages = data.draw(st.lists(st.integers(0, 200), min_size=n_req_pages, max_size=n_req_pages, unique=True))
     split = data.draw(st.integers(0, n_req_pages))
     # a prompt's pages first, then the pages grown during decode
-    table.write_pages(row, 0, pages[:split], page_size)
-    table.write_pages(row, split, pages[split:], page_size)
-    table.write_pages(row, n_req_pages, [], page_size)  # nothing to write
+    table.write_pages(row, 0, pages[:split])
+    table.write_pages(row, split, pages[split:])
+    table.write_pages(row, n_req_pages, [])  # nothing to write
     table.apply(*(torch.tensor(part, dtype=torch.int64) for part in table.take_pending()))
     expected = [pages[pos // page_size] * page_size + pos % page_size for pos in range(max_len)]
     assert table.table[row, :max_len].tolist() == expected

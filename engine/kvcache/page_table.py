@@ -45,12 +45,12 @@ class PageTable:
             self._pages = [self._pages[i] for i in keep]
         self._free_rows.append(row)
 
-    def write_pages(self, row: int, first_page_index: int, pages: list[int], page_size: int) -> None:
+    def write_pages(self, row: int, first_page_index: int, pages: list[int]) -> None:
         """Map the positions covered by ``pages`` (starting at page ``first_page_index`` of
         the request) to their slot numbers, at the engine's next step."""
         if not pages:
             return
-        assert page_size == self.page_size, "the table was made for another page size"
+        page_size = self.page_size
         start = first_page_index * page_size
         self._rows.extend([row] * len(pages))
         self._cols.extend(range(start, start + len(pages) * page_size, page_size))

@@ -45,7 +45,7 @@ class PrefillManager:
         req.cached_len = match.length
         self.matches[req.uid] = match
         self.prefix_hit_tokens += match.length
-        self.page_table.write_pages(req.table_slot, 0, req.pages, self.page_size)
+        self.page_table.write_pages(req.table_slot, 0, req.pages)
         return True
 
     def schedule(self, max_new_requests: int) -> Batch | None:

@@ -242,7 +242,7 @@ class Scheduler:
             while len(req.pages) * self.page_size <= req.cached_len:
                 pages = self.cache_manager.alloc_pages(1)
                 if pages is not None:
-                    self.engine.page_table.write_pages(req.table_slot, len(req.pages), pages, self.page_size)
+                    self.engine.page_table.write_pages(req.table_slot, len(req.pages), pages)
                     req.pages.extend(pages)
                     continue
                 victim = self.decode_manager.newest()

@@ -48,7 +48,6 @@ class SchedulerWorkerArgs:
     log_level: int = logging.WARNING
     dist_init_addr: str | None = None  # host:port of rank 0's rendezvous (tp > 1)
     local_rank: int = 0  # which GPU of this machine
-    report_ready: bool = True  # rank 0 reports for the whole group
     replica: int = 0  # --dp: which replica this rank belongs to
 
 
@@ -141,13 +140,12 @@ class SchedulerWorker:
         """This turn's incoming messages, the same on every rank."""
         if self.tp.size == 1:
             return self.receiver.recv_all(block=idle)
-        device = self.scheduler.engine.device
         if self.tp.rank == 0:
             batches = self.receiver.recv_all(block=idle, timeout_ms=IDLE_HEARTBEAT_MS)
             msgs = [msg for batch in batches for msg in batch.msgs]
-            broadcast_bytes(encode(BackendBatch(msgs)) if msgs else b"", device)
+            broadcast_bytes(encode(BackendBatch(msgs)) if msgs else b"")
             return batches
-        data = broadcast_bytes(None, device)
+        data = broadcast_bytes(None)
         return [self._backend_decoder.decode(data)] if data else []
 
     def loop(self) -> None:
@@ -181,7 +179,7 @@ def check_ranks_agree(engine, scheduler: Scheduler) -> None:
         "cache": engine.config.cache,
         "overlap": scheduler.overlap,
     }
-    leader = msgspec.msgpack.decode(broadcast_bytes(msgspec.msgpack.encode(mine) if tp.rank == 0 else None, torch.device("cpu")))
+    leader = msgspec.msgpack.decode(broadcast_bytes(msgspec.msgpack.encode(mine) if tp.rank == 0 else None))
     for key, value in msgspec.msgpack.decode(msgspec.msgpack.encode(mine)).items():
         if leader.get(key) != value:
             raise UserError(f"tensor-parallel rank {tp.rank} disagrees with rank 0 on {key}: {value!r} vs {leader.get(key)!r}")
