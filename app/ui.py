@@ -631,7 +631,7 @@ class ChatPage:
             timer = gr.Timer(IDLE_CHECK_S)
 
             demo.load(self.load_page, outputs=[*tab_fields, thinking], **quick).then(**follow)
-            for trigger in (demo.load, models_box.expand, refresh_btn.click):
+            for trigger in (models_box.expand, refresh_btn.click):
                 trigger(self.list_models, outputs=model_list, **quick)
             switch_btn.click(self.switch_model, inputs=model_list, outputs=[model_message, model_list, thinking], **quick)
             demo.unload(self.unload)
