@@ -11,7 +11,7 @@ import zmq
 
 from ..detokenize import DecodeState, TokenBytes
 from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, LogprobEntry, ReadyMsg, UserReply
-from .ipc import Receiver, Sender, SocketPaths, reporting_startup
+from .ipc import DETOKENIZER_NAME, Receiver, Sender, SocketPaths, reporting_startup
 from .process import init_worker
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class DetokenizerWorkerArgs:
 
 
 def run_detokenizer_worker(args: DetokenizerWorkerArgs) -> None:
-    name = "minisgl-detokenizer-0"
+    name = DETOKENIZER_NAME
     init_worker(name, args.parent_pid, args.log_level)
     ctx = zmq.Context()
     to_frontend = Sender(ctx, args.paths.frontend)

@@ -25,7 +25,7 @@ import zmq.asyncio
 from ..errors import RequestError
 from ..messages import AbortMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode, sum_stats
 from ..sampling_params import SamplingParams
-from .ipc import SocketPaths
+from .ipc import SocketPaths, scheduler_name
 from .router import ReplicaRouter, prompt_blocks
 
 logger = logging.getLogger("minisgl.frontend")
@@ -52,7 +52,7 @@ class FrontendClient:
         self.paths = paths
         self.model_name = model_name
         self.expected_workers = set(expected_workers)
-        self.leader = next((w for w in expected_workers if w.endswith("-scheduler")), "minisgl-TP0-scheduler")
+        self.leader = next((w for w in expected_workers if w.endswith("-scheduler")), scheduler_name(0, 0))
         self.ready = False
         self.phase = "starting"  # what start-up is doing, for the chat page
         self.switching = False  # the workers restart with another model (engine_host.py); new requests are refused

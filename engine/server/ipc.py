@@ -37,6 +37,23 @@ def remove_runtime_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+# ---- worker names: process titles, and how workers are named in messages and errors
+
+DETOKENIZER_NAME = "minisgl-detokenizer-0"
+
+
+def tokenizer_name(index: int) -> str:
+    return f"minisgl-tokenizer-{index}"
+
+
+def scheduler_name(replica: int, rank: int, dp: int = 1, tp: int = 1) -> str:
+    """minisgl-TP{rank}-scheduler, and with --dp minisgl-DP{replica}-scheduler
+    (minisgl-DP{replica}-TP{rank}-scheduler when the replica has several ranks)."""
+    if dp == 1:
+        return f"minisgl-TP{rank}-scheduler"
+    return f"minisgl-DP{replica}-scheduler" if tp == 1 else f"minisgl-DP{replica}-TP{rank}-scheduler"
+
+
 @dataclass(frozen=True)
 class SocketPaths:
     """Where each stage listens (the receiver binds, senders connect)."""

@@ -18,8 +18,8 @@ from multiprocessing.process import BaseProcess
 
 from ..config import EngineConfig
 from .detokenizer_worker import DetokenizerWorkerArgs, run_detokenizer_worker
-from .ipc import SocketPaths
-from .scheduler_worker import SchedulerWorkerArgs, run_scheduler_worker, scheduler_name
+from .ipc import DETOKENIZER_NAME, SocketPaths, scheduler_name, tokenizer_name
+from .scheduler_worker import SchedulerWorkerArgs, run_scheduler_worker
 from .tokenizer_worker import TokenizerWorkerArgs, run_tokenizer_worker
 
 logger = logging.getLogger("minisgl.launcher")
@@ -37,7 +37,7 @@ def free_port() -> int:
 def reporting_workers(num_tokenizers: int, dp: int = 1, tp: int = 1) -> list[str]:
     """The workers that report ready to the front end: every tokenizer, the detokenizer, and
     each replica's rank 0 (for its whole tensor-parallel group)."""
-    return [f"minisgl-tokenizer-{i}" for i in range(num_tokenizers)] + ["minisgl-detokenizer-0"] + [
+    return [tokenizer_name(i) for i in range(num_tokenizers)] + [DETOKENIZER_NAME] + [
         scheduler_name(replica, 0, dp, tp) for replica in range(dp)
     ]
 
@@ -58,8 +58,8 @@ class EngineProcesses:
         if paths is not None:
             for i in range(paths.num_tokenizers):
                 args = TokenizerWorkerArgs(i, paths, tokenizer_path, max_context_len, pid, log_level)
-                self.processes[f"minisgl-tokenizer-{i}"] = ctx.Process(target=run_tokenizer_worker, args=(args,), daemon=True)
-            self.processes["minisgl-detokenizer-0"] = ctx.Process(
+                self.processes[tokenizer_name(i)] = ctx.Process(target=run_tokenizer_worker, args=(args,), daemon=True)
+            self.processes[DETOKENIZER_NAME] = ctx.Process(
                 target=run_detokenizer_worker, args=(DetokenizerWorkerArgs(paths, tokenizer_path, pid, log_level),), daemon=True
             )
         per_node = config.tp // config.nnodes

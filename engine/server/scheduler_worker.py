@@ -33,7 +33,7 @@ from ..errors import UserError
 from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, UserMsg, decoder, encode
 from ..request import FinishReason
 from ..scheduler.scheduler import Scheduler, TokenOutput
-from .ipc import Receiver, Sender, SocketPaths, reporting_startup
+from .ipc import Receiver, Sender, SocketPaths, reporting_startup, scheduler_name
 from .process import init_worker
 
 logger = logging.getLogger(__name__)
@@ -49,14 +49,6 @@ class SchedulerWorkerArgs:
     dist_init_addr: str | None = None  # host:port of rank 0's rendezvous (tp > 1)
     local_rank: int = 0  # which GPU of this machine
     replica: int = 0  # --dp: which replica this rank belongs to
-
-
-def scheduler_name(replica: int, rank: int, dp: int = 1, tp: int = 1) -> str:
-    """The process title: minisgl-TP{rank}-scheduler, and with --dp minisgl-DP{replica}-scheduler
-    (minisgl-DP{replica}-TP{rank}-scheduler when the replica has several ranks)."""
-    if dp == 1:
-        return f"minisgl-TP{rank}-scheduler"
-    return f"minisgl-DP{replica}-scheduler" if tp == 1 else f"minisgl-DP{replica}-TP{rank}-scheduler"
 
 
 IDLE_HEARTBEAT_MS = 1000

@@ -12,7 +12,7 @@ import zmq
 
 from ..errors import UserError
 from ..messages import AbortBackendMsg, AbortMsg, BackendBatch, FrontendBatch, ReadyMsg, TokenizeMsg, TokenizerBatch, UserMsg, UserReply
-from .ipc import Receiver, Sender, SocketPaths, reporting_startup
+from .ipc import Receiver, Sender, SocketPaths, reporting_startup, tokenizer_name
 from .process import init_worker
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class PromptEncoder:
 
 
 def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
-    name = f"minisgl-tokenizer-{args.index}"
+    name = tokenizer_name(args.index)
     init_worker(name, args.parent_pid, args.log_level)
     ctx = zmq.Context()
     to_frontend = Sender(ctx, args.paths.frontend)
