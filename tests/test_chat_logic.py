@@ -265,7 +265,6 @@ class FakeClient:
         self.generate = engine.generate
         self.ready = True
         self.supports_thinking = False
-        self.model_name = "fake"
 
     def status_line(self) -> str:
         return "**Ready** · fake"
