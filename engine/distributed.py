@@ -111,7 +111,7 @@ class FusedAllReduceNorm:
 
         self.ar = trtllm_ar
         self.hidden_size, self.max_tokens = hidden_size, max_tokens
-        size, rank = _tp.size, _tp.rank
+        size = _tp.size
         two_mb = 1 << 21
 
         def aligned(n: int) -> int:
@@ -137,7 +137,6 @@ class FusedAllReduceNorm:
         self.workspace = torch.tensor(pointers, dtype=torch.int64, device=device)
         torch.cuda.synchronize(device)
         dist.barrier(group=_cpu_group)  # every rank's buffers are ready before any kernel writes to them
-        self.rank = rank
 
     def fits(self, x: torch.Tensor) -> bool:
         return x.dim() == 2 and x.shape[0] <= self.max_tokens and x.shape[1] == self.hidden_size and x.dtype == torch.bfloat16
@@ -147,7 +146,7 @@ class FusedAllReduceNorm:
         after an all-reduce of ``x``."""
         norm_out, residual_out = torch.empty_like(x), torch.empty_like(residual)
         self.ar.trtllm_allreduce_fusion(
-            allreduce_in=x.contiguous(), world_size=_tp.size, world_rank=self.rank, token_num=x.shape[0],
+            allreduce_in=x.contiguous(), world_size=_tp.size, world_rank=_tp.rank, token_num=x.shape[0],
             hidden_dim=self.hidden_size, workspace_ptrs=self.workspace, launch_with_pdl=False,
             trigger_completion_at_end=True, fp32_acc=True,
             pattern_code=self.ar.AllReduceFusionPattern.kARResidualRMSNorm, use_oneshot=True,
@@ -170,7 +169,7 @@ def fused_all_reduce_norm_wanted() -> bool:
     return os.environ.get("MINISGL_ALL_REDUCE", "").lower() == "fused"
 
 
-def enable_fused_all_reduce_norm(device: torch.device, hidden_size: int) -> bool:
+def set_up_fused_all_reduce_norm(device: torch.device, hidden_size: int) -> bool:
     """Set up :class:`FusedAllReduceNorm` on every rank (all call it), check its result against
     the plain all-reduce, add and norm once, and report whether it is on. Off, logged, where
     FlashInfer cannot build its kernel or where any rank fails."""

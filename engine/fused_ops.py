@@ -133,14 +133,14 @@ def enable_fused_all_reduce_norm(model: nn.Module, device: torch.device, hidden_
     """Under tensor parallelism on GPUs: each decoder layer's two row-parallel projections leave
     their all-reduce to the RMSNorm after them, which does all-reduce, residual add and norm in
     one kernel (distributed.FusedAllReduceNorm). Every rank calls this; False where it is off."""
-    from .distributed import enable_fused_all_reduce_norm as set_up
+    from .distributed import set_up_fused_all_reduce_norm
     from .models.transformer import DecoderLayer, DecoderModel
 
     message = "setting up the fused all-reduce + RMSNorm kernel (built on the first run only)"
     logger.info(message)
     if on_phase is not None:
         on_phase(message)
-    if not set_up(device, hidden_size):
+    if not set_up_fused_all_reduce_norm(device, hidden_size):
         return False
     for module in model.modules():
         if isinstance(module, DecoderLayer):

@@ -131,7 +131,7 @@ def fused_norm_rank(rank: int, world: int, port: int, out: str, hidden: int) -> 
 
     device = torch.device(f"cuda:{rank}")
     init_tp(rank, world, f"tcp://127.0.0.1:{port}", device)
-    found: dict = {"fused": distributed.enable_fused_all_reduce_norm(device, hidden)}
+    found: dict = {"fused": distributed.set_up_fused_all_reduce_norm(device, hidden)}
     fused = distributed.fused_all_reduce_norm()
     gen = torch.Generator(device=device).manual_seed(rank)
     weight = (1 + 0.1 * torch.randn(hidden, generator=torch.Generator(device=device).manual_seed(7), device=device)).to(torch.bfloat16)
