@@ -37,6 +37,12 @@ FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces t
 RACE_S = 2.0
 RECHECK_AFTER_S = 1.0
 VIEW_SIZE = 6  # chat, status line, sidebar, versions bar, its label, Continue (ChatPage.render)
+# The view's outputs sent as gr.update dicts (ChatPage.as_update). Within one follow these are
+# never turned into gr.skip(): Gradio streams a generator's outputs as diffs, and its browser
+# client applies a diff in place to the object an earlier, maybe not yet drawn, message holds:
+# a dict -> skip diff deletes that message's keys, and the sidebar it carried is never drawn
+# (tests/test_chat_logic.py pins this). Unchanged, they are sent again whole (an empty diff).
+UPDATE_OUTPUTS = (2, 3, 5)
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 # Gradio's queue looks for new events every 1 ms while it has none: ~7% of a core for an idle
 # app (measured with psutil, 2-core VM), CPU the engine then lacks. Every 20 ms costs a click at
@@ -83,6 +89,8 @@ class Tab:
     ended_at: float = 0.0  # when (monotonic s) a follow of the tab last ended
     recheck_at: float | None = None  # when the tick sends the whole view once more (monotonic s)
     early_stop: float = 0.0  # browser time (ms) of the tab's last Stop that found no reply to stop
+    picked: bool = False  # the user has chosen what the tab shows (the page's load keeps it then)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)  # set when the tab is gone (unload)
 
 
 class ChatPage:
@@ -130,7 +138,7 @@ class ChatPage:
         session = request.session_hash if request is not None else None
         tab.follower += 1
         me, last, version = tab.follower, [None] * VIEW_SIZE, -1
-        ended = False
+        ended = rendered = False
         previous, tab.following = tab.following, asyncio.Event()
         done = tab.following
         raced = previous is not None and (not previous.is_set() or time.monotonic() - tab.ended_at < RACE_S)
@@ -148,8 +156,10 @@ class ChatPage:
                 busy = self.replies.is_busy(tab.conv_id)
                 now = self.render(tab)
                 if now != last:
-                    yield tuple(gr.skip() if new == old else self.as_update(i, new) for i, (new, old) in enumerate(zip(now, last)))
+                    yield tuple(self.as_update(i, new) if new != old or i in UPDATE_OUTPUTS else gr.skip()
+                                for i, (new, old) in enumerate(zip(now, last)))
                     last = now
+                    rendered = True
                     tab.status, tab.sidebar = now[1], now[2]
                 if not busy:
                     break
@@ -158,8 +168,9 @@ class ChatPage:
             # Gradio sends a generator's last output once more with its end (blocks.py,
             # handle_streaming_diffs(final=True); a generator that never yielded sends None for
             # each output, which blanks them), and the browser may apply that after a newer
-            # follow's render: the last output of every follow changes nothing.
-            yield (gr.skip(),) * VIEW_SIZE
+            # follow's render: the last output of every follow leaves the chat as it is (the
+            # update dicts, see UPDATE_OUTPUTS, stay as rendered; a newer follow ends on its own).
+            yield tuple(self.as_update(i, last[i]) if rendered and i in UPDATE_OUTPUTS else gr.skip() for i in range(VIEW_SIZE))
             ended = True
         finally:
             done.set()
@@ -190,10 +201,22 @@ class ChatPage:
         tab.status, tab.sidebar = status, side
         return (gr.skip(), *updates, gr.skip(), gr.skip(), gr.skip())
 
+    async def keep_stream_open(self, request: gr.Request) -> None:
+        """Runs as long as the tab is open, so that Gradio keeps the tab's one event stream open.
+
+        Gradio (6.31) closes a tab's stream when its last queued event completes, and the
+        browser opens a new one only if it has not seen that close yet when its next event is
+        accepted; an event accepted in between has its messages (a render, a toast) held on the
+        server until some later event opens a stream again. On a busy machine that left a chat
+        undrawn or a refusal unshown for good. An event that never completes closes no stream."""
+        await self.tab(request).closed.wait()
+
     async def unload(self, request: gr.Request) -> None:
         session = request.session_hash if request is not None else None
         self.replies.page_gone(session)
-        self.tabs.pop(session or "-", None)
+        tab = self.tabs.pop(session or "-", None)
+        if tab is not None:
+            tab.closed.set()
 
     def render_sidebar(self, tab: Tab) -> tuple:
         return (tuple(sidebar_choices(self.conversations(tab), self.replies.busy_conversations())), tab.conv_id)
@@ -220,20 +243,21 @@ class ChatPage:
 
     async def load_page(self, request: gr.Request):
         tab = self.tab(request)
-        convs = self.store.list()
-        tab.conv_id = convs[0].id if convs else None
+        if not tab.picked:  # a click that came first (New chat at once) is kept
+            convs = self.store.list()
+            tab.conv_id = convs[0].id if convs else None
         thinking = gr.update(visible=self.source.supports_thinking)
         return (*self.fields(tab), thinking)
 
     async def select(self, conv_id: int | None, request: gr.Request):
         tab = self.tab(request)
-        tab.conv_id, tab.focus = conv_id, None
+        tab.conv_id, tab.focus, tab.picked = conv_id, None, True
         self.replies.notify()
         return self.fields(tab)
 
     async def new_chat(self, request: gr.Request):
         tab = self.tab(request)
-        tab.conv_id, tab.focus = None, None
+        tab.conv_id, tab.focus, tab.picked = None, None, True
         tab.draft = self.store.default_settings()
         self.replies.notify()
         return self.fields(tab)
@@ -260,7 +284,7 @@ class ChatPage:
         except NotFoundError:
             pass
         convs = self.store.list()
-        tab.conv_id = convs[0].id if convs else None
+        tab.conv_id, tab.picked = (convs[0].id if convs else None), True
         self.replies.notify()
         gr.Info("Chat deleted.")
         return self.fields(tab)
@@ -366,7 +390,7 @@ class ChatPage:
         text = with_attachments(text, tab.attachments)
         tab.attachments = []
         if tab.conv_id is None:
-            tab.conv_id = self.store.create(title=title_from(text), settings=tab.draft).id
+            tab.conv_id, tab.picked = self.store.create(title=title_from(text), settings=tab.draft).id, True
         self.store.append(tab.conv_id, "user", text)
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
         return "", ""
@@ -483,7 +507,7 @@ class ChatPage:
         except BadImportFile as exc:
             gr.Warning(f"Not imported: {exc}")
             return (*self.fields(tab), gr.skip())
-        tab.conv_id, tab.focus, tab.search = conv.id, None, ""
+        tab.conv_id, tab.focus, tab.search, tab.picked = conv.id, None, "", True
         self.replies.notify()
         gr.Info(f"Imported “{conv.title}” ({len(conv.messages)} messages shown).")
         return (*self.fields(tab), "")
@@ -588,6 +612,7 @@ class ChatPage:
             timer = gr.Timer(IDLE_CHECK_S)
 
             demo.load(self.load_page, outputs=[*tab_fields, thinking], **quick).then(**follow)
+            demo.load(self.keep_stream_open, show_progress="hidden", concurrency_limit=None)
             demo.unload(self.unload)
             # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
             timer.tick(self.tick, outputs=view, queue=False, show_progress="hidden", show_progress_on=[status])

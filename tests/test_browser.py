@@ -172,6 +172,30 @@ def test_invalid_settings_are_refused_with_a_message(browser, app):
     page.close()
 
 
+def test_the_page_keeps_one_event_stream_open(browser, app):
+    """Gradio closes a tab's event stream when the tab's last queued event ends, and the browser
+    misses that an event it has just sent needs a new stream if the close reaches it after the
+    event was accepted: that event's render or toast then never arrives (seen in CI: no
+    "Settings not saved" toast, an empty sidebar after a restart). The page keeps its one stream
+    open as long as it is open: through a reply, New chat, a refused setting and idle seconds,
+    the browser opens a single one."""
+    streams = []
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page.on("request", lambda r: streams.append(r.url) if "/queue/data" in r.url else None)
+    page.goto(f"{app.url}/")
+    page.wait_for_selector("#msg-input textarea", timeout=60_000)
+    new_greedy_chat(page, max_tokens=8)
+    send(page, "Say hi.")
+    assert wait_until(lambda: "tok/s" in stats_text(page), 60), "the reply did not finish"
+    page.click("#new-chat-btn")
+    assert wait_until(lambda: page.locator(USER).count() == 0, 30)
+    set_field(page, "#max-tokens input", "0")
+    page.wait_for_selector("text=Settings not saved", timeout=30_000)
+    time.sleep(3)  # idle: only the status-line ticks, which are not queued
+    assert len(streams) == 1, f"the page opened {len(streams)} event streams: {streams}"
+    page.close()
+
+
 def test_a_page_on_another_local_port_cannot_frame_the_app(browser, app, tmp_path):
     """Clickjacking: a page served from another local port frames the chat; the browser refuses
     the frame (X-Frame-Options / frame-ancestors), so nothing of the app shows in it."""

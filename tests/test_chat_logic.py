@@ -366,9 +366,10 @@ async def test_a_follow_ends_on_an_output_that_changes_nothing(store) -> None:
     [chat, *_] = await first_new
     assert chat == [], chat
     last = (old_outputs or [rendered])[-1]  # what Gradio sends again as the older follow ends
-    assert all(o == SKIP for o in last), f"the older follow ends on {str(last)[:200]}"
+    assert all(last[i] == SKIP for i in (0, 1, 4)), f"the older follow ends on {str(last)[:200]}"
     new_outputs = [output async for output in new]
-    assert new_outputs and all(o == SKIP for o in new_outputs[-1]), new_outputs
+    assert new_outputs and all(new_outputs[-1][i] == SKIP for i in (0, 1, 4)), new_outputs
+    assert new_outputs[-1][2]["value"] is None, "the newer follow ends on its own sidebar: no chat selected"
     page.replies.stop_all(store.list()[0].id)
     await until_idle(page.replies)
 
@@ -388,7 +389,7 @@ async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_chang
     await asyncio.sleep(0)
     newest = page.follow(request)  # ...and is replaced before it renders
     newest_first = asyncio.ensure_future(anext(newest))
-    assert [o async for o in running][-1] == (SKIP,) * 6
+    assert [o async for o in running][-1][0] == SKIP
     assert await first == (SKIP,) * 6
     assert (await newest_first)[0] == []
 
@@ -423,3 +424,67 @@ async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(store
     [o async for o in alone]
     monkeypatch.setattr(ui, "RECHECK_AFTER_S", 0.0)
     assert (await page.tick(request))[0] == SKIP
+
+
+@pytest.mark.anyio
+async def test_new_chat_clicked_before_the_page_load_is_answered_is_kept(store) -> None:
+    """Gradio may run a click before the page's load event (both are sent at once on a slow
+    machine): the load must not put the latest chat back over the user's New chat."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    store.create(title="older chat")
+    await page.new_chat(request)
+    title, *_ = await page.load_page(request)
+    assert page.tab(request).conv_id is None and title == ""
+    fresh = FakeRequest()
+    fresh.session_hash = "tab-2"
+    title, *_ = await page.load_page(fresh)
+    assert title == "older chat", "a tab nobody clicked in opens on the latest chat"
+
+
+@pytest.mark.anyio
+async def test_the_stream_keeping_event_runs_until_the_tab_is_gone(store) -> None:
+    """keep_stream_open holds the tab's Gradio event stream open: it must not end while the tab
+    is open (Gradio would close the stream) and must end when the tab unloads (no leak)."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    keeper = asyncio.ensure_future(page.keep_stream_open(request))
+    await asyncio.sleep(0.05)
+    assert not keeper.done()
+    await page.unload(request)
+    await asyncio.wait_for(keeper, 1.0)
+    assert "tab-1" not in page.tabs
+
+
+def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_update_into_a_skip(store) -> None:
+    """Why UPDATE_OUTPUTS (app/ui.py): Gradio streams a generator's later outputs as diffs, and a
+    dict -> skip diff is "delete each key"; its browser client applies diffs in place, to the
+    object an earlier message still holds, so a sidebar sent then skipped can vanish before the
+    page draws it (seen: an empty sidebar after a reload). A follow's consecutive outputs must
+    therefore diff without deleting any key of an update dict."""
+    import gradio as gr
+    from gradio.utils import diff
+
+    from minisgl_app.ui import UPDATE_OUTPUTS, ChatPage
+
+    sidebar = gr.update(choices=[("chat A", 1)], value=1)
+    assert any(op == "delete" for op, *_ in diff(sidebar, gr.skip())), "Gradio no longer diffs this way: revisit UPDATE_OUTPUTS"
+
+    async def outputs_of_a_follow() -> list[tuple]:
+        page = ChatPage(FakeClient(FakeEngine(step_s=0.02)), store)
+        request = FakeRequest()
+        await page.send(" ".join(f"w{i}" for i in range(20)), *SETTINGS, None, request)
+        return [o async for o in page.follow(request)]
+
+    outputs = asyncio.run(outputs_of_a_follow())
+    assert len(outputs) >= 3, outputs
+    updates = {i for o in outputs for i, value in enumerate(o) if isinstance(value, dict) and set(value) - {"__type__"}}
+    assert updates <= set(UPDATE_OUTPUTS), updates
+    for before, after in zip(outputs, outputs[1:]):
+        for i in updates:
+            edits = diff(before[i], after[i]) if isinstance(before[i], dict) and isinstance(after[i], dict) else []
+            assert not any(op == "delete" for op, *_ in edits), f"output {i}: {before[i]} -> {after[i]}"
