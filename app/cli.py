@@ -148,10 +148,6 @@ def run_chat(args: argparse.Namespace) -> int:
     from .ui import mount_ui
 
     logging.getLogger("minisgl").setLevel(logging.INFO)
-    given = engine_flags_given(args) if args.remote is not None else []
-    if given:  # before anything is opened: these would do nothing
-        raise UserError(f"--remote runs no local engine, so {', '.join(given)} would do nothing; drop "
-                        f"{'it' if len(given) == 1 else 'them'} (the remote server chooses its own model and settings)")
     server = server_config_from_args(args)
     store = ConversationStore()
 
@@ -161,6 +157,10 @@ def run_chat(args: argparse.Namespace) -> int:
             webbrowser.open(f"{url}/")
 
     if args.remote is not None:  # no engine here: the page's replies come from that server
+        given = engine_flags_given(args)
+        if given:
+            raise UserError(f"--remote runs no local engine, so {', '.join(given)} would do nothing; drop "
+                            f"{'it' if len(given) == 1 else 'them'} (the remote server chooses its own model and settings)")
         from .remote_app import run_remote_chat
         from .reply_source import RemoteEngine
 
@@ -169,7 +169,7 @@ def run_chat(args: argparse.Namespace) -> int:
     from .reply_source import LocalEngine
 
     return run_server(
-        engine_config_from_args(args), server, mount=lambda app, client: mount_ui(app, LocalEngine(client), store, server.api_key),
+        engine_config_from_args(args), server, mount=lambda app, client, engine: mount_ui(app, LocalEngine(client, engine), store, server.api_key),
         on_listen=on_listen
     )
 

@@ -48,6 +48,7 @@ class LiveReply:
     finish_reason: str | None = None
     error: str | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    stopped_by: str | None = None  # why it was stopped, when not by its own Stop (a model switch)
     done: bool = False
 
     def stats(self) -> dict:
@@ -55,8 +56,9 @@ class LiveReply:
         now = time.perf_counter()
         ttft = (self.first_token - self.started) * 1000 if self.first_token else None
         rate = (self.tokens - 1) / (now - self.first_token) if self.first_token and self.tokens > 1 and now > self.first_token else None
+        stopped = self.finish_reason is None and self.error is None
         return {"ttft_ms": ttft, "tok_s": rate, "tokens": self.earlier_tokens + self.tokens, "finish_reason": self.finish_reason,
-                "stopped": self.finish_reason is None and self.error is None}
+                "stopped": stopped, "stopped_by": self.stopped_by if stopped else None}
 
 
 @dataclass
@@ -151,6 +153,15 @@ class ReplyManager:
             return False
         reply.stop.set()
         return True
+
+    def stop_every(self, reason: str) -> int:
+        """Stop every reply in flight, marked with ``reason`` (the model is being switched);
+        messages waiting in line are answered next. Returns how many were stopped."""
+        for reply in self.live.values():
+            reply.stopped_by = reason
+            reply.stop.set()
+        self.notify()
+        return len(self.live)
 
     def stop_all(self, conv_id: int) -> None:
         """Stop the reply and drop the waiting turns (the conversation is being deleted)."""

@@ -21,10 +21,11 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from minisgl_engine import GenerateRequest, UserReply
+from minisgl_engine import GenerateRequest, UserError, UserReply
 
 from .view import status_line
 
@@ -36,8 +37,39 @@ REMOTE_READ_TIMEOUT_S = 300.0  # the longest wait for the next chunk (a long pre
 REMOTE_CHECK_TIMEOUT_S = 10.0  # the longest wait for /v1/models
 
 
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model the models panel lists; what is not known is None."""
+
+    name: str  # what switch_model takes, and what the reply's store row remembers
+    where: str  # "demo", "hub" (Hugging Face cache), "gguf" (converted), "serving", or "remote"
+    size_bytes: int | None = None
+    architecture: str | None = None
+    context_len: int | None = None
+
+
+class ModelError(Exception):
+    """A model cannot be served: the message says why, in words for the page."""
+
+
 class ReplySource(Protocol):
     """What the chat page needs from whatever writes its replies."""
+
+    @property
+    def model_name(self) -> str | None:
+        """The model replies come from now (None: not known yet)."""
+
+    async def list_models(self) -> list[ModelEntry]:
+        """The models the panel offers (never raises: a source that cannot list says so in
+        ``ModelError`` from switch_model instead)."""
+
+    async def check_model(self, name: str) -> None:
+        """Raise ``ModelError`` if ``name`` cannot be switched to, checked while the current
+        model keeps serving."""
+
+    async def switch_model(self, name: str) -> None:
+        """Serve ``name`` from now on; returns once it is ready. ``ModelError`` when it failed,
+        after the previous model serves again."""
 
     @property
     def ready(self) -> bool:
@@ -56,10 +88,58 @@ class ReplySource(Protocol):
 
 
 class LocalEngine:
-    """The engine started with the app (``FrontendClient`` over ZeroMQ)."""
+    """The engine started with the app (``FrontendClient`` over ZeroMQ); ``host`` (the engine's
+    ``EngineHost``) restarts its workers with another model."""
 
-    def __init__(self, client) -> None:
+    def __init__(self, client, host=None) -> None:
         self.client = client
+        self.host = host
+        self.known: dict[str, object] = {}  # name -> minisgl_engine.LocalModel, from the last listing
+        self.checked: dict[str, object] = {}  # name -> the host's PreparedModel, from check_model
+
+    @property
+    def model_name(self) -> str | None:
+        return self.client.model_name
+
+    async def list_models(self) -> list[ModelEntry]:
+        from minisgl_engine import local_models
+
+        try:
+            found = await asyncio.to_thread(local_models)
+        except Exception:  # noqa: BLE001 (an unreadable cache folder: the panel shows what it has)
+            logger.exception("listing the local models failed")
+            found = []
+        self.known = {m.name: m for m in found}
+        entries = [ModelEntry(m.name, m.kind, m.size_bytes, m.architecture, m.context_len) for m in found]
+        if self.client.model_name not in self.known:  # --model some/folder: served, though not in a cache
+            entries.insert(0, ModelEntry(self.client.model_name, "serving", context_len=self.client.max_context_len))
+        return entries
+
+    async def check_model(self, name: str) -> None:
+        if self.host is None:
+            raise ModelError("this engine cannot switch models")
+        if self.host.switching:
+            raise ModelError("another model switch is under way; wait for it to finish")
+        if name not in self.known:
+            await self.list_models()
+        entry = self.known.get(name)
+        if entry is None:
+            raise ModelError(f"{name} is not on this machine (pull it first: minisgl-chat pull {name})")
+        try:
+            self.checked[name] = await self.host.check(entry.model, name)
+        except UserError as exc:
+            raise ModelError(str(exc)) from None
+
+    async def switch_model(self, name: str) -> None:
+        if name not in self.checked:
+            await self.check_model(name)
+        if self.host.switching or not self.client.ready:
+            raise ModelError("another model switch is under way, or the model is still loading; try again once it is ready")
+        previous = self.client.model_name
+        try:
+            await self.host.switch(self.checked.pop(name))
+        except UserError as exc:
+            raise ModelError(f"{exc}. {previous} is serving again.") from None
 
     @property
     def ready(self) -> bool:
@@ -103,6 +183,7 @@ class RemoteEngine:
         self.chosen_model = model
         self.model_name: str | None = model
         self.models: list[str] = []
+        self.context_lens: dict[str, int] = {}  # max_model_len, where the remote says (vLLM, this engine)
         self.error: str | None = None
         self.checked_at = 0.0
         self._check: asyncio.Task | None = None
@@ -110,6 +191,22 @@ class RemoteEngine:
                                          timeout=openai.Timeout(REMOTE_READ_TIMEOUT_S, connect=REMOTE_CONNECT_TIMEOUT_S))
 
     # ---- what the page reads
+
+    async def list_models(self) -> list[ModelEntry]:
+        await self.check()
+        return [ModelEntry(name, "remote", context_len=self.context_lens.get(name)) for name in self.models]
+
+    async def check_model(self, name: str) -> None:
+        await self.check()
+        if self.error is not None and not self.models:
+            raise ModelError(f"the remote at {self.shown_url}: {self.error}")
+        if name not in self.models:
+            raise ModelError(f"the remote at {self.shown_url} does not serve `{name}` (it serves {', '.join(self.models) or 'nothing'})")
+
+    async def switch_model(self, name: str) -> None:
+        await self.check_model(name)
+        self.chosen_model = self.model_name = name  # the next requests ask for it
+        self.error = None
 
     @property
     def ready(self) -> bool:
@@ -143,6 +240,7 @@ class RemoteEngine:
         try:
             listed = await self.client.models.list(timeout=REMOTE_CHECK_TIMEOUT_S)
             models = [m.id for m in listed.data]
+            self.context_lens = {m.id: n for m in listed.data if isinstance(n := getattr(m, "max_model_len", None), int)}
         except Exception as exc:  # noqa: BLE001 (an HTML page at the address, a 404, a refused connection: all said in words)
             self.error = self.describe(exc, listing=True)
             return

@@ -132,6 +132,7 @@ class MessageStats:
     tokens: int | None = None
     finish_reason: str | None = None
     stopped: bool = False
+    stopped_by: str | None = None  # why it stopped when not by the user, e.g. "switch to <model>"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,6 +158,7 @@ class Message:
     parent_id: int | None = None  # None for a first message (one of the root versions)
     sibling_index: int = 0
     sibling_count: int = 1
+    model: str | None = None  # a reply: the model that wrote it (None: unknown, e.g. stored before v4)
 
 
 @dataclass(frozen=True)
@@ -292,8 +294,14 @@ def _v3_search_index(conn: sqlite3.Connection, name: str, table: str, column: st
     conn.execute(f"INSERT INTO {name} ({name}) VALUES ('rebuild')")
 
 
+def _v4_reply_model(conn: sqlite3.Connection) -> None:
+    """Each reply remembers the model that wrote it (the page can switch models); replies stored
+    before keep NULL: unknown."""
+    conn.execute("ALTER TABLE messages ADD COLUMN model TEXT")
+
+
 # MIGRATIONS[v] takes a database from version v to v + 1. Append new steps; never edit old ones.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_indexes, _v3_trees_and_search]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_indexes, _v3_trees_and_search, _v4_reply_model]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -388,29 +396,33 @@ class ConversationStore:
 
     # ---- messages
 
-    def append(self, conv_id: int, role: str, content: str, stats: StatsLike | None = None) -> Message:
+    def append(self, conv_id: int, role: str, content: str, stats: StatsLike | None = None,
+               model: str | None = None) -> Message:
         """Add a message below the selected leaf and select it: the next turn of the shown chat."""
         _check_message(role, content)
         stats_json = _stats_json(stats)
         with self._write() as conn:
             leaf = _conversation_row(conn, conv_id)["leaf_id"]
-            return _add(conn, conv_id, leaf, role, content, stats_json)
+            return _add(conn, conv_id, leaf, role, content, stats_json, model)
 
     def add_message(self, conv_id: int, parent_id: int | None, role: str, content: str,
-                    stats: StatsLike | None = None) -> Message:
+                    stats: StatsLike | None = None, model: str | None = None) -> Message:
         """Add a child of ``parent_id`` (None: a new first message) and select it. Regenerate and
-        edit pass the old message's parent: the new version is its sibling, the old one stays."""
+        edit pass the old message's parent: the new version is its sibling, the old one stays.
+        ``model``: the model that writes a reply."""
         _check_message(role, content)
         stats_json = _stats_json(stats)
         with self._write() as conn:
             _conversation_row(conn, conv_id)
             if parent_id is not None:
                 _message_row(conn, conv_id, parent_id)
-            return _add(conn, conv_id, parent_id, role, content, stats_json)
+            return _add(conn, conv_id, parent_id, role, content, stats_json, model)
 
-    def update_message(self, message_id: int, content: str, stats: StatsLike | None = None) -> None:
+    def update_message(self, message_id: int, content: str, stats: StatsLike | None = None,
+                       model: str | None = None) -> None:
         """Replace a message's content, whatever its role (a streamed reply as it grows);
-        ``stats=None`` keeps the stored stats, so only the final update needs to carry them.
+        ``stats=None`` keeps the stored stats, so only the final update needs to carry them
+        (``model=None`` likewise keeps the stored model).
 
         The conversation's updated_at is left alone: the turn was dated when its reply was added,
         and a stream that re-dated its chat every half second would make two replying chats swap
@@ -420,8 +432,8 @@ class ConversationStore:
             row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no message with id {message_id}")
-            conn.execute("UPDATE messages SET content = ?, stats = COALESCE(?, stats) WHERE id = ?",
-                         (content, _stats_json(stats), message_id))
+            conn.execute("UPDATE messages SET content = ?, stats = COALESCE(?, stats), model = COALESCE(?, model) WHERE id = ?",
+                         (content, _stats_json(stats), model, message_id))
 
     def truncate_after(self, conv_id: int, position: int) -> None:
         """Drop everything below the shown path's message at ``position`` (every version, not
@@ -489,7 +501,7 @@ class ConversationStore:
             for m in plan.messages:
                 parent_id, parent_position = new_ids[m.parent] if m.parent is not None else (None, -1)
                 new_id = _insert(conn, conv_id, parent_id, parent_position + 1, m.role, m.content,
-                                 m.created_at or now, m.stats)
+                                 m.created_at or now, m.stats, m.model)
                 new_ids[m.key] = (new_id, parent_position + 1)
             _set_leaf(conn, conv_id, _newest_leaf(conn, new_ids[plan.leaf][0]))
             return _load(conn, _conversation_row(conn, conv_id))
@@ -524,8 +536,10 @@ class ConversationStore:
             out += ["**System prompt:**", "", _quote(conv.settings.system_prompt), ""]
         for m in conv.messages:
             out += [f"## {m.role.capitalize()}", "", m.content, ""]
-            if m.stats is not None:
-                out += [f"_{_stats_line(m.stats)}_", ""]
+            line = " · ".join(x for x in (m.model if m.role == "assistant" else None,
+                                          _stats_line(m.stats) if m.stats is not None else None) if x)
+            if line:
+                out += [f"_{line}_", ""]
         return "\n".join(out).rstrip() + "\n"
 
     def export_json(self, conv_id: int) -> str:
@@ -547,13 +561,13 @@ class ConversationStore:
             "settings": conv.settings.to_dict(),
             "messages": [
                 {"id": m.id, "position": m.position, "role": m.role, "content": m.content,
-                 "created_at": m.created_at, "stats": m.stats.to_dict() if m.stats else None}
+                 "created_at": m.created_at, "stats": m.stats.to_dict() if m.stats else None, "model": m.model}
                 for m in conv.messages
             ],
             "leaf_id": row["leaf_id"],
             "tree": [
                 {"id": r["id"], "parent_id": r["parent_id"], "role": r["role"], "content": r["content"],
-                 "created_at": r["created_at"], "stats": _stats_dict(r["stats"])}
+                 "created_at": r["created_at"], "stats": _stats_dict(r["stats"]), "model": r["model"]}
                 for r in tree
             ],
         }
@@ -697,22 +711,22 @@ def _set_leaf(conn: sqlite3.Connection, conv_id: int, leaf_id: int | None) -> No
 
 
 def _insert(conn: sqlite3.Connection, conv_id: int, parent_id: int | None, position: int, role: str,
-            content: str, created_at: float, stats_json: str | None) -> int:
+            content: str, created_at: float, stats_json: str | None, model: str | None = None) -> int:
     cur = conn.execute(
-        "INSERT INTO messages (conversation_id, parent_id, position, role, content, created_at, stats) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (conv_id, parent_id, position, role, content, created_at, stats_json))
+        "INSERT INTO messages (conversation_id, parent_id, position, role, content, created_at, stats, model) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (conv_id, parent_id, position, role, content, created_at, stats_json, model))
     return cur.lastrowid
 
 
 def _add(conn: sqlite3.Connection, conv_id: int, parent_id: int | None, role: str, content: str,
-         stats_json: str | None) -> Message:
+         stats_json: str | None, model: str | None = None) -> Message:
     """Insert a child of ``parent_id`` and select it; the message as stored, with its versions."""
     now = time.time()
     _touch(conn, conv_id, now)
     parent = conn.execute("SELECT position FROM messages WHERE id = ?", (parent_id,)).fetchone()
     message_id = _insert(conn, conv_id, parent_id, parent[0] + 1 if parent else 0, role, content,
-                         now, stats_json)
+                         now, stats_json, model)
     _set_leaf(conn, conv_id, message_id)
     row = conn.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
     return _message(row, _sibling_ids(conn, conv_id, parent_id))
@@ -766,6 +780,7 @@ class _Imported:
     stats: str | None  # as stored: MessageStats as JSON
     key: int = 0  # its id in the file's tree, or its index in a list
     parent: int | None = None  # its parent's key
+    model: str | None = None  # the model that wrote a reply (our export's "model")
 
 
 @dataclass(frozen=True)
@@ -893,9 +908,12 @@ def _read_message(item: object, where: str) -> _Imported:
     if not isinstance(role, str) or role not in ROLES:
         raise BadImportFile(f"{where}.role: {_shown(role)} is not one of {', '.join(ROLES)}")
     created_at = item.get("created_at")
+    model = item.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadImportFile(f"{where}.model: expected text or null, got {_kind(model)}")
     return _Imported(role, _content_text(item["content"], f"{where}.content"),
                      float(created_at) if _is_number(created_at) else None,
-                     _read_stats(item.get("stats"), f"{where}.stats"))
+                     _read_stats(item.get("stats"), f"{where}.stats"), model=model)
 
 
 def _content_text(content: object, where: str) -> str:
@@ -935,6 +953,7 @@ _STATS_KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "tokens": (lambda v: _is_id(v) and v >= 0, "a whole number"),
     "finish_reason": (lambda v: isinstance(v, str), "text"),
     "stopped": (lambda v: isinstance(v, bool), "true or false"),
+    "stopped_by": (lambda v: isinstance(v, str), "text"),
 }
 
 
@@ -1110,7 +1129,7 @@ def _message(row: sqlite3.Row, siblings: list[int] | None = None) -> Message:
     stats = MessageStats.from_dict(json.loads(row["stats"])) if row["stats"] is not None else None
     siblings = siblings or [row["id"]]
     return Message(row["id"], row["conversation_id"], row["position"], row["role"], row["content"],
-                   row["created_at"], stats, row["parent_id"], siblings.index(row["id"]), len(siblings))
+                   row["created_at"], stats, row["parent_id"], siblings.index(row["id"]), len(siblings), row["model"])
 
 
 def _conversation(row: sqlite3.Row, messages: list[Message]) -> Conversation:
@@ -1135,7 +1154,7 @@ def _stats_line(s: MessageStats) -> str:
     if s.tokens is not None:
         parts.append(f"{s.tokens} tokens")
     if s.stopped:
-        parts.append("stopped")
+        parts.append(f"stopped ({s.stopped_by})" if s.stopped_by else "stopped")
     elif s.finish_reason:
         parts.append(f"finished: {s.finish_reason}")
     return " · ".join(parts)

@@ -26,8 +26,8 @@ from minisgl_engine import GenerateRequest, SamplingParams, UserError
 
 from .live import ReplyManager, Turn
 from .store import IMPORT_LIMIT_BYTES, BadImportFile, ChatSettings, ConversationStore, NotFoundError, title_from
-from .reply_source import ReplySource
-from .view import can_continue, engine_messages, focus_of, sidebar_choices, versions_label, view_messages
+from .reply_source import ModelError, ReplySource
+from .view import can_continue, engine_messages, focus_of, model_choices, sidebar_choices, versions_label, view_messages
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
@@ -362,7 +362,7 @@ class ChatPage:
                 request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)
                 return Turn(request, last.id, text=last.content, earlier_tokens=(last.stats.tokens or 0) if last.stats else 0)
             request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs or None)
-            reply = self.store.add_message(conv_id, path[-1].id, "assistant", "", stats={"tokens": 0})
+            reply = self.store.add_message(conv_id, path[-1].id, "assistant", "", stats={"tokens": 0}, model=self.source.model_name)
             return Turn(request, reply.id)
         return make_turn
 
@@ -494,6 +494,43 @@ class ChatPage:
         tab.focus = None
         self.replies.notify()
 
+    # ---- the models panel
+
+    async def list_models(self):
+        """The panel's list: the models the source offers, the one serving marked."""
+        entries = await self.source.list_models()
+        return gr.update(choices=model_choices(entries, self.source.model_name), value=self.source.model_name)
+
+    async def switch_model(self, name: str | None, request: gr.Request):
+        """Switch: the model is checked while the current one serves; then every reply in flight
+        stops (marked as stopped by the switch), and the page says it is loading until it is
+        ready. A model that cannot be served leaves the current one serving, with the reason."""
+        current = self.source.model_name
+        if not name:
+            yield "Pick a model in the list first.", gr.skip(), gr.skip()
+            return
+        if name == current:
+            yield f"**{name}** is the model serving now.", gr.skip(), gr.skip()
+            return
+        yield f"Checking **{name}**… ({current} keeps serving)", gr.skip(), gr.skip()
+        try:
+            await self.source.check_model(name)
+        except ModelError as exc:
+            gr.Warning(f"{name} cannot be served: {exc}")
+            yield f"⚠️ **{name}** cannot be served: {exc}. {current} keeps serving.", await self.list_models(), gr.skip()
+            return
+        self.replies.stop_every(f"switch to {name}")
+        yield f"Loading **{name}**… (the status line shows its progress)", gr.skip(), gr.skip()
+        try:
+            await self.source.switch_model(name)
+        except ModelError as exc:
+            gr.Warning(f"{name} could not be loaded.")
+            message = f"⚠️ {exc}"
+        else:
+            message = f"Now serving **{name}**."
+        self.replies.notify()
+        yield message, await self.list_models(), gr.update(visible=self.source.supports_thinking)
+
     # ---- import, search, attachments
 
     async def import_chat(self, path: str | None, request: gr.Request):
@@ -574,6 +611,12 @@ class ChatPage:
                         seed = gr.Number(label="Seed (empty = random)", value=d.seed, precision=0, elem_id="seed")
                         stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
                         gr.Markdown("Settings apply to this chat as you change them.", elem_classes="hint")
+                    with gr.Accordion("Models", open=False, elem_id="models") as models_box:
+                        model_list = gr.Radio(choices=[], label="Pick one, then Switch", elem_id="model-list", interactive=True)
+                        with gr.Row():
+                            switch_btn = gr.Button("Switch", elem_id="switch-model-btn", size="sm", variant="primary")
+                            refresh_btn = gr.Button("Refresh", elem_id="refresh-models-btn", size="sm")
+                        model_message = gr.Markdown("", elem_id="model-message")
                 with gr.Column(scale=4, elem_id="main"):
                     status = gr.Markdown(self.source.status_line(), elem_id="status-line")
                     chatbot = gr.Chatbot(
@@ -613,6 +656,9 @@ class ChatPage:
 
             demo.load(self.load_page, outputs=[*tab_fields, thinking], **quick).then(**follow)
             demo.load(self.keep_stream_open, show_progress="hidden", concurrency_limit=None)
+            for trigger in (models_box.expand, refresh_btn.click):
+                trigger(self.list_models, outputs=model_list, **quick)
+            switch_btn.click(self.switch_model, inputs=model_list, outputs=[model_message, model_list, thinking], **quick)
             demo.unload(self.unload)
             # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
             timer.tick(self.tick, outputs=view, queue=False, show_progress="hidden", show_progress_on=[status])

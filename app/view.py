@@ -68,7 +68,7 @@ def format_stats(stats: dict | None) -> str:
     if stats.get("tokens") is not None:
         parts.append(f"{stats['tokens']} tokens")
     if stats.get("stopped"):
-        parts.append("stopped")
+        parts.append(f"stopped ({stats['stopped_by']})" if stats.get("stopped_by") else "stopped")
     elif stats.get("finish_reason") == "length":
         parts.append("hit the token limit")
     return " · ".join(parts)
@@ -108,7 +108,7 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None) -> l
         if is_failed(m):
             continue
         line = "replying…" if streaming else format_stats(m.stats.to_dict() if m.stats else None)
-        line = " · ".join(x for x in (version, line) if x)
+        line = " · ".join(x for x in (version, line, m.model if line else None) if x)
         if line:
             # status "done": collapsed, and no spinner (an animation costs a software-rendered
             # browser as much CPU as the engine gets)
@@ -149,7 +149,7 @@ def ending(m: Message, streaming: bool) -> str:
         return "The reply is streaming; Stop (or Escape) ends it."
     reason = m.stats.finish_reason if m.stats else None
     if m.stats is not None and m.stats.stopped:
-        return "Stopped before the end."
+        return f"Stopped before the end ({m.stats.stopped_by})." if m.stats.stopped_by else "Stopped before the end."
     return {"stop": "The model finished its answer.", "length": "Cut at this chat's max tokens (Settings)."}.get(reason or "", "Ended.")
 
 
@@ -187,6 +187,22 @@ def when(ts: float, now: datetime) -> str:
     return then.strftime("%Y-%m-%d")
 
 
+def model_choices(entries, current: str | None) -> list[tuple[str, str]]:
+    """(label, name) per model of the models panel (``ModelEntry``s): name, size, architecture
+    and context; the one serving now marked ●."""
+    out = []
+    for e in entries:
+        parts = [f"{'● ' if e.name == current else ''}{e.name}"]
+        if e.size_bytes:
+            parts.append(f"{e.size_bytes / 1e9:.2f} GB" if e.size_bytes >= 1e8 else f"{e.size_bytes / 1e6:.1f} MB")
+        if e.architecture:
+            parts.append(e.architecture)
+        if e.context_len:
+            parts.append(f"{e.context_len:,} tokens")
+        out.append((" · ".join(parts), e.name))
+    return out
+
+
 def status_line(client) -> str:
     """The model, the device and the engine's load, in one line."""
     if not client.ready:
@@ -195,6 +211,9 @@ def status_line(client) -> str:
             return f"**Error:** {worker} failed to start: {error}"
         done = len(client.worker_info)
         total = len(client.expected_workers)
+        if client.switching:
+            return (f"**Loading** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready); "
+                    "send your message once it says Ready")
         return f"**Starting** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready)"
     sched = client.scheduler_info
     # with --dp, every replica's device (each replica's rank 0 reports one)

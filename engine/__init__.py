@@ -28,12 +28,15 @@ _PUBLIC = {
     "engine_config_from_args": ".args",
     "run_bench": ".bench",
     "resolve_model": ".weights.source",
+    "local_models": ".weights.catalog",  # the models on this machine (the chat page's models panel)
+    "LocalModel": ".weights.catalog",
     # serving: the front end's client interface and its request and reply types
     "FrontendClient": ".server.frontend",
     "GenerateRequest": ".server.frontend",
     "UserReply": ".messages",
     "ServerConfig": ".server.server",
     "run_server": ".server.server",
+    "EngineHost": ".server.engine_host",  # the workers behind the front end; switches the model
     "check_server_config": ".server.server",
     "bind_listen_socket": ".server.server",
     "install_guard": ".server.security",
@@ -64,8 +67,10 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
     from .llm import LLM
     from .messages import UserReply
     from .sampling_params import SamplingParams
+    from .server.engine_host import EngineHost
     from .server.frontend import FrontendClient, GenerateRequest
     from .server.launcher import free_port
     from .server.security import install_guard
     from .server.server import ServerConfig, bind_listen_socket, check_server_config, run_server
+    from .weights.catalog import LocalModel, local_models
     from .weights.source import resolve_model

@@ -265,6 +265,7 @@ class FakeClient:
         self.generate = engine.generate
         self.ready = True
         self.supports_thinking = False
+        self.model_name = "fake"
 
     def status_line(self) -> str:
         return "**Ready** · fake"

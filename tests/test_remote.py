@@ -6,6 +6,7 @@ and the remote killed mid-reply then back."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 
 import pytest
@@ -69,16 +70,14 @@ def test_an_unreachable_remote_is_a_sentence_not_a_traceback():
     assert remote.status_line().startswith("**Remote unavailable**")
 
 
-def test_engine_flags_beside_remote_are_one_line_and_exit_2(tmp_path):
+def test_engine_flags_beside_remote_are_one_line_and_exit_2():
     """--remote runs no engine: --model or --tp beside it would be silently ignored; say so."""
-    import os
     import subprocess
 
     from server_utils import CLI
 
     out = subprocess.run([*CLI, "chat", "--no-browser", "--remote", "http://127.0.0.1:9", "--model", "Qwen/Qwen3-8B", "--tp", "2"],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "MINISGL_DATA_DIR": str(tmp_path)})
-    assert not any(tmp_path.iterdir()), "nothing is opened before the flags are checked"
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("minisgl-chat: error: --remote runs no local engine") and "--model, --tp" in line, line
@@ -338,3 +337,30 @@ def test_the_remote_killed_mid_reply_then_back(browser, app, remote):  # noqa: F
     assert "Paris" in last_reply(page)
     assert app.proc.poll() is None  # the app kept running throughout
     page.close()
+
+
+def test_the_models_panel_lists_the_remotes_models_and_a_switch_changes_the_name_asked(fake_remote):
+    from minisgl_app.reply_source import ModelError, RemoteEngine
+
+    async def panel() -> tuple:
+        remote = RemoteEngine(fake_remote, model="thinks")
+        try:
+            listed = [(e.name, e.where) for e in await remote.list_models()]
+            with pytest.raises(ModelError, match="does not serve `nope`"):
+                await remote.switch_model("nope")
+            before = remote.model_name
+            await remote.switch_model("counts")
+            request = GenerateRequest(params=SamplingParams(max_tokens=16), messages=[{"role": "user", "content": "hi"}])
+            text = "".join([o.incremental_output async for o in remote.generate(request, asyncio.Event())])
+            return listed, before, remote.model_name, text
+        finally:
+            await remote.close()
+
+    from minisgl_engine.sampling_params import SamplingParams
+    from minisgl_engine.server.frontend import GenerateRequest
+
+    # its own thread: a module's Playwright (sync API) keeps an event loop running in this one
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        listed, before, after, text = pool.submit(asyncio.run, panel()).result()
+    assert listed == [(name, "remote") for name in SCENARIOS]
+    assert (before, after, text) == ("thinks", "counts", "ab")  # the "counts" scenario's reply

@@ -792,7 +792,7 @@ def test_the_previous_releases_v2_file_becomes_one_branch_trees(tmp_path):
         regenerated = s.add_message(3, 10, "assistant", "Bien, merci.")
         assert (regenerated.sibling_index, regenerated.sibling_count) == (1, 2)
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
         assert raw.execute("SELECT id, leaf_id FROM conversations ORDER BY id").fetchall() == [
@@ -959,3 +959,52 @@ def test_two_processes_and_a_thread_append_to_one_conversation(tmp_path):
             p.join(60)
         assert [p.exitcode for p in procs] == [0, 0]
     assert_all_appends_landed(path, conv.id, {f"{tag}-{i}" for tag in ("p0", "p1", "main") for i in range(50)})
+
+
+# ---- which model wrote each reply (schema version 4)
+
+def test_a_version_3_file_gains_the_reply_model_and_keeps_its_chats(tmp_path):
+    """A database of schema version 3 (made by the first three migration steps, as the release
+    before the models panel left it) opens with its chats whole; its old replies have no model
+    (unknown), new ones remember theirs, and a stream's updates keep it."""
+    from minisgl_app.store import MIGRATIONS
+
+    path = tmp_path / DB_NAME
+    raw = sqlite3.connect(path)
+    for step in MIGRATIONS[:3]:
+        step(raw)
+    raw.execute("PRAGMA user_version = 3")
+    raw.execute("INSERT INTO conversations (id, title, created_at, updated_at, settings) VALUES (1, 'old', 1.0, 2.0, '{}')")
+    raw.execute("INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, stats) "
+                "VALUES (1, 1, NULL, 0, 'user', 'hi', 1.0, NULL), (2, 1, 1, 1, 'assistant', 'hello', 2.0, '{\"tokens\": 2}')")
+    raw.execute("UPDATE conversations SET leaf_id = 2 WHERE id = 1")
+    raw.commit()
+    raw.close()
+    with ConversationStore(path) as s:
+        old = s.get(1)
+        assert [(m.content, m.model) for m in old.messages] == [("hi", None), ("hello", None)]
+        s.append(1, "user", "again")
+        reply = s.append(1, "assistant", "", stats={"tokens": 0}, model="tiny-chat")
+        s.update_message(reply.id, "growing")  # a stream's update leaves the model alone
+        s.update_message(reply.id, "done", {"tokens": 3, "stopped": True, "stopped_by": "switch to SmolLM2-135M-Instruct"})
+        last = s.get(1).messages[-1]
+        assert (last.content, last.model, last.stats.stopped_by) == ("done", "tiny-chat", "switch to SmolLM2-135M-Instruct")
+        assert [c.title for c in s.search("hello")] == ["old"]
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_the_reply_model_travels_through_export_and_import(store):
+    conv = store.create("models")
+    store.append(conv.id, "user", "hi")
+    store.append(conv.id, "assistant", "hello", stats={"tokens": 1}, model="tiny-chat")
+    doc = json.loads(store.export_json(conv.id))
+    assert [m["model"] for m in doc["messages"]] == [None, "tiny-chat"]
+    assert "tiny-chat" in store.export_markdown(conv.id)
+    again = store.import_conversation(json.dumps(doc))
+    assert [m.model for m in again.messages] == [None, "tiny-chat"]
+    doc["messages"][1]["model"] = 7
+    doc.pop("tree")
+    with pytest.raises(BadImportFile, match=r"messages\[1\]\.model: expected text or null"):
+        store.import_conversation(json.dumps(doc))

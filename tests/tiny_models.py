@@ -61,3 +61,52 @@ def make_tiny_model(arch: str, folder: Path, seed: int = 0):
     model.eval()
     model.save_pretrained(folder)
     return model
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json", "generation_config.json")
+
+
+def hub_snapshot_dir(hub_cache: Path, repo_id: str) -> Path:
+    """A snapshot folder in huggingface_hub's cache layout (models--org--name, refs/main), as a
+    download leaves it: the models panel lists it as ``repo_id``."""
+    repo = hub_cache / f"models--{repo_id.replace('/', '--')}"
+    revision = "0" * 40
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    return snapshot
+
+
+def make_tiny_chat_model(hub_cache: Path, repo_id: str, tokenizer_dir: Path, drop: str | None = None) -> Path:
+    """A tiny random Llama model that speaks the demo model's tokenizer (same vocabulary, chat
+    template and end token), written into a Hugging Face cache as ``repo_id``; ``drop`` leaves
+    that tensor out of its weights (a model that fails to load)."""
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    folder = hub_snapshot_dir(hub_cache, repo_id)
+    config = LlamaConfig(**{**TINY, "vocab_size": 49152, "eos_token_id": 2, "bos_token_id": 1, "max_position_embeddings": 2048,
+                            "tie_word_embeddings": True}, rope_theta=10000.0)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    config.architectures = ["LlamaForCausalLM"]  # as a checkpoint's config.json says
+    config.save_pretrained(folder)
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight" and k != drop}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).exists():
+            shutil.copyfile(tokenizer_dir / name, folder / name)
+    return folder
+
+
+def make_unsupported_model(hub_cache: Path, repo_id: str) -> Path:
+    """A model folder of an architecture the engine does not implement (GPT-2), in the cache."""
+    from transformers import GPT2Config
+
+    folder = hub_snapshot_dir(hub_cache, repo_id)
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=320, bos_token_id=0, eos_token_id=0,
+               architectures=["GPT2LMHeadModel"]).save_pretrained(folder)
+    return folder

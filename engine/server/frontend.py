@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -54,29 +55,67 @@ class FrontendClient:
         self.leader = next((w for w in expected_workers if w.endswith("-scheduler")), scheduler_name(0, 0))
         self.ready = False
         self.phase = "starting"  # what start-up is doing, for the chat page
+        self.switching = False  # the workers restart with another model (engine_host.py); new requests are refused
+        self.switch_reason = ""
         self.tokenizer_path: str | None = None  # known once the model is resolved
         self.max_context_len: int | None = None
         self.replica_stats: dict[int, StatsMsg] = {}  # each replica's latest (one without --dp)
+        self.routing = routing
         self.router = ReplicaRouter(paths.num_replicas, routing)
         self.worker_info: dict[str, dict] = {}
         self.startup_errors: dict[str, str] = {}
+        # set when a worker reports a start-up error: whoever saw that worker exit waits on it
+        # for the report, which travels apart from the exit (engine_host.EngineHost.on_exit)
+        self.error_reported = threading.Event()
         self.pending: dict[int, asyncio.Queue[UserReply | None]] = {}  # None: the request was stopped
         self._uids = itertools.count(1)
         self._decoder = decoder(FrontendBatch)
         # Sends go through plain sockets: PUSH never blocks here, and an abort must be sendable
         # from a `finally` that cannot await.
         self._send_ctx = zmq.Context()
-        self._tokenizers = []
-        for i in range(paths.num_tokenizers):
-            sock = self._send_ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(paths.tokenizer(i))
-            self._tokenizers.append(sock)
+        self._tokenizers: list[zmq.Socket] = []
+        self._connect_tokenizers()
         self._recv_ctx = zmq.asyncio.Context()
         self._receiver = self._recv_ctx.socket(zmq.PULL)
         self._receiver.setsockopt(zmq.LINGER, 0)
         self._receiver.bind(paths.frontend)
         self._listen_task: asyncio.Task | None = None
+
+    def _connect_tokenizers(self) -> None:
+        """(Re)connect to the tokenizers: after a model switch, nothing queued for the old
+        workers may reach the new ones."""
+        for sock in self._tokenizers:
+            sock.close()
+        self._tokenizers = []
+        for i in range(self.paths.num_tokenizers):
+            sock = self._send_ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.paths.tokenizer(i))
+            self._tokenizers.append(sock)
+
+    def begin_switch(self, model_name: str, reason: str) -> None:
+        """The workers are about to stop for ``model_name``: requests in flight end with
+        ``reason`` (when one is given), new ones are refused with it until the new workers are ready."""
+        self.switching = True
+        self.switch_reason = reason or f"the engine is restarting with {model_name}"
+        self.ready = False
+        self.phase = "stopping the previous model"
+        if reason:
+            self.fail_pending(reason)
+
+    def use_model(self, model_name: str, tokenizer_path: str | None, max_context_len: int) -> None:
+        """The workers about to start serve ``model_name``: what the last ones reported is
+        forgotten, and the tokenizers are connected to afresh."""
+        self.model_name = model_name
+        self.tokenizer_path = tokenizer_path
+        self.max_context_len = max_context_len
+        self.ready = False
+        self.worker_info = {}
+        self.startup_errors = {}
+        self.error_reported.clear()
+        self.replica_stats = {}
+        self.router = ReplicaRouter(self.paths.num_replicas, self.routing)
+        self._connect_tokenizers()
 
     @property
     def pending_count(self) -> int:
@@ -132,6 +171,7 @@ class FrontendClient:
     def _on_ready(self, msg: ReadyMsg) -> None:
         if msg.error is not None:
             self.startup_errors[msg.worker] = msg.error
+            self.error_reported.set()
             logger.error("%s failed to start: %s", msg.worker, msg.error)
             return
         self.worker_info[msg.worker] = msg.info
@@ -161,6 +201,9 @@ class FrontendClient:
         button) ends the stream at once, even mid-prefill when no reply is due yet, and aborts
         the request in the engine, the same as abandoning the iterator."""
         uid = next(self._uids)
+        if self.switching:  # the workers are restarting: nothing would answer
+            yield UserReply(uid, "", finished=True, finish_reason="error", error=f"{self.switch_reason}; send it again once it is ready")
+            return
         if req.replica is None:
             replica = self.router.choose(prompt_blocks(req.text, req.messages, req.input_ids))
         elif 0 <= req.replica < self.router.num_replicas:

@@ -568,13 +568,21 @@ def _model_served(requested: str | None, names: tuple[str, ...]) -> str:
     return names[0]
 
 
-def _v1_router(client: FrontendClient, names: tuple[str, ...]) -> APIRouter:
+def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...]) -> APIRouter:
     router = APIRouter(prefix="/v1")
     created = now()
+    startup_model = client.model_name
+
+    def served() -> tuple[str, ...]:
+        """The names of the model served now: --served-model-name's for the start-up model, the
+        model's own after the chat page switched to another one."""
+        if served_model_names and client.model_name == startup_model:
+            return served_model_names
+        return (client.model_name,)
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        model = _model_served(body.model, names)
+        model = _model_served(body.model, served())
         # a reply held to a grammar (JSON, a forced tool call) has no think block to split off,
         # even where the template opens one in the prompt
         constrained = (body.response_format or {}).get("type", "text") != "text" or body.regex is not None or body.ebnf is not None \
@@ -590,11 +598,11 @@ def _v1_router(client: FrontendClient, names: tuple[str, ...]) -> APIRouter:
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _serve(request, client, body, _CompletionFormat(_model_served(body.model, names)))
+        return await _serve(request, client, body, _CompletionFormat(_model_served(body.model, served())))
 
     @router.get("/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=names[0], created=created, max_model_len=client.max_context_len)])
+        return ModelList(data=[ModelCard(id=served()[0], created=created, max_model_len=client.max_context_len)])
 
     return router
 
@@ -605,13 +613,14 @@ def create_app(client: FrontendClient, api_key: str | None = None, access: Acces
     /health and /metrics stay open (they carry no prompt text). ``access`` says which Host names
     and foreign Origins are answered (security.py); by default those of a loopback server.
     ``served_model_names`` (--served-model-name): the names a request's ``model`` may give, the
-    first listed by /v1/models and echoed in every reply; by default ``client.model_name`` only."""
+    first listed by /v1/models and echoed in every reply; by default ``client.model_name`` only
+    (read at each request: it follows a model switch)."""
     app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None)
     _install_error_handlers(app)
     if api_key:
         app.add_middleware(_RequireApiKey, api_key=api_key)
     install_guard(app, access or AccessPolicy.for_bind("127.0.0.1"))  # outermost: before the key check
-    app.include_router(_v1_router(client, tuple(served_model_names) or (client.model_name,)))
+    app.include_router(_v1_router(client, tuple(served_model_names)))
     app.include_router(metrics_router(client))
 
     @app.get("/health", include_in_schema=False)

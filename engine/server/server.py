@@ -10,7 +10,6 @@ import logging
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -172,22 +171,24 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def run_server(
     config: EngineConfig,
     server: ServerConfig,
-    mount: Callable[[object, object], None] | None = None,
+    mount: Callable[[object, object, object], None] | None = None,
     on_listen: Callable[[str], None] | None = None,
 ) -> int:
     """Run until SIGINT/SIGTERM or a worker's death; returns the exit code.
 
     The HTTP server answers at once (/health says 503 and the chat page shows progress) while
     the model is resolved, downloaded or converted, and the workers load it. ``mount(app,
-    client)`` lets the chat app add its UI to the same FastAPI app (one engine for both);
+    client, engine)`` lets the chat app add its UI to the same FastAPI app (one engine for both;
+    ``engine``, an :class:`~.engine_host.EngineHost`, switches the model);
     ``on_listen(url)`` runs as soon as the address accepts connections.
     """
     import threading
 
     import uvicorn
 
+    from .engine_host import EngineHost
     from .frontend import FrontendClient
-    from .launcher import EngineProcesses, reporting_workers
+    from .launcher import reporting_workers
     from .openai_api import create_app
 
     check_server_config(server)
@@ -205,17 +206,13 @@ def run_server(
     log_level = logging.getLogger("minisgl").getEffectiveLevel()
     host = f"[{server.host}]" if ":" in server.host else server.host
     url = f"http://{host}:{listen_socket.getsockname()[1]}"  # --port 0: the port the system picked
-    model_name = served_model_name(config)
-    processes: list[EngineProcesses] = []  # at most one; filled by the start-up thread
-    lifecycle = threading.Lock()
-    stopping = False
+    hosts: list[EngineHost] = []  # one; made on the event loop, stopped after it
     exit_code = 0
 
     async def main() -> None:
-        client = FrontendClient(paths, model_name, reporting_workers(server.num_tokenizers, config.dp, config.tp), config.dp_routing)
+        client = FrontendClient(paths, served_model_name(config), reporting_workers(server.num_tokenizers, config.dp, config.tp),
+                                config.dp_routing)
         app = create_app(client, server.api_key, server.access_policy(), server.served_model_names)
-        if mount is not None:
-            mount(app, client)
         http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
 
         loop = asyncio.get_running_loop()
@@ -239,35 +236,10 @@ def run_server(
             except RuntimeError:
                 pass  # the loop is already closed
 
-        def on_worker_exit(name: str, code: int | None) -> None:
-            error = client.startup_errors.get(name)
-            if error is None:  # its error report may still be on the way
-                time.sleep(0.3)
-                error = client.startup_errors.get(name)
-            why = f"failed to start: {error}" if error else f"exited unexpectedly (exit code {code})"
-            fail(1, f"{name} {why}; shutting down")
-
-        def start_engine() -> None:
-            try:
-                client.phase = "preparing the model (the first run downloads and converts it)"
-                engine_config, model_config, tokenizer_path = prepare_model(config)
-            except UserError as exc:
-                fail(2, str(exc))
-                return
-            except Exception as exc:  # a bug: keep the traceback in the log
-                logger.exception("model preparation failed")
-                fail(1, f"model preparation failed: {type(exc).__name__}: {exc}")
-                return
-            client.tokenizer_path = tokenizer_path
-            client.max_context_len = model_config.max_context_len
-            client.phase = "loading the model"
-            with lifecycle:
-                if stopping:
-                    return
-                procs = EngineProcesses(engine_config, paths, tokenizer_path, model_config.max_context_len, log_level)
-                procs.start(on_worker_exit)
-                processes.append(procs)
-            logger.info("starting %d workers for %s ...", len(procs.names), model_name)
+        engine = EngineHost(config, paths, client, log_level, fail, prepare_model)
+        hosts.append(engine)
+        if mount is not None:
+            mount(app, client, engine)
 
         async def announce() -> None:
             while not client.ready:
@@ -277,12 +249,12 @@ def run_server(
             fast += ", CUDA graphs" if info.get("cuda_graphs") else ""
             fast += ", overlap scheduling" if info.get("overlap") else ""
             served_as = f" as {', '.join(server.served_model_names)}" if server.served_model_names else ""
-            print(f"minisgl-chat: ready at {url} (model {model_name}{served_as} on {info.get('device', '?')}, "
+            print(f"minisgl-chat: ready at {url} (model {client.model_name}{served_as} on {info.get('device', '?')}, "
                   f"KV cache {info.get('kv_tokens', '?')} tokens, attention {info.get('attention', '?')}{fast})",
                   file=sys.stderr, flush=True)
 
         client.start()
-        threading.Thread(target=start_engine, name="engine-start", daemon=True).start()
+        threading.Thread(target=engine.start, name="engine-start", daemon=True).start()
         announcer = asyncio.create_task(announce())
         if on_listen is not None:
             on_listen(url)  # the socket already listens: connections wait for the loop below
@@ -301,10 +273,8 @@ def run_server(
     except Terminated:
         pass  # stopped in order: the exit code says whether anything failed before
     finally:
-        with lifecycle:
-            stopping = True
-        for procs in processes:
-            procs.stop()
+        for engine in hosts:
+            engine.stop()
         remove_runtime_dir(runtime_dir)
         listen_socket.close()
     return exit_code
