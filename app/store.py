@@ -83,33 +83,36 @@ class ChatSettings:
     seed: int | None = None  # None: a new random draw each reply
     stop: tuple[str, ...] = ()  # the reply ends before any of these strings
 
-    def validate(self) -> None:
-        """Raise ValueError naming every invalid value, in words a user can act on."""
-        problems = []
+    def problems(self) -> dict[str, str]:
+        """Each invalid value's field name and what is wrong with it, in words a user can act on."""
+        problems = {}
         if not isinstance(self.system_prompt, str):
-            problems.append("system prompt must be text")
+            problems["system_prompt"] = "system prompt must be text"
         elif len(self.system_prompt) > SYSTEM_PROMPT_LIMIT:
-            problems.append(f"system prompt is {len(self.system_prompt):,} characters; "
-                            f"the limit is {SYSTEM_PROMPT_LIMIT:,}")
+            problems["system_prompt"] = (f"system prompt is {len(self.system_prompt):,} characters; "
+                                         f"the limit is {SYSTEM_PROMPT_LIMIT:,}")
         if not _is_number(self.temperature) or not 0.0 <= self.temperature <= 2.0:
-            problems.append(f"temperature must be between 0 and 2 (got {self.temperature!r})")
+            problems["temperature"] = f"temperature must be between 0 and 2 (got {self.temperature!r})"
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            problems.append(f"top-p must be greater than 0 and at most 1 (got {self.top_p!r})")
+            problems["top_p"] = f"top-p must be greater than 0 and at most 1 (got {self.top_p!r})"
         if (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)
                 or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT):
-            problems.append(f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT} "
-                            f"(got {self.max_tokens!r})")
+            problems["max_tokens"] = f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT} (got {self.max_tokens!r})"
         if not isinstance(self.thinking, bool):
-            problems.append(f"thinking must be on or off (got {self.thinking!r})")
+            problems["thinking"] = f"thinking must be on or off (got {self.thinking!r})"
         if not _is_whole(self.top_k) or not 0 <= self.top_k <= 1000:
-            problems.append(f"top-k must be a whole number from 0 (off) to 1000 (got {self.top_k!r})")
+            problems["top_k"] = f"top-k must be a whole number from 0 (off) to 1000 (got {self.top_k!r})"
         if self.seed is not None and (not _is_whole(self.seed) or not 0 <= self.seed < 2**63):
-            problems.append(f"seed must be empty or a whole number from 0 to 2^63-1 (got {self.seed!r})")
+            problems["seed"] = f"seed must be empty or a whole number from 0 to 2^63-1 (got {self.seed!r})"
         if not isinstance(self.stop, tuple) or len(self.stop) > STOP_STRINGS_LIMIT \
                 or not all(isinstance(x, str) and 0 < len(x) <= 100 for x in self.stop):
-            problems.append(f"stop strings: at most {STOP_STRINGS_LIMIT}, each 1 to 100 characters")
-        if problems:
-            raise ValueError("; ".join(problems))
+            problems["stop"] = f"stop strings: at most {STOP_STRINGS_LIMIT}, each 1 to 100 characters"
+        return problems
+
+    def validate(self) -> None:
+        """Raise ValueError naming every invalid value (see ``problems``)."""
+        if problems := self.problems():
+            raise ValueError("; ".join(problems.values()))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -72,6 +72,14 @@ def confirm_js(question: str) -> str:
     return f"(x) => [confirm({question + ' This cannot be undone.'!r})]"
 
 
+# Delete chat names the chat: the selected sidebar entry's title, without its ● and time
+CONFIRM_DELETE_CHAT_JS = """(x) => {
+  const label = document.querySelector('#conv-list input:checked')?.closest('label');
+  const title = label ? label.innerText.trim().replace(/^● /, '').replace(/ · [^·]*$/, '') : '';
+  return [confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.')];
+}"""
+
+
 @dataclass
 class Tab:
     """What one browser tab shows: a conversation, or (None) a new chat not stored yet, with
@@ -90,7 +98,6 @@ class Tab:
     recheck_at: float | None = None  # when the tick sends the whole view once more (monotonic s)
     early_stop: float = 0.0  # browser time (ms) of the tab's last Stop that found no reply to stop
     picked: bool = False  # the user has chosen what the tab shows (the page's load keeps it then)
-    closed: asyncio.Event = field(default_factory=asyncio.Event)  # set when the tab is gone (unload)
 
 
 class ChatPage:
@@ -201,25 +208,18 @@ class ChatPage:
         tab.status, tab.sidebar = status, side
         return (gr.skip(), *updates, gr.skip(), gr.skip(), gr.skip())
 
-    async def keep_stream_open(self, request: gr.Request) -> None:
-        """Runs as long as the tab is open, so that Gradio keeps the tab's one event stream open.
-
-        Gradio (6.31) closes a tab's stream when its last queued event completes, and the
-        browser opens a new one only if it has not seen that close yet when its next event is
-        accepted; an event accepted in between has its messages (a render, a toast) held on the
-        server until some later event opens a stream again. On a busy machine that left a chat
-        undrawn or a refusal unshown for good. An event that never completes closes no stream."""
-        await self.tab(request).closed.wait()
-
     async def unload(self, request: gr.Request) -> None:
         session = request.session_hash if request is not None else None
         self.replies.page_gone(session)
-        tab = self.tabs.pop(session or "-", None)
-        if tab is not None:
-            tab.closed.set()
+        self.tabs.pop(session or "-", None)
 
     def render_sidebar(self, tab: Tab) -> tuple:
-        return (tuple(sidebar_choices(self.conversations(tab), self.replies.busy_conversations())), tab.conv_id)
+        """The chats listed (choices), the one shown, and a line under the list when it is empty."""
+        choices = tuple(sidebar_choices(self.conversations(tab), self.replies.busy_conversations()))
+        note = ""
+        if not choices:
+            note = f"No chat matches “{tab.search}”." if tab.search else "No chats yet: your first message starts one."
+        return choices, tab.conv_id, note
 
     def render(self, tab: Tab) -> list:
         """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue."""
@@ -233,8 +233,8 @@ class ChatPage:
 
     @staticmethod
     def as_update(index: int, value):
-        if index == 2:  # the sidebar: choices and the selected one
-            return gr.update(choices=list(value[0]), value=value[1])
+        if index == 2:  # the sidebar: choices, the selected one, the line under it
+            return gr.update(choices=list(value[0]), value=value[1], info=value[2])
         if index in (3, 5):  # shown or hidden
             return gr.update(visible=value)
         return value
@@ -304,8 +304,20 @@ class ChatPage:
         return str(path)
 
     async def settings_changed(self, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
-                         request: gr.Request) -> None:
-        self.save_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, request)
+                               request: gr.Request) -> tuple:
+        """Save the fields as they change. A refused number goes back to the value in force (the
+        toast says why); an emptied one waits for a value (no toast while the user retypes it)."""
+        values = (system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop)
+        _, problems = form_settings(*values)
+        typing = {name for name, value in zip(SETTING_FIELDS, values) if value in (None, "")}
+        if problems and set(problems) <= typing:
+            return (gr.skip(),) * len(SETTING_FIELDS)
+        if self.save_settings(*values, request):
+            return (gr.skip(),) * len(SETTING_FIELDS)
+        tab = self.tab(request)
+        conv = self.shown(tab)
+        in_force = conv.settings if conv is not None else (tab.draft or self.store.default_settings())
+        return tuple(getattr(in_force, name) if name in problems and name in RESET_FIELDS else gr.skip() for name in SETTING_FIELDS)
 
     async def export_md(self, request: gr.Request):
         return self.export("md", request)
@@ -318,11 +330,9 @@ class ChatPage:
         """Apply the fields to the tab's chat as they change. Invalid values are refused with a
         toast naming them and are not used; returns whether the settings are in force."""
         tab = self.tab(request)
-        try:
-            settings = validated(ChatSettings(system_prompt or "", temperature, top_p, max_tokens, bool(thinking),
-                                              top_k if top_k is not None else 0, seed, stop_strings(stop)))
-        except ValueError as exc:
-            gr.Warning(f"Settings not saved: {exc}")
+        settings, problems = form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop)
+        if problems:
+            gr.Warning(f"Settings not saved: {'; '.join(problems.values())}")
             return False
         if tab.conv_id is None:
             tab.draft = settings
@@ -655,7 +665,9 @@ class ChatPage:
             timer = gr.Timer(IDLE_CHECK_S)
 
             demo.load(self.load_page, outputs=[*tab_fields, thinking], **quick).then(**follow)
-            demo.load(self.keep_stream_open, show_progress="hidden", concurrency_limit=None)
+            # No event that lasts as long as the tab (to hold Gradio's event stream open): with
+            # Gradio's heartbeat that is two held connections per tab, and a browser allows six
+            # per server, so a fourth tab of the app could not even load.
             for trigger in (models_box.expand, refresh_btn.click):
                 trigger(self.list_models, outputs=model_list, **quick)
             switch_btn.click(self.switch_model, inputs=model_list, outputs=[model_message, model_list, thinking], **quick)
@@ -669,13 +681,13 @@ class ChatPage:
             search.change(self.search, inputs=search, outputs=conv_list, **quick)
             rename_btn.click(self.rename, inputs=title_box, outputs=conv_list, **quick)
             title_box.submit(self.rename, inputs=title_box, outputs=conv_list, **quick)
-            delete_btn.click(self.delete, inputs=confirmed, outputs=tab_fields, js=confirm_js("Delete this chat?"),
+            delete_btn.click(self.delete, inputs=confirmed, outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
                              **quick).then(**follow)
             for button, handler in ((export_md, self.export_md), (export_json, self.export_json)):
                 button.click(handler, outputs=export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
             import_btn.upload(self.import_chat, inputs=import_btn, outputs=[*tab_fields, search], **quick).then(**follow)
             for item in settings:  # .change: see search (a switch of chats sets equal values: no write)
-                item.change(self.settings_changed, inputs=settings, **quick)
+                item.change(self.settings_changed, inputs=settings, outputs=settings, **quick)
             for trigger in (msg.submit, send_btn.click):
                 trigger(self.send, inputs=[msg, *settings, clicked_at], outputs=[msg, attached], js=STAMP_JS,
                         **quick).then(**follow)
@@ -725,21 +737,34 @@ def attachments_line(attachments: list[tuple[str, str]]) -> str:
     return "Attached to your next message: " + ", ".join(f"`{name}` ({len(body):,} characters)" for name, body in attachments)
 
 
-def validated(settings: ChatSettings) -> ChatSettings:
-    """Coerce the form's numbers, then apply the store's own checks."""
-    try:
-        settings = replace(
-            settings,
-            temperature=float(settings.temperature),
-            top_p=float(settings.top_p),
-            max_tokens=int(settings.max_tokens) if float(settings.max_tokens).is_integer() else settings.max_tokens,
-            top_k=int(settings.top_k) if float(settings.top_k).is_integer() else settings.top_k,
-            seed=None if settings.seed in (None, "") else (int(settings.seed) if float(settings.seed).is_integer() else settings.seed),
-        )
-    except (TypeError, ValueError):
-        raise ValueError("temperature, top-p and max tokens must be numbers") from None
-    settings.validate()
-    return settings
+SETTING_FIELDS = ("system_prompt", "temperature", "top_p", "max_tokens", "thinking", "top_k", "seed", "stop")  # the form's order
+RESET_FIELDS = ("temperature", "top_p", "max_tokens", "top_k", "seed")  # a refused value is replaced by the one in force
+
+
+def form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop) -> tuple[ChatSettings, dict[str, str]]:
+    """The settings as the form holds them (its numbers coerced) and, by field name, what is wrong
+    with each invalid one (the store's own checks after the form's)."""
+    problems: dict[str, str] = {}
+
+    def number(name: str, label: str, value, whole: bool):
+        if value is None or value == "":
+            if name != "seed":  # an empty seed means a random one
+                problems[name] = f"{label} must be a number"
+            return None
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            problems[name] = f"{label} must be a number (got {value!r})"
+            return value
+        return int(x) if whole and x.is_integer() else x
+
+    settings = ChatSettings(system_prompt or "", number("temperature", "temperature", temperature, False),
+                            number("top_p", "top-p", top_p, False), number("max_tokens", "max tokens", max_tokens, True),
+                            bool(thinking), number("top_k", "top-k", top_k, True), number("seed", "seed", seed, True),
+                            stop_strings(stop))
+    for name, text in settings.problems().items():
+        problems.setdefault(name, text)
+    return settings, problems
 
 
 def quiet_queue(demo: gr.Blocks) -> None:

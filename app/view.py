@@ -46,7 +46,7 @@ def focus_of(conv: Conversation | None, chosen: int | None) -> Message | None:
 
 def versions_label(conv: Conversation, focus: Message) -> str:
     who = "Your message" if focus.role == "user" else "Reply"
-    turn = [m.id for m in conv.messages if m.role != "system"].index(focus.id) + 1
+    turn = [m.id for m in conv.messages if m.role == focus.role].index(focus.id) + 1  # "Reply 1": the first reply
     return f"{who} {turn}: version {focus.sibling_index + 1} of {focus.sibling_count}"
 
 

@@ -278,26 +278,26 @@ def test_regenerate_keeps_the_old_version_across_reload_and_restart(browser, app
     second = replies(page)[-1]
     assert second != first and second.startswith(first.split()[0]), (first, second)
     assert len(page.locator(REPLY).all()) == 1, "a regenerated reply must replace the shown one, not add a message"
-    expect_shown(page, "Reply 2: version 2 of 2", "after Retry", reply=second)
+    expect_shown(page, "Reply 1: version 2 of 2", "after Retry", reply=second)
     shot(page, "01-regenerated")
 
     prev_version(page)
-    expect_shown(page, "Reply 2: version 1 of 2", "‹ after Retry", reply=first)
+    expect_shown(page, "Reply 1: version 1 of 2", "‹ after Retry", reply=first)
     assert "version 1/2" in last_line(page)
     next_version(page)
-    expect_shown(page, "Reply 2: version 2 of 2", "› after Retry", reply=second)
+    expect_shown(page, "Reply 1: version 2 of 2", "› after Retry", reply=second)
     prev_version(page)  # the branch chosen: the first version
-    expect_shown(page, "Reply 2: version 1 of 2", "‹ again", reply=first)
+    expect_shown(page, "Reply 1: version 1 of 2", "‹ again", reply=first)
 
     page.reload()
     page.wait_for_selector(REPLY, timeout=60_000)
     select_chat(page, "versions test")
-    expect_shown(page, "Reply 2: version 1 of 2", "after a reload", reply=first)
+    expect_shown(page, "Reply 1: version 1 of 2", "after a reload", reply=first)
     shot(page, "01-after-reload")
     next_version(page)
-    expect_shown(page, "Reply 2: version 2 of 2", "› after a reload", reply=second)
+    expect_shown(page, "Reply 1: version 2 of 2", "› after a reload", reply=second)
     prev_version(page)
-    expect_shown(page, "Reply 2: version 1 of 2", "‹ after a reload", reply=first)
+    expect_shown(page, "Reply 1: version 1 of 2", "‹ after a reload", reply=first)
     context.close()
 
     app.restart()
@@ -306,12 +306,12 @@ def test_regenerate_keeps_the_old_version_across_reload_and_restart(browser, app
     open_app(page, app)
     select_chat(page, "versions test")
     page.wait_for_selector(REPLY, timeout=60_000)
-    expect_shown(page, "Reply 2: version 1 of 2", "after a restart", reply=first)
+    expect_shown(page, "Reply 1: version 1 of 2", "after a restart", reply=first)
     shot(page, "01-after-restart")
     next_version(page)
-    expect_shown(page, "Reply 2: version 2 of 2", "› after a restart", reply=second)
+    expect_shown(page, "Reply 1: version 2 of 2", "› after a restart", reply=second)
     prev_version(page)
-    expect_shown(page, "Reply 2: version 1 of 2", "‹ after a restart", reply=first)
+    expect_shown(page, "Reply 1: version 1 of 2", "‹ after a restart", reply=first)
     context.close()
 
 
@@ -360,7 +360,7 @@ def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
 
     mine = "Green, said the editor."
     edit(page, 1, mine)
-    expect_shown(page, "Reply 2: version 2 of 2", "after editing the reply", reply=mine)
+    expect_shown(page, "Reply 1: version 2 of 2", "after editing the reply", reply=mine)
     time.sleep(2.0)  # time for a reply to start, had one been asked for
     shot(page, "03-edited-reply")
     assert replies(page) == [mine], f"editing a reply must not generate another: {replies(page)}"
@@ -369,9 +369,9 @@ def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
     after_edit = toasts(page)  # checked last, so that the rest is checked too
 
     prev_version(page)
-    expect_shown(page, "Reply 2: version 1 of 2", "‹ after editing the reply", reply=old)
+    expect_shown(page, "Reply 1: version 1 of 2", "‹ after editing the reply", reply=old)
     next_version(page)
-    expect_shown(page, "Reply 2: version 2 of 2", "› after editing the reply", reply=mine)
+    expect_shown(page, "Reply 1: version 2 of 2", "› after editing the reply", reply=mine)
     assert after_edit == "", f"a warning after a plain edit of the reply (screenshot features-03-edited-reply): {after_edit}"
 
 
@@ -407,7 +407,7 @@ def test_deleting_a_message_removes_it_and_what_follows_unless_dismissed(page, a
     assert wait_until(lambda: len(users(page)) == 3 and len(replies(page)) == 3, 30), (users(page), replies(page))
 
     page.locator(USER).nth(1).click()  # the versions bar now acts on the second question
-    assert wait_until(lambda: "Your message 3" in versions_label(page), 10), versions_label(page)
+    assert wait_until(lambda: "Your message 2" in versions_label(page), 10), versions_label(page)
 
     page.once("dialog", lambda d: d.dismiss())
     page.click("#delete-message-btn")
@@ -454,7 +454,7 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
     # a second version of the last reply, so that the export has a branch
     close_toasts(page)
     edit(page, 3, "The Keeper's Diary.")
-    expect_shown(page, "Reply 4: version 2 of 2", "edited before export", reply="The Keeper's Diary.", index=1)
+    expect_shown(page, "Reply 2: version 2 of 2", "edited before export", reply="The Keeper's Diary.", index=1)
 
     open_manage(page)
     with page.expect_download() as download:
@@ -470,9 +470,9 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
     assert wait_until(lambda: len(sidebar(page)) == before + 1, 10), sidebar(page)
     assert users(page) == ["Recommend a book about lighthouses.", "Another one?"]
     assert replies(page) == ["Try The Lighthouse Stevensons.", "The Keeper's Diary."]
-    expect_shown(page, "Reply 4: version 2 of 2", "the round-tripped chat", reply="The Keeper's Diary.", index=1)
+    expect_shown(page, "Reply 2: version 2 of 2", "the round-tripped chat", reply="The Keeper's Diary.", index=1)
     prev_version(page)
-    expect_shown(page, "Reply 4: version 1 of 2", "‹ in the round-tripped chat", reply="The Lamplighter's Log.", index=1)
+    expect_shown(page, "Reply 2: version 1 of 2", "‹ in the round-tripped chat", reply="The Lamplighter's Log.", index=1)
     assert page.input_value("#system-prompt textarea") == "You are a terse librarian."
     shot(page, "06-round-trip")
 
@@ -518,6 +518,9 @@ def test_search_narrows_the_sidebar_and_clearing_shows_all(page, app, tmp_path):
     assert wait_until(lambda: len(sidebar(page)) == 1, 15), sidebar(page)
     assert "Gardening notes" in sidebar(page)[0]
     shot(page, "07-search")
+    box.press_sequentially("zz")  # no chat has "zucchiniflowerzz": the list says so
+    assert wait_until(lambda: not sidebar(page) and "No chat matches" in page.inner_text("#conv-list"), 15), \
+        page.inner_text("#conv-list")
     box.press("Control+A")
     box.press("Backspace")  # the box is empty again
     assert box.input_value() == ""
@@ -590,7 +593,7 @@ def test_a_seed_gives_the_same_sampled_reply_every_time(page, app):
     texts = {3: replies(page)[-1]}
     for n in (2, 1):
         prev_version(page)
-        assert wait_until(lambda: f"Reply 2: version {n} of 3" in versions_label(page), 20), versions_label(page)
+        assert wait_until(lambda: f"Reply 1: version {n} of 3" in versions_label(page), 20), versions_label(page)
         time.sleep(0.3)
         texts[n] = replies(page)[-1]
     shot(page, "09-seeded")

@@ -214,7 +214,7 @@ def test_versions_show_under_messages_and_focus_the_deepest(store):
     lines = [v.shown["metadata"]["title"] for v in view_messages(conv) if "metadata" in v.shown]
     assert lines == ["version 2/2 · 2 tokens"]
     focus = focus_of(conv, None)
-    assert focus.content == "second answer" and versions_label(conv, focus) == "Reply 2: version 2 of 2"
+    assert focus.content == "second answer" and versions_label(conv, focus) == "Reply 1: version 2 of 2"
     assert focus_of(conv, q.id).id == q.id  # a clicked message wins
     conv = store.switch_version(c, focus.id, -1)
     assert conv.messages[-1].content == "first answer"
@@ -445,22 +445,6 @@ async def test_new_chat_clicked_before_the_page_load_is_answered_is_kept(store) 
     assert title == "older chat", "a tab nobody clicked in opens on the latest chat"
 
 
-@pytest.mark.anyio
-async def test_the_stream_keeping_event_runs_until_the_tab_is_gone(store) -> None:
-    """keep_stream_open holds the tab's Gradio event stream open: it must not end while the tab
-    is open (Gradio would close the stream) and must end when the tab unloads (no leak)."""
-    from minisgl_app.ui import ChatPage
-
-    page = ChatPage(FakeClient(FakeEngine()), store)
-    request = FakeRequest()
-    keeper = asyncio.ensure_future(page.keep_stream_open(request))
-    await asyncio.sleep(0.05)
-    assert not keeper.done()
-    await page.unload(request)
-    await asyncio.wait_for(keeper, 1.0)
-    assert "tab-1" not in page.tabs
-
-
 def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_update_into_a_skip(store) -> None:
     """Why UPDATE_OUTPUTS (app/ui.py): Gradio streams a generator's later outputs as diffs, and a
     dict -> skip diff is "delete each key"; its browser client applies diffs in place, to the
@@ -489,3 +473,17 @@ def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_upda
         for i in updates:
             edits = diff(before[i], after[i]) if isinstance(before[i], dict) and isinstance(after[i], dict) else []
             assert not any(op == "delete" for op, *_ in edits), f"output {i}: {before[i]} -> {after[i]}"
+
+
+def test_a_refused_setting_is_named_alone_in_words_that_fit_it() -> None:
+    """Each wrong field gets its own message (not "temperature, top-p and max tokens must be
+    numbers" for an empty max tokens); an empty seed is a random one, not a problem."""
+    from minisgl_app.ui import form_settings
+
+    ok = ("", 0.7, 0.9, 256, False, 0, None, "")
+    settings, problems = form_settings(*ok)
+    assert problems == {} and settings.max_tokens == 256 and settings.seed is None
+    assert form_settings("", 0.7, 0.9, None, False, 0, "", "")[1] == {"max_tokens": "max tokens must be a number"}
+    assert "whole number" in form_settings("", 0.7, 0.9, 3.7, False, 0, None, "")[1]["max_tokens"]
+    assert set(form_settings("", 0.7, 0.9, 0, False, -3, -1, "")[1]) == {"max_tokens", "top_k", "seed"}
+    assert form_settings("", 0.7, 0.9, 40.0, False, 5.0, 7.0, "")[0].max_tokens == 40

@@ -525,6 +525,7 @@ def test_delete_asks_for_confirmation(tab, app):
     open_accordion(page, "Manage", "#delete-btn")
     page.click("#delete-btn")
     assert wait_until(lambda: dialogs, 5), "Delete did not ask for confirmation"
+    assert "Pangolin note: say hi." in dialogs[0], f"the question does not name the chat: {dialogs[0]!r}"
     time.sleep(1.5)
     assert label_of(page, "Pangolin"), f"dismissing the dialog deleted the chat: {sidebar(page)}"
     assert users(page) and "Pangolin" in users(page)[0], chat_text(page)[:200]
