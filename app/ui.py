@@ -221,10 +221,14 @@ class ChatPage:
             note = f"No chat matches “{tab.search}”." if tab.search else "No chats yet: your first message starts one."
         return choices, tab.conv_id, note
 
+    def view_of(self, conv, tab: Tab) -> list:
+        """The shown conversation's messages as the page lists them (its click and edit indexes)."""
+        return view_messages(conv, self.replies.live.get(tab.conv_id), self.replies.is_busy(tab.conv_id))
+
     def render(self, tab: Tab) -> list:
         """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue."""
         conv = self.shown(tab)
-        chat = [v.shown for v in view_messages(conv, self.replies.live.get(tab.conv_id))]
+        chat = [v.shown for v in self.view_of(conv, tab)]
         side = self.render_sidebar(tab)
         focus = focus_of(conv, tab.focus)
         label = versions_label(conv, focus) if focus is not None else ""
@@ -434,7 +438,7 @@ class ChatPage:
         answered again; an edited reply is kept as you wrote it."""
         tab = self.tab(request)
         conv = self.shown(tab)
-        shown = view_messages(conv, self.replies.live.get(tab.conv_id))
+        shown = self.view_of(conv, tab)
         index = edit.index if isinstance(edit.index, int) else edit.index[0]
         item = shown[index] if conv is not None and 0 <= index < len(shown) else None
         new_text = edit_text(edit.value)
@@ -465,7 +469,7 @@ class ChatPage:
     async def focus(self, evt: gr.SelectData, request: gr.Request):
         """A click on a message: the versions bar now acts on it."""
         tab = self.tab(request)
-        shown = view_messages(self.shown(tab), self.replies.live.get(tab.conv_id))
+        shown = self.view_of(self.shown(tab), tab)
         index = evt.index if isinstance(evt.index, int) else (evt.index[0] if evt.index else -1)
         if 0 <= index < len(shown) and shown[index].source is not None:
             tab.focus = shown[index].source.id
@@ -554,6 +558,10 @@ class ChatPage:
         except BadImportFile as exc:
             gr.Warning(f"Not imported: {exc}")
             return (*self.fields(tab), gr.skip())
+        if any(c.title == conv.title and c.id != conv.id for c in self.store.list()):
+            # two chats of one title cannot be told apart in the sidebar (re-importing an export)
+            self.store.rename(conv.id, f"{conv.title} (imported)"[:200])
+            conv = self.store.get(conv.id)
         tab.conv_id, tab.focus, tab.search, tab.picked = conv.id, None, "", True
         self.replies.notify()
         gr.Info(f"Imported “{conv.title}” ({len(conv.messages)} messages shown).")
@@ -665,15 +673,19 @@ class ChatPage:
             timer = gr.Timer(IDLE_CHECK_S)
 
             demo.load(self.load_page, outputs=[*tab_fields, thinking], **quick).then(**follow)
-            # No event that lasts as long as the tab (to hold Gradio's event stream open): with
-            # Gradio's heartbeat that is two held connections per tab, and a browser allows six
-            # per server, so a fourth tab of the app could not even load.
             for trigger in (models_box.expand, refresh_btn.click):
                 trigger(self.list_models, outputs=model_list, **quick)
             switch_btn.click(self.switch_model, inputs=model_list, outputs=[model_message, model_list, thinking], **quick)
             demo.unload(self.unload)
+            # The tick is queued, so that the tab's event stream opens at least once a second: Gradio
+            # (6.31) closes a tab's stream when its last queued event ends, and an event accepted
+            # while the browser has not yet seen that close has its messages (a render, a toast)
+            # held on the server until a later queued event opens a stream (seen in CI: a refused
+            # setting's toast and a New chat's render never shown). Not an event as long as the
+            # tab instead: with Gradio's heartbeat that holds two of the browser's six connections
+            # to the server per tab, and a fourth tab never loaded.
             # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
-            timer.tick(self.tick, outputs=view, queue=False, show_progress="hidden", show_progress_on=[status])
+            timer.tick(self.tick, outputs=view, show_progress="hidden", show_progress_on=[status], concurrency_limit=None)
             new_btn.click(self.new_chat, outputs=tab_fields, **quick).then(**follow)
             conv_list.input(self.select, inputs=conv_list, outputs=tab_fields, **quick).then(**follow)
             # .change, not .input: Gradio's Textbox sends .input on key presses only (not on

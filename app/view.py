@@ -18,6 +18,8 @@ from .store import ChatSettings, Conversation, ConversationSummary, Message
 
 
 VERSIONS_HINT = "Click a message, then ‹ › under the chat to see its other versions."
+WAITING_LINE = "waiting: answered when the reply above ends"
+WAITING_HINT = "Sent while the chat was replying: it is answered next. Stop ends the reply above first."
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,14 @@ def is_failed(message: Message) -> bool:
     return message.role == "assistant" and message.stats is not None and message.stats.finish_reason == "error"
 
 
-def view_messages(conv: Conversation | None, live: LiveReply | None = None) -> list[ViewMessage]:
+def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy: bool = False) -> list[ViewMessage]:
     """The conversation as the chat shows it; the live reply's text replaces its stored copy
-    (which is written only every half second)."""
+    (which is written only every half second). ``busy``: the chat has a reply running or queued,
+    so a question at its end waits for its turn (and says so)."""
     if conv is None:
         return []
     out: list[ViewMessage] = []
+    last = conv.messages[-1] if conv.messages else None
     for m in conv.messages:
         if m.role == "system":
             continue
@@ -104,6 +108,8 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None) -> l
         if m.role == "user":
             if version:  # under your message: which of your versions this is
                 out.append(ViewMessage({"role": "user", "content": VERSIONS_HINT, "metadata": {"title": version, "status": "done"}}, m))
+            if busy and m is last:  # the last question of a busy chat: its reply has not started yet
+                out.append(ViewMessage({"role": "user", "content": WAITING_HINT, "metadata": {"title": WAITING_LINE, "status": "done"}}, m))
             continue
         if is_failed(m):
             continue

@@ -468,6 +468,8 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
     import_file(page, exported)
     assert wait_until(lambda: "Imported" in toasts(page), 30), toasts(page)
     assert wait_until(lambda: len(sidebar(page)) == before + 1, 10), sidebar(page)
+    title = json.loads(exported.read_text(encoding="utf-8"))["title"]
+    assert any(f"{title} (imported)" in s for s in sidebar(page)), f"the copy cannot be told from its source: {sidebar(page)}"
     assert users(page) == ["Recommend a book about lighthouses.", "Another one?"]
     assert replies(page) == ["Try The Lighthouse Stevensons.", "The Keeper's Diary."]
     expect_shown(page, "Reply 2: version 2 of 2", "the round-tripped chat", reply="The Keeper's Diary.", index=1)

@@ -487,3 +487,23 @@ def test_a_refused_setting_is_named_alone_in_words_that_fit_it() -> None:
     assert "whole number" in form_settings("", 0.7, 0.9, 3.7, False, 0, None, "")[1]["max_tokens"]
     assert set(form_settings("", 0.7, 0.9, 0, False, -3, -1, "")[1]) == {"max_tokens", "top_k", "seed"}
     assert form_settings("", 0.7, 0.9, 40.0, False, 5.0, 7.0, "")[0].max_tokens == 40
+
+
+@pytest.mark.anyio
+async def test_a_message_sent_during_a_reply_says_it_waits_until_its_reply_starts(store) -> None:
+    """A question sent while the chat replies shows a "waiting" line under it (it looked ignored
+    before), gone once its own reply starts; page indexes of earlier messages do not move."""
+    from minisgl_app.ui import ChatPage
+    from minisgl_app.view import WAITING_LINE
+
+    page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)
+    request = FakeRequest()
+    await page.send(" ".join(f"w{i}" for i in range(20)), *SETTINGS, None, request)
+    await asyncio.sleep(0.1)
+    await page.send("second question", *SETTINGS, None, request)
+    tab = page.tab(request)
+    titles = [v.shown.get("metadata", {}).get("title") for v in page.view_of(page.shown(tab), tab)]
+    assert titles[-1] == WAITING_LINE and titles.count(WAITING_LINE) == 1, titles
+    await until_idle(page.replies, 10)
+    titles = [v.shown.get("metadata", {}).get("title") for v in page.view_of(page.shown(tab), tab)]
+    assert WAITING_LINE not in titles and texts(store, tab.conv_id)[-2][1] == "second question", titles
