@@ -760,6 +760,8 @@ def form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k
 
     def number(name: str, label: str, value, whole: bool):
         if value is None or value == "":
+            if name == "top_k":  # empty top-k: off, as 0
+                return 0
             if name != "seed":  # an empty seed means a random one
                 problems[name] = f"{label} must be a number"
             return None

@@ -487,6 +487,7 @@ def test_a_refused_setting_is_named_alone_in_words_that_fit_it() -> None:
     assert "whole number" in form_settings("", 0.7, 0.9, 3.7, False, 0, None, "")[1]["max_tokens"]
     assert set(form_settings("", 0.7, 0.9, 0, False, -3, -1, "")[1]) == {"max_tokens", "top_k", "seed"}
     assert form_settings("", 0.7, 0.9, 40.0, False, 5.0, 7.0, "")[0].max_tokens == 40
+    assert form_settings("", 0.7, 0.9, 40, False, None, None, "")[0].top_k == 0, "an empty top-k is off, as before"
 
 
 @pytest.mark.anyio
