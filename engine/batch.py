@@ -62,6 +62,11 @@ class ForwardBatch:
     # page); the list fields describe the real requests only.
     num_padding: int = 0
     use_graph: bool = False  # padded to a CUDA graph's size: planned on that graph's wrapper
+    # prompt logprobs: (batch index, rows) of the requests whose prompt tokens are scored now;
+    # their rows follow the sampling rows in ``logits_indices``, ``prompt_targets`` [rows] holds
+    # the prompt token each row scores
+    scored_prompts: list[tuple[int, int]] = field(default_factory=list)
+    prompt_targets: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

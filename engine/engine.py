@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -25,7 +24,7 @@ from .cpu_threads import CpuThreads
 from .distributed import fused_all_reduce_norm_wanted, get_tp, local_head_counts, min_over_ranks
 from .errors import UserError
 from .kvcache import KVPool, PageTable
-from .logits_processor import Logprobs, LogitsProcessor, TokenMasks
+from .logits_processor import Logprobs, LogitsProcessor, PromptLogprobs, TokenLogprobs, TokenMasks
 from .model_loader import free_memory_bytes, load_model
 from .models.transformer import enable_flashinfer_ops
 from .request import PLACEHOLDER
@@ -39,44 +38,37 @@ DEFAULT_PREFILL_TOKENS_GPU = 8192
 CPU_KV_MAX_BYTES = 1 << 30  # a laptop shares its RAM (and zeroing a big pool is slow): cap the default
 
 
-@dataclass
-class TokenLogprobs:
-    """A sampled token's log-probability and the likeliest alternatives, (token id, logprob)."""
-
-    logprob: float
-    top: list[tuple[int, float]]
-
-
 class StepResult:
     """The tokens one step sampled (and the logprobs some requests asked for), copied to the CPU
     without blocking; ``tokens()`` waits for them."""
 
-    def __init__(self, next_ids: torch.Tensor | None, logprobs: Logprobs | None = None) -> None:
+    def __init__(self, next_ids: torch.Tensor | None, logprobs: Logprobs | None = None, prompt: PromptLogprobs | None = None) -> None:
         self._event = None
         self._logprobs = logprobs
+        self._prompt = prompt
         self._tokens: list[int] | None = None
-        if next_ids is None:
-            self._cpu = None
-            return
-        tensors = [next_ids]
+        tensors = {"next_ids": next_ids}
         if logprobs is not None:
-            tensors += [logprobs.chosen] + ([logprobs.top_ids, logprobs.top_logprobs] if logprobs.top_ids is not None else [])
-        if next_ids.is_cuda:
-            self._cpu = [t.to("cpu", non_blocking=True) for t in tensors]  # into pinned memory
+            tensors.update(chosen=logprobs.chosen, top_ids=logprobs.top_ids, top_logprobs=logprobs.top_logprobs)
+        if prompt is not None:
+            tensors.update(prompt_chosen=prompt.chosen, prompt_top_ids=prompt.top_ids, prompt_top_logprobs=prompt.top_logprobs)
+        tensors = {name: t for name, t in tensors.items() if t is not None}
+        if any(t.is_cuda for t in tensors.values()):
+            self._cpu = {name: t.to("cpu", non_blocking=True) for name, t in tensors.items()}  # into pinned memory
             self._event = torch.cuda.Event()
             self._event.record()
         else:
             self._cpu = tensors
 
+    def _read(self, name: str) -> list | None:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._cpu[name].tolist() if name in self._cpu else None
+
     def tokens(self) -> list[int]:
         """The sampled token of each sampling request, in order (read once, then kept)."""
         if self._tokens is None:
-            if self._cpu is None:
-                self._tokens = []
-            else:
-                if self._event is not None:
-                    self._event.synchronize()
-                self._tokens = self._cpu[0].tolist()
+            self._tokens = self._read("next_ids") or []
         return self._tokens
 
     def logprobs(self) -> list[TokenLogprobs | None]:
@@ -84,13 +76,32 @@ class StepResult:
         result: list[TokenLogprobs | None] = [None] * len(self.tokens())
         if self._logprobs is None:
             return result
-        chosen = self._cpu[1].tolist()
-        top_ids = self._cpu[2].tolist() if len(self._cpu) > 2 else None
-        top_lps = self._cpu[3].tolist() if len(self._cpu) > 2 else None
-        for j, (row, count) in enumerate(zip(self._logprobs.rows, self._logprobs.counts)):
-            top = list(zip(top_ids[j][:count], top_lps[j][:count])) if top_ids is not None else []
-            result[row] = TokenLogprobs(chosen[j], top)
+        entries = _token_logprobs(self._read("chosen"), self._read("top_ids"), self._read("top_logprobs"),
+                                  [1] * len(self._logprobs.rows), self._logprobs.counts)
+        for row, (entry,) in zip(self._logprobs.rows, entries):
+            result[row] = entry
         return result
+
+    def prompt_logprobs(self) -> list[tuple[int, list[TokenLogprobs]]]:
+        """(uid, the logprobs of its prompt tokens scored in this step) for each request that
+        asked for prompt logprobs and had prompt tokens in this step."""
+        if self._prompt is None:
+            return []
+        p = self._prompt
+        entries = _token_logprobs(self._read("prompt_chosen"), self._read("prompt_top_ids"), self._read("prompt_top_logprobs"), p.rows, p.counts)
+        return list(zip(p.uids, entries))
+
+
+def _token_logprobs(chosen: list[float], top_ids: list | None, top_lps: list | None,
+                    rows: list[int], counts: list[int]) -> list[list[TokenLogprobs]]:
+    """Cut flat per-row lists into one list of entries per request (``rows[i]`` rows each),
+    keeping each request's own number of alternatives."""
+    out, start = [], 0
+    for n, count in zip(rows, counts):
+        out.append([TokenLogprobs(chosen[j], list(zip(top_ids[j][:count], top_lps[j][:count])) if top_ids is not None else [])
+                    for j in range(start, start + n)])
+        start += n
+    return out
 
 
 class Engine:
@@ -240,6 +251,7 @@ class Engine:
         reqs = batch.reqs
         cached_lens = [req.cached_len for req in reqs]
         rows = [req.table_slot for req in reqs]
+        prompt_indices, prompt_targets, scored = [], [], []  # prompt logprobs (prefill only)
         if batch.is_decode:
             input_ids = [req.token_ids[req.cached_len] for req in reqs]
             positions = list(cached_lens)
@@ -256,6 +268,15 @@ class Engine:
                     logits_indices.extend(range(len(input_ids) - extend, len(input_ids)))
                 elif batch.samples(i):
                     logits_indices.append(len(input_ids) - 1)
+                if req.scores_prompt and not batch.all_logits:
+                    # position p scores prompt token p + 1; the last prompt position scores the
+                    # first output token (that is the sampled token's own logprob)
+                    end = min(start + extend, req.prompt_len - 1)
+                    if end > start:
+                        first = len(input_ids) - extend
+                        prompt_indices.extend(range(first, first + end - start))
+                        prompt_targets.extend(req.token_ids[start + 1 : end + 1])
+                        scored.append((i, end - start))
         num_padding = 0
         if pad_to is not None:
             assert batch.is_decode and pad_to >= len(reqs)
@@ -264,12 +285,14 @@ class Engine:
             positions += [0] * num_padding
             token_rows += [0] * num_padding
             logits_indices += range(len(reqs), pad_to)
+        logits_indices += prompt_indices  # after the sampling rows
         n_tok, n_req = len(input_ids), len(reqs)
         # the pages the scheduler handed out since the last step travel in the same copy
         pt_rows, pt_cols, pt_pages = self.page_table.take_pending()
         n_pt = len(pt_rows)
-        packed = to_device(input_ids + positions + token_rows + rows + logits_indices + pt_rows + pt_cols + pt_pages, self.device)
-        ids_t, pos_t, token_rows_t, rows_t, logits_t, pt = packed.split([n_tok, n_tok, n_tok, n_req, len(logits_indices), 3 * n_pt])
+        packed = to_device(input_ids + positions + token_rows + rows + logits_indices + prompt_targets + pt_rows + pt_cols + pt_pages, self.device)
+        ids_t, pos_t, token_rows_t, rows_t, logits_t, targets_t, pt = packed.split(
+            [n_tok, n_tok, n_tok, n_req, len(logits_indices), len(prompt_targets), 3 * n_pt])
         if n_pt:
             self.page_table.apply(*pt.view(3, n_pt))
         if PLACEHOLDER in input_ids:  # tokens still on the GPU (overlap): take them from there
@@ -288,6 +311,8 @@ class Engine:
             seq_lens=[c + e for c, e in zip(cached_lens, batch.extend_lens)],
             logits_indices=logits_t,
             num_padding=num_padding,
+            scored_prompts=scored,
+            prompt_targets=targets_t,
         )
 
     def _forward(self, batch: Batch, use_graph: bool | None = None, pad_to: int | None = None) -> tuple[ForwardBatch, torch.Tensor]:
@@ -324,8 +349,13 @@ class Engine:
         forward pass is queued, so the CPU fills the masks while the GPU computes the logits."""
         fb, logits = self._forward(batch)
         sampling = [i for i in range(batch.size) if batch.samples(i)]
+        prompt = None
+        if fb.scored_prompts:  # the rows after the sampling ones
+            scored_reqs = [batch.reqs[i] for i, _ in fb.scored_prompts]
+            prompt = self.logits_processor.prompt_logprobs(logits[len(sampling):], fb.prompt_targets, scored_reqs, [n for _, n in fb.scored_prompts])
+            logits = logits[: len(sampling)]
         if not sampling:
-            return StepResult(None)
+            return StepResult(None, prompt=prompt)
         reqs = [batch.reqs[i] for i in sampling]
         table_rows = [req.table_slot for req in reqs]
         raw_logprobs = self.logits_processor.raw_logprobs(logits, reqs)
@@ -339,4 +369,4 @@ class Engine:
             rows = fb.table_rows[to_device(sampling, self.device)]
         self.last_token.index_copy_(0, rows, next_ids)
         logprobs = self.logits_processor.gather_logprobs(raw_logprobs, reqs, next_ids) if raw_logprobs is not None else None
-        return StepResult(next_ids, logprobs)
+        return StepResult(next_ids, logprobs, prompt)

@@ -23,6 +23,8 @@ class GenerationResult:
     text: str = ""
     finish_reason: str | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # per token, when params.logprobs
+    # per prompt token, when params.prompt_logprobs is set (None for the first token)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
 
 
 class LLM:
@@ -142,6 +144,8 @@ class LLM:
                     res.token_ids.append(out.token_id)
                 if out.logprobs is not None:
                     res.logprobs.append(out.logprobs)
+                if out.prompt_logprobs is not None:
+                    res.prompt_logprobs = [entry for _, entry in out.prompt_logprobs]
                 if out.finished:
                     res.finish_reason = out.finish_reason.value
         self.scheduler.drain()  # a finished request's extra step may still be in flight

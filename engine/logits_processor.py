@@ -34,6 +34,14 @@ class TokenMasks:
 
 
 @dataclass
+class TokenLogprobs:
+    """A token's log-probability and the likeliest alternatives, (token id, logprob)."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class Logprobs:
     """Device tensors for the rows of one step that asked for logprobs; ``rows`` are their
     indexes among the step's sampling requests."""
@@ -43,6 +51,19 @@ class Logprobs:
     top_ids: torch.Tensor | None  # [len(rows), k] the k likeliest tokens (k = the most any row asked)
     top_logprobs: torch.Tensor | None
     counts: list[int]  # how many alternatives each row asked for (its share of the k)
+
+
+@dataclass
+class PromptLogprobs:
+    """Device tensors for the prompt tokens of one prefill step whose requests asked for prompt
+    logprobs: row j scores the prompt token that follows position j of the step's scored rows."""
+
+    uids: list[int]
+    rows: list[int]  # how many rows each of ``uids`` has, in order
+    chosen: torch.Tensor  # [sum(rows)] each prompt token's logprob
+    top_ids: torch.Tensor | None  # [sum(rows), k] the k likeliest tokens (k = the most any request asked)
+    top_logprobs: torch.Tensor | None
+    counts: list[int]  # how many alternatives each of ``uids`` asked for
 
 
 class LogitsProcessor:
@@ -77,6 +98,19 @@ class LogitsProcessor:
             return Logprobs(rows, chosen, None, None, counts)
         top = logprobs.topk(max(counts), dim=-1)
         return Logprobs(rows, chosen, top.indices, top.values, counts)
+
+    @staticmethod
+    def prompt_logprobs(logits: torch.Tensor, targets: torch.Tensor, reqs: list[Req], rows: list[int]) -> PromptLogprobs:
+        """``logits`` [sum(rows), vocab] at the prompt positions of ``reqs`` scored this step,
+        ``targets`` the prompt token after each position: their logprobs (the model's own)."""
+        logprobs = logits.log_softmax(dim=-1)
+        chosen = logprobs.gather(1, targets.view(-1, 1)).squeeze(1)
+        counts = [req.params.prompt_logprobs for req in reqs]
+        uids = [req.uid for req in reqs]
+        if max(counts) == 0:
+            return PromptLogprobs(uids, rows, chosen, None, None, counts)
+        top = logprobs.topk(max(counts), dim=-1)
+        return PromptLogprobs(uids, rows, chosen, top.indices, top.values, counts)
 
     # ---- edits ---------------------------------------------------------------------------------
 

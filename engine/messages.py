@@ -52,11 +52,12 @@ class AbortBackendMsg(msgspec.Struct, tag=True):
 
 class LogprobEntry(msgspec.Struct, array_like=True):
     """A token as OpenAI's logprobs show it: its text, its UTF-8 bytes (a token may hold part of a
-    character), its log-probability, and (for a sampled token) the likeliest alternatives."""
+    character), its log-probability (None for a prompt's first token, which nothing precedes),
+    and the likeliest alternatives."""
 
     token: str
     token_bytes: list[int]
-    logprob: float
+    logprob: float | None
     top: list[LogprobEntry] = []
 
 
@@ -71,6 +72,9 @@ class DetokenizeMsg(msgspec.Struct, tag=True):
     replica: int = 0  # --dp: the replica that runs it (where a stop string's drop must go)
     logprob: float | None = None  # next_token's, when the request asked for logprobs
     top_logprobs: list[tuple[int, float]] | None = None  # (token id, logprob), likeliest first
+    # with the first token, when the request asked for prompt logprobs: per prompt token
+    # (token id, logprob or None for the first, alternatives)
+    prompt_logprobs: list[tuple[int, float | None, list[tuple[int, float]]]] | None = None
 
 
 class UserReply(msgspec.Struct, tag=True):
@@ -82,6 +86,7 @@ class UserReply(msgspec.Struct, tag=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     logprobs: list[LogprobEntry] | None = None  # one per token this reply adds, when asked for
+    prompt_logprobs: list[LogprobEntry] | None = None  # one per prompt token, with the first reply, when asked for
 
 
 class StatsMsg(msgspec.Struct, tag=True):

@@ -12,6 +12,7 @@ from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from .grammar import GrammarState
+    from .logits_processor import TokenLogprobs
 
 
 PLACEHOLDER = -1  # a sampled token still on its way from the GPU (overlap scheduling)
@@ -45,6 +46,8 @@ class Req:
     use_prefix_cache: bool = True  # False for teacher-forced scoring, which needs every token's logits
     finish_reason: FinishReason | None = None
     grammar: GrammarState | None = None  # structured output: where the request is in its grammar
+    # params.prompt_logprobs: the logprobs of prompt tokens 1, 2, ... as prefill computes them
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @property
     def seq_len(self) -> int:
@@ -61,6 +64,12 @@ class Req:
     @property
     def extend_len(self) -> int:
         return self.seq_len - self.cached_len
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether prefill computes its prompt tokens' logprobs (not again for a prompt
+        recomputed after preemption: those were sent with its first token)."""
+        return self.params.prompt_logprobs is not None and self.output_len == 0
 
     @property
     def finished(self) -> bool:

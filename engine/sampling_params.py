@@ -51,6 +51,10 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     logprobs: bool = False  # return each sampled token's log-probability (the model's, unprocessed)
     top_logprobs: int = 0  # and this many likeliest alternatives (0-20)
+    # each prompt token's log-probability given the tokens before it, with this many likeliest
+    # alternatives (0-20; vLLM's field); None = off. The prompt is then computed whole (its
+    # cached prefix is not reused), since a cached token has no logits
+    prompt_logprobs: int | None = None
     grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
@@ -82,6 +86,9 @@ class SamplingParams:
                 raise RequestError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
         if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.top_logprobs!r}")
+        pl = self.prompt_logprobs
+        if pl is not None and (isinstance(pl, bool) or not isinstance(pl, int) or not 0 <= pl <= MAX_TOP_LOGPROBS):
+            raise RequestError(f"prompt_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {pl!r}")
         if self.grammar is not None and self.grammar.kind not in GRAMMAR_KINDS:
             raise RequestError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.grammar.kind!r}")
         self.temperature = float(self.temperature)

@@ -99,6 +99,33 @@ def test_logprobs_are_the_models_own_within_bf16(model_pair):
     assert max(ours) <= max(2 * max(theirs), 0.05)
 
 
+def test_prompt_logprobs_are_the_models_own_within_bf16(model_pair):
+    """echo's prompt scoring: every prompt position's logits (a prompt of ~1,300 tokens, so the
+    1,024-token chunks of a scored prompt are crossed), judged as the sampled tokens' are."""
+    llm, hf32, hf16 = model_pair
+    long_prompt = (prompts(llm)[1] + prompts(llm)[3]) * 130
+    ps = prompts(llm)[:2] + [long_prompt]
+    results = llm.generate(ps, SamplingParams(max_tokens=2, prompt_logprobs=3))
+    ours, theirs = [], []
+    for prompt, result in zip(ps, results):
+        assert len(result.prompt_logprobs) == len(prompt) and result.prompt_logprobs[0] is None
+        ids = torch.tensor([prompt], device="cuda")
+        with torch.no_grad():
+            ref = hf32(ids).logits[0, :-1].float().log_softmax(-1)
+            bf16 = hf16(ids).logits[0, :-1].float().log_softmax(-1)
+        targets = torch.tensor(prompt[1:], device="cuda").view(-1, 1)
+        ref_chosen, bf16_chosen = ref.gather(1, targets).squeeze(1).tolist(), bf16.gather(1, targets).squeeze(1).tolist()
+        for position, entry in enumerate(result.prompt_logprobs[1:]):
+            assert len(entry.top) == 3 and entry.top[0][1] >= entry.logprob - 1e-6
+            ours.append(abs(entry.logprob - ref_chosen[position]))
+            theirs.append(abs(bf16_chosen[position] - ref_chosen[position]))
+    median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
+    print(f"prompt logprob error vs transformers fp32 over {len(ours)} tokens: ours (bf16) median {median(ours):.4f} max {max(ours):.4f}; "
+          f"transformers bf16 median {median(theirs):.4f} max {max(theirs):.4f}")
+    assert median(ours) <= max(2 * median(theirs), 0.01)
+    assert max(ours) <= max(2 * max(theirs), 0.05)
+
+
 def test_plain_requests_keep_their_tokens_beside_every_option(model_pair):
     """The same batch shapes with and without the options (every request runs its full length),
     so the plain rows see the same kernels: their tokens must not change."""
@@ -111,10 +138,11 @@ def test_plain_requests_keep_their_tokens_beside_every_option(model_pair):
         SamplingParams(max_tokens=32, ignore_eos=True, logit_bias={100: 5.0, 200: -100.0}, min_tokens=8),
         SamplingParams(max_tokens=32, ignore_eos=True, temperature=0.9, min_p=0.2, seed=9),
         SamplingParams(max_tokens=32, ignore_eos=True, grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))),
+        SamplingParams(max_tokens=32, ignore_eos=True, prompt_logprobs=5),
     ]
     filler = [replace(plain[0]) for _ in extras]
-    alone = llm.generate(ps[:2] + ps * 2, plain + filler + [replace(plain[0]) for _ in range(3)])
-    mixed = llm.generate(ps[:2] + ps * 2, plain + extras + [replace(plain[0]) for _ in range(3)])
+    alone = llm.generate(ps[:2] + ps * 2, plain + filler + [replace(plain[0]) for _ in range(2)])
+    mixed = llm.generate(ps[:2] + ps * 2, plain + extras + [replace(plain[0]) for _ in range(2)])
     assert [r.token_ids for r in mixed[:2]] == [r.token_ids for r in alone[:2]]
     assert mixed[2].logprobs and not mixed[0].logprobs
 

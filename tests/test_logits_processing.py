@@ -89,6 +89,34 @@ def test_logprobs_are_the_models_log_softmax(qwen3):
                 assert lp.top[0][0] == token, "greedy: the sampled token is the likeliest"
 
 
+def test_prompt_logprobs_are_the_models_own_in_chunks_beside_plain_requests(qwen3):
+    """Each prompt token's logprob given the tokens before it (echo), against transformers' log-
+    softmax: computed in chunks of 3 tokens, with the prompts already in the prefix cache (which
+    a scored prompt must not use), in one batch with a plain request, whose tokens stay its own."""
+    llm, hf = qwen3
+    plain = llm.generate(PROMPTS, SamplingParams(max_tokens=8))  # the prompts are cached from here on
+    prefill = llm.scheduler.prefill_manager
+    budget, prefill.max_prefill_tokens = prefill.max_prefill_tokens, 3
+    try:
+        params = [SamplingParams(max_tokens=8, prompt_logprobs=0), SamplingParams(max_tokens=8, prompt_logprobs=5, logprobs=True),
+                  SamplingParams(max_tokens=8)]
+        mixed = llm.generate(PROMPTS, params)
+    finally:
+        prefill.max_prefill_tokens = budget
+    assert [r.token_ids for r in mixed] == [r.token_ids for r in plain]
+    assert mixed[2].prompt_logprobs == [] and not mixed[0].logprobs
+    for prompt, result, p in zip(PROMPTS, mixed[:2], params):
+        with torch.no_grad():
+            expected = hf(torch.tensor([prompt])).logits[0, :-1].float().log_softmax(-1)
+        assert len(result.prompt_logprobs) == len(prompt) and result.prompt_logprobs[0] is None
+        for position, (token, entry) in enumerate(zip(prompt[1:], result.prompt_logprobs[1:])):
+            assert entry.logprob == pytest.approx(expected[position, token].item(), abs=1e-4)
+            top = expected[position].topk(p.prompt_logprobs)
+            assert [t for t, _ in entry.top] == top.indices.tolist()
+            assert [v for _, v in entry.top] == pytest.approx(top.values.tolist(), abs=1e-4)
+    assert llm.scheduler.prefill_manager.prefix_hit_tokens > 0, "the plain request did use the cache"
+
+
 def test_min_p_one_keeps_only_the_likeliest_token(qwen3):
     llm, _ = qwen3
     greedy = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW))

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from minisgl_engine.messages import StatsMsg, UserReply
+from minisgl_engine.messages import LogprobEntry, StatsMsg, UserReply
 from minisgl_engine.server.openai_api import create_app
 from minisgl_engine.server.frontend import GenerateRequest
 from minisgl_engine.server.openai_protocol import DEFAULT_MAX_TOKENS
@@ -58,6 +58,7 @@ class FakeClient:
     thinks: str | None = None
     tool_format: str | None = None
     max_context_len: int | None = 8192
+    tokenizer_path: str | None = None
 
     def __init__(self, script: Callable[[GenerateRequest], list[UserReply]] = echo_script,
                  delay: float = 0.0, ready: bool = True) -> None:
@@ -787,7 +788,6 @@ def test_the_thinking_mode_comes_from_what_the_generation_prompt_ends_with():
 
 
 @pytest.mark.parametrize("route, extra, contains", [
-    ("/v1/completions", {"echo": True}, "echo is not supported"),
     ("/v1/completions", {"suffix": "end"}, "suffix"),
     ("/v1/chat/completions", {"best_of": 2}, "best_of"),
 ])
@@ -888,3 +888,85 @@ def test_continue_final_message_is_taken_at_the_top_level_too():
     assert request.chat_template_kwargs == {"continue_final_message": True}
     [[plain]] = ChatCompletionRequest(messages=messages, continue_final_message=None).generate_requests()
     assert not (plain.chat_template_kwargs or {}).get("continue_final_message")
+
+
+def scored_script(req: GenerateRequest) -> list[UserReply]:
+    """echo_script, whose first reply carries each prompt word's logprob when the request asks
+    for prompt logprobs (and each word's own logprob when it asks for logprobs)."""
+    replies = echo_script(req)
+    words = _prompt_words(req)
+    if req.params.logprobs:
+        for reply in replies:
+            reply.logprobs = [LogprobEntry(reply.incremental_output, list(reply.incremental_output.encode()), -1.0)]
+    if req.params.prompt_logprobs is not None:
+        top = [LogprobEntry("x", [120], -0.5)] * req.params.prompt_logprobs
+        replies[0].prompt_logprobs = [LogprobEntry(f"{w} ", list(f"{w} ".encode()), None if i == 0 else -2.0, [] if i == 0 else top)
+                                      for i, w in enumerate(words)]
+    return replies
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_echo_puts_the_prompt_and_its_logprobs_before_the_completion(stream):
+    client = FakeClient(scored_script)
+    body = {"prompt": "a b c ", "max_tokens": 2, "logprobs": 1, "echo": True, "stream": stream}
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert client.requests[0].params.prompt_logprobs == 1
+    if stream:
+        choices = [choice for p in sse_payloads(r.text)[:-1] for choice in json.loads(p)["choices"]]
+        text = "".join(c["text"] for c in choices)
+        lps = [c["logprobs"] for c in choices if c["logprobs"]]
+        tokens = [t for lp in lps for t in lp["tokens"]]
+        token_logprobs = [v for lp in lps for v in lp["token_logprobs"]]
+        offsets = [o for lp in lps for o in lp["text_offset"]]
+        top = [t for lp in lps for t in lp["top_logprobs"]]
+    else:
+        choice = r.json()["choices"][0]
+        text, lp = choice["text"], choice["logprobs"]
+        tokens, token_logprobs, offsets, top = lp["tokens"], lp["token_logprobs"], lp["text_offset"], lp["top_logprobs"]
+    assert text == "a b c a b "  # the prompt, then the completion (its first 2 words)
+    assert tokens == ["a ", "b ", "c ", "a ", "b "]
+    assert token_logprobs == [None, -2.0, -2.0, -1.0, -1.0]
+    assert top[0] is None and top[1] == {"x": -0.5}
+    assert offsets == [0, 2, 4, 6, 8]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_echo_with_max_tokens_0_is_the_prompt_alone(stream):
+    client = FakeClient(scored_script)
+    body = {"prompt": ["a b", "c d e"], "max_tokens": 0, "logprobs": 0, "echo": True, "n": 2, "stream": stream,
+            "stream_options": {"include_usage": True} if stream else None}
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert len(client.requests) == 4, "no prefill before the choices: a scored prompt cannot use the cache"
+    assert all(req.params.max_tokens == 1 and req.params.prompt_logprobs == 0 for req in client.requests)
+    if stream:
+        payloads = [json.loads(p) for p in sse_payloads(r.text)[:-1]]
+        choices = [choice for p in payloads for choice in p["choices"]]
+        texts = {i: "".join(c["text"] for c in choices if c["index"] == i) for i in range(4)}
+        tokens = {i: [t for c in choices if c["index"] == i and c["logprobs"] for t in c["logprobs"]["tokens"]] for i in range(4)}
+        reasons = {c["index"]: c["finish_reason"] for c in choices if c["finish_reason"]}
+        usage = payloads[-1]["usage"]
+    else:
+        choices = r.json()["choices"]
+        texts = {c["index"]: c["text"] for c in choices}
+        tokens = {c["index"]: c["logprobs"]["tokens"] for c in choices}
+        reasons = {c["index"]: c["finish_reason"] for c in choices}
+        usage = r.json()["usage"]
+    assert texts == {0: "a b", 1: "a b", 2: "c d e", 3: "c d e"}
+    assert tokens == {0: ["a ", "b "], 1: ["a ", "b "], 2: ["c ", "d ", "e "], 3: ["c ", "d ", "e "]}
+    assert reasons == {i: "length" for i in range(4)}
+    assert usage["completion_tokens"] == 0 and usage["prompt_tokens"] == 5
+
+
+async def test_echo_without_logprobs_and_max_tokens_0_without_echo():
+    client = FakeClient(scored_script)
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/completions", json={"prompt": "a b c", "max_tokens": 1, "echo": True})
+        assert r.json()["choices"][0]["text"] == "a b ca " and r.json()["choices"][0]["logprobs"] is None
+        assert client.requests[0].params.prompt_logprobs is None, "the prompt is not scored when no logprobs are asked for"
+        assert_openai_error(await c.post("/v1/completions", json={"prompt": "a b c", "max_tokens": 0}), 400, "max_tokens")
+        # token ids are echoed as the model's tokenizer spells them: a model without one cannot
+        assert_openai_error(await c.post("/v1/completions", json={"prompt": [1, 2], "echo": True}), 400, "tokenizer")

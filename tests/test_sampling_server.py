@@ -77,6 +77,40 @@ def test_completion_logprobs_streamed_and_not(api):
     assert len(two.choices) == 4 and all(len(c.logprobs.token_logprobs) == 4 and c.logprobs.top_logprobs == [{}] * 4 for c in two.choices)
 
 
+def test_completion_echo_scores_the_prompt_as_generation_does(api):
+    """echo with logprobs: each prompt token's logprob is the one the model gives that token when
+    generating it after the tokens before it (forced by logit_bias, which logprobs ignore);
+    max_tokens 0 gives the prompt alone; streamed, the prompt comes before the completion."""
+    from transformers import AutoTokenizer
+
+    from minisgl_engine.weights.demo import demo_model_dir
+
+    client, model = api
+    text = "The capital of France is"
+    ids = AutoTokenizer.from_pretrained(demo_model_dir()).encode(text)
+    scored = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True, logprobs=2)
+    choice = scored.choices[0]
+    assert (choice.text, choice.finish_reason, scored.usage.completion_tokens) == (text, "length", 0)
+    lp = choice.logprobs
+    assert "".join(lp.tokens) == text and len(lp.tokens) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(len(top) == 2 and max(top.values()) >= v for top, v in zip(lp.top_logprobs[1:], lp.token_logprobs[1:]))
+
+    def generated_logprob(k: int) -> float:
+        reply = client.completions.create(model=model, prompt=ids[:k], max_tokens=1, logprobs=0, logit_bias={str(ids[k]): 100})
+        assert reply.choices[0].logprobs.tokens == [lp.tokens[k]]
+        return reply.choices[0].logprobs.token_logprobs[0]
+
+    with ThreadPoolExecutor(4) as pool:
+        expected = list(pool.map(generated_logprob, range(1, len(ids))))
+    assert lp.token_logprobs[1:] == pytest.approx(expected, abs=1e-3)
+
+    plain = client.completions.create(model=model, prompt=text, max_tokens=6)
+    streamed_text = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt=text, max_tokens=6, echo=True, stream=True) if c.choices)
+    assert streamed_text == text + plain.choices[0].text
+
+
 class City:
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "country": {"type": "string", "maxLength": 20},
                                                "population": {"type": "integer", "minimum": 0, "maximum": 100000000}},
@@ -180,9 +214,13 @@ def test_plain_requests_are_unchanged_beside_requests_using_each_option(api):
     def extra(name: str) -> str:
         return client.chat.completions.create(model=model, messages=QUESTION, max_tokens=24, **EXTRAS[name]).choices[0].message.content
 
+    def echoed(_: str) -> str:  # a scored prompt (its logits at every position)
+        return client.completions.create(model=model, prompt="Paris is the capital of", max_tokens=24, echo=True, logprobs=5).choices[0].text
+
     alone = [plain(0), plain(1)]
-    with ThreadPoolExecutor(2 * len(EXTRAS) + 2) as pool:
+    with ThreadPoolExecutor(2 * len(EXTRAS) + 4) as pool:
         extras = {name: [pool.submit(extra, name) for _ in range(2)] for name in EXTRAS}
+        extras["echo"] = [pool.submit(echoed, "echo") for _ in range(2)]
         together = [pool.submit(plain, 0), pool.submit(plain, 1)]
         assert [f.result() for f in together] == alone
         assert all(f.result() is not None for fs in extras.values() for f in fs)

@@ -10,6 +10,11 @@ from ..kvcache import CacheManager, PageTable, PrefixMatch
 from ..request import Req
 
 
+PROMPT_LOGPROB_CHUNK = 1024
+"""Prompt tokens a request that asks for prompt logprobs computes per step: each one's logits
+over the whole vocabulary are kept for the step (1024 x 151,936 float32 is 0.6 GB)."""
+
+
 def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
 
@@ -64,7 +69,7 @@ class PrefillManager:
                 if max_new_requests <= 0 or not self._admit(req):
                     break
                 max_new_requests -= 1
-            extend = min(req.extend_len, budget)
+            extend = min(req.extend_len, budget, PROMPT_LOGPROB_CHUNK if req.scores_prompt else budget)
             reqs.append(req)
             extend_lens.append(extend)
             budget -= extend

@@ -49,6 +49,9 @@ class TokenOutput:
     finish_reason: FinishReason | None = None
     error: str | None = None
     logprobs: TokenLogprobs | None = None  # when the request asked for them
+    # with the first token of a request that asked for prompt logprobs: each prompt token and
+    # its logprobs (None for the first, which nothing precedes)
+    prompt_logprobs: list[tuple[int, TokenLogprobs | None]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -133,7 +136,8 @@ class Scheduler:
         generator = None
         if params.seed is not None and not params.is_greedy:
             generator = torch.Generator(device=self.engine.device).manual_seed(params.seed)
-        req = Req(uid=uid, token_ids=list(token_ids), prompt_len=len(token_ids), params=params, max_new_tokens=max_new, generator=generator)
+        req = Req(uid=uid, token_ids=list(token_ids), prompt_len=len(token_ids), params=params, max_new_tokens=max_new, generator=generator,
+                  use_prefix_cache=params.prompt_logprobs is None)  # a cached prompt token has no logits to score it
         self.reqs[uid] = req
         if compiling is not None:
             self.grammar_waiting[uid] = (req, compiling)
@@ -319,18 +323,23 @@ class Scheduler:
         """Read a launched step's tokens and end the requests they finish."""
         outputs: list[TokenOutput] = []
         tokens = step.result.tokens()
+        for uid, entries in step.result.prompt_logprobs():  # before the first token they go with
+            req = self.reqs.get(uid)
+            if req is not None:
+                req.prompt_logprobs.extend(entries)
         for (req, index), token, logprobs in zip(step.sampled, tokens, step.result.logprobs()):
             if req.finished:
                 continue  # aborted, or finished by an earlier token, while this step ran
             req.token_ids[index] = token
             self._counters["generation"] += 1
             reason = self._finish_reason(req, token, index)
-            if reason is not None:
-                out = self.finish(req, reason)
-                out.token_id, out.logprobs = token, logprobs
-                outputs.append(out)
-                continue
-            outputs.append(TokenOutput(req.uid, token, logprobs=logprobs))
+            out = self.finish(req, reason) if reason is not None else TokenOutput(req.uid, None)
+            out.token_id, out.logprobs = token, logprobs
+            if index == req.prompt_len and req.params.prompt_logprobs is not None:
+                prompt = req.token_ids[: req.prompt_len]
+                out.prompt_logprobs = list(zip(prompt, [None, *req.prompt_logprobs]))
+                req.prompt_logprobs = []
+            outputs.append(out)
         return outputs
 
     def _finish_reason(self, req: Req, token: int, index: int) -> FinishReason | None:

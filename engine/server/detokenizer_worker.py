@@ -44,6 +44,7 @@ class Detokenizer:
         reply = UserReply(
             msg.uid, text, finished=finished, finish_reason=reason if finished else None, error=msg.error,
             prompt_tokens=state.prompt_tokens, completion_tokens=len(state.ids), logprobs=self._logprobs(msg),
+            prompt_logprobs=None if msg.prompt_logprobs is None else [self._entry(*entry) for entry in msg.prompt_logprobs],
         )
         if finished:
             del self.states[msg.uid]
@@ -57,8 +58,11 @@ class Detokenizer:
     def _logprobs(self, msg: DetokenizeMsg) -> list[LogprobEntry] | None:
         if msg.logprob is None or msg.next_token is None:
             return None
-        top = [LogprobEntry(*self.token_bytes.get(token), logprob) for token, logprob in msg.top_logprobs or []]
-        return [LogprobEntry(*self.token_bytes.get(msg.next_token), msg.logprob, top)]
+        return [self._entry(msg.next_token, msg.logprob, msg.top_logprobs or [])]
+
+    def _entry(self, token: int, logprob: float | None, top: list[tuple[int, float]]) -> LogprobEntry:
+        alternatives = [LogprobEntry(*self.token_bytes.get(t), lp) for t, lp in top]
+        return LogprobEntry(*self.token_bytes.get(token), logprob, alternatives)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ aborts the request in the engine and gives its KV pages back.
 from __future__ import annotations
 
 import asyncio
-from abc import ABC, abstractmethod
+import functools
 import hmac
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Sequence
 from dataclasses import dataclass, replace
@@ -68,6 +69,7 @@ class FrontendClient(StatsSource, Protocol):
     thinks: str | None  # the model writes <think> blocks ("model" opens them, "template": the prompt did), None: no
     tool_format: str | None  # how the model writes tool calls (tool_calls.py), None if it has none
     max_context_len: int | None  # the model's context in tokens, None until it is resolved
+    tokenizer_path: str | None  # the model's tokenizer (to echo a prompt given as token ids)
 
     def generate(self, req: GenerateRequest, stop: asyncio.Event | None = None) -> AsyncGenerator[UserReply, None]:
         """Replies for one request, the last with ``finished=True``; closing the generator
@@ -265,29 +267,34 @@ async def _merge(upstreams: list[AsyncGenerator[UserReply, None]]) -> AsyncGener
 
 @dataclass
 class ChoiceResult:
-    """One choice, whole: its text, its final reply, its tokens' logprobs (None: not asked)."""
+    """One choice, whole: its text, its final reply, its tokens' logprobs (None: not asked) and
+    its prompt tokens' (echo)."""
 
     text: str
     final: UserReply
     logprobs: list[LogprobEntry] | None = None
+    prompt_logprobs: list[LogprobEntry] | None = None
 
 
 async def _collect(merged: AsyncGenerator[tuple[int, UserReply], None], count: int) -> list[ChoiceResult]:
     """Each choice's whole text, final reply and logprobs."""
     parts: list[list[str]] = [[] for _ in range(count)]
     logprobs: list[list[LogprobEntry] | None] = [None] * count
+    prompt_logprobs: list[list[LogprobEntry] | None] = [None] * count
     finals: list[UserReply | None] = [None] * count
     async for index, reply in merged:
         parts[index].append(reply.incremental_output)
         if reply.logprobs is not None:
             logprobs[index] = (logprobs[index] or []) + reply.logprobs
+        if reply.prompt_logprobs is not None:
+            prompt_logprobs[index] = reply.prompt_logprobs
         if reply.finished:
             if reply.finish_reason == "error":
                 raise _refusal(reply, any(parts[index]))
             finals[index] = reply
     if any(final is None for final in finals):
         raise APIError(500, _ENDED_EARLY, type="server_error")
-    return [ChoiceResult("".join(p), final, lp) for p, final, lp in zip(parts, finals, logprobs)]
+    return [ChoiceResult("".join(p), final, lp, plp) for p, final, lp, plp in zip(parts, finals, logprobs, prompt_logprobs)]
 
 
 async def _until_first_text(merged: AsyncGenerator[tuple[int, UserReply], None], count: int) -> list[tuple[int, UserReply]]:
@@ -327,11 +334,16 @@ class _Format(ABC):
         self.created = now()
         self.pending_logprobs: dict[int, list[LogprobEntry]] = {}  # choice -> logprobs not sent yet
 
-    def add_logprobs(self, index: int, entries: list[LogprobEntry] | None) -> None:
+    def add_logprobs(self, index: int, reply: UserReply) -> None:
         """Logprobs of tokens just out; they go with the choice's next chunk that carries text
         (a token may add no text yet: half a character, a held-back stop string or tag)."""
+        entries = self.shown_logprobs(reply)
         if entries:
             self.pending_logprobs.setdefault(index, []).extend(entries)
+
+    def shown_logprobs(self, reply: UserReply) -> list[LogprobEntry] | None:
+        """What of a reply's logprobs this route shows."""
+        return reply.logprobs
 
     def take_logprobs(self, index: int) -> list[LogprobEntry] | None:
         return self.pending_logprobs.pop(index, None)
@@ -439,33 +451,67 @@ class _ChatFormat(_Format):
 
 
 class _CompletionFormat(_Format):
-    def __init__(self, model: str) -> None:
+    """Completions: text as ``text``. With ``echo`` (the text of each prompt, choice i showing
+    prompt i // n), a choice's text and logprobs begin with its prompt's; ``prompt_only`` (echo
+    with max_tokens 0) shows the prompt alone."""
+
+    def __init__(self, model: str, echo: list[str] | None = None, n: int = 1, prompt_only: bool = False) -> None:
         super().__init__(model)
         self.id = new_id("cmpl")
         self.text_len: dict[int, int] = {}  # choice -> characters streamed so far (text_offset)
+        self.echo, self.n, self.prompt_only = echo, n, prompt_only
+        self.echoed: set[int] = set()  # choices whose prompt has been streamed
 
     def _make(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
+
+    def shown_logprobs(self, reply: UserReply) -> list[LogprobEntry] | None:
+        generated = None if self.prompt_only else reply.logprobs
+        if reply.prompt_logprobs is None:
+            return generated
+        return reply.prompt_logprobs + (generated or [])
 
     def _logprobs(self, index: int) -> dict | None:
         entries = self.take_logprobs(index)
         return completion_logprobs(entries, self.text_len.get(index, 0)) if entries else None
 
+    def _prompt_text(self, index: int) -> str:
+        """The prompt, the first time a choice sends anything (with echo)."""
+        if self.echo is None or index in self.echoed:
+            return ""
+        self.echoed.add(index)
+        return self.echo[index // self.n]
+
     def text_chunks(self, index: int, text: str) -> list[BaseModel]:
+        text = self._prompt_text(index) + ("" if self.prompt_only else text)
+        if not text:
+            return []
         chunk = CompletionChoice(index=index, text=text, logprobs=self._logprobs(index))
         self.text_len[index] = self.text_len.get(index, 0) + len(text)
         return [self._make([chunk])]
 
     def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]:
-        return [self._make([CompletionChoice(index=index, text="", logprobs=self._logprobs(index), finish_reason=finish_reason)])]
+        text = self._prompt_text(index)
+        reason = "length" if self.prompt_only else finish_reason
+        return [self._make([CompletionChoice(index=index, text=text, logprobs=self._logprobs(index), finish_reason=reason)])]
+
+    def _usage(self, usage: UsageInfo) -> UsageInfo:
+        return UsageInfo.of(usage.prompt_tokens, 0) if self.prompt_only else usage
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:
-        return self._make([], usage)
+        return self._make([], self._usage(usage))
+
+    def _choice(self, index: int, c: ChoiceResult) -> CompletionChoice:
+        text, logprobs = ("", None) if self.prompt_only else (c.text, c.logprobs)
+        if self.echo is not None:
+            text = self.echo[index // self.n] + text
+            if c.prompt_logprobs is not None:
+                logprobs = c.prompt_logprobs + (logprobs or [])
+        return CompletionChoice(index=index, text=text, finish_reason="length" if self.prompt_only else c.final.finish_reason,
+                                logprobs=completion_logprobs(logprobs) if logprobs is not None else None)
 
     def response(self, choices: list[ChoiceResult], usage: UsageInfo) -> BaseModel:
-        return self._make([CompletionChoice(index=i, text=c.text, finish_reason=c.final.finish_reason,
-                                            logprobs=completion_logprobs(c.logprobs) if c.logprobs is not None else None)
-                           for i, c in enumerate(choices)], usage)
+        return self._make([self._choice(i, c) for i, c in enumerate(choices)], self._usage(usage))
 
 
 def _usage(finals: list[UserReply], n: int) -> UsageInfo:
@@ -495,7 +541,7 @@ async def _event_stream(merged: AsyncGenerator[tuple[int, UserReply], None], fir
                 yield _sse(ErrorResponse(error=ErrorInfo(message=_ENDED_EARLY, type="server_error")))
                 break
             index, reply = item
-            fmt.add_logprobs(index, reply.logprobs)
+            fmt.add_logprobs(index, reply)
             if reply.incremental_output:
                 for chunk in fmt.text_chunks(index, reply.incremental_output):
                     yield _sse(chunk)
@@ -536,7 +582,9 @@ async def _serve(request: Request, client: FrontendClient, body: ChatCompletionR
     """One HTTP request: its prompts × n choices as engine requests, answered as one response
     (or one stream), choice i*n + j being prompt i's j-th."""
     per_prompt = body.generate_requests()
-    if body.n > 1:  # a prompt's choices, and the prefill before them, on one replica (--dp): one cache
+    if body.n > 1 and per_prompt[0][0].params.prompt_logprobs is None:
+        # a prompt's choices, and the prefill before them, on one replica (--dp): one cache
+        # (choices that score their prompt compute it whole: nothing to prefill for them)
         per_prompt = [[replace(req, replica=replica) for req in choices]
                       for choices, replica in zip(per_prompt, [client.route(choices[0]) for choices in per_prompt])]
         await _unless_disconnected(request, asyncio.gather(*(_prefill_once(client, choices[0]) for choices in per_prompt)))
@@ -558,6 +606,27 @@ async def _serve(request: Request, client: FrontendClient, body: ChatCompletionR
 
 
 # --- the app --------------------------------------------------------------------------------
+
+
+async def _prompt_texts(client: FrontendClient, prompts: list[str | list[int]]) -> list[str]:
+    """The prompts as text, to echo: a text prompt as given, token ids decoded by the model's
+    tokenizer (loaded here the first time a request needs it)."""
+    if all(isinstance(p, str) for p in prompts):
+        return list(prompts)
+    tokenizer = await asyncio.to_thread(_tokenizer, client.tokenizer_path) if client.tokenizer_path else None
+    if tokenizer is None:
+        raise APIError(400, "echo of a prompt given as token ids needs the model's tokenizer, and this model has none", param="echo")
+    try:
+        return [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
+    except Exception:  # an id outside the vocabulary (the engine would refuse it too)
+        raise APIError(400, "prompt token ids must be ids of the model's vocabulary", param="prompt") from None
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(path: str):
+    from ..tokenizer import load_tokenizer
+
+    return load_tokenizer(path)
 
 
 def _model_served(requested: str | None, names: tuple[str, ...]) -> str:
@@ -598,7 +667,9 @@ def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...]) -> A
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _serve(request, client, body, _CompletionFormat(_model_served(body.model, served())))
+        model = _model_served(body.model, served())
+        echo = await _prompt_texts(client, body.prompts) if body.echo else None
+        return await _serve(request, client, body, _CompletionFormat(model, echo, body.n, body.prompt_only))
 
     @router.get("/models")
     async def models() -> ModelList:

@@ -216,12 +216,17 @@ class _SamplingRequest(BaseModel):
             logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()},
             logprobs=self._logprobs()[0],
             top_logprobs=self._logprobs()[1],
+            prompt_logprobs=self._prompt_logprobs(),
             grammar=self.grammar(),
         )
 
     def _logprobs(self) -> tuple[bool, int]:
         """(return logprobs, how many alternatives): each route spells it its own way."""
         return False, 0
+
+    def _prompt_logprobs(self) -> int | None:
+        """Alternatives per prompt token when the prompt's logprobs are asked for (echo)."""
+        return None
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -306,9 +311,11 @@ class CompletionRequest(_SamplingRequest):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None  # the sampled token's logprob and this many alternatives (0-20)
+    # the prompt before the completion, in the text and (with logprobs) the logprobs, each
+    # prompt token scored by the model (the first gets null); with max_tokens 0, the prompt alone
     echo: bool = False
     suffix: str | None = None  # fill in the middle
-    _NEUTRAL: ClassVar[dict[str, tuple]] = {"echo": (False,), "suffix": (None, "")}
+    _NEUTRAL: ClassVar[dict[str, tuple]] = {"suffix": (None, "")}
 
     @model_validator(mode="after")
     def _nothing_unsupported(self):
@@ -321,6 +328,18 @@ class CompletionRequest(_SamplingRequest):
 
     def _logprobs(self) -> tuple[bool, int]:
         return self.logprobs is not None, self.logprobs or 0
+
+    def _prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo and self.logprobs is not None else None
+
+    @property
+    def prompt_only(self) -> bool:
+        """echo with max_tokens 0: the prompt is scored and echoed, nothing is generated (the
+        engine still samples one token, which is dropped)."""
+        return self.echo and self.max_tokens == 0
+
+    def _max_tokens(self) -> int | None:
+        return 1 if self.prompt_only else self.max_tokens
 
     @field_validator("prompt")
     @classmethod
@@ -404,15 +423,16 @@ def chat_logprobs(entries: list[LogprobEntry]) -> dict[str, Any]:
 
 def completion_logprobs(entries: list[LogprobEntry], text_offset: int = 0) -> dict[str, Any]:
     """A completion choice's ``logprobs`` (the legacy shape): parallel lists, with each token's
-    character offset in the choice's text counted from ``text_offset``."""
+    character offset in the choice's text counted from ``text_offset``. An echoed prompt's first
+    token has null for its logprob and alternatives, as OpenAI sends it."""
     offsets = []
     for e in entries:
         offsets.append(text_offset)
         text_offset += len(e.token)
     return {
         "tokens": [e.token for e in entries],
-        "token_logprobs": [_logprob(e.logprob) for e in entries],
-        "top_logprobs": [{t.token: _logprob(t.logprob) for t in e.top} for e in entries],
+        "token_logprobs": [None if e.logprob is None else _logprob(e.logprob) for e in entries],
+        "top_logprobs": [None if e.logprob is None else {t.token: _logprob(t.logprob) for t in e.top} for e in entries],
         "text_offset": offsets,
     }
 

@@ -103,6 +103,8 @@ class SchedulerWorker:
             replica=self.replica,
             logprob=out.logprobs.logprob if out.logprobs is not None else None,
             top_logprobs=out.logprobs.top if out.logprobs is not None else None,
+            prompt_logprobs=None if out.prompt_logprobs is None else [
+                (token, None, []) if entry is None else (token, entry.logprob, entry.top) for token, entry in out.prompt_logprobs],
         )
 
     def stats(self) -> StatsMsg:
