@@ -491,10 +491,14 @@ class ConversationStore:
         """A new conversation from a file's text: our own export_json (its whole tree when it has
         one) or OpenAI-style messages, ``{"messages": [...]}`` or a bare list, where a leading
         system message becomes the system prompt. The file is checked whole before anything is
-        stored; BadImportFile says what is wrong, and then nothing is."""
+        stored; BadImportFile says what is wrong, and then nothing is. A title a chat already has
+        gets " (imported)" (re-importing an export), so the sidebar tells the two apart."""
         plan = _plan_import(text)
         now = time.time()
         with self._write() as conn:
+            if conn.execute("SELECT 1 FROM conversations WHERE title = ?", (plan.title,)).fetchone():
+                suffix = " (imported)"
+                plan = replace(plan, title=plan.title[: IMPORT_TITLE_LIMIT - len(suffix)] + suffix)
             cur = conn.execute(
                 f"INSERT INTO conversations (title, created_at, updated_at, settings) "
                 f"VALUES (?, ?, {_NEWEST}, ?)",

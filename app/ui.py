@@ -312,13 +312,13 @@ class ChatPage:
         """Save the fields as they change. A refused number goes back to the value in force (the
         toast says why); an emptied one waits for a value (no toast while the user retypes it)."""
         values = (system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop)
-        _, problems = form_settings(*values)
+        settings, problems = form_settings(*values)
         typing = {name for name, value in zip(SETTING_FIELDS, values) if value in (None, "")}
         if problems and set(problems) <= typing:
             return (gr.skip(),) * len(SETTING_FIELDS)
-        if self.save_settings(*values, request):
-            return (gr.skip(),) * len(SETTING_FIELDS)
         tab = self.tab(request)
+        if self.save_settings(tab, settings, problems):
+            return (gr.skip(),) * len(SETTING_FIELDS)
         conv = self.shown(tab)
         in_force = conv.settings if conv is not None else (tab.draft or self.store.default_settings())
         return tuple(getattr(in_force, name) if name in problems and name in RESET_FIELDS else gr.skip() for name in SETTING_FIELDS)
@@ -329,12 +329,9 @@ class ChatPage:
     async def export_json(self, request: gr.Request):
         return self.export("json", request)
 
-    def save_settings(self, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
-                      request: gr.Request) -> bool:
-        """Apply the fields to the tab's chat as they change. Invalid values are refused with a
-        toast naming them and are not used; returns whether the settings are in force."""
-        tab = self.tab(request)
-        settings, problems = form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop)
+    def save_settings(self, tab: Tab, settings: ChatSettings, problems: dict[str, str]) -> bool:
+        """Apply the fields (as ``form_settings`` read them) to the tab's chat. Invalid values are
+        refused with a toast naming them and are not used; returns whether the settings are in force."""
         if problems:
             gr.Warning(f"Settings not saved: {'; '.join(problems.values())}")
             return False
@@ -396,7 +393,7 @@ class ChatPage:
         text = (text or "").strip()
         if not text and not tab.attachments:
             return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
-        if not self.save_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, request):
+        if not self.save_settings(tab, *form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop)):
             return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
         if not self.source.ready:
             gr.Warning("The model is still loading; send your message once the status line says Ready.")
@@ -558,10 +555,6 @@ class ChatPage:
         except BadImportFile as exc:
             gr.Warning(f"Not imported: {exc}")
             return (*self.fields(tab), gr.skip())
-        if any(c.title == conv.title and c.id != conv.id for c in self.store.list()):
-            # two chats of one title cannot be told apart in the sidebar (re-importing an export)
-            self.store.rename(conv.id, f"{conv.title} (imported)"[:200])
-            conv = self.store.get(conv.id)
         tab.conv_id, tab.focus, tab.search, tab.picked = conv.id, None, "", True
         self.replies.notify()
         gr.Info(f"Imported “{conv.title}” ({len(conv.messages)} messages shown).")

@@ -408,7 +408,8 @@ def test_import_of_our_export_round_trips_a_branched_chat(store):
 
     copy = store.import_conversation(store.export_json(conv.id))
     assert copy.id != conv.id and store.list()[0].id == copy.id
-    assert (copy.title, copy.settings, copy.created_at) == (original.title, settings, original.created_at)
+    # beside its source, the copy is marked (test below)
+    assert (copy.title, copy.settings, copy.created_at) == (original.title + " (imported)", settings, original.created_at)
 
     def same(c):
         return [(m.role, m.content, m.created_at, m.stats, m.position, m.sibling_index, m.sibling_count)
@@ -453,6 +454,17 @@ def test_import_of_openai_messages(store):
     assert [(m.role, m.content, m.position) for m in conv.messages] == [
         ("user", "What is\nKV cache?", 0), ("assistant", "Saved keys and values.", 1), ("user", "Thanks", 2)]
     assert all(m.stats is None for m in conv.messages)
+
+
+def test_an_imported_title_a_chat_already_has_is_marked_imported(store):
+    source = store.create("Trip plans")
+    store.append(source.id, "user", "Rome in May?")
+    copy = store.import_conversation(store.export_json(source.id))
+    assert copy.title == "Trip plans (imported)" and store.get(source.id).title == "Trip plans"
+    long = "x" * 200
+    store.import_conversation(json.dumps({"title": long, "messages": [{"role": "user", "content": "hi"}]}))
+    second = store.import_conversation(json.dumps({"title": long, "messages": [{"role": "user", "content": "hi"}]}))
+    assert second.title == "x" * 189 + " (imported)", "the mark survives the title limit"
 
 
 def test_import_of_a_bare_list_and_a_titled_file(store):
