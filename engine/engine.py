@@ -24,10 +24,10 @@ from .cpu_threads import CpuThreads
 from .distributed import fused_all_reduce_norm_wanted, get_tp, local_head_counts, min_over_ranks
 from .errors import UserError
 from .kvcache import KVPool, PageTable
-from .logits_processor import Logprobs, LogitsProcessor, PromptLogprobs, TokenLogprobs, TokenMasks
+from .logits_processor import Logprobs, LogitsProcessor, PromptLogprobs, TokenMasks
 from .model_loader import free_memory_bytes, load_model
 from .models.transformer import enable_flashinfer_ops
-from .request import PLACEHOLDER
+from .request import PLACEHOLDER, TokenLogprobs
 from .sampling import Sampler
 from .transfer import to_device
 

@@ -1,4 +1,5 @@
-"""FlashInfer on CUDA: can it run here, and building its kernels once.
+"""The GPU's kernel libraries: can FlashInfer and Triton run here, and building FlashInfer's
+kernels once.
 
 FlashInfer compiles its kernels just in time with nvcc and caches them (under
 ``~/.cache/flashinfer``, or ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``), so the first
@@ -33,6 +34,16 @@ def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
         import flashinfer  # noqa: F401
     except Exception as exc:  # ImportError, or a broken install raising anything
         return f"flashinfer-python is not usable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); install the `cuda` extra"
+    return None
+
+
+def triton_unavailable_reason() -> str | None:
+    """None if Triton (shipped with CUDA builds of torch) imports, else why not. Its kernels are
+    in :mod:`.triton_kernels`."""
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        return f"{type(exc).__name__}: {exc}"
     return None
 
 

@@ -1,4 +1,4 @@
-"""Switching a model on CUDA to the Triton kernels of :mod:`.layers.triton_kernels`.
+"""Switching a model on CUDA to the Triton kernels of :mod:`.triton_kernels`.
 
 The fused q/k norm + RoPE + KV store kernel replaces five launches with one and is always used.
 Whether the skinny matrix product (alone, or with SwiGLU fused in) beats cuBLAS depends on the
@@ -16,6 +16,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .flashinfer_kernels import triton_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ def choose(linear, silu_mul: bool) -> tuple[int, list]:
     """Rows up to which ``skinny_matmul`` (with SwiGLU fused in when ``silu_mul``) beats what
     runs otherwise: cuBLAS (and FlashInfer's SwiGLU kernel)."""
     from .layers.activation import silu_and_mul
-    from .layers.triton_kernels import skinny_block_k, skinny_matmul
+    from .triton_kernels import skinny_block_k, skinny_matmul
 
     weight, bias = linear.weight, linear.bias
     if skinny_block_k(weight.shape[1]) is None:
@@ -79,15 +81,6 @@ def choose(linear, silu_mul: bool) -> tuple[int, list]:
         return lambda: F.linear(x, weight, bias)
 
     return faster_up_to(ours, theirs)
-
-
-def triton_unavailable_reason() -> str | None:
-    """None if Triton (shipped with CUDA builds of torch) imports, else why not."""
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken install raising anything
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | None = None) -> dict[str, object]:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import RequestError
-from .request import PLACEHOLDER, Req
 from .sampling_params import GrammarSpec
 from .transfer import to_device
 
@@ -138,14 +137,12 @@ class GrammarState:
     accepted: int = 0
     broken: bool = field(default=False)  # a token the grammar refused (should not happen)
 
-    def advance(self, req: Req) -> None:
-        """Accept the request's generated tokens known so far (an in-flight one is not yet)."""
-        ids = req.token_ids
-        while req.prompt_len + self.accepted < len(ids) and ids[req.prompt_len + self.accepted] != PLACEHOLDER:
-            token = ids[req.prompt_len + self.accepted]
+    def advance(self, generated: list[int], uid: int) -> None:
+        """Accept request ``uid``'s generated tokens known so far (``Req.known_output_ids``)."""
+        for token in generated[self.accepted :]:
             if not self.broken and not self.matcher.is_terminated():
                 if not self.matcher.accept_token(token):
-                    logger.warning("request %d: the grammar refused token %d; its output is no longer constrained", req.uid, token)
+                    logger.warning("request %d: the grammar refused token %d; its output is no longer constrained", uid, token)
                     self.broken = True
             self.accepted += 1
 

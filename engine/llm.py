@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from .config import EngineConfig
-from .engine import Engine, TokenLogprobs
+from .engine import Engine
 from .errors import UserError
-from .request import FinishReason
+from .request import FinishReason, TokenLogprobs
 from .sampling_params import SamplingParams
 from .scheduler.scheduler import Scheduler
 from .tokenizer import load_tokenizer

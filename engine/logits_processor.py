@@ -34,14 +34,6 @@ class TokenMasks:
 
 
 @dataclass
-class TokenLogprobs:
-    """A token's log-probability and the likeliest alternatives, (token id, logprob)."""
-
-    logprob: float
-    top: list[tuple[int, float]]
-
-
-@dataclass
 class Logprobs:
     """Device tensors for the rows of one step that asked for logprobs; ``rows`` are their
     indexes among the step's sampling requests."""

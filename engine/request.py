@@ -12,7 +12,6 @@ from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from .grammar import GrammarState
-    from .logits_processor import TokenLogprobs
 
 
 PLACEHOLDER = -1  # a sampled token still on its way from the GPU (overlap scheduling)
@@ -23,6 +22,14 @@ class FinishReason(str, Enum):
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"  # the client went away or asked to stop
     ERROR = "error"  # the engine refused or failed the request
+
+
+@dataclass
+class TokenLogprobs:
+    """A token's log-probability and the likeliest alternatives, (token id, logprob)."""
+
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass(eq=False)
@@ -60,6 +67,13 @@ class Req:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.prompt_len :]
+
+    @property
+    def known_output_ids(self) -> list[int]:
+        """The generated tokens whose values are known (overlap: the newest may still be on its
+        way from the GPU)."""
+        out = self.output_ids
+        return out[: out.index(PLACEHOLDER)] if PLACEHOLDER in out else out
 
     @property
     def extend_len(self) -> int:

@@ -7,6 +7,7 @@
 #   bash scripts/gpu_check.sh setup kernels verify    # every `cuda` test on this machine's GPUs + a short bench
 #   bash scripts/gpu_check.sh setup kernels tp        # kind nvidia-h200-x2: tensor parallelism (tests, 8B bench)
 #   bash scripts/gpu_check.sh setup kernels verify tpbench   # kind nvidia-h200-x2: all of it in one call
+#   bash scripts/gpu_check.sh setup kernels verify oneserve   # every `cuda` test, then `serve` on one GPU over its sockets
 #   bash scripts/gpu_check.sh setup kernels tpserve   # kind nvidia-h200-x2: serve --tp 2 streams a chat, SIGTERM ends it
 #   bash scripts/gpu_check.sh setup kernels dpserve dpbench   # kind nvidia-h200-x2: serve --dp 2; bench offline --dp 1/2, routing
 #   bash scripts/gpu_check.sh setup loadcache kernels profile savecache   # where the time goes
@@ -174,6 +175,8 @@ print('demo model ready at', demo_model_dir())" || status=1
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       OUT=$OUT timeout 400 python3 scripts/gpu_profile_tp.py 2>&1 | tee "$OUT/tpprofile.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    oneserve)  # `serve` on one GPU (overlap scheduling, CUDA graphs) answers a streamed chat, then SIGTERM ends every process
+      serve_check oneserve ;;
     tpserve)  # kind nvidia-h200-x2: `serve --tp 2` answers a streamed chat, then SIGTERM ends every process
       serve_check tpserve --tp 2 ;;
     dpserve)  # kind nvidia-h200-x2: the same with `serve --dp 2` (a replica per GPU)

@@ -49,3 +49,80 @@ def test_every_public_name_resolves_and_the_light_ones_do_not_load_torch():
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# --- the engine's floors ---------------------------------------------------------------------
+
+ENGINE = Path(__file__).resolve().parents[1] / "engine"
+FLOORS = {  # a module imports only from its own floor and those below (0: everything else)
+    "kvcache": 1, "attention": 2, "layers": 3, "models": 4,
+    "model_loader": 5, "fused_ops": 5, "cuda_graph": 5, "engine": 5,
+    "scheduler": 6, "llm": 7, "server": 8, "bench": 8, "": 9,  # "": the package's public surface
+}
+
+
+def floor_of(module: str) -> int:
+    return FLOORS.get(module, FLOORS.get(module.split(".")[0], 0)) if module else FLOORS[""]
+
+
+def engine_modules(root: Path = ENGINE) -> dict[str, Path]:
+    """Dotted name inside the package ("" for its __init__) -> file."""
+    found = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph(root: Path = ENGINE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (relative imports anywhere in the file, those
+    inside functions and under TYPE_CHECKING included)."""
+    modules = engine_modules(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        package = [p for p in package if p]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = package[: len(package) - node.level + 1] + (node.module.split(".") if node.module else [])
+            for alias in node.names:
+                sub = ".".join(base + [alias.name])
+                targets.add(sub if sub in modules else ".".join(base))
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def structure_problems(graph: dict[str, set[str]]) -> list[str]:
+    """Imports up the floors, and import cycles (each named by one of its edges)."""
+    problems = [f"{a} (floor {floor_of(a)}) imports {b} (floor {floor_of(b)})"
+                for a, targets in sorted(graph.items()) for b in sorted(targets) if floor_of(b) > floor_of(a)]
+    state: dict[str, str] = {}
+
+    def visit(node: str) -> None:  # depth-first: an edge back to a module on the path closes a cycle
+        state[node] = "open"
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                problems.append(f"import cycle through {node} -> {target}")
+            elif target not in state:
+                visit(target)
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return problems
+
+
+def test_the_engine_has_no_import_cycles_and_no_imports_up_the_floors():
+    assert structure_problems(import_graph()) == []
+
+
+def test_the_structure_check_sees_a_cycle_and_an_import_up(tmp_path):
+    """The check above can fail: a made-up package with both faults."""
+    (tmp_path / "kvcache").mkdir()
+    (tmp_path / "kvcache" / "__init__.py").write_text("from ..scheduler import x\n")
+    (tmp_path / "scheduler.py").write_text("from .kvcache import y\n")
+    problems = structure_problems(import_graph(tmp_path))
+    assert problems == ["kvcache (floor 1) imports scheduler (floor 6)", "import cycle through scheduler -> kvcache"]

@@ -1,4 +1,4 @@
-"""The fused Triton kernels (engine/layers/triton_kernels.py) against plain torch.
+"""The fused Triton kernels (engine/triton_kernels.py) against plain torch.
 
 Without a GPU they run under Triton's interpreter (numpy on the CPU, float16/float32: numpy has
 no bfloat16); on a GPU they run compiled, in bfloat16. Either way every output element is
@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from minisgl_engine.layers import triton_kernels as tk  # noqa: E402
+from minisgl_engine import triton_kernels as tk  # noqa: E402
 from minisgl_engine.layers.rotary import RotaryEmbedding  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import ForwardBatch
-from ..flashinfer_kernels import WORKSPACE_BYTES
-from ..fused_ops import triton_unavailable_reason
+from ..flashinfer_kernels import WORKSPACE_BYTES, triton_unavailable_reason
 from ..kvcache.kv_pool import KVPool
 from ..kvcache.page_table import PageTable
 from ..transfer import to_device
@@ -104,7 +103,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             indptr.append(indptr[-1] + c)
         last_page_len = [(n - 1) % ps + 1 for n in seq_lens] + [1] * pad
         if self.fill_indices:
-            from ..layers.triton_kernels import fill_kv_indices
+            from ..triton_kernels import fill_kv_indices
 
             if self._indices.numel() < indptr[-1]:
                 self._indices = torch.empty(max(indptr[-1], 2 * self._indices.numel()), dtype=torch.int32, device=self.device)
@@ -159,6 +158,6 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         """Attention over the pool, whose K/V for this step's tokens is already written (by
-        the fused kernel of :mod:`..layers.triton_kernels`)."""
+        the fused kernel of :mod:`..triton_kernels`)."""
         out = batch.attn_metadata.run(q, self.kv_pool.paged(layer_id))
         return out.view(q.shape[0], -1)

@@ -15,7 +15,7 @@ from .rotary import RopeInputs, apply_rotary, apply_rotary_inplace
 
 class SelfAttention(nn.Module):
     use_flashinfer = False
-    # CUDA with Triton: q/k norms, RoPE and the K/V store in one kernel (layers/triton_kernels.py)
+    # CUDA with Triton: q/k norms, RoPE and the K/V store in one kernel (triton_kernels.py)
     fused_qk = False
 
     def __init__(
@@ -43,7 +43,7 @@ class SelfAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, rope: RopeInputs, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
         if self.fused_qk:
-            from .triton_kernels import qk_norm_rope_store
+            from ..triton_kernels import qk_norm_rope_store
 
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else (None, None, 0.0)
             q = qk_norm_rope_store(

@@ -65,7 +65,7 @@ def default_weight_loader(param: nn.Parameter, loaded, shard_id: str | int | Non
 
 class Linear(nn.Module):
     # On CUDA the engine measures, per layer shape, up to how many rows the Triton kernel
-    # (layers/triton_kernels.py) beats cuBLAS, and sets it here; 0 = always cuBLAS.
+    # (triton_kernels.py) beats cuBLAS, and sets it here; 0 = always cuBLAS.
     skinny_max_rows = 0
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
@@ -75,7 +75,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if 0 < x.shape[0] <= self.skinny_max_rows:
-            from .triton_kernels import skinny_matmul
+            from ..triton_kernels import skinny_matmul
 
             return skinny_matmul(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias)

@@ -48,7 +48,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if 0 < x.shape[0] <= self.fused_max_rows:
-            from ..layers.triton_kernels import skinny_matmul
+            from ..triton_kernels import skinny_matmul
 
             return self.down_proj(skinny_matmul(x, self.gate_up_proj.weight, silu_mul=True))
         return self.down_proj(silu_and_mul(self.gate_up_proj(x), fused=self.use_flashinfer))

@@ -1,7 +1,8 @@
 """The scheduler core: continuous batching over the engine, with no transport code.
 
-Each :meth:`Scheduler.step` schedules one batch (a prefill batch while prompts can start, else a
-decode batch of every running request), launches it, and turns sampled tokens into
+Each turn (:meth:`Scheduler.step`: the seed's ``normal_loop``, or ``overlap_loop`` on CUDA, picked
+once) receives new requests and aborts, schedules one batch (a prefill batch while prompts can
+start, else a decode batch of every running request), launches it, and turns sampled tokens into
 :class:`TokenOutput` records. Every ending of a request, whatever its reason, goes through
 :meth:`Scheduler.finish`, which returns the request's pages and forgets it.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from functools import partial
@@ -25,10 +27,10 @@ import torch
 from ..engine import Engine
 from ..errors import RequestError, UserError
 from ..kvcache import CacheManager, KVStats, NaiveCacheManager, PageAllocator, RadixCacheManager
-from ..engine import StepResult, TokenLogprobs
+from ..engine import StepResult
 from ..grammar import GrammarCompiler, GrammarState
 from ..logits_processor import TokenMasks
-from ..request import PLACEHOLDER, FinishReason, Req
+from ..request import PLACEHOLDER, FinishReason, Req, TokenLogprobs
 from ..sampling_params import SamplingParams
 from .decode import DecodeManager
 from .prefill import PrefillManager, pages_for
@@ -38,6 +40,8 @@ logger = logging.getLogger(__name__)
 EARLY_ABORTS_KEPT = 4096  # aborts that arrived before their request, remembered for a while
 GRAMMAR_WAIT_S = 0.005  # with nothing else to run, how long one step waits for a grammar to compile
 CACHE_MANAGERS: dict[str, type[CacheManager]] = {"radix": RadixCacheManager, "naive": NaiveCacheManager}
+Receive = Callable[[bool], None]
+"""How a loop takes in new requests and aborts: ``receive(blocking)``."""
 
 
 @dataclass
@@ -89,8 +93,9 @@ class Scheduler:
         """``overlap``: None = the config's choice on CUDA, never on CPU (nothing to hide)."""
         cfg = engine.config
         self.engine = engine
-        self.overlap = (cfg.overlap and engine.device.type == "cuda") if overlap is None else overlap
         self.in_flight: InFlight | None = None
+        self.step: Callable[[Receive | None], list[TokenOutput]]  # one turn: normal_loop or overlap_loop
+        self.overlap = (cfg.overlap and engine.device.type == "cuda") if overlap is None else overlap
         self.page_size = engine.page_size
         self.max_running_requests = max_running_requests or cfg.max_running_requests
         if cfg.cache not in CACHE_MANAGERS:
@@ -106,7 +111,7 @@ class Scheduler:
         self._counters = dict(prompt=0, generation=0, finished=0, aborted=0)
         self.grammar_compiler: GrammarCompiler | None = None  # made for the first structured request
         self.grammar_waiting: dict[int, tuple[Req, Future]] = {}  # uid -> request and its compiling grammar
-        self.ready_outputs: list[TokenOutput] = []  # endings decided outside a step (a bad grammar)
+        self.ready_outputs: list[TokenOutput] = []  # endings decided outside a step (an abort, a bad grammar)
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -263,16 +268,41 @@ class Scheduler:
         self._grow_decode_pages()
         return self.decode_manager.schedule()
 
-    def step(self) -> list[TokenOutput]:
-        """Schedule and launch one batch; return the tokens of the step that completed: this
-        one, or with overlap the previous one (launched before this one was scheduled)."""
+    @property
+    def overlap(self) -> bool:
+        return self._overlap
+
+    @overlap.setter
+    def overlap(self, on: bool) -> None:
+        """Picks the loop once (tests switch it between runs, never with a step in flight)."""
+        assert self.in_flight is None, "switch the loop between runs"
+        self._overlap = on
+        self.step = self.overlap_loop if on else self.normal_loop
+
+    def normal_loop(self, receive: Receive | None = None) -> list[TokenOutput]:
+        """One turn of the seed's normal loop: receive → schedule → forward → process this
+        batch's results. ``receive(blocking)`` takes in new requests and aborts (the scheduler
+        worker's sockets; offline, nothing); it may block only when there is nothing to do."""
+        if receive is not None:
+            receive(not self.has_work)
         batch = self.schedule()
-        outputs, self.ready_outputs = self.ready_outputs, []
         launched = self.launch(batch) if batch is not None else None
-        if not self.overlap:
-            return outputs + (self.collect(launched) if launched is not None else [])
-        previous, self.in_flight = self.in_flight, launched
-        return outputs + (self.collect(previous) if previous is not None else [])
+        return self._take_ready() + (self.collect(launched) if launched is not None else [])
+
+    def overlap_loop(self, receive: Receive | None = None) -> list[TokenOutput]:
+        """One turn of the seed's overlap loop: receive → schedule → forward (queued on the GPU)
+        → process the *previous* batch's results while the GPU computes this one."""
+        if receive is not None:
+            receive(not self.has_work)
+        batch = self.schedule()
+        last = self.in_flight  # still the previous step while this one launches (grammars read it)
+        self.in_flight = self.launch(batch) if batch is not None else None
+        return self._take_ready() + (self.collect(last) if last is not None else [])
+
+    def _take_ready(self) -> list[TokenOutput]:
+        """Endings decided outside a step: aborts, refused requests, grammars that failed."""
+        ready, self.ready_outputs = self.ready_outputs, []
+        return ready
 
     def drain(self) -> list[TokenOutput]:
         """Read the step still in flight (overlap), if any."""
@@ -310,7 +340,7 @@ class Scheduler:
         states = []
         for row in rows:
             req = batch.reqs[sampling[row]]
-            req.grammar.advance(req)
+            req.grammar.advance(req.known_output_ids, req.uid)
             states.append(req.grammar)
         active = [j for j, state in enumerate(states) if state.active]  # one may have just ended
         states, rows = [states[j] for j in active], [rows[j] for j in active]

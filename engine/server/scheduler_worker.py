@@ -55,6 +55,10 @@ IDLE_HEARTBEAT_MS = 1000
 
 
 class SchedulerWorker:
+    """The scheduler behind its sockets. The rank's I/O is bound once: one process alone, rank 0
+    of a tensor-parallel group (receives, forwards what it received to the other ranks, sends),
+    or another rank (takes rank 0's messages, sends nothing)."""
+
     def __init__(self, scheduler: Scheduler, receiver: Receiver | None, to_detokenizer: Sender | None, to_frontend: Sender | None,
                  replica: int = 0) -> None:
         """Ranks other than 0 have no sockets (None)."""
@@ -68,26 +72,71 @@ class SchedulerWorker:
         self.prompt_lens: dict[int, int] = {}  # uid -> prompt length, while live
         self.unsent_stops: dict[int, list[str]] = {}  # uid -> stop strings, until its first reply
         self.last_stats: StatsMsg | None = None
+        if self.tp.size == 1:
+            self.receive_msgs, self.send_results = self._receive_alone, self._send_results
+        elif self.tp.rank == 0:
+            self.receive_msgs, self.send_results = self._receive_and_forward, self._send_results
+        else:
+            self.receive_msgs, self.send_results = self._receive_forwarded, self._send_nothing
 
-    def handle(self, batches: list[BackendBatch]) -> list[DetokenizeMsg]:
-        replies = []
-        for batch in batches:
+    def run_forever(self) -> None:
+        while True:
+            self.send_results(self.scheduler.step(self.receive))
+
+    def receive(self, blocking: bool) -> None:
+        """Take in this turn's messages (the same on every rank)."""
+        for batch in self.receive_msgs(blocking):
             for msg in batch.msgs:
-                if isinstance(msg, AbortBackendMsg):
-                    out = self.scheduler.abort_request(msg.uid, FinishReason.STOP if msg.stop else FinishReason.ABORT)
-                    if out is not None:
-                        replies.append(self.to_detokenize(out))
-                    continue
-                assert isinstance(msg, UserMsg)
-                try:
-                    self.scheduler.add_request(msg.uid, msg.input_ids, msg.params)
-                    if msg.uid in self.scheduler.reqs:
-                        self.prompt_lens[msg.uid] = len(msg.input_ids)
-                        self.unsent_stops[msg.uid] = list(msg.params.stop)
-                except UserError as exc:
-                    replies.append(DetokenizeMsg(msg.uid, None, finished=True, finish_reason="error", error=str(exc),
-                                                 prompt_tokens=len(msg.input_ids), replica=self.replica))
-        return replies
+                self.process_msg(msg)
+
+    def process_msg(self, msg: UserMsg | AbortBackendMsg) -> None:
+        """A new request joins the scheduler; an abort (or a stop string's drop) ends one. What
+        ends here leaves with the turn's results (``Scheduler.ready_outputs``)."""
+        sched = self.scheduler
+        if isinstance(msg, AbortBackendMsg):
+            out = sched.abort_request(msg.uid, FinishReason.STOP if msg.stop else FinishReason.ABORT)
+            if out is not None:
+                sched.ready_outputs.append(out)
+            return
+        self.prompt_lens[msg.uid] = len(msg.input_ids)
+        self.unsent_stops[msg.uid] = list(msg.params.stop)
+        try:
+            sched.add_request(msg.uid, msg.input_ids, msg.params)
+        except UserError as exc:
+            sched.ready_outputs.append(TokenOutput(msg.uid, None, FinishReason.ERROR, str(exc)))
+            return
+        if msg.uid not in sched.reqs:  # its abort came first: nothing will be sent for it
+            self.prompt_lens.pop(msg.uid, None)
+            self.unsent_stops.pop(msg.uid, None)
+
+    # ---- the rank's I/O ------------------------------------------------------------------------
+
+    def _receive_alone(self, blocking: bool) -> list[BackendBatch]:
+        if blocking:
+            self.push_stats()  # the front end sees the final state before we block
+        return self.receiver.recv_all(block=blocking)
+
+    def _receive_and_forward(self, blocking: bool) -> list[BackendBatch]:
+        """Rank 0 of a group: while idle it forwards an empty turn every second, so the other
+        ranks never wait long enough to time out."""
+        if blocking:
+            self.push_stats()
+        batches = self.receiver.recv_all(block=blocking, timeout_ms=IDLE_HEARTBEAT_MS)
+        msgs = [msg for batch in batches for msg in batch.msgs]
+        broadcast_bytes(encode(BackendBatch(msgs)) if msgs else b"")
+        return batches
+
+    def _receive_forwarded(self, blocking: bool) -> list[BackendBatch]:
+        data = broadcast_bytes(None)
+        return [self._backend_decoder.decode(data)] if data else []
+
+    def _send_results(self, outputs: list[TokenOutput]) -> None:
+        if outputs:
+            self.to_detokenizer.send(DetokenizerBatch([self.to_detokenize(out) for out in outputs]))
+        self.push_stats()
+
+    def _send_nothing(self, outputs: list[TokenOutput]) -> None:
+        """Ranks other than 0: rank 0 sends the same results."""
 
     def to_detokenize(self, out: TokenOutput) -> DetokenizeMsg:
         prompt_len = self.prompt_lens.pop(out.uid, 0) if out.finished else self.prompt_lens.get(out.uid, 0)
@@ -129,32 +178,6 @@ class SchedulerWorker:
         if stats != self.last_stats:
             self.to_frontend.send(FrontendBatch([stats]))
             self.last_stats = stats
-
-    def receive(self, idle: bool) -> list[BackendBatch]:
-        """This turn's incoming messages, the same on every rank."""
-        if self.tp.size == 1:
-            return self.receiver.recv_all(block=idle)
-        if self.tp.rank == 0:
-            batches = self.receiver.recv_all(block=idle, timeout_ms=IDLE_HEARTBEAT_MS)
-            msgs = [msg for batch in batches for msg in batch.msgs]
-            broadcast_bytes(encode(BackendBatch(msgs)) if msgs else b"")
-            return batches
-        data = broadcast_bytes(None)
-        return [self._backend_decoder.decode(data)] if data else []
-
-    def loop(self) -> None:
-        leader = self.tp.rank == 0
-        while True:
-            idle = not self.scheduler.has_work
-            if idle and leader:
-                self.push_stats()  # the front end sees the final state before we block
-            replies = self.handle(self.receive(idle))
-            replies += [self.to_detokenize(out) for out in self.scheduler.step()]
-            if not leader:
-                continue
-            if replies:
-                self.to_detokenizer.send(DetokenizerBatch(replies))
-            self.push_stats()
 
 
 def check_ranks_agree(engine, scheduler: Scheduler) -> None:
@@ -233,4 +256,4 @@ def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
         to_frontend.send(FrontendBatch([ReadyMsg(name, info=info)]))
     else:
         worker = SchedulerWorker(scheduler, None, None, None)
-    worker.loop()
+    worker.run_forever()
