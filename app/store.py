@@ -144,6 +144,23 @@ class MessageStats:
     def from_dict(cls, data: dict[str, Any]) -> MessageStats:
         return cls(**_known_fields(cls, data))
 
+    def summary(self) -> str:
+        """The line under a reply, on the page and in a Markdown export: "0.12 s to first token
+        · 35.2 tok/s · 120 tokens", then how it ended if not by itself ("hit the token limit",
+        "stopped")."""
+        parts = []
+        if self.ttft_ms is not None:
+            parts.append(f"{self.ttft_ms / 1000:.2f} s to first token")
+        if self.tok_s is not None:
+            parts.append(f"{self.tok_s:.1f} tok/s")
+        if self.tokens is not None:
+            parts.append(f"{self.tokens} tokens")
+        if self.stopped:
+            parts.append(f"stopped ({self.stopped_by})" if self.stopped_by else "stopped")
+        elif self.finish_reason == "length":
+            parts.append("hit the token limit")
+        return " · ".join(parts)
+
 
 @dataclass(frozen=True)
 class Message:
@@ -544,7 +561,7 @@ class ConversationStore:
         for m in conv.messages:
             out += [f"## {m.role.capitalize()}", "", m.content, ""]
             line = " · ".join(x for x in (m.model if m.role == "assistant" else None,
-                                          _stats_line(m.stats) if m.stats is not None else None) if x)
+                                          m.stats.summary() if m.stats is not None else None) if x)
             if line:
                 out += [f"_{line}_", ""]
         return "\n".join(out).rstrip() + "\n"
@@ -1150,18 +1167,3 @@ def _when(ts: float) -> str:
 
 def _quote(text: str) -> str:
     return "\n".join(f"> {line}" if line else ">" for line in text.splitlines())
-
-
-def _stats_line(s: MessageStats) -> str:
-    parts = []
-    if s.ttft_ms is not None:
-        parts.append(f"first token {s.ttft_ms:.0f} ms")
-    if s.tok_s is not None:
-        parts.append(f"{s.tok_s:.1f} tok/s")
-    if s.tokens is not None:
-        parts.append(f"{s.tokens} tokens")
-    if s.stopped:
-        parts.append(f"stopped ({s.stopped_by})" if s.stopped_by else "stopped")
-    elif s.finish_reason:
-        parts.append(f"finished: {s.finish_reason}")
-    return " · ".join(parts)

@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 
@@ -591,122 +592,154 @@ class ChatPage:
     # ---- layout
 
     def build(self) -> gr.Blocks:
+        """The page: a sidebar (chats, settings, models) beside the chat, then its events."""
         with gr.Blocks(title="minisgl-chat", fill_height=True) as demo:
             with gr.Row(equal_height=False):
                 with gr.Column(scale=1, min_width=220, elem_id="sidebar"):
-                    new_btn = gr.Button("＋ New chat", elem_id="new-chat-btn", variant="secondary")
-                    search = gr.Textbox(show_label=False, label="Search chats", placeholder="Search chats", elem_id="search",
-                                        max_lines=1)
-                    conv_list = gr.Radio(choices=[], label="Conversations", elem_id="conv-list", interactive=True)
-                    with gr.Accordion("Manage", open=False):
-                        title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
-                        rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
-                        delete_btn = gr.Button("Delete chat", elem_id="delete-btn", size="sm", variant="stop")
-                        export_md = gr.Button("Export Markdown", elem_id="export-md-btn", size="sm")
-                        export_json = gr.Button("Export JSON", elem_id="export-json-btn", size="sm")
-                        import_btn = gr.UploadButton("Import chat (JSON)", elem_id="import-btn", size="sm", file_types=[".json"])
-                        export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
-                        confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
-                        clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
+                    chats = self._chats_panel()
                     with gr.Accordion("Settings", open=False, elem_id="settings"):
-                        d = self.store.default_settings()
-                        system_box = gr.Textbox(label="System prompt", value=d.system_prompt, lines=3, elem_id="system-prompt")
-                        temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="Temperature (0 = greedy)",
-                                                elem_id="temperature")
-                        top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="Top-p", elem_id="top-p")
-                        max_tokens = gr.Number(label="Max tokens", value=d.max_tokens, precision=0,
-                                               step=1, elem_id="max-tokens")
-                        thinking = gr.Checkbox(label="Thinking mode", value=d.thinking, visible=False, elem_id="thinking")
-                        top_k = gr.Number(label="Top-k (0 = off)", value=d.top_k, precision=0,
-                                          elem_id="top-k")
-                        seed = gr.Number(label="Seed (empty = random)", value=d.seed, precision=0, elem_id="seed")
-                        stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
-                        gr.Markdown("Settings apply to this chat as you change them.", elem_classes="hint")
+                        settings = self._settings_panel()
                     with gr.Accordion("Models", open=False, elem_id="models") as models_box:
-                        model_list = gr.Radio(choices=[], label="Pick one, then Switch", elem_id="model-list", interactive=True)
-                        with gr.Row():
-                            switch_btn = gr.Button("Switch", elem_id="switch-model-btn", size="sm", variant="primary")
-                            refresh_btn = gr.Button("Refresh", elem_id="refresh-models-btn", size="sm")
-                        model_message = gr.Markdown("", elem_id="model-message")
+                        models = self._models_panel()
+                        models.box = models_box
                 with gr.Column(scale=4, elem_id="main"):
-                    status = gr.Markdown(self.source.status_line(), elem_id="status-line")
-                    chatbot = gr.Chatbot(
-                        elem_id="chatbot", show_label=False, height="70vh", editable="all",
-                        # one bubble per message: Copy copies one message (not the reply with its stats line)
-                        group_consecutive_messages=False,
-                        buttons=["copy"], feedback_options=None,
-                        placeholder="Ask anything. Replies stream in; **Stop** (or Escape) ends one at once.",
-                    )
-                    with gr.Row(elem_id="versions", visible=False) as versions:
-                        prev_btn = gr.Button("‹", elem_id="prev-version-btn", size="sm", min_width=40, scale=0)
-                        versions_text = gr.Markdown("", elem_id="versions-label")
-                        next_btn = gr.Button("›", elem_id="next-version-btn", size="sm", min_width=40, scale=0)
-                        delete_msg_btn = gr.Button("Delete message", elem_id="delete-message-btn", size="sm", scale=0,
-                                                   min_width=120)
-                    with gr.Row(elem_id="composer"):
-                        attach_btn = gr.UploadButton("Attach", elem_id="attach-btn", size="sm", scale=0, min_width=70,
-                                                     file_types=TEXT_FILES)
-                        msg = gr.Textbox(label="Message", show_label=False, elem_id="msg-input", scale=8, lines=1, max_lines=8,
-                                         autofocus=True, placeholder="Message (Enter sends, Shift+Enter for a new line)")
-                        send_btn = gr.Button("Send", elem_id="send-btn", variant="primary", scale=1, min_width=80)
-                        stop_btn = gr.Button("Stop", elem_id="stop-btn", variant="stop", scale=1, min_width=80)
-                        continue_btn = gr.Button("Continue", elem_id="continue-btn", scale=1, min_width=90, visible=False)
-                    attached = gr.Markdown("", elem_id="attached")
-
-            settings = [system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop]
-            tab_fields = [title_box, *settings]
-            # queued (toasts need the queue) but never waiting behind one another; and never
-            # dropped: Gradio's default trigger_mode "once" ignores an event while its previous run
-            # is pending, so a message sent (or a follow started) while the last one still ran
-            # was lost, and the page kept showing a stale chat
-            quick = dict(show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
-
-            view = [chatbot, status, conv_list, versions, versions_text, continue_btn]
-            follow = dict(fn=self.follow, outputs=view, show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
-            timer = gr.Timer(IDLE_CHECK_S)
-
-            demo.load(self.load_page, outputs=[*tab_fields, thinking], **quick).then(**follow)
-            for trigger in (models_box.expand, refresh_btn.click):
-                trigger(self.list_models, outputs=model_list, **quick)
-            switch_btn.click(self.switch_model, inputs=model_list, outputs=[model_message, model_list, thinking], **quick)
-            demo.unload(self.unload)
-            # The tick is queued, so that the tab's event stream opens at least once a second: Gradio
-            # (6.31) closes a tab's stream when its last queued event ends, and an event accepted
-            # while the browser has not yet seen that close has its messages (a render, a toast)
-            # held on the server until a later queued event opens a stream (seen in CI: a refused
-            # setting's toast and a New chat's render never shown). Not an event as long as the
-            # tab instead: with Gradio's heartbeat that holds two of the browser's six connections
-            # to the server per tab, and a fourth tab never loaded.
-            # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
-            timer.tick(self.tick, outputs=view, show_progress="hidden", show_progress_on=[status], concurrency_limit=None)
-            new_btn.click(self.new_chat, outputs=tab_fields, **quick).then(**follow)
-            conv_list.input(self.select, inputs=conv_list, outputs=tab_fields, **quick).then(**follow)
-            # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
-            # Backspace, cut or paste); the box is never an output, so only the user changes it
-            search.change(self.search, inputs=search, outputs=conv_list, **quick)
-            rename_btn.click(self.rename, inputs=title_box, outputs=conv_list, **quick)
-            title_box.submit(self.rename, inputs=title_box, outputs=conv_list, **quick)
-            delete_btn.click(self.delete, inputs=confirmed, outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
-                             **quick).then(**follow)
-            for button, handler in ((export_md, self.export_md), (export_json, self.export_json)):
-                button.click(handler, outputs=export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
-            import_btn.upload(self.import_chat, inputs=import_btn, outputs=[*tab_fields, search], **quick).then(**follow)
-            for item in settings:  # .change: see search (a switch of chats sets equal values: no write)
-                item.change(self.settings_changed, inputs=settings, outputs=settings, **quick)
-            for trigger in (msg.submit, send_btn.click):
-                trigger(self.send, inputs=[msg, *settings, clicked_at], outputs=[msg, attached], js=STAMP_JS,
-                        **quick).then(**follow)
-            attach_btn.upload(self.attach, inputs=attach_btn, outputs=attached, **quick)
-            chatbot.retry(self.regenerate, **quick).then(**follow)
-            chatbot.edit(self.edit, **quick).then(**follow)
-            chatbot.select(self.focus, **quick).then(**follow)
-            prev_btn.click(self.previous_version, **quick).then(**follow)
-            next_btn.click(self.next_version, **quick).then(**follow)
-            delete_msg_btn.click(self.delete_message, inputs=confirmed, js=confirm_js("Delete this message and what follows it?"),
-                                 **quick).then(**follow)
-            continue_btn.click(self.continue_reply, **quick).then(**follow)
-            stop_btn.click(self.stop, inputs=clicked_at, js=STAMP_JS, **quick)
+                    main = self._chat_column()
+            self._wire(demo, chats, settings, models, main)
         return demo
+
+    def _chats_panel(self) -> SimpleNamespace:
+        new_btn = gr.Button("＋ New chat", elem_id="new-chat-btn", variant="secondary")
+        search = gr.Textbox(show_label=False, label="Search chats", placeholder="Search chats", elem_id="search",
+                            max_lines=1)
+        conv_list = gr.Radio(choices=[], label="Conversations", elem_id="conv-list", interactive=True)
+        with gr.Accordion("Manage", open=False):
+            title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
+            rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
+            delete_btn = gr.Button("Delete chat", elem_id="delete-btn", size="sm", variant="stop")
+            export_md = gr.Button("Export Markdown", elem_id="export-md-btn", size="sm")
+            export_json = gr.Button("Export JSON", elem_id="export-json-btn", size="sm")
+            import_btn = gr.UploadButton("Import chat (JSON)", elem_id="import-btn", size="sm", file_types=[".json"])
+            export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
+            confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
+            clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
+        return SimpleNamespace(new_btn=new_btn, search=search, conv_list=conv_list, title_box=title_box,
+                               rename_btn=rename_btn, delete_btn=delete_btn, export_md=export_md,
+                               export_json=export_json, import_btn=import_btn, export_file=export_file,
+                               confirmed=confirmed, clicked_at=clicked_at)
+
+    def _settings_panel(self) -> SimpleNamespace:
+        """The chat's settings, in SETTING_FIELDS' order (``fields``)."""
+        d = self.store.default_settings()
+        system_box = gr.Textbox(label="System prompt", value=d.system_prompt, lines=3, elem_id="system-prompt")
+        temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="Temperature (0 = greedy)",
+                                elem_id="temperature")
+        top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="Top-p", elem_id="top-p")
+        max_tokens = gr.Number(label="Max tokens", value=d.max_tokens, precision=0,
+                               step=1, elem_id="max-tokens")
+        thinking = gr.Checkbox(label="Thinking mode", value=d.thinking, visible=False, elem_id="thinking")
+        top_k = gr.Number(label="Top-k (0 = off)", value=d.top_k, precision=0,
+                          elem_id="top-k")
+        seed = gr.Number(label="Seed (empty = random)", value=d.seed, precision=0, elem_id="seed")
+        stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
+        gr.Markdown("Settings apply to this chat as you change them.", elem_classes="hint")
+        return SimpleNamespace(fields=[system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop], thinking=thinking)
+
+    def _models_panel(self) -> SimpleNamespace:
+        model_list = gr.Radio(choices=[], label="Pick one, then Switch", elem_id="model-list", interactive=True)
+        with gr.Row():
+            switch_btn = gr.Button("Switch", elem_id="switch-model-btn", size="sm", variant="primary")
+            refresh_btn = gr.Button("Refresh", elem_id="refresh-models-btn", size="sm")
+        model_message = gr.Markdown("", elem_id="model-message")
+        return SimpleNamespace(model_list=model_list, switch_btn=switch_btn, refresh_btn=refresh_btn,
+                               model_message=model_message)
+
+    def _chat_column(self) -> SimpleNamespace:
+        status = gr.Markdown(self.source.status_line(), elem_id="status-line")
+        chatbot = gr.Chatbot(
+            elem_id="chatbot", show_label=False, height="70vh", editable="all",
+            # one bubble per message: Copy copies one message (not the reply with its stats line)
+            group_consecutive_messages=False,
+            buttons=["copy"], feedback_options=None,
+            placeholder="Ask anything. Replies stream in; **Stop** (or Escape) ends one at once.",
+        )
+        with gr.Row(elem_id="versions", visible=False) as versions:
+            prev_btn = gr.Button("‹", elem_id="prev-version-btn", size="sm", min_width=40, scale=0)
+            versions_text = gr.Markdown("", elem_id="versions-label")
+            next_btn = gr.Button("›", elem_id="next-version-btn", size="sm", min_width=40, scale=0)
+            delete_msg_btn = gr.Button("Delete message", elem_id="delete-message-btn", size="sm", scale=0,
+                                       min_width=120)
+        with gr.Row(elem_id="composer"):
+            attach_btn = gr.UploadButton("Attach", elem_id="attach-btn", size="sm", scale=0, min_width=70,
+                                         file_types=TEXT_FILES)
+            msg = gr.Textbox(label="Message", show_label=False, elem_id="msg-input", scale=8, lines=1, max_lines=8,
+                             autofocus=True, placeholder="Message (Enter sends, Shift+Enter for a new line)")
+            send_btn = gr.Button("Send", elem_id="send-btn", variant="primary", scale=1, min_width=80)
+            stop_btn = gr.Button("Stop", elem_id="stop-btn", variant="stop", scale=1, min_width=80)
+            continue_btn = gr.Button("Continue", elem_id="continue-btn", scale=1, min_width=90, visible=False)
+        attached = gr.Markdown("", elem_id="attached")
+        return SimpleNamespace(status=status, chatbot=chatbot, versions=versions, prev_btn=prev_btn,
+                               versions_text=versions_text, next_btn=next_btn, delete_msg_btn=delete_msg_btn,
+                               attach_btn=attach_btn, msg=msg, send_btn=send_btn, stop_btn=stop_btn,
+                               continue_btn=continue_btn, attached=attached)
+
+    def _wire(self, demo: gr.Blocks, chats: SimpleNamespace, settings_panel: SimpleNamespace, models: SimpleNamespace,
+              main: SimpleNamespace) -> None:
+        """Every event of the page: what each control calls, and the follow that renders after it."""
+        c, m = chats, main
+        settings = settings_panel.fields
+        tab_fields = [c.title_box, *settings]
+        # queued (toasts need the queue) but never waiting behind one another; and never
+        # dropped: Gradio's default trigger_mode "once" ignores an event while its previous run
+        # is pending, so a message sent (or a follow started) while the last one still ran
+        # was lost, and the page kept showing a stale chat
+        quick = dict(show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
+
+        view = [m.chatbot, m.status, c.conv_list, m.versions, m.versions_text, m.continue_btn]
+        follow = dict(fn=self.follow, outputs=view, show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
+        timer = gr.Timer(IDLE_CHECK_S)
+
+        demo.load(self.load_page, outputs=[*tab_fields, settings_panel.thinking], **quick).then(**follow)
+        for trigger in (models.box.expand, models.refresh_btn.click):
+            trigger(self.list_models, outputs=models.model_list, **quick)
+        models.switch_btn.click(self.switch_model, inputs=models.model_list,
+                                outputs=[models.model_message, models.model_list, settings_panel.thinking], **quick)
+        demo.unload(self.unload)
+        # The tick is queued, so that the tab's event stream opens at least once a second: Gradio
+        # (6.31) closes a tab's stream when its last queued event ends, and an event accepted
+        # while the browser has not yet seen that close has its messages (a render, a toast)
+        # held on the server until a later queued event opens a stream (seen in CI: a refused
+        # setting's toast and a New chat's render never shown). Not an event as long as the
+        # tab instead: with Gradio's heartbeat that holds two of the browser's six connections
+        # to the server per tab, and a fourth tab never loaded.
+        # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
+        timer.tick(self.tick, outputs=view, show_progress="hidden", show_progress_on=[m.status], concurrency_limit=None)
+        c.new_btn.click(self.new_chat, outputs=tab_fields, **quick).then(**follow)
+        c.conv_list.input(self.select, inputs=c.conv_list, outputs=tab_fields, **quick).then(**follow)
+        # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
+        # Backspace, cut or paste); the box is never an output, so only the user changes it
+        c.search.change(self.search, inputs=c.search, outputs=c.conv_list, **quick)
+        c.rename_btn.click(self.rename, inputs=c.title_box, outputs=c.conv_list, **quick)
+        c.title_box.submit(self.rename, inputs=c.title_box, outputs=c.conv_list, **quick)
+        c.delete_btn.click(self.delete, inputs=c.confirmed, outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
+                           **quick).then(**follow)
+        for button, handler in ((c.export_md, self.export_md), (c.export_json, self.export_json)):
+            button.click(handler, outputs=c.export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
+        c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search], **quick).then(**follow)
+        for item in settings:  # .change: see search above (a switch of chats sets equal values: no write)
+            item.change(self.settings_changed, inputs=settings, outputs=settings, **quick)
+        for trigger in (m.msg.submit, m.send_btn.click):
+            trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=[m.msg, m.attached], js=STAMP_JS,
+                    **quick).then(**follow)
+        m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=m.attached, **quick)
+        m.chatbot.retry(self.regenerate, **quick).then(**follow)
+        m.chatbot.edit(self.edit, **quick).then(**follow)
+        m.chatbot.select(self.focus, **quick).then(**follow)
+        m.prev_btn.click(self.previous_version, **quick).then(**follow)
+        m.next_btn.click(self.next_version, **quick).then(**follow)
+        m.delete_msg_btn.click(self.delete_message, inputs=c.confirmed, js=confirm_js("Delete this message and what follows it?"),
+                               **quick).then(**follow)
+        m.continue_btn.click(self.continue_reply, **quick).then(**follow)
+        m.stop_btn.click(self.stop, inputs=c.clicked_at, js=STAMP_JS, **quick)
 
 
 def build_ui(source: ReplySource, store: ConversationStore) -> gr.Blocks:

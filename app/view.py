@@ -59,23 +59,6 @@ def can_continue(conv: Conversation | None) -> bool:
             and not is_failed(last) and (last.stats.stopped or last.stats.finish_reason == "length"))
 
 
-def format_stats(stats: dict | None) -> str:
-    if not stats:
-        return ""
-    parts = []
-    if stats.get("ttft_ms") is not None:
-        parts.append(f"{stats['ttft_ms'] / 1000:.2f} s to first token")
-    if stats.get("tok_s") is not None:
-        parts.append(f"{stats['tok_s']:.1f} tok/s")
-    if stats.get("tokens") is not None:
-        parts.append(f"{stats['tokens']} tokens")
-    if stats.get("stopped"):
-        parts.append(f"stopped ({stats['stopped_by']})" if stats.get("stopped_by") else "stopped")
-    elif stats.get("finish_reason") == "length":
-        parts.append("hit the token limit")
-    return " · ".join(parts)
-
-
 def is_failed(message: Message) -> bool:
     """A reply the engine refused (its text is the reason, not the model's words)."""
     return message.role == "assistant" and message.stats is not None and message.stats.finish_reason == "error"
@@ -113,7 +96,7 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
             continue
         if is_failed(m):
             continue
-        line = "replying…" if streaming else format_stats(m.stats.to_dict() if m.stats else None)
+        line = "replying…" if streaming else (m.stats.summary() if m.stats else "")
         line = " · ".join(x for x in (version, line, m.model if line else None) if x)
         if line:
             # status "done": collapsed, and no spinner (an animation costs a software-rendered

@@ -431,28 +431,39 @@ def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int
         floor = bandwidth_floor_s(engine, prompts, output_lens, bandwidth)
         row.update(copy_bandwidth_tb_s=round(bandwidth / 1e12, 2), bandwidth_floor_s=round(floor, 3), share_of_floor=round(floor / seconds, 3))
     if args.compare_hf:
-        import transformers
+        row.update(_offline_against_hf(args, llm, prompts, output_lens))
+    return [row]
 
-        k = min(args.hf_requests, args.num_requests)
-        # transformers runs ~10 decode steps a second at any batch size: cap the outputs
-        sub_prompts, sub_lens = prompts[:k], [min(n, args.hf_output_len) for n in output_lens[:k]]
-        _sync(engine.device)
-        start = time.perf_counter()
-        llm.generate(sub_prompts, [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in sub_lens])
-        _sync(engine.device)
-        row["engine_tok_s_on_hf_subset"] = round(sum(sub_lens) / (time.perf_counter() - start), 1)
-        hf = hf_model_for(llm, config.seed)
-        time_hf_sampled(hf, [p[:16] for p in sub_prompts[:1]], [4], engine.device)  # warm-up
-        hf_seconds = time_hf_sampled(hf, sub_prompts, sub_lens, engine.device)
-        row["hf_requests"] = k
-        row["hf_tok_s"] = round(sum(sub_lens) / hf_seconds, 1)
-        row["hf_settings"] = (
-            f"transformers {transformers.__version__} generate, {row['dtype']}, the first {k} requests' prompts "
+
+def _offline_against_hf(args: argparse.Namespace, llm, prompts: list[list[int]], output_lens: list[int]) -> dict:
+    """transformers on the workload's first requests (outputs capped), beside our engine on the
+    same subset: the row's hf_* fields."""
+    import transformers
+
+    engine = llm.engine
+    k = min(args.hf_requests, args.num_requests)
+    # transformers runs ~10 decode steps a second at any batch size: cap the outputs
+    sub_prompts, sub_lens = prompts[:k], [min(n, args.hf_output_len) for n in output_lens[:k]]
+    _sync(engine.device)
+    start = time.perf_counter()
+    llm.generate(sub_prompts, [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in sub_lens])
+    _sync(engine.device)
+    ours = round(sum(sub_lens) / (time.perf_counter() - start), 1)
+    hf = hf_model_for(llm, llm.config.seed)
+    time_hf_sampled(hf, [p[:16] for p in sub_prompts[:1]], [4], engine.device)  # warm-up
+    hf_seconds = time_hf_sampled(hf, sub_prompts, sub_lens, engine.device)
+    dtype = str(engine.dtype).removeprefix("torch.")
+    return {
+        "engine_tok_s_on_hf_subset": ours,
+        "hf_requests": k,
+        "hf_tok_s": round(sum(sub_lens) / hf_seconds, 1),
+        "hf_settings": (
+            f"transformers {transformers.__version__} generate, {dtype}, the first {k} requests' prompts "
             f"with outputs capped at {args.hf_output_len} tokens, as one left-padded batch, do_sample temperature 0.6, "
             f"every row {max(sub_lens)} new tokens; tok/s counts the {sum(sub_lens)} tokens asked for; "
             f"engine_tok_s_on_hf_subset is our engine on the same subset"
-        )
-    return [row]
+        ),
+    }
 
 
 def print_routed_table(rows: list[dict]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -139,17 +140,7 @@ class Engine:
         if self.tp.size > 1:
             torch.manual_seed(config.seed)  # every rank samples the same tokens
         self.attn_name = self._choose_attention(on_phase)
-        self.fused_kernels: dict[str, object] = {"triton": False}
-        if self.attn_name == "flashinfer":
-            enable_flashinfer_ops(self.model)
-            if config.fused_kernels:
-                from .fused_ops import enable_fused_kernels
-
-                self.fused_kernels = enable_fused_kernels(self.model, on_phase)
-                if self.tp.size > 1 and self.dtype == torch.bfloat16 and fused_all_reduce_norm_wanted():  # every rank alike
-                    from .fused_ops import enable_fused_all_reduce_norm
-
-                    self.fused_kernels["all_reduce_norm"] = enable_fused_all_reduce_norm(self.model, self.device, mc.hidden_size, on_phase)
+        self.fused_kernels = self._enable_fast_ops(on_phase)
         self.num_pages = self._num_kv_pages()
         self.kv_pool = KVPool(mc.num_layers, self.num_pages, self.page_size, self.num_kv_heads, mc.head_dim, self.dtype, self.device)
         self.page_table = PageTable(config.max_running_requests, self.max_context_len, self.device, self.page_size)
@@ -179,6 +170,24 @@ class Engine:
             from .cuda_graph import CudaGraphRunner
 
             self.graph_runner = CudaGraphRunner(self, max_graph_bs, on_phase)
+
+    def _enable_fast_ops(self, on_phase: Callable[[str], None] | None) -> dict[str, object]:
+        """With FlashInfer attention: its norm/activation ops, then (``--fused-kernels``) the
+        Triton kernels measured faster than cuBLAS and, with --tp in bf16 and asked for, the fused
+        all-reduce + RMSNorm. Returns what was chosen, for the log and the benchmarks."""
+        if self.attn_name != "flashinfer":
+            return {"triton": False}
+        enable_flashinfer_ops(self.model)
+        if not self.config.fused_kernels:
+            return {"triton": False}
+        from .fused_ops import enable_fused_kernels
+
+        chosen = enable_fused_kernels(self.model, on_phase)
+        if self.tp.size > 1 and self.dtype == torch.bfloat16 and fused_all_reduce_norm_wanted():  # every rank alike
+            from .fused_ops import enable_fused_all_reduce_norm
+
+            chosen["all_reduce_norm"] = enable_fused_all_reduce_norm(self.model, self.device, self.model_config.hidden_size, on_phase)
+        return chosen
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -251,41 +260,10 @@ class Engine:
         reqs = batch.reqs
         cached_lens = [req.cached_len for req in reqs]
         rows = [req.table_slot for req in reqs]
-        prompt_indices, prompt_targets, scored = [], [], []  # prompt logprobs (prefill only)
-        if batch.is_decode:
-            input_ids = [req.token_ids[req.cached_len] for req in reqs]
-            positions = list(cached_lens)
-            token_rows = list(rows)
-            logits_indices = list(range(len(reqs)))
-        else:
-            input_ids, positions, token_rows, logits_indices = [], [], [], []
-            for i, (req, extend) in enumerate(zip(reqs, batch.extend_lens)):
-                start = req.cached_len
-                input_ids.extend(req.token_ids[start : start + extend])
-                positions.extend(range(start, start + extend))
-                token_rows.extend([req.table_slot] * extend)
-                if batch.all_logits:
-                    logits_indices.extend(range(len(input_ids) - extend, len(input_ids)))
-                elif batch.samples(i):
-                    logits_indices.append(len(input_ids) - 1)
-                if req.scores_prompt and not batch.all_logits:
-                    # position p scores prompt token p + 1; the last prompt position scores the
-                    # first output token (that is the sampled token's own logprob)
-                    end = min(start + extend, req.prompt_len - 1)
-                    if end > start:
-                        first = len(input_ids) - extend
-                        prompt_indices.extend(range(first, first + end - start))
-                        prompt_targets.extend(req.token_ids[start + 1 : end + 1])
-                        scored.append((i, end - start))
-        num_padding = 0
-        if pad_to is not None:
-            assert batch.is_decode and pad_to >= len(reqs)
-            num_padding = pad_to - len(reqs)
-            input_ids += [0] * num_padding
-            positions += [0] * num_padding
-            token_rows += [0] * num_padding
-            logits_indices += range(len(reqs), pad_to)
-        logits_indices += prompt_indices  # after the sampling rows
+        assert pad_to is None or batch.is_decode, "only a decode batch is padded (to a CUDA graph's size)"
+        layout = _decode_layout(batch, pad_to) if batch.is_decode else _prefill_layout(batch)
+        input_ids, positions, token_rows = layout.input_ids, layout.positions, layout.token_rows
+        logits_indices, prompt_targets, num_padding = layout.logits_indices, layout.prompt_targets, layout.num_padding
         n_tok, n_req = len(input_ids), len(reqs)
         # the pages the scheduler handed out since the last step travel in the same copy
         pt_rows, pt_cols, pt_pages = self.page_table.take_pending()
@@ -311,7 +289,7 @@ class Engine:
             seq_lens=[c + e for c, e in zip(cached_lens, batch.extend_lens)],
             logits_indices=logits_t,
             num_padding=num_padding,
-            scored_prompts=scored,
+            scored_prompts=layout.scored_prompts,
             prompt_targets=targets_t,
         )
 
@@ -370,3 +348,58 @@ class Engine:
         self.last_token.index_copy_(0, rows, next_ids)
         logprobs = self.logits_processor.gather_logprobs(raw_logprobs, reqs, next_ids) if raw_logprobs is not None else None
         return StepResult(next_ids, logprobs, prompt)
+
+
+@dataclass
+class _HostLayout:
+    """A batch as flat lists on the host, before the one copy to the device (``ForwardBatch``
+    says what each holds)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    token_rows: list[int]
+    logits_indices: list[int]  # the sampling rows, then the scored prompt rows
+    num_padding: int = 0
+    prompt_targets: list[int] = field(default_factory=list)
+    scored_prompts: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _decode_layout(batch: Batch, pad_to: int | None) -> _HostLayout:
+    """One token per request (its newest), plus padding rows up to a CUDA graph's size."""
+    reqs = batch.reqs
+    layout = _HostLayout([req.token_ids[req.cached_len] for req in reqs], [req.cached_len for req in reqs],
+                         [req.table_slot for req in reqs], list(range(len(reqs))))
+    if pad_to is not None:
+        assert pad_to >= len(reqs)
+        layout.num_padding = n = pad_to - len(reqs)
+        layout.input_ids += [0] * n
+        layout.positions += [0] * n
+        layout.token_rows += [0] * n
+        layout.logits_indices += range(len(reqs), pad_to)
+    return layout
+
+
+def _prefill_layout(batch: Batch) -> _HostLayout:
+    """Each request's next ``extend_lens[i]`` prompt tokens; logits for the last one of each
+    request that samples (every one with ``all_logits``), and for the prompt positions of
+    requests that asked for prompt logprobs."""
+    layout = _HostLayout([], [], [], [])
+    scored_rows = []
+    for i, (req, extend) in enumerate(zip(batch.reqs, batch.extend_lens)):
+        start, first = req.cached_len, len(layout.input_ids)
+        layout.input_ids.extend(req.token_ids[start : start + extend])
+        layout.positions.extend(range(start, start + extend))
+        layout.token_rows.extend([req.table_slot] * extend)
+        if batch.all_logits:
+            layout.logits_indices.extend(range(first, first + extend))
+        elif batch.samples(i):
+            layout.logits_indices.append(first + extend - 1)
+        # position p scores prompt token p + 1; the last prompt position scores the first
+        # output token (that is the sampled token's own logprob)
+        end = min(start + extend, req.prompt_len - 1)
+        if req.scores_prompt and not batch.all_logits and end > start:
+            scored_rows.extend(range(first, first + end - start))
+            layout.prompt_targets.extend(req.token_ids[start + 1 : end + 1])
+            layout.scored_prompts.append((i, end - start))
+    layout.logits_indices += scored_rows  # after the sampling rows
+    return layout

@@ -19,3 +19,13 @@ class WeightsError(UserError):
 
 class RequestError(UserError):
     """A request the engine must refuse (prompt longer than the context, bad parameters)."""
+
+
+def check_prompt_length(num_tokens: int, max_context_len: int) -> None:
+    """The one rule for a prompt's length, applied by the tokenizers (to refuse early) and by the
+    scheduler (for token ids sent to it directly): RequestError unless it is served."""
+    if num_tokens == 0:
+        raise RequestError("the prompt is empty")
+    if num_tokens >= max_context_len:
+        raise RequestError(f"the prompt is {num_tokens} tokens long but the model's context is {max_context_len} tokens; "
+                           "shorten it (or start a new conversation)")

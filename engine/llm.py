@@ -13,7 +13,7 @@ from .errors import UserError
 from .request import FinishReason, TokenLogprobs
 from .sampling_params import SamplingParams
 from .scheduler.scheduler import Scheduler
-from .tokenizer import load_tokenizer
+from .tokenizer import chat_prompt_ids, load_tokenizer
 
 
 @dataclass
@@ -44,9 +44,7 @@ class LLM:
         if self.tokenizer is None:
             raise UserError("this model has no tokenizer (dummy weights): pass token ids or --tokenizer PATH")
         if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise UserError("this model's tokenizer has no chat template; pass a plain prompt instead")
-            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False))
+            return chat_prompt_ids(self.tokenizer, [{"role": "user", "content": prompt}])
         return self.tokenizer.encode(prompt)
 
     def decode(self, token_ids: list[int]) -> str:

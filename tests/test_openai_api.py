@@ -970,3 +970,28 @@ async def test_echo_without_logprobs_and_max_tokens_0_without_echo():
         assert_openai_error(await c.post("/v1/completions", json={"prompt": "a b c", "max_tokens": 0}), 400, "max_tokens")
         # token ids are echoed as the model's tokenizer spells them: a model without one cannot
         assert_openai_error(await c.post("/v1/completions", json={"prompt": [1, 2], "echo": True}), 400, "tokenizer")
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_request_error_for_server_and_llm():
+    """One rule (tokenizer.chat_prompt_ids) for the tokenizer workers and the offline LLM: the
+    template's own reason, never a traceback."""
+    from types import SimpleNamespace
+
+    import jinja2
+
+    from minisgl_engine.errors import RequestError
+    from minisgl_engine.llm import LLM
+    from minisgl_engine.tokenizer import chat_prompt_ids
+
+    class Strict:
+        chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+            raise jinja2.TemplateError("Conversation roles must alternate user/assistant")
+
+    with pytest.raises(RequestError, match="chat template rejected these messages: Conversation roles must alternate"):
+        chat_prompt_ids(Strict(), [{"role": "assistant", "content": "hi"}])
+    with pytest.raises(RequestError, match="chat template rejected"):
+        LLM.encode(SimpleNamespace(tokenizer=Strict()), "hi", chat=True)
+    with pytest.raises(RequestError, match="no chat template"):
+        LLM.encode(SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None)), "hi", chat=True)

@@ -25,7 +25,7 @@ from functools import partial
 import torch
 
 from ..engine import Engine
-from ..errors import RequestError, UserError
+from ..errors import RequestError, UserError, check_prompt_length
 from ..kvcache import CacheManager, KVStats, NaiveCacheManager, PageAllocator, RadixCacheManager
 from ..engine import StepResult
 from ..grammar import GrammarCompiler, GrammarState
@@ -121,12 +121,9 @@ class Scheduler:
             return  # its abort overtook it: drop it silently
         if uid in self.reqs:
             raise RequestError(f"request uid {uid} is already running")
-        if not token_ids:
-            raise RequestError("the prompt is empty")
         limit = self.engine.max_context_len
         capacity = self.engine.num_pages * self.page_size
-        if len(token_ids) >= limit:
-            raise RequestError(f"the prompt has {len(token_ids)} tokens but the model's context is {limit} tokens; shorten it")
+        check_prompt_length(len(token_ids), limit)
         if pages_for(len(token_ids) + 1, self.page_size) > self.engine.num_pages:
             raise RequestError(f"the prompt has {len(token_ids)} tokens but the KV cache holds {capacity}; raise --max-kv-tokens")
         vocab = self.engine.model_config.vocab_size
@@ -212,10 +209,7 @@ class Scheduler:
             req.token_ids.pop()
         req.cached_len = min(req.cached_len, len(req.token_ids))
         if req.table_slot >= 0:
-            match = self.prefill_manager.matches.pop(req.uid, None)
-            self.cache_manager.release(req.token_ids, req.cached_len, req.pages, match)
-            self.engine.page_table.free_row(req.table_slot)
-            req.table_slot, req.pages = -1, []
+            self._release_pages(req)
         if req in self.prefill_manager.waiting:
             self.prefill_manager.remove(req)
         waiting = self.grammar_waiting.pop(req.uid, None)
@@ -226,6 +220,15 @@ class Scheduler:
         self._counters["aborted" if reason == FinishReason.ABORT else "finished"] += 1
         return TokenOutput(req.uid, None, reason, error)
 
+    def _release_pages(self, req: Req) -> None:
+        """Give back an admitted request's table row and pages: those whose KV is computed go to
+        the cache manager (the radix tree keeps them for later prompts), the prefix it read is
+        unlocked."""
+        match = self.prefill_manager.matches.pop(req.uid, None)
+        self.cache_manager.release(req.token_ids, req.cached_len, req.pages, match)
+        self.engine.page_table.free_row(req.table_slot)
+        req.table_slot, req.pages = -1, []
+
     # ---- one step ----------------------------------------------------------------------------
 
     @property
@@ -235,10 +238,8 @@ class Scheduler:
     def _preempt(self, req: Req) -> None:
         """Out of KV pages while decoding: send ``req`` back to the queue; it will recompute its
         prompt and the tokens generated so far when pages are free again."""
-        match = self.prefill_manager.matches.pop(req.uid, None)
-        self.cache_manager.release(req.token_ids, req.cached_len, req.pages, match)
-        self.engine.page_table.free_row(req.table_slot)
-        req.table_slot, req.pages, req.cached_len = -1, [], 0
+        self._release_pages(req)
+        req.cached_len = 0
         self.decode_manager.remove(req)
         self.prefill_manager.add(req, front=True)
         logger.debug("preempted request %d (KV cache full)", req.uid)

@@ -53,7 +53,8 @@ class FrontendClient:
         self.model_name = model_name
         self.expected_workers = set(expected_workers)
         self.leader = next((w for w in expected_workers if w.endswith("-scheduler")), scheduler_name(0, 0))
-        self.ready = False
+        self._ready = False
+        self.ready_event = asyncio.Event()  # set while ``ready`` (awaited by whoever waits for start-up)
         self.phase = "starting"  # what start-up is doing, for the chat page
         self.switching = False  # the workers restart with another model (engine_host.py); new requests are refused
         self.switch_reason = ""
@@ -92,6 +93,16 @@ class FrontendClient:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(self.paths.tokenizer(i))
             self._tokenizers.append(sock)
+
+    @property
+    def ready(self) -> bool:
+        """Every expected worker reported ready (for the current model)."""
+        return self._ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self._ready = value
+        (self.ready_event.set if value else self.ready_event.clear)()
 
     def begin_switch(self, model_name: str, reason: str) -> None:
         """The workers are about to stop for ``model_name``: requests in flight end with

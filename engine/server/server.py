@@ -182,15 +182,6 @@ def run_server(
     ``engine``, an :class:`~.engine_host.EngineHost`, switches the model);
     ``on_listen(url)`` runs as soon as the address accepts connections.
     """
-    import threading
-
-    import uvicorn
-
-    from .engine_host import EngineHost
-    from .frontend import FrontendClient
-    from .launcher import reporting_workers
-    from .openai_api import create_app
-
     check_server_config(server)
     from ..distributed import check_nodes
 
@@ -200,81 +191,97 @@ def run_server(
               "unauthenticated: use this on a trusted network only", file=sys.stderr, flush=True)
     if config.node_rank > 0:
         return run_worker_node(config)
-    listen_socket = bind_listen_socket(server.host, server.port)
-    runtime_dir = make_runtime_dir()
-    paths = SocketPaths(str(runtime_dir), server.num_tokenizers, config.dp)
-    log_level = logging.getLogger("minisgl").getEffectiveLevel()
-    host = f"[{server.host}]" if ":" in server.host else server.host
-    url = f"http://{host}:{listen_socket.getsockname()[1]}"  # --port 0: the port the system picked
-    hosts: list[EngineHost] = []  # one; made on the event loop, stopped after it
-    exit_code = 0
+    return _ServerRun(config, server, mount, on_listen).run()
 
-    async def main() -> None:
-        client = FrontendClient(paths, served_model_name(config), reporting_workers(server.num_tokenizers, config.dp, config.tp),
-                                config.dp_routing)
-        app = create_app(client, server.api_key, server.access_policy(), server.served_model_names)
-        http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
 
-        loop = asyncio.get_running_loop()
-        uvicorn_handle_exit = http.handle_exit
+class _ServerRun:
+    """One run of ``serve`` on node 0: the listening socket, the workers' sockets folder, the
+    HTTP server on one asyncio loop, and the engine behind it; ``exit_code`` is what it returns."""
 
-        def handle_exit(sig: int, frame: object) -> None:
-            """SIGINT/SIGTERM: besides uvicorn's own stop, end the open streams at once with a
-            reason, so that its graceful shutdown need not cancel them half-way."""
-            uvicorn_handle_exit(sig, frame)
-            loop.call_soon_threadsafe(client.fail_pending, "the server is shutting down")
+    def __init__(self, config: EngineConfig, server: ServerConfig, mount, on_listen) -> None:
+        self.config, self.server, self.mount, self.on_listen = config, server, mount, on_listen
+        self.listen_socket = bind_listen_socket(server.host, server.port)
+        self.runtime_dir = make_runtime_dir()
+        self.paths = SocketPaths(str(self.runtime_dir), server.num_tokenizers, config.dp)
+        host = f"[{server.host}]" if ":" in server.host else server.host
+        self.url = f"http://{host}:{self.listen_socket.getsockname()[1]}"  # --port 0: the port the system picked
+        self.engine = None  # the EngineHost, made on the event loop, stopped after it
+        self.exit_code = 0
 
-        http.handle_exit = handle_exit
-
-        def fail(code: int, message: str) -> None:
-            nonlocal exit_code
-            print(f"minisgl-chat: error: {message}", file=sys.stderr, flush=True)
-            exit_code = code
-            http.should_exit = True
-            try:  # open requests end now, with the reason (called from a watcher thread)
-                loop.call_soon_threadsafe(client.fail_pending, f"the engine stopped: {message}")
-            except RuntimeError:
-                pass  # the loop is already closed
-
-        engine = EngineHost(config, paths, client, log_level, fail, prepare_model)
-        hosts.append(engine)
-        if mount is not None:
-            mount(app, client, engine)
-
-        async def announce() -> None:
-            while not client.ready:
-                await asyncio.sleep(0.05)
-            info = client.scheduler_info
-            fast = f", {config.dp} replicas" if config.dp > 1 else ""
-            fast += ", CUDA graphs" if info.get("cuda_graphs") else ""
-            fast += ", overlap scheduling" if info.get("overlap") else ""
-            served_as = f" as {', '.join(server.served_model_names)}" if server.served_model_names else ""
-            print(f"minisgl-chat: ready at {url} (model {client.model_name}{served_as} on {info.get('device', '?')}, "
-                  f"KV cache {info.get('kv_tokens', '?')} tokens, attention {info.get('attention', '?')}{fast})",
-                  file=sys.stderr, flush=True)
-
-        client.start()
-        threading.Thread(target=engine.start, name="engine-start", daemon=True).start()
-        announcer = asyncio.create_task(announce())
-        if on_listen is not None:
-            on_listen(url)  # the socket already listens: connections wait for the loop below
+    def run(self) -> int:
+        # uvicorn catches SIGTERM, shuts down, then raises it again under the handler it found at
+        # start-up; with the default one that kills this process before the `finally` below stops
+        # the workers and removes the sockets folder. Raising SystemExit instead runs it.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
-            await http.serve(sockets=[listen_socket])
+            asyncio.run(self.serve())
+        except Terminated:
+            pass  # stopped in order: the exit code says whether anything failed before
+        finally:
+            if self.engine is not None:
+                self.engine.stop()
+            remove_runtime_dir(self.runtime_dir)
+            self.listen_socket.close()
+        return self.exit_code
+
+    async def serve(self) -> None:
+        import threading
+
+        import uvicorn
+
+        from .engine_host import EngineHost
+        from .frontend import FrontendClient
+        from .launcher import reporting_workers
+        from .openai_api import create_app
+
+        config, server = self.config, self.server
+        self.client = FrontendClient(self.paths, served_model_name(config), reporting_workers(server.num_tokenizers, config.dp, config.tp),
+                                     config.dp_routing)
+        app = create_app(self.client, server.api_key, server.access_policy(), server.served_model_names)
+        self.http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
+        self.loop = asyncio.get_running_loop()
+        self._uvicorn_handle_exit = self.http.handle_exit
+        self.http.handle_exit = self.handle_exit
+        log_level = logging.getLogger("minisgl").getEffectiveLevel()
+        self.engine = EngineHost(config, self.paths, self.client, log_level, self.fail, prepare_model)
+        if self.mount is not None:
+            self.mount(app, self.client, self.engine)
+        self.client.start()
+        threading.Thread(target=self.engine.start, name="engine-start", daemon=True).start()
+        announcer = asyncio.create_task(self.announce())
+        if self.on_listen is not None:
+            self.on_listen(self.url)  # the socket already listens: connections wait for the loop below
+        try:
+            await self.http.serve(sockets=[self.listen_socket])
         finally:
             announcer.cancel()
-            client.close()
+            self.client.close()
 
-    # uvicorn catches SIGTERM, shuts down, then raises it again under the handler it found at
-    # start-up; with the default one that kills this process before the `finally` below stops
-    # the workers and removes the sockets folder. Raising SystemExit instead runs it.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        asyncio.run(main())
-    except Terminated:
-        pass  # stopped in order: the exit code says whether anything failed before
-    finally:
-        for engine in hosts:
-            engine.stop()
-        remove_runtime_dir(runtime_dir)
-        listen_socket.close()
-    return exit_code
+    def handle_exit(self, sig: int, frame: object) -> None:
+        """SIGINT/SIGTERM: besides uvicorn's own stop, end the open streams at once with a
+        reason, so that its graceful shutdown need not cancel them half-way."""
+        self._uvicorn_handle_exit(sig, frame)
+        self.loop.call_soon_threadsafe(self.client.fail_pending, "the server is shutting down")
+
+    def fail(self, code: int, message: str) -> None:
+        """The engine cannot go on (a worker died, the model failed to load): stop with ``code``
+        (called from a watcher thread)."""
+        print(f"minisgl-chat: error: {message}", file=sys.stderr, flush=True)
+        self.exit_code = code
+        self.http.should_exit = True
+        try:  # open requests end now, with the reason
+            self.loop.call_soon_threadsafe(self.client.fail_pending, f"the engine stopped: {message}")
+        except RuntimeError:
+            pass  # the loop is already closed
+
+    async def announce(self) -> None:
+        """One line once every worker is ready: where, what model, on what."""
+        await self.client.ready_event.wait()
+        info, config, names = self.client.scheduler_info, self.config, self.server.served_model_names
+        fast = f", {config.dp} replicas" if config.dp > 1 else ""
+        fast += ", CUDA graphs" if info.get("cuda_graphs") else ""
+        fast += ", overlap scheduling" if info.get("overlap") else ""
+        served_as = f" as {', '.join(names)}" if names else ""
+        print(f"minisgl-chat: ready at {self.url} (model {self.client.model_name}{served_as} on {info.get('device', '?')}, "
+              f"KV cache {info.get('kv_tokens', '?')} tokens, attention {info.get('attention', '?')}{fast})",
+              file=sys.stderr, flush=True)

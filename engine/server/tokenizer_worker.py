@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from ..errors import UserError
+from ..errors import UserError, check_prompt_length
+from ..tokenizer import chat_prompt_ids
 from ..messages import AbortBackendMsg, AbortMsg, BackendBatch, FrontendBatch, ReadyMsg, TokenizeMsg, TokenizerBatch, UserMsg, UserReply
 from .ipc import Receiver, Sender, SocketPaths, reporting_startup, tokenizer_name
 from .process import init_worker
@@ -44,28 +45,10 @@ class PromptEncoder:
         elif msg.text is not None:
             ids = self.tokenizer.encode(msg.text)
         else:
-            ids = self.apply_chat_template(msg.messages, msg.chat_template_kwargs or {})
-        if not ids:
-            raise UserError("the prompt is empty")
-        if len(ids) >= self.max_context_len:
-            raise UserError(
-                f"the prompt is {len(ids)} tokens long but the model's context is {self.max_context_len} tokens; "
-                "shorten it (or start a new conversation)"
-            )
+            ids = chat_prompt_ids(self.tokenizer, msg.messages, msg.chat_template_kwargs)
+        check_prompt_length(len(ids), self.max_context_len)
         return ids
 
-    def apply_chat_template(self, messages: list[dict], kwargs: dict) -> list[int]:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise UserError("this model has no chat template; use /v1/completions with a plain prompt")
-        # continue_final_message: the last (assistant) message is left open so the model goes on
-        # writing it (the chat's Continue), instead of starting a new turn
-        add_generation_prompt = not kwargs.get("continue_final_message", False)
-        try:
-            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                                     return_dict=False, **kwargs)
-        except Exception as exc:  # jinja2's TemplateError and friends: the messages don't fit the template
-            raise UserError(f"the chat template rejected these messages: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-        return list(out)
 
 
 def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
