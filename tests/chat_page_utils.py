@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from server_utils import wait_until
 
 from minisgl_engine.weights.demo import demo_model_dir
 from minisgl_engine.weights.gguf_convert import is_complete
@@ -45,6 +46,15 @@ def engine_idle(app) -> bool:
     """Nothing running and no KV page held (the prefix cache may keep pages: they are not held)."""
     m = app.metrics()
     return m.get("minisgl_running_requests") == 0 and m.get("minisgl_kv_pages_used") == 0
+
+
+def open_new_chat(page, timeout: float = 30) -> None:
+    """Press New chat and wait until the page shows it: no chat selected in the list, no message
+    in the window. (The click's answer comes back a moment later; a setting typed or a count taken
+    before then would belong to the chat shown before.)"""
+    page.click("#new-chat-btn")
+    assert wait_until(lambda: page.locator("#conv-list input:checked").count() == 0 and page.locator(USER).count() == 0,
+                      timeout), f"New chat not shown {timeout} s after the click: {page.inner_text('#chatbot')[:200]!r}"
 
 
 def send(page, text: str) -> None:

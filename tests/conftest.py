@@ -55,3 +55,37 @@ def demo_server(tmp_path_factory):
     srv = ServerProcess("--num-tokenizer", "2", "--max-kv-tokens", "16384", log_path=tmp_path_factory.mktemp("demo-server") / "serve.log")
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def chat_app(tmp_path_factory):
+    """One `minisgl-chat chat` of the demo model on a fresh data folder, shared by test_browser
+    and test_chat_page (a start costs ~20 s on CI). ``files_seen`` collects the app's private
+    files folders that the tests saw in download URLs: each must be gone once the app stops."""
+    from minisgl_engine.weights.demo import demo_model_dir
+    from minisgl_engine.weights.gguf_convert import is_complete
+    from server_utils import ServerProcess
+
+    if not is_complete(demo_model_dir()):
+        pytest.skip("demo model not pulled: run `minisgl-chat pull`")
+    srv = ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat",
+                        log_path=tmp_path_factory.mktemp("chat-app") / "app.log",
+                        env={"MINISGL_DATA_DIR": str(tmp_path_factory.mktemp("chat-app-data"))})
+    srv.files_seen = []
+    yield srv
+    srv.stop()
+    assert not [str(f) for f in srv.files_seen if f.exists()], "the app left its files folder behind"
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_server(tiny_model, tmp_path_factory):
+    """The tiny random Qwen3 served on one rank and one replica, with the demo model's tokenizer:
+    the reference that test_tensor_parallel's --tp 2 and test_data_parallel's --dp 2 servers
+    must match token for token."""
+    from minisgl_engine.weights.demo import demo_model_dir
+    from server_utils import ServerProcess
+
+    srv = ServerProcess("--model", str(tiny_model("qwen3")[0]), "--tokenizer", str(demo_model_dir()),
+                        log_path=tmp_path_factory.mktemp("tiny-qwen3-server") / "serve.log")
+    yield srv
+    srv.stop()

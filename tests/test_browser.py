@@ -5,12 +5,11 @@ test-artifacts/ (or $MINISGL_ARTIFACTS)."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
-from chat_page_utils import ARTIFACTS, BROWSER_MARKS, browser, engine_idle, send  # noqa: F401 (browser: fixture)
-from server_utils import ServerProcess, wait_until
+from chat_page_utils import ARTIFACTS, BROWSER_MARKS, browser, engine_idle, open_new_chat, send  # noqa: F401 (browser: fixture)
+from server_utils import wait_until
 
 pytestmark = BROWSER_MARKS
 LONG_PROMPT = "Write a very long story about a dragon who learns to cook. Use many chapters."
@@ -20,21 +19,10 @@ BOT = "#chatbot [data-testid='bot']:not(:has(.thought-group))"
 USER = "#chatbot [data-testid='user']"
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("chat-data")
-
-
-def start_app(data_dir: Path, log: Path, port: int | None = None) -> ServerProcess:
-    return ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat", log_path=log,
-                         env={"MINISGL_DATA_DIR": str(data_dir)}, port=port)
-
-
-@pytest.fixture(scope="module")
-def app(data_dir, tmp_path_factory):
-    srv = start_app(data_dir, tmp_path_factory.mktemp("app") / "app.log")
-    yield srv
-    srv.stop()
+@pytest.fixture
+def app(chat_app):
+    """The chat app of conftest.py, which test_chat_page shares."""
+    return chat_app
 
 
 def open_page(browser, app):
@@ -67,8 +55,7 @@ def new_greedy_chat(page, max_tokens: int = 1024) -> None:
     before that answer arrives is reset (seen in CI: a "greedy" chat replied with the default
     temperature and length). So wait for the answer (the sidebar selects no chat: the page
     draws that after New chat's answer) before typing."""
-    page.click("#new-chat-btn")
-    assert wait_until(lambda: page.locator("#conv-list input:checked").count() == 0, 30)
+    open_new_chat(page)
     make_greedy(page, max_tokens)
 
 
@@ -189,8 +176,7 @@ def test_four_tabs_of_one_browser_each_load_and_chat(browser, app):
             page.wait_for_selector("#msg-input textarea", timeout=30_000)
             pages.append(page)
         for i, page in enumerate(pages):
-            page.click("#new-chat-btn")
-            assert wait_until(lambda: page.locator(USER).count() == 0, 30)
+            open_new_chat(page)
             send(page, f"Tab {i} asks: what is the capital of France?")
         for i, page in enumerate(pages):
             assert wait_until(lambda: "tok/s" in stats_text(page), 90), f"tab {i} got no reply: {last_reply(page)!r}"
@@ -242,7 +228,7 @@ def test_reload_keeps_the_conversation(browser, app):
     """A reload shows the stored chat again (a restart of the app on the same data folder is
     tests/test_chat_features.py's regenerate test: one restart covers both)."""
     page = open_page(browser, app)
-    page.click("#new-chat-btn")
+    open_new_chat(page)
     send(page, "Remember the word pineapple.")
     assert wait_until(lambda: "tok/s" in stats_text(page), 90)
     page.reload()

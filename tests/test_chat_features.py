@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chat_page_utils import ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, browser, send  # noqa: F401 (browser: fixture)
+from chat_page_utils import ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, browser, open_new_chat, send  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, wait_until
 
 pytestmark = BROWSER_MARKS
@@ -166,8 +166,7 @@ def set_settings(page, *, temperature=None, max_tokens=None, seed=None, stop=Non
 
 
 def new_chat(page, **settings) -> None:
-    page.click("#new-chat-btn")
-    wait_until(lambda: page.locator(USER).count() == 0, 10)
+    open_new_chat(page)
     set_settings(page, **settings)
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from chat_page_utils import BROWSER_MARKS, REPLY, USER, browser, engine_idle, send  # noqa: F401 (browser: fixture)
-from server_utils import CLI, ServerProcess, wait_until
+from chat_page_utils import BROWSER_MARKS, REPLY, USER, browser, engine_idle, open_new_chat, send  # noqa: F401 (browser: fixture)
+from server_utils import CLI, wait_until
 
 pytestmark = BROWSER_MARKS
 
@@ -32,19 +32,10 @@ MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Nar
 
 # ---- the app and the browser, shared by the module
 
-@pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    data = tmp_path_factory.mktemp("chat-page-data")
-    srv = ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat",
-                        log_path=tmp_path_factory.mktemp("chat-page-app") / "app.log",
-                        env={"MINISGL_DATA_DIR": str(data)})
-    yield srv
-    srv.stop()
-    # the app's private files folder (exports, uploads) goes with it
-    assert not [str(f) for f in FILES_FOLDERS if f.exists()], "the app left its files folder behind"
-
-
-FILES_FOLDERS: list[Path] = []  # the app's files folders seen in download URLs
+@pytest.fixture
+def app(chat_app):
+    """The chat app of conftest.py, which test_browser shares."""
+    return chat_app
 
 
 def files_folder(url: str) -> Path:
@@ -160,8 +151,7 @@ def set_settings(page, temperature: float | None = None, max_tokens: int | None 
 
 def new_chat(page, temperature: float = 0, max_tokens: int = 8) -> None:
     """A new, empty chat; greedy by default, so that replies are deterministic."""
-    page.click("#new-chat-btn")
-    assert wait_until(lambda: not users(page), 10), f"New chat shows messages (another chat's reply?): {chat_text(page)[:200]!r}"
+    open_new_chat(page)
     time.sleep(0.3)  # the page has put the new chat's settings in the fields
     set_settings(page, temperature=temperature, max_tokens=max_tokens)
 
@@ -404,7 +394,7 @@ def test_export_downloads_the_shown_chat_every_time(tab, app):
         # served from the app's own folder, which only its user can read (not a shared /tmp/gradio)
         folder = files_folder(info.value.url)
         assert folder.stat().st_mode & 0o777 == 0o700, oct(folder.stat().st_mode)
-        FILES_FOLDERS.append(folder)
+        app.files_seen.append(folder)
         return Path(info.value.path()).read_text()
 
     send(page, "Narwhal facts: say hi.")

@@ -97,17 +97,14 @@ def test_unknown_routing_is_refused():
 # ---- through real servers -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def dp_servers(tiny_model, tmp_path_factory):
+def dp_servers(tiny_model, tiny_qwen3_server, tmp_path_factory):
     """The same tiny Qwen3 served with --dp 1 and --dp 2 on CPU; the demo model's tokenizer
     turns its ids into text and its chat template makes the prompts."""
     from minisgl_engine.weights.demo import demo_model_dir
 
-    logs = tmp_path_factory.mktemp("dp-servers")
-    common = ("--model", str(tiny_model("qwen3")[0]), "--tokenizer", str(demo_model_dir()))
-    one = ServerProcess(*common, log_path=logs / "dp1.log")
-    two = ServerProcess(*common, "--dp", "2", log_path=logs / "dp2.log")
-    yield one, two
-    one.stop()
+    two = ServerProcess("--model", str(tiny_model("qwen3")[0]), "--tokenizer", str(demo_model_dir()), "--dp", "2",
+                        log_path=tmp_path_factory.mktemp("dp-servers") / "dp2.log")
+    yield tiny_qwen3_server, two
     two.stop()
 
 

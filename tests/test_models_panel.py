@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chat_page_utils import BROWSER_MARKS, LINE, REPLY, browser, engine_idle, send  # noqa: F401 (browser: fixture)
+from chat_page_utils import BROWSER_MARKS, LINE, REPLY, browser, engine_idle, open_new_chat, send  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, served_model, wait_until
 from tiny_models import make_tiny_chat_model, make_unsupported_model
 
@@ -222,12 +222,10 @@ def set_max_tokens(page, n: int) -> None:
 
 def ask(page, text: str, timeout: float = 60) -> str:
     """Send ``text`` in a new chat and wait for its reply to finish; the reply's stats line."""
-    page.click("#new-chat-btn")
-    time.sleep(0.5)
+    open_new_chat(page)
     set_max_tokens(page, 12)
-    before = len(stats_lines(page))
     send(page, text)
-    assert wait_until(lambda: len(stats_lines(page)) > before and "tokens" in stats_lines(page)[-1], timeout), \
+    assert wait_until(lambda: len(stats_lines(page)) == 1 and "tokens" in stats_lines(page)[-1], timeout), \
         f"no reply: {page.inner_text('#chatbot')[-300:]!r}; status {status(page)!r}"
     return stats_lines(page)[-1]
 

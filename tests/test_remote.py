@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from chat_page_utils import BROWSER_MARKS, browser, send  # noqa: F401 (browser: fixture)
+from chat_page_utils import BROWSER_MARKS, browser, open_new_chat, send  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, wait_until
 from test_browser import BOT, last_reply, make_greedy, stats_text
 
@@ -250,8 +250,7 @@ def open_remote_page(browser, app: ServerProcess, status: str = "Remote"):  # no
 
 
 def new_greedy_chat(page, max_tokens: int) -> None:
-    page.click("#new-chat-btn")
-    assert wait_until(lambda: page.locator("#conv-list input:checked").count() == 0, 30)
+    open_new_chat(page)
     make_greedy(page, max_tokens)
 
 

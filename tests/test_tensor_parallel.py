@@ -71,19 +71,15 @@ def test_each_rank_holds_about_half_of_the_weights(config_name):
 # ---- through the real server ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tp_servers(tiny_model, tmp_path_factory):
+def tp_servers(tiny_model, tiny_qwen3_server, tmp_path_factory):
     """The same tiny Qwen3 (one KV head: replicated on both ranks) served with --tp 1 and
     --tp 2 on CPU; the demo model's tokenizer turns its ids into text."""
     from minisgl_engine.weights.demo import demo_model_dir
     from server_utils import ServerProcess
 
-    folder = str(tiny_model("qwen3")[0])
-    logs = tmp_path_factory.mktemp("tp-servers")
-    common = ("--model", folder, "--tokenizer", str(demo_model_dir()))
-    one = ServerProcess(*common, log_path=logs / "tp1.log")
-    two = ServerProcess(*common, "--tp", "2", log_path=logs / "tp2.log")
-    yield one, two
-    one.stop()
+    two = ServerProcess("--model", str(tiny_model("qwen3")[0]), "--tokenizer", str(demo_model_dir()), "--tp", "2",
+                        log_path=tmp_path_factory.mktemp("tp-servers") / "tp2.log")
+    yield tiny_qwen3_server, two
     two.stop()
 
 

@@ -34,7 +34,7 @@ class Scale:
 
 SCALES = {
     "short": Scale("short", clients=12, requests_each=2, max_tokens=10, aborts=60, abort_concurrency=12,
-                   kv_requests=8, fuzz_examples=100, same_seed=8, faults=False, ui_tabs=3, ui_ends=9,
+                   kv_requests=8, fuzz_examples=100, same_seed=8, faults=False, ui_tabs=3, ui_ends=6,
                    app_kills=1),
     "full": Scale("full", clients=64, requests_each=4, max_tokens=24, aborts=300, abort_concurrency=32,
                   kv_requests=32, fuzz_examples=2000, same_seed=16, faults=True, ui_tabs=4, ui_ends=60,
