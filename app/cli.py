@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pull = sub.add_parser("pull", help="download and convert a model once (default: the demo model)")
     pull.add_argument("model", nargs="?", default="demo")
+    pull.add_argument("--json-progress", action="store_true", help="progress and outcome as JSON lines on stdout (the chat page's pull reads them)")
 
     bench = sub.add_parser("bench", help="benchmarks, side by side with Hugging Face transformers")
     benches = add_bench_args(bench, ArgumentParser)
@@ -166,10 +167,12 @@ def run_chat(args: argparse.Namespace) -> int:
 
         remote = RemoteEngine(args.remote, args.remote_api_key or os.environ.get("MINISGL_REMOTE_API_KEY"), args.remote_model)
         return run_remote_chat(remote, server, store, on_listen)
+    from .model_pull import ModelPuller
     from .reply_source import LocalEngine
 
     return run_server(
-        engine_config_from_args(args), server, mount=lambda app, client, engine: mount_ui(app, LocalEngine(client, engine), store, server.api_key),
+        engine_config_from_args(args), server,
+        mount=lambda app, client, engine: mount_ui(app, LocalEngine(client, engine), store, server.api_key, ModelPuller()),
         on_listen=on_listen
     )
 
@@ -188,6 +191,10 @@ def private_files_dir() -> str:
 def cmd_pull(args: argparse.Namespace) -> int:
     from minisgl_engine import resolve_model
 
+    if args.json_progress:
+        from .model_pull import run_pull
+
+        return run_pull(args.model)
     print(resolve_model(None if args.model == "demo" else args.model))
     return 0
 

@@ -26,6 +26,7 @@ import gradio as gr
 from minisgl_engine import GenerateRequest, SamplingParams, UserError
 
 from .live import ReplyManager, Turn
+from .model_pull import ModelPuller, PullError, PullProgress
 from .store import IMPORT_LIMIT_BYTES, BadImportFile, ChatSettings, ConversationStore, NotFoundError, title_from
 from .reply_source import ModelError, ReplySource
 from .view import can_continue, engine_messages, focus_of, model_choices, sidebar_choices, versions_label, view_messages
@@ -45,6 +46,7 @@ VIEW_SIZE = 6  # chat, status line, sidebar, versions bar, its label, Continue (
 # (tests/test_chat_logic.py pins this). Unchanged, they are sent again whole (an empty diff).
 UPDATE_OUTPUTS = (2, 3, 5)
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
+PULL_SHOW_S = 0.5  # a pull's progress line is shown at most this often
 # Gradio's queue looks for new events every 1 ms while it has none: ~7% of a core for an idle
 # app (measured with psutil, 2-core VM), CPU the engine then lacks. Every 20 ms costs a click at
 # most 20 ms before its handler starts.
@@ -104,9 +106,10 @@ class Tab:
 class ChatPage:
     """The page's state and event handlers; ``build`` lays it out."""
 
-    def __init__(self, source: ReplySource, store: ConversationStore) -> None:
+    def __init__(self, source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None) -> None:
         self.source = source  # where replies come from: the local engine or a remote server
         self.store = store
+        self.puller = puller  # pulls models onto this machine (None: a remote engine's models are the remote's)
         self.replies = ReplyManager(store, source.generate)
         self.tabs: dict[str, Tab] = {}
 
@@ -508,10 +511,45 @@ class ChatPage:
 
     # ---- the models panel
 
-    async def list_models(self):
-        """The panel's list: the models the source offers, the one serving marked."""
+    async def list_models(self, pick: str | None = None):
+        """The panel's list: the models the source offers, the one serving marked (and picked,
+        unless ``pick`` names another that is listed)."""
         entries = await self.source.list_models()
-        return gr.update(choices=model_choices(entries, self.source.model_name), value=self.source.model_name)
+        names = {e.name for e in entries}
+        return gr.update(choices=model_choices(entries, self.source.model_name),
+                         value=pick if pick in names else self.source.model_name)
+
+    async def pull_model(self, model: str):
+        """Pull: a hub id downloaded, or a .gguf file converted, by a child process while the
+        current model keeps serving; its progress shows until it ends, then the list has the new
+        model picked. A pull already under way (from any tab) is followed instead."""
+        try:
+            progress = await self.puller.start(model)
+        except PullError as exc:
+            progress = self.puller.progress if self.puller.busy else None
+            yield f"⚠️ {exc}", gr.skip()
+            if progress is None:
+                return
+            await asyncio.sleep(PULL_SHOW_S)
+        async for line in self.pull_lines(progress):
+            yield line, gr.skip()
+        yield progress.line(), await self.list_models(pick=pulled_name(progress))
+
+    async def pull_lines(self, progress: PullProgress):
+        """``progress`` as the page shows it, at most every PULL_SHOW_S, until the pull ends."""
+        while not progress.over:
+            yield progress.line()
+            await asyncio.sleep(PULL_SHOW_S)
+            await self.puller.wait_change(PULL_SHOW_S)
+
+    async def cancel_pull(self):
+        if not await self.puller.cancel():
+            return "No pull is under way."
+        return self.puller.progress.line()
+
+    def pull_status(self) -> str:
+        """The pull under way, for a panel just opened (a reloaded tab)."""
+        return self.puller.progress.line() if self.puller.busy else gr.skip()
 
     async def switch_model(self, name: str | None, request: gr.Request):
         """Switch: the model is checked while the current one serves; then every reply in flight
@@ -650,8 +688,17 @@ class ChatPage:
             switch_btn = gr.Button("Switch", elem_id="switch-model-btn", size="sm", variant="primary")
             refresh_btn = gr.Button("Refresh", elem_id="refresh-models-btn", size="sm")
         model_message = gr.Markdown("", elem_id="model-message")
+        pull = None
+        if self.puller is not None:
+            pull_box = gr.Textbox(label="Pull a model", placeholder="Qwen/Qwen3-0.6B or /path/to/model.gguf", elem_id="pull-input",
+                                  info="A Hugging Face id (downloaded to its cache) or a .gguf file (converted once)")
+            with gr.Row():
+                pull_btn = gr.Button("Pull", elem_id="pull-btn", size="sm")
+                cancel_btn = gr.Button("Cancel pull", elem_id="cancel-pull-btn", size="sm")
+            pull = SimpleNamespace(box=pull_box, pull_btn=pull_btn, cancel_btn=cancel_btn,
+                                   message=gr.Markdown("", elem_id="pull-message"))
         return SimpleNamespace(model_list=model_list, switch_btn=switch_btn, refresh_btn=refresh_btn,
-                               model_message=model_message)
+                               model_message=model_message, pull=pull)
 
     def _chat_column(self) -> SimpleNamespace:
         status = gr.Markdown(self.source.status_line(), elem_id="status-line")
@@ -703,6 +750,11 @@ class ChatPage:
             trigger(self.list_models, outputs=models.model_list, **quick)
         models.switch_btn.click(self.switch_model, inputs=models.model_list,
                                 outputs=[models.model_message, models.model_list, settings_panel.thinking], **quick)
+        if models.pull is not None:
+            for trigger in (models.pull.pull_btn.click, models.pull.box.submit):
+                trigger(self.pull_model, inputs=models.pull.box, outputs=[models.pull.message, models.model_list], **quick)
+            models.pull.cancel_btn.click(self.cancel_pull, outputs=models.pull.message, **quick)
+            models.box.expand(self.pull_status, outputs=models.pull.message, **quick)
         demo.unload(self.unload)
         # The tick is queued, so that the tab's event stream opens at least once a second: Gradio
         # (6.31) closes a tab's stream when its last queued event ends, and an event accepted
@@ -742,9 +794,17 @@ class ChatPage:
         m.stop_btn.click(self.stop, inputs=c.clicked_at, js=STAMP_JS, **quick)
 
 
-def build_ui(source: ReplySource, store: ConversationStore) -> gr.Blocks:
-    """The whole page, its replies written by ``source`` (reply_source.py)."""
-    return ChatPage(source, store).build()
+def build_ui(source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None) -> gr.Blocks:
+    """The whole page, its replies written by ``source`` (reply_source.py), with a Pull in
+    its models panel when given a ``puller``."""
+    return ChatPage(source, store, puller).build()
+
+
+def pulled_name(progress: PullProgress) -> str | None:
+    """The models panel's name of a finished pull: the hub id, or a GGUF file's name without .gguf."""
+    if progress.state != "done":
+        return None
+    return Path(progress.model).stem if progress.model.lower().endswith(".gguf") else progress.model
 
 
 def edit_text(value) -> str:
@@ -822,12 +882,12 @@ def theme_css() -> str:
     return path.read_text() if path.exists() else ""
 
 
-def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | None) -> None:
+def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | None, puller: ModelPuller | None = None) -> None:
     """Serve the chat at ``/`` of ``app`` (the engine's FastAPI app, or the remote mode's own).
     Off loopback, the page asks for the API key (any user name, the key as password)."""
     import hmac
 
-    demo = build_ui(source, store)
+    demo = build_ui(source, store, puller)
     demo.queue(default_concurrency_limit=None)
     quiet_queue(demo)
     # The page's events are its internals, not an API (docs/security.md): none is listed by

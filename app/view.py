@@ -176,6 +176,11 @@ def when(ts: float, now: datetime) -> str:
     return then.strftime("%Y-%m-%d")
 
 
+def size_text(n_bytes: float) -> str:
+    """A size as people read it: 0.52 GB, 41.3 MB."""
+    return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e8 else f"{n_bytes / 1e6:.1f} MB"
+
+
 def model_choices(entries, current: str | None) -> list[tuple[str, str]]:
     """(label, name) per model of the models panel (``ModelEntry``s): name, size, architecture
     and context; the one serving now marked ●."""
@@ -183,7 +188,7 @@ def model_choices(entries, current: str | None) -> list[tuple[str, str]]:
     for e in entries:
         parts = [f"{'● ' if e.name == current else ''}{e.name}"]
         if e.size_bytes:
-            parts.append(f"{e.size_bytes / 1e9:.2f} GB" if e.size_bytes >= 1e8 else f"{e.size_bytes / 1e6:.1f} MB")
+            parts.append(size_text(e.size_bytes))
         if e.architecture:
             parts.append(e.architecture)
         if e.context_len:

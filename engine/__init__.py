@@ -41,6 +41,7 @@ _PUBLIC = {
     "bind_listen_socket": ".server.server",
     "install_guard": ".server.security",
     "free_port": ".server.launcher",
+    "exit_when_parent_dies": ".server.process",  # a helper process of the app (a model pull) ends with it
 }
 
 __all__ = sorted(_PUBLIC)
@@ -70,6 +71,7 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
     from .server.engine_host import EngineHost
     from .server.frontend import FrontendClient, GenerateRequest
     from .server.launcher import free_port
+    from .server.process import exit_when_parent_dies
     from .server.security import install_guard
     from .server.server import ServerConfig, bind_listen_socket, check_server_config, run_server
     from .weights.catalog import LocalModel, local_models

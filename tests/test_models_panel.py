@@ -1,8 +1,10 @@
 """The models panel (issue 16 item 1): what it lists (tiny folders in a temporary cache, no
 browser), and in Debian's Chromium against the real app (`minisgl-chat chat`, real workers over
 ZeroMQ): switching from the demo model to a tiny local model and back while another tab streams,
-and models that fail leaving the demo model serving. Nothing is downloaded: the app runs with
-HF_HUB_OFFLINE=1 and its Hugging Face cache is a temporary folder holding the test models."""
+and models that fail leaving the demo model serving; a pull from the page (progress, Cancel, a
+failure, then a model pulled and served). Nothing reaches the real hub: the app's HF_ENDPOINT is
+tests/fake_hub.py on loopback, serving the test models, and its Hugging Face cache is a temporary
+folder that already holds all of them but the one to pull."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fake_hub import FakeHub
 from chat_page_utils import BROWSER_MARKS, LINE, REPLY, browser, engine_idle, open_new_chat, send  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, served_model, wait_until
 from tiny_models import make_tiny_chat_model, make_unsupported_model
@@ -22,6 +25,7 @@ DEMO = "SmolLM2-135M-Instruct"
 TINY = "test/tiny-chat"
 BROKEN = "test/tiny-broken"  # passes every check before the switch, fails as its scheduler loads it
 UNSUPPORTED = "test/gpt2-unsupported"
+PULLED = "test/tiny-pulled"  # on the fake hub only, until the page pulls it
 
 
 @pytest.fixture
@@ -55,6 +59,7 @@ def test_local_models_lists_the_demo_hub_ids_and_converted_gguf_files(tmp_path, 
     (gguf / ".complete").write_text(json.dumps({"source": "tiny.Q4_0.gguf"}))
     fake_folder(cache / "models" / "gguf-unfinished", {"model_type": "llama"})  # no marker: a conversion cut short
     (hub / "models--broken--no-config" / "snapshots" / "x").mkdir(parents=True)  # a download cut short
+    (hub_snapshot_dir(hub, "cut/before-the-weights") / "config.json").write_text(json.dumps({"model_type": "llama"}))  # a cancelled pull
     found = {m.name: m for m in local_models()}
     assert list(found) == [DEMO, "Qwen/Qwen3-0.6B", "tiny.Q4_0"]
     assert (found[DEMO].model, found[DEMO].size_bytes, found[DEMO].architecture, found[DEMO].context_len) == \
@@ -157,11 +162,24 @@ def hub_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory, hub_cache):
+def fake_hub(tmp_path_factory, hub_cache):
+    """The hub the app asks: it has the cached test models (the same commit: nothing to fetch)
+    and PULLED, which the cache lacks."""
+    from minisgl_engine.weights.demo import demo_model_dir
+
+    origin = tmp_path_factory.mktemp("hub-origin")
+    make_tiny_chat_model(origin, PULLED, demo_model_dir())
+    hub = FakeHub(origin, hub_cache)
+    yield hub
+    hub.close()
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory, hub_cache, fake_hub):
     srv = ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat",
                         log_path=tmp_path_factory.mktemp("models-panel-app") / "app.log",
                         env={"MINISGL_DATA_DIR": str(tmp_path_factory.mktemp("models-panel-data")), "HF_HUB_CACHE": str(hub_cache),
-                             "HF_HUB_OFFLINE": "1"})
+                             "HF_ENDPOINT": fake_hub.url, "HF_HUB_OFFLINE": "0"})
     yield srv
     srv.stop()
 
@@ -297,3 +315,51 @@ def test_a_model_that_fails_leaves_the_old_one_serving_with_a_message(browser, a
     assert DEMO in line, line
     assert not errors, errors
     assert app.proc.poll() is None
+
+
+def pull(page, model: str, expect: str, timeout: float = 120) -> str:
+    """Type ``model`` in the panel's pull box and press Pull; the pull's line once it says ``expect``."""
+    open_models(page)
+    page.fill("#pull-input textarea", model)
+    page.click("#pull-btn")
+    assert wait_until(lambda: expect in pull_line(page), timeout), f"the pull says {pull_line(page)!r}; log: {app_log[0].output()[-1500:]}"
+    return pull_line(page)
+
+
+def pull_line(page) -> str:
+    return page.inner_text("#pull-message")
+
+
+def pulls_running(app) -> list[str]:
+    return [" ".join(p.cmdline()) for p in app.workers() if "pull" in p.cmdline()]
+
+
+@browser_test
+def test_pull_from_the_page_with_progress_cancel_and_a_failure_then_serve_it(browser, app, fake_hub):  # noqa: F811
+    app_log[:] = [app]
+    page, errors = open_tab(browser, app)
+    # an id the hub does not have: a sentence, nothing listed, the demo model serving on
+    said = pull(page, "test/not-on-the-hub", "failed")
+    assert "was not found on the Hugging Face Hub" in said, said
+    # a slow download, cancelled midway: its progress showed, its process is gone, nothing listed
+    fake_hub.bytes_per_s = 400_000
+    said = pull(page, PULLED, "MB of")
+    assert "downloading" in said and "%" in said, said
+    page.click("#cancel-pull-btn")
+    assert wait_until(lambda: "cancelled" in pull_line(page), 15), pull_line(page)
+    assert wait_until(lambda: not pulls_running(app), 10), pulls_running(app)
+    page.click("#refresh-models-btn")
+    time.sleep(1)
+    assert not any(PULLED in label for label in page.locator("#model-list label").all_inner_texts())
+    # pulled again at full speed (huggingface_hub goes on from the cut download): listed and picked
+    fake_hub.bytes_per_s = None
+    said = pull(page, PULLED, "Pulled")
+    assert wait_until(lambda: PULLED in page.locator("#model-list label:has(input:checked)").inner_text(), 10)
+    label = page.locator("#model-list label", has_text=PULLED).inner_text()
+    assert "LlamaForCausalLM" in label and "2,048 tokens" in label, label
+    assert served_model(app.url) == DEMO  # a pull switches nothing
+    # and it serves
+    switch_to(page, PULLED, f"Now serving {PULLED}")
+    line = ask(page, "Hello there")
+    assert PULLED in line, line
+    assert not errors, errors

@@ -118,7 +118,7 @@ def test_cache_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert demo_model_dir() == tmp_path / "models" / "smollm2-135m-instruct"
 
 
-def _fake_write(gguf: Path, out: Path, progress: bool) -> None:
+def _fake_write(gguf: Path, out: Path, progress: bool, bars=None) -> None:
     _model_files(out)
 
 
@@ -128,7 +128,7 @@ def test_gguf_converted_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     gguf.write_bytes(b"GGUF")
     calls: list[Path] = []
     monkeypatch.setattr(gguf_convert, "_write_folder",
-                        lambda g, out, p: (calls.append(g), _fake_write(g, out, p)))
+                        lambda g, out, p, bars: (calls.append(g), _fake_write(g, out, p)))
     first = resolve_model(str(gguf))
     assert first.parent == tmp_path / "cache" / "models" and first.name.startswith("gguf-")
     assert is_complete(first) and (first / "config.json").is_file()
@@ -144,7 +144,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path: Path,
     gguf.write_bytes(b"GGUF")
     out = tmp_path / "models" / "converted"
 
-    def interrupted(g: Path, tmp: Path, progress: bool) -> None:
+    def interrupted(g: Path, tmp: Path, progress: bool, bars=None) -> None:
         (tmp / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 

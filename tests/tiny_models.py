@@ -106,7 +106,10 @@ def make_unsupported_model(hub_cache: Path, repo_id: str) -> Path:
     """A model folder of an architecture the engine does not implement (GPT-2), in the cache."""
     from transformers import GPT2Config
 
+    from safetensors.torch import save_file
+
     folder = hub_snapshot_dir(hub_cache, repo_id)
     GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=320, bos_token_id=0, eos_token_id=0,
                architectures=["GPT2LMHeadModel"]).save_pretrained(folder)
+    save_file({"wte.weight": torch.zeros(320, 32)}, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder

@@ -13,7 +13,8 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
-def _exit_when_parent_dies(parent_pid: int) -> None:
+def exit_when_parent_dies(parent_pid: int) -> None:
+    """End this process when ``parent_pid`` (its parent) ends, however it ends."""
     # The kernel's parent-death signal covers SIGKILL of the main process on Linux; the polling
     # thread covers other systems and the race where the parent died before prctl ran.
     try:
@@ -41,5 +42,5 @@ def init_worker(title: str, parent_pid: int, log_level: int) -> None:
     # exit at once: a worker keeps nothing worth saving, and interpreter clean-up (ZeroMQ's
     # context) could stall the group's shutdown past its few-second budget
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    _exit_when_parent_dies(parent_pid)
+    exit_when_parent_dies(parent_pid)
     logging.basicConfig(level=log_level, format=f"%(asctime)s {title}: %(message)s", force=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .demo import DEMO_MODEL_NAME, cache_root, demo_model_dir
 from .gguf_convert import COMPLETE_MARKER, is_complete
+from .safetensors_io import weight_files
 
 WEIGHT_SUFFIXES = (".safetensors",)
 
@@ -53,6 +54,14 @@ def describe_folder(folder: Path, name: str, model: str, kind: str) -> LocalMode
     return LocalModel(name, model, kind, folder, size, architecture, model_type, context if isinstance(context, int) else None)
 
 
+def has_weights(folder: Path) -> bool:
+    try:
+        weight_files(folder)
+    except Exception:  # noqa: BLE001 (WeightsError, or an unreadable folder)
+        return False
+    return True
+
+
 def hub_cache_dir() -> Path:
     """huggingface_hub's cache folder (HF_HUB_CACHE, HF_HOME, or ~/.cache/huggingface/hub)."""
     from huggingface_hub import constants
@@ -77,7 +86,8 @@ def hub_snapshot(repo_folder: Path) -> Path | None:
 
 
 def hub_models(cache: Path) -> list[LocalModel]:
-    """Hub ids in the Hugging Face cache that hold a config.json (folders ``models--org--name``)."""
+    """Hub ids in the Hugging Face cache (folders ``models--org--name``) that hold a config.json
+    and all their weight files: a download cut short (a cancelled pull) is not a model yet."""
     out = []
     try:
         repos = sorted(p for p in cache.iterdir() if p.name.startswith("models--") and p.is_dir())
@@ -86,7 +96,9 @@ def hub_models(cache: Path) -> list[LocalModel]:
     for repo in repos:
         repo_id = repo.name.removeprefix("models--").replace("--", "/")
         snapshot = hub_snapshot(repo)
-        if snapshot is not None and (entry := describe_folder(snapshot, repo_id, str(snapshot), "hub")) is not None:
+        if snapshot is None or not has_weights(snapshot):
+            continue
+        if (entry := describe_folder(snapshot, repo_id, str(snapshot), "hub")) is not None:
             out.append(entry)
     return out
 

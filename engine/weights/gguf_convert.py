@@ -35,17 +35,25 @@ def is_complete(folder: Path) -> bool:
 
 
 @contextmanager
-def _transformers_progress(enabled: bool):
-    """Turn transformers' tqdm bars off for the duration when ``enabled`` is False.
+def _transformers_progress(enabled: bool, bars: type | None = None):
+    """Turn transformers' tqdm bars off for the duration when ``enabled`` is False, or draw the
+    GGUF dequantisation bar with ``bars`` (a tqdm subclass).
 
-    The GGUF dequantisation bar is a bare ``tqdm`` that ignores transformers' switch, so its
-    module's ``tqdm`` is swapped for a disabled one while we run.
+    That bar is a bare ``tqdm`` that ignores transformers' switch, so its module's ``tqdm`` is
+    swapped while we run.
     """
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
     if enabled:
-        yield
+        original = getattr(gguf_utils, "tqdm", None)
+        if bars is not None and original is not None:
+            gguf_utils.tqdm = bars
+        try:
+            yield
+        finally:
+            if bars is not None and original is not None:
+                gguf_utils.tqdm = original
         return
     was_enabled = hf_logging.is_progress_bar_enabled()
     original = getattr(gguf_utils, "tqdm", None)
@@ -104,13 +112,13 @@ def _portable_tokenizer_class(path: Path) -> None:
         path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def _write_folder(gguf_path: Path, out: Path, progress: bool) -> None:
+def _write_folder(gguf_path: Path, out: Path, progress: bool, bars: type | None) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
-        with _transformers_progress(progress):
+        with _transformers_progress(progress, bars):
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
                                                          dtype=torch.float32)
@@ -133,7 +141,7 @@ def _write_folder(gguf_path: Path, out: Path, progress: bool) -> None:
         generation_config.save_pretrained(str(out))
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> Path:
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, bars: type | None = None) -> Path:
     """Dequantise ``gguf_path`` into ``out_dir`` once; later calls return at once.
 
     The folder is built in a temporary sibling and renamed into place, so an interrupted run never
@@ -155,7 +163,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> Path:
         try:
             start = time.monotonic()
             log.info("converting %s into %s (one time only)", gguf_path, out_dir)
-            _write_folder(gguf_path, tmp, progress)
+            _write_folder(gguf_path, tmp, progress, bars)
             marker = {"source": gguf_path.name, "seconds": round(time.monotonic() - start, 1)}
             (tmp / COMPLETE_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
             if out_dir.exists():  # an incomplete folder from elsewhere; never used as is

@@ -27,11 +27,11 @@ def _gguf_cache_dir(gguf: Path) -> Path:
     return cache_root() / "models" / f"gguf-{key.hexdigest()[:16]}"
 
 
-def _from_gguf(model: str, progress: bool) -> Path:
+def _from_gguf(model: str, progress: bool, bars: type | None) -> Path:
     gguf = Path(model).expanduser()
     if not gguf.is_file():
         raise ModelSourceError(f"GGUF file {model} does not exist; check the path")
-    return convert_gguf(gguf, _gguf_cache_dir(gguf), progress)
+    return convert_gguf(gguf, _gguf_cache_dir(gguf), progress, bars)
 
 
 def _from_folder(folder: Path, model: str) -> Path:
@@ -72,7 +72,7 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _from_hub(repo_id: str, progress: bool) -> Path:
+def _from_hub(repo_id: str, progress: bool, bars: type | None) -> Path:
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (GatedRepoError, HFValidationError, HfHubHTTPError,
                                         IncompleteSnapshotError, LocalEntryNotFoundError,
@@ -81,7 +81,7 @@ def _from_hub(repo_id: str, progress: bool) -> Path:
     cache = constants.HF_HUB_CACHE
     try:
         with _hub_progress(progress):
-            folder = Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
+            folder = Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, tqdm_class=bars))
     except HFValidationError as exc:
         raise ModelSourceError(f"{repo_id!r} is neither an existing path nor a valid Hugging Face "
                                "model id (org/name); check the spelling") from exc
@@ -115,13 +115,16 @@ def _from_hub(repo_id: str, progress: bool) -> Path:
     return folder
 
 
-def resolve_model(model: str | None, *, progress: bool = True) -> Path:
-    """A local folder with config.json, safetensors weights and the tokenizer for ``model``."""
+def resolve_model(model: str | None, *, progress: bool = True, bars: type | None = None) -> Path:
+    """A local folder with config.json, safetensors weights and the tokenizer for ``model``.
+
+    ``progress`` draws tqdm's bars on stderr; ``bars``, a tqdm subclass, draws them instead (the
+    chat page's pull reads a child process's progress through one)."""
     if model is None or model.strip() in ("", "demo"):
         return pull_demo(progress)
     model = model.strip()
     if model.lower().endswith(".gguf"):
-        return _from_gguf(model, progress)
+        return _from_gguf(model, progress, bars)
     path = Path(model).expanduser()
     if path.is_dir():
         return _from_folder(path, model)
@@ -130,4 +133,4 @@ def resolve_model(model: str | None, *, progress: bool = True) -> Path:
                                "Hugging Face folder, a .gguf file or a hub id")
     if model.startswith(_PATH_PREFIXES) or model in (".", ".."):
         raise ModelSourceError(f"model path {model} does not exist; check the path")
-    return _from_hub(model, progress)
+    return _from_hub(model, progress, bars)

@@ -1,0 +1,209 @@
+"""Pulling a model from the chat page: a Hugging Face hub id downloaded into the Hugging Face
+cache, or a ``.gguf`` file converted once into ours, as ``minisgl-chat pull`` does.
+
+The pull runs as a child process, ``minisgl-chat pull MODEL --json-progress``, so that Cancel can
+end it at any point (huggingface_hub resumes a cut download next time; a cut conversion leaves
+nothing, see gguf_convert), the app's own process never holds a conversion's memory, and the engine
+keeps serving throughout. The child draws its progress bars as JSON lines (``JsonLinesBar``); the
+app reads them (``ModelPuller``) and the page shows the latest (``PullProgress.line``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from .view import size_text
+
+CANCEL_WAIT_S = 5.0  # after SIGTERM, before SIGKILL
+
+
+# ---- in the child: progress as JSON lines
+
+class JsonLinesBar(tqdm):
+    """A tqdm bar that prints its state as one JSON line on stdout at each refresh (at most every
+    0.5 s) instead of drawing itself: huggingface_hub's download bars and transformers' GGUF
+    conversion bar take it as their tqdm class."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.pop("name", None)  # huggingface_hub's bar name, for its own bars only
+        kwargs["mininterval"] = max(kwargs.get("mininterval") or 0.0, 0.5)
+        kwargs["disable"] = False
+        kwargs["file"] = io.StringIO()  # display() below prints instead
+        super().__init__(*args, **kwargs)
+
+    def display(self, msg=None, pos=None) -> bool:
+        info = self.format_dict
+        print(json.dumps({"bar": id(self), "desc": self.desc or "", "n": info["n"], "total": info["total"],
+                          "unit": info["unit"]}), flush=True)
+        return True
+
+
+def run_pull(model: str) -> int:
+    """``minisgl-chat pull MODEL --json-progress``: the bars, then ``{"done": folder}`` or
+    ``{"error": sentence}`` (exit code 2)."""
+    from minisgl_engine import UserError, exit_when_parent_dies, resolve_model
+
+    exit_when_parent_dies(os.getppid())  # the app went away: stop downloading for it
+    try:
+        folder = resolve_model(None if model == "demo" else model, bars=JsonLinesBar)
+    except UserError as exc:
+        print(json.dumps({"error": str(exc)}), flush=True)
+        return 2
+    print(json.dumps({"done": str(folder)}), flush=True)
+    return 0
+
+
+# ---- in the app: the child and what the page shows of it
+
+@dataclass
+class PullProgress:
+    """One pull as the page shows it."""
+
+    model: str
+    state: str = "starting"  # starting → running → done | failed | cancelled
+    bars: dict[int, dict] = field(default_factory=dict)  # the child's bars by id: desc, n, total, unit
+    folder: str | None = None  # where the model is, once done
+    error: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def over(self) -> bool:
+        return self.state in ("done", "failed", "cancelled")
+
+    def shown_bar(self) -> dict | None:
+        """The bar that says most: the largest download in bytes, else the latest bar."""
+        in_bytes = [b for b in self.bars.values() if b.get("unit") == "B" and b.get("total")]
+        if in_bytes:
+            return max(in_bytes, key=lambda b: b["total"])
+        return next(reversed(self.bars.values()), None)
+
+    def line(self) -> str:
+        """A sentence for the page (Markdown)."""
+        name = f"**{self.model}**"
+        if self.state == "done":
+            return f"✅ Pulled {name}. Pick it in the list and press Switch."
+        if self.state == "failed":
+            return f"⚠️ Pulling {name} failed: {self.error}"
+        if self.state == "cancelled":
+            return f"Pull of {name} cancelled. (A download goes on where it stopped if you pull it again.)"
+        bar = self.shown_bar()
+        seconds = f" · {time.monotonic() - self.started:.0f} s"
+        if bar is None:
+            return f"Pulling {name}… (looking it up){seconds}"
+        n, total, unit = bar["n"], bar.get("total"), bar.get("unit")
+        if unit == "B":
+            done = size_text(n) + (f" of {size_text(total)} ({100 * n / total:.0f}%)" if total else "")
+        else:
+            done = f"{n:,.0f}" + (f" of {total:,.0f}" if total else "") + (f" {unit}" if unit and unit != "it" else "")
+        what = "downloading" if unit == "B" else (bar.get("desc", "").rstrip(".: ") or "working")
+        return f"Pulling {name}… {what}: {done}{seconds}"
+
+
+class PullError(Exception):
+    """A pull that cannot start (another is under way)."""
+
+
+class ModelPuller:
+    """At most one pull at a time for the whole app (every tab sees it); the pull goes on if the
+    tab that started it closes, and ends with the app (the child exits when its parent does)."""
+
+    def __init__(self, command: list[str] | None = None) -> None:
+        self.command = command or [sys.executable, "-m", "minisgl_app.cli", "pull"]
+        self.progress: PullProgress | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.changed = asyncio.Event()
+        self.output: deque[str] = deque(maxlen=20)  # the child's lines that are not progress, for a failure
+
+    @property
+    def busy(self) -> bool:
+        return self.progress is not None and not self.progress.over
+
+    async def start(self, model: str) -> PullProgress:
+        model = model.strip()
+        if not model:
+            raise PullError("Type a Hugging Face id (org/name) or the path of a .gguf file first.")
+        if self.busy:
+            raise PullError(f"{self.progress.model} is being pulled; wait for it or cancel it first.")
+        self.progress, self.output = PullProgress(model), deque(maxlen=20)
+        # its own session: Ctrl+C in the terminal reaches the app, which ends the pull in order
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.command, model, "--json-progress", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        asyncio.get_running_loop().create_task(self._follow(self.proc, self.progress))
+        self._notify()
+        return self.progress
+
+    async def _follow(self, proc: asyncio.subprocess.Process, progress: PullProgress) -> None:
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            line = raw.decode(errors="replace").strip()
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = None
+            if not isinstance(event, dict):
+                if line:
+                    self.output.append(line)
+                continue
+            if "bar" in event:
+                progress.bars[event["bar"]] = event
+                progress.state = "running" if progress.state == "starting" else progress.state
+            elif "done" in event:
+                progress.folder = event["done"]
+            elif "error" in event:
+                progress.error = str(event["error"])
+            self._notify()
+        code = await proc.wait()
+        if progress.state != "cancelled":
+            if code == 0 and progress.folder:
+                progress.state = "done"
+            else:
+                progress.state = "failed"
+                progress.error = progress.error or self._why(code)
+        self._notify()
+
+    def _why(self, code: int) -> str:
+        last = self.output[-1] if self.output else ""
+        return f"the pull exited with code {code}" + (f": {last}" if last else "")
+
+    async def cancel(self) -> bool:
+        """End the pull under way; False when there is none."""
+        proc, progress = self.proc, self.progress
+        if proc is None or progress is None or progress.over:
+            return False
+        progress.state = "cancelled"
+        self._signal(proc, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), CANCEL_WAIT_S)
+        except asyncio.TimeoutError:
+            self._signal(proc, signal.SIGKILL)
+        self._notify()
+        return True
+
+    @staticmethod
+    def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)  # the child and anything it started
+        except ProcessLookupError:
+            pass
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    async def wait_change(self, timeout: float) -> None:
+        """Until the progress changes, or ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
