@@ -112,3 +112,23 @@ class EngineConfig:
     nnodes: int = 1  # machines the ranks are spread over (serve / chat only)
     node_rank: int = 0  # which of them this is; 0 runs the front end
     dist_init_addr: str | None = None  # HOST:PORT where rank 0 meets the others (nnodes > 1)
+
+
+def check_parallel(tp: int, dp: int = 1, nnodes: int = 1, node_rank: int = 0, dist_init_addr: str | None = None) -> None:
+    """The --tp, --dp and multi-machine flags must describe one consistent group. (Here, away
+    from torch: a wrong flag is said in a moment, before the engine's imports.)"""
+    from .errors import UserError
+
+    if tp < 1 or dp < 1:
+        raise UserError(f"--tp and --dp must be at least 1 (got --tp {tp}, --dp {dp})")
+    if dp > 1 and (nnodes > 1 or dist_init_addr):
+        raise UserError("--dp runs its replicas on this machine only (each picks its own rendezvous); use it without --nnodes "
+                        "and --dist-init-addr")
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise UserError(f"--node-rank must be in [0, --nnodes) and --nnodes >= 1 (got {node_rank} of {nnodes})")
+    if tp % nnodes:
+        raise UserError(f"--tp {tp} ranks cannot be spread evenly over --nnodes {nnodes} machines")
+    if nnodes > 1:
+        host, _, port = (dist_init_addr or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise UserError(f"--nnodes {nnodes} needs --dist-init-addr HOST:PORT (an address of node 0 the others can reach)")

@@ -239,10 +239,10 @@ def get_tp() -> TPInfo:
 
 def check_tp(model_config: ModelConfig, tp: int, device_name: str, dp: int = 1) -> None:
     """Refuse, before anything starts, a --tp (or --dp) the model or the machine cannot take."""
+    from .config import check_parallel
     from .errors import UserError
 
-    if tp < 1 or dp < 1:
-        raise UserError(f"--tp and --dp must be at least 1 (got --tp {tp}, --dp {dp})")
+    check_parallel(tp, dp)
     global _tp
     saved, _tp = _tp, TPInfo(0, tp)
     try:
@@ -259,24 +259,6 @@ def check_tp(model_config: ModelConfig, tp: int, device_name: str, dp: int = 1) 
         if dp == 1:
             raise UserError(f"--tp {tp} needs {tp} GPUs but this machine has {have}; lower --tp")
         raise UserError(f"--dp {dp} × --tp {tp} needs {gpus} GPUs but this machine has {have}; lower --dp or --tp (--dp × --tp ≤ {have})")
-
-
-def check_nodes(tp: int, nnodes: int, node_rank: int, dist_init_addr: str | None, dp: int = 1) -> None:
-    """The multi-machine flags must describe one consistent group."""
-    from .errors import UserError
-
-    if dp > 1 and (nnodes > 1 or dist_init_addr):
-        raise UserError("--dp runs its replicas on this machine only (each picks its own rendezvous); use it without --nnodes "
-                        "and --dist-init-addr")
-
-    if nnodes < 1 or not 0 <= node_rank < nnodes:
-        raise UserError(f"--node-rank must be in [0, --nnodes) and --nnodes >= 1 (got {node_rank} of {nnodes})")
-    if tp % nnodes:
-        raise UserError(f"--tp {tp} ranks cannot be spread evenly over --nnodes {nnodes} machines")
-    if nnodes > 1:
-        host, _, port = (dist_init_addr or "").rpartition(":")
-        if not host or not port.isdigit():
-            raise UserError(f"--nnodes {nnodes} needs --dist-init-addr HOST:PORT (an address of node 0 the others can reach)")
 
 
 def init_tp(rank: int, size: int, init_method: str, device: torch.device, timeout_s: float = 120.0) -> TPInfo:

@@ -59,8 +59,8 @@ def demo_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def chat_app(tmp_path_factory):
-    """One `minisgl-chat chat` of the demo model on a fresh data folder, shared by test_browser
-    and test_chat_page (a start costs ~20 s on CI). ``files_seen`` collects the app's private
+    """One `minisgl-chat chat` of the demo model on a fresh data folder (``data_dir``), shared by
+    test_browser, test_chat_page and test_web_security (a start costs ~20 s on CI). ``files_seen`` collects the app's private
     files folders that the tests saw in download URLs: each must be gone once the app stops."""
     from minisgl_engine.weights.demo import demo_model_dir
     from minisgl_engine.weights.gguf_convert import is_complete
@@ -68,10 +68,10 @@ def chat_app(tmp_path_factory):
 
     if not is_complete(demo_model_dir()):
         pytest.skip("demo model not pulled: run `minisgl-chat pull`")
+    data_dir = tmp_path_factory.mktemp("chat-app-data")
     srv = ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat",
-                        log_path=tmp_path_factory.mktemp("chat-app") / "app.log",
-                        env={"MINISGL_DATA_DIR": str(tmp_path_factory.mktemp("chat-app-data"))})
-    srv.files_seen = []
+                        log_path=tmp_path_factory.mktemp("chat-app") / "app.log", env={"MINISGL_DATA_DIR": str(data_dir)})
+    srv.data_dir, srv.files_seen = data_dir, []
     yield srv
     srv.stop()
     assert not [str(f) for f in srv.files_seen if f.exists()], "the app left its files folder behind"

@@ -81,17 +81,14 @@ def test_cli_refuses_malformed_allowed_origins_with_exit_2():
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    """`minisgl-chat chat` on loopback, its database already holding a chat with a secret."""
-    data = tmp_path_factory.mktemp("sec-data")
-    with ConversationStore(data / "chats.sqlite3") as store:
+def app(chat_app):
+    """`minisgl-chat chat` on loopback (conftest.py's, which the browser modules share), its
+    database holding a chat with a secret."""
+    with ConversationStore(chat_app.data_dir / "chats.sqlite3") as store:
         conv = store.create(title="private")
         store.append(conv.id, "user", f"Remember this: {SECRET}")
         store.append(conv.id, "assistant", f"I will remember {SECRET}.")
-    srv = ServerProcess("--no-browser", "--max-kv-tokens", "4096", command="chat",
-                        log_path=tmp_path_factory.mktemp("sec-app") / "app.log", env={"MINISGL_DATA_DIR": str(data)})
-    yield srv
-    srv.stop()
+    return chat_app
 
 
 def call(srv: ServerProcess, method: str, path: str, headers: dict[str, str] | None = None, **kw) -> httpx.Response:

@@ -54,6 +54,8 @@ class EngineHost:
         self.serving: PreparedModel | None = None  # the model the workers run (or load)
         self.switching = False
         self.failure: str | None = None  # why the workers of a switch failed to start
+        self.gave_up: asyncio.Event | None = None  # set (on the loop) with ``failure``, or when stopping
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop a switch runs on
         self.stopping = False
         self.lock = threading.Lock()
 
@@ -79,6 +81,7 @@ class EngineHost:
         with self.lock:
             self.stopping = True
             procs, self.procs = self.procs, None
+        self.give_up("the server is shutting down")
         if procs is not None:
             procs.stop()
 
@@ -104,7 +107,7 @@ class EngineHost:
         if error is None and self.client.error_reported.wait(ERROR_REPORT_WAIT_S):  # its report may still be on the way
             error = self.client.startup_errors.get(name)
         if self.switching and not self.client.ready:
-            self.failure = error or f"{name} exited (exit code {code})"
+            self.give_up(error or f"{name} exited (exit code {code})")
             return
         why = f"failed to start: {error}" if error else f"exited unexpectedly (exit code {code})"
         self.fail(1, f"{name} {why}; shutting down")
@@ -159,20 +162,32 @@ class EngineHost:
         if procs is not None:
             await asyncio.to_thread(procs.stop)
         await asyncio.sleep(DRAIN_S)
-        self.failure = None
+        self.failure, self.gave_up, self.loop = None, asyncio.Event(), asyncio.get_running_loop()
         self.client.use_model(prepared.name, prepared.tokenizer_path, prepared.max_context_len)
         self.client.phase = "loading the model"
         await asyncio.to_thread(self.launch, prepared)
 
     async def wait_ready(self) -> str | None:
-        """None once every worker is ready; why not, if one failed."""
-        while not self.client.ready:
-            if self.failure is not None:
-                return self.failure
-            if self.stopping:
-                return "the server is shutting down"
-            await asyncio.sleep(0.1)
-        return None
+        """None once every worker is ready; why not, once one failed or the server stops."""
+        waits = [asyncio.ensure_future(self.client.ready_event.wait()), asyncio.ensure_future(self.gave_up.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return None if self.client.ready else (self.failure or "the server is shutting down")
+
+    def give_up(self, why: str) -> None:
+        """A switch waiting for its workers stops waiting, with ``why`` (from any thread)."""
+        if self.failure is None:
+            self.failure = why
+        gave_up, loop = self.gave_up, self.loop
+        if gave_up is None or loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(gave_up.set)
+        except RuntimeError:
+            pass  # the loop has closed: nobody waits
 
 
 def check_weights(prepared: PreparedModel) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ..config import EngineConfig, ModelConfig
+from ..config import EngineConfig, ModelConfig, check_parallel
 from ..errors import UserError
 from .ipc import SocketPaths, make_runtime_dir, remove_runtime_dir
 
@@ -183,9 +183,7 @@ def run_server(
     ``on_listen(url)`` runs as soon as the address accepts connections.
     """
     check_server_config(server)
-    from ..distributed import check_nodes
-
-    check_nodes(config.tp, config.nnodes, config.node_rank, config.dist_init_addr, config.dp)
+    check_parallel(config.tp, config.dp, config.nnodes, config.node_rank, config.dist_init_addr)
     if config.nnodes > 1:
         print(f"minisgl-chat: {config.tp} ranks on {config.nnodes} machines meet at {config.dist_init_addr}; that port is "
               "unauthenticated: use this on a trusted network only", file=sys.stderr, flush=True)
