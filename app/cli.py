@@ -45,12 +45,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 def server_config_from_args(args: argparse.Namespace):
     import os
 
-    from minisgl_engine import ServerConfig
+    from minisgl_engine import ServerConfig, check_server_config
 
     names = dict.fromkeys(name for value in args.served_model_name for name in comma_list(value))  # in order, once each
-    return ServerConfig(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("MINISGL_API_KEY") or None,
-                        num_tokenizers=args.num_tokenizer, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins,
-                        served_model_names=tuple(names))
+    server = ServerConfig(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("MINISGL_API_KEY") or None,
+                          num_tokenizers=args.num_tokenizer, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins,
+                          served_model_names=tuple(names))
+    check_server_config(server)  # a wrong flag is said at once, before the engine's and the page's imports
+    return server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="e.g. http://gpu-box:30000 (SGLang, vLLM or another minisgl-chat serve); docs/scale-out.md")
     remote.add_argument("--remote-api-key", default=None, metavar="KEY", help="the remote's API key (env MINISGL_REMOTE_API_KEY)")
     remote.add_argument("--remote-model", default=None, metavar="NAME", help="the remote model to ask (default: the first it lists)")
+    remote.add_argument("--local", action="store_true",
+                        help="with --remote: run this machine's engine too (the engine flags apply to it); "
+                             "each chat picks where its replies come from (Settings > Replies from)")
     add_server_args(chat)
     add_engine_args(chat)
 
@@ -140,16 +145,37 @@ def cmd_chat(args: argparse.Namespace) -> int:
         shutil.rmtree(files, ignore_errors=True)
 
 
+def check_remote_flags(args: argparse.Namespace) -> None:
+    """--remote, --local and the engine flags must make sense together (said before the app's
+    imports: Gradio's alone takes seconds)."""
+    if args.remote is None:
+        if args.local:
+            raise UserError("--local goes with --remote URL (this machine's engine runs anyway without --remote); drop --local")
+        return
+    if not args.remote.strip().lower().startswith(("http://", "https://")):
+        from .reply_source import without_credentials
+
+        raise UserError(f"--remote must be an http:// or https:// URL, got {without_credentials(args.remote)!r}")
+    given = engine_flags_given(args)
+    if given and not args.local:
+        raise UserError(f"--remote runs no local engine, so {', '.join(given)} would do nothing; drop "
+                        f"{'it' if len(given) == 1 else 'them'} (the remote server chooses its own model and settings), "
+                        "or add --local to run this machine's engine beside the remote")
+
+
 def run_chat(args: argparse.Namespace) -> int:
+    check_remote_flags(args)
+    server = server_config_from_args(args)
     import webbrowser
 
     from minisgl_engine import run_server
 
+    from .model_pull import ModelPuller
+    from .reply_source import LocalEngine, RemoteEngine, SideBySide
     from .store import ConversationStore
     from .ui import mount_ui
 
     logging.getLogger("minisgl").setLevel(logging.INFO)
-    server = server_config_from_args(args)
     store = ConversationStore()
 
     def on_listen(url: str) -> None:
@@ -157,24 +183,19 @@ def run_chat(args: argparse.Namespace) -> int:
         if not args.no_browser:
             webbrowser.open(f"{url}/")
 
-    if args.remote is not None:  # no engine here: the page's replies come from that server
-        given = engine_flags_given(args)
-        if given:
-            raise UserError(f"--remote runs no local engine, so {', '.join(given)} would do nothing; drop "
-                            f"{'it' if len(given) == 1 else 'them'} (the remote server chooses its own model and settings)")
-        from .remote_app import run_remote_chat
-        from .reply_source import RemoteEngine
-
+    remote = None
+    if args.remote is not None:
         remote = RemoteEngine(args.remote, args.remote_api_key or os.environ.get("MINISGL_REMOTE_API_KEY"), args.remote_model)
-        return run_remote_chat(remote, server, store, on_listen)
-    from .model_pull import ModelPuller
-    from .reply_source import LocalEngine
+        if not args.local:  # no engine here: the page's replies come from that server
+            from .remote_app import run_remote_chat
 
-    return run_server(
-        engine_config_from_args(args), server,
-        mount=lambda app, client, engine: mount_ui(app, LocalEngine(client, engine), store, server.api_key, ModelPuller()),
-        on_listen=on_listen
-    )
+            return run_remote_chat(remote, server, store, on_listen)
+
+    def mount(app, client, engine) -> None:
+        local = LocalEngine(client, engine)
+        mount_ui(app, local if remote is None else SideBySide(local, remote), store, server.api_key, ModelPuller())
+
+    return run_server(engine_config_from_args(args), server, mount=mount, on_listen=on_listen)
 
 
 def private_files_dir() -> str:

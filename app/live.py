@@ -49,6 +49,7 @@ class LiveReply:
     error: str | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stopped_by: str | None = None  # why it was stopped, when not by its own Stop (a model switch)
+    backend: str | None = None  # where it comes from, when the app has several (ReplySource.backends)
     done: bool = False
 
     def stats(self) -> dict:
@@ -69,6 +70,8 @@ class Turn:
     message_id: int
     text: str = ""  # Continue: the reply's text so far, which the new tokens extend
     earlier_tokens: int = 0
+    backend: str | None = None  # the chat's backend, when the app has several
+    generate: Generate | None = None  # that backend's; None: the manager's own
 
 
 class ReplyManager:
@@ -127,9 +130,9 @@ class ReplyManager:
         if turn is None:
             self._next(conv_id)
             return
-        reply = LiveReply(conv_id, turn.message_id, session, text=turn.text, earlier_tokens=turn.earlier_tokens)
+        reply = LiveReply(conv_id, turn.message_id, session, text=turn.text, earlier_tokens=turn.earlier_tokens, backend=turn.backend)
         self.live[conv_id] = reply
-        task = asyncio.get_running_loop().create_task(self._run(reply, turn.request), name=f"reply-{conv_id}")
+        task = asyncio.get_running_loop().create_task(self._run(reply, turn.request, turn.generate or self.generate), name=f"reply-{conv_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         self.notify()
@@ -154,14 +157,16 @@ class ReplyManager:
         reply.stop.set()
         return True
 
-    def stop_every(self, reason: str) -> int:
-        """Stop every reply in flight, marked with ``reason`` (the model is being switched);
-        messages waiting in line are answered next. Returns how many were stopped."""
-        for reply in self.live.values():
+    def stop_every(self, reason: str, backend: str | None = None) -> int:
+        """Stop every reply in flight (of ``backend`` only, when given), marked with ``reason``
+        (its model is being switched); messages waiting in line are answered next. Returns how
+        many were stopped."""
+        stopped = [reply for reply in self.live.values() if backend is None or reply.backend == backend]
+        for reply in stopped:
             reply.stopped_by = reason
             reply.stop.set()
         self.notify()
-        return len(self.live)
+        return len(stopped)
 
     def stop_all(self, conv_id: int) -> None:
         """Stop the reply and drop the waiting turns (the conversation is being deleted)."""
@@ -197,10 +202,10 @@ class ReplyManager:
 
     # ---- one reply
 
-    async def _run(self, reply: LiveReply, request: GenerateRequest) -> None:
+    async def _run(self, reply: LiveReply, request: GenerateRequest, generate: Generate) -> None:
         last_store = time.perf_counter()
         try:
-            async for out in self.generate(request, reply.stop):
+            async for out in generate(request, reply.stop):
                 if out.incremental_output:  # an error reply may still close what came before (a <think> block)
                     reply.first_token = reply.first_token or time.perf_counter()
                     reply.text += out.incremental_output

@@ -29,10 +29,6 @@ def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: Conversat
     from .ui import mount_ui
 
     check_server_config(server)
-    if not remote.url.startswith(("http://", "https://")):
-        from minisgl_engine import UserError
-
-        raise UserError(f"--remote must be an http:// or https:// URL, got {remote.shown_url!r}")
     listen_socket = bind_listen_socket(server.host, server.port)
     app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None, openapi_url=None)
     install_guard(app, server.access_policy())

@@ -9,6 +9,8 @@ The page talks to one interface, :class:`ReplySource`, and has no branch on whic
   the stream (those servers abort a request whose client goes away); the figures under a reply
   come from the stream itself (first token, chunks, ``usage``); a remote's errors become a
   sentence in the chat, never a traceback.
+- :class:`SideBySide` (``--remote URL --local``) holds both: each chat picks one of its
+  ``backends`` in its settings.
 
 Both yield the engine's :class:`UserReply` messages, which :class:`~.live.ReplyManager` reads.
 """
@@ -21,7 +23,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -46,6 +48,7 @@ class ModelEntry:
     size_bytes: int | None = None
     architecture: str | None = None
     context_len: int | None = None
+    backend: str | None = None  # which of the source's backends serves it (a switch stops that one's replies)
 
 
 class ModelError(Exception):
@@ -54,6 +57,15 @@ class ModelError(Exception):
 
 class ReplySource(Protocol):
     """What the chat page needs from whatever writes its replies."""
+
+    @property
+    def label(self) -> str:
+        """Where its replies come from, in words ("This machine", "Remote · host:port")."""
+
+    @property
+    def backends(self) -> dict[str, ReplySource]:
+        """The sources a chat can pick, by name: a chat's settings name one (``backend``; None or
+        a name not here: the first). A plain source is its only backend."""
 
     @property
     def model_name(self) -> str | None:
@@ -91,11 +103,17 @@ class LocalEngine:
     """The engine started with the app (``FrontendClient`` over ZeroMQ); ``host`` (the engine's
     ``EngineHost``) restarts its workers with another model."""
 
+    label = "This machine"
+
     def __init__(self, client, host=None) -> None:
         self.client = client
         self.host = host
         self.known: dict[str, object] = {}  # name -> minisgl_engine.LocalModel, from the last listing
         self.checked: dict[str, object] = {}  # name -> the host's PreparedModel, from check_model
+
+    @property
+    def backends(self) -> dict[str, ReplySource]:
+        return {"local": self}
 
     @property
     def model_name(self) -> str | None:
@@ -110,9 +128,9 @@ class LocalEngine:
             logger.exception("listing the local models failed")
             found = []
         self.known = {m.name: m for m in found}
-        entries = [ModelEntry(m.name, m.kind, m.size_bytes, m.architecture, m.context_len) for m in found]
+        entries = [ModelEntry(m.name, m.kind, m.size_bytes, m.architecture, m.context_len, "local") for m in found]
         if self.client.model_name not in self.known:  # --model some/folder: served, though not in a cache
-            entries.insert(0, ModelEntry(self.client.model_name, "serving", context_len=self.client.max_context_len))
+            entries.insert(0, ModelEntry(self.client.model_name, "serving", context_len=self.client.max_context_len, backend="local"))
         return entries
 
     async def check_model(self, name: str) -> None:
@@ -192,9 +210,17 @@ class RemoteEngine:
 
     # ---- what the page reads
 
+    @property
+    def label(self) -> str:
+        return f"Remote · {self.shown_url.split('://', 1)[-1]}"
+
+    @property
+    def backends(self) -> dict[str, ReplySource]:
+        return {"remote": self}
+
     async def list_models(self) -> list[ModelEntry]:
         await self.check()
-        return [ModelEntry(name, "remote", context_len=self.context_lens.get(name)) for name in self.models]
+        return [ModelEntry(name, "remote", context_len=self.context_lens.get(name), backend="remote") for name in self.models]
 
     async def check_model(self, name: str) -> None:
         await self.check()
@@ -340,6 +366,68 @@ class RemoteEngine:
 # a remote's finish reasons that end a reply well, as the page knows them; any other ("abort",
 # "error", ...) is shown as a failure
 FINISHED = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop", "content_filter": "stop"}
+
+
+class SideBySide:
+    """This machine's engine and a remote server at once (``--remote URL --local``). Each chat
+    picks one in its settings (``backends``); the models panel lists the models of both, and a
+    switch goes to the one that lists the model (remote names are prefixed ``REMOTE_PREFIX``, so
+    that a model both have stays two entries). What the page asks of the app as a whole (the
+    status line of a new chat, Pull) is the local engine's."""
+
+    REMOTE_PREFIX = "remote: "
+
+    def __init__(self, local: LocalEngine, remote: RemoteEngine) -> None:
+        self.local, self.remote = local, remote
+
+    @property
+    def label(self) -> str:
+        return f"{self.local.label} and {self.remote.label}"
+
+    @property
+    def backends(self) -> dict[str, ReplySource]:
+        return {"local": self.local, "remote": self.remote}
+
+    @property
+    def model_name(self) -> str | None:
+        return self.local.model_name
+
+    async def list_models(self) -> list[ModelEntry]:
+        remote = [replace(e, name=self.REMOTE_PREFIX + e.name) for e in await self.remote.list_models()]
+        return [*await self.local.list_models(), *remote]
+
+    def _owner(self, name: str) -> tuple[ReplySource, str]:
+        if name.startswith(self.REMOTE_PREFIX):
+            return self.remote, name.removeprefix(self.REMOTE_PREFIX)
+        return self.local, name
+
+    async def check_model(self, name: str) -> None:
+        source, own = self._owner(name)
+        await source.check_model(own)
+
+    async def switch_model(self, name: str) -> None:
+        source, own = self._owner(name)
+        await source.switch_model(own)
+
+    @property
+    def ready(self) -> bool:
+        return self.local.ready
+
+    @property
+    def supports_thinking(self) -> bool:
+        return self.local.supports_thinking
+
+    def status_line(self) -> str:
+        return self.local.status_line()
+
+    def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
+        return self.local.generate(request, stop)
+
+    async def check(self) -> None:
+        await self.remote.check()
+
+    async def close(self) -> None:
+        await self.remote.close()
 
 
 def without_credentials(url: str) -> str:

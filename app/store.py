@@ -82,6 +82,7 @@ class ChatSettings:
     top_k: int = 0  # 0: no top-k filter
     seed: int | None = None  # None: a new random draw each reply
     stop: tuple[str, ...] = ()  # the reply ends before any of these strings
+    backend: str | None = None  # where replies come from when the app has several ("local", "remote"); None: the first
 
     def problems(self) -> dict[str, str]:
         """Each invalid value's field name and what is wrong with it, in words a user can act on."""
@@ -107,6 +108,8 @@ class ChatSettings:
         if not isinstance(self.stop, tuple) or len(self.stop) > STOP_STRINGS_LIMIT \
                 or not all(isinstance(x, str) and 0 < len(x) <= 100 for x in self.stop):
             problems["stop"] = f"stop strings: at most {STOP_STRINGS_LIMIT}, each 1 to 100 characters"
+        if self.backend is not None and (not isinstance(self.backend, str) or not 0 < len(self.backend) <= 40):
+            problems["backend"] = f"replies from: expected the name of a backend (got {self.backend!r})"
         return problems
 
     def validate(self) -> None:

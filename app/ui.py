@@ -38,13 +38,13 @@ FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces t
 # tick send the whole view once more, RECHECK_AFTER_S after it ends (see ChatPage.tick).
 RACE_S = 2.0
 RECHECK_AFTER_S = 1.0
-VIEW_SIZE = 6  # chat, status line, sidebar, versions bar, its label, Continue (ChatPage.render)
+VIEW_SIZE = 7  # chat, status line, sidebar, versions bar, its label, Continue, Stop (ChatPage.render)
 # The view's outputs sent as gr.update dicts (ChatPage.as_update). Within one follow these are
 # never turned into gr.skip(): Gradio streams a generator's outputs as diffs, and its browser
 # client applies a diff in place to the object an earlier, maybe not yet drawn, message holds:
 # a dict -> skip diff deletes that message's keys, and the sidebar it carried is never drawn
 # (tests/test_chat_logic.py pins this). Unchanged, they are sent again whole (an empty diff).
-UPDATE_OUTPUTS = (2, 3, 5)
+UPDATE_OUTPUTS = (2, 3, 5, 6)
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 PULL_SHOW_S = 0.5  # a pull's progress line is shown at most this often
 # Gradio's queue looks for new events every 1 ms while it has none: ~7% of a core for an idle
@@ -81,6 +81,20 @@ CONFIRM_DELETE_CHAT_JS = """(x) => {
   const title = label ? label.innerText.trim().replace(/^● /, '').replace(/ · [^·]*$/, '') : '';
   return [confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.')];
 }"""
+
+
+def _slider_value_as_typed(self: gr.Slider, payload: float | None) -> float | None:
+    return payload
+
+
+def let_sliders_take_typed_values() -> None:
+    """A slider's number box hands a typed value to the handler as typed. Gradio's own range
+    check raises before any handler runs: a bare "Error" toast, a traceback in the log, and Send
+    (whose inputs include the settings) failing. The chat's checks (``form_settings``) refuse it
+    with a sentence instead and put the value in force back. Set on the class: a subclass makes
+    Gradio write a .pyi stub beside this module, and Gradio re-creates a session's components,
+    dropping an instance's own method. (The page's only sliders are temperature and top-p.)"""
+    gr.Slider.preprocess = _slider_value_as_typed
 
 
 @dataclass
@@ -129,12 +143,23 @@ class ChatPage:
             tab.conv_id = None
             return None
 
-    def fields(self, tab: Tab) -> tuple:
-        """Title and settings fields for the tab's conversation."""
+    def settings_in_force(self, tab: Tab) -> ChatSettings:
+        """The settings of the tab's conversation, or of its new chat."""
         conv = self.shown(tab)
-        s = conv.settings if conv is not None else (tab.draft or self.store.default_settings())
+        return conv.settings if conv is not None else (tab.draft or self.store.default_settings())
+
+    def backend_of(self, settings: ChatSettings) -> tuple[str, ReplySource]:
+        """Where a chat's replies come from: the backend its settings name, else the first."""
+        backends = self.source.backends
+        name = settings.backend if settings.backend in backends else next(iter(backends))
+        return name, backends[name]
+
+    def fields(self, tab: Tab) -> tuple:
+        """Title, settings fields and backend for the tab's conversation."""
+        conv = self.shown(tab)
+        s = self.settings_in_force(tab)
         return (conv.title if conv is not None else "", s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.thinking,
-                s.top_k, s.seed, "\n".join(s.stop))
+                s.top_k, s.seed, "\n".join(s.stop), self.backend_of(s)[0])
 
     def conversations(self, tab: Tab):
         return self.store.search(tab.search) if tab.search else self.store.list()
@@ -206,11 +231,11 @@ class ChatPage:
             now = self.render(tab)
             tab.status, tab.sidebar = now[1], now[2]
             return tuple(self.as_update(i, value) for i, value in enumerate(now))
-        status, side = self.source.status_line(), self.render_sidebar(tab)
+        status, side = self.status_of(tab), self.render_sidebar(tab)
         # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
         updates = (status if status != tab.status else gr.skip(), self.as_update(2, side) if side != tab.sidebar else gr.skip())
         tab.status, tab.sidebar = status, side
-        return (gr.skip(), *updates, gr.skip(), gr.skip(), gr.skip())
+        return (gr.skip(), *updates, gr.skip(), gr.skip(), gr.skip(), gr.skip())
 
     async def unload(self, request: gr.Request) -> None:
         session = request.session_hash if request is not None else None
@@ -230,14 +255,21 @@ class ChatPage:
         return view_messages(conv, self.replies.live.get(tab.conv_id), self.replies.is_busy(tab.conv_id))
 
     def render(self, tab: Tab) -> list:
-        """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue."""
+        """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue, and
+        whether Stop has a reply to stop (it looks pressable only then; it stays clickable, so
+        that a Stop clicked before the page has drawn the reply still stops it)."""
         conv = self.shown(tab)
         chat = [v.shown for v in self.view_of(conv, tab)]
         side = self.render_sidebar(tab)
         focus = focus_of(conv, tab.focus)
         label = versions_label(conv, focus) if focus is not None else ""
-        continuable = can_continue(conv) and not self.replies.is_busy(tab.conv_id)
-        return [chat, self.source.status_line(), side, focus is not None, label, continuable]
+        busy = self.replies.is_busy(tab.conv_id)
+        continuable = can_continue(conv) and not busy
+        return [chat, self.status_of(tab), side, focus is not None, label, continuable, busy]
+
+    def status_of(self, tab: Tab) -> str:
+        """The status line of where the shown chat's replies come from."""
+        return self.backend_of(self.settings_in_force(tab))[1].status_line()
 
     @staticmethod
     def as_update(index: int, value):
@@ -245,6 +277,8 @@ class ChatPage:
             return gr.update(choices=list(value[0]), value=value[1], info=value[2])
         if index in (3, 5):  # shown or hidden
             return gr.update(visible=value)
+        if index == 6:  # Stop: red while the shown chat replies
+            return gr.update(variant="stop" if value else "secondary")
         return value
 
     # ---- conversations
@@ -265,8 +299,9 @@ class ChatPage:
 
     async def new_chat(self, request: gr.Request):
         tab = self.tab(request)
+        backend = self.settings_in_force(tab).backend  # a new chat asks where the last one did
         tab.conv_id, tab.focus, tab.picked = None, None, True
-        tab.draft = self.store.default_settings()
+        tab.draft = replace(self.store.default_settings(), backend=backend)
         self.replies.notify()
         return self.fields(tab)
 
@@ -323,9 +358,17 @@ class ChatPage:
         tab = self.tab(request)
         if self.save_settings(tab, settings, problems):
             return (gr.skip(),) * len(SETTING_FIELDS)
-        conv = self.shown(tab)
-        in_force = conv.settings if conv is not None else (tab.draft or self.store.default_settings())
+        in_force = self.settings_in_force(tab)
         return tuple(getattr(in_force, name) if name in problems and name in RESET_FIELDS else gr.skip() for name in SETTING_FIELDS)
+
+    async def backend_changed(self, backend: str | None, request: gr.Request) -> None:
+        """Replies from: this chat's next replies come from ``backend`` (a reply streaming now
+        goes on where it started)."""
+        tab = self.tab(request)
+        if backend not in self.source.backends:
+            return
+        self.save_settings(tab, replace(self.settings_in_force(tab), backend=backend), {})
+        self.replies.notify()
 
     async def export_md(self, request: gr.Request):
         return self.export("md", request)
@@ -339,6 +382,8 @@ class ChatPage:
         if problems:
             gr.Warning(f"Settings not saved: {'; '.join(problems.values())}")
             return False
+        if settings.backend is None:  # the form's fields do not hold it: the chat's stays
+            settings = replace(settings, backend=self.settings_in_force(tab).backend)
         if tab.conv_id is None:
             tab.draft = settings
             return True
@@ -367,18 +412,20 @@ class ChatPage:
             if not path or path[-1].role != ("assistant" if continue_id is not None else "user"):
                 return None  # nothing to answer (stopped, deleted or answered meanwhile)
             s = conv.settings
+            backend, source = self.backend_of(s)
             params = SamplingParams(max_tokens=int(s.max_tokens), temperature=float(s.temperature), top_p=float(s.top_p),
                                     top_k=int(s.top_k) or -1, seed=s.seed, stop=list(s.stop))
-            kwargs = {"enable_thinking": bool(s.thinking)} if self.source.supports_thinking else {}
+            kwargs = {"enable_thinking": bool(s.thinking)} if source.supports_thinking else {}
             messages = engine_messages(replace(conv, messages=path), s)
             if continue_id is not None:
                 kwargs["continue_final_message"] = True
                 last = path[-1]
                 request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)
-                return Turn(request, last.id, text=last.content, earlier_tokens=(last.stats.tokens or 0) if last.stats else 0)
+                return Turn(request, last.id, text=last.content, earlier_tokens=(last.stats.tokens or 0) if last.stats else 0,
+                            backend=backend, generate=source.generate)
             request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs or None)
-            reply = self.store.add_message(conv_id, path[-1].id, "assistant", "", stats={"tokens": 0}, model=self.source.model_name)
-            return Turn(request, reply.id)
+            reply = self.store.add_message(conv_id, path[-1].id, "assistant", "", stats={"tokens": 0}, model=source.model_name)
+            return Turn(request, reply.id, backend=backend, generate=source.generate)
         return make_turn
 
     def submit(self, tab: Tab, conv_id: int, request: gr.Request, make_turn, clicked_at: float | None = None) -> None:
@@ -399,7 +446,7 @@ class ChatPage:
             return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
         if not self.save_settings(tab, *form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop)):
             return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
-        if not self.source.ready:
+        if not self.backend_of(self.settings_in_force(tab))[1].ready:
             gr.Warning("The model is still loading; send your message once the status line says Ready.")
             return gr.skip(), gr.skip()
         text = with_attachments(text, tab.attachments)
@@ -569,7 +616,8 @@ class ChatPage:
             gr.Warning(f"{name} cannot be served: {exc}")
             yield f"⚠️ **{name}** cannot be served: {exc}. {current} keeps serving.", await self.list_models(), gr.skip()
             return
-        self.replies.stop_every(f"switch to {name}")
+        owner = next((e.backend for e in await self.source.list_models() if e.name == name), None)
+        self.replies.stop_every(f"switch to {name}", backend=owner)
         yield f"Loading **{name}**… (the status line shows its progress)", gr.skip(), gr.skip()
         try:
             await self.source.switch_model(name)
@@ -668,6 +716,10 @@ class ChatPage:
     def _settings_panel(self) -> SimpleNamespace:
         """The chat's settings, in SETTING_FIELDS' order (``fields``)."""
         d = self.store.default_settings()
+        backends = self.source.backends
+        # shown when the app has a local engine and a remote (--remote URL --local)
+        backend = gr.Radio(choices=[(source.label, name) for name, source in backends.items()], value=next(iter(backends)),
+                           label="Replies from (this chat)", elem_id="backend", visible=len(backends) > 1, interactive=True)
         system_box = gr.Textbox(label="System prompt", value=d.system_prompt, lines=3, elem_id="system-prompt")
         temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="Temperature (0 = greedy)",
                                 elem_id="temperature")
@@ -680,7 +732,8 @@ class ChatPage:
         seed = gr.Number(label="Seed (empty = random)", value=d.seed, precision=0, elem_id="seed")
         stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
         gr.Markdown("Settings apply to this chat as you change them.", elem_classes="hint")
-        return SimpleNamespace(fields=[system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop], thinking=thinking)
+        return SimpleNamespace(fields=[system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop], thinking=thinking,
+                               backend=backend)
 
     def _models_panel(self) -> SimpleNamespace:
         model_list = gr.Radio(choices=[], label="Pick one, then Switch", elem_id="model-list", interactive=True)
@@ -721,7 +774,7 @@ class ChatPage:
             msg = gr.Textbox(label="Message", show_label=False, elem_id="msg-input", scale=8, lines=1, max_lines=8,
                              autofocus=True, placeholder="Message (Enter sends, Shift+Enter for a new line)")
             send_btn = gr.Button("Send", elem_id="send-btn", variant="primary", scale=1, min_width=80)
-            stop_btn = gr.Button("Stop", elem_id="stop-btn", variant="stop", scale=1, min_width=80)
+            stop_btn = gr.Button("Stop", elem_id="stop-btn", variant="secondary", scale=1, min_width=80)
             continue_btn = gr.Button("Continue", elem_id="continue-btn", scale=1, min_width=90, visible=False)
         attached = gr.Markdown("", elem_id="attached")
         return SimpleNamespace(status=status, chatbot=chatbot, versions=versions, prev_btn=prev_btn,
@@ -734,14 +787,14 @@ class ChatPage:
         """Every event of the page: what each control calls, and the follow that renders after it."""
         c, m = chats, main
         settings = settings_panel.fields
-        tab_fields = [c.title_box, *settings]
+        tab_fields = [c.title_box, *settings, settings_panel.backend]
         # queued (toasts need the queue) but never waiting behind one another; and never
         # dropped: Gradio's default trigger_mode "once" ignores an event while its previous run
         # is pending, so a message sent (or a follow started) while the last one still ran
         # was lost, and the page kept showing a stale chat
         quick = dict(show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
 
-        view = [m.chatbot, m.status, c.conv_list, m.versions, m.versions_text, m.continue_btn]
+        view = [m.chatbot, m.status, c.conv_list, m.versions, m.versions_text, m.continue_btn, m.stop_btn]
         follow = dict(fn=self.follow, outputs=view, show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
         timer = gr.Timer(IDLE_CHECK_S)
 
@@ -779,6 +832,7 @@ class ChatPage:
         c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search], **quick).then(**follow)
         for item in settings:  # .change: see search above (a switch of chats sets equal values: no write)
             item.change(self.settings_changed, inputs=settings, outputs=settings, **quick)
+        settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
         for trigger in (m.msg.submit, m.send_btn.click):
             trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=[m.msg, m.attached], js=STAMP_JS,
                     **quick).then(**follow)
@@ -797,6 +851,7 @@ class ChatPage:
 def build_ui(source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None) -> gr.Blocks:
     """The whole page, its replies written by ``source`` (reply_source.py), with a Pull in
     its models panel when given a ``puller``."""
+    let_sliders_take_typed_values()
     return ChatPage(source, store, puller).build()
 
 

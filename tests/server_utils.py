@@ -31,7 +31,7 @@ class ServerProcess:
         self.log_path = log_path
         self.log = open(log_path, "wb") if log_path else subprocess.DEVNULL
         # the CPU engine (the test machines have no GPU); with --remote there is no engine to place
-        device = [] if "--remote" in args else ["--device", "cpu"]
+        device = [] if "--remote" in args and "--local" not in args else ["--device", "cpu"]
         cmd = [*CLI, command, "--port", str(self.port), *device, *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)

@@ -159,6 +159,14 @@ def test_invalid_settings_are_refused_with_a_message(browser, app):
     # the refused value does not stay in the box: the value in force is back
     assert wait_until(lambda: page.input_value("#max-tokens input") == before, 10), page.input_value("#max-tokens input")
     shot(page, "06-invalid-settings")
+    # a number typed into a slider's box beyond its range: the same sentence (Gradio's own range
+    # check used to raise first: a bare "Error" toast and a traceback in the log)
+    before = page.input_value("#temperature input[type=number]")
+    set_field(page, "#temperature input[type=number]", "5")
+    assert wait_until(lambda: "temperature must be between 0 and 2" in page.inner_text("body"), 30), page.inner_text("body")[-500:]
+    assert "greater than maximum" not in page.inner_text("body")
+    assert wait_until(lambda: page.input_value("#temperature input[type=number]") == before, 10), \
+        page.input_value("#temperature input[type=number]")
     page.close()
 
 

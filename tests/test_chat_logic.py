@@ -261,14 +261,20 @@ def test_gradio_queue_polls_every_20_ms_not_every_millisecond() -> None:
 class FakeClient:
     """A ReplySource (app/reply_source.py): what ChatPage reads of where replies come from."""
 
-    def __init__(self, engine: FakeEngine) -> None:
+    label = "This machine"
+
+    def __init__(self, engine: FakeEngine, model_name: str = "fake") -> None:
         self.generate = engine.generate
         self.ready = True
         self.supports_thinking = False
-        self.model_name = "fake"
+        self.model_name = model_name
+
+    @property
+    def backends(self) -> dict:
+        return {"local": self}
 
     def status_line(self) -> str:
-        return "**Ready** · fake"
+        return f"**Ready** · {self.model_name}"
 
 
 class FakeRequest:
@@ -379,7 +385,7 @@ async def test_a_follow_ends_on_an_output_that_changes_nothing(store) -> None:
 async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_changes_nothing(store) -> None:
     """A follow that never rendered would end on Gradio's None for every output (an empty chat,
     no chat selected) if it yielded nothing."""
-    from minisgl_app.ui import ChatPage
+    from minisgl_app.ui import VIEW_SIZE, ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
@@ -391,7 +397,7 @@ async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_chang
     newest = page.follow(request)  # ...and is replaced before it renders
     newest_first = asyncio.ensure_future(anext(newest))
     assert [o async for o in running][-1][0] == SKIP
-    assert await first == (SKIP,) * 6
+    assert await first == (SKIP,) * VIEW_SIZE
     assert (await newest_first)[0] == []
 
 

@@ -537,14 +537,20 @@ def test_message_box_is_named_message(tab, app):
     assert box.evaluate("el => el.closest('#msg-input') !== null")
 
 
-def test_escape_stops_the_reply(tab, app):
+def stop_looks_active(page) -> bool:
+    return "stop" in (page.get_attribute("#stop-btn", "class") or "").split()
+
+
+def test_escape_stops_the_reply_and_stop_looks_active_only_meanwhile(tab, app):
     page = tab().page
     new_chat(page, max_tokens=400)
+    assert not stop_looks_active(page)
     send(page, story("Marmot"))
     assert wait_until(lambda: len(last_reply(page)) > 20, 60)
-    assert running(app) == 1
+    assert running(app) == 1 and stop_looks_active(page)
     page.keyboard.press("Escape")
     assert wait_until(lambda: engine_idle(app), 5), f"Escape did not stop the reply: {app.metrics()}"
+    assert wait_until(lambda: not stop_looks_active(page), 5)
 
 
 def test_message_box_is_visible_on_a_phone(tab, app):

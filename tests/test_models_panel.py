@@ -81,11 +81,17 @@ def test_the_panel_labels_name_size_architecture_and_context():
 class SwitchingSource:
     """A ReplySource whose replies stream until stopped, and whose switch is checked first."""
 
+    label = "This machine"
+
     def __init__(self) -> None:
         self.model_name = "first"
         self.ready = True
         self.supports_thinking = False
         self.switched: list[str] = []
+
+    @property
+    def backends(self) -> dict:
+        return {"local": self}
 
     def status_line(self) -> str:
         return f"**Ready** · {self.model_name}"
@@ -102,7 +108,8 @@ class SwitchingSource:
     async def list_models(self):
         from minisgl_app.reply_source import ModelEntry
 
-        return [ModelEntry("first", "demo"), ModelEntry("second", "hub"), ModelEntry("bad", "hub")]
+        return [ModelEntry("first", "demo", backend="local"), ModelEntry("second", "hub", backend="local"),
+                ModelEntry("bad", "hub", backend="local")]
 
     async def check_model(self, name: str) -> None:
         from minisgl_app.reply_source import ModelError

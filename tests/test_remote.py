@@ -81,6 +81,12 @@ def test_engine_flags_beside_remote_are_one_line_and_exit_2():
     assert out.returncode == 2, out
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("minisgl-chat: error: --remote runs no local engine") and "--model, --tp" in line, line
+    assert "add --local" in line, line
+    # and --local without a remote to stand beside, or a remote that is no URL
+    for args, said in ((["--local"], "--local goes with --remote URL"), (["--remote", "gpu-box:30000", "--local"], "--remote must be an http")):
+        out = subprocess.run([*CLI, "chat", "--no-browser", *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and out.stderr.strip().splitlines() == [out.stderr.strip()], out
+        assert out.stderr.startswith(f"minisgl-chat: error: {said}"), out.stderr
 
 
 def test_continue_and_credentials():
@@ -294,6 +300,50 @@ def test_stop_aborts_the_request_on_the_remote_and_frees_its_kv(browser, app, re
     assert after["requests_aborted_total"] == before["requests_aborted_total"] + 1, (before, after)
     assert wait_until(lambda: "stopped" in stats_text(page), 10), stats_text(page)
     page.close()
+
+
+@browser_test
+def test_local_and_remote_side_by_side_each_chat_picks_where_its_replies_come_from(browser, remote, tmp_path_factory):  # noqa: F811
+    """`--remote URL --local`: this machine serves a tiny model (the demo tokenizer), the remote
+    the demo model; a chat on each, the status line following the chat shown."""
+    import shutil
+
+    import httpx
+
+    from minisgl_engine.weights.demo import demo_model_dir
+    from tiny_models import make_tiny_chat_model
+
+    srv, folder = remote["srv"], tmp_path_factory.mktemp("side-by-side")
+    tiny = shutil.copytree(make_tiny_chat_model(folder / "hub", "test/tiny-chat", demo_model_dir()), folder / "tiny-local")
+    both = ServerProcess("--no-browser", "--remote", srv.url, "--remote-api-key", KEY, "--local", "--model", str(tiny),
+                         "--max-kv-tokens", "4096", command="chat", log_path=folder / "app.log", env={"MINISGL_DATA_DIR": str(folder / "data")})
+    try:
+        local_model = httpx.get(f"{both.url}/v1/models", timeout=5).json()["data"][0]["id"]
+        page = open_remote_page(browser, both, status="Ready")
+        before = engine_figures(srv)
+        new_greedy_chat(page, 8)  # on this machine: the first backend
+        choices = page.locator("#backend label").all_inner_texts()
+        assert [c.split(" · ")[0] for c in choices] == ["This machine", "Remote"] and srv.url.split("://")[1] in choices[1], choices
+        send(page, "Hello there")
+        assert wait_until(lambda: "tok/s" in stats_text(page), 60), (last_reply(page), stats_text(page))
+        assert local_model in stats_text(page) and "SmolLM2" not in stats_text(page), stats_text(page)
+        local_chat_title = page.locator("#conv-list label").first.inner_text()
+        # a new chat keeps the backend; this one picks the remote
+        new_greedy_chat(page, 32)
+        page.locator("#backend label", has_text="Remote").click()
+        assert wait_until(lambda: "Remote ·" in page.inner_text("#status-line"), 15), page.inner_text("#status-line")
+        send(page, "What is the capital of France?")
+        assert wait_until(lambda: "tok/s" in stats_text(page), 60), (last_reply(page), stats_text(page))
+        assert "Paris" in last_reply(page) and "SmolLM2" in stats_text(page), (last_reply(page), stats_text(page))
+        assert engine_figures(srv)["requests_finished_total"] == before["requests_finished_total"] + 1
+        # the first chat shown again: its backend and its status line
+        page.locator("#conv-list label", has_text=local_chat_title.split(" · ")[0]).click()
+        assert wait_until(lambda: "Ready" in page.inner_text("#status-line") and "Remote" not in page.inner_text("#status-line"), 15), \
+            page.inner_text("#status-line")
+        assert page.locator("#backend input:checked").input_value() == "local"
+        page.close()
+    finally:
+        both.stop()
 
 
 @browser_test
