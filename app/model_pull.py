@@ -49,9 +49,11 @@ class JsonLinesBar(tqdm):
 
 
 def run_pull(model: str) -> int:
-    """``minisgl-chat pull MODEL --json-progress``: the bars, then ``{"done": folder}`` or
-    ``{"error": sentence}`` (exit code 2)."""
-    from minisgl_engine import UserError, exit_when_parent_dies, resolve_model
+    """``minisgl-chat pull MODEL --json-progress``: the bars, then ``{"done": folder, "name":
+    the models panel's name of it}`` or ``{"error": sentence}`` (exit code 2)."""
+    from pathlib import Path
+
+    from minisgl_engine import UserError, exit_when_parent_dies, local_models, resolve_model
 
     exit_when_parent_dies(os.getppid())  # the app went away: stop downloading for it
     try:
@@ -59,7 +61,8 @@ def run_pull(model: str) -> int:
     except UserError as exc:
         print(json.dumps({"error": str(exc)}), flush=True)
         return 2
-    print(json.dumps({"done": str(folder)}), flush=True)
+    name = next((m.name for m in local_models() if Path(m.folder).resolve() == Path(folder).resolve()), None)
+    print(json.dumps({"done": str(folder), "name": name}), flush=True)
     return 0
 
 
@@ -73,6 +76,7 @@ class PullProgress:
     state: str = "starting"  # starting → running → done | failed | cancelled
     bars: dict[int, dict] = field(default_factory=dict)  # the child's bars by id: desc, n, total, unit
     folder: str | None = None  # where the model is, once done
+    name: str | None = None  # its name in the models panel, once done
     error: str = ""
     started: float = field(default_factory=time.monotonic)
 
@@ -159,7 +163,7 @@ class ModelPuller:
                 progress.bars[event["bar"]] = event
                 progress.state = "running" if progress.state == "starting" else progress.state
             elif "done" in event:
-                progress.folder = event["done"]
+                progress.folder, progress.name = event["done"], event.get("name")
             elif "error" in event:
                 progress.error = str(event["error"])
             self._notify()

@@ -423,12 +423,6 @@ class SideBySide:
     def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
         return self.local.generate(request, stop)
 
-    async def check(self) -> None:
-        await self.remote.check()
-
-    async def close(self) -> None:
-        await self.remote.close()
-
 
 def without_credentials(url: str) -> str:
     """``url`` without a ``user:password@`` part (the page and the log show the address only)."""

@@ -124,6 +124,7 @@ class ChatPage:
         self.source = source  # where replies come from: the local engine or a remote server
         self.store = store
         self.puller = puller  # pulls models onto this machine (None: a remote engine's models are the remote's)
+        self.model_backends: dict[str, str | None] = {}  # the panel's last listing: model name -> its backend
         self.replies = ReplyManager(store, source.generate)
         self.tabs: dict[str, Tab] = {}
 
@@ -145,7 +146,10 @@ class ChatPage:
 
     def settings_in_force(self, tab: Tab) -> ChatSettings:
         """The settings of the tab's conversation, or of its new chat."""
-        conv = self.shown(tab)
+        return self.settings_of(tab, self.shown(tab))
+
+    def settings_of(self, tab: Tab, conv) -> ChatSettings:
+        """The settings of ``conv`` (the tab's, already read), or of the tab's new chat."""
         return conv.settings if conv is not None else (tab.draft or self.store.default_settings())
 
     def backend_of(self, settings: ChatSettings) -> tuple[str, ReplySource]:
@@ -157,7 +161,7 @@ class ChatPage:
     def fields(self, tab: Tab) -> tuple:
         """Title, settings fields and backend for the tab's conversation."""
         conv = self.shown(tab)
-        s = self.settings_in_force(tab)
+        s = self.settings_of(tab, conv)
         return (conv.title if conv is not None else "", s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.thinking,
                 s.top_k, s.seed, "\n".join(s.stop), self.backend_of(s)[0])
 
@@ -265,10 +269,14 @@ class ChatPage:
         label = versions_label(conv, focus) if focus is not None else ""
         busy = self.replies.is_busy(tab.conv_id)
         continuable = can_continue(conv) and not busy
-        return [chat, self.status_of(tab), side, focus is not None, label, continuable, busy]
+        return [chat, self.backend_of(self.settings_of(tab, conv))[1].status_line(), side, focus is not None, label, continuable, busy]
 
     def status_of(self, tab: Tab) -> str:
-        """The status line of where the shown chat's replies come from."""
+        """The status line of where the shown chat's replies come from (the tick's: the chat is
+        read only when the app has several backends)."""
+        backends = self.source.backends
+        if len(backends) == 1:
+            return next(iter(backends.values())).status_line()
         return self.backend_of(self.settings_in_force(tab))[1].status_line()
 
     @staticmethod
@@ -382,13 +390,13 @@ class ChatPage:
         if problems:
             gr.Warning(f"Settings not saved: {'; '.join(problems.values())}")
             return False
-        if settings.backend is None:  # the form's fields do not hold it: the chat's stays
-            settings = replace(settings, backend=self.settings_in_force(tab).backend)
         if tab.conv_id is None:
-            tab.draft = settings
+            tab.draft = with_backend_of(settings, self.settings_of(tab, None))
             return True
         try:
-            if self.store.get(tab.conv_id).settings != settings:
+            stored = self.store.get(tab.conv_id).settings
+            settings = with_backend_of(settings, stored)
+            if stored != settings:
                 self.store.update_settings(tab.conv_id, settings)
         except NotFoundError:
             tab.conv_id = None
@@ -562,9 +570,9 @@ class ChatPage:
         """The panel's list: the models the source offers, the one serving marked (and picked,
         unless ``pick`` names another that is listed)."""
         entries = await self.source.list_models()
-        names = {e.name for e in entries}
+        self.model_backends = {e.name: e.backend for e in entries}
         return gr.update(choices=model_choices(entries, self.source.model_name),
-                         value=pick if pick in names else self.source.model_name)
+                         value=pick if pick in self.model_backends else self.source.model_name)
 
     async def pull_model(self, model: str):
         """Pull: a hub id downloaded, or a .gguf file converted, by a child process while the
@@ -580,7 +588,7 @@ class ChatPage:
             await asyncio.sleep(PULL_SHOW_S)
         async for line in self.pull_lines(progress):
             yield line, gr.skip()
-        yield progress.line(), await self.list_models(pick=pulled_name(progress))
+        yield progress.line(), await self.list_models(pick=progress.name)
 
     async def pull_lines(self, progress: PullProgress):
         """``progress`` as the page shows it, at most every PULL_SHOW_S, until the pull ends."""
@@ -616,8 +624,9 @@ class ChatPage:
             gr.Warning(f"{name} cannot be served: {exc}")
             yield f"⚠️ **{name}** cannot be served: {exc}. {current} keeps serving.", await self.list_models(), gr.skip()
             return
-        owner = next((e.backend for e in await self.source.list_models() if e.name == name), None)
-        self.replies.stop_every(f"switch to {name}", backend=owner)
+        if name not in self.model_backends:  # picked from a listing this page object has not made
+            await self.list_models()
+        self.replies.stop_every(f"switch to {name}", backend=self.model_backends.get(name))
         yield f"Loading **{name}**… (the status line shows its progress)", gr.skip(), gr.skip()
         try:
             await self.source.switch_model(name)
@@ -855,11 +864,9 @@ def build_ui(source: ReplySource, store: ConversationStore, puller: ModelPuller 
     return ChatPage(source, store, puller).build()
 
 
-def pulled_name(progress: PullProgress) -> str | None:
-    """The models panel's name of a finished pull: the hub id, or a GGUF file's name without .gguf."""
-    if progress.state != "done":
-        return None
-    return Path(progress.model).stem if progress.model.lower().endswith(".gguf") else progress.model
+def with_backend_of(settings: ChatSettings, in_force: ChatSettings) -> ChatSettings:
+    """The form's settings with the chat's backend (the form's fields do not hold it)."""
+    return settings if settings.backend is not None else replace(settings, backend=in_force.backend)
 
 
 def edit_text(value) -> str:
