@@ -261,7 +261,7 @@ class Engine:
         cached_lens = [req.cached_len for req in reqs]
         rows = [req.table_slot for req in reqs]
         assert pad_to is None or batch.is_decode, "only a decode batch is padded (to a CUDA graph's size)"
-        layout = _decode_layout(batch, pad_to) if batch.is_decode else _prefill_layout(batch)
+        layout = _decode_layout(batch, cached_lens, rows, pad_to) if batch.is_decode else _prefill_layout(batch)
         input_ids, positions, token_rows = layout.input_ids, layout.positions, layout.token_rows
         logits_indices, prompt_targets, num_padding = layout.logits_indices, layout.prompt_targets, layout.num_padding
         n_tok, n_req = len(input_ids), len(reqs)
@@ -364,11 +364,12 @@ class _HostLayout:
     scored_prompts: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _decode_layout(batch: Batch, pad_to: int | None) -> _HostLayout:
-    """One token per request (its newest), plus padding rows up to a CUDA graph's size."""
+def _decode_layout(batch: Batch, cached_lens: list[int], rows: list[int], pad_to: int | None) -> _HostLayout:
+    """One token per request (its newest, at position ``cached_lens[i]``, in table row
+    ``rows[i]``), plus padding rows up to a CUDA graph's size."""
     reqs = batch.reqs
-    layout = _HostLayout([req.token_ids[req.cached_len] for req in reqs], [req.cached_len for req in reqs],
-                         [req.table_slot for req in reqs], list(range(len(reqs))))
+    layout = _HostLayout([req.token_ids[c] for req, c in zip(reqs, cached_lens)], list(cached_lens), list(rows),
+                         list(range(len(reqs))))
     if pad_to is not None:
         assert pad_to >= len(reqs)
         layout.num_padding = n = pad_to - len(reqs)

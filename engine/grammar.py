@@ -137,9 +137,10 @@ class GrammarState:
     accepted: int = 0
     broken: bool = field(default=False)  # a token the grammar refused (should not happen)
 
-    def advance(self, generated: list[int], uid: int) -> None:
-        """Accept request ``uid``'s generated tokens known so far (``Req.known_output_ids``)."""
-        for token in generated[self.accepted :]:
+    def advance(self, new_tokens: list[int], uid: int) -> None:
+        """Accept request ``uid``'s tokens generated since the last call
+        (``Req.known_output_ids(since=self.accepted)``)."""
+        for token in new_tokens:
             if not self.broken and not self.matcher.is_terminated():
                 if not self.matcher.accept_token(token):
                     logger.warning("request %d: the grammar refused token %d; its output is no longer constrained", uid, token)

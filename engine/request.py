@@ -68,12 +68,15 @@ class Req:
     def output_ids(self) -> list[int]:
         return self.token_ids[self.prompt_len :]
 
-    @property
-    def known_output_ids(self) -> list[int]:
-        """The generated tokens whose values are known (overlap: the newest may still be on its
-        way from the GPU)."""
-        out = self.output_ids
-        return out[: out.index(PLACEHOLDER)] if PLACEHOLDER in out else out
+    def known_output_ids(self, since: int = 0) -> list[int]:
+        """The generated tokens from the ``since``-th on whose values are known (overlap: the
+        newest may still be on its way from the GPU). Only those are read: a grammar asks for its
+        new tokens at every step."""
+        ids, start = self.token_ids, self.prompt_len + since
+        end = start
+        while end < len(ids) and ids[end] != PLACEHOLDER:
+            end += 1
+        return ids[start:end]
 
     @property
     def extend_len(self) -> int:

@@ -341,7 +341,7 @@ class Scheduler:
         states = []
         for row in rows:
             req = batch.reqs[sampling[row]]
-            req.grammar.advance(req.known_output_ids, req.uid)
+            req.grammar.advance(req.known_output_ids(since=req.grammar.accepted), req.uid)
             states.append(req.grammar)
         active = [j for j, state in enumerate(states) if state.active]  # one may have just ended
         states, rows = [states[j] for j in active], [rows[j] for j in active]
