@@ -67,6 +67,9 @@ PAGE_JS = """
   });
 }
 """
+# Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
+# a value typed before then is overwritten by the load's. Tests wait for it; people never notice.
+MARK_LOADED_JS = "() => { document.body.dataset.chatLoaded = '1'; }"
 CLICK_DOWNLOAD_JS = "() => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); }"
 
 
@@ -807,7 +810,9 @@ class ChatPage:
         follow = dict(fn=self.follow, outputs=view, show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
         timer = gr.Timer(IDLE_CHECK_S)
 
-        demo.load(self.load_page, outputs=[*tab_fields, settings_panel.thinking], **quick).then(**follow)
+        loaded = demo.load(self.load_page, outputs=[*tab_fields, settings_panel.thinking], **quick)
+        loaded.then(**follow)
+        loaded.then(None, js=MARK_LOADED_JS)
         for trigger in (models.box.expand, models.refresh_btn.click):
             trigger(self.list_models, outputs=models.model_list, **quick)
         models.switch_btn.click(self.switch_model, inputs=models.model_list,

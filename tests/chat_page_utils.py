@@ -48,6 +48,14 @@ def engine_idle(app) -> bool:
     return m.get("minisgl_running_requests") == 0 and m.get("minisgl_kv_pages_used") == 0
 
 
+def wait_page_loaded(page, status: str = "running", timeout: float = 60) -> None:
+    """Wait until the page's load is answered and drawn (the app marks the page then) and the status
+    line says ``status``. Not the status line alone: the once-a-second tick draws it too, sometimes
+    before the load's answer, whose settings then overwrite what a test typed first."""
+    page.wait_for_selector("body[data-chat-loaded='1']", state="attached", timeout=timeout * 1000)
+    assert wait_until(lambda: status in page.inner_text("#status-line"), timeout), page.inner_text("#status-line")
+
+
 def open_new_chat(page, timeout: float = 30) -> None:
     """Press New chat and wait until the page shows it: no chat selected in the list, no message
     in the window. (The click's answer comes back a moment later; a setting typed or a count taken

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from chat_page_utils import ARTIFACTS, BROWSER_MARKS, browser, engine_idle, open_new_chat, send  # noqa: F401 (browser: fixture)
+from chat_page_utils import ARTIFACTS, BROWSER_MARKS, browser, engine_idle, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
 from server_utils import wait_until
 
 pytestmark = BROWSER_MARKS
@@ -28,8 +28,7 @@ def app(chat_app):
 def open_page(browser, app):
     page = browser.new_page(viewport={"width": 1280, "height": 860})
     page.goto(f"{app.url}/")
-    page.wait_for_selector("#msg-input textarea", timeout=60_000)
-    wait_until(lambda: "running" in page.inner_text("#status-line"), 60)
+    wait_page_loaded(page)
     return page
 
 
@@ -181,7 +180,7 @@ def test_four_tabs_of_one_browser_each_load_and_chat(browser, app):
         for _ in range(4):
             page = context.new_page()
             page.goto(f"{app.url}/")
-            page.wait_for_selector("#msg-input textarea", timeout=30_000)
+            wait_page_loaded(page)
             pages.append(page)
         for i, page in enumerate(pages):
             open_new_chat(page)

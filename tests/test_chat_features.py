@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chat_page_utils import ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, browser, open_new_chat, send  # noqa: F401 (browser: fixture)
+from chat_page_utils import ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, browser, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, wait_until
 
 pytestmark = BROWSER_MARKS
@@ -79,8 +79,7 @@ def page(browser, app):
 
 def open_app(page, app) -> None:
     page.goto(f"{app.url}/")
-    page.wait_for_selector("#msg-input textarea", timeout=60_000)
-    assert wait_until(lambda: "Ready" in page.inner_text("#status-line"), 180), page.inner_text("#status-line")
+    wait_page_loaded(page, "Ready", 180)
 
 
 def shot(page, name: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chat_page_utils import BROWSER_MARKS, REPLY, USER, browser, engine_idle, open_new_chat, send  # noqa: F401 (browser: fixture)
+from chat_page_utils import BROWSER_MARKS, REPLY, USER, browser, engine_idle, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
 from server_utils import CLI, wait_until
 
 pytestmark = BROWSER_MARKS
@@ -61,9 +61,7 @@ class BrowserTab:
         self.wait_loaded()
 
     def wait_loaded(self) -> None:
-        self.page.wait_for_selector("#msg-input textarea", timeout=60_000)
-        assert wait_until(lambda: "running" in self.page.inner_text("#status-line"), 60)
-        time.sleep(0.5)  # the page's first events have answered
+        wait_page_loaded(self.page)
 
 
 @pytest.fixture

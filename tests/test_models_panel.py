@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from fake_hub import FakeHub
-from chat_page_utils import BROWSER_MARKS, LINE, REPLY, browser, engine_idle, open_new_chat, send  # noqa: F401 (browser: fixture)
+from chat_page_utils import BROWSER_MARKS, LINE, REPLY, browser, engine_idle, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, served_model, wait_until
 from tiny_models import make_tiny_chat_model, make_unsupported_model
 
@@ -196,9 +196,7 @@ def open_tab(browser, app):
     errors: list[str] = []
     page.on("response", lambda r: r.status >= 500 and errors.append(f"{r.status} {r.url}"))
     page.goto(f"{app.url}/")
-    page.wait_for_selector("#msg-input textarea", timeout=60_000)
-    assert wait_until(lambda: "running" in page.inner_text("#status-line"), 60)
-    time.sleep(0.5)
+    wait_page_loaded(page)
     return page, errors
 
 

@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from chat_page_utils import BROWSER_MARKS, browser, open_new_chat, send  # noqa: F401 (browser: fixture)
+from chat_page_utils import BROWSER_MARKS, browser, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, wait_until
 from test_browser import BOT, last_reply, make_greedy, stats_text
 
@@ -250,8 +250,7 @@ def app(remote, tmp_path_factory):
 def open_remote_page(browser, app: ServerProcess, status: str = "Remote"):  # noqa: F811
     page = browser.new_page(viewport={"width": 1280, "height": 860})
     page.goto(f"{app.url}/")
-    page.wait_for_selector("#msg-input textarea", timeout=60_000)
-    assert wait_until(lambda: status in page.inner_text("#status-line"), 30), page.inner_text("#status-line")
+    wait_page_loaded(page, status, 30)
     return page
 
 

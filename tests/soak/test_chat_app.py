@@ -28,7 +28,7 @@ import pytest
 from minisgl_app.store import DB_NAME, ConversationStore
 from server_utils import ServerProcess, wait_until
 from soak_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, Scale, assert_idle, group_gone, long_prompt, runtime_dir_of
-from chat_page_utils import BROWSER_MARKS, browser, send  # noqa: F401 (browser: fixture)
+from chat_page_utils import BROWSER_MARKS, browser, send, wait_page_loaded  # noqa: F401 (browser: fixture)
 from test_browser import BOT, USER, last_reply, make_greedy, stats_text
 
 pytestmark = [pytest.mark.soak, *BROWSER_MARKS]
@@ -84,8 +84,7 @@ def open_tabs(browser) -> Iterator[Callable[[ServerProcess, int], list]]:  # noq
             pages.append(page)
         opened.extend(pages)
         for page in pages:
-            page.wait_for_selector("#msg-input textarea", timeout=60_000)
-            assert wait_until(lambda: "running" in page.inner_text("#status-line"), 60)
+            wait_page_loaded(page)
         return pages
 
     yield open_
