@@ -57,24 +57,49 @@ def demo_server(tmp_path_factory):
     srv.stop()
 
 
+class ChatApp:
+    """A running `minisgl-chat chat` of the demo model on its own data folder (``data_dir``);
+    ``restart`` stops it and starts another on the same folder and port. Anything else is the
+    running ServerProcess's (url, metrics, workers, ...)."""
+
+    def __init__(self, data_dir: Path, logs: Path) -> None:
+        self.data_dir, self.logs, self.starts = data_dir, logs, 0
+        self.files_seen: list[Path] = []  # the app's private files folders seen in download URLs
+        self.srv = self._start(None)
+
+    def _start(self, port: int | None):
+        from server_utils import ServerProcess
+
+        self.starts += 1
+        return ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat", log_path=self.logs / f"app-{self.starts}.log",
+                             env={"MINISGL_DATA_DIR": str(self.data_dir)}, port=port)
+
+    def __getattr__(self, name: str):
+        return getattr(self.srv, name)
+
+    def restart(self) -> None:
+        port = self.srv.port
+        self.srv.stop()
+        self.srv = self._start(port)
+
+    def stop(self) -> None:
+        self.srv.stop()
+
+
 @pytest.fixture(scope="session")
 def chat_app(tmp_path_factory):
-    """One `minisgl-chat chat` of the demo model on a fresh data folder (``data_dir``), shared by
-    test_browser, test_chat_page and test_web_security (a start costs ~20 s on CI). ``files_seen`` collects the app's private
-    files folders that the tests saw in download URLs: each must be gone once the app stops."""
+    """One chat app (ChatApp) on a fresh data folder, shared by test_browser, test_chat_features,
+    test_chat_page and test_web_security (a start costs ~20 s on CI). Each of the app's files
+    folders that the tests saw must be gone once it stops."""
     from minisgl_engine.weights.demo import demo_model_dir
     from minisgl_engine.weights.gguf_convert import is_complete
-    from server_utils import ServerProcess
 
     if not is_complete(demo_model_dir()):
         pytest.skip("demo model not pulled: run `minisgl-chat pull`")
-    data_dir = tmp_path_factory.mktemp("chat-app-data")
-    srv = ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat",
-                        log_path=tmp_path_factory.mktemp("chat-app") / "app.log", env={"MINISGL_DATA_DIR": str(data_dir)})
-    srv.data_dir, srv.files_seen = data_dir, []
-    yield srv
-    srv.stop()
-    assert not [str(f) for f in srv.files_seen if f.exists()], "the app left its files folder behind"
+    app = ChatApp(tmp_path_factory.mktemp("chat-app-data"), tmp_path_factory.mktemp("chat-app"))
+    yield app
+    app.stop()
+    assert not [str(f) for f in app.files_seen if f.exists()], "the app left its files folder behind"
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,9 @@
 against the real app (`minisgl-chat chat`, demo model): versions (Retry, Edit, ‹ ›), Continue,
 deleting a message, import and export, search, attachments, stop strings and seeds.
 
-One app and one browser serve the module (the app is restarted once, on the same data folder);
-each test opens its own tab. Where text is compared, replies are greedy (temperature 0) or seeded,
-and short. Chats that need no model (delete, search, import) are made by importing a file, so
+The session's chat app and one browser serve the module (the app is restarted once, on the same
+data folder); each test opens its own tab. Where text is compared, replies are greedy
+(temperature 0) or seeded, and short. Chats that need no model (delete, search, import) are made by importing a file, so
 only the features that generate wait for the engine. Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from chat_page_utils import ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, browser, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
-from server_utils import ServerProcess, wait_until
+from server_utils import wait_until
 
 pytestmark = BROWSER_MARKS
 
@@ -27,42 +27,13 @@ SIDEBAR = "#conv-list label"
 REPLY_WAIT_S = 120  # a loaded 2-core machine is slow
 
 
-# ---- the app (restartable on the same data folder) and the browser
+# ---- the app and the browser
 
-class App:
-    """The running app; ``restart`` stops it and starts another on the same data folder and port."""
-
-    def __init__(self, data_dir: Path, logs: Path) -> None:
-        self.data_dir, self.logs, self.starts = data_dir, logs, 0
-        self.srv = self._start(None)
-
-    def _start(self, port: int | None) -> ServerProcess:
-        self.starts += 1
-        return ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat",
-                             log_path=self.logs / f"app-{self.starts}.log",
-                             env={"MINISGL_DATA_DIR": str(self.data_dir)}, port=port)
-
-    @property
-    def url(self) -> str:
-        return self.srv.url
-
-    def metrics(self) -> dict[str, float]:
-        return self.srv.metrics()
-
-    def restart(self) -> None:
-        port = self.srv.port
-        self.srv.stop()
-        self.srv = self._start(port)
-
-    def stop(self) -> None:
-        self.srv.stop()
-
-
-@pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    running = App(tmp_path_factory.mktemp("features-data"), tmp_path_factory.mktemp("features-app"))
-    yield running
-    running.stop()
+@pytest.fixture
+def app(chat_app):
+    """The chat app of conftest.py (restartable on the same data folder), which test_browser,
+    test_chat_page and test_web_security share."""
+    return chat_app
 
 
 @pytest.fixture

@@ -292,7 +292,7 @@ def test_200_random_schemas_give_json_that_validates(demo_server):
             response_format={"type": "json_schema", "json_schema": {"name": "form", "schema": schemas[i], "strict": True}}, **sampling)
         return schemas[i], reply.choices[0].message.content, reply.choices[0].finish_reason
 
-    with ThreadPoolExecutor(64) as pool:
+    with ThreadPoolExecutor(200) as pool:
         results = list(pool.map(ask, range(len(schemas))))
     for schema, text, finish in results:
         assert finish == "stop", (schema, text)
