@@ -143,7 +143,7 @@ def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size
         for uid in uids:
             sched.abort_request(uid)
         sched.drain()
-    kv = sched.stats().kv
+    kv = sched.cache_manager.stats()
     assert kv.used == 0 and kv.used + kv.cached + kv.free == kv.total
 
 
@@ -174,12 +174,12 @@ def test_mixed_prefill_decode_chunks_and_aborts_return_every_page():
         if live and rng.random() < 0.15:
             out = sched.abort_request(rng.choice(live))
             finished[out.uid] = out.finish_reason.value
-        kv = sched.stats().kv
+        kv = sched.cache_manager.stats()
         assert kv.used + kv.cached + kv.free == kv.total
     sched.drain()
     assert set(finished) == set(uids)
     assert {"abort", "length"} <= set(finished.values())
-    kv = sched.stats().kv
+    kv = sched.cache_manager.stats()
     assert kv.used == 0 and kv.used + kv.cached + kv.free == kv.total
     assert llm.engine.page_table.num_free_rows == sched.max_running_requests
 

@@ -25,7 +25,7 @@ def test_capital_of_france_is_paris(demo_llm):
     [res] = demo_llm.generate("What is the capital of France?", SamplingParams(max_tokens=32), chat=True)
     assert "Paris" in res.text
     assert res.finish_reason == "stop"  # the model ends its turn with <|im_end|>
-    assert demo_llm.scheduler.stats().kv.used == 0
+    assert demo_llm.scheduler.stats().kv_pages_used == 0
 
 
 def test_same_seed_same_text(demo_llm):

@@ -214,7 +214,7 @@ def prompts_of(lengths, seed=0):
 
 
 def assert_books_balance(llm) -> KVStats:
-    kv = llm.scheduler.stats().kv
+    kv = llm.scheduler.cache_manager.stats()
     assert kv.used + kv.cached + kv.free == kv.total
     return kv
 
@@ -258,7 +258,7 @@ def reference(tiny_dir):
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_generate_returns_every_page(tiny_dir, page_size) -> None:
     llm = make_llm(tiny_dir, page_size=page_size, max_kv_tokens=512, max_prefill_tokens=32)
-    total = llm.scheduler.stats().kv.total
+    total = llm.scheduler.cache_manager.stats().total
     assert total == -(-512 // page_size)
     prompts = prompts_of([1, 7, 16, 17, 45, 3])  # 45 > the prefill budget: chunked
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (1, 5, 9, 16, 3, 20)]
@@ -267,7 +267,7 @@ def test_generate_returns_every_page(tiny_dir, page_size) -> None:
     assert all(r.finish_reason == "length" for r in results)
     assert_all_pages_free(llm)
     llm.scheduler.cache_manager.evict(total)  # what the prefix cache kept comes back too
-    assert llm.scheduler.stats().kv.free == total
+    assert llm.scheduler.cache_manager.stats().free == total
     # and again, with sampling and stops, on the same engine
     results = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=1.0, seed=3))
     assert all(r.finish_reason in ("stop", "length") for r in results)

@@ -59,7 +59,7 @@ def test_greedy_batch_matches_transformers(arch_pair):
     for prompt, res in zip(prompts, results):
         assert res.token_ids == hf_greedy(hf, prompt, 32)
         assert res.finish_reason == "length"
-    assert llm.scheduler.stats().kv.used == 0
+    assert llm.scheduler.stats().kv_pages_used == 0
 
 
 def test_requests_joining_a_running_batch(arch_pair):
@@ -84,4 +84,4 @@ def test_requests_joining_a_running_batch(arch_pair):
         step += 1
     for uid, prompt in prompts.items():
         assert got[uid] == hf_greedy(hf, prompt, 32), f"request {uid}"
-    assert sched.stats().kv.used == 0 and sched.stats().running == 0
+    assert sched.stats().kv_pages_used == 0 and sched.stats().running == 0

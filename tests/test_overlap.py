@@ -30,7 +30,7 @@ def run(llm: LLM, overlap: bool, ids, params) -> list[tuple[list[int], str]]:
 
 
 def assert_all_pages_back(llm: LLM) -> None:
-    kv = llm.scheduler.stats().kv
+    kv = llm.scheduler.cache_manager.stats()
     assert kv.used == 0 and kv.used + kv.cached + kv.free == kv.total
     assert llm.engine.page_table.num_free_rows == llm.scheduler.max_running_requests
 

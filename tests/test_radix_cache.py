@@ -263,7 +263,7 @@ def make_llm(folder, cache: str, **kw):
 
 
 def assert_books_balance(llm) -> KVStats:
-    kv = llm.scheduler.stats().kv
+    kv = llm.scheduler.cache_manager.stats()
     assert kv.used + kv.cached + kv.free == kv.total
     return kv
 
@@ -302,7 +302,7 @@ def test_multiturn_greedy_output_equals_naive(tiny_dir, naive_chats, page_size) 
     stats = llm.scheduler.stats()
     # turns 2 and 3 at least reuse the previous prompt of each conversation
     assert stats.prefix_cache_hit_tokens_total >= 4 * 2 * (20 - page_size)
-    assert stats.kv.cached > 0 and stats.kv.used == 0
+    assert stats.kv_pages_cached > 0 and stats.kv_pages_used == 0
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -315,7 +315,7 @@ def test_small_pool_evicts_and_outputs_stay_identical(tiny_dir, naive_chats, pag
     cache.evict = lambda n: evicted.append(evict(n)) or evicted[-1]
     assert chat(llm, conversations=4, turns=3) == naive_chats
     assert sum(evicted) > 0
-    assert llm.scheduler.stats().kv.used == 0
+    assert llm.scheduler.stats().kv_pages_used == 0
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

@@ -26,10 +26,11 @@ import torch
 
 from ..engine import Engine
 from ..errors import RequestError, UserError, check_prompt_length
-from ..kvcache import CacheManager, KVStats, NaiveCacheManager, PageAllocator, RadixCacheManager
+from ..kvcache import CacheManager, NaiveCacheManager, PageAllocator, RadixCacheManager
 from ..engine import StepResult
 from ..grammar import GrammarCompiler, GrammarState
 from ..logits_processor import TokenMasks
+from ..messages import StatsMsg
 from ..request import PLACEHOLDER, FinishReason, Req, TokenLogprobs
 from ..sampling_params import SamplingParams
 from .decode import DecodeManager
@@ -68,18 +69,6 @@ class InFlight:
 
     result: StepResult
     sampled: list[tuple[Req, int]]  # (request, index in its token_ids awaiting the token)
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    running: int
-    waiting: int
-    kv: KVStats
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    requests_finished_total: int
-    requests_aborted_total: int
-    prefix_cache_hit_tokens_total: int
 
 
 class Scheduler:
@@ -383,15 +372,20 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    def stats(self) -> SchedulerStats:
-        c = self._counters
-        return SchedulerStats(
+    def stats(self, replica: int = 0) -> StatsMsg:
+        """Load and totals, as the front end's /metrics shows them (StatsMsg declares each)."""
+        c, kv = self._counters, self.cache_manager.stats()
+        return StatsMsg(
             running=len(self.decode_manager.running),
             waiting=len(self.prefill_manager.waiting),
-            kv=self.cache_manager.stats(),
+            kv_pages_total=kv.total,
+            kv_pages_used=kv.used,
+            kv_pages_cached=kv.cached,
+            kv_pages_free=kv.free,
             prompt_tokens_total=c["prompt"],
             generation_tokens_total=c["generation"],
             requests_finished_total=c["finished"],
             requests_aborted_total=c["aborted"],
             prefix_cache_hit_tokens_total=self.prefill_manager.prefix_hit_tokens,
+            replica=replica,
         )

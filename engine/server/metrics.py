@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..messages import StatsMsg
+from ..messages import StatsMsg, stats_metrics
 
 
 class StatsSource(Protocol):
@@ -25,23 +25,9 @@ class StatsSource(Protocol):
     # replica_stats: dict[int, StatsMsg]
 
 
-# (exposed name, StatsMsg field, help)
-_GAUGES = (
-    ("minisgl_running_requests", "running", "Requests in the decode batch."),
-    ("minisgl_waiting_requests", "waiting", "Requests waiting for prefill."),
-    ("minisgl_kv_pages_total", "kv_pages_total", "KV cache pages in the pool."),
-    ("minisgl_kv_pages_used", "kv_pages_used", "KV cache pages held by live requests (a cached prefix in use counts)."),
-    ("minisgl_kv_pages_cached", "kv_pages_cached", "KV cache pages held only by the radix prefix cache (evictable)."),
-    ("minisgl_kv_pages_free", "kv_pages_free", "Free KV cache pages."),
-)
-# prometheus_client appends "_total" to counter samples, so these are the exposed names.
-_COUNTERS = (
-    ("minisgl_prompt_tokens_total", "prompt_tokens_total", "Prompt tokens of the requests taken in, those read from the prefix cache included."),
-    ("minisgl_generation_tokens_total", "generation_tokens_total", "Tokens generated."),
-    ("minisgl_requests_finished_total", "requests_finished_total", "Requests finished (any reason)."),
-    ("minisgl_requests_aborted_total", "requests_aborted_total", "Requests aborted."),
-    ("minisgl_prefix_cache_hit_tokens_total", "prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache."),
-)
+# (exposed name, StatsMsg field, help), as StatsMsg declares them
+_GAUGES = tuple((m.name, field, m.help) for field, m in stats_metrics() if m.kind == "gauge")
+_COUNTERS = tuple((m.name, field, m.help) for field, m in stats_metrics() if m.kind == "counter")
 
 
 class StatsCollector(Collector):

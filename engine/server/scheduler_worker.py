@@ -156,25 +156,8 @@ class SchedulerWorker:
                 (token, None, []) if entry is None else (token, entry.logprob, entry.top) for token, entry in out.prompt_logprobs],
         )
 
-    def stats(self) -> StatsMsg:
-        s = self.scheduler.stats()
-        return StatsMsg(
-            running=s.running,
-            waiting=s.waiting,
-            kv_pages_total=s.kv.total,
-            kv_pages_used=s.kv.used,
-            kv_pages_cached=s.kv.cached,
-            kv_pages_free=s.kv.free,
-            prompt_tokens_total=s.prompt_tokens_total,
-            generation_tokens_total=s.generation_tokens_total,
-            requests_finished_total=s.requests_finished_total,
-            requests_aborted_total=s.requests_aborted_total,
-            prefix_cache_hit_tokens_total=s.prefix_cache_hit_tokens_total,
-            replica=self.replica,
-        )
-
     def push_stats(self) -> None:
-        stats = self.stats()
+        stats = self.scheduler.stats(self.replica)
         if stats != self.last_stats:
             self.to_frontend.send(FrontendBatch([stats]))
             self.last_stats = stats
