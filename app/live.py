@@ -50,6 +50,8 @@ class LiveReply:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stopped_by: str | None = None  # why it was stopped, when not by its own Stop (a model switch)
     backend: str | None = None  # where it comes from, when the app has several (ReplySource.backends)
+    model_of: Callable[[], str | None] | None = None  # the backend's model now (Turn.model_of)
+    model: str | None = None  # the model that answered, read at its first output (None: as stored)
     done: bool = False
 
     def stats(self) -> dict:
@@ -72,6 +74,9 @@ class Turn:
     earlier_tokens: int = 0
     backend: str | None = None  # the chat's backend, when the app has several
     generate: Generate | None = None  # that backend's; None: the manager's own
+    # the backend's model name, read once the reply's first output comes: a remote whose
+    # models were not listed yet knows it only then (the reply was stored without one)
+    model_of: Callable[[], str | None] | None = None
 
 
 class ReplyManager:
@@ -130,7 +135,8 @@ class ReplyManager:
         if turn is None:
             self._next(conv_id)
             return
-        reply = LiveReply(conv_id, turn.message_id, session, text=turn.text, earlier_tokens=turn.earlier_tokens, backend=turn.backend)
+        reply = LiveReply(conv_id, turn.message_id, session, text=turn.text, earlier_tokens=turn.earlier_tokens, backend=turn.backend,
+                          model_of=turn.model_of)
         self.live[conv_id] = reply
         task = asyncio.get_running_loop().create_task(self._run(reply, turn.request, turn.generate or self.generate), name=f"reply-{conv_id}")
         self.tasks.add(task)
@@ -206,6 +212,8 @@ class ReplyManager:
         last_store = time.perf_counter()
         try:
             async for out in generate(request, reply.stop):
+                if reply.model is None and reply.model_of is not None:
+                    reply.model = reply.model_of()
                 if out.incremental_output:  # an error reply may still close what came before (a <think> block)
                     reply.first_token = reply.first_token or time.perf_counter()
                     reply.text += out.incremental_output
@@ -240,6 +248,6 @@ class ReplyManager:
             stats = {**stats, "finish_reason": "error", "stopped": False}
             text = f"{reply.text}\n\n⚠️ {reply.error}" if reply.text else f"⚠️ {reply.error}"
         try:
-            self.store.update_message(reply.message_id, text, stats)
+            self.store.update_message(reply.message_id, text, stats, model=reply.model)
         except NotFoundError:
             reply.stop.set()  # deleted while it streamed: nothing left to write to

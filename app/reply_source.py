@@ -49,6 +49,7 @@ class ModelEntry:
     architecture: str | None = None
     context_len: int | None = None
     backend: str | None = None  # which of the source's backends serves it (a switch stops that one's replies)
+    serving: bool = False  # the model its backend serves now (marked ● in the panel)
 
 
 class ModelError(Exception):
@@ -128,9 +129,10 @@ class LocalEngine:
             logger.exception("listing the local models failed")
             found = []
         self.known = {m.name: m for m in found}
-        entries = [ModelEntry(m.name, m.kind, m.size_bytes, m.architecture, m.context_len, "local") for m in found]
-        if self.client.model_name not in self.known:  # --model some/folder: served, though not in a cache
-            entries.insert(0, ModelEntry(self.client.model_name, "serving", context_len=self.client.max_context_len, backend="local"))
+        serving = self.client.model_name
+        entries = [ModelEntry(m.name, m.kind, m.size_bytes, m.architecture, m.context_len, "local", m.name == serving) for m in found]
+        if serving not in self.known:  # --model some/folder: served, though not in a cache
+            entries.insert(0, ModelEntry(serving, "serving", context_len=self.client.max_context_len, backend="local", serving=True))
         return entries
 
     async def check_model(self, name: str) -> None:
@@ -220,7 +222,8 @@ class RemoteEngine:
 
     async def list_models(self) -> list[ModelEntry]:
         await self.check()
-        return [ModelEntry(name, "remote", context_len=self.context_lens.get(name), backend="remote") for name in self.models]
+        return [ModelEntry(name, "remote", context_len=self.context_lens.get(name), backend="remote", serving=name == self.model_name)
+                for name in self.models]
 
     async def check_model(self, name: str) -> None:
         await self.check()

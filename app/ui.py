@@ -128,6 +128,7 @@ class ChatPage:
         self.store = store
         self.puller = puller  # pulls models onto this machine (None: a remote engine's models are the remote's)
         self.model_backends: dict[str, str | None] = {}  # the panel's last listing: model name -> its backend
+        self.serving_models: dict[str | None, str] = {}  # and backend -> the model it serves
         self.replies = ReplyManager(store, source.generate)
         self.tabs: dict[str, Tab] = {}
 
@@ -436,7 +437,7 @@ class ChatPage:
                             backend=backend, generate=source.generate)
             request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs or None)
             reply = self.store.add_message(conv_id, path[-1].id, "assistant", "", stats={"tokens": 0}, model=source.model_name)
-            return Turn(request, reply.id, backend=backend, generate=source.generate)
+            return Turn(request, reply.id, backend=backend, generate=source.generate, model_of=lambda: source.model_name)
         return make_turn
 
     def submit(self, tab: Tab, conv_id: int, request: gr.Request, make_turn, clicked_at: float | None = None) -> None:
@@ -574,7 +575,8 @@ class ChatPage:
         unless ``pick`` names another that is listed)."""
         entries = await self.source.list_models()
         self.model_backends = {e.name: e.backend for e in entries}
-        return gr.update(choices=model_choices(entries, self.source.model_name),
+        self.serving_models = {e.backend: e.name for e in entries if e.serving}
+        return gr.update(choices=model_choices(entries),
                          value=pick if pick in self.model_backends else self.source.model_name)
 
     async def pull_model(self, model: str):
@@ -613,10 +615,13 @@ class ChatPage:
         """Switch: the model is checked while the current one serves; then every reply in flight
         stops (marked as stopped by the switch), and the page says it is loading until it is
         ready. A model that cannot be served leaves the current one serving, with the reason."""
-        current = self.source.model_name
         if not name:
             yield "Pick a model in the list first.", gr.skip(), gr.skip()
             return
+        if name not in self.model_backends:  # picked from a listing this page object has not made
+            await self.list_models()
+        backend = self.model_backends.get(name)
+        current = self.serving_models.get(backend, self.source.model_name)  # what the same backend serves now
         if name == current:
             yield f"**{name}** is the model serving now.", gr.skip(), gr.skip()
             return
@@ -627,9 +632,7 @@ class ChatPage:
             gr.Warning(f"{name} cannot be served: {exc}")
             yield f"⚠️ **{name}** cannot be served: {exc}. {current} keeps serving.", await self.list_models(), gr.skip()
             return
-        if name not in self.model_backends:  # picked from a listing this page object has not made
-            await self.list_models()
-        self.replies.stop_every(f"switch to {name}", backend=self.model_backends.get(name))
+        self.replies.stop_every(f"switch to {name}", backend=backend)
         yield f"Loading **{name}**… (the status line shows its progress)", gr.skip(), gr.skip()
         try:
             await self.source.switch_model(name)
@@ -813,15 +816,7 @@ class ChatPage:
         loaded = demo.load(self.load_page, outputs=[*tab_fields, settings_panel.thinking], **quick)
         loaded.then(**follow)
         loaded.then(None, js=MARK_LOADED_JS)
-        for trigger in (models.box.expand, models.refresh_btn.click):
-            trigger(self.list_models, outputs=models.model_list, **quick)
-        models.switch_btn.click(self.switch_model, inputs=models.model_list,
-                                outputs=[models.model_message, models.model_list, settings_panel.thinking], **quick)
-        if models.pull is not None:
-            for trigger in (models.pull.pull_btn.click, models.pull.box.submit):
-                trigger(self.pull_model, inputs=models.pull.box, outputs=[models.pull.message, models.model_list], **quick)
-            models.pull.cancel_btn.click(self.cancel_pull, outputs=models.pull.message, **quick)
-            models.box.expand(self.pull_status, outputs=models.pull.message, **quick)
+        self._wire_models(models, settings_panel.thinking, quick)
         demo.unload(self.unload)
         # The tick is queued, so that the tab's event stream opens at least once a second: Gradio
         # (6.31) closes a tab's stream when its last queued event ends, and an event accepted
@@ -860,6 +855,18 @@ class ChatPage:
                                **quick).then(**follow)
         m.continue_btn.click(self.continue_reply, **quick).then(**follow)
         m.stop_btn.click(self.stop, inputs=c.clicked_at, js=STAMP_JS, **quick)
+
+    def _wire_models(self, models: SimpleNamespace, thinking: gr.Checkbox, quick: dict) -> None:
+        """The models panel's events: list, switch, and pull when this app can pull."""
+        for trigger in (models.box.expand, models.refresh_btn.click):
+            trigger(self.list_models, outputs=models.model_list, **quick)
+        models.switch_btn.click(self.switch_model, inputs=models.model_list,
+                                outputs=[models.model_message, models.model_list, thinking], **quick)
+        if models.pull is not None:
+            for trigger in (models.pull.pull_btn.click, models.pull.box.submit):
+                trigger(self.pull_model, inputs=models.pull.box, outputs=[models.pull.message, models.model_list], **quick)
+            models.pull.cancel_btn.click(self.cancel_pull, outputs=models.pull.message, **quick)
+            models.box.expand(self.pull_status, outputs=models.pull.message, **quick)
 
 
 def build_ui(source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None) -> gr.Blocks:

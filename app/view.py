@@ -181,12 +181,12 @@ def size_text(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e8 else f"{n_bytes / 1e6:.1f} MB"
 
 
-def model_choices(entries, current: str | None) -> list[tuple[str, str]]:
+def model_choices(entries) -> list[tuple[str, str]]:
     """(label, name) per model of the models panel (``ModelEntry``s): name, size, architecture
-    and context; the one serving now marked ●."""
+    and context; those serving now (one per backend) marked ●."""
     out = []
     for e in entries:
-        parts = [f"{'● ' if e.name == current else ''}{e.name}"]
+        parts = [f"{'● ' if e.serving else ''}{e.name}"]
         if e.size_bytes:
             parts.append(size_text(e.size_bytes))
         if e.architecture:

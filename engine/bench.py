@@ -229,9 +229,33 @@ def run_multiturn(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
         config = replace(config, max_kv_tokens=convs * (per_conv + page) + args.system_len + page)
     config = replace(config, max_running_requests=max(config.max_running_requests, convs))
     llms = {cache: LLM(config=replace(config, cache=cache)) for cache in ("radix", "naive")}
+    ttft_ms, regenerate_ms, histories = play_multiturn(args, llms)
+    identical = histories["radix"] == histories["naive"]
     engine = llms["radix"].engine
+    return [{
+        **row_header("multiturn", config, engine),
+        "cache": cache,
+        "page_size": page,
+        "conversations": convs,
+        "turns": turns,
+        "system_len": args.system_len,
+        "user_len": args.user_len,
+        "reply_len": args.reply_len,
+        "ttft_ms_per_turn": ttft_ms[cache],
+        "last_turn_ttft_ms": ttft_ms[cache][-1],
+        "regenerate_ttft_ms": regenerate_ms[cache],
+        "prefix_cache_hit_tokens": llm.scheduler.stats().prefix_cache_hit_tokens_total,
+        "replies_identical": identical,
+    } for cache, llm in llms.items()]
+
+
+def play_multiturn(args: argparse.Namespace, llms: dict) -> tuple[dict[str, list[float]], dict[str, float], dict[str, list[list[int]]]]:
+    """The turns of every conversation, on each engine of ``llms`` in alternation, then a
+    regenerate of the last reply: (mean TTFT ms of each turn, of the regenerate, and the
+    conversations' token histories), each by engine."""
+    convs, turns = args.conversations, args.turns
     rng = random.Random(0)
-    vocab = min(engine.model_config.vocab_size, 10000)
+    vocab = min(next(iter(llms.values())).engine.model_config.vocab_size, 10000)
 
     def ids(n: int) -> list[int]:
         return [rng.randrange(10, vocab) for _ in range(n)]
@@ -256,25 +280,7 @@ def run_multiturn(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
         prompts = [history[: len(history) - args.reply_len] for history in histories[cache]]
         firsts, _ = time_turn(llm, prompts, params)
         regenerate_ms[cache] = round(1000 * sum(firsts) / len(firsts), 2)
-    identical = histories["radix"] == histories["naive"]
-    rows = []
-    for cache, llm in llms.items():
-        rows.append({
-            **row_header("multiturn", config, engine),
-            "cache": cache,
-            "page_size": page,
-            "conversations": convs,
-            "turns": turns,
-            "system_len": args.system_len,
-            "user_len": args.user_len,
-            "reply_len": args.reply_len,
-            "ttft_ms_per_turn": ttft_ms[cache],
-            "last_turn_ttft_ms": ttft_ms[cache][-1],
-            "regenerate_ttft_ms": regenerate_ms[cache],
-            "prefix_cache_hit_tokens": llm.scheduler.stats().prefix_cache_hit_tokens_total,
-            "replies_identical": identical,
-        })
-    return rows
+    return ttft_ms, regenerate_ms, histories
 
 
 def print_multiturn_table(rows: list[dict]) -> None:
@@ -290,13 +296,15 @@ def print_multiturn_table(rows: list[dict]) -> None:
     print()
 
 
-def offline_workload(num_requests: int, max_input_len: int, max_output_len: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+def offline_workload(num_requests: int, max_input_len: int, max_output_len: int, vocab_size: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
     """nano-vllm's bench.py: with ``random.seed(0)``, each request's input length uniform in
     [100, max_input_len] and then that many ids in [0, 10000]; after all prompts, each output
     length in [100, max_output_len]. 256 requests: 142,827 input and 133,966 output tokens.
-    (A maximum below 100 makes every length that maximum.)"""
+    (A maximum below 100 makes every length that maximum; a vocabulary of 10,000 ids or fewer
+    bounds the ids by its size instead.)"""
     rng = random.Random(seed)
-    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(min(100, max_input_len), max_input_len))] for _ in range(num_requests)]
+    top = min(10000, vocab_size - 1)
+    prompts = [[rng.randint(0, top) for _ in range(rng.randint(min(100, max_input_len), max_input_len))] for _ in range(num_requests)]
     output_lens = [rng.randint(min(100, max_output_len), max_output_len) for _ in range(num_requests)]
     return prompts, output_lens
 
@@ -377,17 +385,17 @@ def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int
     replica, replica + N, ... and starts its clock when every replica is loaded and warm."""
     from .llm import LLM
 
-    prompts, output_lens = offline_workload(args.num_requests, args.max_input_len, args.max_output_len)
-    if share is not None:
-        prompts, output_lens = prompts[share[0]::config.dp], output_lens[share[0]::config.dp]
     if args.max_input_len < 1 or args.max_output_len < 1:
         raise UserError("--max-input-len and --max-output-len must be >= 1")
     if not 0 <= args.extras_share <= 0.5:
         raise UserError(f"--extras-share must be in [0, 0.5], got {args.extras_share}")
-    params = offline_params(output_lens, args.extras_share)
     config = replace(config, max_running_requests=max(config.max_running_requests, args.num_requests))
     llm = LLM(config=config)
     engine = llm.engine
+    prompts, output_lens = offline_workload(args.num_requests, args.max_input_len, args.max_output_len, engine.model_config.vocab_size)
+    if share is not None:
+        prompts, output_lens = prompts[share[0]::config.dp], output_lens[share[0]::config.dp]
+    params = offline_params(output_lens, args.extras_share)
     bandwidth = copy_bandwidth(engine.device)
     # warm-up, sampled like the workload (one request of each kind in it): first-use costs (a
     # kernel module's loading, the grammar compiler's vocabulary scan) are not timed
@@ -593,7 +601,7 @@ def run_bench(args: argparse.Namespace) -> int:
         else:
             from .server.dp_bench import run_multiturn_routed
 
-            rows = run_multiturn_routed(args, config, model_config.max_context_len)
+            rows = run_multiturn_routed(args, config, model_config.max_context_len, model_config.vocab_size)
             print_routed_table(rows)
         for row in rows:
             print(json.dumps(row))

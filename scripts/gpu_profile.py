@@ -211,7 +211,7 @@ def offline_split(max_prefill_tokens: int) -> None:
     print(f"\n== 4. offline workload, --max-prefill-tokens {max_prefill_tokens}")
     llm = make_llm(max_prefill_tokens=max_prefill_tokens)
     eng = llm.engine
-    prompts, output_lens = offline_workload(256, 1024, 1024)
+    prompts, output_lens = offline_workload(256, 1024, 1024, eng.model_config.vocab_size)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
     llm.generate([prompts[0][:32]], SamplingParams(max_tokens=8, ignore_eos=True))
     records = []

@@ -73,9 +73,9 @@ def test_the_panel_labels_name_size_architecture_and_context():
     from minisgl_app.reply_source import ModelEntry
     from minisgl_app.view import model_choices
 
-    entries = [ModelEntry(DEMO, "demo", 517_000_000, "LlamaForCausalLM", 8192), ModelEntry("remote-model", "remote")]
-    assert model_choices(entries, DEMO) == [(f"● {DEMO} · 0.52 GB · LlamaForCausalLM · 8,192 tokens", DEMO),
-                                            ("remote-model", "remote-model")]
+    entries = [ModelEntry(DEMO, "demo", 517_000_000, "LlamaForCausalLM", 8192, serving=True), ModelEntry("remote-model", "remote")]
+    assert model_choices(entries) == [(f"● {DEMO} · 0.52 GB · LlamaForCausalLM · 8,192 tokens", DEMO),
+                                      ("remote-model", "remote-model")]
 
 
 class SwitchingSource:
@@ -108,8 +108,8 @@ class SwitchingSource:
     async def list_models(self):
         from minisgl_app.reply_source import ModelEntry
 
-        return [ModelEntry("first", "demo", backend="local"), ModelEntry("second", "hub", backend="local"),
-                ModelEntry("bad", "hub", backend="local")]
+        return [ModelEntry(name, kind, backend="local", serving=name == self.model_name)
+                for name, kind in (("first", "demo"), ("second", "hub"), ("bad", "hub"))]
 
     async def check_model(self, name: str) -> None:
         from minisgl_app.reply_source import ModelError

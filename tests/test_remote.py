@@ -340,9 +340,20 @@ def test_local_and_remote_side_by_side_each_chat_picks_where_its_replies_come_fr
         assert wait_until(lambda: "Ready" in page.inner_text("#status-line") and "Remote" not in page.inner_text("#status-line"), 15), \
             page.inner_text("#status-line")
         assert page.locator("#backend input:checked").input_value() == "local"
+        # the models panel marks what each side serves
+        page.get_by_text("Models", exact=True).first.click()
+        assert wait_until(lambda: page.locator("#model-list label").count() >= 2, 15)
+        marked = [t for t in page.locator("#model-list label").all_inner_texts() if t.startswith("●")]
+        assert len(marked) == 2 and local_model in marked[0] and marked[1].startswith("● remote: ") and "SmolLM2" in marked[1], marked
         page.close()
     finally:
         both.stop()
+    # each stored reply remembers the model that wrote it (the remote's, learnt with its first reply)
+    from minisgl_app.store import ConversationStore
+
+    with ConversationStore(folder / "data" / "chats.sqlite3") as store:
+        models = [store.get(c.id).messages[-1].model for c in store.list()]
+    assert len(models) == 2 and local_model in models and any(m is not None and "SmolLM2" in m for m in models), models
 
 
 @browser_test

@@ -41,7 +41,7 @@ class Source:
         return f"**Ready** · {self.model_name} on the {self.where} box"
 
     async def list_models(self) -> list[ModelEntry]:
-        return [ModelEntry(m, self.where, backend=self.where) for m in self.models]
+        return [ModelEntry(m, self.where, backend=self.where, serving=m == self.model_name) for m in self.models]
 
     async def check_model(self, name: str) -> None:
         if name not in self.models:
@@ -133,7 +133,47 @@ async def test_a_switch_stops_only_the_replies_of_the_backend_it_switches(store)
     assert page.replies.is_busy(on_remote), "the remote's reply goes on"
     said = [m async for m in page.switch_model("remote: huge", tab)]
     assert remote.model_name == "huge", said
+    # the panel marks what each backend serves; picking a model served already switches nothing
+    marked = [label for label, _ in said[-1][1]["choices"] if label.startswith("● ")]
+    assert marked == ["● small", "● remote: huge"], said[-1][1]["choices"]
+    said = [m async for m in page.switch_model("remote: huge", tab)]
+    assert len(said) == 1 and said[0][0] == "**remote: huge** is the model serving now.", said
     await idle(page, on_remote)
     assert store.get(on_remote).messages[-1].stats.stopped_by == "switch to remote: huge"
     said = [m async for m in page.switch_model("remote: nothing", tab)]
     assert "cannot be served: nothing is not here" in said[-1][0], said
+
+
+class UnlistedRemote(Source):
+    """A remote whose models are not known until its first reply (RemoteEngine lists them then),
+    and which a switch may move to another model while a reply streams."""
+
+    def __init__(self) -> None:
+        super().__init__("remote", ["big", "other"], step_s=0.02)
+        self.model_name = None
+
+    async def generate(self, request, stop: asyncio.Event):
+        self.model_name = self.model_name or "big"
+        async for out in super().generate(request, stop):
+            yield out
+
+
+@pytest.mark.anyio
+async def test_a_reply_stores_the_model_that_answered_it_even_when_learnt_with_the_reply(store) -> None:
+    from minisgl_app.ui import ChatPage
+
+    local, remote = Source("local", ["tiny"]), UnlistedRemote()
+    page = ChatPage(SideBySide(local, remote), store)
+    tab = Request("tab-1")
+    await page.backend_changed("remote", tab)
+    await page.send("hello", *SETTINGS, None, tab)
+    conv = page.tab(tab).conv_id
+    await idle(page, conv)
+    assert store.get(conv).messages[-1].model == "big"
+    # the remote moves to another model while the next reply streams: that reply was big's
+    await page.send("again", *SETTINGS, None, tab)
+    while not store.get(conv).messages[-1].content:
+        await asyncio.sleep(0.01)
+    remote.model_name = "other"
+    await idle(page, conv)
+    assert store.get(conv).messages[-1].model == "big"

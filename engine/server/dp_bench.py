@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from ..config import EngineConfig
 from ..sampling_params import SamplingParams
-from .frontend import FrontendClient, GenerateRequest
+from .frontend import FrontendClient, GenerateRequest, wait_first
 from .ipc import SocketPaths, make_runtime_dir, remove_runtime_dir
 from .launcher import EngineProcesses, reporting_workers
 from .router import ROUTING_POLICIES
@@ -26,28 +26,34 @@ from .router import ROUTING_POLICIES
 START_TIMEOUT_S = 600.0  # a fresh GPU machine compiles kernels and captures graphs first
 
 
-def run_multiturn_routed(args: argparse.Namespace, config: EngineConfig, max_context: int) -> list[dict]:
-    return [asyncio.run(_one_routing(args, replace(config, dp_routing=routing), max_context)) for routing in ROUTING_POLICIES]
+def run_multiturn_routed(args: argparse.Namespace, config: EngineConfig, max_context: int, vocab_size: int) -> list[dict]:
+    return [asyncio.run(_one_routing(args, replace(config, dp_routing=routing), max_context, vocab_size)) for routing in ROUTING_POLICIES]
 
 
-async def _one_routing(args: argparse.Namespace, config: EngineConfig, max_context: int) -> dict:
+async def _one_routing(args: argparse.Namespace, config: EngineConfig, max_context: int, vocab_size: int) -> dict:
     from .server import served_model_name
 
     runtime_dir = make_runtime_dir()
     paths = SocketPaths(str(runtime_dir), 1, config.dp)
     client = FrontendClient(paths, served_model_name(config), reporting_workers(1, config.dp, config.tp), config.dp_routing)
     client.start()
+    loop = asyncio.get_running_loop()
     died: list[str] = []
+    a_worker_died = asyncio.Event()
+
+    def on_exit(name: str, code: int | None) -> None:  # the watcher thread's
+        died.append(f"{name} exited (exit code {code})")
+        loop.call_soon_threadsafe(a_worker_died.set)
+
     procs = EngineProcesses(config, paths, config.tokenizer, max_context, logging.WARNING)
-    procs.start(lambda name, code: died.append(f"{name} exited (exit code {code})"))
+    procs.start(on_exit)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not client.ready:
-            if died or client.startup_errors or time.monotonic() > deadline:
-                raise RuntimeError(f"the engine did not start: {died or client.startup_errors or 'timed out'}")
-            await asyncio.sleep(0.1)
-        ttft_ms = await _play(args, client)
-        await asyncio.sleep(0.5)  # the replicas' last stats, pushed as they go idle
+        await wait_first(client.ready_event, a_worker_died, timeout=START_TIMEOUT_S)
+        if not client.ready:
+            raise RuntimeError(f"the engine did not start: {client.startup_errors or died or 'timed out'}")
+        ttft_ms, sent = await _play(args, client, vocab_size)
+        # the replicas' last figures, pushed as each request ends
+        await client.wait_for_stats(lambda s: s.requests_finished_total + s.requests_aborted_total >= sent, 10)
         per_replica = [client.replica_stats[i].prefix_cache_hit_tokens_total for i in range(config.dp)]
         info = client.scheduler_info
         return {
@@ -64,16 +70,17 @@ async def _one_routing(args: argparse.Namespace, config: EngineConfig, max_conte
         remove_runtime_dir(runtime_dir)
 
 
-async def _play(args: argparse.Namespace, client: FrontendClient) -> list[float]:
+async def _play(args: argparse.Namespace, client: FrontendClient, vocab_size: int) -> tuple[list[float], int]:
     """The conversations' turns, all conversations at once, in a shuffled order each turn (as
     independent users arrive). A turn's prompt is the last one plus ``reply_len`` ids standing
     for the reply as the client sends it back, plus the new user message: the earlier prompt's
     KV is what a replica can have cached (the seed fixes every id, so both routings see the
-    same prompts)."""
+    same prompts). Returns the mean TTFT of each turn and how many requests were sent."""
     rng = random.Random(0)
+    top = min(vocab_size, 10000)
 
     def ids(n: int) -> list[int]:
-        return [rng.randrange(10, 10000) for _ in range(n)]
+        return [rng.randrange(10, top) for _ in range(n)]
 
     params = SamplingParams(max_tokens=args.reply_len, ignore_eos=True)
     # first-call costs, one short request per replica (no shared prefix: they spread out)
@@ -88,7 +95,7 @@ async def _play(args: argparse.Namespace, client: FrontendClient) -> list[float]
         firsts = await asyncio.gather(*(_first_token_s(client, prompts[c], params) for c in order))
         ttft_ms.append(round(1000 * sum(firsts) / len(firsts), 2))
         histories = [prompt + ids(args.reply_len) for prompt in prompts]
-    return ttft_ms
+    return ttft_ms, client.router.num_replicas + args.turns * args.conversations
 
 
 async def _first_token_s(client: FrontendClient, prompt: list[int], params: SamplingParams) -> float:

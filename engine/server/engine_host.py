@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from ..config import EngineConfig
 from ..errors import UserError
-from .frontend import FrontendClient
+from .frontend import FrontendClient, wait_first
 from .ipc import SocketPaths
 from .launcher import EngineProcesses
 
@@ -169,12 +169,7 @@ class EngineHost:
 
     async def wait_ready(self) -> str | None:
         """None once every worker is ready; why not, once one failed or the server stops."""
-        waits = [asyncio.ensure_future(self.client.ready_event.wait()), asyncio.ensure_future(self.gave_up.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+        await wait_first(self.client.ready_event, self.gave_up)
         return None if self.client.ready else (self.failure or "the server is shutting down")
 
     def give_up(self, why: str) -> None:

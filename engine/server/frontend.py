@@ -16,7 +16,7 @@ import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import zmq
@@ -45,6 +45,16 @@ class GenerateRequest:
     replica: int | None = None  # --dp: run it on this replica (the n choices of a prompt share one); None: routed
 
 
+async def wait_first(*events: asyncio.Event, timeout: float | None = None) -> None:
+    """Return once one of ``events`` is set, or after ``timeout`` seconds (None: no limit)."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
 class FrontendClient:
     def __init__(self, paths: SocketPaths, model_name: str, expected_workers: list[str], routing: str = "prefix") -> None:
         """``expected_workers``: those that report ready, the first scheduler among them being
@@ -61,6 +71,7 @@ class FrontendClient:
         self.tokenizer_path: str | None = None  # known once the model is resolved
         self.max_context_len: int | None = None
         self.replica_stats: dict[int, StatsMsg] = {}  # each replica's latest (one without --dp)
+        self.stats_arrived = asyncio.Event()  # set as each StatsMsg arrives (wait_for_stats clears it)
         self.routing = routing
         self.router = ReplicaRouter(paths.num_replicas, routing)
         self.worker_info: dict[str, dict] = {}
@@ -132,6 +143,18 @@ class FrontendClient:
     def pending_count(self) -> int:
         return len(self.pending)
 
+    async def wait_for_stats(self, done: Callable[[StatsMsg], bool], timeout: float) -> bool:
+        """Wait until ``done(self.stats)`` holds (checked as each replica's figures arrive: a
+        scheduler pushes them when they change); whether it did within ``timeout`` seconds."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.stats is None or not done(self.stats):
+            self.stats_arrived.clear()
+            try:
+                await asyncio.wait_for(self.stats_arrived.wait(), deadline - asyncio.get_running_loop().time())
+            except asyncio.TimeoutError:
+                return self.stats is not None and done(self.stats)
+        return True
+
     @property
     def stats(self) -> StatsMsg | None:
         """The whole engine's load and totals (every replica's added up); None before any."""
@@ -174,6 +197,7 @@ class FrontendClient:
                         queue.put_nowait(msg)
                 elif isinstance(msg, StatsMsg):
                     self.replica_stats[msg.replica] = msg
+                    self.stats_arrived.set()
                 elif isinstance(msg, ReadyMsg):
                     self._on_ready(msg)
                 elif isinstance(msg, StartupMsg) and not self.ready:

@@ -466,10 +466,13 @@ class _CompletionFormat(_Format):
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
     def shown_logprobs(self, reply: UserReply) -> list[LogprobEntry] | None:
-        generated = None if self.prompt_only else reply.logprobs
-        if reply.prompt_logprobs is None:
-            return generated
-        return reply.prompt_logprobs + (generated or [])
+        return self._with_prompt(reply.prompt_logprobs, reply.logprobs)
+
+    def _with_prompt(self, prompt: list[LogprobEntry] | None, generated: list[LogprobEntry] | None) -> list[LogprobEntry] | None:
+        """A choice's logprobs: its prompt's (with echo) before its generated tokens' (none with
+        ``prompt_only``)."""
+        generated = None if self.prompt_only else generated
+        return generated if prompt is None else prompt + (generated or [])
 
     def _logprobs(self, index: int) -> dict | None:
         entries = self.take_logprobs(index)
@@ -502,11 +505,10 @@ class _CompletionFormat(_Format):
         return self._make([], self._usage(usage))
 
     def _choice(self, index: int, c: ChoiceResult) -> CompletionChoice:
-        text, logprobs = ("", None) if self.prompt_only else (c.text, c.logprobs)
+        text = "" if self.prompt_only else c.text
         if self.echo is not None:
             text = self.echo[index // self.n] + text
-            if c.prompt_logprobs is not None:
-                logprobs = c.prompt_logprobs + (logprobs or [])
+        logprobs = self._with_prompt(c.prompt_logprobs if self.echo is not None else None, c.logprobs)
         return CompletionChoice(index=index, text=text, finish_reason="length" if self.prompt_only else c.final.finish_reason,
                                 logprobs=completion_logprobs(logprobs) if logprobs is not None else None)
 
