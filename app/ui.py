@@ -739,12 +739,12 @@ class ChatPage:
         temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="Temperature (0 = greedy)",
                                 elem_id="temperature")
         top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="Top-p", elem_id="top-p")
-        max_tokens = gr.Number(label="Max tokens", value=d.max_tokens, precision=0,
-                               step=1, elem_id="max-tokens")
+        # no precision=0: Gradio would round a typed 2.5 before form_settings sees it, and save
+        # 2 while the box shows 2.5; form_settings refuses a fraction with a sentence instead
+        max_tokens = gr.Number(label="Max tokens", value=d.max_tokens, step=1, elem_id="max-tokens")
         thinking = gr.Checkbox(label="Thinking mode", value=d.thinking, visible=False, elem_id="thinking")
-        top_k = gr.Number(label="Top-k (0 = off)", value=d.top_k, precision=0,
-                          elem_id="top-k")
-        seed = gr.Number(label="Seed (empty = random)", value=d.seed, precision=0, elem_id="seed")
+        top_k = gr.Number(label="Top-k (0 = off)", value=d.top_k, step=1, elem_id="top-k")
+        seed = gr.Number(label="Seed (empty = random)", value=d.seed, step=1, elem_id="seed")
         stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
         gr.Markdown("Settings apply to this chat as you change them.", elem_classes="hint")
         return SimpleNamespace(fields=[system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop], thinking=thinking,

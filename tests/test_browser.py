@@ -166,6 +166,11 @@ def test_invalid_settings_are_refused_with_a_message(browser, app):
     assert "greater than maximum" not in page.inner_text("body")
     assert wait_until(lambda: page.input_value("#temperature input[type=number]") == before, 10), \
         page.input_value("#temperature input[type=number]")
+    # a fraction where a whole number goes: refused and put back, not saved rounded
+    before = page.input_value("#max-tokens input")
+    set_field(page, "#max-tokens input", "2.5")
+    assert wait_until(lambda: "max tokens must be a whole number" in page.inner_text("body"), 30), page.inner_text("body")[-500:]
+    assert wait_until(lambda: page.input_value("#max-tokens input") == before, 10), page.input_value("#max-tokens input")
     page.close()
 
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_fork import ForkedCLI
 
 TIMEOUT = 300
 
@@ -24,7 +25,27 @@ def cli() -> list[str]:
     return [sys.executable, "-m", "minisgl_app.cli"]
 
 
+FORKED: list[ForkedCLI] = []  # the module's forking process (forked_cli)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forked_cli(tmp_path_factory):
+    """Most runs are forked from one process that imported the CLI once (cli_fork.py)."""
+    runner = ForkedCLI.start(tmp_path_factory.mktemp("cli-runs"))
+    FORKED[:] = [runner]
+    yield runner
+    FORKED.clear()
+    runner.close()
+
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``minisgl-chat ARGS`` in a process of its own (forked: see cli_fork.py)."""
+    return FORKED[0].run(*args, cwd=cwd, timeout=TIMEOUT)
+
+
+def run_fresh_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``minisgl-chat ARGS`` as a fresh process, imports and all (what it prints while loading
+    counts too)."""
     return subprocess.run([*cli(), *args], capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
 
 
@@ -71,7 +92,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 def test_missing_model_path(tmp_path) -> None:
     missing = tmp_path / "nonexistent" / "path"
-    proc = run_cli("generate", "--model", str(missing), "hi")
+    proc = run_fresh_cli("generate", "--model", str(missing), "hi")
     assert_one_line_error(proc, str(missing))
     proc = run_cli("generate", "--model", "/nonexistent/path", "hi")
     assert_one_line_error(proc, "/nonexistent/path")
@@ -120,7 +141,7 @@ def test_bad_dtype(tiny_dir) -> None:
 
 @pytest.mark.parametrize(("port", "needle"), [("70000", "between 0 and 65535"), ("-1", "between 0 and 65535")])
 def test_a_port_out_of_range_is_a_one_line_error(port, needle) -> None:
-    assert_one_line_error(run_cli("serve", "--port", port), needle)
+    assert_one_line_error(run_fresh_cli("serve", "--port", port), needle)
 
 
 def test_an_unknown_host_is_a_one_line_error_naming_the_flag() -> None:
@@ -179,7 +200,7 @@ def demo_dir() -> Path:
 
 @pytest.mark.slow
 def test_generate_answers_the_capital_of_france(demo_dir) -> None:
-    proc = run_cli("generate", "What is the capital of France?", "--max-tokens", "32", "--device", "cpu")
+    proc = run_fresh_cli("generate", "What is the capital of France?", "--max-tokens", "32", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Paris" in proc.stdout
     assert "Traceback" not in proc.stderr
