@@ -44,15 +44,17 @@ def pytest_addoption(parser):
 
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory):
-    """One `minisgl-chat serve` of the demo model (two tokenizer workers), shared by every test
-    file that needs real text from a real server: a start costs ~25 s on CI."""
+    """One `minisgl-chat serve` of the demo model (two tokenizer workers, 64 running requests, a
+    small prefill budget: server_utils.MAX_PREFILL_TOKENS), shared by every test file that needs
+    real text from a real server, the soak suite's included: a start costs ~20 s on CI."""
     from minisgl_engine.weights.demo import demo_model_dir
     from minisgl_engine.weights.gguf_convert import is_complete
-    from server_utils import ServerProcess
+    from server_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, ServerProcess
 
     if not is_complete(demo_model_dir()):
         pytest.skip("demo model not pulled: run `minisgl-chat pull`")
-    srv = ServerProcess("--num-tokenizer", "2", "--max-kv-tokens", "16384", log_path=tmp_path_factory.mktemp("demo-server") / "serve.log")
+    srv = ServerProcess("--num-tokenizer", "2", "--max-kv-tokens", str(MAX_KV_TOKENS), "--max-prefill-tokens", str(MAX_PREFILL_TOKENS),
+                        "--max-running-requests", "64", log_path=tmp_path_factory.mktemp("demo-server") / "serve.log")
     yield srv
     srv.stop()
 

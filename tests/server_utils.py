@@ -16,6 +16,13 @@ import psutil
 CLI = [sys.executable, "-m", "minisgl_app.cli"]
 
 
+# The demo servers' engine budget (conftest.demo_server, the soak suite's chat app): a small
+# chunked-prefill budget, so that a long prompt spends several steps in chunked prefill (the
+# abort storms end requests there, and every test's replies go through chunking).
+MAX_PREFILL_TOKENS = 64
+MAX_KV_TOKENS = 16384
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

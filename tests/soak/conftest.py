@@ -14,23 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from server_utils import ServerProcess  # noqa: E402
-from soak_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, SCALES, Scale  # noqa: E402
-
-
-_SERVERS: list[ServerProcess] = []
+from soak_utils import SCALES, Scale  # noqa: E402
 
 
 def _is_soak(item) -> bool:
     return "tests/soak/" in item.nodeid.replace("\\", "/") or item.nodeid.startswith("soak/")
-
-
-def pytest_runtest_teardown(item, nextitem):
-    # The soak server is session-scoped (one start for every soak module) but must not idle,
-    # holding ~2 GB, through the rest of the suite: stop it once the last soak test has run.
-    if _is_soak(item) and (nextitem is None or not _is_soak(nextitem)):
-        while _SERVERS:
-            _SERVERS.pop().stop()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,17 +33,10 @@ def scale(pytestconfig) -> Scale:
 
 
 @pytest.fixture(scope="session")
-def soak_server(tmp_path_factory):
-    """One real server shared by the soak tests (session scope: a start costs ~25 s on 2 cores)."""
-    if not is_complete(demo_model_dir()):
-        pytest.skip("demo model not pulled: run `minisgl-chat pull`")
-    srv = ServerProcess("--max-kv-tokens", str(MAX_KV_TOKENS), "--max-prefill-tokens", str(MAX_PREFILL_TOKENS),
-                        "--max-running-requests", "64", log_path=tmp_path_factory.mktemp("soak") / "serve.log")
-    _SERVERS.append(srv)
-    yield srv
-    srv.stop()
-
-
+def soak_server(demo_server):
+    """The session's demo server (tests/conftest.py): its small prefill budget and 64 running
+    requests are what the soak tests need, and one start fewer saves ~20 s of CI."""
+    return demo_server
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 
 from minisgl_engine.weights.demo import DEMO_MODEL_NAME
-from server_utils import ServerProcess, group_gone, ipc_socket_paths, runtime_dir_of, wait_until  # noqa: F401 (used by the soak tests)
+from server_utils import (MAX_KV_TOKENS, MAX_PREFILL_TOKENS, ServerProcess, group_gone, ipc_socket_paths,  # noqa: F401 (used by the soak tests)
+                          runtime_dir_of, wait_until)
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,6 @@ SCALES = {
                   app_kills=3),
 }
 
-# Server of the soak suite: a small chunked-prefill budget so a long prompt spends several steps in
-# chunked prefill (the abort storm ends requests there).
-MAX_PREFILL_TOKENS = 64
-MAX_KV_TOKENS = 16384
 
 
 def chat_body(content: str, **kw) -> dict:
