@@ -28,7 +28,7 @@ from minisgl_engine import GenerateRequest, SamplingParams, UserError
 from .live import ReplyManager, Turn
 from .model_pull import ModelPuller, PullError, PullProgress
 from .store import IMPORT_LIMIT_BYTES, BadImportFile, ChatSettings, ConversationStore, NotFoundError, title_from
-from .reply_source import ModelError, ReplySource
+from .reply_source import ModelEntry, ModelError, ReplySource
 from .view import can_continue, engine_messages, focus_of, model_choices, sidebar_choices, versions_label, view_messages
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -127,8 +127,7 @@ class ChatPage:
         self.source = source  # where replies come from: the local engine or a remote server
         self.store = store
         self.puller = puller  # pulls models onto this machine (None: a remote engine's models are the remote's)
-        self.model_backends: dict[str, str | None] = {}  # the panel's last listing: model name -> its backend
-        self.serving_models: dict[str | None, str] = {}  # and backend -> the model it serves
+        self.listed: dict[str, ModelEntry] = {}  # the panel's last listing, by model name
         self.replies = ReplyManager(store, source.generate)
         self.tabs: dict[str, Tab] = {}
 
@@ -574,10 +573,9 @@ class ChatPage:
         """The panel's list: the models the source offers, the one serving marked (and picked,
         unless ``pick`` names another that is listed)."""
         entries = await self.source.list_models()
-        self.model_backends = {e.name: e.backend for e in entries}
-        self.serving_models = {e.backend: e.name for e in entries if e.serving}
+        self.listed = {e.name: e for e in entries}
         return gr.update(choices=model_choices(entries),
-                         value=pick if pick in self.model_backends else self.source.model_name)
+                         value=pick if pick in self.listed else self.source.model_name)
 
     async def pull_model(self, model: str):
         """Pull: a hub id downloaded, or a .gguf file converted, by a child process while the
@@ -618,10 +616,11 @@ class ChatPage:
         if not name:
             yield "Pick a model in the list first.", gr.skip(), gr.skip()
             return
-        if name not in self.model_backends:  # picked from a listing this page object has not made
+        if name not in self.listed:  # picked from a listing this page object has not made
             await self.list_models()
-        backend = self.model_backends.get(name)
-        current = self.serving_models.get(backend, self.source.model_name)  # what the same backend serves now
+        backend = self.listed[name].backend if name in self.listed else None
+        # what the same backend serves now
+        current = next((e.name for e in self.listed.values() if e.serving and e.backend == backend), self.source.model_name)
         if name == current:
             yield f"**{name}** is the model serving now.", gr.skip(), gr.skip()
             return
