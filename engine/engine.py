@@ -39,6 +39,18 @@ DEFAULT_PREFILL_TOKENS_GPU = 8192
 CPU_KV_MAX_BYTES = 1 << 30  # a laptop shares its RAM (and zeroing a big pool is slow): cap the default
 
 
+def _check_config(config: EngineConfig, tp_size: int) -> None:
+    """Flags that no model could serve, refused before anything loads."""
+    if config.page_size < 1:
+        raise UserError(f"--page-size must be >= 1, got {config.page_size}")
+    if config.cpu_threads < 0:
+        raise UserError(f"--cpu-threads must be >= 0 (0: the free cores), got {config.cpu_threads}")
+    if config.tp != tp_size:
+        raise UserError(f"--tp {config.tp} needs {config.tp} scheduler processes in one group; start it with `minisgl-chat serve --tp {config.tp}`")
+    if config.cuda_graph_max_bs < 0:
+        raise UserError(f"--cuda-graph-max-bs must be >= 0, got {config.cuda_graph_max_bs}")
+
+
 class StepResult:
     """The tokens one step sampled (and the logprobs some requests asked for), copied to the CPU
     without blocking; ``tokens()`` waits for them."""
@@ -107,20 +119,36 @@ def _token_logprobs(chosen: list[float], top_ids: list | None, top_lps: list | N
 
 class Engine:
     def __init__(self, config: EngineConfig, on_phase: Callable[[str], None] | None = None) -> None:
-        """``on_phase`` hears what start-up is doing (compiling kernels, capturing graphs)."""
-        if config.page_size < 1:
-            raise UserError(f"--page-size must be >= 1, got {config.page_size}")
-        if config.cpu_threads < 0:
-            raise UserError(f"--cpu-threads must be >= 0 (0: the free cores), got {config.cpu_threads}")
+        """``on_phase`` hears what start-up is doing (compiling kernels, capturing graphs).
+
+        Start-up in order: check the flags, load the model, pick the kernels, size and allocate
+        the KV cache, set up sampling, capture the CUDA graphs."""
         self.tp = get_tp()
-        if config.tp != self.tp.size:
-            raise UserError(f"--tp {config.tp} needs {config.tp} scheduler processes in one group; start it with `minisgl-chat serve --tp {config.tp}`")
-        if config.cuda_graph_max_bs < 0:
-            raise UserError(f"--cuda-graph-max-bs must be >= 0, got {config.cuda_graph_max_bs}")
+        _check_config(config, self.tp.size)
         self.config = config
+        self._load_model(config)
+        if self.tp.size > 1:
+            torch.manual_seed(config.seed)  # every rank samples the same tokens
+        self.attn_name = self._choose_attention(on_phase)
+        self.fused_kernels = self._enable_fast_ops(on_phase)
+        self._allocate_kv_cache()
+        self.sampler = Sampler(use_flashinfer=self.attn_name == "flashinfer")
+        self.eos_token_ids = self._eos_token_ids()
+        self.logits_processor = LogitsProcessor(self.model_config.vocab_size, config.max_running_requests, self.device, self.eos_token_ids)
+        # the newest sampled token of each page-table row: the next decode step's input
+        self.last_token = torch.zeros(config.max_running_requests, dtype=torch.int64, device=self.device)
+        self.graph_runner = None
+        max_graph_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
+        if self.attn_name == "flashinfer" and max_graph_bs > 0:
+            from .cuda_graph import CudaGraphRunner
+
+            self.graph_runner = CudaGraphRunner(self, max_graph_bs, on_phase)
+
+    def _load_model(self, config: EngineConfig) -> None:
+        """The weights on their device, and what the rest of start-up reads from the model."""
         loaded = load_model(config)
         self.model = loaded.model
-        self.model_config = loaded.config
+        self.model_config = mc = loaded.config
         self.hf_config = loaded.hf_config
         self.model_dir = loaded.model_dir
         self.device = loaded.device
@@ -128,7 +156,6 @@ class Engine:
         # CPU: the cores other processes leave free (a browser beside the chat app is the common
         # case), shared among the tensor-parallel ranks of this machine
         self.cpu_threads = CpuThreads(config.cpu_threads, share=self.tp.size) if self.device.type == "cpu" else None
-        mc = self.model_config
         self.max_context_len = mc.max_context_len
         # a GPU computes a big prefill batch about as fast per token as a small one and each step
         # launches the same kernels, so fewer, larger chunks win; a CPU keeps chunks short so that
@@ -137,13 +164,14 @@ class Engine:
         self.page_size = config.page_size
         # this rank's share of the heads: the KV pool and attention hold only those
         self.num_heads, self.num_kv_heads, _ = local_head_counts(mc.num_heads, mc.num_kv_heads)
-        if self.tp.size > 1:
-            torch.manual_seed(config.seed)  # every rank samples the same tokens
-        self.attn_name = self._choose_attention(on_phase)
-        self.fused_kernels = self._enable_fast_ops(on_phase)
+
+    def _allocate_kv_cache(self) -> None:
+        """The KV pool (sized by the memory left after the model), the page table and the
+        attention backend that reads them."""
+        mc = self.model_config
         self.num_pages = self._num_kv_pages()
         self.kv_pool = KVPool(mc.num_layers, self.num_pages, self.page_size, self.num_kv_heads, mc.head_dim, self.dtype, self.device)
-        self.page_table = PageTable(config.max_running_requests, self.max_context_len, self.device, self.page_size)
+        self.page_table = PageTable(self.config.max_running_requests, self.max_context_len, self.device, self.page_size)
         self.attn_backend = create_attention_backend(
             self.attn_name,
             dtype=self.dtype,
@@ -154,22 +182,11 @@ class Engine:
             num_kv_heads=self.num_kv_heads,
             head_dim=mc.head_dim,
         )
-        self.sampler = Sampler(use_flashinfer=self.attn_name == "flashinfer")
-        self.eos_token_ids = self._eos_token_ids()
-        self.logits_processor = LogitsProcessor(mc.vocab_size, config.max_running_requests, self.device, self.eos_token_ids)
-        # the newest sampled token of each page-table row: the next decode step's input
-        self.last_token = torch.zeros(config.max_running_requests, dtype=torch.int64, device=self.device)
         logger.info(
             "KV cache: %d tokens (%d pages of %d) on %s in %s; attention: %s",
             self.num_pages * self.page_size, self.num_pages, self.page_size, self.device,
             str(self.dtype).removeprefix("torch."), self.attn_name,
         )
-        self.graph_runner = None
-        max_graph_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
-        if self.attn_name == "flashinfer" and max_graph_bs > 0:
-            from .cuda_graph import CudaGraphRunner
-
-            self.graph_runner = CudaGraphRunner(self, max_graph_bs, on_phase)
 
     def _enable_fast_ops(self, on_phase: Callable[[str], None] | None) -> dict[str, object]:
         """With FlashInfer attention: its norm/activation ops, then (``--fused-kernels``) the

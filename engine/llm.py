@@ -92,45 +92,10 @@ class LLM:
         return self.score_batch([token_ids], None if prefill_len is None else [prefill_len])[0]
 
     def score_batch(self, sequences: list[list[int]], prefill_lens: list[int] | None = None):
-        """``score`` for many sequences at once: they are prefilled together and then decoded
-        as one batch (so decode runs the batched kernels and CUDA graphs), each step feeding
-        every sequence its next true token. Returns one logits tensor per sequence."""
-        import torch
-
-        sched = self.scheduler
-        assert not sched.has_work, "score_batch() needs an otherwise idle scheduler"
+        """``score`` for many sequences at once, decoded as one batch (the scheduler's
+        teacher forcing, :meth:`Scheduler.score_batch`). Returns one logits tensor per sequence."""
         prefill_lens = [len(s) for s in sequences] if prefill_lens is None else prefill_lens
-        reqs = []
-        try:
-            for tokens, n in zip(sequences, prefill_lens):
-                uid = next(self._uids)
-                sched.add_request(uid, tokens[:n], SamplingParams(max_tokens=len(tokens) + 1, ignore_eos=True))
-                req = sched.reqs[uid]
-                req.use_prefix_cache = False  # a cached prefix would leave its rows out
-                reqs.append(req)
-            rows: dict[int, list] = {req.uid: [] for req in reqs}
-            target = {req.uid: tokens for req, tokens in zip(reqs, sequences)}
-            while any(req.cached_len < len(target[req.uid]) for req in reqs):
-                batch = sched.schedule()
-                assert batch is not None and set(batch.reqs) <= set(reqs), "score_batch() needs an otherwise idle scheduler"
-                batch.all_logits = True
-                logits = self.engine.forward_logits(batch)
-                for req, part in zip(batch.reqs, logits.split(batch.extend_lens)):
-                    rows[req.uid].append(part)
-                    req.cached_len += part.shape[0]
-                    tokens = target[req.uid]
-                    if req.cached_len == req.seq_len:
-                        if req.seq_len < len(tokens):
-                            req.token_ids.append(tokens[req.seq_len])
-                            if batch.phase == "prefill":
-                                sched.decode_manager.add(req)
-                        else:  # done: out of the running set
-                            sched.decode_manager.remove(req)
-        finally:
-            for req in reqs:
-                if not req.finished:
-                    sched.finish(req, FinishReason.ABORT)
-        return [torch.cat(rows[req.uid]) for req in reqs]
+        return self.scheduler.score_batch([(next(self._uids), tokens, n) for tokens, n in zip(sequences, prefill_lens)])
 
     def generate(self, prompts, sampling_params=None, chat: bool = False) -> list[GenerationResult]:
         results = self._submit(prompts, sampling_params, chat)

@@ -38,11 +38,16 @@ def test_logits_match_transformers(arch_pair, prefill_len):
     prefill_len go through one decode step each."""
     llm, hf = arch_pair
     ids = random_ids(100, seed=prefill_len)
+    before = llm.scheduler.stats()
     ours = llm.score(ids, prefill_len=prefill_len)
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     assert ours.shape == ref.shape
     assert_logits_close(ours, ref)
+    # scoring ends its request as a finish, not an abort, and gives every page back
+    after = llm.scheduler.stats()
+    assert (after.requests_finished_total - before.requests_finished_total, after.requests_aborted_total - before.requests_aborted_total) == (1, 0)
+    assert after.kv_pages_used == 0 and not llm.scheduler.has_work
 
 
 def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
