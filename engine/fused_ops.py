@@ -11,6 +11,7 @@ lost.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -60,10 +61,20 @@ def faster_up_to(ours: Callable[[int], Callable[[], object]], theirs: Callable[[
     return best, timings
 
 
-def choose(linear, silu_mul: bool) -> tuple[int, list]:
-    """Rows up to which ``skinny_matmul`` (with SwiGLU fused in when ``silu_mul``) beats what
-    runs otherwise: cuBLAS (and FlashInfer's SwiGLU kernel)."""
+def cublas(linear, silu_mul: bool, rows: int) -> Callable[[], object]:
+    """What runs without the Triton kernels: cuBLAS (and FlashInfer's SwiGLU kernel)."""
     from .layers.activation import silu_and_mul
+
+    weight, bias = linear.weight, linear.bias
+    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    if silu_mul:
+        return lambda: silu_and_mul(F.linear(x, weight, bias), fused=True)
+    return lambda: F.linear(x, weight, bias)
+
+
+def choose(linear, silu_mul: bool) -> tuple[int, list]:
+    """Rows up to which ``skinny_matmul`` (with SwiGLU fused in when ``silu_mul``) beats
+    cuBLAS (and FlashInfer's SwiGLU kernel)."""
     from .triton_kernels import skinny_block_k, skinny_matmul
 
     weight, bias = linear.weight, linear.bias
@@ -74,13 +85,36 @@ def choose(linear, silu_mul: bool) -> tuple[int, list]:
         x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
         return lambda: skinny_matmul(x, weight, bias, silu_mul=silu_mul)
 
-    def theirs(rows: int):
-        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        if silu_mul:
-            return lambda: silu_and_mul(F.linear(x, weight, bias), fused=True)
-        return lambda: F.linear(x, weight, bias)
+    return faster_up_to(ours, lambda rows: cublas(linear, silu_mul, rows))
 
-    return faster_up_to(ours, theirs)
+
+GEMV_BLOCKS = (4, 8)  # weight rows per program of the one-row kernel, each measured
+
+
+def gemv_mode() -> str:
+    """``MINISGL_GEMV``: ``on`` (default: the one-row kernel where measured faster, launched as
+    a programmatic dependent where the GPU can), ``nopdl`` (the kernel, plain launches) or
+    ``off`` (not tried): for measuring what each part buys."""
+    mode = os.environ.get("MINISGL_GEMV", "on")
+    return mode if mode in ("on", "nopdl", "off") else "on"
+
+
+def choose_gemv(linear, silu_mul: bool, pdl: bool, best_us: float) -> tuple[int, list]:
+    """The block of :func:`gemv` that beats ``best_us`` (the fastest other kernel at one row) by
+    the most, 0 if none does, and the timings ``(block, µs)``."""
+    from .triton_kernels import gemv, gemv_block_k
+
+    weight, bias = linear.weight, linear.bias
+    x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    timings, best_block = [], 0
+    for block in GEMV_BLOCKS:
+        if gemv_block_k(weight.shape[1], block) is None:
+            continue
+        us = gpu_time_us(lambda: gemv(x, weight, bias, silu_mul=silu_mul, block_n=block, pdl=pdl))
+        timings.append((block, round(us, 2)))
+        if us < best_us:
+            best_us, best_block = us, block
+    return best_block, timings
 
 
 def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | None = None) -> dict[str, object]:
@@ -91,21 +125,31 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
         logger.warning("fused kernels off: Triton is not usable here (%s)", reason)
         return {"triton": False}
     from .models.transformer import DecoderLayer
+    from .triton_kernels import pdl_supported
 
     message = "measuring the small-batch matrix kernels against cuBLAS (a few seconds)"
     logger.info(message)
     if on_phase is not None:
         on_phase(message)
     report: dict[str, object] = {"triton": True}
-    chosen: dict[tuple, int] = {}  # one measurement per distinct shape and kind
+    chosen: dict[tuple, tuple[int, int]] = {}  # one measurement per distinct shape and kind
+    mode = gemv_mode()
+    pdl = mode == "on" and pdl_supported(next(model.parameters()).device)
+    report["gemv"] = mode if mode == "off" else ("pdl" if pdl else "plain launches")
 
-    def decide(label: str, linear, silu_mul: bool = False) -> int:
+    def decide(label: str, linear, silu_mul: bool = False) -> tuple[int, int]:
+        """(rows up to which the skinny kernel runs, the one-row kernel's block or 0)."""
         key = (label, tuple(linear.weight.shape), linear.bias is not None)
         if key not in chosen:
             rows, timings = choose(linear, silu_mul)
-            chosen[key] = rows
-            report[label] = {"max_rows": rows, "timings_us": timings}
-            logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s)", label, key[1], rows, timings)
+            block, gemv_timings = 0, []
+            if mode != "off":
+                best = min(timings[0][1:]) if timings else gpu_time_us(cublas(linear, silu_mul, 1))
+                block, gemv_timings = choose_gemv(linear, silu_mul, pdl, best)
+            chosen[key] = (rows, block)
+            report[label] = {"max_rows": rows, "timings_us": timings, "gemv_block": block, "gemv_timings_us": gemv_timings}
+            logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s); one row: %s (block, us: %s)",
+                        label, key[1], rows, timings, f"gemv block {block}" if block else "as above", gemv_timings)
         return chosen[key]
 
     for layer in model.modules():
@@ -113,10 +157,11 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
             continue
         attn, mlp = layer.self_attn, layer.mlp
         attn.fused_qk = True
-        attn.qkv_proj.skinny_max_rows = decide("qkv_proj", attn.qkv_proj)
-        attn.o_proj.skinny_max_rows = decide("o_proj", attn.o_proj)
-        mlp.fused_max_rows = decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True)
-        mlp.down_proj.skinny_max_rows = decide("down_proj", mlp.down_proj)
+        for label, linear in (("qkv_proj", attn.qkv_proj), ("o_proj", attn.o_proj), ("down_proj", mlp.down_proj)):
+            linear.skinny_max_rows, linear.gemv_block = decide(label, linear)
+            linear.gemv_pdl = pdl
+        mlp.fused_max_rows, mlp.gemv_block = decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True)
+        mlp.gemv_pdl = pdl
     torch.cuda.synchronize()
     return report
 

@@ -18,6 +18,8 @@ Triton's interpreter on the CPU (``TRITON_INTERPRET=1``) and compiled on the GPU
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -84,6 +86,92 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         m, n, x.stride(0), y.stride(0), weight.stride(0), weight.stride(1), n,
         K=k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=4, num_stages=4,
+    )
+    return y
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch (Hopper and later, and a Triton that can ask for it): a
+    kernel starts while the one before it finishes, reads what does not depend on it (its
+    weights), and waits for the earlier kernel's results only when it needs them."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, stride_wk, up_offset,
+    K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    col_ok = cols < N
+    w_tile = w_ptr + cols[:, None] * stride_wn + ks[None, :] * stride_wk
+    # the first weight tile does not depend on the kernel before: read it before waiting for it
+    w = tl.load(w_tile, mask=col_ok[:, None], other=0.0)
+    if SILU_MUL:  # the up projection's rows sit ``up_offset`` rows below the gate's
+        w_up = tl.load(w_tile + up_offset * stride_wn, mask=col_ok[:, None], other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the previous kernel's output (x) is complete from here on
+        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start loading its weights
+    x = tl.load(x_ptr + ks).to(tl.float32)
+    acc = w.to(tl.float32) * x[None, :]
+    if SILU_MUL:
+        acc_up = w_up.to(tl.float32) * x[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        x = tl.load(x_ptr + k0 + ks).to(tl.float32)
+        acc += tl.load(w_tile + k0 * stride_wk, mask=col_ok[:, None], other=0.0).to(tl.float32) * x[None, :]
+        if SILU_MUL:
+            acc_up += tl.load(w_tile + up_offset * stride_wn + k0 * stride_wk, mask=col_ok[:, None], other=0.0).to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if SILU_MUL:
+        y = y * tl.sigmoid(y) * tl.sum(acc_up, axis=1)
+    tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=col_ok)
+
+
+GEMV_TILE_ELEMENTS = 8192  # weights one program holds in registers at a time (64 per thread at 4 warps)
+
+
+def gemv_block_k(k: int, block_n: int) -> int | None:
+    """The K tile of :func:`gemv` for rows of length ``k``: the largest power of two that divides
+    ``k`` and keeps a tile within GEMV_TILE_ELEMENTS (None: none does)."""
+    block = 1
+    while k % (block * 2) == 0 and block * 2 * block_n <= GEMV_TILE_ELEMENTS:
+        block *= 2
+    return block if block >= 16 else None
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
+         block_n: int = 4, pdl: bool = False) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` for one row ``x`` [1, k] (batch-1 decode), with SwiGLU fused in
+    as in :func:`skinny_matmul`. Unlike it, no tensor-core tile of 16 rows: each program reduces
+    ``block_n`` weight rows, so even a projection with few outputs spreads over every SM.
+    ``pdl``: launched as a programmatic dependent (see :func:`pdl_supported`)."""
+    m, k = x.shape
+    assert m == 1 and x.stride(1) == 1 and weight.shape[1] == k
+    n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
+    block_k = gemv_block_k(k, block_n)
+    assert block_k is not None, f"no K tile divides {k}"
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    extra = {"launch_pdl": True} if pdl else {}
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, bias if bias is not None else weight, y, n, weight.stride(0), weight.stride(1), n,
+        K=k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, BLOCK_K=block_k, USE_PDL=pdl,
+        num_warps=4, **extra,
     )
     return y
 

@@ -12,6 +12,7 @@
 #   bash scripts/gpu_check.sh setup kernels dpserve dpbench   # kind nvidia-h200-x2: serve --dp 2; bench offline --dp 1/2, routing
 #   bash scripts/gpu_check.sh setup loadcache kernels profile savecache   # where the time goes
 #   bash scripts/gpu_check.sh setup kernels tpprofile   # kind nvidia-h200-x2: where a --tp 2 step's time goes
+#   bash scripts/gpu_check.sh setup loadcache kernels gemvab gemvab8b   # batch-1 decode, the one-row kernel off / on
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -191,6 +192,16 @@ print('demo model ready at', demo_model_dir())" || status=1
       timeout 300 "${CLI[@]}" bench multiturn "${Q[@]}" --dp 2 --conversations 32 --turns 8 --system-len 256 --user-len 256 --reply-len 64 2>&1 \
         | tee -a "$OUT/bench_dp.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    gemvab)  # batch-1 decode of the 0.6B shape with the one-row kernel off, without PDL, with PDL (MINISGL_GEMV)
+      for mode in off nopdl on; do
+        MINISGL_GEMV=$mode timeout 150 "${CLI[@]}" -v bench decode --device cuda --dummy-weights --config qwen3-0.6b --input-len 128 --output-len 128 --repeat 3 2>&1 \
+          | grep -E '^\{"bench"|one row|Traceback|Error' | sed "s/^/[MINISGL_GEMV=$mode] /" | tee -a "$OUT/gemv_ab.log"
+      done ;;
+    gemvab8b)  # the same for the 8B shape (batch 1, one GPU)
+      for mode in off on; do
+        MINISGL_GEMV=$mode timeout 200 "${CLI[@]}" -v bench decode --device cuda --dummy-weights --config qwen3-8b --input-len 128 --output-len 128 --repeat 3 2>&1 \
+          | grep -E '^\{"bench"|one row|Traceback|Error' | sed "s/^/[8b MINISGL_GEMV=$mode] /" | tee -a "$OUT/gemv_ab.log"
+      done ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -70,6 +70,28 @@ def test_skinny_matmul_reads_a_strided_input() -> None:
     close(tk.skinny_matmul(x, w), x.float() @ w.float().T)
 
 
+@pytest.mark.parametrize("block_n", [4, 8])
+@pytest.mark.parametrize("n,k,bias,silu_mul", [(64, 128, False, False), (45, 96, True, False), (40, 256, False, True)])
+def test_gemv_matches_a_float32_product(block_n, n, k, bias, silu_mul) -> None:
+    """One row (batch-1 decode): k 96 runs the K loop over three tiles of 32 (the largest power
+    of two dividing it), 45 outputs are not a multiple of the block, SwiGLU fused."""
+    gen = torch.Generator().manual_seed(block_n * 1000 + n + k)
+    x = torch.randn(1, k, generator=gen).to(DTYPE).to(DEVICE)
+    w = torch.randn(2 * n if silu_mul else n, k, generator=gen).to(DTYPE).to(DEVICE) / k ** 0.5
+    b = torch.randn(n, generator=gen).to(DTYPE).to(DEVICE) if bias else None
+    expected = x.float() @ w.float().T + (b.float() if bias else 0)
+    if silu_mul:
+        expected = torch.nn.functional.silu(expected[:, :n]) * expected[:, n:]
+    out = tk.gemv(x, w, b, silu_mul=silu_mul, block_n=block_n, pdl=tk.pdl_supported(DEVICE))
+    assert out.shape == (1, n) and out.dtype == DTYPE
+    close(out, expected)
+
+
+def test_gemv_tiles_k_within_the_register_budget() -> None:
+    assert tk.gemv_block_k(3072, 4) == 1024 and tk.gemv_block_k(2048, 4) == 2048 and tk.gemv_block_k(2048, 8) == 1024
+    assert tk.gemv_block_k(96, 4) == 32 and tk.gemv_block_k(24, 4) is None
+
+
 def reference_qk(qkv, heads, kv_heads, dim, q_w, k_w, eps, positions, rotary):
     """Our torch path in float32: per-head RMSNorm, then rotate-half RoPE."""
     x = qkv.float().view(qkv.shape[0], heads + 2 * kv_heads, dim)
@@ -140,7 +162,8 @@ def test_fill_kv_indices_lists_each_requests_pages_then_padding(page_size) -> No
 
 
 def use_triton_everywhere(model) -> None:
-    """What fused_ops.enable_fused_kernels does, minus the timing: every layer on Triton."""
+    """What fused_ops.enable_fused_kernels does, minus the timing: every layer on Triton (one
+    row: the one-row kernel)."""
     from minisgl_engine.layers.attention import SelfAttention
     from minisgl_engine.layers.linear import Linear
     from minisgl_engine.models.transformer import MLP
@@ -149,17 +172,17 @@ def use_triton_everywhere(model) -> None:
         if isinstance(module, SelfAttention):
             module.fused_qk = True
         elif isinstance(module, MLP):
-            module.fused_max_rows = tk.SKINNY_MAX_ROWS
+            module.fused_max_rows, module.gemv_block = tk.SKINNY_MAX_ROWS, 16
         elif isinstance(module, Linear):
-            module.skinny_max_rows = tk.SKINNY_MAX_ROWS
+            module.skinny_max_rows, module.gemv_block = tk.SKINNY_MAX_ROWS, 16
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs this through tests/test_cuda.py (bf16 against transformers)")
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama3"])
 def test_model_on_triton_kernels_matches_transformers(arch, tiny_model) -> None:
-    """float32 on the CPU (interpreter): prefill of up to 16 tokens and decode run the skinny
-    products, every step the fused q/k kernel; logits as tight as the plain path's, same greedy
-    tokens."""
+    """float32 on the CPU (interpreter): prefill of up to 16 tokens and decode of two run the
+    skinny products, decode of one the one-row kernel, every step the fused q/k kernel; logits as
+    tight as the plain path's, same greedy tokens."""
     from minisgl_engine.llm import LLM
     from minisgl_engine.sampling_params import SamplingParams
     from test_model_parity import assert_logits_close, hf_greedy, random_ids

@@ -36,8 +36,11 @@ MERGED_WEIGHTS = {
 
 class MLP(nn.Module):
     use_flashinfer = False
-    # rows up to which one Triton kernel computes silu(x @ gate.T) * (x @ up.T) (set on CUDA)
+    # rows up to which one Triton kernel computes silu(x @ gate.T) * (x @ up.T) (set on CUDA),
+    # and the one-row kernel's block for a single row (0: not used), as in Linear
     fused_max_rows = 0
+    gemv_block = 0
+    gemv_pdl = False
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -47,6 +50,10 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, all_reduce_buffer=1)  # attention's uses 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1 and self.gemv_block:
+            from ..triton_kernels import gemv
+
+            return self.down_proj(gemv(x, self.gate_up_proj.weight, silu_mul=True, block_n=self.gemv_block, pdl=self.gemv_pdl))
         if 0 < x.shape[0] <= self.fused_max_rows:
             from ..triton_kernels import skinny_matmul
 
