@@ -5,7 +5,10 @@ Whether the skinny matrix product (alone, or with SwiGLU fused in) beats cuBLAS 
 GPU and the layer's shape, so it is measured here once at start-up: for each distinct weight
 shape and each row count up to 16, both are timed inside a CUDA graph (the way decode steps
 run), and a layer uses the Triton kernel up to the largest row count at which it had not yet
-lost.
+lost. At one row (batch-1 decode, the chat case) the one-row kernel (``gemv``) is timed too and
+runs where it is fastest; where it runs for both products of a decoder layer, the layer's two
+residual adds + RMSNorms move inside them (``add_norm_gemv``). On Hopper these kernels start
+while the kernel before them finishes (programmatic dependent launch).
 """
 
 from __future__ import annotations
@@ -93,10 +96,11 @@ GEMV_BLOCKS = (4, 8)  # weight rows per program of the one-row kernel, each meas
 
 def gemv_mode() -> str:
     """``MINISGL_GEMV``: ``on`` (default: the one-row kernel where measured faster, launched as
-    a programmatic dependent where the GPU can), ``nopdl`` (the kernel, plain launches) or
-    ``off`` (not tried): for measuring what each part buys."""
+    a programmatic dependent where the GPU can, the decoder's norms fused into it), ``nonorm``
+    (the norms as their own kernels), ``nopdl`` (no norms fused, plain launches) or ``off`` (not
+    tried): for measuring what each part buys."""
     mode = os.environ.get("MINISGL_GEMV", "on")
-    return mode if mode in ("on", "nopdl", "off") else "on"
+    return mode if mode in ("on", "nonorm", "nopdl", "off") else "on"
 
 
 def choose_gemv(linear, silu_mul: bool, pdl: bool, best_us: float) -> tuple[int, list]:
@@ -138,7 +142,7 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
     report: dict[str, object] = {"triton": True}
     chosen: dict[tuple, tuple[int, int]] = {}  # one measurement per distinct shape and kind
     mode = gemv_mode()
-    pdl = mode == "on" and pdl_supported(next(model.parameters()).device)
+    pdl = mode in ("on", "nonorm") and pdl_supported(next(model.parameters()).device)
     report["gemv"] = mode if mode == "off" else ("pdl" if pdl else "plain launches")
 
     def decide(label: str, linear, silu_mul: bool = False) -> tuple[int, int]:
@@ -160,12 +164,15 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
         if not isinstance(layer, DecoderLayer):
             continue
         attn, mlp = layer.self_attn, layer.mlp
-        attn.fused_qk = True
+        attn.fused_qk, attn.qk_pdl = True, pdl
         for label, linear in (("qkv_proj", attn.qkv_proj), ("o_proj", attn.o_proj), ("down_proj", mlp.down_proj)):
             linear.skinny_max_rows, linear.gemv_block = decide(label, linear)
             linear.gemv_pdl = pdl
         mlp.fused_max_rows, mlp.gemv_block = decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True)
         mlp.gemv_pdl = pdl
+        # the norms ride inside both one-row products (enable_fused_all_reduce_norm takes them
+        # back out where it fuses tensor parallelism's all-reduce into the norms instead)
+        layer.norms_in_gemv = mode == "on" and attn.qkv_proj.gemv_block > 0 and mlp.gemv_block > 0
     torch.cuda.synchronize()
     return report
 
@@ -192,6 +199,7 @@ def enable_fused_all_reduce_norm(model: nn.Module, device: torch.device, hidden_
             module.post_attention_layernorm.takes_all_reduce = module.self_attn.o_proj.all_reduce_buffer
             module.mlp.down_proj.leaves_all_reduce = True
             module.input_layernorm.takes_all_reduce = module.mlp.down_proj.all_reduce_buffer
+            module.norms_in_gemv = False  # the norms are where the all-reduce happens now
         elif isinstance(module, DecoderModel):
             module.norm.takes_all_reduce = module.layers[-1].mlp.down_proj.all_reduce_buffer
     return True

@@ -2,11 +2,15 @@
 
 A decode step of a 0.6B model at batch 1 was ~430 kernels on an H200: each costs about 2 µs even
 inside a CUDA graph, and cuBLAS streams the small per-layer weight matrices at a fraction of the memory bandwidth
-when the product has a single row. Three kernels cut that down:
+when the product has a single row. These kernels cut that down:
 
 - :func:`skinny_matmul`: ``x @ W.T`` for up to 16 rows, one pass over the weights (optionally
   with SwiGLU's ``silu(gate) * up`` fused in, so the MLP's activation kernel disappears). The
   engine uses it only where it measured it faster than cuBLAS (:mod:`..fused_ops`).
+- :func:`gemv` / :func:`add_norm_gemv`: the same for exactly one row (batch-1 decode), a few
+  weight rows per program so that every SM streams weights; optionally with the decoder's
+  residual add + RMSNorm computed in front (each program normalises the one row itself), and on
+  Hopper launched early, reading its first weights while the previous kernel finishes.
 - :func:`qk_norm_rope_store`: Qwen3's per-head q/k RMSNorm, RoPE and the write of K and V into
   the KV pool in one launch (five kernels before: two norms, RoPE, two index copies).
 - :func:`fill_kv_indices`: FlashInfer's page list of a batch, gathered from the page table in
@@ -105,11 +109,28 @@ def pdl_supported(device: torch.device) -> bool:
 
 
 @triton.jit
+def _gemv_input(x_ptr, r_ptr, h_ptr, g_ptr, offs, write_h, NORM: tl.constexpr):
+    """One K tile of the product's input: ``x``, or with ``NORM`` the decoder's ``h = x +
+    residual`` (rounded to the model's dtype like a separate add; ``write_h``: this program
+    stores it as the next residual) times the norm's weight. Returns the tile and its share
+    of the sum of squares the norm divides by (0 without ``NORM``)."""
+    x = tl.load(x_ptr + offs).to(tl.float32)
+    if NORM:
+        h = (x + tl.load(r_ptr + offs).to(tl.float32)).to(h_ptr.dtype.element_ty)
+        if write_h:
+            tl.store(h_ptr + offs, h)
+        x = h.to(tl.float32)
+        return x * tl.load(g_ptr + offs).to(tl.float32), tl.sum(x * x, axis=0)
+    return x, 0.0
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, stride_wk, up_offset,
+    x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, h_ptr, g_ptr, eps, N, stride_wn, stride_wk, up_offset,
     K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,
+    NORM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -126,20 +147,29 @@ def _gemv_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's output (x) is complete from here on
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start loading its weights
-    x = tl.load(x_ptr + ks).to(tl.float32)
+    x, sum_sq = _gemv_input(x_ptr, r_ptr, h_ptr, g_ptr, ks, pid == 0, NORM)
     acc = w.to(tl.float32) * x[None, :]
     if SILU_MUL:
         acc_up = w_up.to(tl.float32) * x[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
-        x = tl.load(x_ptr + k0 + ks).to(tl.float32)
+        x, part = _gemv_input(x_ptr, r_ptr, h_ptr, g_ptr, k0 + ks, pid == 0, NORM)
+        if NORM:
+            sum_sq += part
         acc += tl.load(w_tile + k0 * stride_wk, mask=col_ok[:, None], other=0.0).to(tl.float32) * x[None, :]
         if SILU_MUL:
             acc_up += tl.load(w_tile + up_offset * stride_wn + k0 * stride_wk, mask=col_ok[:, None], other=0.0).to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
+    if SILU_MUL:
+        y_up = tl.sum(acc_up, axis=1)
+    if NORM:  # the norm's 1 / rms is one number per row: it scales the product's result
+        inv_rms = 1.0 / tl.sqrt(sum_sq / K + eps)
+        y = y * inv_rms
+        if SILU_MUL:
+            y_up = y_up * inv_rms
     if HAS_BIAS:
         y += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     if SILU_MUL:
-        y = y * tl.sigmoid(y) * tl.sum(acc_up, axis=1)
+        y = y * tl.sigmoid(y) * y_up
     tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
@@ -161,19 +191,36 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     as in :func:`skinny_matmul`. Unlike it, no tensor-core tile of 16 rows: each program reduces
     ``block_n`` weight rows, so even a projection with few outputs spreads over every SM.
     ``pdl``: launched as a programmatic dependent (see :func:`pdl_supported`)."""
+    return _launch_gemv(x, weight, bias, silu_mul, block_n, pdl, None)[0]
+
+
+def add_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                  bias: torch.Tensor | None = None, silu_mul: bool = False, block_n: int = 4,
+                  pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's residual add and RMSNorm in front of :func:`gemv`: ``h = x +
+    residual``, then ``rmsnorm(h) * norm_weight`` goes through the product. Every program
+    computes the norm of the one row itself, so the norm's own kernel disappears. Returns
+    (the product, ``h``: the next residual)."""
+    return _launch_gemv(x, weight, bias, silu_mul, block_n, pdl, (residual, norm_weight, eps))
+
+
+def _launch_gemv(x, weight, bias, silu_mul: bool, block_n: int, pdl: bool, add_norm) -> tuple[torch.Tensor, torch.Tensor | None]:
     m, k = x.shape
     assert m == 1 and x.stride(1) == 1 and weight.shape[1] == k
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     block_k = gemv_block_k(k, block_n)
     assert block_k is not None, f"no K tile divides {k}"
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    residual, norm_weight, eps = add_norm if add_norm is not None else (x, x, 0.0)
+    h = torch.empty_like(x) if add_norm is not None else None
     extra = {"launch_pdl": True} if pdl else {}
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y, n, weight.stride(0), weight.stride(1), n,
-        K=k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, BLOCK_K=block_k, USE_PDL=pdl,
-        num_warps=4, **extra,
+        x, weight, bias if bias is not None else weight, y, residual, h if h is not None else x, norm_weight, eps,
+        n, weight.stride(0), weight.stride(1), n,
+        K=k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, NORM=add_norm is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        USE_PDL=pdl, num_warps=4, **extra,
     )
-    return y
+    return y, h
 
 
 # Triton compiles a kernel once per "specialization" of its arguments (integers equal to 1 or
@@ -188,7 +235,11 @@ def _qk_norm_rope_store_kernel(
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # launched early (programmatic dependent): qkv is complete only from here on
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0)
     head = tl.program_id(1)  # q heads, then k heads, then v heads, as in the merged projection
     half = tl.arange(0, HEAD_DIM // 2)
@@ -239,11 +290,12 @@ def qk_norm_rope_store(
     out_loc: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """From the merged projection ``qkv`` [tokens, (heads + 2 kv_heads) * head_dim]: normalise q
     and k per head (when the weights are given), rotate them, write K and V to the slots
     ``out_loc`` of this layer's ``k_cache``/``v_cache`` [slots, kv_heads, head_dim], and return
-    q [tokens, heads, head_dim]."""
+    q [tokens, heads, head_dim]. ``pdl``: launched as a programmatic dependent."""
     tokens = qkv.shape[0]
     assert qkv.stride(1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
@@ -255,7 +307,7 @@ def qk_norm_rope_store(
         q_weight if has_norm else qkv, k_weight if has_norm else qkv,
         positions, out_loc, cos_sin_cache, qkv.stride(0), eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm,
-        num_warps=1,
+        USE_PDL=pdl, num_warps=1, **({"launch_pdl": True} if pdl else {}),
     )
     return q
 

@@ -192,14 +192,14 @@ print('demo model ready at', demo_model_dir())" || status=1
       timeout 300 "${CLI[@]}" bench multiturn "${Q[@]}" --dp 2 --conversations 32 --turns 8 --system-len 256 --user-len 256 --reply-len 64 2>&1 \
         | tee -a "$OUT/bench_dp.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
-    gemvab)  # batch-1 decode of the 0.6B shape with the one-row kernel off, without PDL, with PDL (MINISGL_GEMV)
-      for mode in off nopdl on; do
+    gemvab)  # batch-1 decode of the 0.6B shape: the one-row kernel off, without PDL, with PDL, with the norms fused in (MINISGL_GEMV)
+      for mode in off nopdl nonorm on; do
         MINISGL_GEMV=$mode timeout 150 "${CLI[@]}" -v bench decode --device cuda --dummy-weights --config qwen3-0.6b --input-len 128 --output-len 128 --repeat 3 2>&1 \
           | grep -E '^\{"bench"|one row|Traceback|Error' | sed "s/^/[MINISGL_GEMV=$mode] /" | tee -a "$OUT/gemv_ab.log"
       done ;;
     gemvab8b)  # the same for the 8B shape (batch 1, one GPU)
       for mode in off on; do
-        MINISGL_GEMV=$mode timeout 200 "${CLI[@]}" -v bench decode --device cuda --dummy-weights --config qwen3-8b --input-len 128 --output-len 128 --repeat 3 2>&1 \
+        MINISGL_GEMV=$mode timeout 200 "${CLI[@]}" -v bench decode --device cuda --dummy-weights --config qwen3-8b --input-len 128 --output-len 128 --repeat 2 2>&1 \
           | grep -E '^\{"bench"|one row|Traceback|Error' | sed "s/^/[8b MINISGL_GEMV=$mode] /" | tee -a "$OUT/gemv_ab.log"
       done ;;
     *) echo "unknown stage $stage"; status=2 ;;

@@ -87,6 +87,27 @@ def test_gemv_matches_a_float32_product(block_n, n, k, bias, silu_mul) -> None:
     close(out, expected)
 
 
+@pytest.mark.parametrize("silu_mul,bias", [(False, True), (True, False)])
+def test_add_norm_gemv_is_the_residual_add_and_rmsnorm_then_the_product(silu_mul, bias) -> None:
+    """h = x + residual (the next residual, rounded once), then rmsnorm(h) * g through the
+    product; k 96 is three K tiles, so the norm's sum of squares spans the loop."""
+    gen = torch.Generator().manual_seed(7 + silu_mul)
+    n, k, eps = 24, 96, 1e-6
+    x = torch.randn(1, k, generator=gen).to(DTYPE).to(DEVICE)
+    residual = (3 * torch.randn(1, k, generator=gen)).to(DTYPE).to(DEVICE)
+    g = (1 + 0.2 * torch.randn(k, generator=gen)).to(DTYPE).to(DEVICE)
+    w = torch.randn(2 * n if silu_mul else n, k, generator=gen).to(DTYPE).to(DEVICE) / k ** 0.5
+    b = torch.randn(n, generator=gen).to(DTYPE).to(DEVICE) if bias else None
+    h = (x.float() + residual.float()).to(DTYPE)
+    normed = h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + eps) * g.float()
+    expected = normed @ w.float().T + (b.float() if bias else 0)
+    if silu_mul:
+        expected = torch.nn.functional.silu(expected[:, :n]) * expected[:, n:]
+    out, new_residual = tk.add_norm_gemv(x, residual, g, eps, w, b, silu_mul=silu_mul, block_n=8, pdl=tk.pdl_supported(DEVICE))
+    assert torch.equal(new_residual, h) and out.shape == (1, n)
+    close(out, expected)
+
+
 def test_gemv_tiles_k_within_the_register_budget() -> None:
     assert tk.gemv_block_k(3072, 4) == 1024 and tk.gemv_block_k(2048, 4) == 2048 and tk.gemv_block_k(2048, 8) == 1024
     assert tk.gemv_block_k(96, 4) == 32 and tk.gemv_block_k(24, 4) is None
@@ -163,13 +184,15 @@ def test_fill_kv_indices_lists_each_requests_pages_then_padding(page_size) -> No
 
 def use_triton_everywhere(model) -> None:
     """What fused_ops.enable_fused_kernels does, minus the timing: every layer on Triton (one
-    row: the one-row kernel)."""
+    row: the one-row kernel, with the decoder's norms inside it)."""
     from minisgl_engine.layers.attention import SelfAttention
     from minisgl_engine.layers.linear import Linear
-    from minisgl_engine.models.transformer import MLP
+    from minisgl_engine.models.transformer import MLP, DecoderLayer
 
     for module in model.modules():
-        if isinstance(module, SelfAttention):
+        if isinstance(module, DecoderLayer):
+            module.norms_in_gemv = True
+        elif isinstance(module, SelfAttention):
             module.fused_qk = True
         elif isinstance(module, MLP):
             module.fused_max_rows, module.gemv_block = tk.SKINNY_MAX_ROWS, 16
@@ -181,7 +204,7 @@ def use_triton_everywhere(model) -> None:
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama3"])
 def test_model_on_triton_kernels_matches_transformers(arch, tiny_model) -> None:
     """float32 on the CPU (interpreter): prefill of up to 16 tokens and decode of two run the
-    skinny products, decode of one the one-row kernel, every step the fused q/k kernel; logits as
+    skinny products, decode of one the one-row kernel with the norms fused in, every step the fused q/k kernel; logits as
     tight as the plain path's, same greedy tokens."""
     from minisgl_engine.llm import LLM
     from minisgl_engine.sampling_params import SamplingParams

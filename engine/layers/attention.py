@@ -17,6 +17,7 @@ class SelfAttention(nn.Module):
     use_flashinfer = False
     # CUDA with Triton: q/k norms, RoPE and the K/V store in one kernel (triton_kernels.py)
     fused_qk = False
+    qk_pdl = False  # ... launched as a programmatic dependent (Hopper; triton_kernels.pdl_supported)
 
     def __init__(
         self,
@@ -41,14 +42,18 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
 
     def forward(self, hidden: torch.Tensor, rope: RopeInputs, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)
+        return self.attend_qkv(self.qkv_proj(hidden), rope, batch, attn)
+
+    def attend_qkv(self, qkv: torch.Tensor, rope: RopeInputs, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """Everything after the merged projection: q/k norm, RoPE, the KV write, attention and
+        the output projection."""
         if self.fused_qk:
             from ..triton_kernels import qk_norm_rope_store
 
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else (None, None, 0.0)
             q = qk_norm_rope_store(
                 qkv, self.num_heads, self.num_kv_heads, self.head_dim, *norms, rope.positions, rope.cos_sin_cache,
-                batch.out_loc, attn.kv_pool.k_cache[self.layer_id], attn.kv_pool.v_cache[self.layer_id],
+                batch.out_loc, attn.kv_pool.k_cache[self.layer_id], attn.kv_pool.v_cache[self.layer_id], pdl=self.qk_pdl,
             )
             return self.o_proj(attn.attend(q, self.layer_id, batch))
         if self.use_flashinfer:

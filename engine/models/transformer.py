@@ -76,6 +76,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # CUDA, one row (batch-1 decode): each residual add + RMSNorm rides inside the one-row
+        # product after it (triton_kernels.add_norm_gemv); set by fused_ops where that product runs
+        self.norms_in_gemv = False
 
     def forward(
         self,
@@ -85,6 +88,8 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         attn: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.norms_in_gemv and hidden.shape[0] == 1 and residual is not None:
+            return self._forward_one_row(rope, hidden, residual, batch, attn)
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -93,6 +98,21 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(hidden, rope, batch, attn)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def _forward_one_row(self, rope, hidden, residual, batch, attn) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer with its two norms inside the products that follow them: two kernels
+        fewer per layer at batch 1."""
+        from ..triton_kernels import add_norm_gemv
+
+        qkv_proj, mlp = self.self_attn.qkv_proj, self.mlp
+        norm = self.input_layernorm
+        qkv, residual = add_norm_gemv(hidden, residual, norm.weight, norm.eps, qkv_proj.weight, qkv_proj.bias,
+                                      block_n=qkv_proj.gemv_block, pdl=qkv_proj.gemv_pdl)
+        hidden = self.self_attn.attend_qkv(qkv, rope, batch, attn)
+        norm = self.post_attention_layernorm
+        act, residual = add_norm_gemv(hidden, residual, norm.weight, norm.eps, mlp.gate_up_proj.weight, silu_mul=True,
+                                      block_n=mlp.gemv_block, pdl=mlp.gemv_pdl)
+        return mlp.down_proj(act), residual
 
 
 class DecoderModel(nn.Module):
