@@ -768,7 +768,9 @@ class ChatPage:
                                model_message=model_message, pull=pull)
 
     def _chat_column(self) -> SimpleNamespace:
-        status = gr.Markdown(self.source.status_line(), elem_id="status-line")
+        # the page's first render, until its load is answered: the app's line at build time
+        # ("Starting… 0/3") would be stale by then
+        status = gr.Markdown("Connecting…", elem_id="status-line")
         chatbot = gr.Chatbot(
             elem_id="chatbot", show_label=False, height="70vh", editable="all",
             # one bubble per message: Copy copies one message (not the reply with its stats line)

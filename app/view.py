@@ -20,6 +20,9 @@ from .store import ChatSettings, Conversation, ConversationSummary, Message
 VERSIONS_HINT = "Click a message, then ‹ › under the chat to see its other versions."
 WAITING_LINE = "waiting: answered when the reply above ends"
 WAITING_HINT = "Sent while the chat was replying: it is answered next. Stop ends the reply above first."
+UNANSWERED_LINE = "not answered: ↻ answers it"
+UNANSWERED_HINT = ("The chat stopped before this message's turn came (its tab was closed while the message waited, "
+                   "or the app stopped). ↻ below asks for the reply.")
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ def is_failed(message: Message) -> bool:
 def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy: bool = False) -> list[ViewMessage]:
     """The conversation as the chat shows it; the live reply's text replaces its stored copy
     (which is written only every half second). ``busy``: the chat has a reply running or queued,
-    so a question at its end waits for its turn (and says so)."""
+    so a question at its end waits for its turn (and says so); a question at the end of a chat
+    that is not busy was left unanswered, and says that instead."""
     if conv is None:
         return []
     out: list[ViewMessage] = []
@@ -93,6 +97,9 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
                 out.append(ViewMessage({"role": "user", "content": VERSIONS_HINT, "metadata": {"title": version, "status": "done"}}, m))
             if busy and m is last:  # the last question of a busy chat: its reply has not started yet
                 out.append(ViewMessage({"role": "user", "content": WAITING_HINT, "metadata": {"title": WAITING_LINE, "status": "done"}}, m))
+            elif m is last:  # a question left without a reply: say so, under it, where ↻ shows
+                out.append(ViewMessage({"role": "assistant", "content": UNANSWERED_HINT,
+                                        "metadata": {"title": UNANSWERED_LINE, "status": "done"}}, m))
             continue
         if is_failed(m):
             continue

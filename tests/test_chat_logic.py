@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from minisgl_app import live
+from minisgl_app import live, view
 from minisgl_app.live import ReplyManager, Turn
 from minisgl_app.store import ConversationStore
 from minisgl_app.view import (can_continue, engine_messages, focus_of, sidebar_choices, split_thinking, versions_label,
@@ -139,13 +139,24 @@ async def test_a_closed_tab_stops_its_replies_unless_a_page_shows_them_again(sto
         store.append(c, "user", " ".join(["w"] * 20))
         manager.page_seen("old-tab", c)
         manager.submit(c, "old-tab", turn_for(store, c))
+    store.append(dropped, "user", "and this")  # sent while it replied: waits its turn
+    manager.submit(dropped, "old-tab", turn_for(store, dropped))
+    assert view_messages(store.get(dropped), busy=True)[-1].shown["metadata"]["title"] == view.WAITING_LINE
     manager.page_gone("old-tab")
     manager.page_seen("reloaded-tab", kept)  # the reloaded page shows one of them: it adopts it
     await asyncio.sleep(0.3)
     assert manager.is_busy(kept) and not manager.is_busy(dropped)
-    assert store.get(dropped).messages[-1].stats.stopped
+    assert store.get(dropped).messages[-2].stats.stopped
+    # the waiting message was not answered: the chat says so under it, where ↻ shows
+    line = view_messages(store.get(dropped), busy=manager.is_busy(dropped))[-1]
+    assert line.shown["role"] == "assistant" and line.shown["metadata"]["title"] == view.UNANSWERED_LINE
+    assert line.source.content == "and this"
     await until_idle(manager)
     assert store.get(kept).messages[-1].stats.finish_reason == "stop"
+    manager.submit(dropped, "new-tab", turn_for(store, dropped))  # what ↻ does for it (ChatPage.regenerate)
+    await until_idle(manager)
+    assert texts(store, dropped)[-2:] == [("user", "and this"), ("assistant", "echo: and this")]
+    assert view_messages(store.get(dropped))[-1].shown["metadata"]["title"] != view.UNANSWERED_LINE
 
 
 @pytest.mark.anyio
@@ -192,9 +203,10 @@ def test_thinking_is_a_line_of_its_own_and_indexes_match_the_page(store):
     follow = store.append(c, "user", "and 3+3?")
     shown = view_messages(store.get(c))
     assert [(v.shown["content"], v.shown.get("metadata", {}).get("title")) for v in shown] == [
-        ("2+2?", None), ("Add them.", "Thought"), ("It is **4**.", None), ("The model finished its answer.", "9 tokens"), ("and 3+3?", None)]
-    assert [v.source.id for v in shown][1:] == [reply.id, reply.id, reply.id, follow.id]
-    assert [v.is_line for v in shown] == [False, True, False, True, False]
+        ("2+2?", None), ("Add them.", "Thought"), ("It is **4**.", None), ("The model finished its answer.", "9 tokens"), ("and 3+3?", None),
+        (view.UNANSWERED_HINT, view.UNANSWERED_LINE)]  # nothing answers it here (not busy)
+    assert [v.source.id for v in shown][1:] == [reply.id, reply.id, reply.id, follow.id, follow.id]
+    assert [v.is_line for v in shown] == [False, True, False, True, False, True]
     # streaming: the block is still open
     streaming = live.LiveReply(c, reply.id, "tab", text="<think>\nAdd")
     lines = [(v.shown["content"][:9], v.shown.get("metadata", {}).get("title")) for v in view_messages(store.get(c), streaming)]
