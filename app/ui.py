@@ -27,6 +27,7 @@ from minisgl_engine import GenerateRequest, SamplingParams, UserError
 
 from .live import ReplyManager, Turn
 from .model_pull import ModelPuller, PullError, PullProgress
+from .page_css import PAGE_CSS
 from .store import IMPORT_LIMIT_BYTES, BadImportFile, ChatSettings, ConversationStore, NotFoundError, title_from
 from .reply_source import ModelEntry, ModelError, ReplySource
 from .view import can_continue, engine_messages, focus_of, model_choices, sidebar_choices, versions_label, view_messages
@@ -953,8 +954,9 @@ def quiet_queue(demo: gr.Blocks) -> None:
 
 
 def theme_css() -> str:
+    """The page's look (assets/theme.css, when there) and the CSS it needs to behave (page_css.py)."""
     path = ASSETS / "theme.css"
-    return path.read_text() if path.exists() else ""
+    return (path.read_text() if path.exists() else "") + PAGE_CSS
 
 
 def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | None, puller: ModelPuller | None = None) -> None:

@@ -69,3 +69,28 @@ def send(page, text: str) -> None:
     """Type a message and press Enter, as a person does."""
     page.fill("#msg-input textarea", text)
     page.press("#msg-input textarea", "Enter")
+
+
+# Gradio's own progress text ("queue: 1/1 | 0.1s", "processing | 2.3s", a bare "0.4s"): any in
+# the status line, and any progress box drawn anywhere (there are none: every event hides its own)
+WATCH_PROGRESS_JS = """() => {
+  window.progressSeen = [];
+  const look = () => {
+    const line = document.querySelector('#status-line');
+    if (line && /queue:|processing|\\b\\d+\\.\\d+s\\b/.test(line.innerText)) window.progressSeen.push('status line: ' + line.innerText);
+    for (const t of document.querySelectorAll('[data-testid=status-tracker]')) {
+      const text = t.innerText.trim();
+      if (text && t.getClientRects().length) window.progressSeen.push((t.closest('[id]') || {}).id + ': ' + text);
+    }
+  };
+  new MutationObserver(look).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
+def watch_progress(page) -> None:
+    """Record, from now on, any Gradio progress text in the page (``progress_seen``)."""
+    page.evaluate(WATCH_PROGRESS_JS)
+
+
+def progress_seen(page) -> list[str]:
+    return page.evaluate("window.progressSeen || []")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from chat_page_utils import BROWSER_MARKS, REPLY, USER, browser, engine_idle, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
+from chat_page_utils import (BROWSER_MARKS, REPLY, USER, browser, engine_idle, open_new_chat, progress_seen, send,  # noqa: F401 (browser: fixture)
+                             wait_page_loaded, watch_progress)
 from server_utils import CLI, wait_until
 
 pytestmark = BROWSER_MARKS
@@ -562,12 +563,15 @@ def test_message_box_is_visible_on_a_phone(tab, app):
 def test_status_line_says_0_running_after_a_reply(tab, app):
     page = tab().page
     new_chat(page, max_tokens=8)
+    watch_progress(page)
     send(page, "Tapir fact: what is the capital of France?")
     assert wait_until(lambda: "1 running" in page.inner_text("#status-line") or finished(page), 30)
     wait_finished(page, 1)
     t0 = time.monotonic()
     assert wait_until(lambda: "0 running" in page.inner_text("#status-line"), 2), page.inner_text("#status-line")
     assert time.monotonic() - t0 <= 2
+    # the status line (and every other output) shows only the page's text, never Gradio's timers
+    assert not progress_seen(page), f"Gradio's progress showed in the page: {sorted(set(progress_seen(page)))[:6]}"
 
 
 # ---- 12. what the page costs: `minisgl-chat bench page`
