@@ -11,4 +11,11 @@ HIDDEN_PROGRESS = """
 .gradio-container [data-testid="status-tracker"].hide { display: none !important; }
 """
 
-PAGE_CSS = HIDDEN_PROGRESS
+# ↻ (Retry) is offered once the reply has ended: while the shown chat replies (Stop is red then,
+# ChatPage.render) it would be refused. The line it sits under keeps no other button (NO_DOTS).
+NO_RETRY_WHILE_REPLYING = """
+body:has(#stop-btn.stop) #chatbot button[aria-label="Retry"] { display: none !important; }
+body:has(#stop-btn.stop) #chatbot .message-row:has(.thought-group) + .message-buttons { display: none !important; }
+"""
+
+PAGE_CSS = HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING

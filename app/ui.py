@@ -108,7 +108,7 @@ class Tab:
 
     conv_id: int | None = None
     draft: ChatSettings | None = None
-    focus: int | None = None  # the message the versions bar acts on (None: the deepest with versions)
+    focus: int | None = None  # the message the versions bar acts on (None: view.focus_of's choice)
     search: str = ""  # what the sidebar is filtered by
     attachments: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) for the next message
     follower: int = 0  # which follow event renders the tab now
@@ -466,6 +466,7 @@ class ChatPage:
         if tab.conv_id is None:
             tab.conv_id, tab.picked = self.store.create(title=title_from(text), settings=tab.draft).id, True
         self.store.append(tab.conv_id, "user", text)
+        tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
         return "", ""
 

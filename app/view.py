@@ -40,13 +40,17 @@ class ViewMessage:
 
 def focus_of(conv: Conversation | None, chosen: int | None) -> Message | None:
     """The message the versions bar acts on: the one the user clicked, if still shown; else the
-    deepest message that has other versions."""
+    deepest message of the last turn (the last question and its reply) that has other versions.
+    A version of an earlier turn shows the bar only when clicked: after a new message the bar
+    would otherwise name a message far above the one just sent."""
     if conv is None:
         return None
     by_id = {m.id: m for m in conv.messages}
     if chosen in by_id:
         return by_id[chosen]
-    return next((m for m in reversed(conv.messages) if m.sibling_count > 1), None)
+    questions = [i for i, m in enumerate(conv.messages) if m.role == "user"]
+    last_turn = conv.messages[questions[-1]:] if questions else conv.messages
+    return next((m for m in reversed(last_turn) if m.sibling_count > 1), None)
 
 
 def versions_label(conv: Conversation, focus: Message) -> str:

@@ -343,6 +343,13 @@ def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
     expect_shown(page, "Reply 1: version 2 of 2", "› after editing the reply", reply=mine)
     assert after_edit == "", f"a warning after a plain edit of the reply (screenshot features-03-edited-reply): {after_edit}"
 
+    # a new message: the bar no longer names Reply 1 (a click on it brings its versions back)
+    send(page, "Another one?")
+    assert wait_until(lambda: not page.locator("#versions").is_visible(), 10), \
+        f"the versions bar stays after a new message: {versions_label(page)!r}"
+    wait_reply(page, app, "the reply after the edited one")
+    assert not page.locator("#versions").is_visible(), versions_label(page)
+
 
 # ---- 4. Continue
 

@@ -232,6 +232,19 @@ def test_versions_show_under_messages_and_focus_the_deepest(store):
     assert conv.messages[-1].content == "first answer"
 
 
+def test_versions_bar_leaves_an_earlier_turn_once_a_new_message_is_sent(store):
+    c = store.create().id
+    q = store.append(c, "user", "question")
+    store.append(c, "assistant", "first answer", stats={"tokens": 2, "finish_reason": "stop"})
+    second = store.add_message(c, q.id, "assistant", "second answer", stats={"tokens": 2, "finish_reason": "stop"})
+    store.append(c, "user", "a new question")
+    conv = store.get(c)
+    assert focus_of(conv, None) is None, "the bar still names Reply 1 under a new question"
+    assert focus_of(conv, second.id).id == second.id  # clicked, the earlier reply's versions show again
+    store.append(c, "assistant", "its answer", stats={"tokens": 2, "finish_reason": "stop"})
+    assert focus_of(store.get(c), None) is None
+
+
 def test_only_a_stopped_or_cut_reply_can_be_continued(store):
     c = store.create().id
     store.append(c, "user", "q")

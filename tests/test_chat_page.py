@@ -547,9 +547,12 @@ def test_escape_stops_the_reply_and_stop_looks_active_only_meanwhile(tab, app):
     send(page, story("Marmot"))
     assert wait_until(lambda: len(last_reply(page)) > 20, 60)
     assert running(app) == 1 and stop_looks_active(page)
+    retry = page.locator("#chatbot button[aria-label='Retry']")
+    assert not any(b.is_visible() for b in retry.all()), "↻ is offered under a reply that is still streaming"
     page.keyboard.press("Escape")
     assert wait_until(lambda: engine_idle(app), 5), f"Escape did not stop the reply: {app.metrics()}"
     assert wait_until(lambda: not stop_looks_active(page), 5)
+    assert wait_until(lambda: retry.count() == 1 and retry.is_visible(), 5), "no ↻ under the reply once it ended"
 
 
 def test_message_box_is_visible_on_a_phone(tab, app):
