@@ -18,4 +18,36 @@ body:has(#stop-btn.stop) #chatbot button[aria-label="Retry"] { display: none !im
 body:has(#stop-btn.stop) #chatbot .message-row:has(.thought-group) + .message-buttons { display: none !important; }
 """
 
-PAGE_CSS = HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING
+# No empty button box (drawn as a stray dot) under a line that keeps no button (a reply's stats
+# line, a version or waiting line), nor the box of Gradio's Clear, which the theme hides.
+NO_DOTS = """
+#chatbot .message-row:has(.thought-group) + .message-buttons:not(:has(button[aria-label="Retry"])) { display: none !important; }
+#chatbot .icon-button-wrapper:has(> button[aria-label="Clear"]):not(:has(> button:not([aria-label="Clear"]))) { display: none !important; }
+"""
+
+# The status line stays readable: toasts open under it (PAGE_JS keeps its bottom edge in
+# --status-bottom), and the chat's top edge is drawn (the theme keeps the chat itself borderless), so a message scrolled up leaves the chat
+# there instead of seeming to slide under the status line.
+STATUS_LINE_CLEAR = """
+.toast-wrap { top: calc(var(--status-bottom, 64px) + var(--size-2)) !important; }
+#chatbot::before { content: ""; position: absolute; top: 0; left: 0; right: 0; z-index: 1; pointer-events: none;
+                   border-top: 1px solid var(--border-color-primary); }
+#chatbot .bubble-wrap { mask-image: linear-gradient(to bottom, transparent 0, #000 var(--size-3)); }
+"""
+
+# A narrow screen (a phone, a half-screen window): the chat and its message box first (the
+# theme orders them), the message box on a row of its own with Attach, Send and Stop under it,
+# and the versions bar wrapping its label instead of pushing "Delete message" off the screen.
+NARROW = """
+@media (max-width: 640px) {
+  #main #chatbot { height: 55vh !important; }
+  #versions { flex-wrap: wrap !important; row-gap: var(--spacing-sm); }
+  #versions > #versions-label { flex: 1 1 0 !important; min-width: 0 !important; }
+  #versions > #delete-message-btn { flex: 0 0 auto !important; white-space: nowrap; }
+  #composer { flex-wrap: wrap !important; }
+  #composer > .form:has(#msg-input) { order: -1; flex: 1 1 100% !important; min-width: 100% !important; }
+  #composer > * { flex: 1 1 0; }
+}
+"""
+
+PAGE_CSS = HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW

@@ -60,12 +60,26 @@ BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 ATTACH_LIMIT_BYTES = 1_000_000
 TEXT_FILES = [".txt", ".md", ".py", ".js", ".ts", ".json", ".yaml", ".yml", ".toml", ".csv", ".c", ".h", ".cpp", ".rs", ".go",
               ".java", ".sh", ".html", ".css", ".sql", ".xml", ".ini", ".cfg", ".log", ".tex", ".rst"]
-# Escape stops the reply, as in other chat apps; Enter on an empty box does nothing.
+# Escape stops the reply, as in other chat apps; Enter on an empty box does nothing. Toasts open
+# under the status line (page_css.py): its bottom edge is kept in --status-bottom.
 PAGE_JS = """
 () => {
   document.addEventListener('keydown', (e) => {
     if (e.key === 'Escape') { const b = document.querySelector('#stop-btn'); if (b) b.click(); }
   });
+  const place = () => {
+    const line = document.querySelector('#status-line');
+    if (line) document.documentElement.style.setProperty('--status-bottom', Math.max(0, line.getBoundingClientRect().bottom) + 'px');
+  };
+  const watch = () => {
+    const line = document.querySelector('#status-line');
+    if (!line) return setTimeout(watch, 200);
+    new ResizeObserver(place).observe(line);
+    addEventListener('resize', place);
+    addEventListener('scroll', place, true);
+    place();
+  };
+  watch();
 }
 """
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):

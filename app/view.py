@@ -91,7 +91,7 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
                     title = "Thinking…" if still_open and streaming else "Thought"
                     out.append(ViewMessage({"role": "assistant", "content": text,
                                             "metadata": {"title": title, "status": "done"}}, m))
-                else:
+                elif text:  # nothing yet (or stopped before its first word): only the line under it
                     out.append(ViewMessage({"role": "assistant", "content": text}, m))
         else:
             out.append(ViewMessage({"role": m.role, "content": content}, m))

@@ -94,3 +94,23 @@ def watch_progress(page) -> None:
 
 def progress_seen(page) -> list[str]:
     return page.evaluate("window.progressSeen || []")
+
+
+def empty_button_boxes(page) -> int:
+    """Button boxes drawn in the chat with no button shown in them (each looks like a stray dot)."""
+    return page.evaluate("""() => [...document.querySelectorAll('#chatbot .message-buttons, #chatbot .icon-button-wrapper')]
+        .filter(box => box.getClientRects().length && ![...box.querySelectorAll('button')].some(b => b.getClientRects().length))
+        .length""")
+
+
+def below(page, upper: str, lower: str) -> bool:
+    """The element ``lower`` starts below where ``upper`` ends (both shown)."""
+    a, b = page.locator(upper).first.bounding_box(), page.locator(lower).first.bounding_box()
+    return a is not None and b is not None and b["y"] >= a["y"] + a["height"] - 0.5
+
+
+def whole_on_screen(page, selector: str) -> bool:
+    """The element is inside the viewport's width and its label is not cut (no overflow)."""
+    box, width = page.locator(selector).bounding_box(), page.viewport_size["width"]
+    fits = page.locator(selector).evaluate("e => e.scrollWidth <= e.clientWidth")
+    return box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width and fits

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from chat_page_utils import ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, browser, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
+from chat_page_utils import (ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, below, browser, empty_button_boxes,  # noqa: F401 (browser: fixture)
+                             open_new_chat, send, wait_page_loaded, whole_on_screen)
 from server_utils import wait_until
 
 pytestmark = BROWSER_MARKS
@@ -335,6 +336,7 @@ def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
     assert replies(page) == [mine], f"editing a reply must not generate another: {replies(page)}"
     assert app.metrics().get("minisgl_running_requests") == 0
     assert "replying" not in page.inner_text("#chatbot")
+    assert empty_button_boxes(page) == 0, "an empty button box (a stray dot) is drawn in the chat"
     after_edit = toasts(page)  # checked last, so that the rest is checked too
 
     prev_version(page)
@@ -382,8 +384,14 @@ def test_deleting_a_message_removes_it_and_what_follows_unless_dismissed(page, a
                                                           "messages": [{"role": r, "content": c} for r, c in msgs]}))
     assert wait_until(lambda: len(users(page)) == 3 and len(replies(page)) == 3, 30), (users(page), replies(page))
 
+    page.set_viewport_size({"width": 420, "height": 800})  # a phone: the chat first, every label whole
     page.locator(USER).nth(1).click()  # the versions bar now acts on the second question
     assert wait_until(lambda: "Your message 2" in versions_label(page), 10), versions_label(page)
+    assert below(page, "#main", "#sidebar"), "on a narrow screen the chat does not come first"
+    for control in ("#delete-message-btn", "#prev-version-btn", "#next-version-btn", "#msg-input textarea", "#send-btn", "#stop-btn"):
+        assert whole_on_screen(page, control), f"{control} is cut or off screen at 420 px: {page.locator(control).bounding_box()}"
+    stop = page.locator("#stop-btn").bounding_box()
+    assert stop["y"] + stop["height"] <= 800, f"Stop is below the first screen: {stop}"
 
     page.once("dialog", lambda d: d.dismiss())
     page.click("#delete-message-btn")
@@ -423,6 +431,7 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
     assert wait_until(lambda: len(sidebar(page)) == before + 1, 10), sidebar(page)
     assert any("Recommend a book about lighthouses" in s for s in sidebar(page)), sidebar(page)
     assert wait_until(lambda: "Imported" in toasts(page), 10), toasts(page)
+    assert below(page, "#status-line", ".toast-body"), "the toast covers the status line"
     open_settings(page)
     assert page.input_value("#system-prompt textarea") == "You are a terse librarian."
     shot(page, "06-imported")

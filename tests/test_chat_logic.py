@@ -194,6 +194,18 @@ def test_the_live_text_replaces_the_stored_copy_while_streaming(store):
     assert shown[1]["content"] == "Hello wor" and shown[2]["metadata"]["title"] == "replying…"
 
 
+def test_a_reply_with_no_words_yet_is_only_its_line_not_an_empty_bubble(store):
+    c = store.create().id
+    store.append(c, "user", "hi")
+    reply = store.append(c, "assistant", "")
+    waiting = live.LiveReply(c, reply.id, "tab")  # its first token not out yet
+    assert [v.shown.get("metadata", {}).get("title") for v in view_messages(store.get(c), waiting)] == [None, "replying…"]
+    store.update_message(reply.id, "", {"tokens": 0, "stopped": True})  # stopped before its first word
+    shown = view_messages(store.get(c))
+    assert [(v.shown["role"], v.is_line) for v in shown] == [("user", False), ("assistant", True)]
+    assert "stopped" in shown[1].shown["metadata"]["title"] and shown[1].source.id == reply.id
+
+
 def test_thinking_is_a_line_of_its_own_and_indexes_match_the_page(store):
     """A reasoning model's <think> block shows as a collapsed line above the answer; view_messages
     makes that split itself, so an index the page sends (a click, an edit) names the right message."""

@@ -561,6 +561,8 @@ def test_message_box_is_visible_on_a_phone(tab, app):
     assert box is not None
     assert page.evaluate("window.scrollY") == 0
     assert box["y"] >= 0 and box["y"] + box["height"] <= 844, f"the message box is off screen on a phone: {box}"
+    # the chat's top edge is drawn: a message scrolled up leaves there, not under the status line
+    assert page.evaluate("getComputedStyle(document.querySelector('#chatbot'), '::before').borderTopWidth") == "1px"
 
 
 def test_status_line_says_0_running_after_a_reply(tab, app):
