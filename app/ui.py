@@ -60,13 +60,22 @@ BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 ATTACH_LIMIT_BYTES = 1_000_000
 TEXT_FILES = [".txt", ".md", ".py", ".js", ".ts", ".json", ".yaml", ".yml", ".toml", ".csv", ".c", ".h", ".cpp", ".rs", ".go",
               ".java", ".sh", ".html", ".css", ".sql", ".xml", ".ini", ".cfg", ".log", ".tex", ".rst"]
-# Escape stops the reply, as in other chat apps; Enter on an empty box does nothing. Toasts open
-# under the status line (page_css.py): its bottom edge is kept in --status-bottom.
+# Escape stops the reply, as in other chat apps; Enter on an empty box does nothing. In a
+# message's edit box (✎) Enter saves and Shift+Enter starts a new line, as in the message box, and
+# Escape cancels the edit. Toasts open under the status line (page_css.py): its bottom edge is
+# kept in --status-bottom.
 PAGE_JS = """
 () => {
   document.addEventListener('keydown', (e) => {
+    if (e.target instanceof Element && e.target.matches('#chatbot textarea.edit-textarea')) {
+      const button = (label) => document.querySelector(`#chatbot button[aria-label="${label}"]`);
+      const save = e.key === 'Enter' && !e.shiftKey && !e.isComposing && button('Submit');
+      const cancel = e.key === 'Escape' && button('Cancel');
+      if (save || cancel) { e.preventDefault(); e.stopPropagation(); (save || cancel).click(); }
+      return;
+    }
     if (e.key === 'Escape') { const b = document.querySelector('#stop-btn'); if (b) b.click(); }
-  });
+  }, true);
   const place = () => {
     const line = document.querySelector('#status-line');
     if (line) document.documentElement.style.setProperty('--status-bottom', Math.max(0, line.getBoundingClientRect().bottom) + 'px');

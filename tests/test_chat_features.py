@@ -183,14 +183,17 @@ def retry(page) -> None:
     buttons.locator("button[aria-label='Retry']").click()
 
 
-def edit(page, index: int, new_text: str) -> None:
-    """✎ on message ``index``, type the new text, ✓."""
+def edit(page, index: int, new_text: str, *, enter: bool = False) -> None:
+    """✎ on message ``index``, type the new text, ✓ (or Enter, as a person does in a text box)."""
     row, buttons = row_buttons(page, index)
     buttons.locator("button[aria-label='Edit']").click()
     box = row.locator("textarea.edit-textarea").first
     box.wait_for(state="visible")
     box.fill(new_text)
-    buttons.locator("button[aria-label='Submit']").click()
+    if enter:
+        box.press("Enter")
+    else:
+        buttons.locator("button[aria-label='Submit']").click()
 
 
 def prev_version(page) -> None:
@@ -329,7 +332,15 @@ def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
     close_toasts(page)
 
     mine = "Green, said the editor."
-    edit(page, 1, mine)
+    row, buttons = row_buttons(page, 1)
+    buttons.locator("button[aria-label='Edit']").click()
+    box = row.locator("textarea.edit-textarea").first
+    box.fill("Green,")
+    box.press("Shift+Enter")  # a new line, as in the message box: not saved yet
+    assert box.is_visible() and box.input_value() == "Green,\n", box.input_value()
+    box.press("Escape")  # cancelled: the reply stays as it was
+    assert wait_until(lambda: not box.is_visible(), 5) and replies(page) == [old], replies(page)
+    edit(page, 1, mine, enter=True)  # Enter saves
     expect_shown(page, "Reply 1: version 2 of 2", "after editing the reply", reply=mine)
     time.sleep(2.0)  # time for a reply to start, had one been asked for
     shot(page, "03-edited-reply")
