@@ -67,6 +67,9 @@ class ForwardBatch:
     # the prompt token each row scores
     scored_prompts: list[tuple[int, int]] = field(default_factory=list)
     prompt_targets: torch.Tensor | None = None
+    # [num_tokens] page-table row of each token, padding rows included (row 0): attention
+    # kernels that find a request's KV slots in the page table themselves read it
+    token_rows: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

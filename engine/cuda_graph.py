@@ -41,11 +41,13 @@ class CudaGraphRunner:
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.out_loc = torch.full((n,), engine.kv_pool.padding_slot, dtype=torch.int64, device=device)
+        self.token_rows = torch.zeros(n, dtype=torch.int64, device=device)  # padding rows read row 0
         self.logits_indices = torch.arange(n, dtype=torch.int64, device=device)
         # one output buffer for every graph: outputs held per graph would pin their memory
         self.logits = torch.zeros(n, engine.model_config.vocab_size, dtype=torch.float32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.batches: dict[int, ForwardBatch] = {}
+        # (batch size, attention kind) -> graph: small sizes have one attending with the Triton
+        # kernels and one with FlashInfer (attention/flashinfer_backend.py: graph_kinds)
+        self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self._capture(on_phase)
 
     def size_for(self, batch_size: int) -> int | None:
@@ -60,16 +62,17 @@ class CudaGraphRunner:
         engine = self.engine
         attn = engine.attn_backend
         max_pages = -(-engine.max_context_len // engine.page_size)
-        message = f"capturing CUDA graphs for decode batch sizes 1..{self.max_batch_size} ({len(self.sizes)} graphs)"
+        # largest first, so the smaller graphs reuse the largest one's memory from the pool
+        shapes = [(bs, kind) for bs in sorted(self.sizes, reverse=True) for kind in attn.graph_kinds(bs, engine.max_context_len)]
+        message = f"capturing CUDA graphs for decode batch sizes 1..{self.max_batch_size} ({len(shapes)} graphs)"
         logger.info(message)
         if on_phase is not None:
             on_phase(message)
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device=engine.device)
-        # largest first, so the smaller graphs reuse the largest one's memory from the pool
-        for bs in tqdm(sorted(self.sizes, reverse=True), desc="CUDA graphs", unit="graph", leave=False):
-            attn.graph_wrapper(bs, max_pages)
+        for bs, kind in tqdm(shapes, desc="CUDA graphs", unit="graph", leave=False):
+            attn.graph_wrapper(bs, kind, max_pages)
             fb = ForwardBatch(
                 phase="decode",
                 input_ids=self.input_ids[:bs],
@@ -82,8 +85,9 @@ class CudaGraphRunner:
                 logits_indices=self.logits_indices[:bs],
                 num_padding=bs,  # every row a padding row: each reads the padding page
                 use_graph=True,
+                token_rows=self.token_rows[:bs],
             )
-            attn.prepare(fb)
+            attn.prepare(fb, kind=kind)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up runs outside the graph (allocator, lazy inits)
@@ -92,10 +96,9 @@ class CudaGraphRunner:
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
                     self.logits[:bs].copy_(engine.model(fb, attn))
             torch.cuda.current_stream().wait_stream(stream)
-            self.graphs[bs] = graph
-            self.batches[bs] = fb
+            self.graphs[bs, kind] = graph
         torch.cuda.synchronize(engine.device)
-        logger.info("captured %d CUDA graphs in %.1f s", len(self.sizes), time.perf_counter() - start)
+        logger.info("captured %d CUDA graphs in %.1f s", len(shapes), time.perf_counter() - start)
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits [padded size, vocab] of a decode batch that ``Engine.prepare`` padded and the
@@ -104,5 +107,8 @@ class CudaGraphRunner:
         self.input_ids[:bs].copy_(fb.input_ids)
         self.positions[:bs].copy_(fb.positions)
         self.out_loc[:bs].copy_(fb.out_loc)
-        self.graphs[bs].replay()
+        kind = self.engine.attn_backend.graph_kind(fb)
+        if kind == "triton":  # its kernels find each row's KV slots in the page table
+            self.token_rows[:bs].copy_(fb.token_rows)
+        self.graphs[bs, kind].replay()
         return self.logits[:bs]

@@ -181,6 +181,7 @@ class Engine:
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             head_dim=mc.head_dim,
+            triton_decode=self.config.fused_kernels,  # --no-fused-kernels: none of our Triton kernels
         )
         logger.info(
             "KV cache: %d tokens (%d pages of %d) on %s in %s; attention: %s",
@@ -308,6 +309,7 @@ class Engine:
             num_padding=num_padding,
             scored_prompts=layout.scored_prompts,
             prompt_targets=targets_t,
+            token_rows=token_rows_t,
         )
 
     def _forward(self, batch: Batch, use_graph: bool | None = None, pad_to: int | None = None) -> tuple[ForwardBatch, torch.Tensor]:

@@ -7,7 +7,8 @@ shape and each row count up to 16, both are timed inside a CUDA graph (the way d
 run), and a layer uses the Triton kernel up to the largest row count at which it had not yet
 lost. At one row (batch-1 decode, the chat case) the one-row kernel (``gemv``) is timed too and
 runs where it is fastest; where it runs for both products of a decoder layer, the layer's two
-residual adds + RMSNorms move inside them (``add_norm_gemv``). On Hopper these kernels start
+residual adds + RMSNorms move inside them (``add_norm_gemv``), so for those two products it
+also wins when slower than cuBLAS by less than the norm kernel it saves. On Hopper these kernels start
 while the kernel before them finishes (programmatic dependent launch).
 """
 
@@ -91,6 +92,15 @@ def choose(linear, silu_mul: bool) -> tuple[int, list]:
     return faster_up_to(ours, lambda rows: cublas(linear, silu_mul, rows))
 
 
+def residual_norm_us(norm) -> float:
+    """GPU time of a decoder layer's residual add + RMSNorm at one row (the kernel that
+    ``add_norm_gemv`` makes unnecessary)."""
+    weight = norm.weight
+    x = torch.randn(1, weight.shape[0], dtype=weight.dtype, device=weight.device)
+    residual = torch.randn_like(x)
+    return gpu_time_us(lambda: norm(x, residual))
+
+
 GEMV_BLOCKS = (4, 8)  # weight rows per program of the one-row kernel, each measured
 
 
@@ -140,24 +150,36 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
     if on_phase is not None:
         on_phase(message)
     report: dict[str, object] = {"triton": True}
-    chosen: dict[tuple, tuple[int, int]] = {}  # one measurement per distinct shape and kind
+    chosen: dict[tuple, tuple[int, int, int]] = {}  # one measurement per distinct shape and kind
     mode = gemv_mode()
     pdl = mode in ("on", "nonorm") and pdl_supported(next(model.parameters()).device)
     report["gemv"] = mode if mode == "off" else ("pdl" if pdl else "plain launches")
 
-    def decide(label: str, linear, silu_mul: bool = False) -> tuple[int, int]:
-        """(rows up to which the skinny kernel runs, the one-row kernel's block or 0)."""
+    norm_us = 0.0
+    if mode == "on":  # what a product with the norm inside saves: the norm's own kernel
+        norm_us = residual_norm_us(next(m for m in model.modules() if isinstance(m, DecoderLayer)).post_attention_layernorm)
+        report["residual_norm_us"] = round(norm_us, 2)
+        logger.info("the residual add + RMSNorm at one row: %.2f us (what a product with the norm inside saves)", norm_us)
+
+    def decide(label: str, linear, silu_mul: bool = False) -> tuple[int, int, int]:
+        """(rows up to which the skinny kernel runs, the one-row kernel's block or 0, the same
+        where the layer's norm moves into the product: then it may be slower than the other
+        kernels by up to the norm kernel's time and still win)."""
         key = (label, tuple(linear.weight.shape), linear.bias is not None)
         if key not in chosen:
             rows, timings = choose(linear, silu_mul)
-            block, gemv_timings = 0, []
+            block, gemv_timings, best = 0, [], float("inf")
             if mode != "off":
                 best = min(timings[0][1:]) if timings else gpu_time_us(cublas(linear, silu_mul, 1))
                 block, gemv_timings = choose_gemv(linear, silu_mul, pdl, best)
-            chosen[key] = (rows, block)
-            report[label] = {"max_rows": rows, "timings_us": timings, "gemv_block": block, "gemv_timings_us": gemv_timings}
-            logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s); one row: %s (block, us: %s)",
-                        label, key[1], rows, timings, f"gemv block {block}" if block else "as above", gemv_timings)
+            fastest = min(gemv_timings, key=lambda t: t[1]) if gemv_timings else (0, float("inf"))
+            with_norm = fastest[0] if fastest[1] < best + norm_us else 0
+            chosen[key] = (rows, block, with_norm)
+            report[label] = {"max_rows": rows, "timings_us": timings, "gemv_block": block, "gemv_timings_us": gemv_timings,
+                             "gemv_block_with_norm": with_norm}
+            logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s); one row: %s (block, us: %s)%s",
+                        label, key[1], rows, timings, f"gemv block {block}" if block else "as above", gemv_timings,
+                        f"; with the norm inside: gemv block {with_norm}" if with_norm != block else "")
         return chosen[key]
 
     for layer in model.modules():
@@ -165,14 +187,15 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
             continue
         attn, mlp = layer.self_attn, layer.mlp
         attn.fused_qk, attn.qk_pdl = True, pdl
-        for label, linear in (("qkv_proj", attn.qkv_proj), ("o_proj", attn.o_proj), ("down_proj", mlp.down_proj)):
-            linear.skinny_max_rows, linear.gemv_block = decide(label, linear)
-            linear.gemv_pdl = pdl
-        mlp.fused_max_rows, mlp.gemv_block = decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True)
-        mlp.gemv_pdl = pdl
-        # the norms ride inside both one-row products (enable_fused_all_reduce_norm takes them
-        # back out where it fuses tensor parallelism's all-reduce into the norms instead)
-        layer.norms_in_gemv = mode == "on" and attn.qkv_proj.gemv_block > 0 and mlp.gemv_block > 0
+        qkv, o, down, gate_up = (decide("qkv_proj", attn.qkv_proj), decide("o_proj", attn.o_proj),
+                                 decide("down_proj", mlp.down_proj), decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True))
+        # the norms ride inside both one-row products where both can take them (the
+        # tensor-parallel fused all-reduce takes them back out: enable_fused_all_reduce_norm)
+        layer.norms_in_gemv = mode == "on" and qkv[2] > 0 and gate_up[2] > 0
+        pick = 2 if layer.norms_in_gemv else 1  # which block qkv and gate_up use
+        for linear, (rows, block) in ((attn.qkv_proj, (qkv[0], qkv[pick])), (attn.o_proj, o[:2]), (mlp.down_proj, down[:2])):
+            linear.skinny_max_rows, linear.gemv_block, linear.gemv_pdl = rows, block, pdl
+        mlp.fused_max_rows, mlp.gemv_block, mlp.gemv_pdl = gate_up[0], gate_up[pick], pdl
     torch.cuda.synchronize()
     return report
 

@@ -340,3 +340,138 @@ def fill_kv_indices(table: torch.Tensor, rows: torch.Tensor, indptr: torch.Tenso
         PAGE_SIZE=page_size, BLOCK=block, num_warps=4,
     )
     return out
+
+
+# ---- decode attention without a host-side plan ------------------------------------------------
+# FlashInfer plans each decode step on the CPU (the split of every request's KV over the SMs,
+# copied to the GPU) and needs the page list of the batch: at batch 1 that host work took longer
+# than the GPU's whole step. These two kernels read each request's length from its position and
+# its KV slots from the page table, inside the CUDA graph, so a step needs no plan at all.
+
+
+@triton.jit(do_not_specialize=["stride_table"])
+def _decode_attention_split_kernel(
+    q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, positions_ptr, part_out_ptr, part_lse_ptr, stride_table, sm_scale,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """One program: one request, one KV head with every query head that reads it (as the 16
+    rows of a tensor-core tile, the unused ones zero), one split of the request's tokens.
+    Writes the split's softmax-weighted V and its log-sum-exp (base 2)."""
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    row = tl.load(rows_ptr + b)
+    seq_len = tl.load(positions_ptr + b) + 1  # decode: the newest token attends to all before it
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    g = tl.arange(0, 16)
+    heads = kv_head * GROUP + g
+    head_ok = g < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    if USE_PDL:  # q and this step's K/V come from the kernel before
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    q = tl.load(q_ptr + (b * NUM_HEADS + heads)[:, None] * HEAD_DIM + dims[None, :], mask=head_ok[:, None], other=0.0)
+    qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
+    m = tl.full((16,), float("-inf"), dtype=tl.float32)
+    denom = tl.zeros((16,), dtype=tl.float32)
+    acc = tl.zeros((16, HEAD_DIM), dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        tokens = n0 + tl.arange(0, BLOCK_N)
+        token_ok = tokens < end
+        slots = tl.load(table_ptr + row * stride_table + tokens, mask=token_ok, other=0)
+        kv = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM + dims[None, :]
+        k = tl.load(k_ptr + kv, mask=token_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + kv, mask=token_ok[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * qk_scale  # [16, BLOCK_N]
+        scores = tl.where(token_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        denom = denom * alpha + tl.sum(p, axis=1)
+        m = m_new
+    if start < seq_len:  # a split past the end of a short request has no tokens: the merge skips it
+        part = (b * NUM_HEADS + heads) * NUM_SPLITS + split
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc / denom[:, None], mask=head_ok[:, None])
+        tl.store(part_lse_ptr + part, m + tl.log2(denom), mask=head_ok)
+
+
+@triton.jit
+def _decode_attention_merge_kernel(
+    part_out_ptr, part_lse_ptr, positions_ptr, out_ptr,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """One program per (request, query head): the splits that hold tokens, each weighted by its
+    share of the softmax's denominator."""
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    seq_len = tl.load(positions_ptr + b) + 1
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # as the split kernel cut it
+    splits = tl.arange(0, SPLITS_P2)
+    used = splits * chunk < seq_len
+    dims = tl.arange(0, HEAD_DIM)
+    part = (b * NUM_HEADS + head) * NUM_SPLITS + splits
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    lse = tl.load(part_lse_ptr + part, mask=used, other=float("-inf"))
+    weight = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always holds tokens
+    weight = weight / tl.sum(weight, axis=0)
+    parts = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=used[:, None], other=0.0)
+    out = tl.sum(weight[:, None] * parts, axis=0)
+    tl.store(out_ptr + (b * NUM_HEADS + head) * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
+
+
+DECODE_BLOCK_N = 64  # tokens per step of the split kernel's loop (and the smallest split)
+
+
+def decode_attention_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
+    """How many pieces each request's tokens are cut into: about four programs per SM (at batch
+    1 a request has only ``num_kv_heads`` programs otherwise), at most 64. A piece is at least
+    one block of tokens, so a short request leaves most pieces empty (they end at once)."""
+    return max(1, min(64, 4 * num_sms // max(1, batch_size * num_kv_heads)))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                     rows: torch.Tensor, positions: torch.Tensor, scale: float, num_splits: int,
+                     pdl: bool = False) -> torch.Tensor:
+    """Attention of one new token per request over its whole context: request ``i`` is the
+    page-table row ``rows[i]`` with its newest token at ``positions[i]`` (its K/V already in the
+    pool), so it reads slots ``table[rows[i], :positions[i] + 1]`` of ``k_cache``/``v_cache``
+    [slots, kv_heads, head_dim]. q: [batch, heads, head_dim]; returns [batch, heads * head_dim].
+    Each request's tokens are cut into ``num_splits`` pieces computed in parallel, then merged."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous() and table.stride(1) == 1
+    assert num_heads % num_kv_heads == 0 and group <= 16 and head_dim & (head_dim - 1) == 0
+    out = torch.empty(batch, num_heads * head_dim, dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    part_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    extra = {"launch_pdl": True} if pdl else {}
+    _decode_attention_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, table, rows, positions, part_out, part_lse, table.stride(0), scale,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits, BLOCK_N=DECODE_BLOCK_N, USE_PDL=pdl, num_warps=4, **extra,
+    )
+    _decode_attention_merge_kernel[(batch, num_heads)](
+        part_out, part_lse, positions, out, NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        SPLITS_P2=triton.next_power_of_2(num_splits), BLOCK_N=DECODE_BLOCK_N, USE_PDL=pdl,
+        num_warps=1 if num_splits <= 16 else 4, **extra,
+    )
+    return out

@@ -13,6 +13,8 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels profile savecache   # where the time goes
 #   bash scripts/gpu_check.sh setup kernels tpprofile   # kind nvidia-h200-x2: where a --tp 2 step's time goes
 #   bash scripts/gpu_check.sh setup loadcache kernels gemvab gemvab8b   # batch-1 decode, the one-row kernel off / on
+#   bash scripts/gpu_check.sh setup loadcache kernels decodeab offlineab   # small decode graphs' attention: FlashInfer / Triton
+#   bash scripts/gpu_check.sh setup loadcache kernels demo demobench   # the demo model beside transformers (both GGUF halves carried)
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -202,6 +204,29 @@ print('demo model ready at', demo_model_dir())" || status=1
         MINISGL_GEMV=$mode timeout 200 "${CLI[@]}" -v bench decode --device cuda --dummy-weights --config qwen3-8b --input-len 128 --output-len 128 --repeat 2 2>&1 \
           | grep -E '^\{"bench"|one row|Traceback|Error' | sed "s/^/[8b MINISGL_GEMV=$mode] /" | tee -a "$OUT/gemv_ab.log"
       done ;;
+    decodeab)  # batch-1 decode with the attention of small decode graphs on FlashInfer, then on the Triton kernels (MINISGL_DECODE_ATTENTION)
+      # DECODE_RUNS: "SIZE MODE INPUT_LENS..." separated by ';'
+      IFS=';' read -ra runs <<<"${DECODE_RUNS:-0.6b flashinfer 128 512 1024 2048;0.6b triton 128 512 1024 2048;0.6b auto 128 2048;8b auto 128 2048}"
+      for run in "${runs[@]}"; do
+        read -r size mode lens <<<"$run"
+        # shellcheck disable=SC2086
+        MINISGL_DECODE_ATTENTION=$mode timeout 200 "${CLI[@]}" -v bench decode --device cuda --dummy-weights --config qwen3-$size --input-len $lens --output-len 128 --repeat 2 2>&1 \
+          | grep -E '^\{"bench"|one row|residual|Traceback|Error' | sed "s/^/[$size MINISGL_DECODE_ATTENTION=$mode] /" | tee -a "$OUT/decode_ab.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
+    offlineab)  # nano-vllm's workload (qwen3-0.6b) with each decode attention choice
+      for mode in ${OFFLINE_MODES:-flashinfer auto}; do
+        MINISGL_DECODE_ATTENTION=$mode timeout 200 "${CLI[@]}" bench offline --device cuda --dummy-weights --config qwen3-0.6b 2>&1 \
+          | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[MINISGL_DECODE_ATTENTION=$mode] /" | tee -a "$OUT/offline_ab.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
+    benchdecode)  # the headline batch-1 figures beside transformers (the decode half of stage bench)
+      timeout 240 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-0.6b --compare-hf --input-len 128 2048 4096 --output-len 128 --repeat 2 2>&1 \
+        | tee "$OUT/bench_decode.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    demobench)  # the real demo model (SmolLM2-135M-Instruct, bf16) beside transformers (stage demo first)
+      timeout 300 "${CLI[@]}" bench decode --device cuda --compare-hf --input-len 128 2048 --output-len 128 --repeat 3 2>&1 | tee "$OUT/bench_demo.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -76,7 +76,10 @@ def graph_replays(llm: LLM, sizes: list[int], ctx: int, label: str, profile_size
     runner = llm.engine.graph_runner
     for bs in sizes:
         stream = decode_until(llm, bs, ctx, 4)
-        graph = runner.graphs[runner.size_for(bs)]
+        size, attn = runner.size_for(bs), llm.engine.attn_backend
+        # the graph the engine replays at this size and context (attention/flashinfer_backend.py: decode_kind)
+        kind = "triton" if (size, "triton") in runner.graphs and ctx + 8 <= attn.triton_max_context else "flashinfer"
+        graph = runner.graphs[size, kind]
         torch.cuda.synchronize()
         for _ in range(5):
             graph.replay()
@@ -88,7 +91,7 @@ def graph_replays(llm: LLM, sizes: list[int], ctx: int, label: str, profile_size
         end.record()
         end.synchronize()
         ms = start.elapsed_time(end) / n
-        print(f"[{label}] bs {bs:4d} (graph {runner.size_for(bs)}): {ms * 1000:8.1f} us per replay")
+        print(f"[{label}] bs {bs:4d} (graph {size}, {kind} attention): {ms * 1000:8.1f} us per replay")
         if bs in profile_sizes:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(10):

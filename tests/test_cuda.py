@@ -82,31 +82,46 @@ def rel_error(logits: torch.Tensor, ref: torch.Tensor) -> float:
     return ((logits - ref).norm() / ref.norm()).item()
 
 
-def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(reference_models):
-    hf32, hf16 = reference_models
-    positions = 32
-    seqs = random_sequences(64, positions, seed=1)
-    ref = hf_last_logits(hf32, seqs, positions)
-    hf_bf16 = hf_last_logits(hf16, seqs, positions)
+POSITIONS = 32  # decode steps teacher-forced per sequence
 
-    fast = LLM(config=engine_config())
-    assert fast.engine.attn_name == "flashinfer" and fast.engine.uses_cuda_graphs
-    load_same_weights(fast, hf16)
-    ours = our_last_logits(fast, seqs, positions)
-    del fast
-    torch.cuda.empty_cache()
+
+@pytest.fixture(scope="module")
+def agreement_baselines(reference_models):
+    """The 64 sequences, float32 transformers' logits (the reference), and the two baselines:
+    transformers' own bf16 run and our torch attention backend (no FlashInfer, no graphs)."""
+    hf32, hf16 = reference_models
+    seqs = random_sequences(64, POSITIONS, seed=1)
+    ref = hf_last_logits(hf32, seqs, POSITIONS)
+    hf_bf16 = hf_last_logits(hf16, seqs, POSITIONS)
     plain = LLM(config=engine_config(attn="torch", cuda_graph_max_bs=0))
     load_same_weights(plain, hf16)
-    torch_backend = our_last_logits(plain, seqs, positions)
+    torch_backend = our_last_logits(plain, seqs, POSITIONS)
     del plain
+    torch.cuda.empty_cache()
+    return seqs, ref, {"transformers bf16": hf_bf16, "our torch backend": torch_backend}
 
-    figures = {
-        name: (agreement(x, ref), rel_error(x, ref))
-        for name, x in (("ours", ours), ("transformers bf16", hf_bf16), ("our torch backend", torch_backend))
-    }
-    print("top-1 agreement with float32 transformers (%), relative logit error:", figures)
-    assert ours.shape == ref.shape == (64 * positions, ref.shape[-1])
-    for baseline in ("transformers bf16", "our torch backend"):
+
+@pytest.mark.parametrize("decode_attention", ["flashinfer", "triton"])
+def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(reference_models, agreement_baselines,
+                                                                         decode_attention, monkeypatch):
+    """Prefill on FlashInfer, then 32 decode steps of 64 sequences in CUDA graphs, their
+    attention on FlashInfer's decode kernel or on triton_kernels.decode_attention (which the
+    engine uses for small batches: here forced for every graph size)."""
+    _, hf16 = reference_models
+    seqs, ref, baselines = agreement_baselines
+    monkeypatch.setenv("MINISGL_DECODE_ATTENTION", decode_attention)
+    fast = LLM(config=engine_config())
+    assert fast.engine.attn_name == "flashinfer" and fast.engine.uses_cuda_graphs
+    assert ((64, "triton") in fast.engine.graph_runner.graphs) == (decode_attention == "triton")
+    load_same_weights(fast, hf16)
+    ours = our_last_logits(fast, seqs, POSITIONS)
+    del fast
+    torch.cuda.empty_cache()
+
+    figures = {name: (agreement(x, ref), rel_error(x, ref)) for name, x in (("ours", ours), *baselines.items())}
+    print(f"decode attention {decode_attention}: top-1 agreement with float32 transformers (%), relative logit error:", figures)
+    assert ours.shape == ref.shape == (64 * POSITIONS, ref.shape[-1])
+    for baseline in baselines:
         assert figures["ours"][0] >= figures[baseline][0] - 1.0, (baseline, figures)
         assert figures["ours"][1] <= 1.5 * figures[baseline][1], (baseline, figures)
 
@@ -118,9 +133,13 @@ def graph_llm():
     return llm
 
 
-@pytest.mark.parametrize("batch_size", [1, 3, 64, 200])
-def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size):
+@pytest.mark.parametrize("batch_size,small_graph_attention", [(1, "triton"), (3, "triton"), (3, "flashinfer"), (64, None), (200, None)])
+def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size, small_graph_attention, monkeypatch):
+    """Each graph against the same batch run eagerly; small graphs exist twice (attention on the
+    Triton kernels for short contexts, on FlashInfer for long ones: here forced by the limit)."""
     sched, engine = graph_llm.scheduler, graph_llm.engine
+    if small_graph_attention == "flashinfer":
+        monkeypatch.setattr(engine.attn_backend, "triton_max_context", 0)  # every request is "long"
     rng = random.Random(batch_size)
     uids = list(range(10_000 * batch_size, 10_000 * batch_size + batch_size))
     for uid in uids:
@@ -134,10 +153,17 @@ def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size
             assert batch.is_decode and batch.size == batch_size
             size = engine.graph_size(batch)
             assert size is not None and size >= batch_size
+            if small_graph_attention is not None:
+                assert (size, small_graph_attention) in engine.graph_runner.graphs
             eager = engine.forward_logits(batch, use_graph=False, pad_to=size)
             replay = engine.forward_logits(batch, use_graph=True)
             print(f"batch {batch_size} (graph of {size}): max |eager - replay| = {(eager - replay).abs().max().item():.3g}")
             assert torch.equal(eager.argmax(-1), replay.argmax(-1)), f"batch {batch_size} (graph of {size})"
+            if small_graph_attention == "triton" and size != batch_size:
+                # the graph attends with the Triton decode kernels; unpadded, the batch runs on FlashInfer
+                flashinfer = engine.forward_logits(batch, use_graph=False)
+                print(f"batch {batch_size}: Triton decode attention vs FlashInfer, relative error {rel_error(replay, flashinfer):.3g}")
+                assert rel_error(replay, flashinfer) < 0.05
             sched.step()  # advance every request one token
     finally:
         for uid in uids:

@@ -179,6 +179,40 @@ def test_fill_kv_indices_lists_each_requests_pages_then_padding(page_size) -> No
     assert out[indptr[-1] :].tolist() == [-5] * 3  # nothing written past the batch
 
 
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 32), (6, 2, 64), (2, 2, 32)])
+@pytest.mark.parametrize("num_splits", [1, 3, 64])
+def test_decode_attention_reads_each_requests_slots_from_the_page_table(heads, kv_heads, head_dim, num_splits) -> None:
+    """One new token per request against a float32 softmax over exactly the slots its table
+    row lists up to its position: lengths from 1 (a padding row) to several blocks, splits that
+    get no tokens, a group of 3 query heads per KV head (not a power of two)."""
+    gen = torch.Generator().manual_seed(heads * 100 + num_splits)
+    slots, max_len = 400, 150
+    k_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(DTYPE)
+    v_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(DTYPE)
+    table = torch.stack([torch.randperm(slots, generator=gen)[:max_len] for _ in range(5)])
+    rows, positions = [3, 0, 1, 4], [0, 16, 70, 149]  # 1, 17, 71 and 150 tokens
+    q = torch.randn(len(rows), heads, head_dim, generator=gen).to(DTYPE)
+    scale = head_dim ** -0.5
+    out = tk.decode_attention(q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), table.to(DEVICE),
+                              torch.tensor(rows, device=DEVICE), torch.tensor(positions, device=DEVICE), scale, num_splits)
+    assert out.shape == (len(rows), heads * head_dim) and out.dtype == DTYPE
+    group = heads // kv_heads
+    for i, (row, pos) in enumerate(zip(rows, positions)):
+        seen = table[row, : pos + 1]
+        k = k_cache[seen].float().repeat_interleave(group, dim=1)  # [tokens, heads, dim]
+        v = v_cache[seen].float().repeat_interleave(group, dim=1)
+        weights = torch.softmax(torch.einsum("hd,thd->ht", q[i].float(), k) * scale, dim=-1)
+        expected = torch.einsum("ht,thd->hd", weights, v).reshape(-1)
+        close(out[i].cpu(), expected, scale=1.0)
+
+
+def test_decode_attention_splits_fill_the_gpu_once() -> None:
+    assert tk.decode_attention_splits(1, 8, 132) == 64  # batch 1: 8 KV heads x 64 pieces, ~4 programs per SM
+    assert tk.decode_attention_splits(16, 8, 132) == 4
+    assert tk.decode_attention_splits(1, 1, 132) == 64  # at most 64
+    assert tk.decode_attention_splits(128, 8, 132) == 1  # a large batch fills the GPU by itself
+
+
 # ---- the kernels inside the model ------------------------------------------------------------
 
 

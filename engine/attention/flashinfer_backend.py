@@ -7,10 +7,15 @@ attention). Both read the KV pool in place as ``[pages, page_size, kv_heads, hea
 A plan is built on the CPU from the batch's lengths and copied to the GPU; the page indices are
 gathered from the page table on the GPU, so nothing here waits for the GPU. Decode batches that
 replay a CUDA graph use a wrapper of their own whose index buffers the graph captured.
+
+Small decode batches that replay a CUDA graph skip FlashInfer (and its plan) altogether: the
+Triton kernels of :func:`..triton_kernels.decode_attention` read each request's length and KV
+slots on the GPU, so such a step costs the CPU no planning (``MINISGL_DECODE_ATTENTION``).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +37,31 @@ class KVLayout:
     last_page_len: torch.Tensor  # [batch] int32, CPU: tokens used in each request's last page
 
 
+TRITON_DECODE_MAX_BATCH = 16  # decode graphs of up to this many rows may run triton_kernels.decode_attention
+TRITON_DECODE_MAX_CONTEXT = 2048  # ... while no request in the batch is longer than this (tokens; measured faster up to here)
+
+
+def triton_decode_limits() -> tuple[int, int]:
+    """(graph rows, context tokens) up to which a decode step attends with the Triton kernels,
+    from ``MINISGL_DECODE_ATTENTION``: ``auto`` (default: small graphs and short contexts, where
+    they were measured faster), ``triton`` (every graph, any length) or ``flashinfer`` (never)."""
+    mode = os.environ.get("MINISGL_DECODE_ATTENTION", "auto")
+    if mode == "flashinfer" or triton_unavailable_reason() is not None:
+        return 0, 0
+    if mode == "triton":
+        return 1 << 30, 1 << 30
+    return TRITON_DECODE_MAX_BATCH, TRITON_DECODE_MAX_CONTEXT
+
+
+@dataclass
+class TritonDecode:
+    """The metadata of a decode batch on :func:`..triton_kernels.decode_attention`: how many
+    pieces each request's tokens are cut into (fixed per graph size)."""
+
+    num_splits: int
+    pdl: bool
+
+
 def decode_uses_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
     """FlashInfer's tensor-core decode kernel pays off when several query heads share a KV
     head (the tensor cores' rows fill up); below 4 its CUDA-core decode kernel is faster (the
@@ -49,6 +79,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        triton_decode: bool = True,
     ) -> None:
         super().__init__(kv_pool, page_table, num_heads, num_kv_heads, head_dim)
         import flashinfer
@@ -68,13 +99,38 @@ class FlashInferAttentionBackend(AttentionBackend):
         # next plan must not overwrite it before that copy ran (with overlap scheduling the CPU
         # plans step N+1 while step N may not have started).
         self._plan_copied: torch.cuda.Event | None = None
+        fits = head_dim & (head_dim - 1) == 0 and num_heads // num_kv_heads <= 16  # the Triton kernels' shapes
+        self.triton_max_batch, self.triton_max_context = triton_decode_limits() if fits and triton_decode else (0, 0)
+        self.triton_graphs: dict[int, TritonDecode] = {}  # graph size -> its plan-free metadata
 
     # ---- CUDA graphs -------------------------------------------------------------------------
 
-    def graph_wrapper(self, batch_size: int, max_pages_per_request: int):
-        """The decode wrapper a graph of ``batch_size`` captures (fixed buffers, made once)."""
+    def graph_kinds(self, batch_size: int, max_context_len: int) -> list[str]:
+        """The decode graphs captured for ``batch_size`` rows: one attending with the Triton
+        kernels where small batches may, one with FlashInfer where a batch may be too large or
+        its requests too long for them."""
+        kinds = ["triton"] if batch_size <= self.triton_max_batch else []
+        if not kinds or max_context_len > self.triton_max_context:
+            kinds.append("flashinfer")
+        return kinds
+
+    def graph_kind(self, batch: ForwardBatch) -> str:
+        """Which of its size's graphs a planned decode batch replays."""
+        return "triton" if isinstance(batch.attn_metadata, TritonDecode) else "flashinfer"
+
+    def graph_wrapper(self, batch_size: int, kind: str, max_pages_per_request: int):
+        """What a graph of ``batch_size`` of this ``kind`` captures: FlashInfer's decode wrapper
+        (fixed buffers, made once) or the Triton kernels' metadata."""
         import flashinfer
 
+        from ..triton_kernels import decode_attention_splits, pdl_supported
+
+        if kind == "triton":
+            if batch_size not in self.triton_graphs:
+                sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+                self.triton_graphs[batch_size] = TritonDecode(decode_attention_splits(batch_size, self.num_kv_heads, sms),
+                                                              pdl_supported(self.device))
+            return self.triton_graphs[batch_size]
         if batch_size not in self.graph_wrappers:
             need = batch_size * max_pages_per_request
             if self._graph_indices is None or self._graph_indices.numel() < need:
@@ -108,7 +164,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             if self._indices.numel() < indptr[-1]:
                 self._indices = torch.empty(max(indptr[-1], 2 * self._indices.numel()), dtype=torch.int32, device=self.device)
             indices = fill_kv_indices(
-                self.page_table.table, batch.table_rows, to_device(indptr, self.device, torch.int32), self._indices,
+                self.page_table.table, batch.table_rows[: len(counts)], to_device(indptr, self.device, torch.int32), self._indices,
                 ps, self.kv_pool.padding_page, max(counts + [1]),
             )[: indptr[-1]]
             return KVLayout(torch.tensor(indptr, dtype=torch.int32), indices, torch.tensor(last_page_len, dtype=torch.int32))
@@ -128,7 +184,17 @@ class FlashInferAttentionBackend(AttentionBackend):
             torch.tensor(last_page_len, dtype=torch.int32),
         )
 
-    def prepare(self, batch: ForwardBatch) -> None:
+    def decode_kind(self, batch: ForwardBatch) -> str:
+        """The attention of a decode batch padded to a graph's size: the Triton kernels while
+        the graph is small and every request short, otherwise FlashInfer."""
+        small = batch.padded_size in self.triton_graphs and max(batch.seq_lens, default=0) <= self.triton_max_context
+        return "triton" if small else "flashinfer"
+
+    def prepare(self, batch: ForwardBatch, kind: str | None = None) -> None:
+        """``kind``: for a batch padded to a graph's size, force that graph kind (capture)."""
+        if batch.is_decode and batch.use_graph and (kind or self.decode_kind(batch)) == "triton":
+            batch.attn_metadata = self.triton_graphs[batch.padded_size]  # nothing to plan
+            return
         layout = self.kv_layout(batch)
         if self._plan_copied is not None:
             self._plan_copied.synchronize()
@@ -159,5 +225,11 @@ class FlashInferAttentionBackend(AttentionBackend):
     def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         """Attention over the pool, whose K/V for this step's tokens is already written (by
         the fused kernel of :mod:`..triton_kernels`)."""
-        out = batch.attn_metadata.run(q, self.kv_pool.paged(layer_id))
+        meta = batch.attn_metadata
+        if isinstance(meta, TritonDecode):
+            from ..triton_kernels import decode_attention
+
+            return decode_attention(q, self.kv_pool.k_cache[layer_id], self.kv_pool.v_cache[layer_id], self.page_table.table,
+                                    batch.token_rows, batch.positions, self.scale, meta.num_splits, meta.pdl)
+        out = meta.run(q, self.kv_pool.paged(layer_id))
         return out.view(q.shape[0], -1)
