@@ -38,7 +38,7 @@ class KVLayout:
 
 
 TRITON_DECODE_MAX_BATCH = 16  # decode graphs of up to this many rows may run triton_kernels.decode_attention
-TRITON_DECODE_MAX_CONTEXT = 2048  # ... while no request in the batch is longer than this (tokens; measured faster up to here)
+TRITON_DECODE_MAX_CONTEXT = 4096  # ... while no request in the batch is longer than this (tokens; docs/benchmarks.md, fourth round)
 
 
 def triton_decode_limits() -> tuple[int, int]:
