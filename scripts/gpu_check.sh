@@ -44,6 +44,14 @@ tp_bench() {  # batch-1 decode of the qwen3-8b shape with --tp 1, 2, and 2 with 
   done
 }
 
+gemv_ab() {  # SIZE REPEAT TIMEOUT MODES...: batch-1 decode of a Qwen3 shape under each MINISGL_GEMV mode
+  local size=$1 repeat=$2 limit=$3 mode; shift 3
+  for mode in "$@"; do
+    MINISGL_GEMV=$mode timeout "$limit" "${CLI[@]}" -v bench decode --device cuda --dummy-weights --config "qwen3-$size" --input-len 128 --output-len 128 --repeat "$repeat" 2>&1 \
+      | grep -E '^\{"bench"|one row|Traceback|Error' | sed "s/^/[$size MINISGL_GEMV=$mode] /" | tee -a "$OUT/gemv_ab.log"
+  done
+}
+
 serve_check() {  # NAME FLAGS...: `serve FLAGS` answers a streamed chat, then SIGTERM ends every process
   local name=$1; shift
   # the model: qwen3-0.6b's shapes, random weights, the demo tokenizer (carried in .tok/tokenizer)
@@ -195,15 +203,9 @@ print('demo model ready at', demo_model_dir())" || status=1
         | tee -a "$OUT/bench_dp.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     gemvab)  # batch-1 decode of the 0.6B shape: the one-row kernel off, without PDL, with PDL, with the norms fused in (MINISGL_GEMV)
-      for mode in off nopdl nonorm on; do
-        MINISGL_GEMV=$mode timeout 150 "${CLI[@]}" -v bench decode --device cuda --dummy-weights --config qwen3-0.6b --input-len 128 --output-len 128 --repeat 3 2>&1 \
-          | grep -E '^\{"bench"|one row|Traceback|Error' | sed "s/^/[MINISGL_GEMV=$mode] /" | tee -a "$OUT/gemv_ab.log"
-      done ;;
+      gemv_ab 0.6b 3 150 off nopdl nonorm on ;;
     gemvab8b)  # the same for the 8B shape (batch 1, one GPU)
-      for mode in off on; do
-        MINISGL_GEMV=$mode timeout 200 "${CLI[@]}" -v bench decode --device cuda --dummy-weights --config qwen3-8b --input-len 128 --output-len 128 --repeat 2 2>&1 \
-          | grep -E '^\{"bench"|one row|Traceback|Error' | sed "s/^/[8b MINISGL_GEMV=$mode] /" | tee -a "$OUT/gemv_ab.log"
-      done ;;
+      gemv_ab 8b 2 200 off on ;;
     decodeab)  # batch-1 decode with the attention of small decode graphs on FlashInfer, then on the Triton kernels (MINISGL_DECODE_ATTENTION)
       # DECODE_RUNS: "SIZE MODE INPUT_LENS..." separated by ';'
       IFS=';' read -ra runs <<<"${DECODE_RUNS:-0.6b flashinfer 128 512 1024 2048;0.6b triton 128 512 1024 2048;0.6b auto 128 2048;8b auto 128 2048}"
