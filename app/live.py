@@ -28,6 +28,7 @@ logger = logging.getLogger("minisgl.app")
 
 STORE_EVERY_S = 0.5  # how often a growing reply is written to the database
 ORPHAN_GRACE_S = 2.0  # how long a reply outlives the last page that showed it
+TAB_CLOSED = "the tab closed"  # how a reply stopped because its page went away says so
 
 # generate(request, stop) -> replies: the engine's client (FrontendClient.generate)
 Generate = Callable[[GenerateRequest, asyncio.Event], AsyncIterator[UserReply]]
@@ -48,7 +49,7 @@ class LiveReply:
     finish_reason: str | None = None
     error: str | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
-    stopped_by: str | None = None  # why it was stopped, when not by its own Stop (a model switch)
+    stopped_by: str | None = None  # why it was stopped, when not by its own Stop (a model switch, its tab closed)
     backend: str | None = None  # where it comes from, when the app has several (ReplySource.backends)
     model_of: Callable[[], str | None] | None = None  # the backend's model now (Turn.model_of)
     model: str | None = None  # the model that answered, read at its first output (None: as stored)
@@ -204,6 +205,7 @@ class ReplyManager:
         for conv_id, reply in list(self.live.items()):
             if reply.session == session:
                 self.queued.pop(conv_id, None)
+                reply.stopped_by = TAB_CLOSED
                 reply.stop.set()
 
     # ---- one reply

@@ -126,6 +126,7 @@ async def test_stop_keeps_the_partial_reply_marked_stopped(store):
     reply = store.get(c).messages[-1]
     assert reply.content.startswith("echo:") and len(reply.content.split()) < 50
     assert reply.stats.stopped and reply.stats.finish_reason is None
+    assert reply.stats.summary().endswith(" · stopped"), reply.stats.summary()  # by its Stop: "stopped", no reason
     assert engine.aborted == 1
 
 
@@ -146,7 +147,10 @@ async def test_a_closed_tab_stops_its_replies_unless_a_page_shows_them_again(sto
     manager.page_seen("reloaded-tab", kept)  # the reloaded page shows one of them: it adopts it
     await asyncio.sleep(0.3)
     assert manager.is_busy(kept) and not manager.is_busy(dropped)
-    assert store.get(dropped).messages[-2].stats.stopped
+    cut = store.get(dropped).messages[-2].stats
+    assert cut.stopped and cut.stopped_by == live.TAB_CLOSED  # said apart from a Stop
+    assert cut.summary().endswith("stopped (the tab closed)"), cut.summary()
+    assert view.ending(store.get(dropped).messages[-2], False) == "Stopped before the end (the tab closed)."
     # the waiting message was not answered: the chat says so under it, where ↻ shows
     line = view_messages(store.get(dropped), busy=manager.is_busy(dropped))[-1]
     assert line.shown["role"] == "assistant" and line.shown["metadata"]["title"] == view.UNANSWERED_LINE
