@@ -61,7 +61,7 @@ class ForwardBatch:
     # hold ``num_padding`` extra rows (token 0 at position 0, K/V written to the pool's padding
     # page); the list fields describe the real requests only.
     num_padding: int = 0
-    use_graph: bool = False  # padded to a CUDA graph's size: planned on that graph's wrapper
+    use_graph: bool = False  # padded to a CUDA graph's size: planned as that graph's attention
     # prompt logprobs: (batch index, rows) of the requests whose prompt tokens are scored now;
     # their rows follow the sampling rows in ``logits_indices``, ``prompt_targets`` [rows] holds
     # the prompt token each row scores

@@ -7,7 +7,9 @@ decode batch is padded up to the nearest captured size and replayed. Sampling st
 graph (its parameters change per request).
 
 The graphs read their inputs from fixed buffers (token ids, positions, KV slots) and FlashInfer's
-fixed index buffers, which each step's plan refills; they share one memory pool.
+fixed index buffers, which each step's plan refills; they share one memory pool. Small sizes
+have a second graph whose attention runs the Triton decode kernels, which need no plan: they
+read each row's page-table row from one more fixed buffer (``token_rows``).
 """
 
 from __future__ import annotations

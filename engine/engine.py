@@ -320,8 +320,9 @@ class Engine:
             raise ValueError("this batch cannot replay a CUDA graph")
         replay = graph_size is not None and use_graph is not False
         fb = self.prepare(batch, pad_to=graph_size if replay else pad_to)
-        # a batch padded to a graph's size is planned on that graph's attention wrapper, also
-        # when it runs eagerly: then the two differ only in how the kernels are launched
+        # a batch padded to a graph's size is planned as that graph's attention (its FlashInfer
+        # wrapper, or the Triton decode kernels), also when it runs eagerly: then the two differ
+        # only in how the kernels are launched
         fb.use_graph = graph_size is not None and fb.padded_size == graph_size
         self.attn_backend.prepare(fb)
         logits = self.graph_runner.replay(fb) if replay else self.model(fb, self.attn_backend)

@@ -123,9 +123,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         (fixed buffers, made once) or the Triton kernels' metadata."""
         import flashinfer
 
-        from ..triton_kernels import decode_attention_splits, pdl_supported
-
         if kind == "triton":
+            from ..triton_kernels import decode_attention_splits, pdl_supported  # Triton only where it is used
+
             if batch_size not in self.triton_graphs:
                 sms = torch.cuda.get_device_properties(self.device).multi_processor_count
                 self.triton_graphs[batch_size] = TritonDecode(decode_attention_splits(batch_size, self.num_kv_heads, sms),
