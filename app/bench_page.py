@@ -124,6 +124,7 @@ class PageDriver:
             page.get_by_text("Settings", exact=True).first.click()
         page.fill("#temperature input[type=number]", "0")
         page.fill("#max-tokens input", str(max_tokens))
+        page.fill("#repetition-penalty input[type=number]", "1")  # the API's request: no penalty
         page.wait_for_timeout(500)  # the settings are saved as they change
         page.fill("#msg-input textarea", prompt)
         page.press("#msg-input textarea", "Enter")

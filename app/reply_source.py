@@ -493,6 +493,8 @@ def chat_body(request: GenerateRequest, model: str) -> dict:
     extra: dict = {}
     if p.top_k is not None and p.top_k > 0:
         extra["top_k"] = p.top_k
+    if p.repetition_penalty != 1.0:
+        extra["repetition_penalty"] = p.repetition_penalty
     kwargs = dict(request.chat_template_kwargs or {})
     if kwargs.pop("continue_final_message", False):  # Continue: as vLLM and SGLang (and this engine) take it
         extra.update(continue_final_message=True, add_generation_prompt=False)

@@ -28,7 +28,8 @@ from minisgl_engine import GenerateRequest, SamplingParams, UserError
 from .live import ReplyManager, Turn
 from .model_pull import ModelPuller, PullError, PullProgress
 from .page_css import PAGE_CSS
-from .store import IMPORT_LIMIT_BYTES, BadImportFile, ChatSettings, ConversationStore, NotFoundError, title_from
+from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, REPETITION_PENALTY_MAX, BadImportFile, ChatSettings,
+                    ConversationStore, NotFoundError, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
 from .view import can_continue, engine_messages, focus_of, model_choices, sidebar_choices, versions_label, view_messages
 
@@ -56,6 +57,7 @@ QUEUE_POLL_S = 0.02
 # tab may start in either order). Both carry the browser's click time (STAMP_JS), so a Stop that
 # found nothing to stop also stops a message clicked before it, and never one clicked after it.
 STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"
+SEND_STAMP_JS = "(...inputs) => [...inputs.slice(0, -2), Date.now(), inputs[inputs.length - 1]]"  # the stamp, then the penalty
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 ATTACH_LIMIT_BYTES = 1_000_000
 TEXT_FILES = [".txt", ".md", ".py", ".js", ".ts", ".json", ".yaml", ".yml", ".toml", ".csv", ".c", ".h", ".cpp", ".rs", ".go",
@@ -190,7 +192,7 @@ class ChatPage:
         conv = self.shown(tab)
         s = self.settings_of(tab, conv)
         return (conv.title if conv is not None else "", s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.thinking,
-                s.top_k, s.seed, "\n".join(s.stop), self.backend_of(s)[0])
+                s.top_k, s.seed, "\n".join(s.stop), s.repetition_penalty, self.backend_of(s)[0])
 
     def conversations(self, tab: Tab):
         return self.store.search(tab.search) if tab.search else self.store.list()
@@ -382,10 +384,12 @@ class ChatPage:
         return str(path)
 
     async def settings_changed(self, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
-                               request: gr.Request) -> tuple:
+                               request: gr.Request, repetition_penalty=DEFAULT_REPETITION_PENALTY) -> tuple:
         """Save the fields as they change. A refused number goes back to the value in force (the
-        toast says why); an emptied one waits for a value (no toast while the user retypes it)."""
-        values = (system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop)
+        toast says why); an emptied one waits for a value (no toast while the user retypes it).
+        (The fields added since the first eight come after the request: Gradio passes it where
+        the signature names it, and callers of the eight keep working.)"""
+        values = (system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty)
         settings, problems = form_settings(*values)
         typing = {name for name, value in zip(SETTING_FIELDS, values) if value in (None, "")}
         if problems and set(problems) <= typing:
@@ -449,7 +453,8 @@ class ChatPage:
             s = conv.settings
             backend, source = self.backend_of(s)
             params = SamplingParams(max_tokens=int(s.max_tokens), temperature=float(s.temperature), top_p=float(s.top_p),
-                                    top_k=int(s.top_k) or -1, seed=s.seed, stop=list(s.stop))
+                                    top_k=int(s.top_k) or -1, seed=s.seed, stop=list(s.stop),
+                                    repetition_penalty=float(s.repetition_penalty))
             kwargs = {"enable_thinking": bool(s.thinking)} if source.supports_thinking else {}
             messages = engine_messages(replace(conv, messages=path), s)
             if continue_id is not None:
@@ -472,14 +477,15 @@ class ChatPage:
             self.replies.stop(conv_id)
 
     async def send(self, text: str, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
-                   clicked_at: float | None, request: gr.Request):
+                   clicked_at: float | None, request: gr.Request, repetition_penalty=DEFAULT_REPETITION_PENALTY):
         """Store the message (starting a chat if needed) and ask for its reply; a message sent
         while the chat replies is shown at once and answered next."""
         tab = self.tab(request)
         text = (text or "").strip()
         if not text and not tab.attachments:
             return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
-        if not self.save_settings(tab, *form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop)):
+        form = form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty)
+        if not self.save_settings(tab, *form):
             return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
             gr.Warning("The model is still loading; send your message once the status line says Ready.")
@@ -766,13 +772,17 @@ class ChatPage:
         # no precision=0: Gradio would round a typed 2.5 before form_settings sees it, and save
         # 2 while the box shows 2.5; form_settings refuses a fraction with a sentence instead
         max_tokens = gr.Number(label="Max tokens", value=d.max_tokens, step=1, elem_id="max-tokens")
+        repetition_penalty = gr.Slider(1, REPETITION_PENALTY_MAX, value=d.repetition_penalty, step=0.01,
+                                       label="Repetition penalty (1 = off)", elem_id="repetition-penalty",
+                                       info="Higher: the model repeats itself less (small models loop without one)")
         thinking = gr.Checkbox(label="Thinking mode", value=d.thinking, visible=False, elem_id="thinking")
         top_k = gr.Number(label="Top-k (0 = off)", value=d.top_k, step=1, elem_id="top-k")
         seed = gr.Number(label="Seed (empty = random)", value=d.seed, step=1, elem_id="seed")
         stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
         gr.Markdown("Settings apply to this chat as you change them.", elem_classes="hint")
-        return SimpleNamespace(fields=[system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop], thinking=thinking,
-                               backend=backend)
+        # the form's order is SETTING_FIELDS'; the penalty shows beside the other sampling settings
+        return SimpleNamespace(fields=[system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty],
+                               thinking=thinking, backend=backend)
 
     def _models_panel(self) -> SimpleNamespace:
         model_list = gr.Radio(choices=[], label="Pick one, then Switch", elem_id="model-list", interactive=True)
@@ -868,9 +878,9 @@ class ChatPage:
         for item in settings:  # .change: see search above (a switch of chats sets equal values: no write)
             item.change(self.settings_changed, inputs=settings, outputs=settings, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
-        for trigger in (m.msg.submit, m.send_btn.click):
-            trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=[m.msg, m.attached], js=STAMP_JS,
-                    **quick).then(**follow)
+        for trigger in (m.msg.submit, m.send_btn.click):  # send's inputs: see settings_changed
+            trigger(self.send, inputs=[m.msg, *settings[:8], c.clicked_at, *settings[8:]], outputs=[m.msg, m.attached],
+                    js=SEND_STAMP_JS, **quick).then(**follow)
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=m.attached, **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)
         m.chatbot.edit(self.edit, **quick).then(**follow)
@@ -935,11 +945,14 @@ def attachments_line(attachments: list[tuple[str, str]]) -> str:
     return "Attached to your next message: " + ", ".join(f"`{name}` ({len(body):,} characters)" for name, body in attachments)
 
 
-SETTING_FIELDS = ("system_prompt", "temperature", "top_p", "max_tokens", "thinking", "top_k", "seed", "stop")  # the form's order
-RESET_FIELDS = ("temperature", "top_p", "max_tokens", "top_k", "seed")  # a refused value is replaced by the one in force
+SETTING_FIELDS = ("system_prompt", "temperature", "top_p", "max_tokens", "thinking", "top_k", "seed", "stop",
+                  "repetition_penalty")  # the form's order
+# a refused value is replaced by the one in force
+RESET_FIELDS = ("temperature", "top_p", "max_tokens", "top_k", "seed", "repetition_penalty")
 
 
-def form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop) -> tuple[ChatSettings, dict[str, str]]:
+def form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
+                  repetition_penalty=DEFAULT_REPETITION_PENALTY) -> tuple[ChatSettings, dict[str, str]]:
     """The settings as the form holds them (its numbers coerced) and, by field name, what is wrong
     with each invalid one (the store's own checks after the form's)."""
     problems: dict[str, str] = {}
@@ -961,7 +974,7 @@ def form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k
     settings = ChatSettings(system_prompt or "", number("temperature", "temperature", temperature, False),
                             number("top_p", "top-p", top_p, False), number("max_tokens", "max tokens", max_tokens, True),
                             bool(thinking), number("top_k", "top-k", top_k, True), number("seed", "seed", seed, True),
-                            stop_strings(stop))
+                            stop_strings(stop), number("repetition_penalty", "repetition penalty", repetition_penalty, False))
     for name, text in settings.problems().items():
         problems.setdefault(name, text)
     return settings, problems

@@ -62,7 +62,8 @@ def make_greedy(page, max_tokens: int = 1024) -> None:
     """This chat's settings: greedy and long (a sampled reply can end after a sentence)."""
     if not page.locator("#temperature input[type=number]").is_visible():
         page.click("#settings >> text=Settings")
-    fields = {"#temperature input[type=number]": "0", "#max-tokens input": str(max_tokens)}
+    # no repetition penalty either: the page's default reshapes a greedy reply
+    fields = {"#temperature input[type=number]": "0", "#max-tokens input": str(max_tokens), "#repetition-penalty input[type=number]": "1"}
     for selector, value in fields.items():
         set_field(page, selector, value)
     # the values must hold (a reset still on its way would undo them: type them again then)

@@ -124,11 +124,11 @@ def open_settings(page) -> None:
         page.wait_for_selector("#max-tokens input", state="visible")
 
 
-def set_settings(page, *, temperature=None, max_tokens=None, seed=None, stop=None) -> None:
+def set_settings(page, *, temperature=None, max_tokens=None, seed=None, stop=None, repetition_penalty=None) -> None:
     """Fill the settings fields; each applies when the field loses focus (Tab)."""
     open_settings(page)
     fields = [("#temperature input[type=number]", temperature), ("#max-tokens input", max_tokens), ("#seed input", seed),
-              ("#stop-strings textarea", stop)]
+              ("#stop-strings textarea", stop), ("#repetition-penalty input[type=number]", repetition_penalty)]
     for selector, value in fields:
         if value is not None:
             page.fill(selector, str(value))
@@ -568,7 +568,11 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
 # ---- 9. stop strings and seeds
 
 def test_stop_string_ends_the_reply_before_it(page, app):
-    new_chat(page, temperature=0, max_tokens=40, stop="5")
+    open_new_chat(page)
+    open_settings(page)
+    assert float(page.input_value("#repetition-penalty input[type=number]")) > 1, "the page's repetition penalty is off"
+    # counting repeats itself: the chat's penalty set to 1 (off), which the reply shows it used
+    set_settings(page, temperature=0, max_tokens=40, stop="5", repetition_penalty=1)
     send(page, "Count from 1 to 10.")
     wait_reply(page, app, "reply with a stop string")
     reply = replies(page)[-1]

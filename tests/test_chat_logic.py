@@ -354,6 +354,32 @@ async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(
     assert store.get(conv_id).messages[-1].content == "echo: again"
 
 
+@pytest.mark.anyio
+async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_engine(store) -> None:
+    """The page's default penalty (the demo model loops without one) goes with every reply; a
+    chat's own value replaces it; the OpenAI API's default stays 1 (off)."""
+    from minisgl_app.store import DEFAULT_REPETITION_PENALTY, ChatSettings
+    from minisgl_app.ui import ChatPage, form_settings
+
+    assert DEFAULT_REPETITION_PENALTY > 1.0 and SamplingParams().repetition_penalty == 1.0
+    engine = FakeEngine()
+    page = ChatPage(FakeClient(engine), store)
+    await page.send("hello there", *SETTINGS, None, FakeRequest())  # a caller of the first eight fields
+    await until_idle(page.replies)
+    assert engine.requests[-1].params.repetition_penalty == DEFAULT_REPETITION_PENALTY
+    conv_id = page.tab(FakeRequest()).conv_id
+    await page.settings_changed(*SETTINGS, FakeRequest(), 1.3)
+    assert store.get(conv_id).settings.repetition_penalty == 1.3 and page.fields(page.tab(FakeRequest()))[-2] == 1.3
+    await page.send("again", *SETTINGS, None, FakeRequest(), 1.3)
+    await until_idle(page.replies)
+    assert engine.requests[-1].params.repetition_penalty == 1.3
+    # out of the page's range: refused with a sentence, the value in force put back
+    assert "between 1 (off) and 2" in form_settings(*SETTINGS, 0.5)[1]["repetition_penalty"]
+    assert (await page.settings_changed(*SETTINGS, FakeRequest(), 3))[-1] == 1.3
+    # a chat stored before the setting existed takes the page's default
+    assert ChatSettings.from_dict({"temperature": 0.5}).repetition_penalty == DEFAULT_REPETITION_PENALTY
+
+
 def test_the_status_line_names_every_replicas_device():
     from types import SimpleNamespace
 

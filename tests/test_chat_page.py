@@ -131,10 +131,13 @@ def open_accordion(page, label: str, probe: str) -> None:
         page.locator(probe).wait_for(state="visible", timeout=5_000)
 
 
-def set_settings(page, temperature: float | None = None, max_tokens: int | None = None) -> None:
-    """Type the chat's settings (and check that the page kept them)."""
+def set_settings(page, temperature: float | None = None, max_tokens: int | None = None, repetition_penalty: float | None = 1) -> None:
+    """Type the chat's settings (and check that the page kept them); the repetition penalty off
+    unless given, so that a greedy reply is the model's own (the page's default reshapes it)."""
     open_accordion(page, "Settings", "#max-tokens input")
     fields = []
+    if repetition_penalty is not None:
+        fields.append(("#repetition-penalty input[type=number]", str(repetition_penalty)))
     if temperature is not None:
         fields.append(("#temperature input[type=number]", str(temperature)))
     if max_tokens is not None:
