@@ -1,5 +1,5 @@
-"""CSS the chat page needs to behave as designed, apart from its look (assets/theme.css, which an
-installed wheel may lack): what Gradio draws that the page must not show."""
+"""CSS the chat page needs to behave as designed, apart from its look (static/theme.css): what
+Gradio draws that the page must not show."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, REPETITION_P
 from .reply_source import ModelEntry, ModelError, ReplySource
 from .view import can_continue, engine_messages, focus_of, model_choices, sidebar_choices, versions_label, view_messages
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+STATIC = Path(__file__).resolve().parent / "static"  # the page's theme and favicon, inside the package (and its wheel)
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
 FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces to end
 # A follow that took over from another one (running, or ended less than RACE_S before) has the
@@ -991,9 +991,8 @@ def quiet_queue(demo: gr.Blocks) -> None:
 
 
 def theme_css() -> str:
-    """The page's look (assets/theme.css, when there) and the CSS it needs to behave (page_css.py)."""
-    path = ASSETS / "theme.css"
-    return (path.read_text() if path.exists() else "") + PAGE_CSS
+    """The page's look (static/theme.css) and the CSS it needs to behave (page_css.py)."""
+    return (STATIC / "theme.css").read_text() + PAGE_CSS
 
 
 def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | None, puller: ModelPuller | None = None) -> None:
@@ -1013,7 +1012,7 @@ def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | 
         def auth(_user: str, password: str) -> bool:
             return hmac.compare_digest(password.encode(), api_key.encode())
 
-    favicon = ASSETS / "favicon.png"
+    favicon = STATIC / "favicon.png"
     gr.mount_gradio_app(
         app,
         demo,

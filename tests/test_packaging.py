@@ -110,5 +110,5 @@ def test_built_wheel_holds_exactly_the_prefixed_packages(tmp_path) -> None:
     # every source file and every package-data file made it in
     for folder, pkg in FOLDERS.items():
         for path in (ROOT / folder).rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".json"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".json", ".css", ".png"):
                 assert f"{pkg}/{path.relative_to(ROOT / folder).as_posix()}" in names, path

@@ -21,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "assets"
+STATIC = ROOT / "app" / "static"  # what the page itself serves (packaged with minisgl_app)
 PACKAGING = ROOT / "packaging"
 DESKTOP = PACKAGING / "minisgl-chat.desktop"
 APP_ID = "io.github.minisgl.Chat"
@@ -96,7 +97,7 @@ def png_info(path: Path) -> dict:
 
 @pytest.mark.parametrize("name,size", sorted(PNG_SIZES.items()))
 def test_png_icons_have_their_declared_size(name: str, size: int) -> None:
-    info = png_info(ASSETS / name)
+    info = png_info((STATIC if name == "favicon.png" else ASSETS) / name)
     assert (info["width"], info["height"]) == (size, size)
     assert info["colour"] == 6 and info["depth"] == 8, "expected 8-bit RGBA (transparent corners)"
 
@@ -129,7 +130,7 @@ def test_svg_icon_is_self_contained_with_a_square_viewbox() -> None:
 
 
 def test_theme_css_styles_the_app_elements() -> None:
-    css = (ASSETS / "theme.css").read_text()
+    css = (STATIC / "theme.css").read_text()
     body = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
     assert body.count("{") == body.count("}")
     for selector in ("#chatbot", "#msg-input", "#send-btn", "#stop-btn", "#status-line",
