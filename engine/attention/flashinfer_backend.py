@@ -164,7 +164,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             if self._indices.numel() < indptr[-1]:
                 self._indices = torch.empty(max(indptr[-1], 2 * self._indices.numel()), dtype=torch.int32, device=self.device)
             indices = fill_kv_indices(
-                self.page_table.table, batch.table_rows[: len(counts)], to_device(indptr, self.device, torch.int32), self._indices,
+                self.page_table.table, batch.table_rows, to_device(indptr, self.device, torch.int32), self._indices,
                 ps, self.kv_pool.padding_page, max(counts + [1]),
             )[: indptr[-1]]
             return KVLayout(torch.tensor(indptr, dtype=torch.int32), indices, torch.tensor(last_page_len, dtype=torch.int32))
