@@ -50,6 +50,7 @@ class CudaGraphRunner:
         # (batch size, attention kind) -> graph: small sizes have one attending with the Triton
         # kernels and one with FlashInfer (attention/flashinfer_backend.py: graph_kinds)
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
+        self.last_graph: tuple[int, str] | None = None  # (size, kind) of the latest replay: profiles and tests read it
         self._capture(on_phase)
 
     def size_for(self, batch_size: int) -> int | None:
@@ -113,4 +114,5 @@ class CudaGraphRunner:
         if kind == "triton":  # its kernels find each row's KV slots in the page table
             self.token_rows[:bs].copy_(fb.token_rows)
         self.graphs[bs, kind].replay()
+        self.last_graph = (bs, kind)
         return self.logits[:bs]

@@ -76,9 +76,8 @@ def graph_replays(llm: LLM, sizes: list[int], ctx: int, label: str, profile_size
     runner = llm.engine.graph_runner
     for bs in sizes:
         stream = decode_until(llm, bs, ctx, 4)
-        size, attn = runner.size_for(bs), llm.engine.attn_backend
-        # the graph the engine replays at this size and context (attention/flashinfer_backend.py: decode_kind)
-        kind = "triton" if (size, "triton") in runner.graphs and ctx + 8 <= attn.triton_max_context else "flashinfer"
+        size, kind = runner.last_graph  # the graph the engine replayed for these requests
+        assert size == runner.size_for(bs), (size, bs)
         graph = runner.graphs[size, kind]
         torch.cuda.synchronize()
         for _ in range(5):

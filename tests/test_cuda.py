@@ -133,17 +133,23 @@ def graph_llm():
     return llm
 
 
-@pytest.mark.parametrize("batch_size,small_graph_attention", [(1, "triton"), (3, "triton"), (3, "flashinfer"), (64, None), (200, None)])
-def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size, small_graph_attention, monkeypatch):
-    """Each graph against the same batch run eagerly; small graphs exist twice (attention on the
-    Triton kernels for short contexts, on FlashInfer for long ones: here forced by the limit)."""
+@pytest.mark.parametrize("batch_size,small_graph_attention,prompt_lens", [
+    (1, "triton", (5, 80)), (3, "triton", (5, 80)), (3, "flashinfer", (5, 80)), (64, None, (5, 80)), (200, None, (5, 80)),
+    (1, "triton", (3_500, 4_000)), (5, "triton", (2_000, 4_000)),  # long contexts: every one of the pieces holds tokens
+])
+def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size, small_graph_attention, prompt_lens, monkeypatch):
+    """Each graph against the same batch run eagerly (eager decode attends with FlashInfer);
+    small graphs exist twice (attention on the Triton kernels for short contexts, on FlashInfer
+    for long ones: here forced by the limit), and the step replays the one it should."""
+    from minisgl_engine.attention.flashinfer_backend import DecodeAttentionLimits
+
     sched, engine = graph_llm.scheduler, graph_llm.engine
-    if small_graph_attention == "flashinfer":
-        monkeypatch.setattr(engine.attn_backend, "triton_max_context", 0)  # every request is "long"
+    if small_graph_attention == "flashinfer":  # every request is "long"
+        monkeypatch.setattr(engine.attn_backend, "decode_limits", DecodeAttentionLimits(engine.attn_backend.decode_limits.max_batch, 0))
     rng = random.Random(batch_size)
     uids = list(range(10_000 * batch_size, 10_000 * batch_size + batch_size))
     for uid in uids:
-        ids = [rng.randrange(0, 10000) for _ in range(rng.randrange(5, 80))]
+        ids = [rng.randrange(0, 10000) for _ in range(rng.randrange(*prompt_lens))]
         sched.add_request(uid, ids, SamplingParams(max_tokens=100, ignore_eos=True))
     while len(sched.decode_manager.running) < batch_size or sched.prefill_manager.waiting:
         sched.step()  # prefill everyone (and decode those already running)
@@ -153,17 +159,14 @@ def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size
             assert batch.is_decode and batch.size == batch_size
             size = engine.graph_size(batch)
             assert size is not None and size >= batch_size
-            if small_graph_attention is not None:
-                assert (size, small_graph_attention) in engine.graph_runner.graphs
             eager = engine.forward_logits(batch, use_graph=False, pad_to=size)
             replay = engine.forward_logits(batch, use_graph=True)
-            print(f"batch {batch_size} (graph of {size}): max |eager - replay| = {(eager - replay).abs().max().item():.3g}")
+            assert engine.graph_runner.last_graph == (size, small_graph_attention or "flashinfer")
+            print(f"batch {batch_size} (graph of {size}, {small_graph_attention or 'flashinfer'}): "
+                  f"max |eager - replay| = {(eager - replay).abs().max().item():.3g}, relative {rel_error(replay, eager):.3g}")
             assert torch.equal(eager.argmax(-1), replay.argmax(-1)), f"batch {batch_size} (graph of {size})"
-            if small_graph_attention == "triton" and size != batch_size:
-                # the graph attends with the Triton decode kernels; unpadded, the batch runs on FlashInfer
-                flashinfer = engine.forward_logits(batch, use_graph=False)
-                print(f"batch {batch_size}: Triton decode attention vs FlashInfer, relative error {rel_error(replay, flashinfer):.3g}")
-                assert rel_error(replay, flashinfer) < 0.05
+            if small_graph_attention == "triton":  # the Triton decode kernels against FlashInfer's
+                assert rel_error(replay, eager) < 0.05
             sched.step()  # advance every request one token
     finally:
         for uid in uids:

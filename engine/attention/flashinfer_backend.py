@@ -41,16 +41,46 @@ TRITON_DECODE_MAX_BATCH = 16  # decode graphs of up to this many rows may run tr
 TRITON_DECODE_MAX_CONTEXT = 4096  # ... while no request in the batch is longer than this (tokens; docs/benchmarks.md, fourth round)
 
 
-def triton_decode_limits() -> tuple[int, int]:
-    """(graph rows, context tokens) up to which a decode step attends with the Triton kernels,
-    from ``MINISGL_DECODE_ATTENTION``: ``auto`` (default: small graphs and short contexts, where
-    they were measured faster), ``triton`` (every graph, any length) or ``flashinfer`` (never)."""
-    mode = os.environ.get("MINISGL_DECODE_ATTENTION", "auto")
-    if mode == "flashinfer" or triton_unavailable_reason() is not None:
-        return 0, 0
-    if mode == "triton":
-        return 1 << 30, 1 << 30
-    return TRITON_DECODE_MAX_BATCH, TRITON_DECODE_MAX_CONTEXT
+DECODE_ATTENTION_MODES = ("auto", "triton", "flashinfer")
+
+
+@dataclass(frozen=True)
+class DecodeAttentionLimits:
+    """Up to how many graph rows and context tokens a decode step attends with the Triton
+    kernels (``0, 0``: never). Which graphs are captured and which one a step replays both
+    follow from these two numbers."""
+
+    max_batch: int
+    max_context: int
+
+    @classmethod
+    def from_env(cls) -> DecodeAttentionLimits:
+        """From ``MINISGL_DECODE_ATTENTION``: ``auto`` (default: small graphs and short contexts,
+        where they were measured faster), ``triton`` (every graph, any length) or ``flashinfer``
+        (never)."""
+        mode = os.environ.get("MINISGL_DECODE_ATTENTION", "auto").strip().lower() or "auto"
+        if mode not in DECODE_ATTENTION_MODES:
+            raise ValueError(f"MINISGL_DECODE_ATTENTION={mode!r}: use one of {', '.join(DECODE_ATTENTION_MODES)}")
+        if mode == "flashinfer" or triton_unavailable_reason() is not None:
+            return cls(0, 0)
+        if mode == "triton":
+            return cls(1 << 30, 1 << 30)
+        return cls(TRITON_DECODE_MAX_BATCH, TRITON_DECODE_MAX_CONTEXT)
+
+    def graph_kinds(self, batch_size: int, max_context_len: int) -> list[str]:
+        """The decode graphs captured for ``batch_size`` rows: one attending with the Triton
+        kernels where small batches may, one with FlashInfer where a batch may be too large or
+        its requests too long for them."""
+        kinds = ["triton"] if batch_size <= self.max_batch else []
+        if not kinds or max_context_len > self.max_context:
+            kinds.append("flashinfer")
+        return kinds
+
+    def decode_kind(self, padded_size: int, seq_lens: list[int]) -> str:
+        """The graph a decode batch padded to ``padded_size`` replays: the Triton one while the
+        graph is small and every request short, otherwise FlashInfer."""
+        small = padded_size <= self.max_batch and max(seq_lens, default=0) <= self.max_context
+        return "triton" if small else "flashinfer"
 
 
 @dataclass
@@ -100,19 +130,14 @@ class FlashInferAttentionBackend(AttentionBackend):
         # plans step N+1 while step N may not have started).
         self._plan_copied: torch.cuda.Event | None = None
         fits = head_dim & (head_dim - 1) == 0 and num_heads // num_kv_heads <= 16  # the Triton kernels' shapes
-        self.triton_max_batch, self.triton_max_context = triton_decode_limits() if fits and triton_decode else (0, 0)
+        self.decode_limits = DecodeAttentionLimits.from_env() if fits and triton_decode else DecodeAttentionLimits(0, 0)
         self.triton_graphs: dict[int, TritonDecode] = {}  # graph size -> its plan-free metadata
 
     # ---- CUDA graphs -------------------------------------------------------------------------
 
     def graph_kinds(self, batch_size: int, max_context_len: int) -> list[str]:
-        """The decode graphs captured for ``batch_size`` rows: one attending with the Triton
-        kernels where small batches may, one with FlashInfer where a batch may be too large or
-        its requests too long for them."""
-        kinds = ["triton"] if batch_size <= self.triton_max_batch else []
-        if not kinds or max_context_len > self.triton_max_context:
-            kinds.append("flashinfer")
-        return kinds
+        """The decode graphs captured for ``batch_size`` rows (:class:`DecodeAttentionLimits`)."""
+        return self.decode_limits.graph_kinds(batch_size, max_context_len)
 
     def graph_kind(self, batch: ForwardBatch) -> str:
         """Which of its size's graphs a planned decode batch replays."""
@@ -185,10 +210,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         )
 
     def decode_kind(self, batch: ForwardBatch) -> str:
-        """The attention of a decode batch padded to a graph's size: the Triton kernels while
-        the graph is small and every request short, otherwise FlashInfer."""
-        small = batch.padded_size in self.triton_graphs and max(batch.seq_lens, default=0) <= self.triton_max_context
-        return "triton" if small else "flashinfer"
+        """The attention of a decode batch padded to a graph's size (:class:`DecodeAttentionLimits`)."""
+        if batch.padded_size not in self.triton_graphs:
+            return "flashinfer"
+        return self.decode_limits.decode_kind(batch.padded_size, batch.seq_lens)
 
     def prepare(self, batch: ForwardBatch, kind: str | None = None) -> None:
         """``kind``: for a batch padded to a graph's size, force that graph kind (capture)."""
