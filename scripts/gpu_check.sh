@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA checks and benchmarks of the GPU fast path, for a GPU machine without network access
-# (the team's `device` machine): packages come as carried wheels in .whl/, the demo GGUF in two
+# (the team's `device` machine): packages come as carried wheels in .whl/ (gguf among them: the
+# demo stage converts the GGUF with transformers, which reads it with gguf), the demo GGUF in two
 # carried halves (.gguf2/part_aa then .gguf1/part_ab). Stages, run in order over one or more calls:
 #   bash scripts/gpu_check.sh setup kernels tests     # install, build FlashInfer kernels, pytest -m cuda
 #   bash scripts/gpu_check.sh demo serve bench ablations   # the demo model, the server test, benchmarks
