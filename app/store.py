@@ -101,26 +101,26 @@ class ChatSettings:
             problems["system_prompt"] = (f"system prompt is {len(self.system_prompt):,} characters; "
                                          f"the limit is {SYSTEM_PROMPT_LIMIT:,}")
         if not _is_number(self.temperature) or not 0.0 <= self.temperature <= 2.0:
-            problems["temperature"] = f"temperature must be between 0 and 2 (got {self.temperature!r})"
+            problems["temperature"] = f"temperature must be between 0 and 2 (got {_shown(self.temperature)})"
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            problems["top_p"] = f"top-p must be greater than 0 and at most 1 (got {self.top_p!r})"
+            problems["top_p"] = f"top-p must be greater than 0 and at most 1 (got {_shown(self.top_p)})"
         if (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)
                 or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT):
-            problems["max_tokens"] = f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT} (got {self.max_tokens!r})"
+            problems["max_tokens"] = f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT} (got {_shown(self.max_tokens)})"
         if not isinstance(self.thinking, bool):
-            problems["thinking"] = f"thinking must be on or off (got {self.thinking!r})"
+            problems["thinking"] = f"thinking must be on or off (got {_shown(self.thinking)})"
         if not _is_whole(self.top_k) or not 0 <= self.top_k <= 1000:
-            problems["top_k"] = f"top-k must be a whole number from 0 (off) to 1000 (got {self.top_k!r})"
+            problems["top_k"] = f"top-k must be a whole number from 0 (off) to 1000 (got {_shown(self.top_k)})"
         if self.seed is not None and (not _is_whole(self.seed) or not 0 <= self.seed < 2**63):
-            problems["seed"] = f"seed must be empty or a whole number from 0 to 2^63-1 (got {self.seed!r})"
+            problems["seed"] = f"seed must be empty or a whole number from 0 to 2^63-1 (got {_shown(self.seed)})"
         if not _is_number(self.repetition_penalty) or not 1.0 <= self.repetition_penalty <= REPETITION_PENALTY_MAX:
             problems["repetition_penalty"] = (f"repetition penalty must be between 1 (off) and {REPETITION_PENALTY_MAX:g} "
-                                              f"(got {self.repetition_penalty!r})")
+                                              f"(got {_shown(self.repetition_penalty)})")
         if not isinstance(self.stop, tuple) or len(self.stop) > STOP_STRINGS_LIMIT \
                 or not all(isinstance(x, str) and 0 < len(x) <= 100 for x in self.stop):
             problems["stop"] = f"stop strings: at most {STOP_STRINGS_LIMIT}, each 1 to 100 characters"
         if self.backend is not None and (not isinstance(self.backend, str) or not 0 < len(self.backend) <= 40):
-            problems["backend"] = f"replies from: expected the name of a backend (got {self.backend!r})"
+            problems["backend"] = f"replies from: expected the name of a backend (got {_shown(self.backend)})"
         return problems
 
     def validate(self) -> None:
@@ -1046,7 +1046,13 @@ def _kind(value: object) -> str:
 
 
 def _shown(value: object) -> str:
-    """A value quoted for an error message, cut short."""
+    """A value quoted for an error message, cut short; a number as people write it (5, not 5.0;
+    1e+20, not its 21 digits)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        if abs(value) >= 1e15:
+            return f"{value:.3g}"
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
     text = repr(value)
     return text if len(text) <= 40 else text[:39] + "…"
 

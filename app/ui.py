@@ -64,8 +64,9 @@ TEXT_FILES = [".txt", ".md", ".py", ".js", ".ts", ".json", ".yaml", ".yml", ".to
               ".java", ".sh", ".html", ".css", ".sql", ".xml", ".ini", ".cfg", ".log", ".tex", ".rst"]
 # Escape stops the reply, as in other chat apps; Enter on an empty box does nothing. In a
 # message's edit box (✎) Enter saves and Shift+Enter starts a new line, as in the message box, and
-# Escape cancels the edit. Toasts open under the status line (page_css.py): its bottom edge is
-# kept in --status-bottom.
+# Escape cancels the edit. Enter in a settings number box saves it (it is left, as a click
+# elsewhere does). Toasts open under the status line (page_css.py): its bottom edge is kept in
+# --status-bottom.
 PAGE_JS = """
 () => {
   document.addEventListener('keydown', (e) => {
@@ -77,6 +78,18 @@ PAGE_JS = """
       return;
     }
     if (e.key === 'Escape') { const b = document.querySelector('#stop-btn'); if (b) b.click(); }
+    // a settings box is saved when left: Enter in a number box leaves it (a slider's too)
+    if (e.key === 'Enter' && e.target instanceof Element && e.target.matches('#settings input[type=number]')) {
+      e.preventDefault(); e.target.blur();
+    }
+  }, true);
+  // a slider moved with the keyboard is saved when the key is let go, as a drag is (Gradio
+  // sends a slider's release on pointerup only)
+  document.addEventListener('keyup', (e) => {
+    if (e.target instanceof Element && e.target.matches('#settings input[type=range]')
+        && ['ArrowLeft', 'ArrowRight', 'ArrowUp', 'ArrowDown', 'PageUp', 'PageDown', 'Home', 'End'].includes(e.key)) {
+      e.target.dispatchEvent(new PointerEvent('pointerup'));
+    }
   }, true);
   const place = () => {
     const line = document.querySelector('#status-line');
@@ -385,8 +398,9 @@ class ChatPage:
 
     async def settings_changed(self, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
                                request: gr.Request, repetition_penalty=DEFAULT_REPETITION_PENALTY) -> tuple:
-        """Save the fields as they change. A refused number goes back to the value in force (the
-        toast says why); an emptied one waits for a value (no toast while the user retypes it).
+        """Save the fields when one is committed (a box left or Enter, a slider let go: ``_wire``),
+        not on every key: a value typed digit by digit is never saved by its prefixes. A refused
+        value is not saved; one toast says why and the box shows the value in force again.
         (The fields added since the first eight come after the request: Gradio passes it where
         the signature names it, and callers of the eight keep working.)"""
         values = (system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty)
@@ -779,7 +793,7 @@ class ChatPage:
         top_k = gr.Number(label="Top-k (0 = off)", value=d.top_k, step=1, elem_id="top-k")
         seed = gr.Number(label="Seed (empty = random)", value=d.seed, step=1, elem_id="seed")
         stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
-        gr.Markdown("Settings apply to this chat as you change them.", elem_classes="hint")
+        gr.Markdown("Settings apply to this chat once you leave a box (or press Enter) or let go of a slider.", elem_classes="hint")
         # the form's order is SETTING_FIELDS'; the penalty shows beside the other sampling settings
         return SimpleNamespace(fields=[system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty],
                                thinking=thinking, backend=backend)
@@ -875,8 +889,9 @@ class ChatPage:
         for button, handler in ((c.export_md, self.export_md), (c.export_json, self.export_json)):
             button.click(handler, outputs=c.export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
         c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search], **quick).then(**follow)
-        for item in settings:  # .change: see search above (a switch of chats sets equal values: no write)
-            item.change(self.settings_changed, inputs=settings, outputs=settings, **quick)
+        for item in settings:  # saved when committed, not on every key: a box when left (PAGE_JS: or on Enter), a slider let go
+            committed = item.release if isinstance(item, gr.Slider) else item.input if isinstance(item, gr.Checkbox) else item.blur
+            committed(self.settings_changed, inputs=settings, outputs=settings, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
         for trigger in (m.msg.submit, m.send_btn.click):  # send's inputs: see settings_changed
             trigger(self.send, inputs=[m.msg, *settings[:8], c.clicked_at, *settings[8:]], outputs=[m.msg, m.attached],

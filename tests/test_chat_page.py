@@ -498,6 +498,44 @@ def test_typed_max_tokens_apply_to_the_next_reply(tab, app):
     assert finished(page)[-1] <= 5, f"max tokens 5 was ignored: {finished(page)}"
 
 
+def test_a_settings_box_is_saved_when_left_not_on_every_key(tab, app):
+    """Typing "1.5" into Max tokens saved "1" on the way (and the refusal of 1.5 put that 1 back);
+    a long number saved its prefixes and stacked a toast per key. A box is saved when left (Tab,
+    a click elsewhere) or on Enter: a refused value gets one toast and the value before it back."""
+    page = tab().page
+    open_new_chat(page)
+    open_accordion(page, "Settings", "#max-tokens input")
+
+    def refusals() -> list[str]:
+        return [x for x in toasts(page) if "not saved" in x]
+
+    def type_into(selector: str, text: str) -> None:
+        box = page.locator(selector)
+        box.click()
+        box.press("Control+a")
+        box.press_sequentially(text, delay=60)
+
+    type_into("#max-tokens input", "64")
+    page.press("#max-tokens input", "Tab")
+    for selector, typed, words, leave in (("#max-tokens input", "1.5", "max tokens must be a whole number", "Enter"),
+                                          ("#max-tokens input", "99999999", "got 99999999", "Tab"),
+                                          ("#repetition-penalty input[type=number]", "0.5", "repetition penalty", "Enter")):
+        for button in page.locator(".toast-close").all():
+            button.click()
+        assert wait_until(lambda: not toasts(page), 5), toasts(page)
+        before = page.input_value(selector)
+        type_into(selector, typed)
+        time.sleep(0.5)
+        assert not refusals(), f"{typed!r} in {selector}: refused before the box was left: {refusals()}"
+        page.press(selector, leave)
+        assert wait_until(lambda: refusals(), 10), f"{typed!r} in {selector}: no toast once left"
+        time.sleep(1.0)  # any other toast on its way
+        assert len(refusals()) == 1 and words in refusals()[0], f"{typed!r} in {selector}: one toast expected, got {refusals()}"
+        assert wait_until(lambda: page.input_value(selector) == before, 5), \
+            f"{typed!r} in {selector}: the box shows {page.input_value(selector)!r}, not the value before it ({before!r})"
+    assert page.input_value("#max-tokens input") == "64", "the value typed and left first was not kept"
+
+
 # ---- 9. delete asks first; the log keeps no chat text
 
 def test_delete_asks_for_confirmation(tab, app):
