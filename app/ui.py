@@ -56,6 +56,7 @@ QUEUE_POLL_S = 0.02
 # Stop pressed just after Enter can reach the server before the message does (two events of one
 # tab may start in either order). Both carry the browser's click time (STAMP_JS), so a Stop that
 # found nothing to stop also stops a message clicked before it, and never one clicked after it.
+# So do a settings box's save and the clicks that show another chat (ChatPage.settings_changed).
 STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"
 SEND_STAMP_JS = "(...inputs) => [...inputs.slice(0, -2), Date.now(), inputs[inputs.length - 1]]"  # the stamp, then the penalty
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
@@ -117,11 +118,12 @@ def confirm_js(question: str) -> str:
     return f"(x) => [confirm({question + ' This cannot be undone.'!r})]"
 
 
-# Delete chat names the chat: the selected sidebar entry's title, without its ● and time
+# Delete chat names the chat: the selected sidebar entry's title, without its ● and time; the
+# click is stamped as STAMP_JS does
 CONFIRM_DELETE_CHAT_JS = """(x) => {
   const label = document.querySelector('#conv-list input:checked')?.closest('label');
   const title = label ? label.innerText.trim().replace(/^● /, '').replace(/ · [^·]*$/, '') : '';
-  return [confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.')];
+  return [confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.'), Date.now()];
 }"""
 
 
@@ -157,6 +159,10 @@ class Tab:
     recheck_at: float | None = None  # when the tick sends the whole view once more (monotonic s)
     early_stop: float = 0.0  # browser time (ms) of the tab's last Stop that found no reply to stop
     picked: bool = False  # the user has chosen what the tab shows (the page's load keeps it then)
+    # the chat shown before the last click that changed it (None: a new chat), and that click's
+    # browser time (ms): a settings box left by that click belongs to the chat shown before
+    shown_before: int | None = None
+    shown_since: float = 0.0
 
 
 class ChatPage:
@@ -341,18 +347,22 @@ class ChatPage:
         thinking = gr.update(visible=self.source.supports_thinking)
         return (*self.fields(tab), thinking)
 
-    async def select(self, conv_id: int | None, request: gr.Request):
-        tab = self.tab(request)
+    def show(self, tab: Tab, conv_id: int | None, clicked_at: float | None) -> None:
+        """The tab shows ``conv_id`` from the click at ``clicked_at`` (browser ms) on."""
+        tab.shown_before, tab.shown_since = tab.conv_id, clicked_at or 0.0
         tab.conv_id, tab.focus, tab.picked = conv_id, None, True
         self.replies.notify()
+
+    async def select(self, conv_id: int | None, clicked_at: float | None, request: gr.Request):
+        tab = self.tab(request)
+        self.show(tab, conv_id, clicked_at)
         return self.fields(tab)
 
-    async def new_chat(self, request: gr.Request):
+    async def new_chat(self, clicked_at: float | None, request: gr.Request):
         tab = self.tab(request)
         backend = self.settings_in_force(tab).backend  # a new chat asks where the last one did
-        tab.conv_id, tab.focus, tab.picked = None, None, True
         tab.draft = replace(self.store.default_settings(), backend=backend)
-        self.replies.notify()
+        self.show(tab, None, clicked_at)
         return self.fields(tab)
 
     async def rename(self, title: str, request: gr.Request):
@@ -367,7 +377,7 @@ class ChatPage:
         tab.sidebar = self.render_sidebar(tab)
         return self.as_update(2, tab.sidebar)
 
-    async def delete(self, confirmed: bool, request: gr.Request):
+    async def delete(self, confirmed: bool, clicked_at: float | None, request: gr.Request):
         tab = self.tab(request)
         if not confirmed or tab.conv_id is None:
             return self.fields(tab)
@@ -377,8 +387,7 @@ class ChatPage:
         except NotFoundError:
             pass
         convs = self.store.list()
-        tab.conv_id, tab.picked = (convs[0].id if convs else None), True
-        self.replies.notify()
+        self.show(tab, convs[0].id if convs else None, clicked_at)
         gr.Info("Chat deleted.")
         return self.fields(tab)
 
@@ -397,18 +406,24 @@ class ChatPage:
         return str(path)
 
     async def settings_changed(self, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
-                               request: gr.Request, repetition_penalty=DEFAULT_REPETITION_PENALTY) -> tuple:
+                               repetition_penalty, clicked_at: float | None, request: gr.Request) -> tuple:
         """Save the fields when one is committed (a box left or Enter, a slider let go: ``_wire``),
         not on every key: a value typed digit by digit is never saved by its prefixes. A refused
         value is not saved; one toast says why and the box shows the value in force again.
-        (The fields added since the first eight come after the request: Gradio passes it where
-        the signature names it, and callers of the eight keep working.)"""
+        A box left by a click on another chat (``clicked_at``, browser ms, no later than that
+        click's) holds the settings of the chat shown before: they go there, whichever event
+        the server takes first."""
         values = (system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty)
         settings, problems = form_settings(*values)
         typing = {name for name, value in zip(SETTING_FIELDS, values) if value in (None, "")}
         if problems and set(problems) <= typing:
             return (gr.skip(),) * len(SETTING_FIELDS)
         tab = self.tab(request)
+        if clicked_at is not None and clicked_at <= tab.shown_since:
+            if self.settings_refused(problems) or tab.shown_before is None:
+                return (gr.skip(),) * len(SETTING_FIELDS)  # a new chat left unsent keeps nothing
+            self.store_settings(tab, tab.shown_before, settings)
+            return (gr.skip(),) * len(SETTING_FIELDS)  # the boxes show another chat now
         if self.save_settings(tab, settings, problems):
             return (gr.skip(),) * len(SETTING_FIELDS)
         in_force = self.settings_in_force(tab)
@@ -432,20 +447,32 @@ class ChatPage:
     def save_settings(self, tab: Tab, settings: ChatSettings, problems: dict[str, str]) -> bool:
         """Apply the fields (as ``form_settings`` read them) to the tab's chat. Invalid values are
         refused with a toast naming them and are not used; returns whether the settings are in force."""
-        if problems:
-            gr.Warning(f"Settings not saved: {'; '.join(problems.values())}")
+        if self.settings_refused(problems):
             return False
         if tab.conv_id is None:
             tab.draft = with_backend_of(settings, self.settings_of(tab, None))
-            return True
+        else:
+            self.store_settings(tab, tab.conv_id, settings)
+        return True
+
+    @staticmethod
+    def settings_refused(problems: dict[str, str]) -> bool:
+        """Whether the form has invalid values; a toast names them."""
+        if problems:
+            gr.Warning(f"Settings not saved: {'; '.join(problems.values())}")
+        return bool(problems)
+
+    def store_settings(self, tab: Tab, conv_id: int, settings: ChatSettings) -> None:
+        """Write valid settings to a stored chat (its backend kept); a chat deleted meanwhile is
+        left (the tab turns to a new chat if it showed it)."""
         try:
-            stored = self.store.get(tab.conv_id).settings
+            stored = self.store.get(conv_id).settings
             settings = with_backend_of(settings, stored)
             if stored != settings:
-                self.store.update_settings(tab.conv_id, settings)
+                self.store.update_settings(conv_id, settings)
         except NotFoundError:
-            tab.conv_id = None
-        return True
+            if tab.conv_id == conv_id:
+                tab.conv_id = None
 
     # ---- replies
 
@@ -877,21 +904,22 @@ class ChatPage:
         # to the server per tab, and a fourth tab never loaded.
         # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
         timer.tick(self.tick, outputs=view, show_progress="hidden", show_progress_on=[m.status], concurrency_limit=None)
-        c.new_btn.click(self.new_chat, outputs=tab_fields, **quick).then(**follow)
-        c.conv_list.input(self.select, inputs=c.conv_list, outputs=tab_fields, **quick).then(**follow)
+        # stamped (STAMP_JS): a settings box these clicks leave is saved to the chat shown before
+        c.new_btn.click(self.new_chat, inputs=c.clicked_at, outputs=tab_fields, js=STAMP_JS, **quick).then(**follow)
+        c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at], outputs=tab_fields, js=STAMP_JS, **quick).then(**follow)
         # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
         # Backspace, cut or paste); the box is never an output, so only the user changes it
         c.search.change(self.search, inputs=c.search, outputs=c.conv_list, **quick)
         c.rename_btn.click(self.rename, inputs=c.title_box, outputs=c.conv_list, **quick)
         c.title_box.submit(self.rename, inputs=c.title_box, outputs=c.conv_list, **quick)
-        c.delete_btn.click(self.delete, inputs=c.confirmed, outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
+        c.delete_btn.click(self.delete, inputs=[c.confirmed, c.clicked_at], outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
                            **quick).then(**follow)
         for button, handler in ((c.export_md, self.export_md), (c.export_json, self.export_json)):
             button.click(handler, outputs=c.export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
         c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search], **quick).then(**follow)
         for item in settings:  # saved when committed, not on every key: a box when left (PAGE_JS: or on Enter), a slider let go
             committed = item.release if isinstance(item, gr.Slider) else item.input if isinstance(item, gr.Checkbox) else item.blur
-            committed(self.settings_changed, inputs=settings, outputs=settings, **quick)
+            committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
         for trigger in (m.msg.submit, m.send_btn.click):  # send's inputs: see settings_changed
             trigger(self.send, inputs=[m.msg, *settings[:8], c.clicked_at, *settings[8:]], outputs=[m.msg, m.attached],

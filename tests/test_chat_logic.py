@@ -368,16 +368,51 @@ async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_e
     await until_idle(page.replies)
     assert engine.requests[-1].params.repetition_penalty == DEFAULT_REPETITION_PENALTY
     conv_id = page.tab(FakeRequest()).conv_id
-    await page.settings_changed(*SETTINGS, FakeRequest(), 1.3)
+    await page.settings_changed(*SETTINGS, 1.3, None, FakeRequest())
     assert store.get(conv_id).settings.repetition_penalty == 1.3 and page.fields(page.tab(FakeRequest()))[-2] == 1.3
     await page.send("again", *SETTINGS, None, FakeRequest(), 1.3)
     await until_idle(page.replies)
     assert engine.requests[-1].params.repetition_penalty == 1.3
     # out of the page's range: refused with a sentence, the value in force put back
     assert "between 1 (off) and 2" in form_settings(*SETTINGS, 0.5)[1]["repetition_penalty"]
-    assert (await page.settings_changed(*SETTINGS, FakeRequest(), 3))[-1] == 1.3
+    assert (await page.settings_changed(*SETTINGS, 3, None, FakeRequest()))[-1] == 1.3
     # a chat stored before the setting existed takes the page's default
     assert ChatSettings.from_dict({"temperature": 0.5}).repetition_penalty == DEFAULT_REPETITION_PENALTY
+
+
+@pytest.mark.anyio
+async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_chat_it_showed(store) -> None:
+    """A box is saved when left, and a click on another chat (or New chat) leaves it: the box's
+    save and the click reach the server in either order. Both carry the browser's click time,
+    so the value goes to the chat the box showed, never to the one shown next."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    a, b = store.create(title="a").id, store.create(title="b").id
+    default = store.get(b).settings.max_tokens
+
+    def form(max_tokens: int) -> tuple:
+        return ("", 0.0, 1.0, max_tokens, False, 0, None, "", 1.0)
+
+    await page.select(a, 1000.0, request)
+    await page.select(b, 2000.0, request)  # the click on chat B, handled first
+    assert await page.settings_changed(*form(77), 1990.0, request) == (SKIP,) * 9  # A's box, left by that click
+    assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, default)
+    await page.settings_changed(*form(88), 2500.0, request)  # a box of B, left later
+    assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, 88)
+    # a refused value in a box left by the click: not saved anywhere (the toast says why)
+    await page.select(a, 3000.0, request)
+    await page.settings_changed(*form(0), 3000.0, request)
+    assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, 88)
+    # a new chat's box left by a click on a chat: the new chat was never sent, nothing is kept
+    await page.new_chat(4000.0, request)
+    await page.select(b, 5000.0, request)
+    await page.settings_changed(*form(99), 4999.0, request)
+    assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, 88)
+    # a stamp-less caller saves into the chat shown
+    await page.settings_changed(*form(111), None, request)
+    assert store.get(b).settings.max_tokens == 111
 
 
 def test_the_status_line_names_every_replicas_device():
@@ -433,7 +468,7 @@ async def test_a_follow_ends_on_an_output_that_changes_nothing(store) -> None:
     old = page.follow(request)
     rendered = await anext(old)
     assert rendered[0] and "w0" in str(rendered[0][0]), rendered
-    await page.new_chat(request)
+    await page.new_chat(None, request)
     new = page.follow(request)
     first_new = asyncio.ensure_future(anext(new))
     old_outputs = [output async for output in old]  # the older follow ends (the newer one waits for it)
@@ -509,7 +544,7 @@ async def test_new_chat_clicked_before_the_page_load_is_answered_is_kept(store) 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     store.create(title="older chat")
-    await page.new_chat(request)
+    await page.new_chat(None, request)
     title, *_ = await page.load_page(request)
     assert page.tab(request).conv_id is None and title == ""
     fresh = FakeRequest()

@@ -88,7 +88,7 @@ async def test_each_chat_gets_its_replies_from_the_backend_it_picked(store) -> N
     # a chat on this machine (the default), then one on the remote, replying at once
     await page.send("hello", *SETTINGS, None, tab)
     on_local = page.tab(tab).conv_id
-    await page.new_chat(tab)
+    await page.new_chat(None, tab)
     await page.backend_changed("remote", tab)
     assert page.status_of(page.tab(tab)) == "**Ready** · big on the remote box"
     await page.send("hello", *SETTINGS, None, tab)
@@ -99,11 +99,11 @@ async def test_each_chat_gets_its_replies_from_the_backend_it_picked(store) -> N
     assert second.content.startswith("remote0") and second.model == "big", second
     assert (local.asked, remote.asked) == (1, 1)
     # the chat keeps its backend through a change of its other settings, and New chat keeps the one shown
-    await page.settings_changed("", 0.5, 1.0, 64, False, 0, None, "", tab)
+    await page.settings_changed("", 0.5, 1.0, 64, False, 0, None, "", 1.15, None, tab)
     assert store.get(on_remote).settings.backend == "remote" and store.get(on_remote).settings.temperature == 0.5
-    assert (await page.new_chat(tab))[-1] == "remote"
+    assert (await page.new_chat(None, tab))[-1] == "remote"
     # a chat shown again shows its own backend and status line
-    assert (await page.select(on_local, tab))[-1] == "local"
+    assert (await page.select(on_local, None, tab))[-1] == "local"
     assert page.status_of(page.tab(tab)) == "**Ready** · tiny on the local box"
     await page.send("again", *SETTINGS, None, tab)
     await idle(page, on_local)
@@ -119,7 +119,7 @@ async def test_a_switch_stops_only_the_replies_of_the_backend_it_switches(store)
     tab = Request("tab-1")
     await page.send("hello", *SETTINGS, None, tab)
     on_local = page.tab(tab).conv_id
-    await page.new_chat(tab)
+    await page.new_chat(None, tab)
     await page.backend_changed("remote", tab)
     await page.send("hello", *SETTINGS, None, tab)
     on_remote = page.tab(tab).conv_id
