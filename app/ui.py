@@ -409,25 +409,29 @@ class ChatPage:
                                repetition_penalty, clicked_at: float | None, request: gr.Request) -> tuple:
         """Save the fields when one is committed (a box left or Enter, a slider let go: ``_wire``),
         not on every key: a value typed digit by digit is never saved by its prefixes. A refused
-        value is not saved; one toast says why and the box shows the value in force again.
-        A box left by a click on another chat (``clicked_at``, browser ms, no later than that
-        click's) holds the settings of the chat shown before: they go there, whichever event
-        the server takes first."""
+        value is not saved; one toast says why and the box shows the value in force again, as an
+        emptied box does (it saves nothing). A box left by a click on another chat
+        (``clicked_at``, browser ms, no later than that click's) holds the settings of the chat
+        shown before: they go there, whichever event the server takes first."""
         values = (system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty)
-        settings, problems = form_settings(*values)
-        typing = {name for name, value in zip(SETTING_FIELDS, values) if value in (None, "")}
-        if problems and set(problems) <= typing:
-            return (gr.skip(),) * len(SETTING_FIELDS)
+        keep = (gr.skip(),) * len(SETTING_FIELDS)
         tab = self.tab(request)
-        if clicked_at is not None and clicked_at <= tab.shown_since:
-            if self.settings_refused(problems) or tab.shown_before is None:
-                return (gr.skip(),) * len(SETTING_FIELDS)  # a new chat left unsent keeps nothing
-            self.store_settings(tab, tab.shown_before, settings)
-            return (gr.skip(),) * len(SETTING_FIELDS)  # the boxes show another chat now
-        if self.save_settings(tab, settings, problems):
-            return (gr.skip(),) * len(SETTING_FIELDS)
+        if clicked_at is not None and clicked_at <= tab.shown_since:  # the boxes show another chat now
+            try:
+                before = self.store.get(tab.shown_before).settings if tab.shown_before is not None else None
+            except NotFoundError:
+                before = None
+            if before is None:  # a new chat left unsent (or a chat deleted): nothing to keep
+                return keep
+            settings, problems = form_settings(*values, in_force=before)
+            if not self.settings_refused(problems):
+                self.store_settings(tab, tab.shown_before, settings)
+            return keep
+        settings, problems = form_settings(*values, in_force=self.settings_in_force(tab))
+        self.save_settings(tab, settings, problems)
         in_force = self.settings_in_force(tab)
-        return tuple(getattr(in_force, name) if name in problems and name in RESET_FIELDS else gr.skip() for name in SETTING_FIELDS)
+        back = set(problems) | {name for name, value in zip(SETTING_FIELDS, values) if value in (None, "")}
+        return tuple(getattr(in_force, name) if name in back and name in RESET_FIELDS else gr.skip() for name in SETTING_FIELDS)
 
     async def backend_changed(self, backend: str | None, request: gr.Request) -> None:
         """Replies from: this chat's next replies come from ``backend`` (a reply streaming now
@@ -525,7 +529,8 @@ class ChatPage:
         text = (text or "").strip()
         if not text and not tab.attachments:
             return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
-        form = form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty)
+        form = form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty,
+                             in_force=self.settings_in_force(tab))
         if not self.save_settings(tab, *form):
             return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
@@ -990,22 +995,28 @@ def attachments_line(attachments: list[tuple[str, str]]) -> str:
 
 SETTING_FIELDS = ("system_prompt", "temperature", "top_p", "max_tokens", "thinking", "top_k", "seed", "stop",
                   "repetition_penalty")  # the form's order
-# a refused value is replaced by the one in force
+# a refused value, or an emptied box, shows the value in force again
 RESET_FIELDS = ("temperature", "top_p", "max_tokens", "top_k", "seed", "repetition_penalty")
 
 
 def form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
-                  repetition_penalty=DEFAULT_REPETITION_PENALTY) -> tuple[ChatSettings, dict[str, str]]:
+                  repetition_penalty=DEFAULT_REPETITION_PENALTY, in_force: ChatSettings | None = None
+                  ) -> tuple[ChatSettings, dict[str, str]]:
     """The settings as the form holds them (its numbers coerced) and, by field name, what is wrong
-    with each invalid one (the store's own checks after the form's)."""
+    with each invalid one (the store's own checks after the form's). An emptied number box keeps
+    the value ``in_force`` (without one it is a problem; an empty top-k is off); an empty seed is
+    a random one."""
     problems: dict[str, str] = {}
 
     def number(name: str, label: str, value, whole: bool):
         if value is None or value == "":
+            if name == "seed":  # an empty seed means a random one
+                return None
+            if in_force is not None:
+                return getattr(in_force, name)
             if name == "top_k":  # empty top-k: off, as 0
                 return 0
-            if name != "seed":  # an empty seed means a random one
-                problems[name] = f"{label} must be a number"
+            problems[name] = f"{label} must be a number"
             return None
         try:
             x = float(value)

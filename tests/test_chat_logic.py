@@ -415,6 +415,32 @@ async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_ch
     assert store.get(b).settings.max_tokens == 111
 
 
+@pytest.mark.anyio
+async def test_an_emptied_settings_box_saves_nothing_and_shows_the_saved_value_again(store) -> None:
+    """An emptied number box, once left, saved 0 or the slider's lowest value (temperature 0, the
+    repetition penalty 1). It saves nothing: the box gets the value in force back, and a message
+    sent meanwhile uses that value. An empty seed stays a random one."""
+    from minisgl_app.ui import ChatPage, form_settings
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    conv_id = store.create(title="a").id
+    await page.select(conv_id, None, request)
+    saved = store.get(conv_id).settings
+    for index, name in ((1, "temperature"), (2, "top_p"), (3, "max_tokens"), (5, "top_k"), (8, "repetition_penalty")):
+        form = list(page.fields(page.tab(request))[1:10])  # the boxes as the page shows them
+        for empty in (None, ""):
+            form[index] = empty
+            assert (await page.settings_changed(*form, None, request))[index] == getattr(saved, name), name
+            assert store.get(conv_id).settings == saved, name
+            assert form_settings(*form, in_force=saved) == (saved, {}), name
+    form = list(page.fields(page.tab(request))[1:10])
+    for seed in (7, None):
+        form[6] = seed
+        await page.settings_changed(*form, None, request)
+        assert store.get(conv_id).settings.seed == seed
+
+
 def test_the_status_line_names_every_replicas_device():
     from types import SimpleNamespace
 

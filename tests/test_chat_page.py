@@ -536,6 +536,24 @@ def test_a_settings_box_is_saved_when_left_not_on_every_key(tab, app):
     assert page.input_value("#max-tokens input") == "64", "the value typed and left first was not kept"
 
 
+def test_an_emptied_settings_box_shows_the_saved_value_again_once_left(tab, app):
+    """An emptied box saved the slider's lowest value once left (temperature 0, repetition penalty
+    1: Gradio puts a slider's empty box to its minimum) or stayed empty; it saves nothing and
+    shows the value in force again."""
+    page = tab().page
+    open_new_chat(page)
+    open_accordion(page, "Settings", "#max-tokens input")
+    for selector in ("#temperature input[type=number]", "#repetition-penalty input[type=number]", "#max-tokens input"):
+        before = page.input_value(selector)
+        assert before and float(before) > 0, f"{selector}: {before!r}"
+        page.fill(selector, "")
+        page.press(selector, "Tab")
+        assert wait_until(lambda: page.input_value(selector) == before, 5), \
+            f"{selector} emptied and left shows {page.input_value(selector)!r}, not the saved {before!r}"
+    time.sleep(0.5)
+    assert page.input_value("#temperature input[type=number]") != "0" and not [x for x in toasts(page) if "not saved" in x]
+
+
 # ---- 9. delete asks first; the log keeps no chat text
 
 def test_delete_asks_for_confirmation(tab, app):
