@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import os
 import tempfile
 import time
@@ -31,7 +32,8 @@ from .page_css import PAGE_CSS
 from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, REPETITION_PENALTY_MAX, BadImportFile, ChatSettings,
                     ConversationStore, NotFoundError, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
-from .view import can_continue, engine_messages, focus_of, model_choices, sidebar_choices, versions_label, view_messages
+from .view import (can_continue, engine_messages, focus_of, model_choices, sidebar_choices, typed_text, versions_label,
+                   view_messages)
 
 STATIC = Path(__file__).resolve().parent / "static"  # the page's theme and favicon, inside the package (and its wheel)
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
@@ -91,6 +93,19 @@ PAGE_JS = """
         && ['ArrowLeft', 'ArrowRight', 'ArrowUp', 'ArrowDown', 'PageUp', 'PageDown', 'Home', 'End'].includes(e.key)) {
       e.target.dispatchEvent(new PointerEvent('pointerup'));
     }
+  }, true);
+  // HTML in a message is shown as text by a mark after its "<" (view.shown_literally): what is
+  // copied (Copy, a code block's copy, a selection) is the text as typed, without the marks
+  const unmark = (text) => String(text).replace(/([<&])\\u2060/g, '$1');
+  if (navigator.clipboard && navigator.clipboard.writeText) {
+    const write = navigator.clipboard.writeText.bind(navigator.clipboard);
+    navigator.clipboard.writeText = (text) => write(unmark(text));
+  }
+  document.addEventListener('copy', (e) => {
+    const box = document.activeElement;
+    const text = box && 'selectionStart' in box && typeof box.value === 'string'
+      ? box.value.slice(box.selectionStart, box.selectionEnd) : String(getSelection());
+    if (/[<&]\\u2060/.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
   }, true);
   const place = () => {
     const line = document.querySelector('#status-line');
@@ -369,9 +384,9 @@ class ChatPage:
         tab = self.tab(request)
         title = (title or "").strip()
         if tab.conv_id is None:
-            gr.Warning("Start a chat first, then rename it.")
+            warn("Start a chat first, then rename it.")
         elif not title:
-            gr.Warning("A title cannot be empty.")
+            warn("A title cannot be empty.")
         else:
             self.store.rename(tab.conv_id, title[:200])
         tab.sidebar = self.render_sidebar(tab)
@@ -388,14 +403,14 @@ class ChatPage:
             pass
         convs = self.store.list()
         self.show(tab, convs[0].id if convs else None, clicked_at)
-        gr.Info("Chat deleted.")
+        inform("Chat deleted.")
         return self.fields(tab)
 
     def export(self, kind: str, request: gr.Request):
         """Write the shown chat to a file for the hidden download link, which the page clicks."""
         conv = self.shown(self.tab(request))
         if conv is None or not conv.messages:
-            gr.Warning("Nothing to export yet: this chat has no messages.")
+            warn("Nothing to export yet: this chat has no messages.")
             return gr.skip()
         text = self.store.export_markdown(conv.id) if kind == "md" else self.store.export_json(conv.id)
         # inside the app's private files folder (GRADIO_TEMP_DIR, app/cli.py), removed at exit
@@ -463,7 +478,7 @@ class ChatPage:
     def settings_refused(problems: dict[str, str]) -> bool:
         """Whether the form has invalid values; a toast names them."""
         if problems:
-            gr.Warning(f"Settings not saved: {'; '.join(problems.values())}")
+            warn(f"Settings not saved: {'; '.join(problems.values())}")
         return bool(problems)
 
     def store_settings(self, tab: Tab, conv_id: int, settings: ChatSettings) -> None:
@@ -534,7 +549,7 @@ class ChatPage:
         if not self.save_settings(tab, *form):
             return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
-            gr.Warning("The model is still loading; send your message once the status line says Ready.")
+            warn("The model is still loading; send your message once the status line says Ready.")
             return gr.skip(), gr.skip()
         text = with_attachments(text, tab.attachments)
         tab.attachments = []
@@ -551,9 +566,9 @@ class ChatPage:
         conv = self.shown(tab)
         users = [m for m in conv.messages if m.role == "user"] if conv is not None else []
         if not users:
-            gr.Warning("Nothing to regenerate yet.")
+            warn("Nothing to regenerate yet.")
         elif self.replies.is_busy(conv.id):
-            gr.Warning(BUSY_HINT)
+            warn(BUSY_HINT)
         else:
             self.submit(tab, conv.id, request, self.turn_for(conv.id, after=users[-1].id))
         self.replies.notify()
@@ -563,9 +578,9 @@ class ChatPage:
         tab = self.tab(request)
         conv = self.shown(tab)
         if not can_continue(conv):
-            gr.Warning("Only a reply that was stopped or cut at max tokens can be continued.")
+            warn("Only a reply that was stopped or cut at max tokens can be continued.")
         elif self.replies.is_busy(conv.id):
-            gr.Warning(BUSY_HINT)
+            warn(BUSY_HINT)
         else:
             self.submit(tab, conv.id, request, self.turn_for(conv.id, continue_id=conv.messages[-1].id))
 
@@ -581,11 +596,11 @@ class ChatPage:
         if new_text == edit_text(edit.previous_value):
             pass  # unchanged (Gradio edits a reply and the line under it together: the line is no edit)
         elif item is None or item.is_line or item.source is None:
-            gr.Warning("Edit the message's own text, not the line above or under it.")
+            warn("Edit the message's own text, not the line above or under it.")
         elif self.replies.is_busy(conv.id):
-            gr.Warning(BUSY_HINT)
+            warn(BUSY_HINT)
         elif not new_text:
-            gr.Warning("A message cannot be empty.")
+            warn("A message cannot be empty.")
         elif new_text != item.source.content:
             target = item.source
             self.store.add_message(conv.id, target.parent_id, target.role, new_text)
@@ -618,7 +633,7 @@ class ChatPage:
         if target is None:
             return
         if self.replies.is_busy(conv.id):
-            gr.Warning(BUSY_HINT)
+            warn(BUSY_HINT)
             return
         conv = self.store.switch_version(conv.id, target.id, step)
         depth = target.position
@@ -638,7 +653,7 @@ class ChatPage:
         if not confirmed or target is None:
             return
         if self.replies.is_busy(conv.id):
-            gr.Warning(BUSY_HINT)
+            warn(BUSY_HINT)
             return
         self.store.delete_message(conv.id, target.id)
         tab.focus = None
@@ -705,7 +720,7 @@ class ChatPage:
         try:
             await self.source.check_model(name)
         except ModelError as exc:
-            gr.Warning(f"{name} cannot be served: {exc}")
+            warn(f"{name} cannot be served: {exc}")
             yield f"⚠️ **{name}** cannot be served: {exc}. {current} keeps serving.", await self.list_models(), gr.skip()
             return
         self.replies.stop_every(f"switch to {name}", backend=backend)
@@ -713,7 +728,7 @@ class ChatPage:
         try:
             await self.source.switch_model(name)
         except ModelError as exc:
-            gr.Warning(f"{name} could not be loaded.")
+            warn(f"{name} could not be loaded.")
             message = f"⚠️ {exc}"
         else:
             message = f"Now serving **{name}**."
@@ -731,11 +746,11 @@ class ChatPage:
                 raise BadImportFile(f"the file is larger than {IMPORT_LIMIT_BYTES // 1_000_000} MB")
             conv = self.store.import_conversation(Path(path).read_bytes())
         except BadImportFile as exc:
-            gr.Warning(f"Not imported: {exc}")
+            warn(f"Not imported: {exc}")
             return (*self.fields(tab), gr.skip())
         tab.conv_id, tab.focus, tab.search, tab.picked = conv.id, None, "", True
         self.replies.notify()
-        gr.Info(f"Imported “{conv.title}” ({len(conv.messages)} messages shown).")
+        inform(f"Imported “{conv.title}” ({len(conv.messages)} messages shown).")
         return (*self.fields(tab), "")
 
     async def search(self, query: str, request: gr.Request):
@@ -758,10 +773,10 @@ class ChatPage:
             if "\x00" in text:
                 raise ValueError(f"{name} is not a text file")
         except UnicodeDecodeError:
-            gr.Warning(f"Not attached: {name} is not UTF-8 text.")
+            warn(f"Not attached: {name} is not UTF-8 text.")
             return gr.skip()
         except ValueError as exc:
-            gr.Warning(f"Not attached: {exc}.")
+            warn(f"Not attached: {exc}.")
             return gr.skip()
         tab.attachments.append((name, text))
         return attachments_line(tab.attachments)
@@ -966,12 +981,24 @@ def with_backend_of(settings: ChatSettings, in_force: ChatSettings) -> ChatSetti
 
 
 def edit_text(value) -> str:
-    """The text of an edited message as Gradio sends it (a string, or a list of text parts)."""
+    """The text of an edited message as Gradio sends it (a string, or a list of text parts), as
+    the user typed it (without the marks that show its HTML as text: view.shown_literally)."""
     if isinstance(value, list):
         return "".join(edit_text(v) for v in value)
     if isinstance(value, dict):
-        return str(value.get("text") or value.get("content") or "")
-    return ("" if value is None else str(value)).strip()
+        return typed_text(str(value.get("text") or value.get("content") or ""))
+    return typed_text("" if value is None else str(value)).strip()
+
+
+def warn(message: str) -> None:
+    """A warning toast (``gr.Warning``) that shows ``message`` as text: Gradio draws a toast's
+    message as HTML, and messages quote what the user gave (a chat's title, a file name)."""
+    gr.Warning(html.escape(message, quote=False))
+
+
+def inform(message: str) -> None:
+    """An information toast (``gr.Info``), its message shown as text (see ``warn``)."""
+    gr.Info(html.escape(message, quote=False))
 
 
 def stop_strings(text: str | None) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ Markdown alone. ``ViewMessage.source`` maps each shown message back to the store
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -89,12 +90,12 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
             for text, thinking, still_open in split_thinking(content):
                 if thinking:  # a collapsed line above the answer, as the stats line under it
                     title = "Thinking…" if still_open and streaming else "Thought"
-                    out.append(ViewMessage({"role": "assistant", "content": text,
+                    out.append(ViewMessage({"role": "assistant", "content": shown_literally(text),
                                             "metadata": {"title": title, "status": "done"}}, m))
                 elif text:  # nothing yet (or stopped before its first word): only the line under it
-                    out.append(ViewMessage({"role": "assistant", "content": text}, m))
+                    out.append(ViewMessage({"role": "assistant", "content": shown_literally(text)}, m))
         else:
-            out.append(ViewMessage({"role": m.role, "content": content}, m))
+            out.append(ViewMessage({"role": m.role, "content": shown_literally(content)}, m))
         version = f"version {m.sibling_index + 1}/{m.sibling_count}" if m.sibling_count > 1 else ""
         if m.role == "user":
             if version:  # under your message: which of your versions this is
@@ -115,6 +116,53 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
             out.append(ViewMessage({"role": "assistant", "content": ending(m, streaming),
                                     "metadata": {"title": line, "status": "done"}}, m))
     return out
+
+
+# HTML in a message shows as typed. The page renders messages as Markdown, which passes HTML on
+# to the browser: "<div>hello</div>" showed "hello", "a <b> c" a bold "c", "the <style> tag" ended
+# at "the". Gradio escapes per chatbot, not per message, and its Copy and edit box take a
+# message's text as sent, so the text is not HTML-escaped either: a word joiner (invisible, and
+# no tag or entity starts with it) follows each "<" that would open a tag and each "&" that would
+# start an entity, outside code (where Markdown shows them as they are) and $$ math.
+# ``typed_text`` takes the marks out again (ui.edit_text; PAGE_JS for Copy and copies).
+MARK = "\u2060"
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_KEPT = re.compile(r"(`+)(?:.+?)(?<!`)\1(?!`)|\$\$.+?\$\$|<[A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>", re.S)  # code spans, math, autolinks
+_OPENS_HTML = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)")
+
+
+def shown_literally(text: str) -> str:
+    """``text`` (Markdown) with its HTML marked to show as typed (MARK)."""
+    if "<" not in text and "&" not in text:
+        return text
+    out, prose, fence = [], [], None
+    for line in text.splitlines(keepends=True):
+        opened = _FENCE.match(line)
+        if fence is None and opened:
+            out.append(_mark_prose("".join(prose)))
+            prose, fence = [], opened.group(1)
+            out.append(line)
+        elif fence is not None:
+            out.append(line)
+            if opened and opened.group(1)[0] == fence[0] and len(opened.group(1)) >= len(fence) and not line.strip(" \t\r\n" + fence[0]):
+                fence = None
+        else:
+            prose.append(line)
+    return "".join(out) + _mark_prose("".join(prose))
+
+
+def _mark_prose(text: str) -> str:
+    parts, at = [], 0
+    for kept in _KEPT.finditer(text):
+        parts += [_OPENS_HTML.sub(lambda m: m.group(0) + MARK, text[at:kept.start()]), kept.group(0)]
+        at = kept.end()
+    parts.append(_OPENS_HTML.sub(lambda m: m.group(0) + MARK, text[at:]))
+    return "".join(parts)
+
+
+def typed_text(shown: str) -> str:
+    """A message's text as the user typed it, from the text the page showed (``shown_literally``)."""
+    return shown.replace("<" + MARK, "<").replace("&" + MARK, "&")
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

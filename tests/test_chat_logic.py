@@ -273,6 +273,27 @@ def test_only_a_stopped_or_cut_reply_can_be_continued(store):
     assert not can_continue(None)
 
 
+def test_html_in_a_message_is_marked_to_show_as_typed_and_edits_come_back_unmarked(store):
+    """The page renders messages as Markdown, which lets HTML through: a word joiner after each
+    "<" that would open a tag (or "&" an entity) shows it as text; code and $$ math are left as
+    they are (Markdown shows them literally); the text the model sees and an edit are unmarked."""
+    from minisgl_app.ui import edit_text
+    from minisgl_app.view import MARK, shown_literally, typed_text
+
+    question = "<div>hello</div> and a <b> c, AT&amp;T, a < b"
+    answer = "Use the <style> tag and `<p>`:\n\n```html\n<div>code</div>\n```\n\n$$a<b$$ <https://example.com>"
+    conv = store.create(title="html")
+    store.append(conv.id, "user", question)
+    store.append(conv.id, "assistant", answer)
+    shown = [v.shown["content"] for v in view_messages(store.get(conv.id))]
+    assert shown[0] == f"<{MARK}div>hello<{MARK}/div> and a <{MARK}b> c, AT&{MARK}amp;T, a < b"
+    assert shown[1] == answer.replace("<style>", f"<{MARK}style>")  # code, math and the autolink as they are
+    assert [typed_text(x) for x in shown[:2]] == [question, answer]
+    assert engine_messages(store.get(conv.id), store.get(conv.id).settings)[-2]["content"] == question
+    assert edit_text(shown[0]) == question and edit_text([{"type": "text", "text": shown[0]}]) == question
+    assert shown_literally("```\nunclosed <b>") == "```\nunclosed <b>" and shown_literally("~~~\n<b>\n~~~\n<i>") == f"~~~\n<b>\n~~~\n<{MARK}i>"
+
+
 def test_sidebar_marks_replying_chats_and_dates(store):
     a, b = store.create("alpha").id, store.create("beta").id
     now = datetime.fromtimestamp(store.get(b).updated_at)

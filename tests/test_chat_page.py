@@ -435,6 +435,37 @@ def test_copy_gives_the_reply_markdown_only(tab, app):
     assert "<sub" not in copied and "tok/s" not in copied and "tokens" not in copied, f"Copy gave more than the reply: {copied!r}"
 
 
+def test_html_in_messages_and_toasts_shows_as_typed(tab, app, tmp_path):
+    """HTML-like text vanished: "<div>hello</div>" showed "hello", "a <b> c" a bold c, a reply's
+    "the <style> tag" ended at "the"; a toast quoting a chat's title drew its tags. All show as
+    typed, and Copy gives the text as typed."""
+    page = tab().page
+    question = "<div>hello</div> and a <b> c"
+    answer = 'Use the <style> tag, AT&amp;T:\n\n```html\n<div class="x">code</div>\n```'
+    path = tmp_path / "html.json"
+    path.write_text(json.dumps({"title": "<b>Bold</b> Okapi", "messages": [
+        {"role": "user", "content": question}, {"role": "assistant", "content": answer}]}), encoding="utf-8")
+    open_accordion(page, "Manage", "#import-btn")
+    with page.expect_file_chooser() as chooser:
+        page.click("#import-btn")
+    chooser.value.set_files(str(path))
+
+    def seen(texts: list[str]) -> list[str]:  # as a person reads it (the word joiners are invisible)
+        return [t.replace("\u2060", "") for t in texts]
+
+    assert wait_until(lambda: seen(users(page)) == [question], 30), users(page)
+    assert wait_until(lambda: replies(page), 5)
+    shown = seen(replies(page))[0]
+    assert "Use the <style> tag, AT&amp;T:" in shown and '<div class="x">code</div>' in shown, shown
+    assert page.locator("#chatbot pre code").first.inner_text().strip() == '<div class="x">code</div>'
+    assert wait_until(lambda: any("Imported “<b>Bold</b> Okapi”" in x for x in toasts(page)), 10), toasts(page)
+    page.evaluate("navigator.clipboard.writeText('')")
+    page.locator(USER).first.hover()
+    page.locator("#chatbot .message-buttons-right button[aria-label='Copy message']").filter(visible=True).first.click()
+    assert wait_until(lambda: page.evaluate("navigator.clipboard.readText()"), 5), "nothing was copied"
+    assert page.evaluate("navigator.clipboard.readText()") == question
+
+
 # ---- 6. reload mid-reply
 
 def test_reload_mid_reply_and_closing_the_tab(tab, app):
