@@ -50,4 +50,16 @@ NARROW = """
 }
 """
 
-PAGE_CSS = HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW
+# A message's edit box (✎): Gradio sizes it from the bubble it replaces, measured wrongly (it was
+# 160 px wide and two lines high whatever the message). It takes the width a message can take
+# (at least that of the bubble it edits), three lines at least, and grows with the text.
+EDIT_BOX = """
+#chatbot .message-row:has(textarea.edit-textarea) { width: 100%; }
+#chatbot .message-row:has(textarea.edit-textarea) :is(.flex-wrap, .flex-wrap > div, .message) { width: 100%; }
+#chatbot textarea.edit-textarea {
+  width: 100% !important; box-sizing: border-box; field-sizing: content; resize: vertical;
+  min-height: calc(3lh + 2 * var(--spacing-lg)) !important; max-height: 60vh; padding: var(--spacing-lg);
+}
+"""
+
+PAGE_CSS = HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX

@@ -364,6 +364,29 @@ def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
     assert not page.locator("#versions").is_visible(), versions_label(page)
 
 
+def test_the_edit_box_is_as_wide_as_the_message_and_grows_with_its_text(page, app, tmp_path):
+    """✎ opened a box 160 px wide and two lines high, whatever the message: it is as wide as a
+    message can be (at least the bubble it edits), three lines at least, and grows with the text."""
+    import_file(page, write_json(tmp_path / "edit-box.json", {"title": "Edit box test", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there! " * 30}]}))
+    assert wait_until(lambda: users(page) == ["hi"] and replies(page), 30), (users(page), replies(page))
+    for index in (0, 1):
+        row, buttons = row_buttons(page, index)
+        bubble = row.locator(".message").first.bounding_box()["width"]
+        buttons.locator("button[aria-label='Edit']").click()
+        box = row.locator("textarea.edit-textarea").first
+        box.wait_for(state="visible")
+        width = box.bounding_box()["width"]
+        height, line = box.evaluate("t => [t.clientHeight, parseFloat(getComputedStyle(t).lineHeight)]")
+        assert width >= max(0.95 * bubble, 600), f"message {index}: the edit box is {width:.0f} px wide (its bubble {bubble:.0f} px)"
+        assert height >= 3 * line, f"message {index}: the edit box is {height} px high, under three lines of {line} px"
+        box.fill("\n".join(f"line {i}" for i in range(8)))
+        height, scrolled = box.evaluate("t => [t.clientHeight, t.scrollHeight]")
+        assert height >= 8 * line and scrolled <= height + 1, f"message {index}: eight lines in a box {height} px high ({scrolled} px of text)"
+        box.press("Escape")
+        assert wait_until(lambda: not box.is_visible(), 5)
+
+
 # ---- 4. Continue
 
 def test_continue_grows_the_same_reply(page, app):
