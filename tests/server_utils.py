@@ -145,6 +145,11 @@ def ipc_socket_paths(srv: ServerProcess) -> list[str]:
 
 def runtime_dir_of(srv: ServerProcess) -> Path:
     """The server's private runtime folder (engine/server/ipc.py make_runtime_dir): the one
-    folder holding all of its sockets."""
-    [folder] = {Path(p).parent for p in ipc_socket_paths(srv)}
+    folder holding all of its ZeroMQ sockets (the fork server's own socket sits in
+    multiprocessing's private folder: engine/server/launcher.py)."""
+    paths: set[str] = set()
+    for proc in [psutil.Process(srv.proc.pid), *srv.workers()]:
+        if "minisgl-fork-server" not in " ".join(proc.cmdline()):
+            paths |= {c.laddr for c in proc.net_connections(kind="unix") if c.laddr}
+    [folder] = {Path(p).parent for p in paths}
     return folder

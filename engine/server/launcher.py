@@ -1,8 +1,12 @@
 """Starts the worker processes, watches them, and stops them all together.
 
-Workers are spawned (not forked: the main process runs an event loop and threads), each one
-reports ready (or its error) to the front end. If any worker dies, ``on_exit`` is called so the
-whole group can go down; workers in turn exit when the main process dies.
+Workers are not forked from the main process (it runs an event loop and threads) but from a
+fork server: a fresh process, started with the first worker, that imported torch, transformers
+and the engine once (``worker_preload``), so a worker (and a model switch's new scheduler) starts
+without importing them again. Its own socket sits in multiprocessing's private (0700) folder,
+removed at exit. Each worker reports ready (or its error) to the front end. If any worker dies,
+``on_exit`` is called so the whole group can go down; workers in turn exit when the main
+process dies.
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ def reporting_workers(num_tokenizers: int, dp: int = 1, tp: int = 1) -> list[str
     ]
 
 
+def worker_context() -> mp.context.BaseContext:
+    """Where workers come from: the fork server, preloaded (spawn where there is none)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["minisgl_engine.server.worker_preload"])  # read when the server starts (the first worker)
+    return ctx
+
+
 class EngineProcesses:
     def __init__(
         self,
@@ -52,7 +65,7 @@ class EngineProcesses:
         log_level: int = logging.WARNING,
     ) -> None:
         """``paths`` None: a machine other than node 0, which runs only its scheduler ranks."""
-        ctx = mp.get_context("spawn")
+        ctx = worker_context()
         pid = os.getpid()
         self.processes: dict[str, BaseProcess] = {}
         if paths is not None:

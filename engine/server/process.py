@@ -13,21 +13,34 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
-def exit_when_parent_dies(parent_pid: int) -> None:
-    """End this process when ``parent_pid`` (its parent) ends, however it ends."""
-    # The kernel's parent-death signal covers SIGKILL of the main process on Linux; the polling
-    # thread covers other systems and the race where the parent died before prctl ran.
+def exit_when_parent_dies(main_pid: int) -> None:
+    """End this process when the main process ``main_pid`` ends, however it ends."""
+    # The kernel's parent-death signal covers SIGKILL on Linux: the parent is the main process
+    # itself (spawn) or its fork server, which exits as soon as the main process is gone. The
+    # polling thread covers other systems and the race where either died before prctl ran.
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+    parent = os.getppid()
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
 
     def watch() -> None:
         while True:
-            if os.getppid() != parent_pid:
+            if os.getppid() != parent or gone(main_pid):
                 os._exit(1)
             time.sleep(0.5)
 
+    if gone(main_pid) or (parent == 1 and main_pid != 1):  # orphaned before this ran
+        os._exit(1)
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
