@@ -62,4 +62,12 @@ EDIT_BOX = """
 }
 """
 
-PAGE_CSS = HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX
+# Gradio's ↓ (back to the end of the chat, shown once the chat is scrolled up) floated over the
+# text at the bottom of the chat: while it shows, the messages end above a strip of their own and
+# the button sits in it.
+SCROLL_DOWN_CLEAR = """
+#chatbot .wrapper:has(> .scroll-down-button-container) { padding-bottom: 40px; box-sizing: border-box; }
+#chatbot .scroll-down-button-container { bottom: 7px !important; }
+"""
+
+PAGE_CSS = HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR

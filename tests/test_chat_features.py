@@ -387,6 +387,33 @@ def test_the_edit_box_is_as_wide_as_the_message_and_grows_with_its_text(page, ap
         assert wait_until(lambda: not box.is_visible(), 5)
 
 
+def test_the_scroll_down_button_does_not_cover_the_chat(page, app, tmp_path):
+    """Gradio's ↓ (shown once the chat is scrolled up) floated over the last lines of text."""
+    words = " ".join(f"word{j}" for j in range(150))
+    import_file(page, write_json(tmp_path / "long.json", {"title": "Scroll button test", "messages": [
+        m for i in range(4) for m in ({"role": "user", "content": f"Question {i}"}, {"role": "assistant", "content": words})]}))
+    assert wait_until(lambda: len(replies(page)) == 4, 30), replies(page)
+    button = page.locator("#chatbot .scroll-down-button-container button")
+    seen: list = []
+
+    def scrolled_up() -> bool:
+        """Scrolled up, the chat's text area and ↓, measured at once (a render of the chat just
+        imported scrolls it to its end again, and ↓ goes)."""
+        seen[:] = [page.evaluate("""() => {
+            const text = document.querySelector('#chatbot .bubble-wrap'), b = document.querySelector('#chatbot .scroll-down-button-container button');
+            if (!b || !b.getClientRects().length) { text.scrollTop = text.scrollHeight - text.clientHeight - 200; return null; }
+            return [text.getBoundingClientRect().bottom, b.getBoundingClientRect().top]; }""")]
+        return seen[0] is not None
+
+    assert wait_until(scrolled_up, 10, interval=0.3), "no ↓ once the chat is scrolled up"
+    text_bottom, button_top = seen[0]
+    assert button_top >= text_bottom, f"↓ (top at {button_top:.0f} px) is drawn over the chat's text (down to {text_bottom:.0f} px)"
+    assert wait_until(lambda: scrolled_up() and button.is_visible(), 10)
+    button.click()
+    assert wait_until(lambda: button.count() == 0, 10), "↓ stays after it was pressed"
+    assert page.evaluate("() => { const w = document.querySelector('#chatbot .bubble-wrap'); return w.scrollHeight - w.clientHeight - w.scrollTop; }") < 2
+
+
 # ---- 4. Continue
 
 def test_continue_grows_the_same_reply(page, app):
