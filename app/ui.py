@@ -32,8 +32,8 @@ from .page_css import PAGE_CSS
 from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, REPETITION_PENALTY_MAX, BadImportFile, ChatSettings,
                     ConversationStore, NotFoundError, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
-from .view import (can_continue, engine_messages, focus_of, model_choices, sidebar_choices, typed_text, versions_label,
-                   view_messages)
+from .view import (can_continue, engine_messages, focus_of, model_choices, sidebar_choices, typed_text, version_steps,
+                   versions_label, view_messages)
 
 STATIC = Path(__file__).resolve().parent / "static"  # the page's theme and favicon, inside the package (and its wheel)
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
@@ -42,13 +42,13 @@ FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces t
 # tick send the whole view once more, RECHECK_AFTER_S after it ends (see ChatPage.tick).
 RACE_S = 2.0
 RECHECK_AFTER_S = 1.0
-VIEW_SIZE = 7  # chat, status line, sidebar, versions bar, its label, Continue, Stop (ChatPage.render)
+VIEW_SIZE = 9  # chat, status line, sidebar, versions bar, its label, Continue, Stop, ‹, › (ChatPage.render)
 # The view's outputs sent as gr.update dicts (ChatPage.as_update). Within one follow these are
 # never turned into gr.skip(): Gradio streams a generator's outputs as diffs, and its browser
 # client applies a diff in place to the object an earlier, maybe not yet drawn, message holds:
 # a dict -> skip diff deletes that message's keys, and the sidebar it carried is never drawn
 # (tests/test_chat_logic.py pins this). Unchanged, they are sent again whole (an empty diff).
-UPDATE_OUTPUTS = (2, 3, 5, 6)
+UPDATE_OUTPUTS = (2, 3, 5, 6, 7, 8)
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 PULL_SHOW_S = 0.5  # a pull's progress line is shown at most this often
 # Gradio's queue looks for new events every 1 ms while it has none: ~7% of a core for an idle
@@ -302,7 +302,7 @@ class ChatPage:
         # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
         updates = (status if status != tab.status else gr.skip(), self.as_update(2, side) if side != tab.sidebar else gr.skip())
         tab.status, tab.sidebar = status, side
-        return (gr.skip(), *updates, gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        return (gr.skip(), *updates, *(gr.skip(),) * (VIEW_SIZE - 3))
 
     async def unload(self, request: gr.Request) -> None:
         session = request.session_hash if request is not None else None
@@ -322,9 +322,10 @@ class ChatPage:
         return view_messages(conv, self.replies.live.get(tab.conv_id), self.replies.is_busy(tab.conv_id))
 
     def render(self, tab: Tab) -> list:
-        """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue, and
+        """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue,
         whether Stop has a reply to stop (it looks pressable only then; it stays clickable, so
-        that a Stop clicked before the page has drawn the reply still stops it)."""
+        that a Stop clicked before the page has drawn the reply still stops it), and whether ‹
+        and › lead to another version (view.version_steps)."""
         conv = self.shown(tab)
         chat = [v.shown for v in self.view_of(conv, tab)]
         side = self.render_sidebar(tab)
@@ -332,7 +333,8 @@ class ChatPage:
         label = versions_label(conv, focus) if focus is not None else ""
         busy = self.replies.is_busy(tab.conv_id)
         continuable = can_continue(conv) and not busy
-        return [chat, self.backend_of(self.settings_of(tab, conv))[1].status_line(), side, focus is not None, label, continuable, busy]
+        return [chat, self.backend_of(self.settings_of(tab, conv))[1].status_line(), side, focus is not None, label, continuable, busy,
+                *version_steps(focus)]
 
     def status_of(self, tab: Tab) -> str:
         """The status line of where the shown chat's replies come from (the tick's: the chat is
@@ -350,6 +352,8 @@ class ChatPage:
             return gr.update(visible=value)
         if index == 6:  # Stop: red while the shown chat replies
             return gr.update(variant="stop" if value else "secondary")
+        if index in (7, 8):  # ‹ ›: shown for a message with other versions, pressable towards one
+            return gr.update(visible=value is not None, interactive=bool(value))
         return value
 
     # ---- conversations
@@ -906,7 +910,7 @@ class ChatPage:
         # was lost, and the page kept showing a stale chat
         quick = dict(show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
 
-        view = [m.chatbot, m.status, c.conv_list, m.versions, m.versions_text, m.continue_btn, m.stop_btn]
+        view = [m.chatbot, m.status, c.conv_list, m.versions, m.versions_text, m.continue_btn, m.stop_btn, m.prev_btn, m.next_btn]
         follow = dict(fn=self.follow, outputs=view, show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
         timer = gr.Timer(IDLE_CHECK_S)
 

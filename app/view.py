@@ -55,9 +55,20 @@ def focus_of(conv: Conversation | None, chosen: int | None) -> Message | None:
 
 
 def versions_label(conv: Conversation, focus: Message) -> str:
+    """The versions bar's label: which message it acts on and, if it has several, which version."""
     who = "Your message" if focus.role == "user" else "Reply"
     turn = [m.id for m in conv.messages if m.role == focus.role].index(focus.id) + 1  # "Reply 1": the first reply
+    if focus.sibling_count <= 1:  # only Delete message applies
+        return f"{who} {turn}"
     return f"{who} {turn}: version {focus.sibling_index + 1} of {focus.sibling_count}"
+
+
+def version_steps(focus: Message | None) -> tuple[bool | None, bool | None]:
+    """Whether ‹ and › can go to an earlier or later version of ``focus``; None: not shown (no
+    message in the bar, or one with no other version)."""
+    if focus is None or focus.sibling_count <= 1:
+        return None, None
+    return focus.sibling_index > 0, focus.sibling_index < focus.sibling_count - 1
 
 
 def can_continue(conv: Conversation | None) -> bool:

@@ -350,8 +350,12 @@ def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
     assert empty_button_boxes(page) == 0, "an empty button box (a stray dot) is drawn in the chat"
     after_edit = toasts(page)  # checked last, so that the rest is checked too
 
+    assert page.locator("#next-version-btn").is_disabled() and page.locator("#prev-version-btn").is_enabled(), \
+        "at the last version › must be disabled and ‹ not"
     prev_version(page)
     expect_shown(page, "Reply 1: version 1 of 2", "‹ after editing the reply", reply=old)
+    assert wait_until(lambda: page.locator("#prev-version-btn").is_disabled(), 5), "at the first version ‹ must be disabled"
+    assert page.locator("#next-version-btn").is_enabled()
     next_version(page)
     expect_shown(page, "Reply 1: version 2 of 2", "› after editing the reply", reply=mine)
     assert after_edit == "", f"a warning after a plain edit of the reply (screenshot features-03-edited-reply): {after_edit}"
@@ -447,9 +451,11 @@ def test_deleting_a_message_removes_it_and_what_follows_unless_dismissed(page, a
 
     page.set_viewport_size({"width": 420, "height": 800})  # a phone: the chat first, every label whole
     page.locator(USER).nth(1).click()  # the versions bar now acts on the second question
-    assert wait_until(lambda: "Your message 2" in versions_label(page), 10), versions_label(page)
+    assert wait_until(lambda: versions_label(page) == "Your message 2", 10), versions_label(page)  # its only version
+    assert not page.locator("#prev-version-btn").is_visible() and not page.locator("#next-version-btn").is_visible(), \
+        "‹ › shown for a message with no other version"
     assert below(page, "#main", "#sidebar"), "on a narrow screen the chat does not come first"
-    for control in ("#delete-message-btn", "#prev-version-btn", "#next-version-btn", "#msg-input textarea", "#send-btn", "#stop-btn"):
+    for control in ("#delete-message-btn", "#msg-input textarea", "#send-btn", "#stop-btn"):
         assert whole_on_screen(page, control), f"{control} is cut or off screen at 420 px: {page.locator(control).bounding_box()}"
     stop = page.locator("#stop-btn").bounding_box()
     assert stop["y"] + stop["height"] <= 800, f"Stop is below the first screen: {stop}"

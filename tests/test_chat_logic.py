@@ -248,6 +248,26 @@ def test_versions_show_under_messages_and_focus_the_deepest(store):
     assert conv.messages[-1].content == "first answer"
 
 
+def test_the_versions_bar_offers_only_the_steps_there_are(store):
+    """‹ › stayed pressable at the first and last version, and a message with no other version
+    read "version 1 of 1" between two dead buttons: ‹ › show for a message with other versions,
+    each pressable only towards one; a message alone is named without a version (Delete stays)."""
+    from minisgl_app.view import version_steps
+
+    c = store.create().id
+    q = store.append(c, "user", "question")
+    store.append(c, "assistant", "first answer", stats={"tokens": 1, "finish_reason": "stop"})
+    middle = store.add_message(c, q.id, "assistant", "second answer", stats={"tokens": 2, "finish_reason": "stop"})
+    store.add_message(c, q.id, "assistant", "third answer", stats={"tokens": 2, "finish_reason": "stop"})
+    conv = store.get(c)
+    assert version_steps(focus_of(conv, None)) == (True, False)  # the last version: › goes nowhere
+    assert version_steps(focus_of(store.select_message(c, middle.id), None)) == (True, True)
+    conv = store.switch_version(c, middle.id, -1)
+    assert version_steps(focus_of(conv, None)) == (False, True)  # the first: ‹ goes nowhere
+    assert version_steps(focus_of(conv, q.id)) == (None, None) and versions_label(conv, focus_of(conv, q.id)) == "Your message 1"
+    assert version_steps(None) == (None, None)
+
+
 def test_versions_bar_leaves_an_earlier_turn_once_a_new_message_is_sent(store):
     c = store.create().id
     q = store.append(c, "user", "question")
