@@ -168,7 +168,7 @@ class MessageStats:
         if self.tok_s is not None:
             parts.append(f"{self.tok_s:.1f} tok/s")
         if self.tokens is not None:
-            parts.append(f"{self.tokens} tokens")
+            parts.append(f"{self.tokens} {plural('token', self.tokens)}")
         if self.stopped:
             parts.append(f"stopped ({self.stopped_by})" if self.stopped_by else "stopped")
         elif self.finish_reason == "length":
@@ -1043,6 +1043,11 @@ def _kind(value: object) -> str:
     if isinstance(value, str):
         return "text"
     return "a list" if isinstance(value, list) else "an object"
+
+
+def plural(noun: str, n: int) -> str:
+    """``noun`` as it follows the number ``n``: "1 token", "120 tokens"."""
+    return noun if n == 1 else noun + "s"
 
 
 def _shown(value: object) -> str:

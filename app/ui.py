@@ -30,7 +30,7 @@ from .live import ReplyManager, Turn
 from .model_pull import ModelPuller, PullError, PullProgress
 from .page_css import PAGE_CSS
 from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, REPETITION_PENALTY_MAX, BadImportFile, ChatSettings,
-                    ConversationStore, NotFoundError, title_from)
+                    ConversationStore, NotFoundError, plural, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
 from .view import (can_continue, engine_messages, focus_of, model_choices, sidebar_choices, typed_text, version_steps,
                    versions_label, view_messages)
@@ -754,7 +754,7 @@ class ChatPage:
             return (*self.fields(tab), gr.skip())
         tab.conv_id, tab.focus, tab.search, tab.picked = conv.id, None, "", True
         self.replies.notify()
-        inform(f"Imported “{conv.title}” ({len(conv.messages)} messages shown).")
+        inform(f"Imported “{conv.title}” ({len(conv.messages)} {plural('message', len(conv.messages))} shown).")
         return (*self.fields(tab), "")
 
     async def search(self, query: str, request: gr.Request):
@@ -1021,7 +1021,8 @@ def with_attachments(text: str, attachments: list[tuple[str, str]]) -> str:
 def attachments_line(attachments: list[tuple[str, str]]) -> str:
     if not attachments:
         return ""
-    return "Attached to your next message: " + ", ".join(f"`{name}` ({len(body):,} characters)" for name, body in attachments)
+    files = (f"`{name}` ({len(body):,} {plural('character', len(body))})" for name, body in attachments)
+    return "Attached to your next message: " + ", ".join(files)
 
 
 SETTING_FIELDS = ("system_prompt", "temperature", "top_p", "max_tokens", "thinking", "top_k", "seed", "stop",

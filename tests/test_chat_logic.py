@@ -268,6 +268,18 @@ def test_the_versions_bar_offers_only_the_steps_there_are(store):
     assert version_steps(None) == (None, None)
 
 
+def test_one_token_message_and_character_are_said_in_the_singular(store):
+    """The line under a one-token reply read "1 tokens"; so did an import's and an attachment's counts."""
+    from minisgl_app.ui import attachments_line
+
+    c = store.create().id
+    store.append(c, "user", "question")
+    store.append(c, "assistant", "Hi", stats={"tokens": 1, "finish_reason": "stop"})
+    lines = [v.shown["metadata"]["title"] for v in view_messages(store.get(c)) if "metadata" in v.shown]
+    assert lines == ["1 token"], lines
+    assert attachments_line([("a.txt", "x"), ("b.txt", "yz")]) == "Attached to your next message: `a.txt` (1 character), `b.txt` (2 characters)"
+
+
 def test_versions_bar_leaves_an_earlier_turn_once_a_new_message_is_sent(store):
     c = store.create().id
     q = store.append(c, "user", "question")
