@@ -81,8 +81,10 @@ for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
   { [ "$chunks" -ge 2 ] && [ "$done_line" -eq 1 ]; } || status=1
   ps -eo args | grep '^minisgl-' | sort | tee -a "$OUT/$name.log"
   start=$(date +%s); kill -TERM $pid; wait $pid; code=$?
-  sleep 1; left=$(pgrep -fc "minisgl-" || true)
-  echo "SIGTERM: exit $code after $(( $(date +%s) - start )) s; minisgl processes left: $left" | tee -a "$OUT/$name.log"
+  # every process gone within 5 s of the signal (workers and the fork server they came from)
+  for _ in $(seq 20); do left=$(pgrep -c '^minisgl-' || true); [ "$left" -eq 0 ] && break; sleep 0.25; done
+  pgrep -a '^minisgl-' | tee -a "$OUT/$name.log"
+  echo "SIGTERM: exit $code, every process gone after $(( $(date +%s) - start )) s; minisgl processes left: $left" | tee -a "$OUT/$name.log"
   # 0: the server's exit code after an orderly stop on SIGTERM (as on the CPU)
   { [ "$code" -eq 0 ] && [ "$left" -eq 0 ]; } || status=1
 }
