@@ -63,8 +63,9 @@ STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"
 SEND_STAMP_JS = "(...inputs) => [...inputs.slice(0, -2), Date.now(), inputs[inputs.length - 1]]"  # the stamp, then the penalty
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 ATTACH_LIMIT_BYTES = 1_000_000
-TEXT_FILES = [".txt", ".md", ".py", ".js", ".ts", ".json", ".yaml", ".yml", ".toml", ".csv", ".c", ".h", ".cpp", ".rs", ".go",
-              ".java", ".sh", ".html", ".css", ".sql", ".xml", ".ini", ".cfg", ".log", ".tex", ".rst"]
+# Import and Attach take any file and say what is wrong with one they refuse: with Gradio's
+# file_types a file of another type was refused by Gradio first, in a red "Error" toast.
+IMPORTABLE = "a chat exported here as JSON (Export JSON) or an OpenAI-style JSON file ({\"messages\": [...]})"
 # Escape stops the reply, as in other chat apps; Enter on an empty box does nothing. In a
 # message's edit box (✎) Enter saves and Shift+Enter starts a new line, as in the message box, and
 # Escape cancels the edit. Enter in a settings number box saves it (it is left, as a click
@@ -746,6 +747,8 @@ class ChatPage:
         if not path:
             return (*self.fields(tab), gr.skip())
         try:
+            if Path(path).suffix.lower() != ".json":
+                raise BadImportFile(f"{Path(path).name} is not a .json file; import {IMPORTABLE}")
             if Path(path).stat().st_size > IMPORT_LIMIT_BYTES:
                 raise BadImportFile(f"the file is larger than {IMPORT_LIMIT_BYTES // 1_000_000} MB")
             conv = self.store.import_conversation(Path(path).read_bytes())
@@ -814,7 +817,7 @@ class ChatPage:
             delete_btn = gr.Button("Delete chat", elem_id="delete-btn", size="sm", variant="stop")
             export_md = gr.Button("Export Markdown", elem_id="export-md-btn", size="sm")
             export_json = gr.Button("Export JSON", elem_id="export-json-btn", size="sm")
-            import_btn = gr.UploadButton("Import chat (JSON)", elem_id="import-btn", size="sm", file_types=[".json"])
+            import_btn = gr.UploadButton("Import chat (JSON)", elem_id="import-btn", size="sm")  # any file: see IMPORTABLE
             export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
             confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
             clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
@@ -885,8 +888,7 @@ class ChatPage:
             delete_msg_btn = gr.Button("Delete message", elem_id="delete-message-btn", size="sm", scale=0,
                                        min_width=120)
         with gr.Row(elem_id="composer"):
-            attach_btn = gr.UploadButton("Attach", elem_id="attach-btn", size="sm", scale=0, min_width=70,
-                                         file_types=TEXT_FILES)
+            attach_btn = gr.UploadButton("Attach", elem_id="attach-btn", size="sm", scale=0, min_width=70)  # any text file
             msg = gr.Textbox(label="Message", show_label=False, elem_id="msg-input", scale=8, lines=1, max_lines=8,
                              autofocus=True, placeholder="Message (Enter sends, Shift+Enter for a new line)")
             send_btn = gr.Button("Send", elem_id="send-btn", variant="primary", scale=1, min_width=80)

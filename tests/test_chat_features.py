@@ -530,13 +530,16 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
     assert page.input_value("#system-prompt textarea") == "You are a terse librarian."
     shot(page, "06-round-trip")
 
-    # bad files: a toast says what is wrong, and no chat is made
+    # bad files: a warning says what is wrong (a file of another type: which files can be), no chat is made
     shown_before = (users(page), replies(page))
     count = len(sidebar(page))
+    server_errors: list[str] = []
+    page.on("response", lambda r: r.status >= 500 and server_errors.append(f"{r.status} {r.url}"))
     for name, body, words in [
         ("broken.json", "this is not JSON {", ["not JSON"]),
         ("robot.json", json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]}),
          ["role", "robot"]),
+        ("notes.txt", "just some notes", ["notes.txt is not a .json file", "Export JSON", '{"messages": [...]}']),
     ]:
         close_toasts(page)
         path = tmp_path / name
@@ -546,9 +549,11 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
         message = toasts(page)
         for word in words:
             assert word in message, f"{name}: the toast does not name what is wrong: {message}"
+        assert page.locator(".toast-body.error").count() == 0, f"{name}: an error toast, not a warning: {message}"
         time.sleep(1.0)
         assert len(sidebar(page)) == count, f"{name}: a chat was made: {sidebar(page)}"
         assert (users(page), replies(page)) == shown_before
+    assert not server_errors, server_errors
     shot(page, "06-bad-import")
 
 
@@ -593,6 +598,13 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
     assert wait_until(lambda: "Not attached" in toasts(page), 30), toasts(page)
     assert "latin1-notes.txt" in toasts(page) and "UTF-8" in toasts(page), toasts(page)
     assert "latin1-notes" not in page.inner_text("#attached")
+    close_toasts(page)
+
+    picture = tmp_path / "picture.png"  # not a text file: our sentence, not Gradio's red "Error"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    attach_file(page, picture)
+    assert wait_until(lambda: "Not attached" in toasts(page), 30), toasts(page)
+    assert "picture.png is not UTF-8 text" in toasts(page) and page.locator(".toast-body.error").count() == 0, toasts(page)
     close_toasts(page)
 
     big = tmp_path / "huge-notes.txt"
