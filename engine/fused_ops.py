@@ -104,13 +104,27 @@ def residual_norm_us(norm) -> float:
 GEMV_BLOCKS = (4, 8)  # weight rows per program of the one-row kernel, each measured
 
 
+GEMV_MODES = ("on", "nonorm", "nopdl", "off")
+
+
 def gemv_mode() -> str:
     """``MINISGL_GEMV``: ``on`` (default: the one-row kernel where measured faster, launched as
     a programmatic dependent where the GPU can, the decoder's norms fused into it), ``nonorm``
     (the norms as their own kernels), ``nopdl`` (no norms fused, plain launches) or ``off`` (not
     tried): for measuring what each part buys."""
-    mode = os.environ.get("MINISGL_GEMV", "on")
-    return mode if mode in ("on", "nonorm", "nopdl", "off") else "on"
+    mode = os.environ.get("MINISGL_GEMV", "on").strip().lower() or "on"
+    if mode not in GEMV_MODES:
+        raise ValueError(f"MINISGL_GEMV={mode!r}: use one of {', '.join(GEMV_MODES)}")
+    return mode
+
+
+def pdl_wanted(device: torch.device) -> bool:
+    """Whether the Triton kernels of a decode step (products, q/k-norm + RoPE, decode attention)
+    launch as programmatic dependents: where the GPU can, unless ``MINISGL_GEMV`` says
+    ``nopdl`` or ``off`` (the A/B of what PDL buys covers every kernel, not only the products)."""
+    from .triton_kernels import pdl_supported
+
+    return gemv_mode() in ("on", "nonorm") and pdl_supported(device)
 
 
 def choose_gemv(linear, silu_mul: bool, pdl: bool, best_us: float) -> tuple[int, list]:
@@ -143,7 +157,6 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
         logger.warning("fused kernels off: Triton is not usable here (%s)", reason)
         return {"triton": False}
     from .models.transformer import DecoderLayer
-    from .triton_kernels import pdl_supported
 
     message = "measuring the small-batch matrix kernels against cuBLAS (a few seconds)"
     logger.info(message)
@@ -152,7 +165,7 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
     report: dict[str, object] = {"triton": True}
     chosen: dict[tuple, tuple[int, int, int]] = {}  # one measurement per distinct shape and kind
     mode = gemv_mode()
-    pdl = mode in ("on", "nonorm") and pdl_supported(next(model.parameters()).device)
+    pdl = pdl_wanted(next(model.parameters()).device)
     report["gemv"] = mode if mode == "off" else ("pdl" if pdl else "plain launches")
 
     norm_us = 0.0
@@ -189,15 +202,25 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
         attn.fused_qk, attn.qk_pdl = True, pdl
         qkv, o, down, gate_up = (decide("qkv_proj", attn.qkv_proj), decide("o_proj", attn.o_proj),
                                  decide("down_proj", mlp.down_proj), decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True))
+        for linear, (rows, block) in ((attn.qkv_proj, qkv[:2]), (attn.o_proj, o[:2]), (mlp.down_proj, down[:2])):
+            linear.skinny_max_rows, linear.gemv_block, linear.gemv_pdl = rows, block, pdl
+        mlp.fused_max_rows, mlp.gemv_block, mlp.gemv_pdl = gate_up[0], gate_up[1], pdl
         # the norms ride inside both one-row products where both can take them (the
         # tensor-parallel fused all-reduce takes them back out: enable_fused_all_reduce_norm)
-        layer.norms_in_gemv = mode == "on" and qkv[2] > 0 and gate_up[2] > 0
-        pick = 2 if layer.norms_in_gemv else 1  # which block qkv and gate_up use
-        for linear, (rows, block) in ((attn.qkv_proj, (qkv[0], qkv[pick])), (attn.o_proj, o[:2]), (mlp.down_proj, down[:2])):
-            linear.skinny_max_rows, linear.gemv_block, linear.gemv_pdl = rows, block, pdl
-        mlp.fused_max_rows, mlp.gemv_block, mlp.gemv_pdl = gate_up[0], gate_up[pick], pdl
+        layer.gemv_blocks = {False: (qkv[1], gate_up[1]), True: (qkv[2], gate_up[2])}
+        place_norms(layer, mode == "on" and qkv[2] > 0 and gate_up[2] > 0)
     torch.cuda.synchronize()
     return report
+
+
+def place_norms(layer: nn.Module, in_gemv: bool) -> None:
+    """Whether a decoder layer's two norms run inside its one-row qkv and gate_up products or
+    as their own kernels; each way has its own measured block of the one-row kernel (with the
+    norm inside it may win while slower than cuBLAS by up to the norm kernel it removes), which
+    ``enable_fused_kernels`` keeps in ``layer.gemv_blocks``."""
+    layer.norms_in_gemv = in_gemv
+    if layer.gemv_blocks is not None:
+        layer.self_attn.qkv_proj.gemv_block, layer.mlp.gemv_block = layer.gemv_blocks[in_gemv]
 
 
 def enable_fused_all_reduce_norm(model: nn.Module, device: torch.device, hidden_size: int,
@@ -222,7 +245,7 @@ def enable_fused_all_reduce_norm(model: nn.Module, device: torch.device, hidden_
             module.post_attention_layernorm.takes_all_reduce = module.self_attn.o_proj.all_reduce_buffer
             module.mlp.down_proj.leaves_all_reduce = True
             module.input_layernorm.takes_all_reduce = module.mlp.down_proj.all_reduce_buffer
-            module.norms_in_gemv = False  # the norms are where the all-reduce happens now
+            place_norms(module, False)  # the norms are where the all-reduce happens now
         elif isinstance(module, DecoderModel):
             module.norm.takes_all_reduce = module.layers[-1].mlp.down_proj.all_reduce_buffer
     return True

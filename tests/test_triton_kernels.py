@@ -233,6 +233,31 @@ def use_triton_everywhere(model) -> None:
             module.skinny_max_rows, module.gemv_block = tk.SKINNY_MAX_ROWS, 16
 
 
+def test_norms_moved_out_of_the_products_take_the_blocks_measured_without_them(monkeypatch) -> None:
+    """fused_ops.place_norms: the one-row kernel's block with the norm inside may be one that
+    only wins because it removes the norm's kernel; when the norms move out again (the
+    tensor-parallel fused all-reduce takes them) the products get the blocks measured without."""
+    from minisgl_engine import fused_ops
+    from minisgl_engine.config import ModelConfig
+    from minisgl_engine.models.transformer import DecoderLayer
+
+    config = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                         num_kv_heads=1, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None,
+                         max_context_len=128, tie_word_embeddings=True, attention_bias=False, qk_norm=True)
+    layer = DecoderLayer(config, 0)
+    layer.gemv_blocks = {False: (0, 8), True: (4, 8)}  # qkv: cuBLAS without the norm, block 4 with it
+    fused_ops.place_norms(layer, True)
+    assert layer.norms_in_gemv and (layer.self_attn.qkv_proj.gemv_block, layer.mlp.gemv_block) == (4, 8)
+    fused_ops.place_norms(layer, False)
+    assert not layer.norms_in_gemv and (layer.self_attn.qkv_proj.gemv_block, layer.mlp.gemv_block) == (0, 8)
+
+    monkeypatch.setenv("MINISGL_GEMV", "nopdl")
+    assert not fused_ops.pdl_wanted(torch.device("cpu"))
+    monkeypatch.setenv("MINISGL_GEMV", "no-pdl")
+    with pytest.raises(ValueError, match="'no-pdl': use one of on, nonorm, nopdl, off"):
+        fused_ops.gemv_mode()
+
+
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs this through tests/test_cuda.py (bf16 against transformers)")
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama3"])
 def test_model_on_triton_kernels_matches_transformers(arch, tiny_model) -> None:

@@ -149,12 +149,13 @@ class FlashInferAttentionBackend(AttentionBackend):
         import flashinfer
 
         if kind == "triton":
-            from ..triton_kernels import decode_attention_splits, pdl_supported  # Triton only where it is used
+            from ..fused_ops import pdl_wanted
+            from ..triton_kernels import decode_attention_splits  # Triton only where it is used
 
             if batch_size not in self.triton_graphs:
                 sms = torch.cuda.get_device_properties(self.device).multi_processor_count
                 self.triton_graphs[batch_size] = TritonDecode(decode_attention_splits(batch_size, self.num_kv_heads, sms),
-                                                              pdl_supported(self.device))
+                                                              pdl_wanted(self.device))
             return self.triton_graphs[batch_size]
         if batch_size not in self.graph_wrappers:
             need = batch_size * max_pages_per_request

@@ -79,6 +79,7 @@ class DecoderLayer(nn.Module):
         # CUDA, one row (batch-1 decode): each residual add + RMSNorm rides inside the one-row
         # product after it (triton_kernels.add_norm_gemv); set by fused_ops where that product runs
         self.norms_in_gemv = False
+        self.gemv_blocks: dict[bool, tuple[int, int]] | None = None  # (qkv, gate_up) one-row blocks, norms out / in (fused_ops.place_norms)
 
     def forward(
         self,
