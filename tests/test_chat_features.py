@@ -588,6 +588,31 @@ def test_search_narrows_the_sidebar_and_clearing_shows_all(page, app, tmp_path):
     assert ok, f"the search box is empty but the sidebar still shows only {sidebar(page)} (all {everything} expected)"
 
 
+CONTRAST_JS = """(el) => {
+  const rgba = (c) => { const n = c.match(/[\\d.]+/g).map(Number); const srgb = c.startsWith('color(srgb');
+    return [...n.slice(0, 3).map(x => srgb ? x * 255 : x), n.length > 3 ? n[3] : 1]; };
+  let back = [255, 255, 255];  // what lies under the element: its backgrounds, from the first opaque one up
+  const layers = [];
+  for (let e = el; e; e = e.parentElement) { const c = rgba(getComputedStyle(e).backgroundColor); layers.push(c); if (c[3] >= 1) break; }
+  for (const [r, g, b, a] of layers.reverse()) back = [r * a + back[0] * (1 - a), g * a + back[1] * (1 - a), b * a + back[2] * (1 - a)];
+  const lum = ([r, g, b]) => [r, g, b].map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
+    .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const [l1, l2] = [lum(rgba(getComputedStyle(el).color)), lum(back)].sort((a, b) => b - a);
+  return (l1 + 0.05) / (l2 + 0.05);
+}"""
+
+
+def test_the_selected_chat_in_the_list_is_readable(page, app, tmp_path):
+    """The chat shown was listed in white on a light lavender (contrast 1.3:1): its text must
+    stand out as other text does (WCAG's 4.5:1)."""
+    import_file(page, write_json(tmp_path / "selected.json", {"title": "Selected chat test", "messages": [
+        {"role": "user", "content": "Which chat is this?"}, {"role": "assistant", "content": "The selected one."}]}))
+    selected = page.locator("#conv-list label.selected")
+    assert wait_until(lambda: "Selected chat test" in (selected.inner_text() if selected.count() else ""), 30), sidebar(page)
+    ratio = selected.evaluate(CONTRAST_JS)
+    assert ratio >= 4.5, f"the selected chat's text has a contrast of {ratio:.2f}:1 with its background"
+
+
 # ---- 8. attachments
 
 def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_path):
