@@ -108,6 +108,26 @@ PAGE_JS = """
       ? box.value.slice(box.selectionStart, box.selectionEnd) : String(getSelection());
     if (/[<&]\\u2060/.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
   }, true);
+  // the ▸ of a line under a message (a reply's figures, a version, its thinking) opens its
+  // details; Gradio draws it as a button with an empty name: it is named, and its line says
+  // whether it is open
+  const nameToggles = () => {
+    for (const b of document.querySelectorAll('#chatbot .thought-group .title .arrow button')) {
+      const open = (b.closest('.arrow').style.transform || '').includes('180');
+      const name = open ? 'Hide details' : 'Show details';
+      if (b.getAttribute('aria-label') !== name) { b.setAttribute('aria-label', name); b.setAttribute('title', name); }
+      const title = b.closest('.title');
+      if (title.getAttribute('aria-expanded') !== String(open)) title.setAttribute('aria-expanded', String(open));
+    }
+  };
+  const watchChat = () => {
+    const chat = document.querySelector('#chatbot');
+    if (!chat) return setTimeout(watchChat, 200);
+    new MutationObserver(nameToggles).observe(chat, {subtree: true, childList: true, attributes: true,
+                                                     attributeFilter: ['style', 'aria-label']});
+    nameToggles();
+  };
+  watchChat();
   const place = () => {
     const line = document.querySelector('#status-line');
     if (line) document.documentElement.style.setProperty('--status-bottom', Math.max(0, line.getBoundingClientRect().bottom) + 'px');

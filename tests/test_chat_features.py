@@ -674,8 +674,12 @@ def test_stop_string_ends_the_reply_before_it(page, app):
     assert reply and "5" not in reply, f"the reply went past the stop string: {reply!r}"
     assert "4" in reply, f"the reply should count up to 4 before the stop string: {reply!r}"
     assert "hit the token limit" not in line and "stopped" not in line, line
+    toggle = page.locator(LINE).last.locator(".title button")
+    assert toggle.get_attribute("aria-label") == "Show details", toggle.evaluate("b => b.outerHTML")  # named for a screen reader
     page.locator(LINE).last.locator(".title").click()  # open the stats line: how the reply ended
     assert wait_until(lambda: "finished" in page.locator(LINE).last.inner_text(), 5), page.locator(LINE).last.inner_text()
+    assert wait_until(lambda: toggle.get_attribute("aria-label") == "Hide details", 5), toggle.get_attribute("aria-label")
+    assert page.locator(LINE).last.locator(".title").get_attribute("aria-expanded") == "true"
 
 
 def test_a_seed_gives_the_same_sampled_reply_every_time(page, app):
