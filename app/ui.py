@@ -59,8 +59,7 @@ QUEUE_POLL_S = 0.02
 # tab may start in either order). Both carry the browser's click time (STAMP_JS), so a Stop that
 # found nothing to stop also stops a message clicked before it, and never one clicked after it.
 # So do a settings box's save and the clicks that show another chat (ChatPage.settings_changed).
-STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"
-SEND_STAMP_JS = "(...inputs) => [...inputs.slice(0, -2), Date.now(), inputs[inputs.length - 1]]"  # the stamp, then the penalty
+STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is an event's last input
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 ATTACH_LIMIT_BYTES = 1_000_000
 # Import and Attach take any file and say what is wrong with one they refuse: with Gradio's
@@ -561,8 +560,8 @@ class ChatPage:
             tab.early_stop = 0.0
             self.replies.stop(conv_id)
 
-    async def send(self, text: str, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
-                   clicked_at: float | None, request: gr.Request, repetition_penalty=DEFAULT_REPETITION_PENALTY):
+    async def send(self, text: str, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty,
+                   clicked_at: float | None, request: gr.Request):
         """Store the message (starting a chat if needed) and ask for its reply; a message sent
         while the chat replies is shown at once and answered next."""
         tab = self.tab(request)
@@ -967,9 +966,9 @@ class ChatPage:
             committed = item.release if isinstance(item, gr.Slider) else item.input if isinstance(item, gr.Checkbox) else item.blur
             committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
-        for trigger in (m.msg.submit, m.send_btn.click):  # send's inputs: see settings_changed
-            trigger(self.send, inputs=[m.msg, *settings[:8], c.clicked_at, *settings[8:]], outputs=[m.msg, m.attached],
-                    js=SEND_STAMP_JS, **quick).then(**follow)
+        for trigger in (m.msg.submit, m.send_btn.click):
+            trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=[m.msg, m.attached], js=STAMP_JS,
+                    **quick).then(**follow)
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=m.attached, **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)
         m.chatbot.edit(self.edit, **quick).then(**follow)

@@ -375,7 +375,8 @@ class FakeRequest:
     session_hash = "tab-1"
 
 
-SETTINGS = ("", 0.0, 1.0, 64, False, 0, None, "")  # system prompt, temperature, top-p, max tokens, thinking, top-k, seed, stop
+# system prompt, temperature, top-p, max tokens, thinking, top-k, seed, stop, repetition penalty (the page's default)
+SETTINGS = ("", 0.0, 1.0, 64, False, 0, None, "", 1.15)
 
 
 @pytest.mark.anyio
@@ -417,18 +418,19 @@ async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_e
     assert DEFAULT_REPETITION_PENALTY > 1.0 and SamplingParams().repetition_penalty == 1.0
     engine = FakeEngine()
     page = ChatPage(FakeClient(engine), store)
-    await page.send("hello there", *SETTINGS, None, FakeRequest())  # a caller of the first eight fields
+    assert SETTINGS[-1] == DEFAULT_REPETITION_PENALTY
+    await page.send("hello there", *SETTINGS, None, FakeRequest())
     await until_idle(page.replies)
     assert engine.requests[-1].params.repetition_penalty == DEFAULT_REPETITION_PENALTY
     conv_id = page.tab(FakeRequest()).conv_id
-    await page.settings_changed(*SETTINGS, 1.3, None, FakeRequest())
+    await page.settings_changed(*SETTINGS[:-1], 1.3, None, FakeRequest())
     assert store.get(conv_id).settings.repetition_penalty == 1.3 and page.fields(page.tab(FakeRequest()))[-2] == 1.3
-    await page.send("again", *SETTINGS, None, FakeRequest(), 1.3)
+    await page.send("again", *SETTINGS[:-1], 1.3, None, FakeRequest())
     await until_idle(page.replies)
     assert engine.requests[-1].params.repetition_penalty == 1.3
     # out of the page's range: refused with a sentence, the value in force put back
-    assert "between 1 (off) and 2" in form_settings(*SETTINGS, 0.5)[1]["repetition_penalty"]
-    assert (await page.settings_changed(*SETTINGS, 3, None, FakeRequest()))[-1] == 1.3
+    assert "between 1 (off) and 2" in form_settings(*SETTINGS[:-1], 0.5)[1]["repetition_penalty"]
+    assert (await page.settings_changed(*SETTINGS[:-1], 3, None, FakeRequest()))[-1] == 1.3
     # a chat stored before the setting existed takes the page's default
     assert ChatSettings.from_dict({"temperature": 0.5}).repetition_penalty == DEFAULT_REPETITION_PENALTY
 

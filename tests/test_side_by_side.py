@@ -13,7 +13,8 @@ from minisgl_app.reply_source import ModelEntry, ModelError, SideBySide
 from minisgl_app.store import ConversationStore
 from minisgl_engine.messages import UserReply
 
-SETTINGS = ("", 0.0, 1.0, 64, False, 0, None, "")  # system prompt, temperature, top-p, max tokens, thinking, top-k, seed, stop
+# system prompt, temperature, top-p, max tokens, thinking, top-k, seed, stop, repetition penalty
+SETTINGS = ("", 0.0, 1.0, 64, False, 0, None, "", 1.15)
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ async def test_each_chat_gets_its_replies_from_the_backend_it_picked(store) -> N
     assert second.content.startswith("remote0") and second.model == "big", second
     assert (local.asked, remote.asked) == (1, 1)
     # the chat keeps its backend through a change of its other settings, and New chat keeps the one shown
-    await page.settings_changed("", 0.5, 1.0, 64, False, 0, None, "", 1.15, None, tab)
+    await page.settings_changed("", 0.5, *SETTINGS[2:], None, tab)
     assert store.get(on_remote).settings.backend == "remote" and store.get(on_remote).settings.temperature == 0.5
     assert (await page.new_chat(None, tab))[-1] == "remote"
     # a chat shown again shows its own backend and status line
