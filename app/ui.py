@@ -469,7 +469,8 @@ class ChatPage:
         settings, problems = form_settings(*values, in_force=self.settings_in_force(tab))
         self.save_settings(tab, settings, problems)
         in_force = self.settings_in_force(tab)
-        back = set(problems) | {name for name, value in zip(SETTING_FIELDS, values) if value in (None, "")}
+        # only boxes that must change are sent: another box may be being typed into meanwhile
+        back = set(problems) | {name for name, value in zip(SETTING_FIELDS, values) if name in REFILLED_WHEN_EMPTY and value in (None, "")}
         return tuple(getattr(in_force, name) if name in back and name in RESET_FIELDS else gr.skip() for name in SETTING_FIELDS)
 
     async def backend_changed(self, backend: str | None, request: gr.Request) -> None:
@@ -1048,8 +1049,9 @@ def attachments_line(attachments: list[tuple[str, str]]) -> str:
 
 SETTING_FIELDS = ("system_prompt", "temperature", "top_p", "max_tokens", "thinking", "top_k", "seed", "stop",
                   "repetition_penalty")  # the form's order
-# a refused value, or an emptied box, shows the value in force again
+# a refused value, or an emptied box, shows the value in force again (an empty seed is a value: a random one)
 RESET_FIELDS = ("temperature", "top_p", "max_tokens", "top_k", "seed", "repetition_penalty")
+REFILLED_WHEN_EMPTY = ("temperature", "top_p", "max_tokens", "top_k", "repetition_penalty")
 
 
 def form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,

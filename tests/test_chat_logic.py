@@ -492,7 +492,7 @@ async def test_an_emptied_settings_box_saves_nothing_and_shows_the_saved_value_a
     form = list(page.fields(page.tab(request))[1:10])
     for seed in (7, None):
         form[6] = seed
-        await page.settings_changed(*form, None, request)
+        assert await page.settings_changed(*form, None, request) == (SKIP,) * 9  # no box is touched (one may be typed into)
         assert store.get(conv_id).settings.seed == seed
 
 

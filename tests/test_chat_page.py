@@ -544,7 +544,7 @@ def test_a_settings_box_is_saved_when_left_not_on_every_key(tab, app):
         box = page.locator(selector)
         box.click()
         box.press("Control+a")
-        box.press_sequentially(text, delay=60)
+        box.press_sequentially(text, delay=30)
 
     type_into("#max-tokens input", "64")
     page.press("#max-tokens input", "Tab")
@@ -556,11 +556,11 @@ def test_a_settings_box_is_saved_when_left_not_on_every_key(tab, app):
         assert wait_until(lambda: not toasts(page), 5), toasts(page)
         before = page.input_value(selector)
         type_into(selector, typed)
-        time.sleep(0.5)
+        time.sleep(0.3)
         assert not refusals(), f"{typed!r} in {selector}: refused before the box was left: {refusals()}"
         page.press(selector, leave)
         assert wait_until(lambda: refusals(), 10), f"{typed!r} in {selector}: no toast once left"
-        time.sleep(1.0)  # any other toast on its way
+        time.sleep(0.5)  # any other toast on its way
         assert len(refusals()) == 1 and words in refusals()[0], f"{typed!r} in {selector}: one toast expected, got {refusals()}"
         assert wait_until(lambda: page.input_value(selector) == before, 5), \
             f"{typed!r} in {selector}: the box shows {page.input_value(selector)!r}, not the value before it ({before!r})"
