@@ -1,5 +1,5 @@
-"""The GPU's kernel libraries: can FlashInfer and Triton run here, and building FlashInfer's
-kernels once.
+"""The GPU's kernel libraries: can FlashInfer and Triton run here, which launch options the
+Triton kernels take (``MINISGL_GEMV``), and building FlashInfer's kernels once.
 
 FlashInfer compiles its kernels just in time with nvcc and caches them (under
 ``~/.cache/flashinfer``, or ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``), so the first
@@ -12,6 +12,7 @@ engine falls back to the torch backend.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,29 @@ def triton_unavailable_reason() -> str | None:
     except Exception as exc:  # ImportError, or a broken install raising anything
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+GEMV_MODES = ("on", "nonorm", "nopdl", "off")
+
+
+def gemv_mode() -> str:
+    """``MINISGL_GEMV``: ``on`` (default: the one-row kernel where measured faster, launched as
+    a programmatic dependent where the GPU can, the decoder's norms fused into it), ``nonorm``
+    (the norms as their own kernels), ``nopdl`` (no norms fused, plain launches) or ``off`` (not
+    tried): for measuring what each part buys."""
+    mode = os.environ.get("MINISGL_GEMV", "on").strip().lower() or "on"
+    if mode not in GEMV_MODES:
+        raise ValueError(f"MINISGL_GEMV={mode!r}: use one of {', '.join(GEMV_MODES)}")
+    return mode
+
+
+def pdl_wanted(device: torch.device) -> bool:
+    """Whether the Triton kernels of a decode step (products, q/k-norm + RoPE, decode attention)
+    launch as programmatic dependents: where the GPU can, unless ``MINISGL_GEMV`` says
+    ``nopdl`` or ``off`` (the A/B of what PDL buys covers every kernel, not only the products)."""
+    from .triton_kernels import pdl_supported  # Triton only where it is asked about
+
+    return gemv_mode() in ("on", "nonorm") and pdl_supported(device)
 
 
 def jit_specs(dtype: torch.dtype, head_dim: int, decode_tensor_cores: bool = True) -> list:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .flashinfer_kernels import triton_unavailable_reason
+from .flashinfer_kernels import gemv_mode, pdl_wanted, triton_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
@@ -102,29 +102,6 @@ def residual_norm_us(norm) -> float:
 
 
 GEMV_BLOCKS = (4, 8)  # weight rows per program of the one-row kernel, each measured
-
-
-GEMV_MODES = ("on", "nonorm", "nopdl", "off")
-
-
-def gemv_mode() -> str:
-    """``MINISGL_GEMV``: ``on`` (default: the one-row kernel where measured faster, launched as
-    a programmatic dependent where the GPU can, the decoder's norms fused into it), ``nonorm``
-    (the norms as their own kernels), ``nopdl`` (no norms fused, plain launches) or ``off`` (not
-    tried): for measuring what each part buys."""
-    mode = os.environ.get("MINISGL_GEMV", "on").strip().lower() or "on"
-    if mode not in GEMV_MODES:
-        raise ValueError(f"MINISGL_GEMV={mode!r}: use one of {', '.join(GEMV_MODES)}")
-    return mode
-
-
-def pdl_wanted(device: torch.device) -> bool:
-    """Whether the Triton kernels of a decode step (products, q/k-norm + RoPE, decode attention)
-    launch as programmatic dependents: where the GPU can, unless ``MINISGL_GEMV`` says
-    ``nopdl`` or ``off`` (the A/B of what PDL buys covers every kernel, not only the products)."""
-    from .triton_kernels import pdl_supported
-
-    return gemv_mode() in ("on", "nonorm") and pdl_supported(device)
 
 
 def choose_gemv(linear, silu_mul: bool, pdl: bool, best_us: float) -> tuple[int, list]:

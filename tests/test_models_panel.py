@@ -133,7 +133,7 @@ async def test_a_switch_stops_replies_in_flight_marked_and_a_refused_model_stops
     store = ConversationStore(tmp_path / "chats.sqlite3")
     source = SwitchingSource()
     page = ChatPage(source, store)
-    settings = ("", 0.0, 1.0, 64, False, 0, None, "")
+    settings = ("", 0.0, 1.0, 64, False, 0, None, "", 1.15)  # ..., stop strings, repetition penalty
     await page.send("hello", *settings, None, Request())
     conv_id = page.tab(Request()).conv_id
     await asyncio.sleep(0.1)

@@ -237,7 +237,7 @@ def test_norms_moved_out_of_the_products_take_the_blocks_measured_without_them(m
     """fused_ops.place_norms: the one-row kernel's block with the norm inside may be one that
     only wins because it removes the norm's kernel; when the norms move out again (the
     tensor-parallel fused all-reduce takes them) the products get the blocks measured without."""
-    from minisgl_engine import fused_ops
+    from minisgl_engine import flashinfer_kernels, fused_ops
     from minisgl_engine.config import ModelConfig
     from minisgl_engine.models.transformer import DecoderLayer
 
@@ -252,10 +252,10 @@ def test_norms_moved_out_of_the_products_take_the_blocks_measured_without_them(m
     assert not layer.norms_in_gemv and (layer.self_attn.qkv_proj.gemv_block, layer.mlp.gemv_block) == (0, 8)
 
     monkeypatch.setenv("MINISGL_GEMV", "nopdl")
-    assert not fused_ops.pdl_wanted(torch.device("cpu"))
+    assert not flashinfer_kernels.pdl_wanted(torch.device("cpu"))
     monkeypatch.setenv("MINISGL_GEMV", "no-pdl")
     with pytest.raises(ValueError, match="'no-pdl': use one of on, nonorm, nopdl, off"):
-        fused_ops.gemv_mode()
+        flashinfer_kernels.gemv_mode()
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs this through tests/test_cuda.py (bf16 against transformers)")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import ForwardBatch
-from ..flashinfer_kernels import WORKSPACE_BYTES, triton_unavailable_reason
+from ..flashinfer_kernels import WORKSPACE_BYTES, pdl_wanted, triton_unavailable_reason
 from ..kvcache.kv_pool import KVPool
 from ..kvcache.page_table import PageTable
 from ..transfer import to_device
@@ -149,7 +149,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         import flashinfer
 
         if kind == "triton":
-            from ..fused_ops import pdl_wanted
             from ..triton_kernels import decode_attention_splits  # Triton only where it is used
 
             if batch_size not in self.triton_graphs:
