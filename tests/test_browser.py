@@ -77,9 +77,12 @@ def make_greedy(page, max_tokens: int = 1024) -> None:
 
 
 def set_field(page, selector: str, value: str) -> None:
-    """Type into a settings field; it applies when the field changes (no Save button)."""
-    page.fill(selector, value)
-    page.press(selector, "Tab")
+    """Type into a settings field as a person does; it is saved when left (no Save button)."""
+    box = page.locator(selector)
+    box.click()
+    box.press("Control+a")
+    box.press_sequentially(value, delay=20)
+    box.press("Tab")
 
 
 def test_reply_streams_in_growing_pieces(browser, app):
