@@ -56,10 +56,16 @@ def gemv_mode() -> str:
     a programmatic dependent where the GPU can, the decoder's norms fused into it), ``nonorm``
     (the norms as their own kernels), ``nopdl`` (no norms fused, plain launches) or ``off`` (not
     tried): for measuring what each part buys."""
-    mode = os.environ.get("MINISGL_GEMV", "on").strip().lower() or "on"
-    if mode not in GEMV_MODES:
-        raise ValueError(f"MINISGL_GEMV={mode!r}: use one of {', '.join(GEMV_MODES)}")
-    return mode
+    return env_choice("MINISGL_GEMV", GEMV_MODES)
+
+
+def env_choice(name: str, choices: tuple[str, ...]) -> str:
+    """The environment variable ``name``, one of ``choices`` (unset or empty: the first); any
+    other value is an error naming the choices, not a silent fallback."""
+    value = os.environ.get(name, "").strip().lower() or choices[0]
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: use one of {', '.join(choices)}")
+    return value
 
 
 def pdl_wanted(device: torch.device) -> bool:

@@ -15,13 +15,12 @@ slots on the GPU, so such a step costs the CPU no planning (``MINISGL_DECODE_ATT
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from ..batch import ForwardBatch
-from ..flashinfer_kernels import WORKSPACE_BYTES, pdl_wanted, triton_unavailable_reason
+from ..flashinfer_kernels import WORKSPACE_BYTES, env_choice, pdl_wanted, triton_unavailable_reason
 from ..kvcache.kv_pool import KVPool
 from ..kvcache.page_table import PageTable
 from ..transfer import to_device
@@ -58,9 +57,7 @@ class DecodeAttentionLimits:
         """From ``MINISGL_DECODE_ATTENTION``: ``auto`` (default: small graphs and short contexts,
         where they were measured faster), ``triton`` (every graph, any length) or ``flashinfer``
         (never)."""
-        mode = os.environ.get("MINISGL_DECODE_ATTENTION", "auto").strip().lower() or "auto"
-        if mode not in DECODE_ATTENTION_MODES:
-            raise ValueError(f"MINISGL_DECODE_ATTENTION={mode!r}: use one of {', '.join(DECODE_ATTENTION_MODES)}")
+        mode = env_choice("MINISGL_DECODE_ATTENTION", DECODE_ATTENTION_MODES)
         if mode == "flashinfer" or triton_unavailable_reason() is not None:
             return cls(0, 0)
         if mode == "triton":
