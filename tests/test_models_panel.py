@@ -236,8 +236,12 @@ def set_max_tokens(page, n: int) -> None:
     """This chat's max tokens, and greedy sampling (replies are deterministic)."""
     if not page.locator("#max-tokens input").is_visible():
         page.get_by_text("Settings", exact=True).first.click()
-    page.fill("#max-tokens input", str(n))
-    page.fill("#temperature input[type=number]", "0")
+    for selector, value in (("#max-tokens input", str(n)), ("#temperature input[type=number]", "0")):
+        box = page.locator(selector)  # typed as a person types, then left: a box is saved when left
+        box.click()
+        box.press("Control+a")
+        box.press_sequentially(value, delay=20)
+        box.press("Tab")
     assert wait_until(lambda: page.input_value("#max-tokens input") == str(n)
                       and float(page.input_value("#temperature input[type=number]")) == 0, 5)
     time.sleep(0.5)
