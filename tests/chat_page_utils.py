@@ -6,6 +6,7 @@ checks every module makes the same way."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,20 @@ def whole_on_screen(page, selector: str) -> bool:
     box, width = page.locator(selector).bounding_box(), page.viewport_size["width"]
     fits = page.locator(selector).evaluate("e => e.scrollWidth <= e.clientWidth")
     return box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width and fits
+
+
+def put_setting(page, selector: str, value: str, leave: str = "Tab") -> None:
+    """Put ``value`` into a settings box at once (Playwright's fill: one input event, as a paste
+    does) and leave it, which saves it. The first time the Settings accordion opens, Gradio mounts
+    its boxes and, 30-60 ms later, sets their values once more from the page's state: a value put
+    in before then is overwritten by the saved one, and leaving the box saves nothing (measured in
+    Chromium: 3 of 15 values put in as the box appeared were overwritten, none of 15 put in 30 ms
+    later, none of 8 put in 60 ms later on a loaded machine). No person is that fast; a test is,
+    so the value is put in again if the box did not keep it, and only then is the box left."""
+    box = page.locator(selector)
+    for _ in range(3):
+        box.fill(value)
+        time.sleep(0.2)  # past the accordion's late setting of its boxes' values
+        if box.input_value() == value:
+            break
+    box.press(leave)

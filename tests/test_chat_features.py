@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from chat_page_utils import (ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, below, browser, empty_button_boxes,  # noqa: F401 (browser: fixture)
-                             open_new_chat, send, wait_page_loaded, whole_on_screen)
+                             open_new_chat, put_setting, send, wait_page_loaded, whole_on_screen)
 from server_utils import wait_until
 
 pytestmark = BROWSER_MARKS
@@ -125,15 +125,14 @@ def open_settings(page) -> None:
 
 
 def set_settings(page, *, temperature=None, max_tokens=None, seed=None, stop=None, repetition_penalty=None) -> None:
-    """Fill the settings fields; each applies when the field loses focus (Tab)."""
+    """Put in the settings fields; each is saved when left (Tab)."""
     open_settings(page)
     fields = [("#temperature input[type=number]", temperature), ("#max-tokens input", max_tokens), ("#seed input", seed),
               ("#stop-strings textarea", stop), ("#repetition-penalty input[type=number]", repetition_penalty)]
     for selector, value in fields:
         if value is not None:
-            page.fill(selector, str(value))
-            page.press(selector, "Tab")
-    time.sleep(1.0)  # the change event is sent; nothing on the page confirms it
+            put_setting(page, selector, str(value))
+    time.sleep(1.0)  # the save is sent; nothing on the page confirms it
 
 
 def new_chat(page, **settings) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from chat_page_utils import (BROWSER_MARKS, REPLY, USER, browser, engine_idle, open_new_chat, progress_seen, send,  # noqa: F401 (browser: fixture)
-                             wait_page_loaded, watch_progress)
+from chat_page_utils import (BROWSER_MARKS, REPLY, USER, browser, engine_idle, open_new_chat, progress_seen,  # noqa: F401 (browser: fixture)
+                             put_setting, send, wait_page_loaded, watch_progress)
 from server_utils import CLI, wait_until
 
 pytestmark = BROWSER_MARKS
@@ -144,7 +144,7 @@ def set_settings(page, temperature: float | None = None, max_tokens: int | None 
         fields.append(("#max-tokens input", str(max_tokens)))
     for _ in range(3):
         for sel, value in fields:
-            page.fill(sel, value)
+            put_setting(page, sel, value)  # saved when left, as a person leaves it
         time.sleep(0.4)
         if all(float(page.input_value(sel)) == float(v) for sel, v in fields):
             return
@@ -504,8 +504,7 @@ def test_temperature_and_top_p_accept_fine_steps(tab, app):
     open_accordion(page, "Settings", "#temperature input[type=number]")
     for sel, value in (("#temperature input[type=number]", "0.3"), ("#top-p input[type=number]", "0.95")):
         el = page.locator(sel)
-        el.fill(value)
-        el.press("Tab")
+        put_setting(page, sel, value)
         assert el.get_attribute("step") == "0.05", f"{sel} step is {el.get_attribute('step')!r}"
         assert not el.evaluate("el => el.matches(':invalid')"), f"{sel} shows {value} as invalid"
         assert float(el.input_value()) == float(value)
@@ -579,8 +578,7 @@ def test_an_emptied_settings_box_shows_the_saved_value_again_once_left(tab, app)
     for selector in ("#temperature input[type=number]", "#repetition-penalty input[type=number]", "#max-tokens input"):
         before = page.input_value(selector)
         assert before and float(before) > 0, f"{selector}: {before!r}"
-        page.fill(selector, "")
-        page.press(selector, "Tab")
+        put_setting(page, selector, "")
         assert wait_until(lambda: page.input_value(selector) == before, 5), \
             f"{selector} emptied and left shows {page.input_value(selector)!r}, not the saved {before!r}"
     time.sleep(0.5)
