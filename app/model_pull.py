@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from .view import size_text
+from .view import markdown_literal, size_text
 
 CANCEL_WAIT_S = 5.0  # after SIGTERM, before SIGKILL
 
@@ -92,12 +92,12 @@ class PullProgress:
         return next(reversed(self.bars.values()), None)
 
     def line(self) -> str:
-        """A sentence for the page (Markdown)."""
-        name = f"**{self.model}**"
+        """A sentence for the page (Markdown; the model's name and the reason shown as typed)."""
+        name = f"**{markdown_literal(self.model)}**"
         if self.state == "done":
             return f"✅ Pulled {name}. Pick it in the list and press Switch."
         if self.state == "failed":
-            return f"⚠️ Pulling {name} failed: {self.error}"
+            return f"⚠️ Pulling {name} failed: {markdown_literal(self.error)}"
         if self.state == "cancelled":
             return f"Pull of {name} cancelled. (A download goes on where it stopped if you pull it again.)"
         bar = self.shown_bar()

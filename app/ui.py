@@ -32,8 +32,8 @@ from .page_css import PAGE_CSS
 from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, REPETITION_PENALTY_MAX, BadImportFile, ChatSettings,
                     ConversationStore, NotFoundError, plural, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
-from .view import (can_continue, engine_messages, focus_of, model_choices, sidebar_choices, typed_text, version_steps,
-                   versions_label, view_messages)
+from .view import (can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices, typed_text,
+                   version_steps, versions_label, view_messages)
 
 STATIC = Path(__file__).resolve().parent / "static"  # the page's theme and favicon, inside the package (and its wheel)
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
@@ -702,7 +702,7 @@ class ChatPage:
             progress = await self.puller.start(model)
         except PullError as exc:
             progress = self.puller.progress if self.puller.busy else None
-            yield f"⚠️ {exc}", gr.skip()
+            yield f"⚠️ {markdown_literal(exc)}", gr.skip()
             if progress is None:
                 return
             await asyncio.sleep(PULL_SHOW_S)
@@ -729,7 +729,8 @@ class ChatPage:
     async def switch_model(self, name: str | None, request: gr.Request):
         """Switch: the model is checked while the current one serves; then every reply in flight
         stops (marked as stopped by the switch), and the page says it is loading until it is
-        ready. A model that cannot be served leaves the current one serving, with the reason."""
+        ready. A model that cannot be served leaves the current one serving, with the reason. The
+        panel's message is Markdown: names and reasons in it are shown as typed (markdown_literal)."""
         if not name:
             yield "Pick a model in the list first.", gr.skip(), gr.skip()
             return
@@ -738,34 +739,40 @@ class ChatPage:
         backend = self.listed[name].backend if name in self.listed else None
         # what the same backend serves now
         current = next((e.name for e in self.listed.values() if e.serving and e.backend == backend), self.source.model_name)
+        shown, shown_current = markdown_literal(name), markdown_literal(current)
         if name == current:
-            yield f"**{name}** is the model serving now.", gr.skip(), gr.skip()
+            yield f"**{shown}** is the model serving now.", gr.skip(), gr.skip()
             return
-        yield f"Checking **{name}**… ({current} keeps serving)", gr.skip(), gr.skip()
+        yield f"Checking **{shown}**… ({shown_current} keeps serving)", gr.skip(), gr.skip()
         try:
             await self.source.check_model(name)
         except ModelError as exc:
             warn(f"{name} cannot be served: {exc}")
-            yield f"⚠️ **{name}** cannot be served: {exc}. {current} keeps serving.", await self.list_models(), gr.skip()
+            yield (f"⚠️ **{shown}** cannot be served: {markdown_literal(exc)}. {shown_current} keeps serving.",
+                   await self.list_models(), gr.skip())
             return
         self.replies.stop_every(f"switch to {name}", backend=backend)
-        yield f"Loading **{name}**… (the status line shows its progress)", gr.skip(), gr.skip()
+        yield f"Loading **{shown}**… (the status line shows its progress)", gr.skip(), gr.skip()
         try:
             await self.source.switch_model(name)
         except ModelError as exc:
             warn(f"{name} could not be loaded.")
-            message = f"⚠️ {exc}"
+            message = f"⚠️ {markdown_literal(exc)}"
         else:
-            message = f"Now serving **{name}**."
+            message = f"Now serving **{shown}**."
         self.replies.notify()
         yield message, await self.list_models(), gr.update(visible=self.source.supports_thinking)
 
     # ---- import, search, attachments
 
     async def import_chat(self, path: str | None, request: gr.Request):
+        """Import a chat file and show it. What was imported is said in a line under the Import
+        button, not a toast: a toast opens over the top of the chat, where the imported chat's first
+        message and its buttons are (it covered them for ten seconds). A refused file gets a
+        toast (nothing was imported, and the reason must be seen)."""
         tab = self.tab(request)
         if not path:
-            return (*self.fields(tab), gr.skip())
+            return (*self.fields(tab), gr.skip(), gr.skip())
         try:
             if Path(path).suffix.lower() != ".json":
                 raise BadImportFile(f"{Path(path).name} is not a .json file; import {IMPORTABLE}")

@@ -171,6 +171,21 @@ def _mark_prose(text: str) -> str:
     return "".join(parts)
 
 
+# A name, a path or a reason shown inside a sentence of Markdown (the models panel, the import's
+# line): unlike a message (shown_literally keeps its Markdown), none of it is Markdown. "a*b*"
+# showed "ab" in italics, "my_model_v2" lost its underscores to emphasis, "<b>x" opened a tag,
+# "[x](y)" made a link, "https://…" an autolink. Each character that can start Markdown or HTML
+# inside a line is escaped with a backslash (CommonMark shows any ASCII punctuation as itself after
+# one); "/", "-", "." and the like are left as they are (they mean something only at a line's
+# start, and these texts sit inside a sentence); a line break becomes a space.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>&~|$!#:])")
+
+
+def markdown_literal(text) -> str:
+    """``text`` (a string or an exception) escaped to show as typed inside a Markdown sentence."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
+
+
 def typed_text(shown: str) -> str:
     """A message's text as the user typed it, from the text the page showed (``shown_literally``)."""
     return shown.replace("<" + MARK, "<").replace("&" + MARK, "&")

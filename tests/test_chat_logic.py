@@ -697,3 +697,12 @@ async def test_a_message_sent_during_a_reply_says_it_waits_until_its_reply_start
     await until_idle(page.replies, 10)
     titles = [v.shown.get("metadata", {}).get("title") for v in page.view_of(page.shown(tab), tab)]
     assert WAITING_LINE not in titles and texts(store, tab.conv_id)[-2][1] == "second question", titles
+
+
+def test_a_name_in_a_markdown_sentence_shows_as_typed():
+    """The models panel and the import's line quote names and paths inside Markdown: none of it is Markdown."""
+    from minisgl_app.view import markdown_literal
+
+    assert markdown_literal("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
+    assert markdown_literal("a*b*_c_<i>d</i>[e](f)") == r"a\*b\*\_c\_\<i\>d\</i\>\[e\]\(f\)"
+    assert markdown_literal("C:\\models\nnext") == r"C\:\\models next"

@@ -350,6 +350,12 @@ def test_pull_from_the_page_with_progress_cancel_and_a_failure_then_serve_it(bro
     # an id the hub does not have: a sentence, nothing listed, the demo model serving on
     said = pull(page, "test/not-on-the-hub", "failed")
     assert "was not found on the Hugging Face Hub" in said, said
+    # a name with Markdown and HTML in it shows as typed (its * and _ made emphasis, <i> a tag, [ ] a link)
+    odd = "test/*star*_under_<i>tag</i>[link](x)"
+    said = pull(page, odd, "is neither")
+    assert said.count(odd) == 2 and "is neither an existing path nor a valid Hugging Face model id" in said, said
+    assert page.locator("#pull-message strong").inner_text() == odd
+    assert page.locator("#pull-message :is(em, i, a)").count() == 0, page.inner_html("#pull-message")
     # a slow download, cancelled midway: its progress showed, its process is gone, nothing listed
     fake_hub.bytes_per_s = 400_000
     said = pull(page, PULLED, "MB of")
