@@ -70,4 +70,12 @@ SCROLL_DOWN_CLEAR = """
 #chatbot .scroll-down-button-container { bottom: 7px !important; }
 """
 
-PAGE_CSS = HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR
+# A code block's copy button (Gradio's, at its top right corner) lay over the code's first line:
+# a one-line block's text ran under it. The block keeps a strip of its own above the code for the
+# button, so no line of code, scrolled sideways or not, shares a row with it.
+CODE_COPY_CLEAR = """
+#chatbot .code_wrap > pre { padding-top: 28px !important; }
+#chatbot .code_wrap > .copy_code_button { top: 2px !important; right: 2px !important; }
+"""
+
+PAGE_CSS = HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR

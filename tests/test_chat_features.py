@@ -391,6 +391,34 @@ def test_the_edit_box_is_as_wide_as_the_message_and_grows_with_its_text(page, ap
         assert wait_until(lambda: not box.is_visible(), 5)
 
 
+def test_a_code_blocks_copy_button_never_lies_over_its_code(page, app, tmp_path):
+    """The copy button at a code block's top right corner lay over the text of a one-line block
+    (and over a long first line, scrolled sideways or not)."""
+    one_line = "pip install --upgrade minisgl-chat-with-a-rather-long-package-name-that-fills-the-block " * 2
+    import_file(page, write_json(tmp_path / "code.json", {"title": "Code copy test", "messages": [
+        {"role": "user", "content": "Show me code."},
+        {"role": "assistant", "content": f"Short:\n\n```\nls\n```\n\nOne line:\n\n```\n{one_line}\n```\n\n"
+                                         f"Two lines:\n\n```python\n{one_line}\nprint(2)\n```"}]}))
+    assert wait_until(lambda: page.locator("#chatbot .code_wrap").count() == 3, 30), replies(page)
+    overlaps = page.evaluate("""() => [...document.querySelectorAll('#chatbot .code_wrap')].flatMap((wrap, i) => {
+        const button = wrap.querySelector('.copy_code_button').getBoundingClientRect(), pre = wrap.querySelector('pre');
+        const found = [];
+        for (const at of [0, 0.5, 1]) {  // scrolled sideways to its start, middle and end
+          pre.scrollLeft = at * (pre.scrollWidth - pre.clientWidth);
+          const range = document.createRange();
+          range.selectNodeContents(pre.querySelector('code'));
+          for (const r of range.getClientRects()) {
+            const visible = r.right > pre.getBoundingClientRect().left && r.left < pre.getBoundingClientRect().right;
+            if (visible && r.width && r.left < button.right && r.right > button.left && r.top < button.bottom && r.bottom > button.top)
+              found.push(`block ${i} scrolled to ${at}: text at ${Math.round(r.left)},${Math.round(r.top)} under the button`);
+          }
+        }
+        return found;
+      })""")
+    assert not overlaps, overlaps
+    assert page.locator("#chatbot .copy_code_button").first.is_visible()
+
+
 def test_the_scroll_down_button_does_not_cover_the_chat(page, app, tmp_path):
     """Gradio's ↓ (shown once the chat is scrolled up) floated over the last lines of text."""
     words = " ".join(f"word{j}" for j in range(150))
