@@ -781,11 +781,11 @@ class ChatPage:
             conv = self.store.import_conversation(Path(path).read_bytes())
         except BadImportFile as exc:
             warn(f"Not imported: {exc}")
-            return (*self.fields(tab), gr.skip())
+            return (*self.fields(tab), gr.skip(), "")
         tab.conv_id, tab.focus, tab.search, tab.picked = conv.id, None, "", True
         self.replies.notify()
-        inform(f"Imported “{conv.title}” ({len(conv.messages)} {plural('message', len(conv.messages))} shown).")
-        return (*self.fields(tab), "")
+        shown = len(conv.messages)
+        return (*self.fields(tab), "", f"Imported “{markdown_literal(conv.title)}” ({shown} {plural('message', shown)} shown).")
 
     async def search(self, query: str, request: gr.Request):
         tab = self.tab(request)
@@ -845,12 +845,13 @@ class ChatPage:
             export_md = gr.Button("Export Markdown", elem_id="export-md-btn", size="sm")
             export_json = gr.Button("Export JSON", elem_id="export-json-btn", size="sm")
             import_btn = gr.UploadButton("Import chat (JSON)", elem_id="import-btn", size="sm")  # any file: see IMPORTABLE
+            import_note = gr.Markdown("", elem_id="import-note")  # what the last import brought in
             export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
             confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
             clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
         return SimpleNamespace(new_btn=new_btn, search=search, conv_list=conv_list, title_box=title_box,
                                rename_btn=rename_btn, delete_btn=delete_btn, export_md=export_md,
-                               export_json=export_json, import_btn=import_btn, export_file=export_file,
+                               export_json=export_json, import_btn=import_btn, import_note=import_note, export_file=export_file,
                                confirmed=confirmed, clicked_at=clicked_at)
 
     def _settings_panel(self) -> SimpleNamespace:
@@ -969,7 +970,8 @@ class ChatPage:
                            **quick).then(**follow)
         for button, handler in ((c.export_md, self.export_md), (c.export_json, self.export_json)):
             button.click(handler, outputs=c.export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
-        c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search], **quick).then(**follow)
+        c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search, c.import_note],
+                            **quick).then(**follow)
         for item in settings:  # saved when committed, not on every key: a box when left (PAGE_JS: or on Enter), a slider let go
             committed = item.release if isinstance(item, gr.Slider) else item.input if isinstance(item, gr.Checkbox) else item.blur
             committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)

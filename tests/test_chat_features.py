@@ -163,6 +163,25 @@ def sidebar(page) -> list[str]:
     return [t.strip() for t in page.locator(SIDEBAR).all_inner_texts()]
 
 
+def import_note(page) -> str:
+    return page.inner_text("#import-note").strip() if page.locator("#import-note").is_visible() else ""
+
+
+def covered(page, selector: str) -> list[str]:
+    """What lies over the first shown element of ``selector`` (its centre and corners, inset 2 px)."""
+    return page.evaluate("""(selector) => {
+      const el = [...document.querySelectorAll(selector)].find(e => e.getClientRects().length);
+      if (!el) return ['nothing matches ' + selector];
+      const r = el.getBoundingClientRect(), out = [];
+      for (const [x, y] of [[r.left + r.width / 2, r.top + r.height / 2], [r.left + 2, r.top + 2], [r.right - 2, r.top + 2],
+                            [r.left + 2, r.bottom - 2], [r.right - 2, r.bottom - 2]]) {
+        const top = document.elementFromPoint(x, y);
+        if (top && !el.contains(top)) out.push((top.closest('[class]') || top).className + ' at ' + Math.round(x) + ',' + Math.round(y));
+      }
+      return out;
+    }""", selector)
+
+
 def select_chat(page, title: str) -> None:
     label = page.locator(SIDEBAR, has_text=title).first
     assert wait_until(lambda: label.count() > 0, 30), \
@@ -297,7 +316,6 @@ def test_editing_an_earlier_question_answers_it_again_and_keeps_the_old_branch(p
         {"role": "user", "content": q2}, {"role": "assistant", "content": a2}]}))
     assert wait_until(lambda: users(page) == [q1, q2] and replies(page) == [a1, a2], 30), (users(page), replies(page))
     set_settings(page, temperature=0, max_tokens=12)
-    close_toasts(page)  # the import's own toast
 
     edited = "What is the capital of Italy?"
     edit(page, 0, edited)
@@ -373,7 +391,6 @@ def test_the_edit_box_is_as_wide_as_the_message_and_grows_with_its_text(page, ap
     import_file(page, write_json(tmp_path / "edit-box.json", {"title": "Edit box test", "messages": [
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there! " * 30}]}))
     assert wait_until(lambda: users(page) == ["hi"] and replies(page), 30), (users(page), replies(page))
-    close_toasts(page)  # the import's toast lies over the first message's buttons
     for index in (0, 1):
         row, buttons = row_buttons(page, index)
         bubble = row.locator(".message").first.bounding_box()["width"]
@@ -525,8 +542,13 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
     assert replies(page) == ["Try The Lighthouse Stevensons.", "The Lamplighter's Log."]
     assert wait_until(lambda: len(sidebar(page)) == before + 1, 10), sidebar(page)
     assert any("Recommend a book about lighthouses" in s for s in sidebar(page)), sidebar(page)
-    assert wait_until(lambda: "Imported" in toasts(page), 10), toasts(page)
-    assert below(page, "#status-line", ".toast-body"), "the toast covers the status line"
+    # what was imported is said under the Import button; nothing lies over the chat it shows (a
+    # toast did, over its first message and that message's buttons, for ten seconds)
+    assert wait_until(lambda: "Imported “Recommend a book about lighthouses" in import_note(page), 10), import_note(page)
+    assert "(4 messages shown)" in import_note(page) and not toasts(page), (import_note(page), toasts(page))
+    row_buttons(page, 0)  # hovered: its buttons show
+    assert not covered(page, USER) and not covered(page, "#chatbot .message-buttons-right"), \
+        (covered(page, USER), covered(page, "#chatbot .message-buttons-right"))
     open_settings(page)
     assert page.input_value("#system-prompt textarea") == "You are a terse librarian."
     shot(page, "06-imported")
@@ -546,7 +568,7 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
     before = len(sidebar(page))
     close_toasts(page)
     import_file(page, exported)
-    assert wait_until(lambda: "Imported" in toasts(page), 30), toasts(page)
+    assert wait_until(lambda: "(imported)” (4 messages shown)" in import_note(page), 30), import_note(page)
     assert wait_until(lambda: len(sidebar(page)) == before + 1, 10), sidebar(page)
     title = json.loads(exported.read_text(encoding="utf-8"))["title"]
     assert any(f"{title} (imported)" in s for s in sidebar(page)), f"the copy cannot be told from its source: {sidebar(page)}"
@@ -574,6 +596,8 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
         path.write_text(body, encoding="utf-8")
         import_file(page, path)
         assert wait_until(lambda: "Not imported" in toasts(page), 30), f"{name}: no toast; toasts: {toasts(page)}"
+        assert below(page, "#status-line", ".toast-body"), "the toast covers the status line"
+        assert not import_note(page), f"{name}: the line of the import before stays: {import_note(page)}"
         message = toasts(page)
         for word in words:
             assert word in message, f"{name}: the toast does not name what is wrong: {message}"

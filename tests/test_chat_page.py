@@ -437,8 +437,9 @@ def test_copy_gives_the_reply_markdown_only(tab, app):
 
 def test_html_in_messages_and_toasts_shows_as_typed(tab, app, tmp_path):
     """HTML-like text vanished: "<div>hello</div>" showed "hello", "a <b> c" a bold c, a reply's
-    "the <style> tag" ended at "the"; a toast quoting a chat's title drew its tags. All show as
-    typed, and Copy gives the text as typed."""
+    "the <style> tag" ended at "the"; a toast quoting a chat's title drew its tags (the import
+    now says what it brought in on a line of Markdown under its button). All show as typed, and
+    Copy gives the text as typed."""
     page = tab().page
     question = "<div>hello</div> and a <b> c"
     answer = 'Use the <style> tag, AT&amp;T:\n\n```html\n<div class="x">code</div>\n```'
@@ -458,9 +459,8 @@ def test_html_in_messages_and_toasts_shows_as_typed(tab, app, tmp_path):
     shown = seen(replies(page))[0]
     assert "Use the <style> tag, AT&amp;T:" in shown and '<div class="x">code</div>' in shown, shown
     assert page.locator("#chatbot pre code").first.inner_text().strip() == '<div class="x">code</div>'
-    assert wait_until(lambda: any("Imported “<b>Bold</b> Okapi”" in x for x in toasts(page)), 10), toasts(page)
-    for button in page.locator(".toast-close").all():  # the toast lies over the first message's buttons
-        button.click()
+    assert wait_until(lambda: "Imported “<b>Bold</b> Okapi”" in page.inner_text("#import-note"), 10), page.inner_text("#import-note")
+    assert page.locator("#import-note b, #import-note strong").count() == 0
     page.evaluate("navigator.clipboard.writeText('')")
     page.locator(USER).first.hover()
     page.locator("#chatbot .message-buttons-right button[aria-label='Copy message']").filter(visible=True).first.click()
