@@ -131,15 +131,16 @@ def reference_qk(qkv, heads, kv_heads, dim, q_w, k_w, eps, positions, rotary):
 
 
 @pytest.mark.parametrize("qk_norm", [True, False])
-@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (2, 2)])
-def test_qk_norm_rope_store_writes_q_and_the_kv_slots(qk_norm, heads, kv_heads) -> None:
-    gen = torch.Generator().manual_seed(heads * 10 + kv_heads + qk_norm)
-    dim, tokens, slots, eps = 32, 5, 16, 1e-6
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (2, 2), (6, 2)])
+@pytest.mark.parametrize("tokens", [5, 40, 70])  # 1, 4 and 16 heads per program (tk.qk_heads_per_program)
+def test_qk_norm_rope_store_writes_q_and_the_kv_slots(qk_norm, heads, kv_heads, tokens) -> None:
+    gen = torch.Generator().manual_seed(heads * 10 + kv_heads + qk_norm + tokens)
+    dim, slots, eps = 32, tokens + 11, 1e-6
     rotary = RotaryEmbedding(dim, 64, 10000.0, None, torch.float32).to(DEVICE)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(DTYPE).to(DEVICE)
     q_w = (1 + 0.1 * torch.randn(dim, generator=gen)).to(DTYPE).to(DEVICE) if qk_norm else None
     k_w = (1 + 0.1 * torch.randn(dim, generator=gen)).to(DTYPE).to(DEVICE) if qk_norm else None
-    positions = torch.tensor([0, 7, 3, 63, 12], device=DEVICE)
+    positions = torch.tensor([0, 7, 3, 63, 12] + [random.Random(tokens).randrange(64) for _ in range(tokens - 5)], device=DEVICE)
     out_loc = torch.tensor(random.Random(1).sample(range(slots), tokens), device=DEVICE)
     k_cache = torch.full((slots, kv_heads, dim), 9.0, dtype=DTYPE, device=DEVICE)
     v_cache = torch.full((slots, kv_heads, dim), 9.0, dtype=DTYPE, device=DEVICE)
@@ -203,6 +204,14 @@ def test_decode_attention_reads_each_requests_slots_from_the_page_table(heads, k
         weights = torch.softmax(torch.einsum("hd,thd->ht", q[i].float(), k) * scale, dim=-1)
         expected = torch.einsum("ht,thd->hd", weights, v).reshape(-1)
         close(out[i].cpu(), expected, scale=1.0)
+
+
+def test_qk_norm_rope_store_gives_larger_batches_several_heads_per_program() -> None:
+    assert tk.qk_heads_per_program(1, 32) == 1  # batch-1 decode: a program per head
+    assert tk.qk_heads_per_program(64, 32) == 4
+    assert tk.qk_heads_per_program(256, 32) == 16
+    assert tk.qk_heads_per_program(8192, 8) == 8  # never more rows than the heads (rounded up to a power of two)
+    assert tk.qk_heads_per_program(8192, 10) == 16
 
 
 def test_decode_attention_splits_fill_the_gpu_once() -> None:
