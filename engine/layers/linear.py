@@ -56,6 +56,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+# torch >= 2.8 multiplies 16-bit matrices into a float32 result directly (aten::mm.dtype)
+_MM_TO_FLOAT32 = "dtype" in torch.ops.aten.mm.overloads()
+
+
+def float32_logits(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T`` in float32, the sampler's dtype (into ``out`` when given). On a GPU in
+    16-bit the product writes float32 itself from its float32 accumulators: no 16-bit logits
+    to round, convert and copy (at batch 256 of a 152k vocabulary, the conversion and the copy
+    into the CUDA graph's buffer took 186 us of a 5.7 ms step on an H200)."""
+    if _MM_TO_FLOAT32 and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+        if out is None:
+            return torch.mm(x, weight.t(), out_dtype=torch.float32)
+        return torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
+    logits = linear(x, weight).float()
+    return logits if out is None else out.copy_(logits)
+
+
 def default_weight_loader(param: nn.Parameter, loaded, shard_id: str | int | None = None) -> None:
     """``loaded``: a tensor, or a LazySlice read only now (copy_ casts to the parameter's dtype)."""
     if param.shape != loaded.shape:

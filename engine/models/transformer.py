@@ -20,7 +20,7 @@ from ..layers.activation import silu_and_mul
 from ..layers.attention import SelfAttention
 from ..distributed import all_gather_last_dim, get_tp
 from ..layers.embedding import Embedding, split_by_vocab, vocab_block
-from ..layers.linear import Linear, MergedLinear, RowParallelLinear, default_weight_loader, linear
+from ..layers.linear import Linear, MergedLinear, RowParallelLinear, default_weight_loader, float32_logits
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RopeInputs, RotaryEmbedding
 
@@ -161,11 +161,17 @@ class CausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend, logits_out: torch.Tensor | None = None) -> torch.Tensor:
+        """``logits_out``: a float32 [rows, vocab] buffer to write the logits into (a CUDA
+        graph's output); the result is that buffer when it could be written directly."""
         hidden = self.model(batch, attn)
-        logits = linear(hidden[batch.logits_indices], self.lm_head_weight).float()
-        # each rank has its vocabulary block's logits: gather them (dropping the padding rows)
-        return all_gather_last_dim(logits)[:, : self.config.vocab_size]
+        if not batch.is_decode:  # a decode step samples every row: no rows to pick
+            hidden = hidden[batch.logits_indices]
+        if get_tp().size > 1:
+            # each rank has its vocabulary block's logits: gather them (dropping the padding rows)
+            logits = all_gather_last_dim(float32_logits(hidden, self.lm_head_weight))[:, : self.config.vocab_size]
+            return logits if logits_out is None else logits_out.copy_(logits)
+        return float32_logits(hidden, self.lm_head_weight, logits_out)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors into our parameters (casting dtype); every parameter must be
