@@ -16,6 +16,9 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels gemvab gemvab8b   # batch-1 decode, the one-row kernel off / on
 #   bash scripts/gpu_check.sh setup loadcache kernels decodeab offlineab   # small decode graphs' attention: FlashInfer / Triton
 #   bash scripts/gpu_check.sh setup loadcache kernels demo demobench   # the demo model beside transformers (both GGUF halves carried)
+#   bash scripts/gpu_check.sh setup loadcache kernels throughputprofile   # batch 64-256 replays, the offline workload's steps, the 8B's batch-1 step
+#   bash scripts/gpu_check.sh setup loadcache kernels kernelab oldnew   # this tree against the committed one (carry .old, made by:
+#     rm -rf .old && mkdir .old && git archive HEAD engine app | tar -x -C .old && mv .old/engine .old/minisgl_engine && mv .old/app .old/minisgl_app)
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -127,6 +130,9 @@ EOF
       OUT=$OUT python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log" || status=1 ;;
     quickprofile)
       OUT=$OUT python3 scripts/gpu_profile.py --quick 2>&1 | tee "$OUT/profile.log" || status=1 ;;
+    throughputprofile)  # issue 18's open goals: replays at batch 64-256, the offline workload's steps, the 8B's batch-1 step
+      OUT=$OUT timeout 400 python3 scripts/gpu_profile.py --throughput 2>&1 | tee "$OUT/throughput_profile.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     diag)  # the first call of each kernel in a fresh process
       python3 scripts/gpu_first_calls.py 2>&1 | tee "$OUT/diag.log" ;;
     kerneltests)  # the Triton kernels compiled, in bf16
@@ -224,6 +230,21 @@ print('demo model ready at', demo_model_dir())" || status=1
         MINISGL_DECODE_ATTENTION=$mode timeout 200 "${CLI[@]}" bench offline --device cuda --dummy-weights --config qwen3-0.6b 2>&1 \
           | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[MINISGL_DECODE_ATTENTION=$mode] /" | tee -a "$OUT/offline_ab.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
+    kernelab)  # kernel-level A/B: the committed tree's Triton kernels (.old) against this tree's, and the LM head's float32 paths
+      timeout 200 python3 scripts/gpu_kernel_ab.py 2>&1 | tee "$OUT/kernel_ab.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    oldnew)  # each headline bench on the committed tree (.old: `git archive HEAD engine app`, renamed as .pkgs names them), then on this one
+      IFS=';' read -ra runs <<<"${OLDNEW_RUNS:-qwen3-0.6b decode --input-len 128 2048 --output-len 128 --repeat 3;qwen3-8b decode --input-len 128 --output-len 128 --repeat 2;qwen3-0.6b offline}"
+      for run in "${runs[@]}"; do
+        read -r config kind rest <<<"$run"
+        for tree in old new; do
+          pp=$PWD/.pkgs; [ "$tree" = old ] && pp=$PWD/.old
+          # shellcheck disable=SC2086
+          PYTHONPATH=$pp:$W/site timeout 200 "${CLI[@]}" bench "$kind" --device cuda --dummy-weights --config "$config" $rest 2>&1 \
+            | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[$tree] /" | tee -a "$OUT/oldnew.log"
+          [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        done
       done ;;
     benchdecode)  # the headline batch-1 figures beside transformers (the decode half of stage bench)
       timeout 240 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-0.6b --compare-hf --input-len 128 2048 4096 --output-len 128 --repeat 2 2>&1 \

@@ -58,6 +58,27 @@ def kernel_table(prof, steps: int, limit: int = 30) -> None:
         print(f"  {t / steps:9.1f} us  {n / steps:6.1f}x  {key[:110]}")
 
 
+def kernel_sequence(graph, first: int) -> None:
+    """The kernels of one replay in launch order with their times and the idle gap before each:
+    what a layer's kernels cost one by one (the table above lumps a kernel's shapes together)."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    if not kernels:
+        return
+    busy = sum(e.time_range.elapsed_us() for e in kernels)
+    span = kernels[-1].time_range.end - kernels[0].time_range.start
+    print(f"  one replay: {len(kernels)} kernels, {busy:.1f} us busy in a {span:.1f} us span")
+    previous_end = kernels[0].time_range.start
+    for e in kernels[:first]:
+        print(f"  {e.time_range.elapsed_us():7.1f} us (gap {e.time_range.start - previous_end:5.1f})  {e.name[:100]}")
+        previous_end = e.time_range.end
+    print(f"  ... last kernel: {kernels[-1].time_range.elapsed_us():.1f} us {kernels[-1].name[:100]}")
+
+
 def decode_until(llm: LLM, bs: int, ctx: int, steps: int):
     """Start ``bs`` requests and run until ``steps`` decode steps of them are done; returns
     the suspended stream (close it to abort them)."""
@@ -71,7 +92,7 @@ def decode_until(llm: LLM, bs: int, ctx: int, steps: int):
     return stream
 
 
-def graph_replays(llm: LLM, sizes: list[int], ctx: int, label: str, profile_sizes=(1, 256)) -> None:
+def graph_replays(llm: LLM, sizes: list[int], ctx: int, label: str, profile_sizes=(1, 256), sequence: int = 0) -> None:
     print(f"\n== 1. [{label}] CUDA-graph replay of a decode step, context {ctx} tokens per request")
     runner = llm.engine.graph_runner
     for bs in sizes:
@@ -97,6 +118,8 @@ def graph_replays(llm: LLM, sizes: list[int], ctx: int, label: str, profile_size
                     graph.replay()
                 torch.cuda.synchronize()
             kernel_table(prof, 10)
+            if sequence:
+                kernel_sequence(graph, sequence)
         stream.close()
 
 
@@ -219,11 +242,11 @@ def offline_split(max_prefill_tokens: int) -> None:
     records = []
     forward = eng.forward_batch
 
-    def timed_forward(batch):
+    def timed_forward(batch, *args, **kwargs):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         start.record()
-        result = forward(batch)
+        result = forward(batch, *args, **kwargs)
         end.record()
         records.append((batch.phase, batch.size, batch.num_tokens, start, end, time.perf_counter() - t0))
         return result
@@ -261,15 +284,44 @@ def cleanup() -> None:
     torch.cuda.empty_cache()
 
 
+def throughput() -> None:
+    """The large batches of the offline workload and the 8B shape's batch-1 step."""
+    if not os.environ.get("SKIP_REPLAYS"):
+        llm = make_llm(max_kv_tokens=300_000)
+        graph_replays(llm, [64, 128, 256], ctx=512, label="0.6b", profile_sizes=(64, 256), sequence=16)
+        graph_replays(llm, [256], ctx=1024, label="0.6b", profile_sizes=())
+        llm = None
+        cleanup()
+    offline_split(8192)
+    import minisgl_engine.attention.flashinfer_backend as backend
+
+    rule = backend.decode_uses_tensor_cores
+    backend.decode_uses_tensor_cores = lambda heads, kv_heads: True
+    llm = make_llm(max_kv_tokens=300_000)
+    graph_replays(llm, [64, 256], ctx=512, label="0.6b tensor-core decode", profile_sizes=(256,))
+    llm = None
+    cleanup()
+    backend.decode_uses_tensor_cores = rule
+    llm = make_llm(config="qwen3-8b", max_kv_tokens=20_000, max_running_requests=16, cuda_graph_max_bs=16)
+    graph_replays(llm, [1], ctx=128, label="8b", profile_sizes=(1,), sequence=24)
+    llm = None
+    cleanup()
+
+
 def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the default configuration only: graph replays and host stages")
+    parser.add_argument("--throughput", action="store_true",
+                        help="what issue 18's open goals need: large-batch replays, the offline split, the 8B's batch-1 step")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     import minisgl_engine.attention.flashinfer_backend as backend
 
+    if args.throughput:
+        throughput()
+        return
     llm = make_llm(max_kv_tokens=150_000)
     print("fused kernels:", json.dumps(llm.engine.fused_kernels))
     print("decode on tensor cores:", llm.engine.attn_backend.decode_tensor_cores)
