@@ -426,8 +426,9 @@ class ChatPage:
         except NotFoundError:
             pass
         convs = self.store.list()
+        # no toast: the page asked first (CONFIRM_DELETE_CHAT_JS) and the chat leaves the sidebar;
+        # a toast opened over the top of the chat shown next, on its first message's buttons
         self.show(tab, convs[0].id if convs else None, clicked_at)
-        inform("Chat deleted.")
         return self.fields(tab)
 
     def export(self, kind: str, request: gr.Request):
@@ -1029,11 +1030,6 @@ def warn(message: str) -> None:
     """A warning toast (``gr.Warning``) that shows ``message`` as text: Gradio draws a toast's
     message as HTML, and messages quote what the user gave (a chat's title, a file name)."""
     gr.Warning(html.escape(message, quote=False))
-
-
-def inform(message: str) -> None:
-    """An information toast (``gr.Info``), its message shown as text (see ``warn``)."""
-    gr.Info(html.escape(message, quote=False))
 
 
 def stop_strings(text: str | None) -> tuple[str, ...]:

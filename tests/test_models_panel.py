@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from fake_hub import FakeHub
-from chat_page_utils import BROWSER_MARKS, LINE, REPLY, browser, engine_idle, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
+from chat_page_utils import BROWSER_MARKS, LINE, REPLY, browser, engine_idle, open_new_chat, put_setting, send, wait_page_loaded  # noqa: F401 (browser: fixture)
 from server_utils import ServerProcess, served_model, wait_until
 from tiny_models import make_tiny_chat_model, make_unsupported_model
 
@@ -237,11 +237,8 @@ def set_max_tokens(page, n: int) -> None:
     if not page.locator("#max-tokens input").is_visible():
         page.get_by_text("Settings", exact=True).first.click()
     for selector, value in (("#max-tokens input", str(n)), ("#temperature input[type=number]", "0")):
-        box = page.locator(selector)  # typed as a person types, then left: a box is saved when left
-        box.click()
-        box.press("Control+a")
-        box.press_sequentially(value, delay=20)
-        box.press("Tab")
+        # put in again if the accordion, just opened, set the saved value over it; then left (saved)
+        put_setting(page, selector, value)
     assert wait_until(lambda: page.input_value("#max-tokens input") == str(n)
                       and float(page.input_value("#temperature input[type=number]")) == 0, 5)
     time.sleep(0.5)

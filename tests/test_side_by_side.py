@@ -11,6 +11,7 @@ import pytest
 
 from minisgl_app.reply_source import ModelEntry, ModelError, SideBySide
 from minisgl_app.store import ConversationStore
+from minisgl_app.view import markdown_literal
 from minisgl_engine.messages import UserReply
 
 # system prompt, temperature, top-p, max tokens, thinking, top-k, seed, stop, repetition penalty
@@ -138,7 +139,8 @@ async def test_a_switch_stops_only_the_replies_of_the_backend_it_switches(store)
     marked = [label for label, _ in said[-1][1]["choices"] if label.startswith("● ")]
     assert marked == ["● small", "● remote: huge"], said[-1][1]["choices"]
     said = [m async for m in page.switch_model("remote: huge", tab)]
-    assert len(said) == 1 and said[0][0] == "**remote: huge** is the model serving now.", said
+    # the name inside the sentence's Markdown shows as typed (view.markdown_literal escapes its colon)
+    assert len(said) == 1 and said[0][0] == f"**{markdown_literal('remote: huge')}** is the model serving now.", said
     await idle(page, on_remote)
     assert store.get(on_remote).messages[-1].stats.stopped_by == "switch to remote: huge"
     said = [m async for m in page.switch_model("remote: nothing", tab)]
