@@ -61,6 +61,7 @@ QUEUE_POLL_S = 0.02
 # So do a settings box's save and the clicks that show another chat (ChatPage.settings_changed).
 STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is an event's last input
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
+DOUBLE_SEND_MS = 1000  # the same text sent again within this is a double click or Enter, not a second message
 ATTACH_LIMIT_BYTES = 1_000_000
 # Import and Attach take any file and say what is wrong with one they refuse: with Gradio's
 # file_types a file of another type was refused by Gradio first, in a red "Error" toast.
@@ -198,6 +199,9 @@ class Tab:
     # browser time (ms): a settings box left by that click belongs to the chat shown before
     shown_before: int | None = None
     shown_since: float = 0.0
+    # the last message sent: (chat, text, browser time in ms of its click or Enter), to drop the
+    # second send of a double click or a double Enter (the box empties only when the first is done)
+    last_send: tuple[int, str, float] | None = None
 
 
 class ChatPage:
@@ -414,7 +418,8 @@ class ChatPage:
         else:
             self.store.rename(tab.conv_id, title[:200])
         tab.sidebar = self.render_sidebar(tab)
-        return self.as_update(2, tab.sidebar)
+        conv = self.shown(tab)  # the box shows the title the chat has (a refused one is put back)
+        return self.as_update(2, tab.sidebar), conv.title if conv is not None else ""
 
     async def delete(self, confirmed: bool, clicked_at: float | None, request: gr.Request):
         tab = self.tab(request)
@@ -570,6 +575,10 @@ class ChatPage:
         text = (text or "").strip()
         if not text and not tab.attachments:
             return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
+        sent_at = clicked_at if clicked_at is not None else time.time() * 1000
+        last = tab.last_send
+        if last is not None and last[:2] == (tab.conv_id, text) and 0 <= sent_at - last[2] < DOUBLE_SEND_MS:
+            return "", ""  # the same message again at once: a double click or Enter, sent once
         form = form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty,
                              in_force=self.settings_in_force(tab))
         if not self.save_settings(tab, *form):
@@ -577,11 +586,12 @@ class ChatPage:
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
             warn("The model is still loading; send your message once the status line says Ready.")
             return gr.skip(), gr.skip()
-        text = with_attachments(text, tab.attachments)
+        raw_text, text = text, with_attachments(text, tab.attachments)
         tab.attachments = []
         if tab.conv_id is None:
             tab.conv_id, tab.picked = self.store.create(title=title_from(text), settings=tab.draft).id, True
         self.store.append(tab.conv_id, "user", text)
+        tab.last_send = (tab.conv_id, raw_text, sent_at)
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
         return "", ""
@@ -965,8 +975,8 @@ class ChatPage:
         # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
         # Backspace, cut or paste); the box is never an output, so only the user changes it
         c.search.change(self.search, inputs=c.search, outputs=c.conv_list, **quick)
-        c.rename_btn.click(self.rename, inputs=c.title_box, outputs=c.conv_list, **quick)
-        c.title_box.submit(self.rename, inputs=c.title_box, outputs=c.conv_list, **quick)
+        c.rename_btn.click(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **quick)
+        c.title_box.submit(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **quick)
         c.delete_btn.click(self.delete, inputs=[c.confirmed, c.clicked_at], outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
                            **quick).then(**follow)
         for button, handler in ((c.export_md, self.export_md), (c.export_json, self.export_json)):

@@ -585,7 +585,42 @@ def test_an_emptied_settings_box_shows_the_saved_value_again_once_left(tab, app)
     assert page.input_value("#temperature input[type=number]") != "0" and not [x for x in toasts(page) if "not saved" in x]
 
 
+def test_a_double_click_on_send_or_a_double_enter_sends_once(tab):
+    """The box empties only when the first send is done: a second click or Enter in between
+    carried the same text again, and the message was shown (and answered) twice."""
+    page = tab().page
+    new_chat(page, max_tokens=4)
+    page.fill("#msg-input textarea", "Numbat note one.")
+    page.dblclick("#send-btn")
+    wait_finished(page, 1)
+    page.fill("#msg-input textarea", "Numbat note two.")
+    page.press("#msg-input textarea", "Enter")
+    page.press("#msg-input textarea", "Enter")
+    wait_finished(page, 2)
+    time.sleep(1.0)  # a second copy, had it been sent, shows by now
+    assert [u for u in users(page) if "Numbat" in u] == ["Numbat note one.", "Numbat note two."], chat_text(page)[-600:]
+
+
 # ---- 9. delete asks first; the log keeps no chat text
+
+def test_rename_then_an_empty_title_is_refused_and_the_title_put_back(tab):
+    page = tab().page
+    new_chat(page, max_tokens=4)
+    send(page, "Quokka note: say hi.")
+    wait_finished(page, 1)
+    open_accordion(page, "Manage", "#title-input")
+    time.sleep(0.3)  # past the accordion's late setting of its boxes' values (chat_page_utils.put_setting)
+    box = page.locator("#title-input :is(input, textarea)")
+    box.fill("Quokka chat")
+    box.press("Enter")
+    assert wait_until(lambda: label_of(page, "Quokka chat"), 5), sidebar(page)
+    box.fill("")
+    box.press("Enter")
+    assert wait_until(lambda: any("cannot be empty" in t for t in toasts(page)), 5), toasts(page)
+    # the box shows the chat's title again, not the refused empty one
+    assert wait_until(lambda: box.input_value() == "Quokka chat", 5), box.input_value()
+    assert label_of(page, "Quokka chat"), sidebar(page)
+
 
 def test_delete_asks_for_confirmation(tab, app):
     page = tab().page
