@@ -66,7 +66,8 @@ ATTACH_LIMIT_BYTES = 1_000_000
 # Import and Attach take any file and say what is wrong with one they refuse: with Gradio's
 # file_types a file of another type was refused by Gradio first, in a red "Error" toast.
 IMPORTABLE = "a chat exported here as JSON (Export JSON) or an OpenAI-style JSON file ({\"messages\": [...]})"
-# Escape stops the reply, as in other chat apps; Enter on an empty box does nothing. In a
+# Escape stops the reply, as in other chat apps (in the search box it clears the search instead);
+# Enter on an empty box does nothing. In a
 # message's edit box (✎) Enter saves and Shift+Enter starts a new line, as in the message box, and
 # Escape cancels the edit. Enter in a settings number box saves it (it is left, as a click
 # elsewhere does). Toasts open under the status line (page_css.py): its bottom edge is kept in
@@ -79,6 +80,11 @@ PAGE_JS = """
       const save = e.key === 'Enter' && !e.shiftKey && !e.isComposing && button('Submit');
       const cancel = e.key === 'Escape' && button('Cancel');
       if (save || cancel) { e.preventDefault(); e.stopPropagation(); (save || cancel).click(); }
+      return;
+    }
+    // Escape in the search box clears the search (the reply goes on); anywhere else it stops the reply
+    if (e.key === 'Escape' && e.target instanceof Element && e.target.matches('#search textarea, #search input')) {
+      if (e.target.value) { e.preventDefault(); e.target.value = ''; e.target.dispatchEvent(new Event('input', {bubbles: true})); }
       return;
     }
     if (e.key === 'Escape') { const b = document.querySelector('#stop-btn'); if (b) b.click(); }

@@ -677,6 +677,13 @@ def test_escape_stops_the_reply_and_stop_looks_active_only_meanwhile(tab, app):
     assert running(app) == 1 and stop_looks_active(page)
     retry = page.locator("#chatbot button[aria-label='Retry']")
     assert not any(b.is_visible() for b in retry.all()), "↻ is offered under a reply that is still streaming"
+    search = page.locator("#search :is(input, textarea)")
+    search.fill("Marmot")
+    search.press("Escape")  # clears the search, and the reply goes on
+    assert wait_until(lambda: search.input_value() == "", 5), search.input_value()
+    time.sleep(0.5)
+    assert running(app) == 1, "Escape in the search box stopped the reply"
+    page.locator("#msg-input textarea").focus()
     page.keyboard.press("Escape")
     assert wait_until(lambda: engine_idle(app), 5), f"Escape did not stop the reply: {app.metrics()}"
     assert wait_until(lambda: not stop_looks_active(page), 5)
