@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import cProfile
 import collections
+import contextlib
 import gc
 import gzip
 import io
@@ -284,28 +285,36 @@ def cleanup() -> None:
     torch.cuda.empty_cache()
 
 
-def throughput() -> None:
-    """The large batches of the offline workload and the 8B shape's batch-1 step."""
-    if not os.environ.get("SKIP_REPLAYS"):
-        llm = make_llm(max_kv_tokens=300_000)
-        graph_replays(llm, [64, 128, 256], ctx=512, label="0.6b", profile_sizes=(64, 256), sequence=16)
-        graph_replays(llm, [256], ctx=1024, label="0.6b", profile_sizes=())
-        llm = None
-        cleanup()
-    offline_split(8192)
+def replays(sizes: list[int], ctx: int, label: str, profile_sizes=(), sequence: int = 0, **overrides) -> None:
+    """:func:`graph_replays` on an engine of its own (``overrides``: EngineConfig fields), freed after."""
+    llm = make_llm(**overrides)
+    graph_replays(llm, sizes, ctx=ctx, label=label, profile_sizes=profile_sizes, sequence=sequence)
+    llm = None
+    cleanup()
+
+
+@contextlib.contextmanager
+def tensor_core_decode():
+    """Engines made inside decode on FlashInfer's tensor-core kernel whatever the head counts."""
     import minisgl_engine.attention.flashinfer_backend as backend
 
     rule = backend.decode_uses_tensor_cores
     backend.decode_uses_tensor_cores = lambda heads, kv_heads: True
-    llm = make_llm(max_kv_tokens=300_000)
-    graph_replays(llm, [64, 256], ctx=512, label="0.6b tensor-core decode", profile_sizes=(256,))
-    llm = None
-    cleanup()
-    backend.decode_uses_tensor_cores = rule
-    llm = make_llm(config="qwen3-8b", max_kv_tokens=20_000, max_running_requests=16, cuda_graph_max_bs=16)
-    graph_replays(llm, [1], ctx=128, label="8b", profile_sizes=(1,), sequence=24)
-    llm = None
-    cleanup()
+    try:
+        yield
+    finally:
+        backend.decode_uses_tensor_cores = rule
+
+
+def throughput() -> None:
+    """The large batches of the offline workload and the 8B shape's batch-1 step."""
+    replays([64, 128, 256], 512, "0.6b", profile_sizes=(64, 256), sequence=16, max_kv_tokens=300_000)
+    replays([256], 1024, "0.6b", max_kv_tokens=300_000)
+    offline_split(8192)
+    with tensor_core_decode():
+        replays([64, 256], 512, "0.6b tensor-core decode", profile_sizes=(256,), max_kv_tokens=300_000)
+    replays([1], 128, "8b", profile_sizes=(1,), sequence=24, config="qwen3-8b", max_kv_tokens=20_000,
+            max_running_requests=16, cuda_graph_max_bs=16)
 
 
 def main() -> None:
@@ -317,8 +326,6 @@ def main() -> None:
                         help="what issue 18's open goals need: large-batch replays, the offline split, the 8B's batch-1 step")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    import minisgl_engine.attention.flashinfer_backend as backend
-
     if args.throughput:
         throughput()
         return
@@ -331,17 +338,9 @@ def main() -> None:
     llm = None
     cleanup()
     if not args.quick:
-        llm = make_llm(max_kv_tokens=150_000, fused_kernels=False)
-        graph_replays(llm, [1, 8, 64, 256], ctx=512, label="no fused kernels", profile_sizes=())
-        llm = None
-        cleanup()
-        rule = backend.decode_uses_tensor_cores
-        backend.decode_uses_tensor_cores = lambda heads, kv_heads: True
-        llm = make_llm(max_kv_tokens=150_000)
-        graph_replays(llm, [1, 8, 64, 256], ctx=512, label="tensor-core decode", profile_sizes=(256,))
-        llm = None
-        cleanup()
-        backend.decode_uses_tensor_cores = rule
+        replays([1, 8, 64, 256], 512, "no fused kernels", max_kv_tokens=150_000, fused_kernels=False)
+        with tensor_core_decode():
+            replays([1, 8, 64, 256], 512, "tensor-core decode", profile_sizes=(256,), max_kv_tokens=150_000)
     host_stages(overlap=True)
     cleanup()
     if not args.quick:
