@@ -215,6 +215,7 @@ class Conversation:
     updated_at: float
     settings: ChatSettings
     messages: list[Message] = field(default_factory=list)
+    revision: int = 0  # its write count when read (ConversationStore.revision)
 
 
 # Stats may be given as a MessageStats or a dict with the same keys; they are read back as MessageStats.
@@ -334,8 +335,22 @@ def _v4_reply_model(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE messages ADD COLUMN model TEXT")
 
 
+def _v5_revision(conn: sqlite3.Connection) -> None:
+    """Each conversation counts its writes (``revision``), kept by triggers, so a page showing it
+    notices a change made elsewhere (another tab, another app process) by reading one number.
+    Every write counts: a streamed reply's updates too, which leave ``updated_at`` alone."""
+    conn.execute("ALTER TABLE conversations ADD COLUMN revision INTEGER NOT NULL DEFAULT 0")
+    bump = "UPDATE conversations SET revision = revision + 1 WHERE id = {row}.{column}"
+    conn.execute("CREATE TRIGGER conversations_revised AFTER UPDATE OF title, settings, leaf_id, updated_at "
+                 f"ON conversations BEGIN {bump.format(row='new', column='id')}; END")
+    for event, row in (("INSERT", "new"), ("UPDATE", "new"), ("DELETE", "old")):
+        conn.execute(f"CREATE TRIGGER messages_{event.lower()}_revise AFTER {event} ON messages "
+                     f"BEGIN {bump.format(row=row, column='conversation_id')}; END")
+
+
 # MIGRATIONS[v] takes a database from version v to v + 1. Append new steps; never edit old ones.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_indexes, _v3_trees_and_search, _v4_reply_model]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_indexes, _v3_trees_and_search, _v4_reply_model,
+                                                          _v5_revision]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -405,6 +420,12 @@ class ConversationStore:
         its place among its versions; NotFoundError if there is none."""
         with self._read() as conn:
             return _load(conn, _conversation_row(conn, conv_id))
+
+    def revision(self, conv_id: int) -> int:
+        """How many writes the conversation has had (any change to it raises it); NotFoundError
+        if there is none. One indexed read: a page asks it every second."""
+        with self._read() as conn:
+            return _conversation_row(conn, conv_id)["revision"]
 
     def rename(self, conv_id: int, title: str) -> None:
         title = _clean_title(title)
@@ -1183,7 +1204,7 @@ def _message(row: sqlite3.Row, siblings: list[int] | None = None) -> Message:
 
 def _conversation(row: sqlite3.Row, messages: list[Message]) -> Conversation:
     settings = ChatSettings.from_dict(json.loads(row["settings"]))
-    return Conversation(row["id"], row["title"], row["created_at"], row["updated_at"], settings, messages)
+    return Conversation(row["id"], row["title"], row["created_at"], row["updated_at"], settings, messages, row["revision"])
 
 
 def _when(ts: float) -> str:

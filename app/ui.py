@@ -61,6 +61,15 @@ QUEUE_POLL_S = 0.02
 # So do a settings box's save and the clicks that show another chat (ChatPage.settings_changed).
 STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is an event's last input
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
+# Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
+# since (ChatPage.shows_current); an idle tab redraws a chat changed elsewhere (ChatPage.tick).
+CHANGED_ELSEWHERE = "This chat changed in another tab — it has been reloaded. Look it over, then try again."
+SEND_CHANGED_ELSEWHERE = ("This chat changed in another tab — it has been reloaded. Your message is still in the box: "
+                          "send it again to add it to the chat as it is now.")
+DELETED_ELSEWHERE = "This chat was deleted in another tab."
+SEND_DELETED_ELSEWHERE = DELETED_ELSEWHERE + " Your message is still in the box: send it again to start a new chat with it."
+# whether a message's edit box (✎) is open: the tick leaves the chat alone then
+EDITING_JS = "() => [!!document.querySelector('#chatbot textarea.edit-textarea')]"
 DOUBLE_SEND_MS = 1000  # the same text sent again within this is a double click or Enter, not a second message
 ATTACH_LIMIT_BYTES = 1_000_000
 # Import and Attach take any file and say what is wrong with one they refuse: with Gradio's
@@ -183,6 +192,16 @@ def let_sliders_take_typed_values() -> None:
     gr.Slider.preprocess = _slider_value_as_typed
 
 
+@dataclass(frozen=True)
+class Seen:
+    """What a tab's last render showed: the chat, its messages (ids, in order) and its revision
+    (the store's write count) then."""
+
+    conv_id: int | None
+    path: tuple[int, ...] = ()
+    revision: int | None = None
+
+
 @dataclass
 class Tab:
     """What one browser tab shows: a conversation, or (None) a new chat not stored yet, with
@@ -208,6 +227,9 @@ class Tab:
     # the last message sent: (chat, text, browser time in ms of its click or Enter), to drop the
     # second send of a double click or a double Enter (the box empties only when the first is done)
     last_send: tuple[int, str, float] | None = None
+    seen: Seen | None = None  # what the tab's last render showed
+    lost: bool = False  # the chat it showed was found deleted (by another tab): not said yet
+    refreshes: int = 0  # the tick's count of redraws asked for (a change of it starts a follow)
 
 
 class ChatPage:
@@ -234,8 +256,42 @@ class ChatPage:
         try:
             return self.store.get(tab.conv_id)
         except NotFoundError:
-            tab.conv_id = None
+            tab.conv_id, tab.lost = None, True
             return None
+
+    def shows_current(self, tab: Tab, conv, appending: bool = False) -> bool:
+        """Whether ``conv`` (the tab's chat, just read) has the messages the tab's last render
+        showed, so that an action on them acts on what the user sees; ``appending`` (a new
+        message goes at the end): the shown ones, maybe followed by more. Else another tab changed
+        the chat: a toast says so and the page shows the chat as it is now."""
+        seen = tab.seen
+        if conv is None or seen is None or seen.conv_id != conv.id:
+            return True  # nothing shown of this chat yet (a click that showed it is being answered)
+        path = tuple(m.id for m in conv.messages)
+        if (path[:len(seen.path)] if appending else path) == seen.path:
+            return True
+        warn(SEND_CHANGED_ELSEWHERE if appending else CHANGED_ELSEWHERE)
+        self.replies.notify()
+        return False
+
+    def said_deleted(self, tab: Tab, message: str = DELETED_ELSEWHERE) -> bool:
+        """Say (once) that the chat the tab showed was deleted elsewhere; whether it was."""
+        if tab.lost:
+            tab.lost = False
+            warn(message)
+            return True
+        return False
+
+    def changed_since_seen(self, tab: Tab) -> bool:
+        """Whether the tab's chat was written to (or deleted) since its last render: one read of
+        its revision."""
+        seen = tab.seen
+        if tab.conv_id is None or seen is None or seen.conv_id != tab.conv_id:
+            return False
+        try:
+            return self.store.revision(tab.conv_id) != seen.revision
+        except NotFoundError:
+            return True
 
     def settings_in_force(self, tab: Tab) -> ChatSettings:
         """The settings of the tab's conversation, or of its new chat."""
@@ -314,12 +370,16 @@ class ChatPage:
                 if raced:
                     tab.recheck_at = tab.ended_at + RECHECK_AFTER_S
 
-    async def tick(self, request: gr.Request):
+    async def tick(self, editing: bool, request: gr.Request):
         """Every second: the status line, and the sidebar when another chat starts or ends replying.
 
         Once after a follow that took over from another one, the whole view: the browser runs
         the follows of a tab as separate submissions and does not keep their order (a message of
-        the older one can land after the newer one's render), so what it shows is set again."""
+        the older one can land after the newer one's render), so what it shows is set again.
+
+        When the chat shown was changed elsewhere (another tab's reply, edit or delete), a
+        follow redraws it (the last output's change starts one): never while this tab's own
+        follow runs, nor while a message's edit box is open (``editing``)."""
         tab = self.tab(request)
         self.replies.page_seen(request.session_hash if request is not None else None, tab.conv_id)
         following = tab.following is not None and not tab.following.is_set()
@@ -327,12 +387,17 @@ class ChatPage:
             tab.recheck_at = None
             now = self.render(tab)
             tab.status, tab.sidebar = now[1], now[2]
-            return tuple(self.as_update(i, value) for i, value in enumerate(now))
+            return (*(self.as_update(i, value) for i, value in enumerate(now)), gr.skip())
+        self.said_deleted(tab)
+        refresh = gr.skip()
+        if not following and not editing and self.changed_since_seen(tab):
+            tab.refreshes += 1
+            refresh = tab.refreshes
         status, side = self.status_of(tab), self.render_sidebar(tab)
         # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
         updates = (status if status != tab.status else gr.skip(), self.as_update(2, side) if side != tab.sidebar else gr.skip())
         tab.status, tab.sidebar = status, side
-        return (gr.skip(), *updates, *(gr.skip(),) * (VIEW_SIZE - 3))
+        return (gr.skip(), *updates, *(gr.skip(),) * (VIEW_SIZE - 3), refresh)
 
     async def unload(self, request: gr.Request) -> None:
         session = request.session_hash if request is not None else None
@@ -358,6 +423,7 @@ class ChatPage:
         and › lead to another version (view.version_steps)."""
         conv = self.shown(tab)
         chat = [v.shown for v in self.view_of(conv, tab)]
+        tab.seen = Seen(conv.id, tuple(m.id for m in conv.messages), conv.revision) if conv is not None else Seen(None)
         side = self.render_sidebar(tab)
         focus = focus_of(conv, tab.focus)
         label = versions_label(conv, focus) if focus is not None else ""
@@ -585,6 +651,9 @@ class ChatPage:
         last = tab.last_send
         if last is not None and last[:2] == (tab.conv_id, text) and 0 <= sent_at - last[2] < DOUBLE_SEND_MS:
             return "", ""  # the same message again at once: a double click or Enter, sent once
+        conv = self.shown(tab)
+        if self.said_deleted(tab, SEND_DELETED_ELSEWHERE) or not self.shows_current(tab, conv, appending=True):
+            return gr.skip(), gr.skip()  # the message stays in the box; the page shows the chat as it is now
         form = form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty,
                              in_force=self.settings_in_force(tab))
         if not self.save_settings(tab, *form):
@@ -607,7 +676,9 @@ class ChatPage:
         tab = self.tab(request)
         conv = self.shown(tab)
         users = [m for m in conv.messages if m.role == "user"] if conv is not None else []
-        if not users:
+        if self.said_deleted(tab) or not self.shows_current(tab, conv):
+            pass
+        elif not users:
             warn("Nothing to regenerate yet.")
         elif self.replies.is_busy(conv.id):
             warn(BUSY_HINT)
@@ -619,6 +690,8 @@ class ChatPage:
         """Continue: the stopped or cut reply goes on where it ended (same message)."""
         tab = self.tab(request)
         conv = self.shown(tab)
+        if self.said_deleted(tab) or not self.shows_current(tab, conv):
+            return
         if not can_continue(conv):
             warn("Only a reply that was stopped or cut at max tokens can be continued.")
         elif self.replies.is_busy(conv.id):
@@ -637,6 +710,8 @@ class ChatPage:
         new_text = edit_text(edit.value)
         if new_text == edit_text(edit.previous_value):
             pass  # unchanged (Gradio edits a reply and the line under it together: the line is no edit)
+        elif self.said_deleted(tab) or not self.shows_current(tab, conv):
+            pass  # the edit's index is into the chat as the tab showed it
         elif item is None or item.is_line or item.source is None:
             warn("Edit the message's own text, not the line above or under it.")
         elif self.replies.is_busy(conv.id):
@@ -662,7 +737,10 @@ class ChatPage:
     async def focus(self, evt: gr.SelectData, request: gr.Request):
         """A click on a message: the versions bar now acts on it."""
         tab = self.tab(request)
-        shown = self.view_of(self.shown(tab), tab)
+        conv = self.shown(tab)
+        if self.said_deleted(tab) or not self.shows_current(tab, conv):
+            return  # the click's index is into the chat as the tab showed it
+        shown = self.view_of(conv, tab)
         index = evt.index if isinstance(evt.index, int) else (evt.index[0] if evt.index else -1)
         if 0 <= index < len(shown) and shown[index].source is not None:
             tab.focus = shown[index].source.id
@@ -671,6 +749,8 @@ class ChatPage:
     def switch_version(self, step: int, request: gr.Request):
         tab = self.tab(request)
         conv = self.shown(tab)
+        if self.said_deleted(tab) or not self.shows_current(tab, conv):
+            return
         target = focus_of(conv, tab.focus)
         if target is None:
             return
@@ -691,8 +771,10 @@ class ChatPage:
     async def delete_message(self, confirmed: bool, request: gr.Request):
         tab = self.tab(request)
         conv = self.shown(tab)
+        if not confirmed or self.said_deleted(tab) or not self.shows_current(tab, conv):
+            return
         target = focus_of(conv, tab.focus)
-        if not confirmed or target is None:
+        if target is None:
             return
         if self.replies.is_busy(conv.id):
             warn(BUSY_HINT)
@@ -940,10 +1022,12 @@ class ChatPage:
             stop_btn = gr.Button("Stop", elem_id="stop-btn", variant="secondary", scale=1, min_width=80)
             continue_btn = gr.Button("Continue", elem_id="continue-btn", scale=1, min_width=90, visible=False)
         attached = gr.Markdown("", elem_id="attached")
+        editing = gr.Checkbox(visible="hidden", elem_id="editing")  # EDITING_JS fills it for the tick
+        refresh = gr.Number(0, visible="hidden", elem_id="refresh")  # the tick changes it to have the chat redrawn
         return SimpleNamespace(status=status, chatbot=chatbot, versions=versions, prev_btn=prev_btn,
                                versions_text=versions_text, next_btn=next_btn, delete_msg_btn=delete_msg_btn,
                                attach_btn=attach_btn, msg=msg, send_btn=send_btn, stop_btn=stop_btn,
-                               continue_btn=continue_btn, attached=attached)
+                               continue_btn=continue_btn, attached=attached, editing=editing, refresh=refresh)
 
     def _wire(self, demo: gr.Blocks, chats: SimpleNamespace, settings_panel: SimpleNamespace, models: SimpleNamespace,
               main: SimpleNamespace) -> None:
@@ -974,7 +1058,9 @@ class ChatPage:
         # tab instead: with Gradio's heartbeat that holds two of the browser's six connections
         # to the server per tab, and a fourth tab never loaded.
         # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
-        timer.tick(self.tick, outputs=view, show_progress="hidden", show_progress_on=[m.status], concurrency_limit=None)
+        timer.tick(self.tick, inputs=m.editing, outputs=[*view, m.refresh], js=EDITING_JS, show_progress="hidden",
+                   show_progress_on=[m.status], concurrency_limit=None)
+        m.refresh.change(**follow)  # the tick saw the chat changed elsewhere: redraw it
         # stamped (STAMP_JS): a settings box these clicks leave is saved to the chat shown before
         c.new_btn.click(self.new_chat, inputs=c.clicked_at, outputs=tab_fields, js=STAMP_JS, **quick).then(**follow)
         c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at], outputs=tab_fields, js=STAMP_JS, **quick).then(**follow)

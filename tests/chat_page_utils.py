@@ -132,3 +132,22 @@ def put_setting(page, selector: str, value: str, leave: str = "Tab") -> None:
         if box.input_value() == value:
             break
     box.press(leave)
+
+
+def miss_checks(page) -> None:
+    """From now on the page's once-a-second check (its tick) never reaches the server: the page
+    keeps what it last drew, as a tab does between two checks (or while it is busy elsewhere),
+    until the user acts in it. The first tick is answered with an event the server never runs,
+    and Gradio sends no other tick while one is pending. (Playwright's handler runs during the
+    test's page calls: wait with them, not with time.sleep.)"""
+    import json
+
+    tick = page.evaluate("() => window.gradio_config.dependencies.find(d => d.targets.some(t => t[1] === 'tick')).id")
+
+    def hold(route) -> None:
+        if (route.request.post_data_json or {}).get("fn_index") == tick:
+            route.fulfill(status=200, content_type="application/json", body=json.dumps({"event_id": "never-run"}))
+        else:
+            route.continue_()
+
+    page.route("**/gradio_api/queue/join*", hold)

@@ -603,17 +603,17 @@ async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(store
     [o async for o in first]
     await pending
     [o async for o in second]
-    chat, *rest = await page.tick(request)
+    chat, *rest = await page.tick(False, request)
     assert chat == SKIP, "the view is sent again only a while after the follow ended"
     monkeypatch.setattr(page.tab(request), "recheck_at", 0.0)
-    chat, *rest = await page.tick(request)
+    chat, *rest = await page.tick(False, request)
     assert "hello A" in str(chat), chat
-    assert (await page.tick(request))[0] == SKIP, "once"
+    assert (await page.tick(False, request))[0] == SKIP, "once"
     monkeypatch.setattr(ui, "RACE_S", 0.0)  # no follow ended just before this one: nothing to set again
     alone = page.follow(request)
     [o async for o in alone]
     monkeypatch.setattr(ui, "RECHECK_AFTER_S", 0.0)
-    assert (await page.tick(request))[0] == SKIP
+    assert (await page.tick(False, request))[0] == SKIP
 
 
 @pytest.mark.anyio

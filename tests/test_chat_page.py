@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from chat_page_utils import (BROWSER_MARKS, REPLY, USER, browser, engine_idle, open_new_chat, progress_seen,  # noqa: F401 (browser: fixture)
-                             put_setting, send, wait_page_loaded, watch_progress)
+from chat_page_utils import (BROWSER_MARKS, REPLY, USER, browser, engine_idle, miss_checks, open_new_chat,  # noqa: F401 (browser: fixture)
+                             progress_seen, put_setting, send, wait_page_loaded, watch_progress)
 from server_utils import CLI, wait_until
 
 pytestmark = BROWSER_MARKS
@@ -28,7 +28,7 @@ STATS = re.compile(r"(\d+) tokens")
 PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
-           "Axolotl", "Pangolin", "Marmot", "Tapir")
+           "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat")
 
 
 # ---- the app and the browser, shared by the module
@@ -653,6 +653,60 @@ def test_delete_asks_for_confirmation(tab, app):
     assert not toasts(page), toasts(page)
     log = log_text(app)
     assert "Pangolin" not in log and "say hi" not in log, log[-2000:]
+
+
+# ---- several tabs on one chat
+
+def two_tabs_on_one_chat(tab, marker: str):
+    """Tab A starts a chat with one finished reply; tab B opens it. Returns (a, b)."""
+    a, b = tab().page, tab().page
+    new_chat(a, max_tokens=8)
+    send(a, f"{marker} one: what is the capital of France?")
+    wait_finished(a, 1)
+    assert wait_until(lambda: label_of(b, marker), 10), sidebar(b)
+    select_chat(b, marker)
+    assert wait_until(lambda: len(finished(b)) == 1 and marker in users(b)[0], 10), chat_text(b)[-300:]
+    return a, b
+
+
+def test_a_tab_shows_what_another_tab_did_to_its_chat_without_a_click(tab, app):
+    a, b = two_tabs_on_one_chat(tab, "Dugong")
+    send(a, "Dugong two: and of Spain?")
+    wait_finished(a, 2)
+    assert wait_until(lambda: len(finished(b)) == 2 and users(b) == users(a), 15), \
+        f"the other tab still shows {users(b)}: {chat_text(b)[-300:]!r}"
+    assert replies(b) == replies(a)
+
+
+def test_regenerate_in_a_tab_behind_the_chat_is_refused_and_the_tab_shows_it_anew(tab, app):
+    a, b = two_tabs_on_one_chat(tab, "Capybara")
+    miss_checks(b)  # b shows the chat as it was, as between two checks
+    send(a, "Capybara two: and of Spain?")
+    wait_finished(a, 2)
+    assert len(users(b)) == 1, "the tab was redrawn: this test needs it behind the chat"
+    b.locator(REPLY).last.hover()
+    b.locator("#chatbot button[aria-label='Retry']").last.click()
+    assert wait_until(lambda: any("changed in another tab" in t for t in toasts(b)), 10), toasts(b)
+    # b shows the chat as it is now, and nothing was regenerated (no reply has a second version)
+    assert wait_until(lambda: users(b) == users(a) and len(finished(b)) == 2, 10), chat_text(b)[-300:]
+    time.sleep(1)
+    assert running(app) == 0 and "version" not in chat_text(a) + chat_text(b), chat_text(a)[-300:]
+    assert error_badges(b) == 0, toasts(b)
+
+
+def test_sending_in_a_tab_whose_chat_was_deleted_elsewhere_keeps_the_text_and_says_why(tab, app):
+    a, b = two_tabs_on_one_chat(tab, "Meerkat")
+    miss_checks(b)
+    a.on("dialog", lambda d: d.accept())
+    open_accordion(a, "Manage", "#delete-btn")
+    a.click("#delete-btn")
+    assert wait_until(lambda: not label_of(a, "Meerkat"), 10), sidebar(a)
+    send(b, "Meerkat two: and of Spain?")
+    assert wait_until(lambda: any("deleted in another tab" in t for t in toasts(b)), 10), toasts(b)
+    assert b.input_value("#msg-input textarea") == "Meerkat two: and of Spain?", "the typed message was lost"
+    assert wait_until(lambda: not users(b), 10), f"the deleted chat is still shown: {users(b)}"
+    assert not label_of(b, "Meerkat"), f"a chat was started anyway: {sidebar(b)}"
+    assert error_badges(b) == 0, toasts(b)
 
 
 # ---- 11. glitches

@@ -804,7 +804,7 @@ def test_the_previous_releases_v2_file_becomes_one_branch_trees(tmp_path):
         regenerated = s.add_message(3, 10, "assistant", "Bien, merci.")
         assert (regenerated.sibling_index, regenerated.sibling_count) == (1, 2)
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
         assert raw.execute("SELECT id, leaf_id FROM conversations ORDER BY id").fetchall() == [
@@ -844,8 +844,9 @@ def test_schema_3_has_trees_and_a_search_index(store):
             ("index", "messages_by_conversation"), ("index", "messages_by_parent"),
             ("index", "conversations_by_leaf")}
         triggers = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
-        assert triggers == {f"{t}_fts_{op}" for t in ("messages", "conversations")
-                            for op in ("insert", "delete", "update")}
+        search = {f"{t}_fts_{op}" for t in ("messages", "conversations") for op in ("insert", "delete", "update")}
+        revisions = {"conversations_revised", *(f"messages_{op}_revise" for op in ("insert", "update", "delete"))}  # version 5
+        assert triggers == search | revisions
         keys = {(r[2], r[3], r[6]) for r in raw.execute("PRAGMA foreign_key_list(messages)")}
         assert keys == {("conversations", "conversation_id", "CASCADE"), ("messages", "parent_id", "CASCADE")}
         assert [(r[2], r[3], r[6]) for r in raw.execute("PRAGMA foreign_key_list(conversations)")] == [
@@ -1003,7 +1004,7 @@ def test_a_version_3_file_gains_the_reply_model_and_keeps_its_chats(tmp_path):
         assert (last.content, last.model, last.stats.stopped_by) == ("done", "tiny-chat", "switch to SmolLM2-135M-Instruct")
         assert [c.title for c in s.search("hello")] == ["old"]
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
@@ -1020,3 +1021,67 @@ def test_the_reply_model_travels_through_export_and_import(store):
     doc.pop("tree")
     with pytest.raises(BadImportFile, match=r"messages\[1\]\.model: expected text or null"):
         store.import_conversation(json.dumps(doc))
+
+
+# ---- each conversation counts its writes (schema version 5)
+
+def test_every_write_to_a_chat_raises_its_revision_and_no_other_chats(store):
+    """A page compares a chat's revision with the one it showed: every change to the chat,
+    a streamed reply's update included (it leaves updated_at alone), must raise it, and a write
+    to another chat must not."""
+    a, b = store.create("a"), store.create("b")
+    seen = [store.revision(a.id)]
+
+    def changed() -> bool:
+        now = store.revision(a.id)
+        grew = now > seen[-1]
+        seen.append(now)
+        return grew
+
+    question = store.append(a.id, "user", "hi")
+    assert changed()
+    reply = store.append(a.id, "assistant", "", stats={"tokens": 0})
+    assert changed()
+    store.update_message(reply.id, "hello")
+    assert changed()
+    other = store.add_message(a.id, question.id, "assistant", "hey")
+    assert changed()
+    store.switch_version(a.id, other.id, -1)
+    assert changed()
+    store.rename(a.id, "renamed")
+    assert changed()
+    store.update_settings(a.id, replace(default_settings(), temperature=0.5))
+    assert changed()
+    store.delete_message(a.id, reply.id)
+    assert changed()
+    before_b = store.revision(b.id)
+    store.append(b.id, "user", "elsewhere")
+    assert not changed() and store.revision(b.id) > before_b
+    assert store.get(a.id).revision == store.revision(a.id)
+    store.delete(a.id)
+    with pytest.raises(NotFoundError):
+        store.revision(a.id)
+
+
+def test_a_version_4_file_gains_revisions_and_keeps_its_chats(tmp_path):
+    from minisgl_app.store import MIGRATIONS
+
+    path = tmp_path / DB_NAME
+    raw = sqlite3.connect(path)
+    for step in MIGRATIONS[:4]:
+        step(raw)
+    raw.execute("PRAGMA user_version = 4")
+    raw.execute("INSERT INTO conversations (id, title, created_at, updated_at, settings) VALUES (1, 'old', 1.0, 2.0, '{}')")
+    raw.execute("INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, stats) "
+                "VALUES (1, 1, NULL, 0, 'user', 'hi', 1.0, NULL)")
+    raw.execute("UPDATE conversations SET leaf_id = 1 WHERE id = 1")
+    raw.commit()
+    raw.close()
+    with ConversationStore(path) as s:
+        assert [m.content for m in s.get(1).messages] == ["hi"]
+        before = s.revision(1)
+        s.append(1, "assistant", "hello")
+        assert s.revision(1) > before
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
