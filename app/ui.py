@@ -161,6 +161,24 @@ PAGE_JS = """
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
 # a value typed before then is overwritten by the load's. Tests wait for it; people never notice.
 MARK_LOADED_JS = "() => { document.body.dataset.chatLoaded = '1'; }"
+# A reload opens the chat the tab showed: the chat shown is kept in the page's address (?chat=ID,
+# replaced in place, so Back is not filled with chats) and in the browser's storage (a new tab
+# opens the chat last shown); the page's load asks for the one the address names, else the stored
+# one (ChatPage.load_page: the newest when neither exists any more).
+SHOWN_CHAT_KEY = "minisgl-chat:shown"
+ASKED_CHATS_JS = f"""() => {{
+  const id = (text) => /^\\d+$/.test(text || '') ? Number(text) : null;
+  return [id(new URLSearchParams(location.search).get('chat')), id(localStorage.getItem('{SHOWN_CHAT_KEY}'))];
+}}"""
+REMEMBER_SHOWN_CHAT_JS = f"""(id) => {{
+  const url = new URL(location.href);
+  if (id !== null && id !== '' && Number.isInteger(Number(id))) {{
+    url.searchParams.set('chat', String(id)); localStorage.setItem('{SHOWN_CHAT_KEY}', String(id));
+  }}
+  else {{ url.searchParams.delete('chat'); localStorage.removeItem('{SHOWN_CHAT_KEY}'); }}
+  if (url.href !== location.href) history.replaceState(history.state, '', url);
+  return [];
+}}"""
 CLICK_DOWNLOAD_JS = "() => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); }"
 
 
@@ -454,13 +472,23 @@ class ChatPage:
 
     # ---- conversations
 
-    async def load_page(self, request: gr.Request):
+    async def load_page(self, request: gr.Request, in_address: float | None = None, remembered: float | None = None):
+        """The tab opens the chat its address names (a reload), else the one the browser last
+        showed (ASKED_CHATS_JS), else the newest."""
         tab = self.tab(request)
         if not tab.picked:  # a click that came first (New chat at once) is kept
-            convs = self.store.list()
-            tab.conv_id = convs[0].id if convs else None
+            asked = next((int(c) for c in (in_address, remembered) if c is not None and self.exists(int(c))), None)
+            convs = self.store.list() if asked is None else []
+            tab.conv_id = asked if asked is not None else convs[0].id if convs else None
         thinking = gr.update(visible=self.source.supports_thinking)
         return (*self.fields(tab), thinking)
+
+    def exists(self, conv_id: int) -> bool:
+        try:
+            self.store.revision(conv_id)
+        except NotFoundError:
+            return False
+        return True
 
     def show(self, tab: Tab, conv_id: int | None, clicked_at: float | None) -> None:
         """The tab shows ``conv_id`` from the click at ``clicked_at`` (browser ms) on."""
@@ -948,10 +976,12 @@ class ChatPage:
             export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
             confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
             clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
+            in_address = gr.Number(visible="hidden", elem_id="chat-in-address")  # ASKED_CHATS_JS fills them
+            remembered = gr.Number(visible="hidden", elem_id="chat-remembered")
         return SimpleNamespace(new_btn=new_btn, search=search, conv_list=conv_list, title_box=title_box,
                                rename_btn=rename_btn, delete_btn=delete_btn, export_md=export_md,
                                export_json=export_json, import_btn=import_btn, import_note=import_note, export_file=export_file,
-                               confirmed=confirmed, clicked_at=clicked_at)
+                               confirmed=confirmed, clicked_at=clicked_at, in_address=in_address, remembered=remembered)
 
     def _settings_panel(self) -> SimpleNamespace:
         """The chat's settings, in SETTING_FIELDS' order (``fields``)."""
@@ -1045,7 +1075,10 @@ class ChatPage:
         follow = dict(fn=self.follow, outputs=view, show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
         timer = gr.Timer(IDLE_CHECK_S)
 
-        loaded = demo.load(self.load_page, outputs=[*tab_fields, settings_panel.thinking], **quick)
+        loaded = demo.load(self.load_page, inputs=[c.in_address, c.remembered], outputs=[*tab_fields, settings_panel.thinking],
+                           js=ASKED_CHATS_JS, **quick)
+        # the chat shown, whoever chose it (a click, the load, a delete, a first message), goes to the address
+        c.conv_list.change(None, inputs=c.conv_list, js=REMEMBER_SHOWN_CHAT_JS, **quick)
         loaded.then(**follow)
         loaded.then(None, js=MARK_LOADED_JS)
         self._wire_models(models, settings_panel.thinking, quick)

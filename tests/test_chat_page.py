@@ -28,7 +28,7 @@ STATS = re.compile(r"(\d+) tokens")
 PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
-           "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat")
+           "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll")
 
 
 # ---- the app and the browser, shared by the module
@@ -653,6 +653,41 @@ def test_delete_asks_for_confirmation(tab, app):
     assert not toasts(page), toasts(page)
     log = log_text(app)
     assert "Pangolin" not in log and "say hi" not in log, log[-2000:]
+
+
+def shown_chat_in_address(page) -> str | None:
+    from urllib.parse import parse_qs, urlparse
+
+    return (parse_qs(urlparse(page.url).query).get("chat") or [None])[0]
+
+
+def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
+    page = tab().page
+    for marker in ("Wapiti", "Quoll"):
+        new_chat(page, max_tokens=4)
+        send(page, f"{marker}: say hi.")
+        wait_finished(page, 1)
+    select_chat(page, "Wapiti")  # an older chat than the newest (Quoll)
+    assert wait_until(lambda: shows_only(page, "Wapiti", ("Quoll",)), 10), chat_text(page)[:200]
+    assert wait_until(lambda: shown_chat_in_address(page) is not None, 5), f"the address does not name the chat: {page.url}"
+    wapiti = shown_chat_in_address(page)
+    page.reload()
+    wait_page_loaded(page)
+    assert wait_until(lambda: shows_only(page, "Wapiti", ("Quoll",)), 10), f"the reload showed another chat: {users(page)}"
+    assert label_of(page, "Wapiti") in [t.strip() for t in page.locator("#conv-list label.selected").all_inner_texts()]
+    # a new tab of the same browser opens the chat shown last
+    other = page.context.new_page()
+    other.goto(f"{app.url}/")
+    wait_page_loaded(other)
+    assert wait_until(lambda: shows_only(other, "Wapiti", ("Quoll",)), 10), f"a new tab showed another chat: {users(other)}"
+    # New chat leaves the address; a chat that no longer exists opens the newest
+    open_new_chat(page)
+    assert wait_until(lambda: shown_chat_in_address(page) is None, 5), page.url
+    page.goto(f"{app.url}/?chat={int(wapiti) + 100000}")
+    wait_page_loaded(page)
+    newest = page.locator("#conv-list label").first.inner_text()
+    assert wait_until(lambda: users(page) and newest.split(" · ")[0].lstrip("● ") in users(page)[0], 10), (newest, users(page))
+    assert error_badges(page) == 0, toasts(page)
 
 
 # ---- several tabs on one chat
