@@ -5,11 +5,12 @@ Whether the skinny matrix product (alone, or with SwiGLU fused in) beats cuBLAS 
 GPU and the layer's shape, so it is measured here once at start-up: for each distinct weight
 shape and each row count up to 16, both are timed inside a CUDA graph (the way decode steps
 run), and a layer uses the Triton kernel up to the largest row count at which it had not yet
-lost. At one row (batch-1 decode, the chat case) the one-row kernel (``gemv``) is timed too and
-runs where it is fastest; where it runs for both products of a decoder layer, the layer's two
-residual adds + RMSNorms move inside them (``add_norm_gemv``), so for those two products it
-also wins when slower than cuBLAS by less than the norm kernel it saves. On Hopper these kernels start
-while the kernel before them finishes (programmatic dependent launch).
+lost. At one row (batch-1 decode, the chat case) the one-row kernel (``gemv``) is timed too, in
+each of its plans (``gemv_plans``), and runs where it is fastest. For the two products that
+follow a norm (qkv, gate_up) each plan is also timed with the residual add + RMSNorm inside
+(``add_norm_gemv``) against the norm's own kernel plus the fastest product without it; where
+the norm inside wins for both, the layer's two norms move into them. On Hopper these kernels
+start while the kernel before them finishes (programmatic dependent launch).
 """
 
 from __future__ import annotations
@@ -101,29 +102,43 @@ def residual_norm_us(norm) -> float:
     return gpu_time_us(lambda: norm(x, residual))
 
 
-GEMV_BLOCKS = (4, 8)  # weight rows per program of the one-row kernel, each measured
+def gemv_plans() -> tuple:
+    """The one-row kernel's plans measured for each product: a program per 4 or 8 weight rows,
+    or 4 programs per SM walking the rows 1 or 2 at a time (triton_kernels.GemvPlan)."""
+    from .triton_kernels import GemvPlan
+
+    return (GemvPlan(4), GemvPlan(8), GemvPlan(1, 4), GemvPlan(2, 4))
 
 
-def choose_gemv(linear, silu_mul: bool, pdl: bool, best_us: float) -> tuple[int, list]:
-    """The block of :func:`gemv` that beats ``best_us`` (the fastest other kernel at one row) by
-    the most, 0 if none does, and the timings ``(block, µs)``."""
-    from .triton_kernels import gemv, gemv_block_k
+def choose_gemv(linear, silu_mul: bool, pdl: bool, best_us: float, norm=None) -> tuple[tuple[int, int], list]:
+    """The plan of :func:`gemv` that beats ``best_us`` (the fastest other way) by the most,
+    ``(0, 0)`` if none does, and the timings ``(plan, µs)``. With ``norm`` (the RMSNorm in front
+    of the product) each plan is timed as it then runs: ``add_norm_gemv``, the norm inside."""
+    from .triton_kernels import GemvPlan, add_norm_gemv, gemv, gemv_block_k
 
     weight, bias = linear.weight, linear.bias
     x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    timings, best_block = [], 0
-    for block in GEMV_BLOCKS:
-        if gemv_block_k(weight.shape[1], block) is None:
+    residual = torch.randn_like(x)
+    timings, best_plan = [], GemvPlan()
+    for plan in gemv_plans():
+        if not plan.per_sm and gemv_block_k(weight.shape[1], plan.block_n) is None:
             continue
+        if norm is None:
+            def run(plan=plan):
+                return gemv(x, weight, bias, silu_mul=silu_mul, block_n=plan.block_n, per_sm=plan.per_sm, pdl=pdl)
+        else:
+            def run(plan=plan):
+                return add_norm_gemv(x, residual, norm.weight, norm.eps, weight, bias, silu_mul=silu_mul,
+                                     block_n=plan.block_n, per_sm=plan.per_sm, pdl=pdl)
         try:
-            us = gpu_time_us(lambda: gemv(x, weight, bias, silu_mul=silu_mul, block_n=block, pdl=pdl))
+            us = gpu_time_us(run)
         except Exception as exc:  # a Triton that cannot build it here: serve without it
-            logger.warning("the one-row kernel (block %d, pdl %s) did not run: %s", block, pdl, exc)
-            break
-        timings.append((block, round(us, 2)))
+            logger.warning("the one-row kernel (plan %s, pdl %s) did not run: %s", tuple(plan), pdl, exc)
+            continue
+        timings.append((tuple(plan), round(us, 2)))
         if us < best_us:
-            best_us, best_block = us, block
-    return best_block, timings
+            best_us, best_plan = us, plan
+    return best_plan, timings
 
 
 def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | None = None) -> dict[str, object]:
@@ -151,25 +166,26 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
         report["residual_norm_us"] = round(norm_us, 2)
         logger.info("the residual add + RMSNorm at one row: %.2f us (what a product with the norm inside saves)", norm_us)
 
-    def decide(label: str, linear, silu_mul: bool = False) -> tuple[int, int, int]:
-        """(rows up to which the skinny kernel runs, the one-row kernel's block or 0, the same
-        where the layer's norm moves into the product: then it may be slower than the other
-        kernels by up to the norm kernel's time and still win)."""
+    def decide(label: str, linear, silu_mul: bool = False, norm=None) -> tuple[int, tuple[int, int], tuple[int, int]]:
+        """(rows up to which the skinny kernel runs, the one-row kernel's plan or (0, 0), the
+        same where the layer's norm moves into the product: timed with the norm inside against
+        the norm's kernel plus the fastest product without it)."""
         key = (label, tuple(linear.weight.shape), linear.bias is not None)
         if key not in chosen:
             rows, timings = choose(linear, silu_mul)
-            block, gemv_timings, best = 0, [], float("inf")
+            plan, gemv_timings, with_norm, norm_timings = (0, 0), [], (0, 0), []
             if mode != "off":
                 best = min(timings[0][1:]) if timings else gpu_time_us(cublas(linear, silu_mul, 1))
-                block, gemv_timings = choose_gemv(linear, silu_mul, pdl, best)
-            fastest = min(gemv_timings, key=lambda t: t[1]) if gemv_timings else (0, float("inf"))
-            with_norm = fastest[0] if fastest[1] < best + norm_us else 0
-            chosen[key] = (rows, block, with_norm)
-            report[label] = {"max_rows": rows, "timings_us": timings, "gemv_block": block, "gemv_timings_us": gemv_timings,
-                             "gemv_block_with_norm": with_norm}
-            logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s); one row: %s (block, us: %s)%s",
-                        label, key[1], rows, timings, f"gemv block {block}" if block else "as above", gemv_timings,
-                        f"; with the norm inside: gemv block {with_norm}" if with_norm != block else "")
+                plan, gemv_timings = choose_gemv(linear, silu_mul, pdl, best)
+                if norm is not None and mode == "on":
+                    separate = norm_us + min([best] + [us for _, us in gemv_timings])
+                    with_norm, norm_timings = choose_gemv(linear, silu_mul, pdl, separate, norm=norm)
+            chosen[key] = (rows, tuple(plan), tuple(with_norm))
+            report[label] = {"max_rows": rows, "timings_us": timings, "gemv_plan": tuple(plan), "gemv_timings_us": gemv_timings,
+                             "gemv_plan_with_norm": tuple(with_norm), "gemv_with_norm_timings_us": norm_timings}
+            logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s); one row: %s (plan, us: %s)%s",
+                        label, key[1], rows, timings, f"gemv plan {tuple(plan)}" if plan[0] else "as above", gemv_timings,
+                        f"; with the norm inside: gemv plan {tuple(with_norm)} (plan, us: {norm_timings})" if norm is not None else "")
         return chosen[key]
 
     for layer in model.modules():
@@ -177,27 +193,28 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
             continue
         attn, mlp = layer.self_attn, layer.mlp
         attn.fused_qk, attn.qk_pdl = True, pdl
-        qkv, o, down, gate_up = (decide("qkv_proj", attn.qkv_proj), decide("o_proj", attn.o_proj),
-                                 decide("down_proj", mlp.down_proj), decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True))
-        for linear, (rows, block) in ((attn.qkv_proj, qkv[:2]), (attn.o_proj, o[:2]), (mlp.down_proj, down[:2])):
-            linear.skinny_max_rows, linear.gemv_block, linear.gemv_pdl = rows, block, pdl
-        mlp.fused_max_rows, mlp.gemv_block, mlp.gemv_pdl = gate_up[0], gate_up[1], pdl
+        qkv, o, down, gate_up = (decide("qkv_proj", attn.qkv_proj, norm=layer.input_layernorm), decide("o_proj", attn.o_proj),
+                                 decide("down_proj", mlp.down_proj),
+                                 decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True, norm=layer.post_attention_layernorm))
+        for linear, (rows, plan) in ((attn.qkv_proj, qkv[:2]), (attn.o_proj, o[:2]), (mlp.down_proj, down[:2])):
+            linear.skinny_max_rows, linear.gemv_plan, linear.gemv_pdl = rows, plan, pdl
+        mlp.fused_max_rows, mlp.gemv_plan, mlp.gemv_pdl = gate_up[0], gate_up[1], pdl
         # the norms ride inside both one-row products where both can take them (the
         # tensor-parallel fused all-reduce takes them back out: enable_fused_all_reduce_norm)
-        layer.gemv_blocks = {False: (qkv[1], gate_up[1]), True: (qkv[2], gate_up[2])}
-        place_norms(layer, mode == "on" and qkv[2] > 0 and gate_up[2] > 0)
+        layer.gemv_plans = {False: (qkv[1], gate_up[1]), True: (qkv[2], gate_up[2])}
+        place_norms(layer, mode == "on" and qkv[2][0] > 0 and gate_up[2][0] > 0)
     torch.cuda.synchronize()
     return report
 
 
 def place_norms(layer: nn.Module, in_gemv: bool) -> None:
     """Whether a decoder layer's two norms run inside its one-row qkv and gate_up products or
-    as their own kernels; each way has its own measured block of the one-row kernel (with the
+    as their own kernels; each way has its own measured plan of the one-row kernel (with the
     norm inside it may win while slower than cuBLAS by up to the norm kernel it removes), which
-    ``enable_fused_kernels`` keeps in ``layer.gemv_blocks``."""
+    ``enable_fused_kernels`` keeps in ``layer.gemv_plans``."""
     layer.norms_in_gemv = in_gemv
-    if layer.gemv_blocks is not None:
-        layer.self_attn.qkv_proj.gemv_block, layer.mlp.gemv_block = layer.gemv_blocks[in_gemv]
+    if layer.gemv_plans is not None:
+        layer.self_attn.qkv_proj.gemv_plan, layer.mlp.gemv_plan = layer.gemv_plans[in_gemv]
 
 
 def enable_fused_all_reduce_norm(model: nn.Module, device: torch.device, hidden_size: int,

@@ -14,6 +14,7 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels profile savecache   # where the time goes
 #   bash scripts/gpu_check.sh setup kernels tpprofile   # kind nvidia-h200-x2: where a --tp 2 step's time goes
 #   bash scripts/gpu_check.sh setup loadcache kernels gemvab gemvab8b   # batch-1 decode, the one-row kernel off / on
+#   bash scripts/gpu_check.sh setup loadcache kernels gemvvariants bench8b   # the one-row kernel's tiles and loop variants (scripts/gpu_gemv_ab.py)
 #   bash scripts/gpu_check.sh setup loadcache kernels decodeab offlineab   # small decode graphs' attention: FlashInfer / Triton
 #   bash scripts/gpu_check.sh setup loadcache kernels demo demobench   # the demo model beside transformers (both GGUF halves carried)
 #   bash scripts/gpu_check.sh setup loadcache kernels throughputprofile   # batch 64-256 replays, the offline workload's steps, the 8B's batch-1 step
@@ -133,6 +134,12 @@ EOF
     throughputprofile)  # issue 18's open goals: replays at batch 64-256, the offline workload's steps, the 8B's batch-1 step
       OUT=$OUT timeout 400 python3 scripts/gpu_profile.py --throughput 2>&1 | tee "$OUT/throughput_profile.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    profile8b)  # the 8B shape's batch-1 step kernel by kernel, on the committed tree (.old, as for oldnew) then on this one
+      for tree in old new; do
+        pp=$PWD/.pkgs; [ "$tree" = old ] && pp=$PWD/.old
+        PYTHONPATH=$pp:$W/site OUT=$OUT timeout 200 python3 scripts/gpu_profile.py --step-8b 2>&1 | sed "s/^/[$tree] /" | tee -a "$OUT/profile8b.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
     diag)  # the first call of each kernel in a fresh process
       python3 scripts/gpu_first_calls.py 2>&1 | tee "$OUT/diag.log" ;;
     kerneltests)  # the Triton kernels compiled, in bf16
@@ -215,6 +222,11 @@ print('demo model ready at', demo_model_dir())" || status=1
       gemv_ab 0.6b 3 150 off nopdl nonorm on ;;
     gemvab8b)  # the same for the 8B shape (batch 1, one GPU)
       gemv_ab 8b 2 200 off on ;;
+    bench8b)  # the 8B shape's batch-1 decode as the engine runs it (and the one-row kernels it chose)
+      gemv_ab 8b 2 200 on ;;
+    gemvvariants)  # the one-row products of a layer at other tiles / with prefetch / per-tile reduction, cuBLAS, the read-only roof
+      timeout 450 python3 scripts/gpu_gemv_ab.py ${GEMV_CONFIGS:-8b 0.6b} 2>&1 | tee "$OUT/gemv_variants.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     decodeab)  # batch-1 decode with the attention of small decode graphs on FlashInfer, then on the Triton kernels (MINISGL_DECODE_ATTENTION)
       # DECODE_RUNS: "SIZE MODE INPUT_LENS..." separated by ';'
       IFS=';' read -ra runs <<<"${DECODE_RUNS:-0.6b flashinfer 128 512 1024 2048;0.6b triton 128 512 1024 2048;0.6b auto 128 2048;8b auto 128 2048}"
@@ -241,8 +253,8 @@ print('demo model ready at', demo_model_dir())" || status=1
         for tree in old new; do
           pp=$PWD/.pkgs; [ "$tree" = old ] && pp=$PWD/.old
           # shellcheck disable=SC2086
-          PYTHONPATH=$pp:$W/site timeout 200 "${CLI[@]}" bench "$kind" --device cuda --dummy-weights --config "$config" $rest 2>&1 \
-            | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[$tree] /" | tee -a "$OUT/oldnew.log"
+          PYTHONPATH=$pp:$W/site timeout 200 "${CLI[@]}" -v bench "$kind" --device cuda --dummy-weights --config "$config" $rest 2>&1 \
+            | grep -E '^\{"bench"|one row|Traceback|Error' | sed "s/^/[$tree] /" | tee -a "$OUT/oldnew.log"
           [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         done
       done ;;

@@ -306,6 +306,12 @@ def tensor_core_decode():
         backend.decode_uses_tensor_cores = rule
 
 
+def step_8b() -> None:
+    """The 8B shape's batch-1 decode step, kernel by kernel."""
+    replays([1], 128, "8b", profile_sizes=(1,), sequence=24, config="qwen3-8b", max_kv_tokens=20_000,
+            max_running_requests=16, cuda_graph_max_bs=16)
+
+
 def throughput() -> None:
     """The large batches of the offline workload and the 8B shape's batch-1 step."""
     replays([64, 128, 256], 512, "0.6b", profile_sizes=(64, 256), sequence=16, max_kv_tokens=300_000)
@@ -313,8 +319,7 @@ def throughput() -> None:
     offline_split(8192)
     with tensor_core_decode():
         replays([64, 256], 512, "0.6b tensor-core decode", profile_sizes=(256,), max_kv_tokens=300_000)
-    replays([1], 128, "8b", profile_sizes=(1,), sequence=24, config="qwen3-8b", max_kv_tokens=20_000,
-            max_running_requests=16, cuda_graph_max_bs=16)
+    step_8b()
 
 
 def main() -> None:
@@ -324,8 +329,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the default configuration only: graph replays and host stages")
     parser.add_argument("--throughput", action="store_true",
                         help="what issue 18's open goals need: large-batch replays, the offline split, the 8B's batch-1 step")
+    parser.add_argument("--step-8b", action="store_true", help="the 8B shape's batch-1 step alone")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    if args.step_8b:
+        step_8b()
+        return
     if args.throughput:
         throughput()
         return

@@ -70,11 +70,13 @@ def test_skinny_matmul_reads_a_strided_input() -> None:
     close(tk.skinny_matmul(x, w), x.float() @ w.float().T)
 
 
-@pytest.mark.parametrize("block_n", [4, 8])
+@pytest.mark.parametrize("block_n,per_sm", [(4, 0), (8, 0), (1, 4), (2, 1)])
 @pytest.mark.parametrize("n,k,bias,silu_mul", [(64, 128, False, False), (45, 96, True, False), (40, 256, False, True)])
-def test_gemv_matches_a_float32_product(block_n, n, k, bias, silu_mul) -> None:
+def test_gemv_matches_a_float32_product(block_n, per_sm, n, k, bias, silu_mul) -> None:
     """One row (batch-1 decode): k 96 runs the K loop over three tiles of 32 (the largest power
-    of two dividing it), 45 outputs are not a multiple of the block, SwiGLU fused."""
+    of two dividing it; the row-walking plans pad it to 128), 45 outputs are not a multiple of
+    the block, SwiGLU fused. The row-walking plans (per_sm > 0) run far fewer programs than
+    row blocks (on the CPU 2 SMs are assumed), so each program walks many rows."""
     gen = torch.Generator().manual_seed(block_n * 1000 + n + k)
     x = torch.randn(1, k, generator=gen).to(DTYPE).to(DEVICE)
     w = torch.randn(2 * n if silu_mul else n, k, generator=gen).to(DTYPE).to(DEVICE) / k ** 0.5
@@ -82,15 +84,17 @@ def test_gemv_matches_a_float32_product(block_n, n, k, bias, silu_mul) -> None:
     expected = x.float() @ w.float().T + (b.float() if bias else 0)
     if silu_mul:
         expected = torch.nn.functional.silu(expected[:, :n]) * expected[:, n:]
-    out = tk.gemv(x, w, b, silu_mul=silu_mul, block_n=block_n, pdl=tk.pdl_supported(DEVICE))
+    out = tk.gemv(x, w, b, silu_mul=silu_mul, block_n=block_n, pdl=tk.pdl_supported(DEVICE), per_sm=per_sm)
     assert out.shape == (1, n) and out.dtype == DTYPE
     close(out, expected)
 
 
+@pytest.mark.parametrize("per_sm", [0, 2])
 @pytest.mark.parametrize("silu_mul,bias", [(False, True), (True, False)])
-def test_add_norm_gemv_is_the_residual_add_and_rmsnorm_then_the_product(silu_mul, bias) -> None:
+def test_add_norm_gemv_is_the_residual_add_and_rmsnorm_then_the_product(silu_mul, bias, per_sm) -> None:
     """h = x + residual (the next residual, rounded once), then rmsnorm(h) * g through the
-    product; k 96 is three K tiles, so the norm's sum of squares spans the loop."""
+    product; k 96 is three K tiles, so the norm's sum of squares spans the loop (per_sm 0), or
+    one padded row of 128 held by each program (per_sm 2)."""
     gen = torch.Generator().manual_seed(7 + silu_mul)
     n, k, eps = 24, 96, 1e-6
     x = torch.randn(1, k, generator=gen).to(DTYPE).to(DEVICE)
@@ -103,7 +107,8 @@ def test_add_norm_gemv_is_the_residual_add_and_rmsnorm_then_the_product(silu_mul
     expected = normed @ w.float().T + (b.float() if bias else 0)
     if silu_mul:
         expected = torch.nn.functional.silu(expected[:, :n]) * expected[:, n:]
-    out, new_residual = tk.add_norm_gemv(x, residual, g, eps, w, b, silu_mul=silu_mul, block_n=8, pdl=tk.pdl_supported(DEVICE))
+    out, new_residual = tk.add_norm_gemv(x, residual, g, eps, w, b, silu_mul=silu_mul, block_n=8 if not per_sm else 2,
+                                         pdl=tk.pdl_supported(DEVICE), per_sm=per_sm)
     assert torch.equal(new_residual, h) and out.shape == (1, n)
     close(out, expected)
 
@@ -237,9 +242,9 @@ def use_triton_everywhere(model) -> None:
         elif isinstance(module, SelfAttention):
             module.fused_qk = True
         elif isinstance(module, MLP):
-            module.fused_max_rows, module.gemv_block = tk.SKINNY_MAX_ROWS, 16
+            module.fused_max_rows, module.gemv_plan = tk.SKINNY_MAX_ROWS, tk.GemvPlan(16)
         elif isinstance(module, Linear):
-            module.skinny_max_rows, module.gemv_block = tk.SKINNY_MAX_ROWS, 16
+            module.skinny_max_rows, module.gemv_plan = tk.SKINNY_MAX_ROWS, tk.GemvPlan(16)
 
 
 def test_norms_moved_out_of_the_products_take_the_blocks_measured_without_them(monkeypatch) -> None:
@@ -254,11 +259,12 @@ def test_norms_moved_out_of_the_products_take_the_blocks_measured_without_them(m
                          num_kv_heads=1, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None,
                          max_context_len=128, tie_word_embeddings=True, attention_bias=False, qk_norm=True)
     layer = DecoderLayer(config, 0)
-    layer.gemv_blocks = {False: (0, 8), True: (4, 8)}  # qkv: cuBLAS without the norm, block 4 with it
+    # qkv: cuBLAS without the norm, block 4 with it; gate_up: the row-walking grid either way
+    layer.gemv_plans = {False: (tk.GemvPlan(), tk.GemvPlan(2, 4)), True: (tk.GemvPlan(4), tk.GemvPlan(1, 4))}
     fused_ops.place_norms(layer, True)
-    assert layer.norms_in_gemv and (layer.self_attn.qkv_proj.gemv_block, layer.mlp.gemv_block) == (4, 8)
+    assert layer.norms_in_gemv and (layer.self_attn.qkv_proj.gemv_plan, layer.mlp.gemv_plan) == ((4, 0), (1, 4))
     fused_ops.place_norms(layer, False)
-    assert not layer.norms_in_gemv and (layer.self_attn.qkv_proj.gemv_block, layer.mlp.gemv_block) == (0, 8)
+    assert not layer.norms_in_gemv and (layer.self_attn.qkv_proj.gemv_plan, layer.mlp.gemv_plan) == ((0, 0), (2, 4))
 
     monkeypatch.setenv("MINISGL_GEMV", "nopdl")
     assert not flashinfer_kernels.pdl_wanted(torch.device("cpu"))

@@ -83,9 +83,9 @@ def default_weight_loader(param: nn.Parameter, loaded, shard_id: str | int | Non
 class Linear(nn.Module):
     # On CUDA the engine measures, per layer shape, up to how many rows the Triton kernel
     # (triton_kernels.py) beats cuBLAS, and sets it here; 0 = always cuBLAS. At one row the
-    # one-row kernel runs instead where it measured fastest (its block; 0 = not used).
+    # one-row kernel runs instead where it measured fastest (its GemvPlan; block_n 0 = not used).
     skinny_max_rows = 0
-    gemv_block = 0
+    gemv_plan: tuple[int, int] = (0, 0)  # triton_kernels.GemvPlan: (block_n, per_sm)
     gemv_pdl = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
@@ -94,10 +94,10 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1 and self.gemv_block:
+        if x.shape[0] == 1 and self.gemv_plan[0]:
             from ..triton_kernels import gemv
 
-            return gemv(x, self.weight, self.bias, block_n=self.gemv_block, pdl=self.gemv_pdl)
+            return gemv(x, self.weight, self.bias, block_n=self.gemv_plan[0], per_sm=self.gemv_plan[1], pdl=self.gemv_pdl)
         if 0 < x.shape[0] <= self.skinny_max_rows:
             from ..triton_kernels import skinny_matmul
 

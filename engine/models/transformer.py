@@ -37,9 +37,9 @@ MERGED_WEIGHTS = {
 class MLP(nn.Module):
     use_flashinfer = False
     # rows up to which one Triton kernel computes silu(x @ gate.T) * (x @ up.T) (set on CUDA),
-    # and the one-row kernel's block for a single row (0: not used), as in Linear
+    # and the one-row kernel's plan for a single row (block_n 0: not used), as in Linear
     fused_max_rows = 0
-    gemv_block = 0
+    gemv_plan: tuple[int, int] = (0, 0)  # triton_kernels.GemvPlan: (block_n, per_sm)
     gemv_pdl = False
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
@@ -50,10 +50,11 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, all_reduce_buffer=1)  # attention's uses 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1 and self.gemv_block:
+        if x.shape[0] == 1 and self.gemv_plan[0]:
             from ..triton_kernels import gemv
 
-            return self.down_proj(gemv(x, self.gate_up_proj.weight, silu_mul=True, block_n=self.gemv_block, pdl=self.gemv_pdl))
+            return self.down_proj(gemv(x, self.gate_up_proj.weight, silu_mul=True, block_n=self.gemv_plan[0],
+                                       per_sm=self.gemv_plan[1], pdl=self.gemv_pdl))
         if 0 < x.shape[0] <= self.fused_max_rows:
             from ..triton_kernels import skinny_matmul
 
@@ -79,7 +80,8 @@ class DecoderLayer(nn.Module):
         # CUDA, one row (batch-1 decode): each residual add + RMSNorm rides inside the one-row
         # product after it (triton_kernels.add_norm_gemv); set by fused_ops where that product runs
         self.norms_in_gemv = False
-        self.gemv_blocks: dict[bool, tuple[int, int]] | None = None  # (qkv, gate_up) one-row blocks, norms out / in (fused_ops.place_norms)
+        # (qkv, gate_up) one-row plans (GemvPlan), norms out / in (fused_ops.place_norms)
+        self.gemv_plans: dict[bool, tuple[tuple[int, int], tuple[int, int]]] | None = None
 
     def forward(
         self,
@@ -108,11 +110,11 @@ class DecoderLayer(nn.Module):
         qkv_proj, mlp = self.self_attn.qkv_proj, self.mlp
         norm = self.input_layernorm
         qkv, residual = add_norm_gemv(hidden, residual, norm.weight, norm.eps, qkv_proj.weight, qkv_proj.bias,
-                                      block_n=qkv_proj.gemv_block, pdl=qkv_proj.gemv_pdl)
+                                      block_n=qkv_proj.gemv_plan[0], per_sm=qkv_proj.gemv_plan[1], pdl=qkv_proj.gemv_pdl)
         hidden = self.self_attn.attend_qkv(qkv, rope, batch, attn)
         norm = self.post_attention_layernorm
         act, residual = add_norm_gemv(hidden, residual, norm.weight, norm.eps, mlp.gate_up_proj.weight, silu_mul=True,
-                                      block_n=mlp.gemv_block, pdl=mlp.gemv_pdl)
+                                      block_n=mlp.gemv_plan[0], per_sm=mlp.gemv_plan[1], pdl=mlp.gemv_pdl)
         return mlp.down_proj(act), residual
 
 
