@@ -78,4 +78,10 @@ CODE_COPY_CLEAR = """
 #chatbot .code_wrap > .copy_code_button { top: 2px !important; right: 2px !important; }
 """
 
-PAGE_CSS = HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR
+# The chat list by keyboard (PAGE_JS makes each chat focusable): the chat with the focus is ringed,
+# as Gradio rings its buttons.
+CHAT_LIST_FOCUS = """
+#conv-list label:focus-visible { outline: 2px solid var(--mc-accent, var(--color-accent)); outline-offset: -2px; }
+"""
+
+PAGE_CSS = CHAT_LIST_FOCUS + HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR

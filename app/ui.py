@@ -156,6 +156,33 @@ PAGE_JS = """
     place();
   };
   watch();
+  // the chat list by keyboard: Gradio hides each chat's radio, and a label takes no focus. Each
+  // chat takes focus (Tab), Enter or Space opens it, ↑ ↓ move between chats; the label says
+  // whether it is the chat shown (its radio, hidden, says nothing to a screen reader)
+  const keyboardList = () => {
+    const list = document.querySelector('#conv-list');
+    if (!list) return setTimeout(keyboardList, 200);
+    const mark = () => {
+      for (const label of list.querySelectorAll('label')) {
+        if (label.tabIndex !== 0) label.tabIndex = 0;
+        const shown = String(!!label.querySelector('input:checked'));
+        if (label.getAttribute('role') !== 'radio') label.setAttribute('role', 'radio');
+        if (label.getAttribute('aria-checked') !== shown) label.setAttribute('aria-checked', shown);
+      }
+    };
+    new MutationObserver(mark).observe(list, {subtree: true, childList: true, attributes: true, attributeFilter: ['class']});
+    mark();
+    list.addEventListener('keydown', (e) => {
+      const label = e.target instanceof Element && e.target.closest('#conv-list label');
+      if (!label) return;
+      if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); label.click(); return; }
+      const step = {ArrowDown: 1, ArrowUp: -1}[e.key];
+      const labels = [...list.querySelectorAll('label')];
+      const next = step && labels[labels.indexOf(label) + step];
+      if (next) { e.preventDefault(); next.focus(); }
+    });
+  };
+  keyboardList();
 }
 """
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):

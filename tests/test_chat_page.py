@@ -28,7 +28,7 @@ STATS = re.compile(r"(\d+) tokens")
 PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
-           "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll")
+           "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara")
 
 
 # ---- the app and the browser, shared by the module
@@ -663,7 +663,7 @@ def shown_chat_in_address(page) -> str | None:
 
 def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
     page = tab().page
-    for marker in ("Wapiti", "Quoll"):
+    for marker in ("Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara"):
         new_chat(page, max_tokens=4)
         send(page, f"{marker}: say hi.")
         wait_finished(page, 1)
@@ -787,6 +787,34 @@ def test_message_box_is_visible_on_a_phone(tab, app):
     assert box["y"] >= 0 and box["y"] + box["height"] <= 844, f"the message box is off screen on a phone: {box}"
     # the chat's top edge is drawn: a message scrolled up leaves there, not under the status line
     assert page.evaluate("getComputedStyle(document.querySelector('#chatbot'), '::before').borderTopWidth") == "1px"
+
+
+def focused_chat(page) -> str:
+    """The chat of the sidebar's list that has the keyboard's focus ("" when none has it)."""
+    return page.evaluate("() => document.activeElement?.closest('#conv-list label')?.innerText || ''")
+
+
+def test_the_chat_list_works_by_keyboard_with_a_visible_focus_ring(tab, app):
+    page = tab().page
+    for marker in ("Jerboa", "Numbat"):
+        new_chat(page, max_tokens=4)
+        send(page, f"{marker}: say hi.")
+        wait_finished(page, 1)
+    assert wait_until(lambda: sidebar(page)[:2] and "Numbat" in sidebar(page)[0] and "Jerboa" in sidebar(page)[1], 10), sidebar(page)
+    page.locator("#search :is(input, textarea)").focus()
+    page.keyboard.press("Tab")
+    assert "Numbat" in focused_chat(page), f"Tab after the search box does not reach the first chat: {focused_chat(page)!r}"
+    ring = page.evaluate("() => { const s = getComputedStyle(document.activeElement); return [s.outlineStyle, s.outlineWidth]; }")
+    assert ring[0] != "none" and ring[1] != "0px", f"no focus ring on the chat: {ring}"
+    page.keyboard.press("Tab")  # each chat is a stop of its own
+    assert "Jerboa" in focused_chat(page), focused_chat(page)
+    page.keyboard.press("Enter")
+    assert wait_until(lambda: shows_only(page, "Jerboa", ("Numbat",)), 10), f"Enter did not open the chat: {users(page)}"
+    page.keyboard.press("ArrowUp")
+    assert "Numbat" in focused_chat(page), focused_chat(page)
+    page.keyboard.press(" ")
+    assert wait_until(lambda: shows_only(page, "Numbat", ("Jerboa",)), 10), f"Space did not open the chat: {users(page)}"
+    assert "Numbat" in focused_chat(page), "the focus left the chat it opened"
 
 
 def test_status_line_says_0_running_after_a_reply(tab, app):
