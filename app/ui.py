@@ -183,6 +183,13 @@ PAGE_JS = """
     });
   };
   keyboardList();
+  // on a narrow screen the sidebar lies below the chat: a chat picked there (or New chat) is
+  // shown with the chat's top, the status line above it, at the top of the screen
+  document.addEventListener('click', (e) => {
+    const picked = e.target instanceof Element && e.target.closest('#conv-list label, #new-chat-btn');
+    const line = document.querySelector('#status-line');
+    if (picked && line && matchMedia('(max-width: 640px)').matches) line.scrollIntoView({block: 'start', behavior: 'instant'});
+  });
 }
 """
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):

@@ -301,6 +301,13 @@ def status_line(client) -> str:
     if s is None:
         load = ""
     else:
-        load = (f" · KV cache: {s.kv_pages_used:,} in use, {s.kv_pages_cached:,} cached, {s.kv_pages_total:,} total pages"
-                f" · {s.running} running, {s.waiting} waiting")
-    return f"**Ready** · {client.model_name} on {', '.join(devices) or '?'} ({sched.get('dtype', '?')}){load}"
+        kv = f"KV cache: {s.kv_pages_used:,} in use, {s.kv_pages_cached:,} cached, {s.kv_pages_total:,} total pages"
+        load = f"{wide_only(' · ' + kv)} · {s.running} running, {s.waiting} waiting"
+    dtype = wide_only(f" ({sched.get('dtype', '?')})")
+    return f"**Ready** · {client.model_name} on {', '.join(devices) or '?'}{dtype}{load}"
+
+
+def wide_only(text: str) -> str:
+    """A part of the status line left out on a narrow screen (page_css.NARROW), where the whole
+    line took four lines above the chat. ``text`` is the page's own, with nothing to escape."""
+    return f'<span class="wide-only">{text}</span>'

@@ -5,6 +5,7 @@ and a stand-in engine stream."""
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import datetime
 
 import pytest
@@ -512,7 +513,10 @@ def test_the_status_line_names_every_replicas_device():
                        prefix_cache_hit_tokens_total=0))
     client.scheduler_info = client.worker_info["minisgl-DP0-scheduler"]
     line = status_line(client)
-    assert "qwen3-0.6b on cuda:0, cuda:1 (bfloat16)" in line and "3 running" in line, line
+    text = re.sub(r"<[^>]+>", "", line)  # as shown on a wide screen (a narrow one leaves out the wide-only parts)
+    assert "qwen3-0.6b on cuda:0, cuda:1 (bfloat16)" in text and "3 running" in text, line
+    narrow = re.sub(r'<span class="wide-only">.*?</span>', "", line)
+    assert "qwen3-0.6b on cuda:0, cuda:1 · 3 running, 0 waiting" in narrow and "KV" not in narrow, narrow
 
 
 # ---- the view after a view change: two follow events of one tab

@@ -817,6 +817,28 @@ def test_the_chat_list_works_by_keyboard_with_a_visible_focus_ring(tab, app):
     assert "Numbat" in focused_chat(page), "the focus left the chat it opened"
 
 
+def test_on_a_phone_a_chat_picked_below_shows_from_its_top_with_big_buttons_and_a_short_status(tab, app):
+    page = tab(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).page
+    for marker in ("Kiwi", "Tuatara"):
+        open_new_chat(page)
+        send(page, f"{marker}: say hi.")
+        wait_finished(page, 1)
+    label = page.locator("#conv-list label", has_text="Kiwi").first
+    label.scroll_into_view_if_needed()
+    assert page.locator("#chatbot").bounding_box()["y"] < 0, "the sidebar is not below the chat: nothing to check"
+    label.tap()
+    assert wait_until(lambda: shows_only(page, "Kiwi", ("Tuatara",)), 10), users(page)
+    chat = page.locator("#chatbot").bounding_box()
+    assert chat["y"] >= 0 and chat["y"] + chat["height"] <= 844, f"the chat is not wholly on screen after the tap: {chat}"
+    buttons = page.evaluate("""() => [...document.querySelectorAll('#chatbot .message-buttons button')]
+        .filter(b => b.getClientRects().length).map(b => [b.getAttribute('aria-label'), b.offsetWidth, b.offsetHeight])""")
+    assert buttons and all(w >= 32 and h >= 32 for _, w, h in buttons), f"touch targets under 32 px: {buttons}"
+    lines = page.evaluate("""() => { const p = document.querySelector('#status-line p');
+        return Math.round(p.getBoundingClientRect().height / parseFloat(getComputedStyle(p).lineHeight)); }""")
+    assert lines <= 2, f"the status line takes {lines} lines on a phone: {page.inner_text('#status-line')!r}"
+    assert "running" in page.inner_text("#status-line")
+
+
 def test_status_line_says_0_running_after_a_reply(tab, app):
     page = tab().page
     new_chat(page, max_tokens=8)
