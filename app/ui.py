@@ -863,13 +863,13 @@ class ChatPage:
             progress = await self.puller.start(model)
         except PullError as exc:
             progress = self.puller.progress if self.puller.busy else None
-            yield f"⚠️ {markdown_literal(exc)}", gr.skip()
+            yield f"⚠️ {markdown_literal(exc)}", gr.skip(), self.cancel_offered()
             if progress is None:
                 return
             await asyncio.sleep(PULL_SHOW_S)
         async for line in self.pull_lines(progress):
-            yield line, gr.skip()
-        yield progress.line(), await self.list_models(pick=progress.name)
+            yield line, gr.skip(), self.cancel_offered()
+        yield progress.line(), await self.list_models(pick=progress.name), self.cancel_offered()
 
     async def pull_lines(self, progress: PullProgress):
         """``progress`` as the page shows it, at most every PULL_SHOW_S, until the pull ends."""
@@ -878,14 +878,18 @@ class ChatPage:
             await asyncio.sleep(PULL_SHOW_S)
             await self.puller.wait_change(PULL_SHOW_S)
 
+    def cancel_offered(self):
+        """Cancel pull is pressable only while a pull runs (it looked pressable with none)."""
+        return gr.update(interactive=self.puller.busy)
+
     async def cancel_pull(self):
         if not await self.puller.cancel():
-            return "No pull is under way."
-        return self.puller.progress.line()
+            return "No pull is under way.", self.cancel_offered()
+        return self.puller.progress.line(), gr.update(interactive=False)  # the pull's own event says when it ended
 
-    def pull_status(self) -> str:
-        """The pull under way, for a panel just opened (a reloaded tab)."""
-        return self.puller.progress.line() if self.puller.busy else gr.skip()
+    def pull_status(self):
+        """The pull under way, for a panel just opened (a reloaded tab), and whether it can be cancelled."""
+        return self.puller.progress.line() if self.puller.busy else gr.skip(), self.cancel_offered()
 
     async def switch_model(self, name: str | None, request: gr.Request):
         """Switch: the model is checked while the current one serves; then every reply in flight
@@ -1055,7 +1059,7 @@ class ChatPage:
                                   info="A Hugging Face id (downloaded to its cache) or a .gguf file (converted once)")
             with gr.Row():
                 pull_btn = gr.Button("Pull", elem_id="pull-btn", size="sm")
-                cancel_btn = gr.Button("Cancel pull", elem_id="cancel-pull-btn", size="sm")
+                cancel_btn = gr.Button("Cancel pull", elem_id="cancel-pull-btn", size="sm", interactive=False)  # while a pull runs
             pull = SimpleNamespace(box=pull_box, pull_btn=pull_btn, cancel_btn=cancel_btn,
                                    message=gr.Markdown("", elem_id="pull-message"))
         return SimpleNamespace(model_list=model_list, switch_btn=switch_btn, refresh_btn=refresh_btn,
@@ -1168,9 +1172,10 @@ class ChatPage:
                                 outputs=[models.model_message, models.model_list, thinking], **quick)
         if models.pull is not None:
             for trigger in (models.pull.pull_btn.click, models.pull.box.submit):
-                trigger(self.pull_model, inputs=models.pull.box, outputs=[models.pull.message, models.model_list], **quick)
-            models.pull.cancel_btn.click(self.cancel_pull, outputs=models.pull.message, **quick)
-            models.box.expand(self.pull_status, outputs=models.pull.message, **quick)
+                trigger(self.pull_model, inputs=models.pull.box, outputs=[models.pull.message, models.model_list, models.pull.cancel_btn],
+                        **quick)
+            models.pull.cancel_btn.click(self.cancel_pull, outputs=[models.pull.message, models.pull.cancel_btn], **quick)
+            models.box.expand(self.pull_status, outputs=[models.pull.message, models.pull.cancel_btn], **quick)
 
 
 def build_ui(source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None) -> gr.Blocks:

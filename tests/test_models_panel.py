@@ -353,12 +353,16 @@ def test_pull_from_the_page_with_progress_cancel_and_a_failure_then_serve_it(bro
     assert said.count(odd) == 2 and "is neither an existing path nor a valid Hugging Face model id" in said, said
     assert page.locator("#pull-message strong").inner_text() == odd
     assert page.locator("#pull-message :is(em, i, a)").count() == 0, page.inner_html("#pull-message")
+    # Cancel pull is pressable only while a pull runs
+    assert page.locator("#cancel-pull-btn").is_disabled(), "Cancel pull is pressable with no pull under way"
     # a slow download, cancelled midway: its progress showed, its process is gone, nothing listed
     fake_hub.bytes_per_s = 400_000
     said = pull(page, PULLED, "MB of")
     assert "downloading" in said and "%" in said, said
+    assert wait_until(lambda: page.locator("#cancel-pull-btn").is_enabled(), 5), "Cancel pull is not pressable during a pull"
     page.click("#cancel-pull-btn")
     assert wait_until(lambda: "cancelled" in pull_line(page), 15), pull_line(page)
+    assert wait_until(lambda: page.locator("#cancel-pull-btn").is_disabled(), 5), "Cancel pull is still pressable after the pull"
     assert wait_until(lambda: not pulls_running(app), 10), pulls_running(app)
     page.click("#refresh-models-btn")
     time.sleep(1)
