@@ -433,7 +433,10 @@ class ChatPage:
         follow redraws it (the last output's change starts one): never while this tab's own
         follow runs, nor while a message's edit box is open (``editing``)."""
         tab = self.tab(request)
-        self.replies.page_seen(request.session_hash if request is not None else None, tab.conv_id)
+        session = request.session_hash if request is not None else None
+        self.replies.page_seen(session, tab.conv_id)
+        for notice in self.replies.take_notices(session):
+            gr.Info(html.escape(notice, quote=False))
         following = tab.following is not None and not tab.following.is_set()
         if tab.recheck_at is not None and not following and time.monotonic() >= tab.recheck_at:
             tab.recheck_at = None
@@ -686,8 +689,7 @@ class ChatPage:
                 kwargs["continue_final_message"] = True
                 last = path[-1]
                 request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)
-                return Turn(request, last.id, text=last.content, earlier_tokens=(last.stats.tokens or 0) if last.stats else 0,
-                            backend=backend, generate=source.generate)
+                return Turn(request, last.id, text=last.content, earlier=last.stats, backend=backend, generate=source.generate)
             request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs or None)
             reply = self.store.add_message(conv_id, path[-1].id, "assistant", "", stats={"tokens": 0}, model=source.model_name)
             return Turn(request, reply.id, backend=backend, generate=source.generate, model_of=lambda: source.model_name)

@@ -32,6 +32,7 @@ class FakeEngine:
     def __init__(self, step_s: float = 0.01, refuse: str | None = None) -> None:
         self.step_s = step_s
         self.refuse = refuse
+        self.ends_at_once = False  # the model's first token is its end (EOS): no text
         self.requests: list[GenerateRequest] = []
         self.aborted = 0
 
@@ -39,6 +40,10 @@ class FakeEngine:
         self.requests.append(request)
         if self.refuse:
             yield UserReply(1, "", finished=True, finish_reason="error", error=self.refuse)
+            return
+        if self.ends_at_once:
+            await asyncio.sleep(self.step_s)
+            yield UserReply(1, "", finished=True, finish_reason="stop", completion_tokens=1)
             return
         words = f"echo: {request.messages[-1]['content']}".split()
         for i, word in enumerate(words):
@@ -710,3 +715,37 @@ def test_a_name_in_a_markdown_sentence_shows_as_typed():
     assert markdown_literal("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
     assert markdown_literal("a*b*_c_<i>d</i>[e](f)") == r"a\*b\*\_c\_\<i\>d\</i\>\[e\]\(f\)"
     assert markdown_literal("C:\\models\nnext") == r"C\:\\models next"
+
+
+@pytest.mark.anyio
+async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_why(store, monkeypatch) -> None:
+    """Continue on a stopped reply whose model ends at once (EOS first): the reply's text and its
+    time to first token and tok/s stay (they were blanked: this run has no first token), its
+    tokens count the new run's, and the page says in a toast why nothing changed."""
+    from minisgl_app import ui
+    from minisgl_app.ui import ChatPage
+
+    engine = FakeEngine(step_s=0.02)
+    page = ChatPage(FakeClient(engine), store)
+    request = FakeRequest()
+    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await asyncio.sleep(0.15)
+    await page.stop(None, request)
+    await until_idle(page.replies)
+    tab = page.tab(request)
+    before = store.get(tab.conv_id).messages[-1]
+    assert before.stats.stopped and before.stats.ttft_ms is not None and before.stats.tok_s is not None, before.stats
+    said: list[str] = []
+    monkeypatch.setattr(ui.gr, "Info", said.append)
+    engine.ends_at_once = True
+    [o async for o in page.follow(request)]  # the tab has seen the chat as it is
+    await page.continue_reply(request)
+    await until_idle(page.replies)
+    after = store.get(tab.conv_id).messages[-1]
+    assert after.id == before.id and after.content == before.content
+    assert (after.stats.ttft_ms, after.stats.tok_s) == (before.stats.ttft_ms, before.stats.tok_s), after.stats
+    assert after.stats.tokens == before.stats.tokens + 1 and after.stats.finish_reason == "stop" and not after.stats.stopped
+    await page.tick(False, request)
+    assert said == [live.NOTHING_TO_ADD]
+    await page.tick(False, request)
+    assert said == [live.NOTHING_TO_ADD], "said once"
