@@ -174,11 +174,13 @@ class ReplyManager:
             self.notify()
 
     def stop(self, conv_id: int | None) -> bool:
-        """Stop the conversation's reply (the engine aborts it and frees its KV). A message
-        waiting in line is answered next."""
+        """Stop the conversation (its user pressed Stop): the reply ends (the engine aborts it and
+        frees its KV) and the turns waiting after it are dropped; a question that waited stays in
+        the chat, unanswered (view.UNANSWERED_LINE: ↻ answers it)."""
         reply = self.live.get(conv_id) if conv_id is not None else None
         if reply is None:
             return False
+        self.queued.pop(conv_id, None)
         reply.stop.set()
         return True
 
@@ -194,7 +196,8 @@ class ReplyManager:
         return len(stopped)
 
     def stop_all(self, conv_id: int) -> None:
-        """Stop the reply and drop the waiting turns (the conversation is being deleted)."""
+        """Stop the reply and drop the waiting turns (the conversation is being deleted; a turn
+        may wait while no reply runs, between one reply's end and the next's start)."""
         self.queued.pop(conv_id, None)
         self.stop(conv_id)
 

@@ -790,8 +790,8 @@ class ChatPage:
         self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
 
     async def stop(self, clicked_at: float | None, request: gr.Request) -> None:
-        """Stop the reply of the chat this tab shows; a message sent while it replied is
-        answered next (it was never lost; Stop again ends that reply too)."""
+        """Stop the chat this tab shows: its reply ends, and a message sent while it replied stays
+        in the chat unanswered (↻ answers it), as the user who pressed Stop expects."""
         tab = self.tab(request)
         if not self.replies.stop(tab.conv_id) and clicked_at is not None:
             tab.early_stop = clicked_at  # a message clicked before it may not have arrived yet

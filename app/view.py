@@ -20,10 +20,11 @@ from .store import ChatSettings, Conversation, ConversationSummary, Message
 
 VERSIONS_HINT = "Click a message, then ‹ › under the chat to see its other versions."
 WAITING_LINE = "waiting: answered when the reply above ends"
-WAITING_HINT = "Sent while the chat was replying: it is answered next. Stop ends the reply above first."
+WAITING_HINT = ("Sent while the chat was replying: it is answered next. Stop ends the reply above and leaves this "
+                "message unanswered (↻ then answers it).")
 UNANSWERED_LINE = "not answered: ↻ answers it"
-UNANSWERED_HINT = ("The chat stopped before this message's turn came (its tab was closed while the message waited, "
-                   "or the app stopped). ↻ below asks for the reply.")
+UNANSWERED_HINT = ("The chat stopped before this message's turn came (Stop was pressed while it waited, its tab was "
+                   "closed, or the app stopped). ↻ below asks for the reply.")
 
 
 @dataclass(frozen=True)

@@ -749,3 +749,33 @@ async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_wh
     assert said == [live.NOTHING_TO_ADD]
     await page.tick(False, request)
     assert said == [live.NOTHING_TO_ADD], "said once"
+
+
+@pytest.mark.anyio
+async def test_stop_with_a_message_waiting_stops_the_chat_and_leaves_the_question_for_retry(store) -> None:
+    """Stop while a second message waits: the chat stops (the waiting message was answered at
+    once before, which a user who pressed Stop did not expect). The question stays, marked as not
+    answered with ↻'s hint, and ↻ (regenerate: turn_for after it) answers it."""
+    from minisgl_app.ui import ChatPage
+
+    engine = FakeEngine(step_s=0.03)
+    page = ChatPage(FakeClient(engine), store)
+    request = FakeRequest()
+    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await asyncio.sleep(0.1)
+    await page.send("second question", *SETTINGS, None, request)
+    tab = page.tab(request)
+    assert page.replies.queued.get(tab.conv_id)
+    await page.stop(None, request)
+    await until_idle(page.replies)
+    assert len(engine.requests) == 1, "the waiting message was sent to the engine"
+    assert texts(store, tab.conv_id)[-1] == ("user", "second question")
+    assert store.get(tab.conv_id).messages[-2].stats.stopped
+    last = page.view_of(page.shown(tab), tab)[-1].shown
+    assert (last["metadata"]["title"], last["content"]) == (view.UNANSWERED_LINE, view.UNANSWERED_HINT)
+    assert "Stop" in view.UNANSWERED_HINT and "↻" in view.WAITING_HINT
+    [o async for o in page.follow(request)]  # the tab has seen the chat as it is
+    await page.regenerate(request)
+    await until_idle(page.replies)
+    assert texts(store, tab.conv_id)[-2:] == [("user", "second question"), ("assistant", "echo: second question")]
+

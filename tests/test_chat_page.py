@@ -292,7 +292,9 @@ def test_message_sent_during_a_reply_is_shown_and_answered_next(tab, app):
     assert all(replies(page))
 
 
-def test_stop_with_a_message_waiting_answers_it_and_never_blanks_the_chat(tab, app):
+def test_stop_with_a_message_waiting_stops_the_chat_and_never_blanks_it(tab, app):
+    """Stop ends the reply and the chat: the message that waited stays, unanswered, with the line
+    saying ↻ answers it (it was answered at once, which a user who pressed Stop did not expect)."""
     page = tab().page
     new_chat(page, max_tokens=400)
     send(page, story("Lemur"))
@@ -309,9 +311,15 @@ def test_stop_with_a_message_waiting_answers_it_and_never_blanks_the_chat(tab, a
         time.sleep(0.05)
     assert not blank, f"Stop blanked the chat ({len(blank)} samples): {blank[0]!r}"
     assert wait_until(lambda: "stopped" in chat_text(page), 10), f"the stopped reply does not say so: {chat_text(page)[-300:]!r}"
-    # the waiting message is answered after Stop
-    wait_finished(page, 2, 30)
-    assert len(users(page)) == 2 and len(replies(page)) == 2 and replies(page)[1], chat_text(page)[-500:]
+    # the waiting message is not answered: it says so, and ↻ answers it
+    assert wait_until(lambda: "not answered" in chat_text(page), 10), chat_text(page)[-500:]
+    time.sleep(2)
+    assert len(users(page)) == 2 and len(replies(page)) == 1 and "not answered" in chat_text(page), chat_text(page)[-500:]
+    assert wait_until(lambda: engine_idle(app), 10), "the waiting message was sent to the engine"
+    page.locator("#chatbot .thought-group").last.hover()  # the "not answered" line, where ↻ shows
+    page.locator("#chatbot button[aria-label='Retry']").last.click()
+    wait_finished(page, 2, 60)
+    assert len(replies(page)) == 2 and replies(page)[1] and "not answered" not in chat_text(page), chat_text(page)[-500:]
 
 
 # ---- 3. refused actions
