@@ -765,8 +765,10 @@ class ChatPage:
 
     async def edit(self, edit: gr.EditData, request: gr.Request):
         """✎ on any message makes a new version of it (the old one stays). An edited question is
-        answered again; an edited reply is kept as you wrote it."""
+        answered again; an edited reply is kept as you wrote it. The title box gets the chat's
+        new title when the edit renamed it (``retitle``)."""
         tab = self.tab(request)
+        title = gr.skip()
         conv = self.shown(tab)
         shown = self.view_of(conv, tab)
         index = edit.index if isinstance(edit.index, int) else edit.index[0]
@@ -785,9 +787,22 @@ class ChatPage:
         elif new_text != item.source.content:
             target = item.source
             self.store.add_message(conv.id, target.parent_id, target.role, new_text)
+            if self.retitle(conv, target, new_text):
+                title = title_from(new_text)
             if target.role == "user":
                 self.submit(tab, conv.id, request, self.turn_for(conv.id))
         self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
+        return title
+
+    def retitle(self, conv, edited, new_text: str) -> bool:
+        """A chat's title is made from its first message: when that message is edited and the
+        title is still the one made from it (the user never renamed the chat), the title follows
+        the new text. Whether it was renamed."""
+        first = edited.role == "user" and edited.parent_id is None
+        if not first or conv.title != title_from(edited.content) or conv.title == title_from(new_text):
+            return False
+        self.store.rename(conv.id, title_from(new_text))
+        return True
 
     async def stop(self, clicked_at: float | None, request: gr.Request) -> None:
         """Stop the chat this tab shows: its reply ends, and a message sent while it replied stays
@@ -1157,7 +1172,7 @@ class ChatPage:
                     **quick).then(**follow)
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=m.attached, **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)
-        m.chatbot.edit(self.edit, **quick).then(**follow)
+        m.chatbot.edit(self.edit, outputs=c.title_box, **quick).then(**follow)
         m.chatbot.select(self.focus, **quick).then(**follow)
         m.prev_btn.click(self.previous_version, **quick).then(**follow)
         m.next_btn.click(self.next_version, **quick).then(**follow)

@@ -779,3 +779,39 @@ async def test_stop_with_a_message_waiting_stops_the_chat_and_leaves_the_questio
     await until_idle(page.replies)
     assert texts(store, tab.conv_id)[-2:] == [("user", "second question"), ("assistant", "echo: second question")]
 
+
+@pytest.mark.anyio
+async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(store) -> None:
+    """A chat's title is made from its first message; ✎ on that message (a new version) left the
+    old title. It follows the new text unless the user renamed the chat; a later message's edit
+    never touches it."""
+    import gradio as gr
+
+    from minisgl_app.store import title_from
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    await page.send("What is the capital of France?", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    tab = page.tab(request)
+    assert store.get(tab.conv_id).title == title_from("What is the capital of France?")
+
+    async def edit(index: int, old: str, new: str):
+        [o async for o in page.follow(request)]  # the tab has seen the chat as it is
+        returned = await page.edit(gr.EditData(None, {"index": index, "value": new, "previous_value": old}), request)
+        await until_idle(page.replies)
+        return returned
+
+    assert await edit(0, "What is the capital of France?", "And the capital of Spain?") == "And the capital of Spain?"
+    assert store.get(tab.conv_id).title == "And the capital of Spain?"
+    [o async for o in page.follow(request)]
+    await page.send("Its river?", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    shown = page.view_of(page.shown(tab), tab)
+    later = next(i for i, v in enumerate(shown) if v.source is not None and v.source.content == "Its river?")
+    await edit(later, "Its river?", "Its mountains?")
+    assert store.get(tab.conv_id).title == "And the capital of Spain?", "only the first message makes the title"
+    await page.rename("My trip", request)
+    assert await edit(0, "And the capital of Spain?", "And of Italy?") == SKIP
+    assert store.get(tab.conv_id).title == "My trip", "a title the user chose stays"
