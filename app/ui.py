@@ -70,6 +70,14 @@ DELETED_ELSEWHERE = "This chat was deleted in another tab."
 SEND_DELETED_ELSEWHERE = DELETED_ELSEWHERE + " Your message is still in the box: send it again to start a new chat with it."
 # whether a message's edit box (✎) is open: the tick leaves the chat alone then
 EDITING_JS = "() => [!!document.querySelector('#chatbot textarea.edit-textarea')]"
+# The title box, the settings and the backend, in the order of ChatPage.fields (the page's tab_fields)
+FIELD_IDS = ("title-input", "system-prompt", "temperature", "top-p", "max-tokens", "thinking", "top-k", "seed", "stop-strings",
+             "repetition-penalty", "backend")
+# which of them has the keyboard's focus (''): a chat redrawn after a change elsewhere leaves it
+FOCUSED_FIELD_JS = f"""(n, focused) => {{
+  const ids = {list(FIELD_IDS)};
+  return [n, ids.find((id) => document.getElementById(id)?.contains(document.activeElement)) || ''];
+}}"""
 DOUBLE_SEND_MS = 1000  # the same text sent again within this is a double click or Enter, not a second message
 ATTACH_LIMIT_BYTES = 1_000_000
 # Import and Attach take any file and say what is wrong with one they refuse: with Gradio's
@@ -282,6 +290,7 @@ class Tab:
     seen: Seen | None = None  # what the tab's last render showed
     lost: bool = False  # the chat it showed was found deleted (by another tab): not said yet
     refreshes: int = 0  # the tick's count of redraws asked for (a change of it starts a follow)
+    fields_of: tuple[int | None, int | None] | None = None  # the chat and revision the title and settings boxes show
 
 
 class ChatPage:
@@ -335,15 +344,19 @@ class ChatPage:
         return False
 
     def changed_since_seen(self, tab: Tab) -> bool:
-        """Whether the tab's chat was written to (or deleted) since its last render: one read of
-        its revision."""
-        seen = tab.seen
-        if tab.conv_id is None or seen is None or seen.conv_id != tab.conv_id:
-            return False
+        """Whether the tab's chat was written to (or deleted) since its last render, or since its
+        title and settings were last sent (``fields``): one read of its revision. (A render may
+        find the change first, a deleted chat too: the fields still show the chat as it was.)"""
+        if tab.conv_id is None:
+            return tab.fields_of is not None and tab.fields_of[0] is not None  # they show a chat deleted since
         try:
-            return self.store.revision(tab.conv_id) != seen.revision
+            revision = self.store.revision(tab.conv_id)
         except NotFoundError:
             return True
+        seen = tab.seen
+        chat_behind = seen is not None and seen.conv_id == tab.conv_id and seen.revision != revision
+        fields_behind = tab.fields_of is not None and tab.fields_of != (tab.conv_id, revision)
+        return chat_behind or fields_behind
 
     def settings_in_force(self, tab: Tab) -> ChatSettings:
         """The settings of the tab's conversation, or of its new chat."""
@@ -360,8 +373,10 @@ class ChatPage:
         return name, backends[name]
 
     def fields(self, tab: Tab) -> tuple:
-        """Title, settings fields and backend for the tab's conversation."""
+        """Title, settings fields and backend for the tab's conversation (sent to the page: the
+        tab remembers which chat, at which revision, they show)."""
         conv = self.shown(tab)
+        tab.fields_of = (conv.id, conv.revision) if conv is not None else (None, None)
         s = self.settings_of(tab, conv)
         return (conv.title if conv is not None else "", s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.thinking,
                 s.top_k, s.seed, "\n".join(s.stop), s.repetition_penalty, self.backend_of(s)[0])
@@ -453,6 +468,13 @@ class ChatPage:
         updates = (status if status != tab.status else gr.skip(), self.as_update(2, side) if side != tab.sidebar else gr.skip())
         tab.status, tab.sidebar = status, side
         return (gr.skip(), *updates, *(gr.skip(),) * (VIEW_SIZE - 3), refresh)
+
+    async def redraw_fields(self, refreshes: float | None, focused: str | None, request: gr.Request) -> tuple:
+        """The chat changed elsewhere (the tick's redraw): its title box and settings show it as
+        it is now (a deleted chat: the new chat the tab turns to), except the field with the
+        keyboard's focus (``focused``, its element id): the user may be typing in it."""
+        values = self.fields(self.tab(request))
+        return tuple(gr.skip() if field_id == focused else value for field_id, value in zip(FIELD_IDS, values))
 
     async def unload(self, request: gr.Request) -> None:
         session = request.session_hash if request is not None else None
@@ -1109,10 +1131,11 @@ class ChatPage:
         attached = gr.Markdown("", elem_id="attached")
         editing = gr.Checkbox(visible="hidden", elem_id="editing")  # EDITING_JS fills it for the tick
         refresh = gr.Number(0, visible="hidden", elem_id="refresh")  # the tick changes it to have the chat redrawn
+        focused = gr.Textbox(visible="hidden", elem_id="focused-field")  # FOCUSED_FIELD_JS fills it for the redraw
         return SimpleNamespace(status=status, chatbot=chatbot, versions=versions, prev_btn=prev_btn,
                                versions_text=versions_text, next_btn=next_btn, delete_msg_btn=delete_msg_btn,
                                attach_btn=attach_btn, msg=msg, send_btn=send_btn, stop_btn=stop_btn,
-                               continue_btn=continue_btn, attached=attached, editing=editing, refresh=refresh)
+                               continue_btn=continue_btn, attached=attached, editing=editing, refresh=refresh, focused=focused)
 
     def _wire(self, demo: gr.Blocks, chats: SimpleNamespace, settings_panel: SimpleNamespace, models: SimpleNamespace,
               main: SimpleNamespace) -> None:
@@ -1148,7 +1171,8 @@ class ChatPage:
         # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
         timer.tick(self.tick, inputs=m.editing, outputs=[*view, m.refresh], js=EDITING_JS, show_progress="hidden",
                    show_progress_on=[m.status], concurrency_limit=None)
-        m.refresh.change(**follow)  # the tick saw the chat changed elsewhere: redraw it
+        m.refresh.change(**follow)  # the tick saw the chat changed elsewhere: redraw it, its title and settings too
+        m.refresh.change(self.redraw_fields, inputs=[m.refresh, m.focused], outputs=tab_fields, js=FOCUSED_FIELD_JS, **quick)
         # stamped (STAMP_JS): a settings box these clicks leave is saved to the chat shown before
         c.new_btn.click(self.new_chat, inputs=c.clicked_at, outputs=tab_fields, js=STAMP_JS, **quick).then(**follow)
         c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at], outputs=tab_fields, js=STAMP_JS, **quick).then(**follow)

@@ -815,3 +815,35 @@ async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(
     await page.rename("My trip", request)
     assert await edit(0, "And the capital of Spain?", "And of Italy?") == SKIP
     assert store.get(tab.conv_id).title == "My trip", "a title the user chose stays"
+
+
+@pytest.mark.anyio
+async def test_a_tab_redraws_the_title_and_settings_a_change_elsewhere_gave_its_chat(store) -> None:
+    """Another tab renamed the chat, changed a setting, or deleted it: the idle tab redrew the
+    chat only, its title box and settings kept the old values (after a delete, the deleted
+    chat's). The tick asks for a redraw until they are sent again, even when a render found the
+    change first, and the redraw leaves the field with the keyboard's focus."""
+    from dataclasses import replace as replaced
+
+    from minisgl_app.ui import FIELD_IDS, ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    conv_id = store.create(title="Tapir").id
+    await page.select(conv_id, None, request)
+    [o async for o in page.follow(request)]
+    assert (await page.tick(False, request))[-1] == SKIP, "nothing changed"
+    store.rename(conv_id, "Tapir renamed")
+    store.update_settings(conv_id, replaced(store.get(conv_id).settings, max_tokens=17, system_prompt="be brief"))
+    [o async for o in page.follow(request)]  # a render sees the change first
+    assert (await page.tick(False, request))[-1] != SKIP, "the title and settings are behind"
+    fields = await page.redraw_fields(1, "system-prompt", request)
+    assert fields[FIELD_IDS.index("title-input")] == "Tapir renamed" and fields[FIELD_IDS.index("max-tokens")] == 17
+    assert fields[FIELD_IDS.index("system-prompt")] == SKIP, "the field being typed in is left"
+    assert (await page.tick(False, request))[-1] == SKIP, "once sent, no more redraws"
+    store.delete(conv_id)
+    [o async for o in page.follow(request)]  # the render finds the chat deleted: the tab shows a new chat
+    assert (await page.tick(False, request))[-1] != SKIP
+    fields = await page.redraw_fields(2, "", request)
+    assert fields[0] == "" and fields[FIELD_IDS.index("max-tokens")] == store.default_settings().max_tokens
+    assert (await page.tick(False, request))[-1] == SKIP

@@ -721,6 +721,32 @@ def test_a_tab_shows_what_another_tab_did_to_its_chat_without_a_click(tab, app):
     assert replies(b) == replies(a)
 
 
+def test_a_tab_shows_the_title_and_settings_another_tab_gave_its_chat_but_leaves_the_box_being_typed_in(tab, app):
+    """The idle tab redrew the chat but not its title box and settings (after a delete, the
+    deleted chat's); now they follow too, except the field with the keyboard's focus."""
+    a, b = two_tabs_on_one_chat(tab, "Tapir")
+    title = "#title-input input, #title-input textarea"
+    for page in (a, b):
+        open_accordion(page, "Manage", "#title-input")
+        open_accordion(page, "Settings", "#max-tokens input")
+    a.fill(title, "Tapir renamed")
+    a.press(title, "Enter")
+    put_setting(a, "#max-tokens input", "17")
+    assert wait_until(lambda: b.input_value(title) == "Tapir renamed" and b.input_value("#max-tokens input") == "17", 10), \
+        (b.input_value(title), b.input_value("#max-tokens input"))
+    b.fill("#system-prompt textarea", "Being typed")  # the box keeps the focus: not left, not saved
+    put_setting(a, "#top-k input", "7")
+    put_setting(a, "#temperature input[type=number]", "0.5")
+    assert wait_until(lambda: b.input_value("#top-k input") == "7" and float(b.input_value("#temperature input[type=number]")) == 0.5, 10), \
+        (b.input_value("#top-k input"), b.input_value("#temperature input[type=number]"), a.input_value("#temperature input[type=number]"),
+         b.evaluate("() => document.activeElement.outerHTML.slice(0, 200)"))
+    assert b.input_value("#system-prompt textarea") == "Being typed", "the box being typed in was redrawn"
+    a.on("dialog", lambda d: d.accept())
+    a.click("#delete-btn")
+    assert wait_until(lambda: not users(b) and b.input_value(title) == "", 10), (users(b), b.input_value(title))
+    assert wait_until(lambda: b.input_value("#max-tokens input") != "17", 10), "the deleted chat's settings are still shown"
+
+
 def test_regenerate_in_a_tab_behind_the_chat_is_refused_and_the_tab_shows_it_anew(tab, app):
     a, b = two_tabs_on_one_chat(tab, "Capybara")
     miss_checks(b)  # b shows the chat as it was, as between two checks
