@@ -550,7 +550,10 @@ class ChatPage:
         return True
 
     def show(self, tab: Tab, conv_id: int | None, clicked_at: float | None) -> None:
-        """The tab shows ``conv_id`` from the click at ``clicked_at`` (browser ms) on."""
+        """The tab shows ``conv_id`` from the click at ``clicked_at`` (browser ms) on; the files
+        attached for another chat are dropped."""
+        if conv_id != tab.conv_id:
+            self.drop_attachments(tab)
         tab.shown_before, tab.shown_since = tab.conv_id, clicked_at or 0.0
         tab.conv_id, tab.focus, tab.picked = conv_id, None, True
         self.replies.notify()
@@ -732,21 +735,21 @@ class ChatPage:
         tab = self.tab(request)
         text = (text or "").strip()
         if not text and not tab.attachments:
-            return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
+            return gr.skip()  # Enter on an empty box: nothing happens
         sent_at = clicked_at if clicked_at is not None else time.time() * 1000
         last = tab.last_send
         if last is not None and last[:2] == (tab.conv_id, text) and 0 <= sent_at - last[2] < DOUBLE_SEND_MS:
-            return "", ""  # the same message again at once: a double click or Enter, sent once
+            return ""  # the same message again at once: a double click or Enter, sent once
         conv = self.shown(tab)
         if self.said_deleted(tab, SEND_DELETED_ELSEWHERE) or not self.shows_current(tab, conv, appending=True):
-            return gr.skip(), gr.skip()  # the message stays in the box; the page shows the chat as it is now
+            return gr.skip()  # the message stays in the box; the page shows the chat as it is now
         form = form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty,
                              in_force=self.settings_in_force(tab))
         if not self.save_settings(tab, *form):
-            return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
+            return gr.skip()  # the toast says which setting; the message stays in the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
             warn("The model is still loading; send your message once the status line says Ready.")
-            return gr.skip(), gr.skip()
+            return gr.skip()
         raw_text, text = text, with_attachments(text, tab.attachments)
         tab.attachments = []
         if tab.conv_id is None:
@@ -755,7 +758,7 @@ class ChatPage:
         tab.last_send = (tab.conv_id, raw_text, sent_at)
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
-        return "", ""
+        return ""
 
     async def regenerate(self, request: gr.Request):
         """↻: a new version of the last reply (the old one stays, ‹ › shows it again)."""
@@ -986,6 +989,7 @@ class ChatPage:
         except BadImportFile as exc:
             warn(f"Not imported: {exc}")
             return (*self.fields(tab), gr.skip(), "")
+        self.drop_attachments(tab)
         tab.conv_id, tab.focus, tab.search, tab.picked = conv.id, None, "", True
         self.replies.notify()
         shown = len(conv.messages)
@@ -1017,7 +1021,27 @@ class ChatPage:
             warn(f"Not attached: {exc}.")
             return gr.skip()
         tab.attachments.append((name, text))
-        return attachments_line(tab.attachments)
+        return await self.attachments_note(request)
+
+    async def unattach(self, request: gr.Request):
+        """✕ Remove attachments: the files attached are not sent after all."""
+        self.tab(request).attachments = []
+        return await self.attachments_note(request)
+
+    async def attachments_note(self, request: gr.Request):
+        """The line naming the files attached to the next message, and ✕ to remove them (shown
+        only while there are some)."""
+        attachments = self.tab(request).attachments
+        return attachments_line(attachments), gr.update(visible=bool(attachments))
+
+    @staticmethod
+    def drop_attachments(tab: Tab) -> None:
+        """The tab shows another chat: files attached for the chat shown before are not sent to
+        this one; a toast says so when there were some."""
+        if tab.attachments:
+            names = ", ".join(name for name, _ in tab.attachments)
+            warn(f"Attachments removed: {names} (they were attached in the chat shown before). Attach them again to send them here.")
+            tab.attachments = []
 
     # ---- layout
 
@@ -1128,14 +1152,18 @@ class ChatPage:
             send_btn = gr.Button("Send", elem_id="send-btn", variant="primary", scale=1, min_width=80)
             stop_btn = gr.Button("Stop", elem_id="stop-btn", variant="secondary", scale=1, min_width=80)
             continue_btn = gr.Button("Continue", elem_id="continue-btn", scale=1, min_width=90, visible=False)
-        attached = gr.Markdown("", elem_id="attached")
+        with gr.Row(elem_id="attached-row"):
+            attached = gr.Markdown("", elem_id="attached")
+            unattach_btn = gr.Button("✕ Remove attachments", elem_id="remove-attachments-btn", size="sm", scale=0, min_width=170,
+                                     visible=False)  # shown while files wait for the next message
         editing = gr.Checkbox(visible="hidden", elem_id="editing")  # EDITING_JS fills it for the tick
         refresh = gr.Number(0, visible="hidden", elem_id="refresh")  # the tick changes it to have the chat redrawn
         focused = gr.Textbox(visible="hidden", elem_id="focused-field")  # FOCUSED_FIELD_JS fills it for the redraw
         return SimpleNamespace(status=status, chatbot=chatbot, versions=versions, prev_btn=prev_btn,
                                versions_text=versions_text, next_btn=next_btn, delete_msg_btn=delete_msg_btn,
                                attach_btn=attach_btn, msg=msg, send_btn=send_btn, stop_btn=stop_btn,
-                               continue_btn=continue_btn, attached=attached, editing=editing, refresh=refresh, focused=focused)
+                               continue_btn=continue_btn, attached=attached, unattach_btn=unattach_btn, editing=editing,
+                               refresh=refresh, focused=focused)
 
     def _wire(self, demo: gr.Blocks, chats: SimpleNamespace, settings_panel: SimpleNamespace, models: SimpleNamespace,
               main: SimpleNamespace) -> None:
@@ -1174,27 +1202,37 @@ class ChatPage:
         m.refresh.change(**follow)  # the tick saw the chat changed elsewhere: redraw it, its title and settings too
         m.refresh.change(self.redraw_fields, inputs=[m.refresh, m.focused], outputs=tab_fields, js=FOCUSED_FIELD_JS, **quick)
         # stamped (STAMP_JS): a settings box these clicks leave is saved to the chat shown before
-        c.new_btn.click(self.new_chat, inputs=c.clicked_at, outputs=tab_fields, js=STAMP_JS, **quick).then(**follow)
-        c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at], outputs=tab_fields, js=STAMP_JS, **quick).then(**follow)
+        attachments = dict(fn=self.attachments_note, outputs=[m.attached, m.unattach_btn], **quick)
+        shown = c.new_btn.click(self.new_chat, inputs=c.clicked_at, outputs=tab_fields, js=STAMP_JS, **quick)
+        shown.then(**follow)
+        shown.then(**attachments)  # the files attached for the chat shown before were dropped
+        shown = c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at], outputs=tab_fields, js=STAMP_JS, **quick)
+        shown.then(**follow)
+        shown.then(**attachments)
         # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
         # Backspace, cut or paste); the box is never an output, so only the user changes it
         c.search.change(self.search, inputs=c.search, outputs=c.conv_list, **quick)
         c.rename_btn.click(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **quick)
         c.title_box.submit(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **quick)
-        c.delete_btn.click(self.delete, inputs=[c.confirmed, c.clicked_at], outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
-                           **quick).then(**follow)
+        shown = c.delete_btn.click(self.delete, inputs=[c.confirmed, c.clicked_at], outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
+                                   **quick)
+        shown.then(**follow)
+        shown.then(**attachments)
         for button, handler in ((c.export_md, self.export_md), (c.export_json, self.export_json)):
             button.click(handler, outputs=c.export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
-        c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search, c.import_note],
-                            **quick).then(**follow)
+        shown = c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search, c.import_note], **quick)
+        shown.then(**follow)
+        shown.then(**attachments)
         for item in settings:  # saved when committed, not on every key: a box when left (PAGE_JS: or on Enter), a slider let go
             committed = item.release if isinstance(item, gr.Slider) else item.input if isinstance(item, gr.Checkbox) else item.blur
             committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
         for trigger in (m.msg.submit, m.send_btn.click):
-            trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=[m.msg, m.attached], js=STAMP_JS,
-                    **quick).then(**follow)
-        m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=m.attached, **quick)
+            sent = trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=m.msg, js=STAMP_JS, **quick)
+            sent.then(**follow)
+            sent.then(**attachments)  # they went with the message
+        m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **quick)
+        m.unattach_btn.click(self.unattach, outputs=[m.attached, m.unattach_btn], **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)
         m.chatbot.edit(self.edit, outputs=c.title_box, **quick).then(**follow)
         m.chatbot.select(self.focus, **quick).then(**follow)

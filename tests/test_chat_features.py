@@ -710,6 +710,30 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
     shot(page, "08-sent")
 
 
+def test_attached_files_can_be_removed_and_are_dropped_when_another_chat_is_shown(page, app, tmp_path):
+    """An attached file had no ✕, and it stayed attached when another chat was shown (it went
+    with that chat's next message)."""
+    new_chat(page, temperature=0, max_tokens=4)
+    notes = tmp_path / "pantry-notes.txt"
+    notes.write_text("MARKER-5120: the pantry is empty.\n", encoding="utf-8")
+    remove = page.locator("#remove-attachments-btn")
+    assert not remove.is_visible(), "✕ shows with nothing attached"
+    attach_file(page, notes)
+    assert wait_until(lambda: "pantry-notes.txt" in page.inner_text("#attached") and remove.is_visible(), 30), page.inner_text("#attached")
+    shot(page, "08-attached-with-remove")
+    remove.click()
+    assert wait_until(lambda: page.inner_text("#attached").strip() == "" and not remove.is_visible(), 10), page.inner_text("#attached")
+    send(page, "Say hi.")
+    assert wait_until(lambda: len(users(page)) == 1, 30), users(page)
+    assert "MARKER-5120" not in users(page)[0], "a removed file went with the message"
+    wait_reply(page, app, "reply to a message without the removed file", tokens=None)
+    attach_file(page, notes)
+    assert wait_until(lambda: "pantry-notes.txt" in page.inner_text("#attached"), 30), page.inner_text("#attached")
+    open_new_chat(page)
+    assert wait_until(lambda: page.inner_text("#attached").strip() == "" and not remove.is_visible(), 10), page.inner_text("#attached")
+    assert wait_until(lambda: "Attachments removed: pantry-notes.txt" in toasts(page), 10), toasts(page)
+
+
 # ---- 9. stop strings and seeds
 
 def test_stop_string_ends_the_reply_before_it(page, app):

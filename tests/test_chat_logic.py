@@ -847,3 +847,34 @@ async def test_a_tab_redraws_the_title_and_settings_a_change_elsewhere_gave_its_
     fields = await page.redraw_fields(2, "", request)
     assert fields[0] == "" and fields[FIELD_IDS.index("max-tokens")] == store.default_settings().max_tokens
     assert (await page.tick(False, request))[-1] == SKIP
+
+
+@pytest.mark.anyio
+async def test_attachments_can_be_removed_and_are_dropped_when_the_tab_shows_another_chat(store, tmp_path, monkeypatch) -> None:
+    """An attached file could not be taken back before sending, and it went with the next message
+    of whatever chat the tab showed next. ✕ removes the files attached; showing another chat drops
+    them, with a toast naming them (none when nothing was attached)."""
+    from minisgl_app import ui
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    said: list[str] = []
+    monkeypatch.setattr(ui, "warn", said.append)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the code is plum\n", encoding="utf-8")
+    a, b = store.create(title="a").id, store.create(title="b").id
+    await page.select(a, None, request)
+    line, button = await page.attach(str(notes), request)
+    assert "notes.txt" in line and button["visible"] is True
+    assert await page.unattach(request) == ("", {"__type__": "update", "visible": False})
+    await page.attach(str(notes), request)
+    await page.select(b, None, request)
+    assert page.tab(request).attachments == [] and len(said) == 1 and "notes.txt" in said[0], said
+    assert await page.attachments_note(request) == ("", {"__type__": "update", "visible": False})
+    await page.select(a, None, request)
+    assert len(said) == 1, "nothing was attached: nothing to say"
+    [o async for o in page.follow(request)]
+    await page.send("hello", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    assert texts(store, a)[0] == ("user", "hello"), "the removed file went with the message"
