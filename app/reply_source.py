@@ -93,6 +93,10 @@ class ReplySource(Protocol):
     def supports_thinking(self) -> bool:
         """Whether the model's chat template reads ``enable_thinking`` (the page shows the toggle)."""
 
+    @property
+    def context_len(self) -> int | None:
+        """The serving model's context in tokens (None: not known), the most a reply can be."""
+
     def status_line(self) -> str:
         """The one line under the chat: the model, where it runs, its load or what is wrong."""
 
@@ -169,6 +173,10 @@ class LocalEngine:
     def supports_thinking(self) -> bool:
         return chat_template_supports_thinking(self.client.tokenizer_path)
 
+    @property
+    def context_len(self) -> int | None:
+        return self.client.max_context_len
+
     def status_line(self) -> str:
         return status_line(self.client)
 
@@ -244,6 +252,10 @@ class RemoteEngine:
     @property
     def supports_thinking(self) -> bool:
         return False  # a remote's chat template is not visible from here; its reasoning still shows
+
+    @property
+    def context_len(self) -> int | None:
+        return self.context_lens.get(self.model_name) if self.model_name else None  # where the remote lists it
 
     def status_line(self) -> str:
         self._look_again()
@@ -419,6 +431,10 @@ class SideBySide:
     @property
     def supports_thinking(self) -> bool:
         return self.local.supports_thinking
+
+    @property
+    def context_len(self) -> int | None:
+        return self.local.context_len
 
     def status_line(self) -> str:
         return self.local.status_line()

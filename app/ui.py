@@ -110,6 +110,13 @@ PAGE_JS = """
       e.preventDefault(); e.target.blur();
     }
   }, true);
+  // a settings number box shows the number it holds (the value saved): "1e3" is saved as 1000
+  // and showed "1e3" (the page's value did not change, so Gradio left the text as typed)
+  document.addEventListener('change', (e) => {
+    const box = e.target;
+    if (box instanceof HTMLInputElement && box.matches('#settings input[type=number]') && box.value !== ''
+        && Number.isFinite(box.valueAsNumber) && String(box.valueAsNumber) !== box.value) box.value = String(box.valueAsNumber);
+  }, true);
   // a slider moved with the keyboard is saved when the key is let go, as a drag is (Gradio
   // sends a slider's release on pointerup only)
   document.addEventListener('keyup', (e) => {
@@ -630,11 +637,11 @@ class ChatPage:
                 before = None
             if before is None:  # a new chat left unsent (or a chat deleted): nothing to keep
                 return keep
-            settings, problems = form_settings(*values, in_force=before)
+            settings, problems = self.checked_form(values, before)
             if not self.settings_refused(problems):
                 self.store_settings(tab, tab.shown_before, settings)
             return keep
-        settings, problems = form_settings(*values, in_force=self.settings_in_force(tab))
+        settings, problems = self.checked_form(values, self.settings_in_force(tab))
         self.save_settings(tab, settings, problems)
         in_force = self.settings_in_force(tab)
         # only boxes that must change are sent: another box may be being typed into meanwhile
@@ -655,6 +662,19 @@ class ChatPage:
 
     async def export_json(self, request: gr.Request):
         return self.export("json", request)
+
+    def checked_form(self, values: tuple, in_force: ChatSettings) -> tuple[ChatSettings, dict[str, str]]:
+        """``form_settings`` of the form's ``values``, and one check it cannot make alone: max
+        tokens no larger than the context of the model serving the chat (the store's limit,
+        32,768, let 32,768 through for a model of 8,192)."""
+        settings, problems = form_settings(*values, in_force=in_force)
+        source = self.backend_of(with_backend_of(settings, in_force))[1]
+        context = getattr(source, "context_len", None)  # None: a source that does not know it
+        if "max_tokens" not in problems and context and settings.max_tokens > context:
+            model = source.model_name or "the model"
+            problems["max_tokens"] = (f"max tokens must be at most {context:,}, the context of {model}, which serves this chat "
+                                      f"(got {settings.max_tokens:,})")
+        return settings, problems
 
     def save_settings(self, tab: Tab, settings: ChatSettings, problems: dict[str, str]) -> bool:
         """Apply the fields (as ``form_settings`` read them) to the tab's chat. Invalid values are
@@ -743,8 +763,8 @@ class ChatPage:
         conv = self.shown(tab)
         if self.said_deleted(tab, SEND_DELETED_ELSEWHERE) or not self.shows_current(tab, conv, appending=True):
             return gr.skip()  # the message stays in the box; the page shows the chat as it is now
-        form = form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty,
-                             in_force=self.settings_in_force(tab))
+        form = self.checked_form((system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty),
+                                 self.settings_in_force(tab))
         if not self.save_settings(tab, *form):
             return gr.skip()  # the toast says which setting; the message stays in the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:

@@ -818,6 +818,36 @@ async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(
 
 
 @pytest.mark.anyio
+async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the_limit(store, monkeypatch) -> None:
+    """The store lets max tokens up to 32,768 through, even for a model of 8,192 tokens: the
+    page refuses more than the context of the model serving the chat, with a message naming it;
+    the box shows the value in force again, as for any refused setting; a message sent with it
+    stays in the box."""
+    from minisgl_app import ui
+    from minisgl_app.ui import ChatPage
+
+    client = FakeClient(FakeEngine())
+    client.context_len = 8192
+    page = ChatPage(client, store)
+    request = FakeRequest()
+    said: list[str] = []
+    monkeypatch.setattr(ui, "warn", said.append)
+    conv_id = store.create(title="a").id
+    await page.select(conv_id, None, request)
+    in_force = store.get(conv_id).settings.max_tokens
+    form = list(page.fields(page.tab(request))[1:10])
+    form[3] = 32768
+    assert (await page.settings_changed(*form, None, request))[3] == in_force
+    assert store.get(conv_id).settings.max_tokens == in_force
+    assert said and "8,192" in said[-1] and "fake" in said[-1] and "32,768" in said[-1], said
+    assert await page.send("hello", *form, None, request) == SKIP
+    assert len(store.get(conv_id).messages) == 0 and "8,192" in said[-1]
+    form[3] = 8192
+    await page.settings_changed(*form, None, request)
+    assert store.get(conv_id).settings.max_tokens == 8192
+
+
+@pytest.mark.anyio
 async def test_a_tab_redraws_the_title_and_settings_a_change_elsewhere_gave_its_chat(store) -> None:
     """Another tab renamed the chat, changed a setting, or deleted it: the idle tab redrew the
     chat only, its title box and settings kept the old values (after a delete, the deleted

@@ -28,7 +28,7 @@ STATS = re.compile(r"(\d+) tokens")
 PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
-           "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara")
+           "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo")
 
 
 # ---- the app and the browser, shared by the module
@@ -593,6 +593,28 @@ def test_an_emptied_settings_box_shows_the_saved_value_again_once_left(tab, app)
     assert page.input_value("#temperature input[type=number]") != "0" and not [x for x in toasts(page) if "not saved" in x]
 
 
+def test_max_tokens_above_the_models_context_is_refused_and_a_typed_1e3_shows_as_saved(tab, app):
+    """Max tokens up to 32,768 were taken for a model of 8,192: refused now, naming the limit,
+    and the box shows the value in force again. "1e3" was saved as 1000 but the box kept
+    showing "1e3": it shows 1000, the value a reload shows too."""
+    t = tab()
+    page = t.page
+    new_chat(page, max_tokens=4)
+    send(page, "Kakapo one: say hi.")
+    wait_finished(page, 1)
+    put_setting(page, "#max-tokens input", "32768")
+    assert wait_until(lambda: any(re.search(r"at most [\d,]+, the context of", x) for x in toasts(page)), 10), toasts(page)
+    assert wait_until(lambda: page.input_value("#max-tokens input") == "4", 5), page.input_value("#max-tokens input")
+    assert error_badges(page) == 0, toasts(page)
+    put_setting(page, "#max-tokens input", "1e3")
+    assert wait_until(lambda: page.input_value("#max-tokens input") == "1000", 5), page.input_value("#max-tokens input")
+    time.sleep(1)  # saved
+    t.open()
+    open_accordion(page, "Settings", "#max-tokens input")
+    assert wait_until(lambda: page.input_value("#max-tokens input") == "1000", 10), page.input_value("#max-tokens input")
+    assert "Kakapo" in users(page)[0]
+
+
 def test_a_double_click_on_send_or_a_double_enter_sends_once(tab):
     """The box empties only when the first send is done: a second click or Enter in between
     carried the same text again, and the message was shown (and answered) twice."""
@@ -671,7 +693,7 @@ def shown_chat_in_address(page) -> str | None:
 
 def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
     page = tab().page
-    for marker in ("Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara"):
+    for marker in ("Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo"):
         new_chat(page, max_tokens=4)
         send(page, f"{marker}: say hi.")
         wait_finished(page, 1)
