@@ -445,7 +445,8 @@ class ChatPage:
                     tab.recheck_at = tab.ended_at + RECHECK_AFTER_S
 
     async def tick(self, editing: bool, request: gr.Request):
-        """Every second: the status line, and the sidebar when another chat starts or ends replying.
+        """Every second: the status line, the sidebar when another chat starts or ends replying,
+        and what the tab's replies have to say (a toast: ReplyManager.notices).
 
         Once after a follow that took over from another one, the whole view: the browser runs
         the follows of a tab as separate submissions and does not keep their order (a message of

@@ -484,6 +484,32 @@ def test_continue_grows_the_same_reply(page, app):
     assert "version" not in last_line(page), f"Continue is not a new version: {last_line(page)}"
 
 
+def test_a_continue_that_adds_nothing_keeps_the_figures_and_says_why(page, app):
+    """A reply cut at max tokens just before the model's own end: Continue gets EOS first. The
+    reply's time to first token and tok/s vanished and nothing said why; they stay, and a toast
+    says the model had nothing to add."""
+    question = "What is the capital of France?"
+    new_chat(page, temperature=0, max_tokens=64, repetition_penalty=1)
+    send(page, question)
+    wait_reply(page, app, "whole reply")
+    whole = int(re.search(r"(\d+) tokens", last_line(page)).group(1))
+    for max_tokens in (whole, whole - 1):  # whether the count holds the end token or not
+        new_chat(page, temperature=0, max_tokens=max_tokens, repetition_penalty=1)
+        send(page, question)
+        wait_reply(page, app, "reply cut at its end", tokens=max_tokens)
+        if "hit the token limit" in last_line(page):
+            break
+    assert page.locator("#continue-btn").is_visible(), last_line(page)
+    before = last_line(page)
+    assert "s to first token" in before and "tok/s" in before, before
+    page.click("#continue-btn")
+    assert wait_until(lambda: "nothing to add" in toasts(page), 15), (toasts(page), lines(page))
+    after = last_line(page)
+    assert before.split(" · ")[:2] == after.split(" · ")[:2], (before, after)  # time to first token, tok/s
+    assert not page.locator("#continue-btn").is_visible()
+    shot(page, "04-continue-nothing-to-add")
+
+
 # ---- 5. deleting one message
 
 def test_deleting_a_message_removes_it_and_what_follows_unless_dismissed(page, app, tmp_path):
