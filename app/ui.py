@@ -759,7 +759,8 @@ class ChatPage:
             return gr.skip()  # Enter on an empty box: nothing happens
         sent_at = clicked_at if clicked_at is not None else time.time() * 1000
         last = tab.last_send
-        if last is not None and last[:2] == (tab.conv_id, text) and 0 <= sent_at - last[2] < DOUBLE_SEND_MS:
+        # either order: Gradio may start the second send of a double click before the first
+        if last is not None and last[:2] == (tab.conv_id, text) and abs(sent_at - last[2]) < DOUBLE_SEND_MS:
             return ""  # the same message again at once: a double click or Enter, sent once
         conv = self.shown(tab)
         if self.said_deleted(tab, SEND_DELETED_ELSEWHERE) or not self.shows_current(tab, conv, appending=True):

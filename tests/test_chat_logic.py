@@ -415,6 +415,25 @@ async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(
 
 
 @pytest.mark.anyio
+async def test_a_double_click_sends_once_whichever_of_its_two_sends_starts_first(store) -> None:
+    """A double click on Send (or a double Enter) is two sends of one text; under load Gradio
+    may start the later click's first (seen in CI: the message was stored twice). Either order
+    stores it once; the same text a second later is a new message."""
+    from minisgl_app.ui import ChatPage
+
+    engine = FakeEngine()
+    page = ChatPage(FakeClient(engine), store)
+    await page.send("numbat note", *SETTINGS, 1250.0, FakeRequest())  # the second click, started first
+    await page.send("numbat note", *SETTINGS, 1000.0, FakeRequest())
+    await until_idle(page.replies)
+    conv_id = page.tab(FakeRequest()).conv_id
+    assert [m.content for m in store.get(conv_id).messages if m.role == "user"] == ["numbat note"]
+    await page.send("numbat note", *SETTINGS, 2500.0, FakeRequest())  # sent again on purpose
+    await until_idle(page.replies)
+    assert [m.content for m in store.get(conv_id).messages if m.role == "user"] == ["numbat note"] * 2
+
+
+@pytest.mark.anyio
 async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_engine(store) -> None:
     """The page's default penalty (the demo model loops without one) goes with every reply; a
     chat's own value replaces it; the OpenAI API's default stays 1 (off)."""
