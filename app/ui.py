@@ -459,7 +459,7 @@ class ChatPage:
         session = request.session_hash if request is not None else None
         self.replies.page_seen(session, tab.conv_id)
         for notice in self.replies.take_notices(session):
-            gr.Info(html.escape(notice, quote=False))
+            inform(notice)
         following = tab.following is not None and not tab.following.is_set()
         if tab.recheck_at is not None and not following and time.monotonic() >= tab.recheck_at:
             tab.recheck_at = None
@@ -836,6 +836,9 @@ class ChatPage:
             self.store.add_message(conv.id, target.parent_id, target.role, new_text)
             if self.retitle(conv, target, new_text):
                 title = title_from(new_text)
+            later = len(conv.messages) - 1 - [m.id for m in conv.messages].index(target.id)
+            if later:  # they leave the view with the old version: say where they went
+                inform(branch_note(later))
             if target.role == "user":
                 self.submit(tab, conv.id, request, self.turn_for(conv.id))
         self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
@@ -1305,6 +1308,18 @@ def warn(message: str) -> None:
     """A warning toast (``gr.Warning``) that shows ``message`` as text: Gradio draws a toast's
     message as HTML, and messages quote what the user gave (a chat's title, a file name)."""
     gr.Warning(html.escape(message, quote=False))
+
+
+def inform(message: str) -> None:
+    """An information toast (``gr.Info``), shown as text like :func:`warn`'s."""
+    gr.Info(html.escape(message, quote=False))
+
+
+def branch_note(later: int) -> str:
+    """What an edit of a message with ``later`` messages after it tells the user: the chat now
+    shows the new version alone, and the old one with its continuation is still there."""
+    after = "the message after it" if later == 1 else f"the {later} messages after it"
+    return f"Your edit starts a new branch. The earlier version and {after} are kept: click the message, then ‹ › to see them."
 
 
 def stop_strings(text: str | None) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ import pytest
 from chat_page_utils import (ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, below, browser, empty_button_boxes,  # noqa: F401 (browser: fixture)
                              open_new_chat, put_setting, send, wait_page_loaded, whole_on_screen)
 from server_utils import wait_until
+from minisgl_app.ui import branch_note
 
 pytestmark = BROWSER_MARKS
 
@@ -335,7 +336,9 @@ def test_editing_an_earlier_question_answers_it_again_and_keeps_the_old_branch(p
     next_version(page)
     expect_shown(page, "Your message 1: version 2 of 2", "› after editing", user=edited, index=0)
     assert replies(page) == [new_answer]
-    assert after_edit == "", f"a warning after a plain edit of the question: {after_edit}"
+    # the one toast: where the question's old reply and the turn after it went (ui.branch_note)
+    assert after_edit.startswith("Info") and after_edit.endswith(branch_note(3)) and " | " not in after_edit, \
+        f"after a plain edit of the question: {after_edit!r}"
 
 
 # ---- 3. editing a reply

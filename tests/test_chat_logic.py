@@ -837,6 +837,38 @@ async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(
 
 
 @pytest.mark.anyio
+async def test_editing_an_earlier_message_says_where_the_turns_after_it_went(store, capsys) -> None:
+    """✎ on a message with turns after it shows the new version alone (the old one and what
+    followed it live on as another version): the user is told so and how to see them; an edit of
+    the last message has nothing to say. (Outside a page, Gradio prints an information toast.)"""
+    import gradio as gr
+
+    from minisgl_app.ui import ChatPage, branch_note
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    for question in ("first question", "second question"):
+        await page.send(question, *SETTINGS, None, request)
+        await until_idle(page.replies)
+    tab = page.tab(request)
+
+    async def edit(content: str, new: str) -> None:
+        [o async for o in page.follow(request)]  # the tab has seen the chat as it is
+        shown = page.view_of(page.shown(tab), tab)
+        index = next(i for i, v in enumerate(shown) if v.source is not None and v.source.content == content)
+        await page.edit(gr.EditData(None, {"index": index, "value": new, "previous_value": content}), request)
+        await until_idle(page.replies)
+
+    capsys.readouterr()
+    await edit("first question", "first question, again")
+    assert branch_note(3) in capsys.readouterr().out  # its reply, the second question, its reply
+    assert texts(store, tab.conv_id) == [("user", "first question, again"), ("assistant", "echo: first question, again")]
+    await edit("echo: first question, again", "my own answer")  # the last message: nothing after it
+    assert "new branch" not in capsys.readouterr().out
+    assert "the message after it are" in branch_note(1)
+
+
+@pytest.mark.anyio
 async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the_limit(store, monkeypatch) -> None:
     """The store lets max tokens up to 32,768 through, even for a model of 8,192 tokens: the
     page refuses more than the context of the model serving the chat, with a message naming it;
