@@ -331,7 +331,9 @@ class ChatPage:
         """Whether ``conv`` (the tab's chat, just read) has the messages the tab's last render
         showed, so that an action on them acts on what the user sees; ``appending`` (a new
         message goes at the end): the shown ones, maybe followed by more. Else another tab changed
-        the chat: a toast says so and the page shows the chat as it is now."""
+        or deleted the chat: a toast says so and the page shows the chat as it is now."""
+        if self.said_deleted(tab, SEND_DELETED_ELSEWHERE if appending else DELETED_ELSEWHERE):
+            return False
         seen = tab.seen
         if conv is None or seen is None or seen.conv_id != conv.id:
             return True  # nothing shown of this chat yet (a click that showed it is being answered)
@@ -763,10 +765,10 @@ class ChatPage:
         if last is not None and last[:2] == (tab.conv_id, text) and abs(sent_at - last[2]) < DOUBLE_SEND_MS:
             return ""  # the same message again at once: a double click or Enter, sent once
         conv = self.shown(tab)
-        if self.said_deleted(tab, SEND_DELETED_ELSEWHERE) or not self.shows_current(tab, conv, appending=True):
+        if not self.shows_current(tab, conv, appending=True):
             return gr.skip()  # the message stays in the box; the page shows the chat as it is now
         form = self.checked_form((system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty),
-                                 self.settings_in_force(tab))
+                                 self.settings_of(tab, conv))
         if not self.save_settings(tab, *form):
             return gr.skip()  # the toast says which setting; the message stays in the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
@@ -787,7 +789,7 @@ class ChatPage:
         tab = self.tab(request)
         conv = self.shown(tab)
         users = [m for m in conv.messages if m.role == "user"] if conv is not None else []
-        if self.said_deleted(tab) or not self.shows_current(tab, conv):
+        if not self.shows_current(tab, conv):
             pass
         elif not users:
             warn("Nothing to regenerate yet.")
@@ -801,7 +803,7 @@ class ChatPage:
         """Continue: the stopped or cut reply goes on where it ended (same message)."""
         tab = self.tab(request)
         conv = self.shown(tab)
-        if self.said_deleted(tab) or not self.shows_current(tab, conv):
+        if not self.shows_current(tab, conv):
             return
         if not can_continue(conv):
             warn("Only a reply that was stopped or cut at max tokens can be continued.")
@@ -823,7 +825,7 @@ class ChatPage:
         new_text = edit_text(edit.value)
         if new_text == edit_text(edit.previous_value):
             pass  # unchanged (Gradio edits a reply and the line under it together: the line is no edit)
-        elif self.said_deleted(tab) or not self.shows_current(tab, conv):
+        elif not self.shows_current(tab, conv):
             pass  # the edit's index is into the chat as the tab showed it
         elif item is None or item.is_line or item.source is None:
             warn("Edit the message's own text, not the line above or under it.")
@@ -867,7 +869,7 @@ class ChatPage:
         """A click on a message: the versions bar now acts on it."""
         tab = self.tab(request)
         conv = self.shown(tab)
-        if self.said_deleted(tab) or not self.shows_current(tab, conv):
+        if not self.shows_current(tab, conv):
             return  # the click's index is into the chat as the tab showed it
         shown = self.view_of(conv, tab)
         index = evt.index if isinstance(evt.index, int) else (evt.index[0] if evt.index else -1)
@@ -878,7 +880,7 @@ class ChatPage:
     def switch_version(self, step: int, request: gr.Request):
         tab = self.tab(request)
         conv = self.shown(tab)
-        if self.said_deleted(tab) or not self.shows_current(tab, conv):
+        if not self.shows_current(tab, conv):
             return
         target = focus_of(conv, tab.focus)
         if target is None:
@@ -900,7 +902,7 @@ class ChatPage:
     async def delete_message(self, confirmed: bool, request: gr.Request):
         tab = self.tab(request)
         conv = self.shown(tab)
-        if not confirmed or self.said_deleted(tab) or not self.shows_current(tab, conv):
+        if not confirmed or not self.shows_current(tab, conv):
             return
         target = focus_of(conv, tab.focus)
         if target is None:
@@ -1228,34 +1230,31 @@ class ChatPage:
         m.refresh.change(self.redraw_fields, inputs=[m.refresh, m.focused], outputs=tab_fields, js=FOCUSED_FIELD_JS, **quick)
         # stamped (STAMP_JS): a settings box these clicks leave is saved to the chat shown before
         attachments = dict(fn=self.attachments_note, outputs=[m.attached, m.unattach_btn], **quick)
-        shown = c.new_btn.click(self.new_chat, inputs=c.clicked_at, outputs=tab_fields, js=STAMP_JS, **quick)
-        shown.then(**follow)
-        shown.then(**attachments)  # the files attached for the chat shown before were dropped
-        shown = c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at], outputs=tab_fields, js=STAMP_JS, **quick)
-        shown.then(**follow)
-        shown.then(**attachments)
+
+        def then_redraw(event) -> None:
+            """After an event that may show another chat (or send the files attached): the chat,
+            and the attachment note (the files attached for the chat shown before were dropped)."""
+            event.then(**follow)
+            event.then(**attachments)
+
+        then_redraw(c.new_btn.click(self.new_chat, inputs=c.clicked_at, outputs=tab_fields, js=STAMP_JS, **quick))
+        then_redraw(c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at], outputs=tab_fields, js=STAMP_JS, **quick))
         # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
         # Backspace, cut or paste); the box is never an output, so only the user changes it
         c.search.change(self.search, inputs=c.search, outputs=c.conv_list, **quick)
         c.rename_btn.click(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **quick)
         c.title_box.submit(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **quick)
-        shown = c.delete_btn.click(self.delete, inputs=[c.confirmed, c.clicked_at], outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
-                                   **quick)
-        shown.then(**follow)
-        shown.then(**attachments)
+        then_redraw(c.delete_btn.click(self.delete, inputs=[c.confirmed, c.clicked_at], outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
+                                       **quick))
         for button, handler in ((c.export_md, self.export_md), (c.export_json, self.export_json)):
             button.click(handler, outputs=c.export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
-        shown = c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search, c.import_note], **quick)
-        shown.then(**follow)
-        shown.then(**attachments)
+        then_redraw(c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search, c.import_note], **quick))
         for item in settings:  # saved when committed, not on every key: a box when left (PAGE_JS: or on Enter), a slider let go
             committed = item.release if isinstance(item, gr.Slider) else item.input if isinstance(item, gr.Checkbox) else item.blur
             committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
         for trigger in (m.msg.submit, m.send_btn.click):
-            sent = trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=m.msg, js=STAMP_JS, **quick)
-            sent.then(**follow)
-            sent.then(**attachments)  # they went with the message
+            then_redraw(trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=m.msg, js=STAMP_JS, **quick))
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **quick)
         m.unattach_btn.click(self.unattach, outputs=[m.attached, m.unattach_btn], **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)

@@ -110,10 +110,6 @@ def _read_kernel(w_ptr, out_ptr, total, BLOCK: tl.constexpr, PER_PROGRAM: tl.con
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
-def graph_us(fn, calls: int = 20) -> float:
-    return gpu_time_us(fn, reps=calls)
-
-
 class Product:
     """One product of a decoder layer at one row, its inputs allocated once."""
 
@@ -223,7 +219,7 @@ def read_roof(nbytes: int) -> float:
     for block, per in ((1024, 65536), (2048, 131072), (4096, 262144), (1024, 16384)):
         out = torch.empty(triton.cdiv(w.numel(), per), device=DEV, dtype=torch.float32)
         for warps in (4, 8):
-            us = graph_us(lambda: _read_kernel[(out.numel(),)](w, out, w.numel(), BLOCK=block, PER_PROGRAM=per, num_warps=warps))
+            us = gpu_time_us(lambda: _read_kernel[(out.numel(),)](w, out, w.numel(), BLOCK=block, PER_PROGRAM=per, num_warps=warps))
             best = min(best, us)
     return best
 
@@ -245,7 +241,7 @@ def main(config: str) -> None:
                 out = fn()
                 torch.cuda.synchronize()
                 err = "" if label.startswith("cuBLAS") else f" err {((out.float() - ref).abs().max() / ref.abs().max()).item():.1e}"
-                us = graph_us(fn)
+                us = gpu_time_us(fn)
             except Exception as exc:  # a variant that does not compile here: report and go on
                 print(f"   {label}: failed: {str(exc).splitlines()[0][:160]}", flush=True)
                 continue
@@ -262,7 +258,7 @@ def main(config: str) -> None:
         return
     for label, chosen in (("engine's choice", best_engine), ("fastest variant of each", best_any)):
         fns = [chosen[p.name] for p in products]
-        us = graph_us(lambda: [f() for f in fns], calls=10)
+        us = gpu_time_us(lambda: [f() for f in fns], reps=10)
         print(f"== a layer's four products back to back, {label}: {us:.2f} us = {total / us / 1e6:.2f} TB/s "
               f"(read-only roof of {total / 1e6:.0f} MB: see above)", flush=True)
 

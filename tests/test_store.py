@@ -976,23 +976,29 @@ def test_two_processes_and_a_thread_append_to_one_conversation(tmp_path):
 
 # ---- which model wrote each reply (schema version 4)
 
+def file_at_version(path: Path, version: int, messages_sql: str, leaf_id: int) -> None:
+    """A database as release ``version`` of the schema left it (its first ``version`` migration
+    steps), holding chat 1 ('old') with the messages ``messages_sql`` inserts."""
+    from minisgl_app.store import MIGRATIONS
+
+    raw = sqlite3.connect(path)
+    for step in MIGRATIONS[:version]:
+        step(raw)
+    raw.execute(f"PRAGMA user_version = {version}")
+    raw.execute("INSERT INTO conversations (id, title, created_at, updated_at, settings) VALUES (1, 'old', 1.0, 2.0, '{}')")
+    raw.execute("INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, stats) " + messages_sql)
+    raw.execute("UPDATE conversations SET leaf_id = ? WHERE id = 1", (leaf_id,))
+    raw.commit()
+    raw.close()
+
+
 def test_a_version_3_file_gains_the_reply_model_and_keeps_its_chats(tmp_path):
     """A database of schema version 3 (made by the first three migration steps, as the release
     before the models panel left it) opens with its chats whole; its old replies have no model
     (unknown), new ones remember theirs, and a stream's updates keep it."""
-    from minisgl_app.store import MIGRATIONS
-
     path = tmp_path / DB_NAME
-    raw = sqlite3.connect(path)
-    for step in MIGRATIONS[:3]:
-        step(raw)
-    raw.execute("PRAGMA user_version = 3")
-    raw.execute("INSERT INTO conversations (id, title, created_at, updated_at, settings) VALUES (1, 'old', 1.0, 2.0, '{}')")
-    raw.execute("INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, stats) "
-                "VALUES (1, 1, NULL, 0, 'user', 'hi', 1.0, NULL), (2, 1, 1, 1, 'assistant', 'hello', 2.0, '{\"tokens\": 2}')")
-    raw.execute("UPDATE conversations SET leaf_id = 2 WHERE id = 1")
-    raw.commit()
-    raw.close()
+    file_at_version(path, 3, "VALUES (1, 1, NULL, 0, 'user', 'hi', 1.0, NULL), (2, 1, 1, 1, 'assistant', 'hello', 2.0, '{\"tokens\": 2}')",
+                    leaf_id=2)
     with ConversationStore(path) as s:
         old = s.get(1)
         assert [(m.content, m.model) for m in old.messages] == [("hi", None), ("hello", None)]
@@ -1064,19 +1070,8 @@ def test_every_write_to_a_chat_raises_its_revision_and_no_other_chats(store):
 
 
 def test_a_version_4_file_gains_revisions_and_keeps_its_chats(tmp_path):
-    from minisgl_app.store import MIGRATIONS
-
     path = tmp_path / DB_NAME
-    raw = sqlite3.connect(path)
-    for step in MIGRATIONS[:4]:
-        step(raw)
-    raw.execute("PRAGMA user_version = 4")
-    raw.execute("INSERT INTO conversations (id, title, created_at, updated_at, settings) VALUES (1, 'old', 1.0, 2.0, '{}')")
-    raw.execute("INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, stats) "
-                "VALUES (1, 1, NULL, 0, 'user', 'hi', 1.0, NULL)")
-    raw.execute("UPDATE conversations SET leaf_id = 1 WHERE id = 1")
-    raw.commit()
-    raw.close()
+    file_at_version(path, 4, "VALUES (1, 1, NULL, 0, 'user', 'hi', 1.0, NULL)", leaf_id=1)
     with ConversationStore(path) as s:
         assert [m.content for m in s.get(1).messages] == ["hi"]
         before = s.revision(1)
