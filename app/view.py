@@ -284,7 +284,8 @@ def model_choices(entries) -> list[tuple[str, str]]:
 
 
 def status_line(client) -> str:
-    """The model, the device and the engine's load, in one line."""
+    """The model, the device and the engine's load, in one line: "Generating" while the engine
+    has requests (any tab's or the API's), "Ready" once it is idle."""
     if not client.ready:
         if client.startup_errors:
             worker, error = next(iter(client.startup_errors.items()))
@@ -304,8 +305,10 @@ def status_line(client) -> str:
     else:
         kv = f"KV cache: {s.kv_pages_used:,} in use, {s.kv_pages_cached:,} cached, {s.kv_pages_total:,} total pages"
         load = f"{wide_only(' · ' + kv)} · {s.running} running, {s.waiting} waiting"
+    # "Ready" while a reply streams read as if nothing were happening: the engine's state comes first
+    state = "Generating" if s is not None and (s.running or s.waiting) else "Ready"
     dtype = wide_only(f" ({sched.get('dtype', '?')})")
-    return f"**Ready** · {client.model_name} on {', '.join(devices) or '?'}{dtype}{load}"
+    return f"**{state}** · {client.model_name} on {', '.join(devices) or '?'}{dtype}{load}"
 
 
 def wide_only(text: str) -> str:

@@ -543,6 +543,28 @@ def test_the_status_line_names_every_replicas_device():
     assert "qwen3-0.6b on cuda:0, cuda:1 · 3 running, 0 waiting" in narrow and "KV" not in narrow, narrow
 
 
+def test_the_status_line_says_generating_while_the_engine_replies_and_ready_once_idle():
+    """The line said "Ready · 1 running" while a reply streamed: it says "Generating" while the
+    engine has a request running or waiting, "Ready" once it has none."""
+    from types import SimpleNamespace
+
+    from minisgl_app.view import status_line
+    from minisgl_engine.messages import StatsMsg
+
+    def line(running: int, waiting: int = 0) -> str:
+        stats = StatsMsg(running=running, waiting=waiting, kv_pages_total=200, kv_pages_used=20 * running, kv_pages_cached=10,
+                         kv_pages_free=170, prompt_tokens_total=0, generation_tokens_total=0, requests_finished_total=0,
+                         requests_aborted_total=0, prefix_cache_hit_tokens_total=0)
+        info = {"dtype": "float32", "device": "cpu"}
+        client = SimpleNamespace(ready=True, model_name="demo", startup_errors={}, worker_info={"minisgl-TP0-scheduler": info},
+                                 scheduler_info=info, stats=stats)
+        return re.sub(r"<[^>]+>", "", status_line(client))
+
+    assert line(1).startswith("**Generating** · demo on cpu") and "1 running" in line(1), line(1)
+    assert line(0, waiting=2).startswith("**Generating**"), line(0, 2)
+    assert line(0).startswith("**Ready** · demo on cpu") and "0 running" in line(0), line(0)
+
+
 # ---- the view after a view change: two follow events of one tab
 
 SKIP = {"__type__": "update"}  # gr.skip(): leaves an output as it is

@@ -905,6 +905,7 @@ def test_status_line_says_0_running_after_a_reply(tab, app):
     t0 = time.monotonic()
     assert wait_until(lambda: "0 running" in page.inner_text("#status-line"), 2), page.inner_text("#status-line")
     assert time.monotonic() - t0 <= 2
+    assert page.inner_text("#status-line").startswith("Ready"), page.inner_text("#status-line")  # "Generating" while it ran
     # the status line (and every other output) shows only the page's text, never Gradio's timers
     assert not progress_seen(page), f"Gradio's progress showed in the page: {sorted(set(progress_seen(page)))[:6]}"
 
