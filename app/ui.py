@@ -29,8 +29,8 @@ from minisgl_engine import GenerateRequest, SamplingParams, UserError
 from .live import ReplyManager, Turn
 from .model_pull import ModelPuller, PullError, PullProgress
 from .page_css import PAGE_CSS
-from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, REPETITION_PENALTY_MAX, BadImportFile, ChatSettings,
-                    ConversationStore, NotFoundError, plural, title_from)
+from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, MAX_TOKENS_LIMIT, REPETITION_PENALTY_MAX, BadImportFile,
+                    ChatSettings, ConversationStore, NotFoundError, plural, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
 from .view import (can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices, typed_text,
                    version_steps, versions_label, view_messages)
@@ -669,14 +669,15 @@ class ChatPage:
     def checked_form(self, values: tuple, in_force: ChatSettings) -> tuple[ChatSettings, dict[str, str]]:
         """``form_settings`` of the form's ``values``, and one check it cannot make alone: max
         tokens no larger than the context of the model serving the chat (the store's limit,
-        32,768, let 32,768 through for a model of 8,192)."""
+        32,768, let 32,768 through for a model of 8,192). A bad max tokens, too small, too large
+        or not whole, is said in one message naming one range (0 said "1 to 32768" and 9,000
+        "at most 8,192": max_tokens_problem)."""
         settings, problems = form_settings(*values, in_force=in_force)
         source = self.backend_of(with_backend_of(settings, in_force))[1]
         context = getattr(source, "context_len", None)  # None: a source that does not know it
-        if "max_tokens" not in problems and context and settings.max_tokens > context:
-            model = source.model_name or "the model"
-            problems["max_tokens"] = (f"max tokens must be at most {context:,}, the context of {model}, which serves this chat "
-                                      f"(got {settings.max_tokens:,})")
+        n = settings.max_tokens
+        if "max_tokens" in problems or (context and isinstance(n, int) and n > context):
+            problems["max_tokens"] = max_tokens_problem(n, context, source.model_name)
         return settings, problems
 
     def save_settings(self, tab: Tab, settings: ChatSettings, problems: dict[str, str]) -> bool:
@@ -1319,6 +1320,21 @@ def branch_note(later: int) -> str:
     shows the new version alone, and the old one with its continuation is still there."""
     after = "the message after it" if later == 1 else f"the {later} messages after it"
     return f"Your edit starts a new branch. The earlier version and {after} are kept: click the message, then ‹ › to see them."
+
+
+def max_tokens_problem(value, context: int | None, model: str | None) -> str:
+    """What is wrong with max tokens ``value``, naming the one range it must lie in: 1 to the
+    context of the model serving the chat (``context``, None: not known), within the store's
+    limit."""
+    limit = min(context, MAX_TOKENS_LIMIT) if context else MAX_TOKENS_LIMIT
+    why = f", the context of {model or 'the model'}, which serves this chat" if limit == context else ""
+    if value is None or value == "":
+        got = ""
+    elif isinstance(value, int) and not isinstance(value, bool):
+        got = f" (got {value:,})"
+    else:
+        got = f" (got {value!r})" if isinstance(value, str) else f" (got {value:g})" if isinstance(value, float) else f" (got {value})"
+    return f"max tokens must be a whole number from 1 to {limit:,}{why}{got}"
 
 
 def stop_strings(text: str | None) -> tuple[str, ...]:

@@ -921,6 +921,40 @@ async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the
 
 
 @pytest.mark.anyio
+async def test_a_bad_max_tokens_is_refused_naming_one_range_from_1_to_the_serving_models_limit(store, monkeypatch) -> None:
+    """0, -5 or 2.5 said "from 1 to 32768" while a number above the model's context said "at most
+    8,192": every bad max tokens names the one range, 1 to the serving model's context (within
+    the store's 32,768), written the same way."""
+    from minisgl_app import ui
+    from minisgl_app.ui import ChatPage
+
+    client = FakeClient(FakeEngine())
+    client.context_len = 8192
+    page = ChatPage(client, store)
+    request = FakeRequest()
+    said: list[str] = []
+    monkeypatch.setattr(ui, "warn", said.append)
+    conv_id = store.create(title="a").id
+    await page.select(conv_id, None, request)
+    in_force = store.get(conv_id).settings.max_tokens
+    one_range = "max tokens must be a whole number from 1 to 8,192, the context of fake, which serves this chat"
+    for typed, got in ((0, "0"), (-5, "-5"), (2.5, "2.5"), (9000, "9,000"), (40000, "40,000")):
+        form = list(page.fields(page.tab(request))[1:10])
+        form[3] = typed
+        assert (await page.settings_changed(*form, None, request))[3] == in_force, typed
+        assert said[-1] == f"Settings not saved: {one_range} (got {got})", said[-1]
+    assert store.get(conv_id).settings.max_tokens == in_force
+    client.context_len = None  # a source that does not know its model's context: the store's limit
+    form[3] = 0
+    await page.settings_changed(*form, None, request)
+    assert said[-1] == "Settings not saved: max tokens must be a whole number from 1 to 32,768 (got 0)", said[-1]
+    client.context_len = 131072  # a model whose context is larger than the store's limit
+    form[3] = 40000
+    await page.settings_changed(*form, None, request)
+    assert said[-1] == "Settings not saved: max tokens must be a whole number from 1 to 32,768 (got 40,000)", said[-1]
+
+
+@pytest.mark.anyio
 async def test_a_tab_redraws_the_title_and_settings_a_change_elsewhere_gave_its_chat(store) -> None:
     """Another tab renamed the chat, changed a setting, or deleted it: the idle tab redrew the
     chat only, its title box and settings kept the old values (after a delete, the deleted
