@@ -1030,7 +1030,8 @@ class ChatPage:
         return self.as_update(2, tab.sidebar)
 
     async def attach(self, path: str | None, request: gr.Request):
-        """A text file goes into the next message, under its name."""
+        """A text file goes into the next message, under its name; the same file (name and text)
+        attached again goes in once, and a toast says so."""
         tab = self.tab(request)
         if not path:
             return gr.skip()
@@ -1048,7 +1049,10 @@ class ChatPage:
         except ValueError as exc:
             warn(f"Not attached: {exc}.")
             return gr.skip()
-        tab.attachments.append((name, text))
+        if (name, text) in tab.attachments:  # the same file again: it goes into the message once
+            inform(f"{name} is already attached: it goes into your message once.")
+        else:
+            tab.attachments.append((name, text))
         return await self.attachments_note(request)
 
     async def unattach(self, request: gr.Request):

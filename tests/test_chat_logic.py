@@ -1015,3 +1015,31 @@ async def test_attachments_can_be_removed_and_are_dropped_when_the_tab_shows_ano
     await page.send("hello", *SETTINGS, None, request)
     await until_idle(page.replies)
     assert texts(store, a)[0] == ("user", "hello"), "the removed file went with the message"
+
+
+@pytest.mark.anyio
+async def test_the_same_file_attached_twice_goes_into_the_message_once(store, tmp_path, monkeypatch) -> None:
+    """Attaching a file again put it into the message twice: it is attached once, and a toast
+    says so; another file, or the same name with other text, is a file of its own."""
+    from minisgl_app import ui
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    said: list[str] = []
+    monkeypatch.setattr(ui, "inform", said.append)
+    notes, other = tmp_path / "notes.txt", tmp_path / "other" / "notes.txt"
+    notes.write_text("the code is plum\n", encoding="utf-8")
+    other.parent.mkdir()
+    other.write_text("the code is pear\n", encoding="utf-8")
+    first, _ = await page.attach(str(notes), request)
+    again, _ = await page.attach(str(notes), request)
+    assert again == first and first.count("notes.txt") == 1, again
+    assert said == ["notes.txt is already attached: it goes into your message once."], said
+    await page.attach(str(other), request)
+    assert len(page.tab(request).attachments) == 2 and len(said) == 1
+    await page.send("read these", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    question = texts(store, page.tab(request).conv_id)[0][1]
+    assert question.count("plum") == 1 and question.count("pear") == 1, question
+
