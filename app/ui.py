@@ -848,9 +848,9 @@ class ChatPage:
         return title
 
     def retitle(self, conv, edited, new_text: str) -> bool:
-        """A chat's title is made from its first message: when that message is edited and the
-        title is still the one made from it (the user never renamed the chat), the title follows
-        the new text. Whether it was renamed."""
+        """A chat's title is made from its first message: when that message is edited (or another
+        of its versions is shown: ‹ ›) and the title is still the one made from it (the user never
+        renamed the chat), the title follows the new text. Whether it was renamed."""
         first = edited.role == "user" and edited.parent_id is None
         if not first or conv.title != title_from(edited.content) or conv.title == title_from(new_text):
             return False
@@ -879,26 +879,34 @@ class ChatPage:
             self.replies.notify()
 
     def switch_version(self, step: int, request: gr.Request):
+        """‹ ›: show another version of the message the versions bar acts on. Switching the first
+        message's version retitles the chat as editing it does (``retitle``): the title box gets
+        the new title then."""
         tab = self.tab(request)
         conv = self.shown(tab)
         if not self.shows_current(tab, conv):
-            return
+            return gr.skip()
         target = focus_of(conv, tab.focus)
         if target is None:
-            return
+            return gr.skip()
         if self.replies.is_busy(conv.id):
             warn(BUSY_HINT)
-            return
-        conv = self.store.switch_version(conv.id, target.id, step)
+            return gr.skip()
+        switched = self.store.switch_version(conv.id, target.id, step)
         depth = target.position
-        tab.focus = next((m.id for m in conv.messages if m.position == depth), None)
+        tab.focus = next((m.id for m in switched.messages if m.position == depth), None)
+        shown = switched.messages[depth] if depth < len(switched.messages) else None
+        title = gr.skip()
+        if shown is not None and shown.id != target.id and self.retitle(conv, target, shown.content):
+            title = title_from(shown.content)
         self.replies.notify()
+        return title
 
     async def previous_version(self, request: gr.Request):
-        self.switch_version(-1, request)
+        return self.switch_version(-1, request)
 
     async def next_version(self, request: gr.Request):
-        self.switch_version(+1, request)
+        return self.switch_version(+1, request)
 
     async def delete_message(self, confirmed: bool, request: gr.Request):
         tab = self.tab(request)
@@ -1265,8 +1273,8 @@ class ChatPage:
         m.chatbot.retry(self.regenerate, **quick).then(**follow)
         m.chatbot.edit(self.edit, outputs=c.title_box, **quick).then(**follow)
         m.chatbot.select(self.focus, **quick).then(**follow)
-        m.prev_btn.click(self.previous_version, **quick).then(**follow)
-        m.next_btn.click(self.next_version, **quick).then(**follow)
+        m.prev_btn.click(self.previous_version, outputs=c.title_box, **quick).then(**follow)
+        m.next_btn.click(self.next_version, outputs=c.title_box, **quick).then(**follow)
         m.delete_msg_btn.click(self.delete_message, inputs=c.confirmed, js=confirm_js("Delete this message and what follows it?"),
                                **quick).then(**follow)
         m.continue_btn.click(self.continue_reply, **quick).then(**follow)

@@ -859,6 +859,46 @@ async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(
 
 
 @pytest.mark.anyio
+async def test_switching_the_first_messages_version_retitles_a_chat_the_user_never_renamed(store) -> None:
+    """✎ on the first message retitles the chat, but ‹ › back to its first version left the new
+    title on a chat showing the old question. Switching the first message's version retitles it
+    as the edit does (the title box gets it), unless the user renamed the chat."""
+    import gradio as gr
+
+    from minisgl_app.store import title_from
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    await page.send("What is the capital of France?", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    tab = page.tab(request)
+    [o async for o in page.follow(request)]
+    await page.edit(gr.EditData(None, {"index": 0, "value": "And of Spain?", "previous_value": "What is the capital of France?"}),
+                    request)
+    await until_idle(page.replies)
+    assert store.get(tab.conv_id).title == "And of Spain?"
+
+    async def switch(step: int):
+        [o async for o in page.follow(request)]  # the tab has seen the chat as it is
+        tab.focus = store.get(tab.conv_id).messages[0].id  # the first message clicked: the versions bar acts on it
+        returned = await (page.previous_version if step < 0 else page.next_version)(request)
+        return returned, store.get(tab.conv_id)
+
+    title, conv = await switch(-1)
+    assert conv.messages[0].content == "What is the capital of France?"
+    assert conv.title == title == title_from("What is the capital of France?"), (conv.title, title)
+    title, conv = await switch(+1)
+    assert conv.messages[0].content == "And of Spain?" and conv.title == title == "And of Spain?"
+    [o async for o in page.follow(request)]
+    tab.focus = conv.messages[1].id  # a reply's version: the title is left alone
+    assert await page.previous_version(request) == SKIP and store.get(tab.conv_id).title == "And of Spain?"
+    await page.rename("My trip", request)
+    title, conv = await switch(-1)
+    assert conv.messages[0].content == "What is the capital of France?" and conv.title == "My trip" and title == SKIP
+
+
+@pytest.mark.anyio
 async def test_editing_an_earlier_message_says_where_the_turns_after_it_went(store, capsys) -> None:
     """✎ on a message with turns after it shows the new version alone (the old one and what
     followed it live on as another version): the user is told so and how to see them; an edit of
