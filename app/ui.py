@@ -60,6 +60,8 @@ QUEUE_POLL_S = 0.02
 # found nothing to stop also stops a message clicked before it, and never one clicked after it.
 # So do a settings box's save and the clicks that show another chat (ChatPage.settings_changed).
 STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is an event's last input
+# the clicks that show another chat also carry the message box (its text is the chat's draft): stamped before it
+STAMP_BEFORE_DRAFT_JS = "(...inputs) => [...inputs.slice(0, -2), Date.now(), inputs[inputs.length - 1]]"
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
 # since (ChatPage.shows_current); an idle tab redraws a chat changed elsewhere (ChatPage.tick).
@@ -237,11 +239,11 @@ def confirm_js(question: str) -> str:
 
 
 # Delete chat names the chat: the selected sidebar entry's title, without its ● and time; the
-# click is stamped as STAMP_JS does
-CONFIRM_DELETE_CHAT_JS = """(x) => {
+# click is stamped as STAMP_BEFORE_DRAFT_JS does (the message box, its last input, is passed on)
+CONFIRM_DELETE_CHAT_JS = """(x, stamp, draft) => {
   const label = document.querySelector('#conv-list input:checked')?.closest('label');
   const title = label ? label.innerText.trim().replace(/^● /, '').replace(/ · [^·]*$/, '') : '';
-  return [confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.'), Date.now()];
+  return [confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.'), Date.now(), draft];
 }"""
 
 
@@ -298,6 +300,9 @@ class Tab:
     lost: bool = False  # the chat it showed was found deleted (by another tab): not said yet
     refreshes: int = 0  # the tick's count of redraws asked for (a change of it starts a follow)
     fields_of: tuple[int | None, int | None] | None = None  # the chat and revision the title and settings boxes show
+    # what the message box held when the tab left each chat (None: its new chat), unsent: put back
+    # when the tab shows that chat again (ChatPage.swap_draft)
+    unsent: dict[int | None, str] = field(default_factory=dict)
 
 
 class ChatPage:
@@ -559,26 +564,45 @@ class ChatPage:
             return False
         return True
 
-    def show(self, tab: Tab, conv_id: int | None, clicked_at: float | None) -> None:
+    def show(self, tab: Tab, conv_id: int | None, clicked_at: float | None, text: str | None = None):
         """The tab shows ``conv_id`` from the click at ``clicked_at`` (browser ms) on; the files
-        attached for another chat are dropped."""
+        attached for another chat are dropped. The message box's ``text`` stays with the chat
+        shown before; what the box is to show now (``swap_draft``)."""
+        box = self.swap_draft(tab, conv_id, text)
         if conv_id != tab.conv_id:
             self.drop_attachments(tab)
         tab.shown_before, tab.shown_since = tab.conv_id, clicked_at or 0.0
         tab.conv_id, tab.focus, tab.picked = conv_id, None, True
         self.replies.notify()
+        return box
 
-    async def select(self, conv_id: int | None, clicked_at: float | None, request: gr.Request):
+    @staticmethod
+    def swap_draft(tab: Tab, conv_id: int | None, text: str | None):
+        """A draft belongs to its chat: the message box's ``text`` (None: not known, the box is
+        left as it is) is kept for the chat the tab leaves, and the box shows the unsent text of
+        ``conv_id`` (empty when it has none). The message just sent from the box is no draft (a
+        click on another chat can reach the server while the box still shows it)."""
+        if text is None or conv_id == tab.conv_id:
+            return gr.skip()
+        sent = tab.last_send is not None and tab.last_send[:2] == (tab.conv_id, text.strip())
+        if text.strip() and not sent:
+            tab.unsent[tab.conv_id] = text
+        else:
+            tab.unsent.pop(tab.conv_id, None)
+        return tab.unsent.pop(conv_id, "")
+
+    async def select(self, conv_id: int | None, clicked_at: float | None, request: gr.Request, text: str | None = None):
+        """A click on a chat in the sidebar: the tab shows it (its draft in the message box)."""
         tab = self.tab(request)
-        self.show(tab, conv_id, clicked_at)
-        return self.fields(tab)
+        box = self.show(tab, conv_id, clicked_at, text)
+        return (box, *self.fields(tab))
 
-    async def new_chat(self, clicked_at: float | None, request: gr.Request):
+    async def new_chat(self, clicked_at: float | None, request: gr.Request, text: str | None = None):
         tab = self.tab(request)
         backend = self.settings_in_force(tab).backend  # a new chat asks where the last one did
         tab.draft = replace(self.store.default_settings(), backend=backend)
-        self.show(tab, None, clicked_at)
-        return self.fields(tab)
+        box = self.show(tab, None, clicked_at, text)
+        return (box, *self.fields(tab))
 
     async def rename(self, title: str, request: gr.Request):
         tab = self.tab(request)
@@ -593,20 +617,22 @@ class ChatPage:
         conv = self.shown(tab)  # the box shows the title the chat has (a refused one is put back)
         return self.as_update(2, tab.sidebar), conv.title if conv is not None else ""
 
-    async def delete(self, confirmed: bool, clicked_at: float | None, request: gr.Request):
+    async def delete(self, confirmed: bool, clicked_at: float | None, request: gr.Request, text: str | None = None):
         tab = self.tab(request)
         if not confirmed or tab.conv_id is None:
-            return self.fields(tab)
-        self.replies.stop_all(tab.conv_id)
+            return (gr.skip(), *self.fields(tab))
+        deleted = tab.conv_id
+        self.replies.stop_all(deleted)
         try:
-            self.store.delete(tab.conv_id)
+            self.store.delete(deleted)
         except NotFoundError:
             pass
         convs = self.store.list()
         # no toast: the page asked first (CONFIRM_DELETE_CHAT_JS) and the chat leaves the sidebar;
         # a toast opened over the top of the chat shown next, on its first message's buttons
-        self.show(tab, convs[0].id if convs else None, clicked_at)
-        return self.fields(tab)
+        box = self.show(tab, convs[0].id if convs else None, clicked_at, text)
+        tab.unsent.pop(deleted, None)  # the deleted chat's draft goes with it
+        return (box, *self.fields(tab))
 
     def export(self, kind: str, request: gr.Request):
         """Write the shown chat to a file for the hidden download link, which the page clicks."""
@@ -1008,14 +1034,14 @@ class ChatPage:
 
     # ---- import, search, attachments
 
-    async def import_chat(self, path: str | None, request: gr.Request):
+    async def import_chat(self, path: str | None, request: gr.Request, text: str | None = None):
         """Import a chat file and show it. What was imported is said in a line under the Import
         button, not a toast: a toast opens over the top of the chat, where the imported chat's first
         message and its buttons are (it covered them for ten seconds). A refused file gets a
         toast (nothing was imported, and the reason must be seen)."""
         tab = self.tab(request)
         if not path:
-            return (*self.fields(tab), gr.skip(), gr.skip())
+            return (gr.skip(), *self.fields(tab), gr.skip(), gr.skip())
         try:
             if Path(path).suffix.lower() != ".json":
                 raise BadImportFile(f"{Path(path).name} is not a .json file; import {IMPORTABLE}")
@@ -1024,12 +1050,13 @@ class ChatPage:
             conv = self.store.import_conversation(Path(path).read_bytes())
         except BadImportFile as exc:
             warn(f"Not imported: {exc}")
-            return (*self.fields(tab), gr.skip(), "")
+            return (gr.skip(), *self.fields(tab), gr.skip(), "")
+        box = self.swap_draft(tab, conv.id, text)
         self.drop_attachments(tab)
         tab.conv_id, tab.focus, tab.search, tab.picked = conv.id, None, "", True
         self.replies.notify()
         shown = len(conv.messages)
-        return (*self.fields(tab), "", f"Imported “{markdown_literal(conv.title)}” ({shown} {plural('message', shown)} shown).")
+        return (box, *self.fields(tab), "", f"Imported “{markdown_literal(conv.title)}” ({shown} {plural('message', shown)} shown).")
 
     async def search(self, query: str, request: gr.Request):
         tab = self.tab(request)
@@ -1250,18 +1277,24 @@ class ChatPage:
             event.then(**follow)
             event.then(**attachments)
 
-        then_redraw(c.new_btn.click(self.new_chat, inputs=c.clicked_at, outputs=tab_fields, js=STAMP_JS, **quick))
-        then_redraw(c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at], outputs=tab_fields, js=STAMP_JS, **quick))
+        # each of these shows another chat: the message box's text stays with the chat left, and
+        # the box shows the draft of the chat shown (ChatPage.swap_draft)
+        shown_fields = [m.msg, *tab_fields]
+        then_redraw(c.new_btn.click(self.new_chat, inputs=[c.clicked_at, m.msg], outputs=shown_fields, js=STAMP_BEFORE_DRAFT_JS,
+                                    **quick))
+        then_redraw(c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at, m.msg], outputs=shown_fields,
+                                      js=STAMP_BEFORE_DRAFT_JS, **quick))
         # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
         # Backspace, cut or paste); the box is never an output, so only the user changes it
         c.search.change(self.search, inputs=c.search, outputs=c.conv_list, **quick)
         c.rename_btn.click(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **quick)
         c.title_box.submit(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **quick)
-        then_redraw(c.delete_btn.click(self.delete, inputs=[c.confirmed, c.clicked_at], outputs=tab_fields, js=CONFIRM_DELETE_CHAT_JS,
-                                       **quick))
+        then_redraw(c.delete_btn.click(self.delete, inputs=[c.confirmed, c.clicked_at, m.msg], outputs=shown_fields,
+                                       js=CONFIRM_DELETE_CHAT_JS, **quick))
         for button, handler in ((c.export_md, self.export_md), (c.export_json, self.export_json)):
             button.click(handler, outputs=c.export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
-        then_redraw(c.import_btn.upload(self.import_chat, inputs=c.import_btn, outputs=[*tab_fields, c.search, c.import_note], **quick))
+        then_redraw(c.import_btn.upload(self.import_chat, inputs=[c.import_btn, m.msg], outputs=[*shown_fields, c.search, c.import_note],
+                                        **quick))
         for item in settings:  # saved when committed, not on every key: a box when left (PAGE_JS: or on Enter), a slider let go
             committed = item.release if isinstance(item, gr.Slider) else item.input if isinstance(item, gr.Checkbox) else item.blur
             committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)

@@ -1083,3 +1083,41 @@ async def test_the_same_file_attached_twice_goes_into_the_message_once(store, tm
     question = texts(store, page.tab(request).conv_id)[0][1]
     assert question.count("plum") == 1 and question.count("pear") == 1, question
 
+
+@pytest.mark.anyio
+async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) -> None:
+    """The text typed in the message box followed the tab to the next chat shown (attachments
+    were dropped, the draft was not). A draft belongs to its chat: showing another chat (a click
+    in the list, New chat, Delete, Import) keeps the box's text for the chat left and puts the
+    shown chat's own draft in the box (empty when it has none); a message sent is no draft."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    a, b = store.create(title="a").id, store.create(title="b").id
+
+    async def box_after(event, *args, text: str):
+        return (await event(*args, None, request, text))[0]
+
+    assert await box_after(page.select, a, text="") == ""
+    assert await box_after(page.select, b, text="half a question for A") == "", "A's draft followed the tab to B"
+    assert await box_after(page.select, a, text="B's own draft") == "half a question for A"
+    assert await box_after(page.new_chat, text="half a question for A, longer") == ""
+    assert await box_after(page.select, b, text="a new chat's draft") == "B's own draft"
+    assert await box_after(page.new_chat, text="B's own draft") == "a new chat's draft"
+    assert await box_after(page.select, a, text="") == "half a question for A, longer", "the new chat's emptied box keeps nothing"
+    assert await box_after(page.new_chat, text="half a question for A, longer") == ""
+    assert await box_after(page.select, a, text="") == "half a question for A, longer"
+    # sent: the box empties, and a click that reaches the server while it still shows the message keeps no draft
+    [o async for o in page.follow(request)]
+    await page.send("half a question for A, longer", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    assert await box_after(page.select, b, text="half a question for A, longer") == "B's own draft"
+    assert await box_after(page.select, a, text="") == "", "the message sent came back as A's draft"
+    assert (await page.select(b, None, request))[0] == SKIP, "a caller without the box leaves it"
+    # Delete: the deleted chat's draft goes with it; the box shows the draft of the chat shown next
+    await page.select(a, None, request)
+    assert await box_after(page.select, b, text="for A, kept") == ""  # B's box was emptied above
+    assert (await page.delete(True, None, request, "doomed draft"))[0] == "for A, kept"  # A: the newest chat
+    assert b not in page.tab(request).unsent and page.tab(request).conv_id == a
+

@@ -28,7 +28,8 @@ STATS = re.compile(r"(\d+) tokens")
 PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
-           "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo")
+           "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo",
+           "Quetzal", "Bilby")
 
 
 # ---- the app and the browser, shared by the module
@@ -717,6 +718,29 @@ def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
     wait_page_loaded(page)
     newest = page.locator("#conv-list label").first.inner_text()
     assert wait_until(lambda: users(page) and newest.split(" · ")[0].lstrip("● ") in users(page)[0], 10), (newest, users(page))
+    assert error_badges(page) == 0, toasts(page)
+
+
+def test_a_draft_typed_in_the_message_box_stays_with_its_chat(tab, app):
+    """The text typed in the box followed the tab to another chat; each chat keeps its own."""
+    page = tab().page
+    for marker in ("Quetzal", "Bilby"):
+        new_chat(page, max_tokens=4)
+        send(page, f"{marker}: say hi.")
+        wait_finished(page, 1)
+    box = "#msg-input textarea"
+    page.fill(box, "Bilby draft, not sent")
+    select_chat(page, "Quetzal")
+    assert wait_until(lambda: shows_only(page, "Quetzal", ("Bilby",)), 10), users(page)
+    assert wait_until(lambda: page.input_value(box) == "", 5), f"the other chat's draft followed: {page.input_value(box)!r}"
+    page.fill(box, "Quetzal draft")
+    select_chat(page, "Bilby")
+    assert wait_until(lambda: shows_only(page, "Bilby", ("Quetzal",)) and page.input_value(box) == "Bilby draft, not sent", 10), \
+        (users(page), page.input_value(box))
+    open_new_chat(page)
+    assert wait_until(lambda: page.input_value(box) == "", 5), page.input_value(box)
+    select_chat(page, "Quetzal")
+    assert wait_until(lambda: page.input_value(box) == "Quetzal draft", 10), page.input_value(box)
     assert error_badges(page) == 0, toasts(page)
 
 
