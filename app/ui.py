@@ -70,6 +70,9 @@ SEND_CHANGED_ELSEWHERE = ("This chat changed in another tab — it has been relo
                           "send it again to add it to the chat as it is now.")
 DELETED_ELSEWHERE = "This chat was deleted in another tab."
 SEND_DELETED_ELSEWHERE = DELETED_ELSEWHERE + " Your message is still in the box: send it again to start a new chat with it."
+# an edit refused (✎'s box closes on Save) keeps its text in the message box (ChatPage.kept_edit)
+EDIT_KEPT = ("Your edit was not saved: its text is now in the message box, to copy into ✎ on the message once you have "
+             "looked the chat over.")
 # whether a message's edit box (✎) is open: the tick leaves the chat alone then
 EDITING_JS = "() => [!!document.querySelector('#chatbot textarea.edit-textarea')]"
 # The title box, the settings and the backend, in the order of ChatPage.fields (the page's tab_fields)
@@ -332,12 +335,12 @@ class ChatPage:
             tab.conv_id, tab.lost = None, True
             return None
 
-    def shows_current(self, tab: Tab, conv, appending: bool = False) -> bool:
+    def shows_current(self, tab: Tab, conv, appending: bool = False, note: str = "") -> bool:
         """Whether ``conv`` (the tab's chat, just read) has the messages the tab's last render
         showed, so that an action on them acts on what the user sees; ``appending`` (a new
         message goes at the end): the shown ones, maybe followed by more. Else another tab changed
-        or deleted the chat: a toast says so and the page shows the chat as it is now."""
-        if self.said_deleted(tab, SEND_DELETED_ELSEWHERE if appending else DELETED_ELSEWHERE):
+        or deleted the chat: a toast says so (then ``note``) and the page shows the chat as it is now."""
+        if self.said_deleted(tab, SEND_DELETED_ELSEWHERE if appending else f"{DELETED_ELSEWHERE} {note}".strip()):
             return False
         seen = tab.seen
         if conv is None or seen is None or seen.conv_id != conv.id:
@@ -345,7 +348,7 @@ class ChatPage:
         path = tuple(m.id for m in conv.messages)
         if (path[:len(seen.path)] if appending else path) == seen.path:
             return True
-        warn(SEND_CHANGED_ELSEWHERE if appending else CHANGED_ELSEWHERE)
+        warn(SEND_CHANGED_ELSEWHERE if appending else f"{CHANGED_ELSEWHERE} {note}".strip())
         self.replies.notify()
         return False
 
@@ -839,12 +842,14 @@ class ChatPage:
         else:
             self.submit(tab, conv.id, request, self.turn_for(conv.id, continue_id=conv.messages[-1].id))
 
-    async def edit(self, edit: gr.EditData, request: gr.Request):
+    async def edit(self, edit: gr.EditData, request: gr.Request, text: str | None = None):
         """✎ on any message makes a new version of it (the old one stays). An edited question is
-        answered again; an edited reply is kept as you wrote it. The title box gets the chat's
-        new title when the edit renamed it (``retitle``)."""
+        answered again; an edited reply is kept as you wrote it. Returns the title box (the chat's
+        new title when the edit renamed it: ``retitle``) and the message box (``text``, the box's
+        own): an edit refused because the chat changed elsewhere or is replying is put there,
+        as ✎'s box is closed and the page shows the stored chat again (``kept_edit``)."""
         tab = self.tab(request)
-        title = gr.skip()
+        title = box = gr.skip()
         conv = self.shown(tab)
         shown = self.view_of(conv, tab)
         index = edit.index if isinstance(edit.index, int) else edit.index[0]
@@ -852,12 +857,13 @@ class ChatPage:
         new_text = edit_text(edit.value)
         if new_text == edit_text(edit.previous_value):
             pass  # unchanged (Gradio edits a reply and the line under it together: the line is no edit)
-        elif not self.shows_current(tab, conv):
-            pass  # the edit's index is into the chat as the tab showed it
+        elif not self.shows_current(tab, conv, note=EDIT_KEPT):
+            box = kept_edit(text, new_text)  # the edit's index is into the chat as the tab showed it
         elif item is None or item.is_line or item.source is None:
             warn("Edit the message's own text, not the line above or under it.")
         elif self.replies.is_busy(conv.id):
-            warn(BUSY_HINT)
+            warn(f"{BUSY_HINT} {EDIT_KEPT}")
+            box = kept_edit(text, new_text)
         elif not new_text:
             warn("A message cannot be empty.")
         elif new_text != item.source.content:
@@ -871,7 +877,7 @@ class ChatPage:
             if target.role == "user":
                 self.submit(tab, conv.id, request, self.turn_for(conv.id))
         self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
-        return title
+        return title, box
 
     def retitle(self, conv, edited, new_text: str) -> bool:
         """A chat's title is made from its first message: when that message is edited (or another
@@ -1304,7 +1310,7 @@ class ChatPage:
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **quick)
         m.unattach_btn.click(self.unattach, outputs=[m.attached, m.unattach_btn], **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)
-        m.chatbot.edit(self.edit, outputs=c.title_box, **quick).then(**follow)
+        m.chatbot.edit(self.edit, inputs=m.msg, outputs=[c.title_box, m.msg], **quick).then(**follow)
         m.chatbot.select(self.focus, **quick).then(**follow)
         m.prev_btn.click(self.previous_version, outputs=c.title_box, **quick).then(**follow)
         m.next_btn.click(self.next_version, outputs=c.title_box, **quick).then(**follow)
@@ -1347,6 +1353,14 @@ def edit_text(value) -> str:
     if isinstance(value, dict):
         return typed_text(str(value.get("text") or value.get("content") or ""))
     return typed_text("" if value is None else str(value)).strip()
+
+
+def kept_edit(box: str | None, edited: str):
+    """The message box holding a refused edit's text: after what the box held (a draft is kept),
+    or alone; nothing to keep for an empty edit."""
+    if not edited:
+        return gr.skip()
+    return f"{box.rstrip()}\n\n{edited}" if box and box.strip() else edited
 
 
 def warn(message: str) -> None:

@@ -840,9 +840,9 @@ async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(
 
     async def edit(index: int, old: str, new: str):
         [o async for o in page.follow(request)]  # the tab has seen the chat as it is
-        returned = await page.edit(gr.EditData(None, {"index": index, "value": new, "previous_value": old}), request)
+        title, _ = await page.edit(gr.EditData(None, {"index": index, "value": new, "previous_value": old}), request)
         await until_idle(page.replies)
-        return returned
+        return title
 
     assert await edit(0, "What is the capital of France?", "And the capital of Spain?") == "And the capital of Spain?"
     assert store.get(tab.conv_id).title == "And the capital of Spain?"
@@ -896,6 +896,49 @@ async def test_switching_the_first_messages_version_retitles_a_chat_the_user_nev
     await page.rename("My trip", request)
     title, conv = await switch(-1)
     assert conv.messages[0].content == "What is the capital of France?" and conv.title == "My trip" and title == SKIP
+
+
+@pytest.mark.anyio
+async def test_an_edit_refused_in_a_tab_behind_the_chat_keeps_its_text_in_the_message_box(store, monkeypatch) -> None:
+    """✎ in a tab behind the chat (another tab changed it) was refused and its text lost: ✎'s box
+    closes on Save and the tab shows the chat as it is now. The text goes to the message box
+    (after a draft there) and the toast says so; so does an edit refused while the chat replies."""
+    import gradio as gr
+
+    from minisgl_app import ui
+    from minisgl_app.ui import CHANGED_ELSEWHERE, EDIT_KEPT, ChatPage
+
+    engine = FakeEngine(step_s=0.03)
+    page = ChatPage(FakeClient(engine), store)
+    said: list[str] = []
+    monkeypatch.setattr(ui, "warn", said.append)
+    a, b = FakeRequest(), FakeRequest()
+    b.session_hash = "tab-2"
+    await page.send("What is the capital of France?", *SETTINGS, None, a)
+    await until_idle(page.replies)
+    conv_id = page.tab(a).conv_id
+    await page.select(conv_id, None, b)
+    [o async for o in page.follow(b)]  # tab B shows the chat...
+    [o async for o in page.follow(a)]
+    await page.send("And of Spain?", *SETTINGS, None, a)  # ...and tab A changes it
+    await until_idle(page.replies)
+
+    def edit_of(text: str) -> gr.EditData:
+        return gr.EditData(None, {"index": 0, "value": text, "previous_value": "What is the capital of France?"})
+
+    title, box = await page.edit(edit_of("What is the capital of Italy?"), b, "")
+    assert box == "What is the capital of Italy?", box
+    assert said[-1] == f"{CHANGED_ELSEWHERE} {EDIT_KEPT}" and "message box" in said[-1], said
+    assert title == SKIP and [m.content for m in store.get(conv_id).messages if m.role == "user"] == [
+        "What is the capital of France?", "And of Spain?"], "the refused edit was saved"
+    [o async for o in page.follow(b)]
+    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, a)  # the chat replies
+    page.render(page.tab(b))  # tab B draws it (a follow would last as long as the reply)
+    _, box = await page.edit(edit_of("What is the capital of Peru?"), b, "my draft")
+    assert box == "my draft\n\nWhat is the capital of Peru?", "the draft in the box was lost"
+    assert EDIT_KEPT in said[-1] and "replying" in said[-1], said
+    page.replies.stop(conv_id)
+    await until_idle(page.replies)
 
 
 @pytest.mark.anyio

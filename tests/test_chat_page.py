@@ -29,7 +29,7 @@ PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
            "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo",
-           "Quetzal", "Bilby")
+           "Quetzal", "Bilby", "Saola")
 
 
 # ---- the app and the browser, shared by the module
@@ -806,6 +806,27 @@ def test_regenerate_in_a_tab_behind_the_chat_is_refused_and_the_tab_shows_it_ane
     assert wait_until(lambda: users(b) == users(a) and len(finished(b)) == 2, 10), chat_text(b)[-300:]
     time.sleep(1)
     assert running(app) == 0 and "version" not in chat_text(a) + chat_text(b), chat_text(a)[-300:]
+    assert error_badges(b) == 0, toasts(b)
+
+
+def test_an_edit_in_a_tab_behind_the_chat_is_refused_and_its_text_kept_in_the_message_box(tab, app):
+    """The refused edit's text was lost (✎'s box closes on Save and the chat is shown anew)."""
+    a, b = two_tabs_on_one_chat(tab, "Saola")
+    miss_checks(b)  # b shows the chat as it was, as between two checks
+    send(a, "Saola two: and of Spain?")
+    wait_finished(a, 2)
+    assert len(users(b)) == 1, "the tab was redrawn: this test needs it behind the chat"
+    b.locator(USER).first.hover()
+    b.locator(EDIT_USER).first.click()
+    box = b.locator("#chatbot textarea.edit-textarea").first
+    box.wait_for(timeout=5_000)
+    box.fill("Saola one: what is the capital of Peru?")
+    box.press("Enter")
+    assert wait_until(lambda: any("changed in another tab" in t and "message box" in t for t in toasts(b)), 10), toasts(b)
+    assert wait_until(lambda: b.input_value("#msg-input textarea") == "Saola one: what is the capital of Peru?", 10), \
+        b.input_value("#msg-input textarea")
+    assert wait_until(lambda: users(b) == users(a) and len(finished(b)) == 2, 10), chat_text(b)[-300:]
+    assert "Peru" not in chat_text(a) and "version" not in chat_text(a), "the refused edit was saved"
     assert error_badges(b) == 0, toasts(b)
 
 
