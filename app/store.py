@@ -142,7 +142,9 @@ class ChatSettings:
 
 @dataclass(frozen=True)
 class MessageStats:
-    """What the UI shows under a reply; ``stopped`` is set when the user pressed Stop."""
+    """What the UI shows under a reply; ``stopped`` is set when the user pressed Stop. A question
+    has stats only when it was left ``unanswered``: the chat stopped before its turn came and a
+    later question was sent (the model does not see it then; view.left_unanswered)."""
 
     ttft_ms: float | None = None
     tok_s: float | None = None
@@ -150,6 +152,7 @@ class MessageStats:
     finish_reason: str | None = None
     stopped: bool = False
     stopped_by: str | None = None  # why it stopped when not by the user, e.g. "switch to <model>"
+    unanswered: bool = False  # a question: left without a reply (see above)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,7 +165,7 @@ class MessageStats:
         """The line under a reply, on the page and in a Markdown export: "0.12 s to first token
         · 35.2 tok/s · 120 tokens", then how it ended if not by itself ("hit the token limit",
         "stopped")."""
-        parts = []
+        parts = ["not answered"] if self.unanswered else []
         if self.ttft_ms is not None:
             parts.append(f"{self.ttft_ms / 1000:.2f} s to first token")
         if self.tok_s is not None:

@@ -808,11 +808,25 @@ class ChatPage:
         tab.attachments = []
         if tab.conv_id is None:
             tab.conv_id, tab.picked = self.store.create(title=title_from(text), settings=tab.draft).id, True
+        elif not self.replies.is_busy(tab.conv_id):
+            self.leave_unanswered(self.store.get(tab.conv_id))
         self.store.append(tab.conv_id, "user", text)
         tab.last_send = (tab.conv_id, raw_text, sent_at)
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
         return ""
+
+    def leave_unanswered(self, conv) -> None:
+        """A message sent to a chat that is not replying is answered on its own: the questions at
+        the chat's end that nothing answers (the chat stopped before their turn: Stop, a closed
+        tab, the app stopped) are marked as left unanswered, so the model does not see them and
+        they keep their mark (view.left_unanswered). Messages sent while it replies are answered
+        together by the reply after the last of them, as before."""
+        for m in reversed(conv.messages):
+            if m.role != "user":
+                break
+            if m.stats is None or not m.stats.unanswered:
+                self.store.update_message(m.id, m.content, {"unanswered": True})
 
     async def regenerate(self, request: gr.Request):
         """↻: a new version of the last reply (the old one stays, ‹ › shows it again)."""
@@ -891,7 +905,8 @@ class ChatPage:
 
     async def stop(self, clicked_at: float | None, request: gr.Request) -> None:
         """Stop the chat this tab shows: its reply ends, and a message sent while it replied stays
-        in the chat unanswered (↻ answers it), as the user who pressed Stop expects."""
+        in the chat unanswered (↻ answers it), as the user who pressed Stop expects; a message
+        sent instead is answered on its own (``leave_unanswered``)."""
         tab = self.tab(request)
         if not self.replies.stop(tab.conv_id) and clicked_at is not None:
             tab.early_stop = clicked_at  # a message clicked before it may not have arrived yet

@@ -25,6 +25,19 @@ WAITING_HINT = ("Sent while the chat was replying: it is answered next. Stop end
 UNANSWERED_LINE = "not answered: ↻ answers it"
 UNANSWERED_HINT = ("The chat stopped before this message's turn came (Stop was pressed while it waited, its tab was "
                    "closed, or the app stopped). ↻ below asks for the reply.")
+# a question left unanswered with a later question sent after it: the reply answers the later one
+LEFT_LINE = "not answered"
+LEFT_HINT = ("The chat stopped before this message's turn came, and a later message was sent: the reply answers that one, "
+             "and the model does not see this one. To ask it, send it again.")
+
+
+def left_unanswered(messages: list[Message], i: int) -> bool:
+    """Whether question ``i`` of a chat's path was left without a reply: marked so when a later
+    question was sent after it (ChatPage.send) and still followed by another question (a reply
+    right after it, as ↻ gives it once the later ones are deleted, answers it)."""
+    m = messages[i]
+    return (m.role == "user" and m.stats is not None and m.stats.unanswered and i + 1 < len(messages)
+            and messages[i + 1].role == "user")
 
 
 @dataclass(frozen=True)
@@ -93,7 +106,7 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
         return []
     out: list[ViewMessage] = []
     last = conv.messages[-1] if conv.messages else None
-    for m in conv.messages:
+    for i, m in enumerate(conv.messages):
         if m.role == "system":
             continue
         streaming = live is not None and live.message_id == m.id and not live.done
@@ -117,6 +130,9 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
             elif m is last:  # a question left without a reply: say so, under it, where ↻ shows
                 out.append(ViewMessage({"role": "assistant", "content": UNANSWERED_HINT,
                                         "metadata": {"title": UNANSWERED_LINE, "status": "done"}}, m))
+            elif left_unanswered(conv.messages, i):  # left, and a later question answered instead
+                out.append(ViewMessage({"role": "assistant", "content": LEFT_HINT,
+                                        "metadata": {"title": LEFT_LINE, "status": "done"}}, m))
             continue
         if is_failed(m):
             continue
@@ -230,11 +246,12 @@ def ending(m: Message, streaming: bool) -> str:
 
 def engine_messages(conv: Conversation, settings: ChatSettings) -> list[dict]:
     """What the model sees: the system prompt, then every stored turn, leaving out a turn the
-    engine refused (its question and the reason shown in its place) and empty replies."""
+    engine refused (its question and the reason shown in its place), empty replies, and the
+    questions left unanswered before a later one (``left_unanswered``: the reply answers that one)."""
     msgs = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
     turns = [m for m in conv.messages if m.role in ("user", "assistant")]
     for i, m in enumerate(turns):
-        if is_failed(m) or (m.role == "user" and i + 1 < len(turns) and is_failed(turns[i + 1])):
+        if is_failed(m) or (m.role == "user" and i + 1 < len(turns) and is_failed(turns[i + 1])) or left_unanswered(turns, i):
             continue
         if m.role == "assistant" and not m.content:
             continue

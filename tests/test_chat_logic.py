@@ -822,6 +822,52 @@ async def test_stop_with_a_message_waiting_stops_the_chat_and_leaves_the_questio
 
 
 @pytest.mark.anyio
+async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_on_its_own(store) -> None:
+    """Stop while two questions wait, then a new message: the three questions were answered by
+    one reply (the model saw them all) and the "not answered" mark vanished. The new message is
+    answered on its own: the questions left keep a "not answered" line, the model does not see
+    them, now or in later turns; questions sent while the chat replies are still answered
+    together by the reply after the last of them."""
+    from minisgl_app.ui import ChatPage
+
+    engine = FakeEngine(step_s=0.03)
+    page = ChatPage(FakeClient(engine), store)
+    request = FakeRequest()
+    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await asyncio.sleep(0.1)
+    await page.send("second question", *SETTINGS, None, request)
+    await page.send("third question", *SETTINGS, None, request)
+    tab = page.tab(request)
+    await page.stop(None, request)
+    await until_idle(page.replies)
+    [o async for o in page.follow(request)]
+    await page.send("fourth question", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    assert texts(store, tab.conv_id)[2:] == [("user", "second question"), ("user", "third question"), ("user", "fourth question"),
+                                             ("assistant", "echo: fourth question")]
+    seen = [m["content"] for m in engine.requests[-1].messages]
+    assert "fourth question" in seen and not {"second question", "third question"} & set(seen), seen
+    shown = page.view_of(page.shown(tab), tab)
+    marks = [(v.source.content, v.shown["metadata"]["title"]) for v in shown if v.is_line and v.source.role == "user"]
+    assert marks == [("second question", view.LEFT_LINE), ("third question", view.LEFT_LINE)], marks
+    # a later turn leaves them out too
+    [o async for o in page.follow(request)]
+    await page.send("fifth", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    seen = [m["content"] for m in engine.requests[-1].messages]
+    assert seen[-3:] == ["fourth question", "echo: fourth question", "fifth"] and "second question" not in seen, seen
+    # sent while it replies: answered together, nothing marked
+    await page.send(" ".join(f"v{i}" for i in range(30)), *SETTINGS, None, request)
+    await asyncio.sleep(0.1)
+    await page.send("sixth", *SETTINGS, None, request)
+    await page.send("seventh", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    assert [m["content"] for m in engine.requests[-1].messages][-2:] == ["sixth", "seventh"]
+    assert texts(store, tab.conv_id)[-1] == ("assistant", "echo: seventh")
+    assert not any(v.is_line and v.source.role == "user" for v in page.view_of(page.shown(tab), tab)[-4:])
+
+
+@pytest.mark.anyio
 async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(store) -> None:
     """A chat's title is made from its first message; ✎ on that message (a new version) left the
     old title. It follows the new text unless the user renamed the chat; a later message's edit
