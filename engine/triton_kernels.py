@@ -582,3 +582,180 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         num_warps=1 if num_splits <= 16 else 4, **extra,
     )
     return out
+
+
+# ---- decode attention straight from the merged projection -------------------------------------
+# The chain above is three kernels after the qkv product (q/k kernel, split, merge), each waiting
+# for the one before: inside Qwen3-8B's batch-1 step ~15 us per layer at 128 tokens of context.
+# This kernel does all three: every program normalises and rotates its own query heads from
+# ``qkv``; the program whose piece holds the newest token takes that token's K/V from ``qkv``
+# (and writes them to the pool for later steps); the last piece of a (request, KV head) to finish
+# merges the pieces, counted by an atomic counter (no merge kernel). Measured faster for the 8B,
+# slower for the 0.6B (docs/benchmarks.md, seventh round): opt-in, MINISGL_DECODE_ATTENTION=fused.
+
+DECODE_MIN_CHUNK = 64  # the fewest tokens a piece of decode_attention_qkv holds (as the split kernel's)
+
+
+@triton.jit
+def _rope_rows(x_ptr, rows, dims, w_ptr, cos_sin_ptr, pos, eps, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):
+    """Heads ``rows`` (offsets of their first elements) of ``x``, each normalised (with
+    ``HAS_NORM``) and rotated (rotate-half RoPE at ``pos``), as whole rows: element d pairs with
+    d +- HEAD_DIM / 2, loaded a second time, so the tile feeds one tensor-core product."""
+    half = HEAD_DIM // 2
+    partner = (dims + half) % HEAD_DIM
+    x = tl.load(x_ptr + rows + dims[None, :]).to(tl.float32)
+    x_partner = tl.load(x_ptr + rows + partner[None, :]).to(tl.float32)
+    if HAS_NORM:
+        inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)
+        x = x * inv_rms[:, None] * tl.load(w_ptr + dims).to(tl.float32)[None, :]
+        x_partner = x_partner * inv_rms[:, None] * tl.load(w_ptr + partner).to(tl.float32)[None, :]
+    cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + dims % half)
+    sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + half + dims % half)
+    return x * cos[None, :] + tl.where(dims < half, -1.0, 1.0)[None, :] * x_partner * sin[None, :]
+
+
+@triton.jit(do_not_specialize=["stride_table"], do_not_specialize_on_alignment=["positions_ptr", "out_loc_ptr"])
+def _decode_attention_qkv_kernel(
+    qkv_ptr, k_ptr, v_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, positions_ptr, out_loc_ptr, table_ptr, rows_ptr,
+    part_out_ptr, part_lse_ptr, counters_ptr, out_ptr, stride_qkv, stride_table, eps, sm_scale,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """One program: one request, one KV head with its query heads (rows of a 16-row tile), one
+    piece of the request's tokens, as in :func:`_decode_attention_split_kernel`; the newest
+    token's K/V come from ``qkv`` (and go to the pool), not from the pool."""
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    pos = tl.load(positions_ptr + b)
+    seq_len = pos + 1
+    chunk = tl.maximum(MIN_CHUNK, tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N)
+    start = split * chunk
+    if start < seq_len:  # a piece past the end of a short request ends at once (at batch 1 most of them)
+        end = tl.minimum(start + chunk, seq_len)
+        cached_end = tl.minimum(end, pos)  # the newest token (at pos) is not in the pool yet
+        used = tl.cdiv(seq_len, chunk)  # pieces that hold tokens
+        row = tl.load(rows_ptr + b)
+        dims = tl.arange(0, HEAD_DIM)
+        g = tl.arange(0, 16)
+        heads = kv_head * GROUP + g
+        head_ok = g < GROUP
+        if USE_PDL:  # qkv comes from the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        qkv_row = qkv_ptr + b * stride_qkv
+        # q rounded to the model's dtype, as the q/k kernel hands it to attention
+        q = _rope_rows(qkv_row, tl.where(head_ok, heads, 0)[:, None] * HEAD_DIM, dims, q_weight_ptr, cos_sin_ptr, pos, eps,
+                       HEAD_DIM, HAS_NORM).to(k_ptr.dtype.element_ty)
+        qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
+        m = tl.full((16,), float("-inf"), dtype=tl.float32)
+        denom = tl.zeros((16,), dtype=tl.float32)
+        acc = tl.zeros((16, HEAD_DIM), dtype=tl.float32)
+        for n0 in range(start, cached_end, BLOCK_N):
+            tokens = n0 + tl.arange(0, BLOCK_N)
+            token_ok = tokens < cached_end
+            slots = tl.load(table_ptr + row * stride_table + tokens, mask=token_ok, other=0)
+            kv = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM + dims[None, :]
+            k = tl.load(k_ptr + kv, mask=token_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + kv, mask=token_ok[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * qk_scale  # [16, BLOCK_N]
+            scores = tl.where(token_ok[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(scores - m_new[:, None])
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            denom = denom * alpha + tl.sum(p, axis=1)
+            m = m_new
+        if end == seq_len:  # this piece holds the newest token: its K (normalised, rotated) and V from qkv
+            new_k = _rope_rows(qkv_row, tl.zeros((1, 1), tl.int32) + (NUM_HEADS + kv_head) * HEAD_DIM, dims, k_weight_ptr, cos_sin_ptr,
+                               pos, eps, HEAD_DIM, HAS_NORM).to(k_ptr.dtype.element_ty)  # [1, HEAD_DIM]
+            new_v = tl.load(qkv_row + (NUM_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims)
+            slot_row = tl.load(out_loc_ptr + b) * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
+            tl.store(k_ptr + slot_row + dims[None, :], new_k)  # into the pool for the steps after this one
+            tl.store(v_ptr + slot_row + dims, new_v)
+            score = tl.sum(q.to(tl.float32) * new_k.to(tl.float32), axis=1) * qk_scale
+            m_new = tl.maximum(m, score)
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(score - m_new)
+            acc = acc * alpha[:, None] + p[:, None] * new_v.to(tl.float32)[None, :]
+            denom = denom * alpha + p
+            m = m_new
+        if used == 1:  # the whole request in one piece: nothing to merge
+            out_rows = out_ptr + (b * NUM_HEADS + heads)[:, None] * HEAD_DIM + dims[None, :]
+            tl.store(out_rows, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+        else:
+            part = (b * NUM_HEADS + heads) * NUM_SPLITS + split
+            tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc / denom[:, None], mask=head_ok[:, None])
+            tl.store(part_lse_ptr + part, m + tl.log2(denom), mask=head_ok)
+            tl.debug_barrier()  # every thread's part is written before the count says so
+            counter = counters_ptr + b * NUM_KV_HEADS + kv_head
+            if tl.atomic_add(counter, 1, sem="acq_rel") == used - 1:  # the last piece: merge them all, a head at a time
+                pieces = tl.arange(0, SPLITS_P2)
+                piece_ok = pieces < used
+                for h in tl.static_range(GROUP):
+                    first = (b * NUM_HEADS + kv_head * GROUP + h) * NUM_SPLITS
+                    lse = tl.load(part_lse_ptr + first + pieces, mask=piece_ok, other=float("-inf"), cache_modifier=".cg")
+                    weight = tl.exp2(lse - tl.max(lse, axis=0))
+                    weight = weight / tl.sum(weight, axis=0)
+                    parts = tl.load(part_out_ptr + (first + pieces)[:, None] * HEAD_DIM + dims[None, :], mask=piece_ok[:, None],
+                                    other=0.0, cache_modifier=".cg")
+                    merged = tl.sum(weight[:, None] * parts, axis=0)
+                    tl.store(out_ptr + (b * NUM_HEADS + kv_head * GROUP + h) * HEAD_DIM + dims, merged.to(out_ptr.dtype.element_ty))
+                tl.atomic_xchg(counter, 0)  # ready for the next layer
+
+
+def decode_attention_qkv(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos_sin_cache: torch.Tensor,
+    out_loc: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    counters: torch.Tensor,
+    pdl: bool = False,
+    min_chunk: int = DECODE_MIN_CHUNK,
+) -> torch.Tensor:
+    """:func:`qk_norm_rope_store` then :func:`decode_attention` in one kernel, for a decode
+    step (one new token per request, at ``positions``): from the merged projection ``qkv``
+    [batch, (heads + 2 kv_heads) * head_dim], writes each request's new K/V to its slot
+    ``out_loc`` and returns the attention output [batch, heads * head_dim]. A request's tokens
+    are cut into at most ``num_splits`` pieces of at least ``min_chunk`` tokens. ``counters``:
+    int32 zeros, at least batch * kv_heads of them, left at zero again (a buffer a CUDA graph
+    keeps)."""
+    batch = qkv.shape[0]
+    group = num_heads // num_kv_heads
+    assert qkv.stride(1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous() and table.stride(1) == 1
+    assert num_heads % num_kv_heads == 0 and group <= 16 and head_dim & (head_dim - 1) == 0
+    assert counters.dtype == torch.int32 and counters.numel() >= batch * num_kv_heads and min_chunk % DECODE_BLOCK_N == 0
+    out = torch.empty(batch, num_heads * head_dim, dtype=qkv.dtype, device=qkv.device)
+    if batch == 0:
+        return out
+    part_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=qkv.device)
+    part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=qkv.device)
+    has_norm = q_weight is not None
+    _decode_attention_qkv_kernel[(batch, num_kv_heads, num_splits)](
+        qkv, k_cache, v_cache, q_weight if has_norm else qkv, k_weight if has_norm else qkv, cos_sin_cache, positions, out_loc,
+        table, rows, part_out, part_lse, counters, out, qkv.stride(0), table.stride(0), eps, scale,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, HAS_NORM=has_norm,
+        NUM_SPLITS=num_splits, SPLITS_P2=triton.next_power_of_2(num_splits), MIN_CHUNK=min_chunk, BLOCK_N=DECODE_BLOCK_N,
+        USE_PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+    )
+    return out

@@ -18,6 +18,7 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels decodeab offlineab   # small decode graphs' attention: FlashInfer / Triton
 #   bash scripts/gpu_check.sh setup loadcache kernels demo demobench   # the demo model beside transformers (both GGUF halves carried)
 #   bash scripts/gpu_check.sh setup loadcache kernels throughputprofile   # batch 64-256 replays, the offline workload's steps, the 8B's batch-1 step
+#   bash scripts/gpu_check.sh setup loadcache kernels attnab profile06b   # attention from qkv: three kernels / one; the 0.6B step kernel by kernel
 #   bash scripts/gpu_check.sh setup loadcache kernels kernelab oldnew   # this tree against the committed one (carry .old, made by:
 #     rm -rf .old && mkdir .old && git archive HEAD engine app | tar -x -C .old && mv .old/engine .old/minisgl_engine && mv .old/app .old/minisgl_app)
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
@@ -134,12 +135,14 @@ EOF
     throughputprofile)  # issue 18's open goals: replays at batch 64-256, the offline workload's steps, the 8B's batch-1 step
       OUT=$OUT timeout 400 python3 scripts/gpu_profile.py --throughput 2>&1 | tee "$OUT/throughput_profile.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
-    profile8b)  # the 8B shape's batch-1 step kernel by kernel, on the committed tree (.old, as for oldnew) then on this one
+    profile8b|profile06b)  # the 8B (0.6B) shape's batch-1 step kernel by kernel, on the committed tree (.old, as for oldnew) then on this one
       for tree in old new; do
         pp=$PWD/.pkgs; [ "$tree" = old ] && pp=$PWD/.old
-        PYTHONPATH=$pp:$W/site OUT=$OUT timeout 200 python3 scripts/gpu_profile.py --step-8b 2>&1 | sed "s/^/[$tree] /" | tee -a "$OUT/profile8b.log"
+        PYTHONPATH=$pp:$W/site OUT=$OUT timeout 200 python3 scripts/gpu_profile.py "--step-${stage#profile}" 2>&1 | sed "s/^/[$tree] /" | tee -a "$OUT/$stage.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
+    attnab)  # a decode step's attention from qkv: the committed q/k + split + merge kernels against the one fused kernel
+      python3 scripts/gpu_kernel_ab.py fused_attention 2>&1 | tee "$OUT/attn_ab.log" || status=1 ;;
     diag)  # the first call of each kernel in a fresh process
       python3 scripts/gpu_first_calls.py 2>&1 | tee "$OUT/diag.log" ;;
     kerneltests)  # the Triton kernels compiled, in bf16

@@ -65,6 +65,46 @@ def attention() -> None:
                       f"this tree {t_new:6.2f} us (max diff {diff:.2e})", flush=True)
 
 
+def fused_attention() -> None:
+    """A decode step's attention after the qkv product: the committed tree's q/k kernel + split +
+    merge against this tree's one kernel (decode_attention_qkv) at several smallest pieces."""
+    from minisgl_engine.layers.rotary import RotaryEmbedding
+
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    dim = 128
+    rotary = RotaryEmbedding(dim, 40960, 1e6, None, torch.float32).to(DEV)
+    for name, heads, kv_heads in (("0.6b", 16, 8), ("8b", 32, 8)):
+        for batch in (1, 4, 16):
+            for ctx in (128, 512, 2048, 4096):
+                slots = batch * ctx + 1
+                k = torch.randn(slots, kv_heads, dim, device=DEV, dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+                table = torch.arange(batch * ctx, device=DEV).view(batch, ctx)
+                rows = torch.arange(batch, device=DEV)
+                positions = torch.full((batch,), ctx - 1, device=DEV)
+                out_loc = table[:, ctx - 1].contiguous()
+                qkv = torch.randn(batch, (heads + 2 * kv_heads) * dim, device=DEV, dtype=torch.bfloat16)
+                qw, kw = torch.randn(dim, device=DEV, dtype=torch.bfloat16), torch.randn(dim, device=DEV, dtype=torch.bfloat16)
+                splits = new_tk.decode_attention_splits(batch, kv_heads, sms)
+                counters = torch.zeros(batch * kv_heads, dtype=torch.int32, device=DEV)
+
+                def chain():
+                    q = old_tk.qk_norm_rope_store(qkv, heads, kv_heads, dim, qw, kw, 1e-6, positions, rotary.cos_sin_cache,
+                                                  out_loc, k, v, PDL)
+                    return old_tk.decode_attention(q, k, v, table, rows, positions, dim ** -0.5, splits, PDL)
+
+                def fused(min_chunk):
+                    return new_tk.decode_attention_qkv(qkv, heads, kv_heads, dim, qw, kw, 1e-6, rotary.cos_sin_cache, out_loc, k, v,
+                                                       table, rows, positions, dim ** -0.5, splits, counters, PDL, min_chunk)
+
+                reference = chain()
+                line = f"attention from qkv {name} batch {batch:2d} ctx {ctx:5d}: q/k + split + merge {graph_us(chain):6.2f} us"
+                for min_chunk in (64, 128, 256, 512):
+                    diff = (fused(min_chunk).float() - reference.float()).abs().max().item()
+                    line += f" | one kernel, pieces >= {min_chunk}: {graph_us(lambda: fused(min_chunk)):6.2f} us (diff {diff:.1e})"
+                print(line, flush=True)
+
+
 def lm_head() -> None:
     for name, hidden in (("0.6b", 1024), ("8b", 4096)):
         w = torch.randn(151936, hidden, device=DEV, dtype=torch.bfloat16) * 0.02
@@ -98,5 +138,5 @@ def qk() -> None:
 
 
 if __name__ == "__main__":
-    for part in sys.argv[1:] or ["lm_head", "attention", "qk"]:
+    for part in sys.argv[1:] or ["lm_head", "attention", "qk", "fused_attention"]:
         globals()[part]()

@@ -312,6 +312,13 @@ def step_8b() -> None:
             max_running_requests=16, cuda_graph_max_bs=16)
 
 
+def step_06b() -> None:
+    """The 0.6B shape's batch-1 decode step, kernel by kernel, at 128 and 2,048 tokens of context."""
+    for ctx in (128, 2048):
+        replays([1], ctx, f"0.6b ctx {ctx}", profile_sizes=(1,), sequence=16, max_kv_tokens=20_000,
+                max_running_requests=16, cuda_graph_max_bs=16)
+
+
 def throughput() -> None:
     """The large batches of the offline workload and the 8B shape's batch-1 step."""
     replays([64, 128, 256], 512, "0.6b", profile_sizes=(64, 256), sequence=16, max_kv_tokens=300_000)
@@ -330,10 +337,11 @@ def main() -> None:
     parser.add_argument("--throughput", action="store_true",
                         help="what issue 18's open goals need: large-batch replays, the offline split, the 8B's batch-1 step")
     parser.add_argument("--step-8b", action="store_true", help="the 8B shape's batch-1 step alone")
+    parser.add_argument("--step-06b", action="store_true", help="the 0.6B shape's batch-1 step alone (128 and 2,048 tokens)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    if args.step_8b:
-        step_8b()
+    if args.step_8b or args.step_06b:
+        step_8b() if args.step_8b else step_06b()
         return
     if args.throughput:
         throughput()

@@ -101,18 +101,23 @@ def agreement_baselines(reference_models):
     return seqs, ref, {"transformers bf16": hf_bf16, "our torch backend": torch_backend}
 
 
-@pytest.mark.parametrize("decode_attention", ["flashinfer", "triton"])
+@pytest.mark.parametrize("decode_attention", ["flashinfer", "triton", "fused"])
 def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(reference_models, agreement_baselines,
                                                                          decode_attention, monkeypatch):
     """Prefill on FlashInfer, then 32 decode steps of 64 sequences in CUDA graphs, their
-    attention on FlashInfer's decode kernel or on triton_kernels.decode_attention (which the
-    engine uses for small batches: here forced for every graph size)."""
+    attention on FlashInfer's decode kernel, on triton_kernels.decode_attention (which the
+    engine uses for small batches: here forced for every graph size) or on the one kernel from
+    qkv (decode_attention_qkv, MINISGL_DECODE_ATTENTION=fused: here forced likewise)."""
+    from minisgl_engine.attention import flashinfer_backend
+
     _, hf16 = reference_models
     seqs, ref, baselines = agreement_baselines
     monkeypatch.setenv("MINISGL_DECODE_ATTENTION", decode_attention)
+    monkeypatch.setattr(flashinfer_backend, "TRITON_DECODE_MAX_BATCH", 1 << 30)  # fused: every graph size, as triton
     fast = LLM(config=engine_config())
     assert fast.engine.attn_name == "flashinfer" and fast.engine.uses_cuda_graphs
-    assert ((64, "triton") in fast.engine.graph_runner.graphs) == (decode_attention == "triton")
+    assert ((64, "triton") in fast.engine.graph_runner.graphs) == (decode_attention != "flashinfer")
+    assert fast.engine.attn_backend.decode_limits.fused == (decode_attention == "fused")
     load_same_weights(fast, hf16)
     ours = our_last_logits(fast, seqs, POSITIONS)
     del fast

@@ -42,8 +42,10 @@ def test_small_decode_graphs_attend_with_triton_up_to_the_limits(monkeypatch):
     monkeypatch.setenv("MINISGL_DECODE_ATTENTION", "Triton")
     forced = DecodeAttentionLimits.from_env()
     assert forced.graph_kinds(256, 40_960) == ["triton"] and forced.decode_kind(256, [40_960]) == "triton"
+    monkeypatch.setenv("MINISGL_DECODE_ATTENTION", "fused")  # as auto, attending in one kernel from qkv
+    assert DecodeAttentionLimits.from_env() == DecodeAttentionLimits(ROWS, TOKENS, fused=True) and not auto.fused
     monkeypatch.setenv("MINISGL_DECODE_ATTENTION", "trition")
-    with pytest.raises(ValueError, match="'trition': use one of auto, triton, flashinfer"):
+    with pytest.raises(ValueError, match="'trition': use one of auto, triton, flashinfer, fused"):
         DecodeAttentionLimits.from_env()
     monkeypatch.setattr(fb, "triton_unavailable_reason", lambda: "no Triton")
     monkeypatch.setenv("MINISGL_DECODE_ATTENTION", "triton")

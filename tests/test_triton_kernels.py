@@ -211,6 +211,53 @@ def test_decode_attention_reads_each_requests_slots_from_the_page_table(heads, k
         close(out[i].cpu(), expected, scale=1.0)
 
 
+@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,num_splits,min_chunk", [(4, 2, 32, 1, 128), (6, 2, 64, 3, 64), (2, 2, 32, 8, 64),
+                                                                       (8, 2, 32, 64, 128)])
+def test_decode_attention_qkv_is_the_qk_kernel_then_decode_attention_in_one(qk_norm, heads, kv_heads, head_dim, num_splits,
+                                                                            min_chunk) -> None:
+    """The fused decode step from the merged projection against float32: q/k normalised and
+    rotated, the new token's K/V taken from qkv and written to its slot, 1 to 3 pieces per
+    request (one holding the newest token alone) merged by the last piece to finish, the
+    counters left at zero (the same buffer serves every layer and the next step: run twice)."""
+    gen = torch.Generator().manual_seed(heads * 100 + num_splits + qk_norm)
+    slots, max_len, eps = 400, 150, 1e-6
+    rotary = RotaryEmbedding(head_dim, 256, 10000.0, None, torch.float32).to(DEVICE)
+    table = torch.stack([torch.randperm(slots, generator=gen)[:max_len] for _ in range(5)])
+    rows, positions = [3, 0, 1, 4, 2], [0, 16, 70, 149, 128]  # pieces of 64 or 128 tokens: 1, 1, 1-2, 2-3, 2-3 of them
+    out_loc = table[rows, positions]  # the newest token's slot, as the scheduler allots it
+    k_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(DTYPE)
+    v_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(DTYPE)
+    qkv = torch.randn(len(rows), (heads + 2 * kv_heads) * head_dim, generator=gen).to(DTYPE)
+    q_w = (1 + 0.1 * torch.randn(head_dim, generator=gen)).to(DTYPE) if qk_norm else None
+    k_w = (1 + 0.1 * torch.randn(head_dim, generator=gen)).to(DTYPE) if qk_norm else None
+    counters = torch.zeros(len(rows) * kv_heads, dtype=torch.int32, device=DEVICE)
+    k_dev, v_dev = k_cache.to(DEVICE), v_cache.to(DEVICE)
+    on_device = lambda t: t.to(DEVICE) if t is not None else None  # noqa: E731
+    for _ in range(2):
+        out = tk.decode_attention_qkv(
+            qkv.to(DEVICE), heads, kv_heads, head_dim, on_device(q_w), on_device(k_w), eps, rotary.cos_sin_cache,
+            out_loc.to(DEVICE), k_dev, v_dev, table.to(DEVICE), torch.tensor(rows, device=DEVICE),
+            torch.tensor(positions, device=DEVICE), head_dim ** -0.5, num_splits, counters, min_chunk=min_chunk,
+        )
+        assert counters.tolist() == [0] * len(counters)
+    assert out.shape == (len(rows), heads * head_dim) and out.dtype == DTYPE
+    ref_q, ref_k, ref_v = reference_qk(qkv, heads, kv_heads, head_dim, q_w, k_w, eps, torch.tensor(positions), rotary)
+    close(k_dev[out_loc].cpu(), ref_k)
+    assert torch.equal(v_dev[out_loc].cpu().float(), ref_v)  # copied exactly
+    others = sorted(set(range(slots)) - set(out_loc.tolist()))
+    assert torch.equal(k_dev[others].cpu(), k_cache[others]) and torch.equal(v_dev[others].cpu(), v_cache[others])
+    group = heads // kv_heads
+    for i, (row, pos) in enumerate(zip(rows, positions)):
+        seen = table[row, : pos + 1]
+        k = k_dev[seen].cpu().float().repeat_interleave(group, dim=1)  # the pool as written (new token included)
+        v = v_dev[seen].cpu().float().repeat_interleave(group, dim=1)
+        q = ref_q[i].to(DTYPE).float()  # the q/k kernel hands attention q in the model's dtype
+        weights = torch.softmax(torch.einsum("hd,thd->ht", q, k) * head_dim ** -0.5, dim=-1)
+        expected = torch.einsum("ht,thd->hd", weights, v).reshape(-1)
+        close(out[i].cpu(), expected, scale=1.0)
+
+
 def test_qk_norm_rope_store_gives_larger_batches_several_heads_per_program() -> None:
     assert tk.qk_heads_per_program(1, 32) == 1  # batch-1 decode: a program per head
     assert tk.qk_heads_per_program(64, 32) == 4

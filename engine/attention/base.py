@@ -36,3 +36,10 @@ class AttentionBackend(ABC):
     @abstractmethod
     def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         """Attend when this step's K/V are already in the pool (written by a fused kernel)."""
+
+    def decode_from_qkv(self, qkv: torch.Tensor, layer_id: int, batch: ForwardBatch, q_weight: torch.Tensor | None,
+                        k_weight: torch.Tensor | None, eps: float, cos_sin_cache: torch.Tensor) -> torch.Tensor | None:
+        """Where this backend has one kernel for a whole decode step's attention straight from
+        the merged projection (q/k norm, RoPE, the K/V write, attention): its output
+        [tokens, num_heads * head_dim]; otherwise None, and the layer runs the steps itself."""
+        return None

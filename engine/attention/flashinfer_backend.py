@@ -40,7 +40,7 @@ TRITON_DECODE_MAX_BATCH = 16  # decode graphs of up to this many rows may run tr
 TRITON_DECODE_MAX_CONTEXT = 4096  # ... while no request in the batch is longer than this (tokens; docs/benchmarks.md, fourth round)
 
 
-DECODE_ATTENTION_MODES = ("auto", "triton", "flashinfer")
+DECODE_ATTENTION_MODES = ("auto", "triton", "flashinfer", "fused")
 
 
 @dataclass(frozen=True)
@@ -51,18 +51,20 @@ class DecodeAttentionLimits:
 
     max_batch: int
     max_context: int
+    fused: bool = False  # those steps attend straight from the qkv product, in one kernel per layer
 
     @classmethod
     def from_env(cls) -> DecodeAttentionLimits:
         """From ``MINISGL_DECODE_ATTENTION``: ``auto`` (default: small graphs and short contexts,
-        where they were measured faster), ``triton`` (every graph, any length) or ``flashinfer``
-        (never)."""
+        where they were measured faster), ``triton`` (every graph, any length), ``flashinfer``
+        (never) or ``fused`` (as ``auto``, with :func:`..triton_kernels.decode_attention_qkv`:
+        faster for Qwen3-8B at batch 1, slower for Qwen3-0.6B; docs/benchmarks.md, seventh round)."""
         mode = env_choice("MINISGL_DECODE_ATTENTION", DECODE_ATTENTION_MODES)
         if mode == "flashinfer" or triton_unavailable_reason() is not None:
             return cls(0, 0)
         if mode == "triton":
             return cls(1 << 30, 1 << 30)
-        return cls(TRITON_DECODE_MAX_BATCH, TRITON_DECODE_MAX_CONTEXT)
+        return cls(TRITON_DECODE_MAX_BATCH, TRITON_DECODE_MAX_CONTEXT, fused=mode == "fused")
 
     def graph_kinds(self, batch_size: int, max_context_len: int) -> list[str]:
         """The decode graphs captured for ``batch_size`` rows: one attending with the Triton
@@ -82,11 +84,15 @@ class DecodeAttentionLimits:
 
 @dataclass
 class TritonDecode:
-    """The metadata of a decode batch on :func:`..triton_kernels.decode_attention`: how many
-    pieces each request's tokens are cut into (fixed per graph size)."""
+    """The metadata of a decode batch on the Triton kernels (:func:`..triton_kernels.decode_attention`,
+    or with ``fused`` :func:`..triton_kernels.decode_attention_qkv`): how many pieces each
+    request's tokens are cut into (fixed per graph size), and for ``fused`` the counters with
+    which the last piece of each (request, KV head) knows to merge (kept by the graph)."""
 
     num_splits: int
     pdl: bool
+    fused: bool = False
+    counters: torch.Tensor | None = None
 
 
 def decode_uses_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
@@ -150,8 +156,10 @@ class FlashInferAttentionBackend(AttentionBackend):
 
             if batch_size not in self.triton_graphs:
                 sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+                fused = self.decode_limits.fused
+                counters = torch.zeros(batch_size * self.num_kv_heads, dtype=torch.int32, device=self.device) if fused else None
                 self.triton_graphs[batch_size] = TritonDecode(decode_attention_splits(batch_size, self.num_kv_heads, sms),
-                                                              pdl_wanted(self.device))
+                                                              pdl_wanted(self.device), fused, counters)
             return self.triton_graphs[batch_size]
         if batch_size not in self.graph_wrappers:
             need = batch_size * max_pages_per_request
@@ -255,3 +263,18 @@ class FlashInferAttentionBackend(AttentionBackend):
                                     batch.token_rows, batch.positions, self.scale, meta.num_splits, meta.pdl)
         out = meta.run(q, self.kv_pool.paged(layer_id))
         return out.view(q.shape[0], -1)
+
+    def decode_from_qkv(self, qkv: torch.Tensor, layer_id: int, batch: ForwardBatch, q_weight: torch.Tensor | None,
+                        k_weight: torch.Tensor | None, eps: float, cos_sin_cache: torch.Tensor) -> torch.Tensor | None:
+        """With ``MINISGL_DECODE_ATTENTION=fused``, a decode graph on the Triton kernels attends
+        in one kernel per layer (:func:`..triton_kernels.decode_attention_qkv`)."""
+        meta = batch.attn_metadata
+        if not isinstance(meta, TritonDecode) or not meta.fused:
+            return None
+        from ..triton_kernels import decode_attention_qkv
+
+        return decode_attention_qkv(
+            qkv, self.num_heads, self.num_kv_heads, self.head_dim, q_weight, k_weight, eps, cos_sin_cache, batch.out_loc,
+            self.kv_pool.k_cache[layer_id], self.kv_pool.v_cache[layer_id], self.page_table.table, batch.token_rows,
+            batch.positions, self.scale, meta.num_splits, meta.counters, meta.pdl,
+        )

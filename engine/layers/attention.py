@@ -51,6 +51,9 @@ class SelfAttention(nn.Module):
             from ..triton_kernels import qk_norm_rope_store
 
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else (None, None, 0.0)
+            out = attn.decode_from_qkv(qkv, self.layer_id, batch, *norms, rope.cos_sin_cache)
+            if out is not None:
+                return self.o_proj(out)
             q = qk_norm_rope_store(
                 qkv, self.num_heads, self.num_kv_heads, self.head_dim, *norms, rope.positions, rope.cos_sin_cache,
                 batch.out_loc, attn.kv_pool.k_cache[self.layer_id], attn.kv_pool.v_cache[self.layer_id], pdl=self.qk_pdl,
