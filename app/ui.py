@@ -601,9 +601,10 @@ class ChatPage:
         return (box, *self.fields(tab))
 
     async def new_chat(self, clicked_at: float | None, request: gr.Request, text: str | None = None):
+        """New chat starts from the settings of the chat shown (its backend too), as in peer apps:
+        a user who changed them need not set them again for every chat."""
         tab = self.tab(request)
-        backend = self.settings_in_force(tab).backend  # a new chat asks where the last one did
-        tab.draft = replace(self.store.default_settings(), backend=backend)
+        tab.draft = self.settings_in_force(tab)
         box = self.show(tab, None, clicked_at, text)
         return (box, *self.fields(tab))
 

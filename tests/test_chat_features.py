@@ -125,10 +125,10 @@ def open_settings(page) -> None:
         page.wait_for_selector("#max-tokens input", state="visible")
 
 
-def set_settings(page, *, temperature=None, max_tokens=None, seed=None, stop=None, repetition_penalty=None) -> None:
+def set_settings(page, *, temperature=None, max_tokens=None, seed=None, stop=None, repetition_penalty=None, system_prompt=None) -> None:
     """Put in the settings fields; each is saved when left (Tab)."""
     open_settings(page)
-    fields = [("#temperature input[type=number]", temperature), ("#max-tokens input", max_tokens), ("#seed input", seed),
+    fields = [("#system-prompt textarea", system_prompt), ("#temperature input[type=number]", temperature), ("#max-tokens input", max_tokens), ("#seed input", seed),
               ("#stop-strings textarea", stop), ("#repetition-penalty input[type=number]", repetition_penalty)]
     for selector, value in fields:
         if value is not None:
@@ -768,9 +768,11 @@ def test_attached_files_can_be_removed_and_are_dropped_when_another_chat_is_show
 def test_stop_string_ends_the_reply_before_it(page, app):
     open_new_chat(page)
     open_settings(page)
-    assert float(page.input_value("#repetition-penalty input[type=number]")) > 1, "the page's repetition penalty is off"
+    # a new chat starts from the settings of the chat shown (an imported chat's system prompt among
+    # them): no system prompt here. (The page's default penalty, above 1, is
+    # test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_engine's.)
     # counting repeats itself: the chat's penalty set to 1 (off), which the reply shows it used
-    set_settings(page, temperature=0, max_tokens=40, stop="5", repetition_penalty=1)
+    set_settings(page, system_prompt="", temperature=0, max_tokens=40, stop="5", repetition_penalty=1)
     send(page, "Count from 1 to 10.")
     wait_reply(page, app, "reply with a stop string")
     reply = replies(page)[-1]

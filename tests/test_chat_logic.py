@@ -1210,3 +1210,42 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
     assert (await page.delete(True, None, request, "doomed draft"))[0] == "for A, kept"  # A: the newest chat
     assert b not in page.tab(request).unsent and page.tab(request).conv_id == a
 
+
+
+@pytest.mark.anyio
+async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_chat_is_pressed(store) -> None:
+    """New chat started from the default settings: a user who changed the system prompt,
+    temperature or max tokens had to set them again for every chat. A new chat starts from the
+    settings of the chat shown when New chat is pressed (a stored chat or a new one not sent yet),
+    the boxes show them, and the chat its first message stores keeps them; the chat they came
+    from keeps its own."""
+    from minisgl_app.ui import FIELD_IDS, ChatPage
+
+    engine = FakeEngine()
+    page = ChatPage(FakeClient(engine), store)
+    request = FakeRequest()
+    mine = ("Answer as a pirate.", 0.7, 0.8, 48, False, 5, 42, "END", 1.2)
+    await page.send("first chat", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    first = page.tab(request).conv_id
+    await page.settings_changed(*mine, None, request)
+    box, *fields = await page.new_chat(None, request)
+    shown = dict(zip(FIELD_IDS, fields))
+    assert (shown["title-input"], shown["system-prompt"], shown["temperature"], shown["max-tokens"], shown["seed"]) == \
+        ("", "Answer as a pirate.", 0.7, 48, 42), shown
+    # New chat again before sending: the new chat's own settings go on to the next one
+    await page.settings_changed(*mine[:3], 33, *mine[4:], None, request)
+    _, *fields = await page.new_chat(None, request)
+    await page.send("second chat", *fields[1:10], None, request)  # the form as the page shows it
+    await until_idle(page.replies)
+    second = store.get(page.tab(request).conv_id)
+    assert second.id != first and second.settings.system_prompt == "Answer as a pirate.", second.settings
+    assert (second.settings.temperature, second.settings.top_k, second.settings.seed, second.settings.stop,
+            second.settings.max_tokens) == (0.7, 5, 42, ("END",), 33), second.settings
+    assert engine.requests[-1].messages[0] == {"role": "system", "content": "Answer as a pirate."}
+    assert store.get(first).settings.max_tokens == 48, "the chat the settings came from keeps its own"
+    # a tab that opens on no chat starts from the defaults
+    fresh = FakeRequest()
+    fresh.session_hash = "tab-2"
+    assert page.settings_in_force(page.tab(fresh)) == store.default_settings()
+

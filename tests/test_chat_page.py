@@ -584,6 +584,10 @@ def test_an_emptied_settings_box_shows_the_saved_value_again_once_left(tab, app)
     page = tab().page
     open_new_chat(page)
     open_accordion(page, "Settings", "#max-tokens input")
+    # a new chat starts from the settings of the chat shown (this module's chats are greedy, without a
+    # penalty): values other than the sliders' lowest, so that a box put to its lowest is seen
+    for selector, value in (("#temperature input[type=number]", "0.7"), ("#repetition-penalty input[type=number]", "1.2")):
+        put_setting(page, selector, value)
     for selector in ("#temperature input[type=number]", "#repetition-penalty input[type=number]", "#max-tokens input"):
         before = page.input_value(selector)
         assert before and float(before) > 0, f"{selector}: {before!r}"
