@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import html
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -647,8 +648,7 @@ class ChatPage:
         text = self.store.export_markdown(conv.id) if kind == "md" else self.store.export_json(conv.id)
         # inside the app's private files folder (GRADIO_TEMP_DIR, app/cli.py), removed at exit
         folder = Path(tempfile.mkdtemp(prefix="export-", dir=os.environ.get("GRADIO_TEMP_DIR")))
-        safe = "".join(ch if ch.isalnum() or ch in "-_ " else "_" for ch in conv.title).strip() or "chat"
-        path = folder / f"{safe}.{kind}"
+        path = folder / f"{export_stem(conv.title)}.{kind}"
         path.write_text(text, encoding="utf-8")
         return str(path)
 
@@ -1410,6 +1410,26 @@ def max_tokens_problem(value, context: int | None, model: str | None) -> str:
     else:
         got = f" (got {value!r})" if isinstance(value, str) else f" (got {value:g})" if isinstance(value, float) else f" (got {value})"
     return f"max tokens must be a whole number from 1 to {limit:,}{why}{got}"
+
+
+# A word of an export's file name: letters and digits of any script, with the "-", "_", "." or
+# "'" inside it kept (gpt-4, my_notes, v1.2, don't)
+_NAME_WORD = re.compile(r"[^\W_]+(?:[-_.'][^\W_]+)*")
+EXPORT_NAME_LENGTH = 80
+
+
+def export_stem(title: str) -> str:
+    """An exported chat's file name, without its extension: the readable words of its title, one
+    space between them ("**Plan** 🚀" is "Plan"; markup, emoji and punctuation are left out, where
+    each became a "_"), cut at a word within EXPORT_NAME_LENGTH; "chat" when no word is left."""
+    stem = ""
+    for word in _NAME_WORD.findall(title):
+        longer = f"{stem} {word}" if stem else word
+        if len(longer) > EXPORT_NAME_LENGTH:
+            stem = stem or word[:EXPORT_NAME_LENGTH]
+            break
+        stem = longer
+    return stem or "chat"
 
 
 def stop_strings(text: str | None) -> tuple[str, ...]:

@@ -1249,3 +1249,26 @@ async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_ch
     fresh.session_hash = "tab-2"
     assert page.settings_in_force(page.tab(fresh)) == store.default_settings()
 
+
+@pytest.mark.anyio
+async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title(store, tmp_path, monkeypatch) -> None:
+    """Export named the file after the title with each character but letters, digits, "-", "_"
+    and space made a "_": a title with markup or emoji gave a name of underscores ("**Plan** 🚀"
+    gave "__Plan__ _.md"). The name keeps the title's readable words, in any script; "chat" when
+    none is left; a long title is cut at a word."""
+    from pathlib import Path
+
+    from minisgl_app.ui import EXPORT_NAME_LENGTH, ChatPage, export_stem
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))  # where the app writes its exports (app/cli.py)
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    for title, name in (("**Plan** 🚀", "Plan"), ("🚀🔥 !!", "chat"), ("什么是 KV Cache？", "什么是 KV Cache"),
+                        ("# Notes on `gpt-4` / v1.2 (draft)", "Notes on gpt-4 v1.2 draft"), ("_*~~__", "chat")):
+        conv_id = store.create(title=title).id
+        store.append(conv_id, "user", "hello")
+        await page.select(conv_id, None, request)
+        assert Path(await page.export_md(request)).name == f"{name}.md", title
+        assert Path(await page.export_json(request)).name == f"{name}.json", title
+    long = export_stem("word " * 40)
+    assert long.startswith("word word") and len(long) <= EXPORT_NAME_LENGTH and not long.endswith(" "), long
