@@ -1016,6 +1016,7 @@ _STATS_KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "finish_reason": (lambda v: isinstance(v, str), "text"),
     "stopped": (lambda v: isinstance(v, bool), "true or false"),
     "stopped_by": (lambda v: isinstance(v, str), "text"),
+    "unanswered": (lambda v: isinstance(v, bool), "true or false"),
 }
 
 
@@ -1031,7 +1032,7 @@ def _read_stats(value: object, where: str) -> str | None:
         if v is not None and not ok(v):
             raise BadImportFile(f"{where}.{name}: expected {wanted}, got {_shown(v)}")
     stats = MessageStats.from_dict(value)
-    return json.dumps(replace(stats, stopped=bool(stats.stopped)).to_dict())
+    return json.dumps(replace(stats, stopped=bool(stats.stopped), unanswered=bool(stats.unanswered)).to_dict())
 
 
 def _checked_settings(settings: ChatSettings, where: str) -> ChatSettings:

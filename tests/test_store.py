@@ -527,6 +527,9 @@ BAD_FILES = [  # (test id, the file's text, what the user is told)
     ("bad-stats", '{"format": "minisgl-chat conversation", "messages": [{"role": "user", "content": "x", '
                   '"stats": {"tokens": "many"}}]}',
      "messages[0].stats.tokens: expected a whole number, got 'many'"),
+    ("bad-unanswered", '{"format": "minisgl-chat conversation", "messages": [{"role": "user", "content": "x", '
+                       '"stats": {"unanswered": "no"}}]}',
+     "messages[0].stats.unanswered: expected true or false, got 'no'"),  # 'no' would hide the question from the model
     ("unknown-parent", json.dumps(TREE), "tree[1].parent_id: 99 is not the id of an earlier message"),
     ("unknown-leaf", json.dumps({**TREE, "tree": TREE["tree"][:1], "leaf_id": 5}),
      "leaf_id: 5 is not the id of a message in the tree"),
