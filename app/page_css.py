@@ -38,11 +38,15 @@ STATUS_LINE_CLEAR = """
 # A narrow screen (a phone, a half-screen window): the chat and its message box first (the
 # theme orders them), the message box on a row of its own with Attach, Send and Stop under it,
 # and the versions bar wrapping its label instead of pushing "Delete message" off the screen.
-# A message's buttons (Copy, Edit, Retry: 18 px icons) are 32 px touch targets, and the status
+# A message's buttons (Copy, Edit, Retry: 18 px icons), the ▸ that opens a reply's details (an 18 px
+# button) and Attach (26 px tall) are 32 px touch targets, and the status
 # line leaves out its details (view.wide_only: it took four lines above the chat).
 NARROW = """
 @media (max-width: 640px) {
   #chatbot .message-buttons button { min-width: 32px !important; min-height: 32px !important; justify-content: center; }
+  #chatbot .thought-group .title { min-height: 32px; }
+  #chatbot .thought-group .title .arrow button { min-width: 32px !important; min-height: 32px !important; justify-content: center; }
+  #attach-btn { min-height: 32px !important; }
   #status-line .wide-only { display: none; }
   #main #chatbot { height: 55vh !important; }
   #versions { flex-wrap: wrap !important; row-gap: var(--spacing-sm); }

@@ -29,7 +29,7 @@ PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
            "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo",
-           "Quetzal", "Bilby", "Saola")
+           "Quetzal", "Bilby", "Saola", "Dikdik")
 
 
 # ---- the app and the browser, shared by the module
@@ -942,6 +942,22 @@ def test_on_a_phone_a_chat_picked_below_shows_from_its_top_with_big_buttons_and_
         return Math.round(p.getBoundingClientRect().height / parseFloat(getComputedStyle(p).lineHeight)); }""")
     assert lines <= 2, f"the status line takes {lines} lines on a phone: {page.inner_text('#status-line')!r}"
     assert "running" in page.inner_text("#status-line")
+
+
+def test_on_a_phone_the_details_toggle_and_attach_are_32_px_touch_targets(tab, app):
+    """On a phone the ▸ that opens a reply's details was an 18 px button and Attach 70x26 px: like a
+    message's buttons, each is at least 32 px tall (the toggle's ▸ 32 px wide too)."""
+    page = tab(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).page
+    open_new_chat(page)
+    send(page, "Dikdik: say hi.")
+    wait_finished(page, 1)
+    sizes = page.evaluate("""() => Object.fromEntries(
+        [['toggle', '#chatbot .thought-group .title'], ['arrow', '#chatbot .thought-group .title .arrow button'], ['attach', '#attach-btn']]
+        .map(([name, sel]) => { const r = document.querySelector(sel).getBoundingClientRect(); return [name, [r.width, r.height]]; }))""")
+    assert all(h >= 32 for _, h in sizes.values()) and sizes["arrow"][0] >= 32, f"touch targets under 32 px: {sizes}"
+    page.locator("#chatbot .thought-group .title").last.tap()  # the bigger toggle still opens the details
+    assert wait_until(lambda: page.locator("#chatbot .thought-group .title .arrow button").last.get_attribute("aria-label")
+                      == "Hide details", 5)
 
 
 def test_status_line_says_0_running_after_a_reply(tab, app):
