@@ -92,4 +92,14 @@ CHAT_LIST_FOCUS = """
 #conv-list label:focus-visible { outline: 2px solid var(--mc-accent, var(--color-accent)); outline-offset: -2px; }
 """
 
-PAGE_CSS = CHAT_LIST_FOCUS + HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR
+# A long chat title is cut with "…" before the time the chat was last used, which stays in view
+# (PAGE_JS puts the time in an element of its own and keeps its width, in ch, in --when): the
+# list's label was cut at its end, time and all.
+CHAT_LIST_TIME = """
+#conv-list label > span { min-width: 0; }
+#conv-list .chat-title { display: inline-block; vertical-align: top; max-width: calc(100% - var(--when, 0px));
+                         overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+#conv-list .chat-when { white-space: pre; }
+"""
+
+PAGE_CSS = CHAT_LIST_TIME + CHAT_LIST_FOCUS + HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR

@@ -183,15 +183,36 @@ PAGE_JS = """
   const keyboardList = () => {
     const list = document.querySelector('#conv-list');
     if (!list) return setTimeout(keyboardList, 200);
+    // a long title is cut with "…" before its time, which stays in view (page_css.CHAT_LIST_TIME):
+    // Gradio writes the label, "title · time", into one text node of its span. That node (Gradio
+    // writes a changed label into it again) is kept and moved into .chat-title, holding the title,
+    // and the time goes into .chat-when: the label's text stays "title · time"
+    const splitTime = (label) => {
+      const span = label.querySelector(':scope > span');
+      const text = span && (span.querySelector(':scope > .chat-title') || span).firstChild;
+      if (!text || text.nodeType !== Node.TEXT_NODE || (text.nodeValue === span.dataset.title && span.querySelector('.chat-when'))) return;
+      const full = text.nodeValue, at = full.lastIndexOf(' · ');
+      if (at < 0) return;
+      let title = span.querySelector(':scope > .chat-title'), when = span.querySelector(':scope > .chat-when');
+      if (!title) { title = document.createElement('span'); title.className = 'chat-title'; span.insertBefore(title, text); title.appendChild(text); }
+      if (!when) { when = document.createElement('span'); when.className = 'chat-when'; span.appendChild(when); }
+      span.dataset.title = full.slice(0, at);
+      text.nodeValue = full.slice(0, at);
+      when.textContent = full.slice(at);
+      label.style.setProperty('--when', `${full.length - at + 1}ch`);
+      label.title = full.slice(0, at).replace(/^● /, '');
+    };
     const mark = () => {
       for (const label of list.querySelectorAll('label')) {
+        splitTime(label);
         if (label.tabIndex !== 0) label.tabIndex = 0;
         const shown = String(!!label.querySelector('input:checked'));
         if (label.getAttribute('role') !== 'radio') label.setAttribute('role', 'radio');
         if (label.getAttribute('aria-checked') !== shown) label.setAttribute('aria-checked', shown);
       }
     };
-    new MutationObserver(mark).observe(list, {subtree: true, childList: true, attributes: true, attributeFilter: ['class']});
+    new MutationObserver(mark).observe(list, {subtree: true, childList: true, characterData: true, attributes: true,
+                                              attributeFilter: ['class']});
     mark();
     list.addEventListener('keydown', (e) => {
       const label = e.target instanceof Element && e.target.closest('#conv-list label');

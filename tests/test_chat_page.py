@@ -29,7 +29,7 @@ PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
            "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo",
-           "Quetzal", "Bilby", "Saola", "Dikdik")
+           "Quetzal", "Bilby", "Saola", "Dikdik", "Zorilla")
 
 
 # ---- the app and the browser, shared by the module
@@ -958,6 +958,32 @@ def test_on_a_phone_the_details_toggle_and_attach_are_32_px_touch_targets(tab, a
     page.locator("#chatbot .thought-group .title").last.tap()  # the bigger toggle still opens the details
     assert wait_until(lambda: page.locator("#chatbot .thought-group .title .arrow button").last.get_attribute("aria-label")
                       == "Hide details", 5)
+
+
+def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab, app):
+    """The sidebar cut a long title at the label's end, and the time the chat was last used went
+    with it: the title is cut with "…" and the time stays whole, inside the label; the label's
+    text is still "title · time"."""
+    page = tab().page
+    open_new_chat(page)
+    send(page, "Zorilla Zorilla Zorilla: a long question whose title is wider than the sidebar, say hi.")
+    wait_finished(page, 1)
+    label = page.locator("#conv-list label", has_text="Zorilla").first
+    assert wait_until(lambda: label.locator(".chat-when").count() == 1, 10), label.evaluate("e => e.outerHTML")
+    text = label.inner_text().strip()
+    assert re.fullmatch(r"Zorilla Zorilla Zorilla: a long question.* · \d\d:\d\d", text), text
+    box, when = label.bounding_box(), label.locator(".chat-when").bounding_box()
+    assert when["width"] > 0 and when["x"] + when["width"] <= box["x"] + box["width"] + 0.5, (box, when)
+    assert label.locator(".chat-when").evaluate("e => e.scrollWidth <= e.clientWidth || getComputedStyle(e).display === 'inline'")
+    cut = label.locator(".chat-title").evaluate("e => [e.scrollWidth > e.clientWidth, getComputedStyle(e).textOverflow]")
+    assert cut == [True, "ellipsis"], cut
+    # renamed: the label follows (Gradio writes the new label into the title's text), cut and timed the same way
+    open_accordion(page, "Manage", "#title-input")
+    page.fill("#title-input :is(input, textarea)", "Zorilla renamed with a title longer than the sidebar is wide")
+    page.click("#rename-btn")
+    assert wait_until(lambda: re.fullmatch(r"Zorilla renamed with a title longer than the sidebar is wide · \d\d:\d\d",
+                                           label.inner_text().strip()), 10), label.inner_text()
+    assert label.locator(".chat-when").count() == 1 and label.locator(".chat-title").evaluate("e => e.scrollWidth > e.clientWidth")
 
 
 def test_status_line_says_0_running_after_a_reply(tab, app):
