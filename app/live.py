@@ -112,6 +112,14 @@ class ReplyManager:
     def is_busy(self, conv_id: int | None) -> bool:
         return conv_id is not None and (conv_id in self.live or bool(self.queued.get(conv_id)))
 
+    def answers_later(self, conv_id: int | None) -> bool:
+        """Whether a message sent now is answered together with the questions waiting before it:
+        a reply streams and was not stopped, or turns wait in line. A reply being stopped (Stop
+        was pressed, its task has not ended yet) answers nothing more: the message is answered
+        on its own."""
+        reply = self.live.get(conv_id) if conv_id is not None else None
+        return (reply is not None and not reply.stop.is_set()) or bool(self.queued.get(conv_id))
+
     def busy_conversations(self) -> set[int]:
         return set(self.live) | {c for c, q in self.queued.items() if q}
 

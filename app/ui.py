@@ -791,7 +791,10 @@ class ChatPage:
                 request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)
                 return Turn(request, last.id, text=last.content, earlier=last.stats, backend=backend, generate=source.generate)
             request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs or None)
-            reply = self.store.add_message(conv_id, path[-1].id, "assistant", "", stats={"tokens": 0}, model=source.model_name)
+            question = path[-1]
+            if question.stats is not None and question.stats.unanswered:  # answered now (↻): its mark goes
+                self.store.update_message(question.id, question.content, replace(question.stats, unanswered=False).to_dict())
+            reply = self.store.add_message(conv_id, question.id, "assistant", "", stats={"tokens": 0}, model=source.model_name)
             return Turn(request, reply.id, backend=backend, generate=source.generate, model_of=lambda: source.model_name)
         return make_turn
 
@@ -824,13 +827,13 @@ class ChatPage:
         if not self.save_settings(tab, *form):
             return gr.skip()  # the toast says which setting; the message stays in the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
-            warn("The model is still loading; send your message once the status line says Ready.")
+            warn("The model is still loading; send your message once it has loaded (the status line stops saying Loading).")
             return gr.skip()
         raw_text, text = text, with_attachments(text, tab.attachments)
         tab.attachments = []
         if tab.conv_id is None:
             tab.conv_id, tab.picked = self.store.create(title=title_from(text), settings=tab.draft).id, True
-        elif not self.replies.is_busy(tab.conv_id):
+        elif not self.replies.answers_later(tab.conv_id):  # a reply being stopped answers nothing more
             self.leave_unanswered(self.store.get(tab.conv_id))
         self.store.append(tab.conv_id, "user", text)
         tab.last_send = (tab.conv_id, raw_text, sent_at)
@@ -978,19 +981,27 @@ class ChatPage:
         return self.switch_version(+1, request)
 
     async def delete_message(self, confirmed: bool, request: gr.Request):
+        """Delete the message the versions bar acts on and what follows it; deleting a version of
+        the first message retitles the chat as ✎ and ‹ › do (to the version shown after it)."""
         tab = self.tab(request)
         conv = self.shown(tab)
         if not confirmed or not self.shows_current(tab, conv):
-            return
+            return gr.skip()
         target = focus_of(conv, tab.focus)
         if target is None:
-            return
+            return gr.skip()
         if self.replies.is_busy(conv.id):
             warn(BUSY_HINT)
-            return
+            return gr.skip()
         self.store.delete_message(conv.id, target.id)
         tab.focus = None
+        after = self.store.get(conv.id).messages
+        shown = after[target.position] if target.position < len(after) else None
+        title = gr.skip()
+        if shown is not None and self.retitle(conv, target, shown.content):
+            title = title_from(shown.content)
         self.replies.notify()
+        return title
 
     # ---- the models panel
 
@@ -1351,8 +1362,8 @@ class ChatPage:
         m.chatbot.select(self.focus, **quick).then(**follow)
         m.prev_btn.click(self.previous_version, outputs=c.title_box, **quick).then(**follow)
         m.next_btn.click(self.next_version, outputs=c.title_box, **quick).then(**follow)
-        m.delete_msg_btn.click(self.delete_message, inputs=c.confirmed, js=confirm_js("Delete this message and what follows it?"),
-                               **quick).then(**follow)
+        m.delete_msg_btn.click(self.delete_message, inputs=c.confirmed, outputs=c.title_box,
+                               js=confirm_js("Delete this message and what follows it?"), **quick).then(**follow)
         m.continue_btn.click(self.continue_reply, **quick).then(**follow)
         m.stop_btn.click(self.stop, inputs=c.clicked_at, js=STAMP_JS, **quick)
 

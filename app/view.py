@@ -105,7 +105,11 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
     if conv is None:
         return []
     out: list[ViewMessage] = []
-    last = conv.messages[-1] if conv.messages else None
+    trailing = set()  # the questions at the chat's end, after its last reply: waiting, or left unanswered
+    for j in range(len(conv.messages) - 1, -1, -1):
+        if conv.messages[j].role != "user":
+            break
+        trailing.add(j)
     for i, m in enumerate(conv.messages):
         if m.role == "system":
             continue
@@ -125,14 +129,14 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
         if m.role == "user":
             if version:  # under your message: which of your versions this is
                 out.append(ViewMessage({"role": "user", "content": VERSIONS_HINT, "metadata": {"title": version, "status": "done"}}, m))
-            if busy and m is last:  # the last question of a busy chat: its reply has not started yet
-                out.append(ViewMessage({"role": "user", "content": WAITING_HINT, "metadata": {"title": WAITING_LINE, "status": "done"}}, m))
-            elif m is last:  # a question left without a reply: say so, under it, where ↻ shows
-                out.append(ViewMessage({"role": "assistant", "content": UNANSWERED_HINT,
-                                        "metadata": {"title": UNANSWERED_LINE, "status": "done"}}, m))
-            elif left_unanswered(conv.messages, i):  # left, and a later question answered instead
+            if left_unanswered(conv.messages, i):  # left, and a later question answered instead
                 out.append(ViewMessage({"role": "assistant", "content": LEFT_HINT,
                                         "metadata": {"title": LEFT_LINE, "status": "done"}}, m))
+            elif busy and i in trailing:  # a question of a busy chat whose reply has not started yet
+                out.append(ViewMessage({"role": "user", "content": WAITING_HINT, "metadata": {"title": WAITING_LINE, "status": "done"}}, m))
+            elif i in trailing:  # a question left without a reply: say so, under it (↻ answers the chat's last ones)
+                out.append(ViewMessage({"role": "assistant", "content": UNANSWERED_HINT,
+                                        "metadata": {"title": UNANSWERED_LINE, "status": "done"}}, m))
             continue
         if is_failed(m):
             continue
@@ -246,12 +250,17 @@ def ending(m: Message, streaming: bool) -> str:
 
 def engine_messages(conv: Conversation, settings: ChatSettings) -> list[dict]:
     """What the model sees: the system prompt, then every stored turn, leaving out a turn the
-    engine refused (its question and the reason shown in its place), empty replies, and the
-    questions left unanswered before a later one (``left_unanswered``: the reply answers that one)."""
+    engine refused (its question and the reason shown in its place), a turn whose reply is empty
+    with the chat gone on after it (stopped before its first word, or the model said nothing:
+    the question would otherwise run into the next one), empty replies, and the questions left
+    unanswered before a later one (``left_unanswered``: the reply answers that one)."""
     msgs = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
     turns = [m for m in conv.messages if m.role in ("user", "assistant")]
     for i, m in enumerate(turns):
-        if is_failed(m) or (m.role == "user" and i + 1 < len(turns) and is_failed(turns[i + 1])) or left_unanswered(turns, i):
+        answer = turns[i + 1] if m.role == "user" and i + 1 < len(turns) else None
+        if answer is not None and (is_failed(answer) or (answer.role == "assistant" and not answer.content and i + 2 < len(turns))):
+            continue
+        if is_failed(m) or left_unanswered(turns, i):
             continue
         if m.role == "assistant" and not m.content:
             continue
@@ -311,7 +320,7 @@ def status_line(client) -> str:
         total = len(client.expected_workers)
         if client.switching:
             return (f"**Loading** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready); "
-                    "send your message once it says Ready")
+                    "send your message once it has loaded")
         return f"**Starting** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready)"
     sched = client.scheduler_info
     # with --dp, every replica's device (each replica's rank 0 reports one)

@@ -821,6 +821,18 @@ async def test_stop_with_a_message_waiting_stops_the_chat_and_leaves_the_questio
     assert texts(store, tab.conv_id)[-2:] == [("user", "second question"), ("assistant", "echo: second question")]
 
 
+async def stop_with_questions_waiting(page, request, *questions: str) -> None:
+    """A long reply streams, ``questions`` are sent meanwhile (they wait), then Stop: the chat
+    ends with them unanswered, and the tab has seen it so."""
+    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await asyncio.sleep(0.1)
+    for question in questions:
+        await page.send(question, *SETTINGS, None, request)
+    await page.stop(None, request)
+    await until_idle(page.replies)
+    [o async for o in page.follow(request)]
+
+
 @pytest.mark.anyio
 async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_on_its_own(store) -> None:
     """Stop while two questions wait, then a new message: the three questions were answered by
@@ -833,14 +845,8 @@ async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_o
     engine = FakeEngine(step_s=0.03)
     page = ChatPage(FakeClient(engine), store)
     request = FakeRequest()
-    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
-    await asyncio.sleep(0.1)
-    await page.send("second question", *SETTINGS, None, request)
-    await page.send("third question", *SETTINGS, None, request)
+    await stop_with_questions_waiting(page, request, "second question", "third question")
     tab = page.tab(request)
-    await page.stop(None, request)
-    await until_idle(page.replies)
-    [o async for o in page.follow(request)]
     await page.send("fourth question", *SETTINGS, None, request)
     await until_idle(page.replies)
     assert texts(store, tab.conv_id)[2:] == [("user", "second question"), ("user", "third question"), ("user", "fourth question"),
@@ -865,6 +871,91 @@ async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_o
     assert [m["content"] for m in engine.requests[-1].messages][-2:] == ["sixth", "seventh"]
     assert texts(store, tab.conv_id)[-1] == ("assistant", "echo: seventh")
     assert not any(v.is_line and v.source.role == "user" for v in page.view_of(page.shown(tab), tab)[-4:])
+
+
+class FirstReplyWaitsForStop(FakeEngine):
+    """The first request gives no output until it is stopped (a long prefill on a CPU)."""
+
+    async def generate(self, request: GenerateRequest, stop: asyncio.Event):
+        if not self.requests:
+            self.requests.append(request)
+            await stop.wait()
+            self.aborted += 1
+            return
+        async for out in FakeEngine.generate(self, request, stop):
+            yield out
+
+
+@pytest.mark.anyio
+async def test_a_question_stopped_before_its_first_word_is_not_sent_with_the_next_one(store) -> None:
+    """Stop before the reply's first word leaves the question and an empty reply; the next
+    message was sent to the model right after that question, as two questions in a row (the
+    empty reply is left out). The model sees the new message alone."""
+    from minisgl_app.ui import ChatPage
+
+    engine = FirstReplyWaitsForStop()
+    page = ChatPage(FakeClient(engine), store)
+    request = FakeRequest()
+    await page.send("first question", *SETTINGS, None, request)
+    await asyncio.sleep(0.05)
+    await page.stop(None, request)
+    await until_idle(page.replies)
+    tab = page.tab(request)
+    assert texts(store, tab.conv_id) == [("user", "first question"), ("assistant", "")]
+    await page.send("second question", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    seen = [m["content"] for m in engine.requests[-1].messages]
+    assert seen[-1] == "second question" and "first question" not in seen, seen
+    assert texts(store, tab.conv_id)[-1] == ("assistant", "echo: second question")
+
+
+@pytest.mark.anyio
+async def test_a_message_sent_while_a_stopped_reply_winds_down_is_answered_on_its_own(store) -> None:
+    """Send right after Stop, before the stopped reply's task has ended (the chat still counts
+    as busy): the message was taken for one sent while the chat replies, and the question that
+    waited was answered with it. A stopped reply answers nothing more: the waiting question is
+    left unanswered, the new one answered alone."""
+    from minisgl_app.ui import ChatPage
+
+    engine = FakeEngine(step_s=0.05)
+    page = ChatPage(FakeClient(engine), store)
+    request = FakeRequest()
+    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await asyncio.sleep(0.12)
+    await page.send("waiting question", *SETTINGS, None, request)
+    tab = page.tab(request)
+    await page.stop(None, request)
+    assert page.replies.is_busy(tab.conv_id)  # the stopped reply has not wound down yet
+    await page.send("new question", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    seen = [m["content"] for m in engine.requests[-1].messages]
+    assert seen[-1] == "new question" and "waiting question" not in seen, seen
+    marks = [(v.source.content, v.shown["metadata"]["title"]) for v in page.view_of(page.shown(tab), tab)
+             if v.is_line and v.source.role == "user"]
+    assert marks == [("waiting question", view.LEFT_LINE)], marks
+
+
+@pytest.mark.anyio
+async def test_every_question_left_waiting_by_stop_says_it_was_not_answered(store) -> None:
+    """Stop with two questions waiting: only the last said "not answered", the one before it
+    nothing, though neither has a reply. Each says so (↻ answers them together)."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine(step_s=0.03)), store)
+    request = FakeRequest()
+    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await asyncio.sleep(0.1)
+    await page.send("second question", *SETTINGS, None, request)
+    await page.send("third question", *SETTINGS, None, request)
+    tab = page.tab(request)
+    waiting = [(v.source.content, v.shown["metadata"]["title"]) for v in page.view_of(page.shown(tab), tab)
+               if v.is_line and v.source.role == "user"]
+    assert waiting == [("second question", view.WAITING_LINE), ("third question", view.WAITING_LINE)], waiting
+    await page.stop(None, request)
+    await until_idle(page.replies)
+    marks = [(v.source.content, v.shown["metadata"]["title"]) for v in page.view_of(page.shown(tab), tab)
+             if v.is_line and v.source.role == "user"]
+    assert marks == [("second question", view.UNANSWERED_LINE), ("third question", view.UNANSWERED_LINE)], marks
 
 
 @pytest.mark.anyio
@@ -904,14 +995,11 @@ async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(
     assert store.get(tab.conv_id).title == "My trip", "a title the user chose stays"
 
 
-@pytest.mark.anyio
-async def test_switching_the_first_messages_version_retitles_a_chat_the_user_never_renamed(store) -> None:
-    """✎ on the first message retitles the chat, but ‹ › back to its first version left the new
-    title on a chat showing the old question. Switching the first message's version retitles it
-    as the edit does (the title box gets it), unless the user renamed the chat."""
+async def chat_with_its_first_message_edited(store):
+    """A chat whose first question "What is the capital of France?" was edited (✎) to "And of
+    Spain?": two versions, the chat retitled. Returns the page, the tab's request and the tab."""
     import gradio as gr
 
-    from minisgl_app.store import title_from
     from minisgl_app.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
@@ -924,6 +1012,59 @@ async def test_switching_the_first_messages_version_retitles_a_chat_the_user_nev
                     request)
     await until_idle(page.replies)
     assert store.get(tab.conv_id).title == "And of Spain?"
+    return page, request, tab
+
+
+@pytest.mark.anyio
+async def test_deleting_a_version_of_the_first_message_retitles_a_chat_the_user_never_renamed(store) -> None:
+    """✎ and ‹ › on the first message retitle the chat; deleting the version shown left its title
+    over the other version's question. The title follows the version shown after the delete."""
+    from minisgl_app.store import title_from
+
+    page, request, tab = await chat_with_its_first_message_edited(store)
+    [o async for o in page.follow(request)]
+    tab.focus = store.get(tab.conv_id).messages[0].id  # the first message clicked: Delete acts on it
+    title = await page.delete_message(True, request)
+    conv = store.get(tab.conv_id)
+    assert conv.messages[0].content == "What is the capital of France?"
+    assert conv.title == title == title_from("What is the capital of France?"), (conv.title, title)
+
+
+@pytest.mark.anyio
+async def test_a_question_left_unanswered_then_answered_by_regenerate_loses_its_mark(store) -> None:
+    """Questions left by Stop and passed over by a later one are marked "not answered"; delete the
+    later one and ↻ answers the last of them, but the Markdown export still said "not answered"
+    under it. A reply added under a question takes its mark away; the other keeps it."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine(step_s=0.03)), store)
+    request = FakeRequest()
+    await stop_with_questions_waiting(page, request, "second question", "third question")
+    tab = page.tab(request)
+    await page.send("fourth question", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    [o async for o in page.follow(request)]
+    tab.focus = next(m.id for m in store.get(tab.conv_id).messages if m.content == "fourth question")
+    await page.delete_message(True, request)
+    [o async for o in page.follow(request)]
+    await page.regenerate(request)
+    await until_idle(page.replies)
+    assert texts(store, tab.conv_id)[-3:] == [("user", "second question"), ("user", "third question"),
+                                              ("assistant", "echo: third question")]
+    exported = store.export_markdown(tab.conv_id)
+    third = exported.split("third question", 1)[1]
+    assert "not answered" not in third.split("## Assistant")[0], exported
+    assert "not answered" in exported.split("second question", 1)[1].split("third question")[0], exported
+
+
+@pytest.mark.anyio
+async def test_switching_the_first_messages_version_retitles_a_chat_the_user_never_renamed(store) -> None:
+    """✎ on the first message retitles the chat, but ‹ › back to its first version left the new
+    title on a chat showing the old question. Switching the first message's version retitles it
+    as the edit does (the title box gets it), unless the user renamed the chat."""
+    from minisgl_app.store import title_from
+
+    page, request, tab = await chat_with_its_first_message_edited(store)
 
     async def switch(step: int):
         [o async for o in page.follow(request)]  # the tab has seen the chat as it is
