@@ -101,26 +101,26 @@ class ChatSettings:
             problems["system_prompt"] = (f"system prompt is {len(self.system_prompt):,} characters; "
                                          f"the limit is {SYSTEM_PROMPT_LIMIT:,}")
         if not _is_number(self.temperature) or not 0.0 <= self.temperature <= 2.0:
-            problems["temperature"] = f"temperature must be between 0 and 2 (got {_shown(self.temperature)})"
+            problems["temperature"] = f"temperature must be between 0 and 2 (got {shown_value(self.temperature)})"
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            problems["top_p"] = f"top-p must be greater than 0 and at most 1 (got {_shown(self.top_p)})"
+            problems["top_p"] = f"top-p must be greater than 0 and at most 1 (got {shown_value(self.top_p)})"
         if (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)
                 or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT):
-            problems["max_tokens"] = f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT} (got {_shown(self.max_tokens)})"
+            problems["max_tokens"] = f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT:,} (got {shown_value(self.max_tokens)})"
         if not isinstance(self.thinking, bool):
-            problems["thinking"] = f"thinking must be on or off (got {_shown(self.thinking)})"
+            problems["thinking"] = f"thinking must be on or off (got {shown_value(self.thinking)})"
         if not _is_whole(self.top_k) or not 0 <= self.top_k <= 1000:
-            problems["top_k"] = f"top-k must be a whole number from 0 (off) to 1000 (got {_shown(self.top_k)})"
+            problems["top_k"] = f"top-k must be a whole number from 0 (off) to 1000 (got {shown_value(self.top_k)})"
         if self.seed is not None and (not _is_whole(self.seed) or not 0 <= self.seed < 2**63):
-            problems["seed"] = f"seed must be empty or a whole number from 0 to 2^63-1 (got {_shown(self.seed)})"
+            problems["seed"] = f"seed must be empty or a whole number from 0 to 2^63-1 (got {shown_value(self.seed)})"
         if not _is_number(self.repetition_penalty) or not 1.0 <= self.repetition_penalty <= REPETITION_PENALTY_MAX:
             problems["repetition_penalty"] = (f"repetition penalty must be between 1 (off) and {REPETITION_PENALTY_MAX:g} "
-                                              f"(got {_shown(self.repetition_penalty)})")
+                                              f"(got {shown_value(self.repetition_penalty)})")
         if not isinstance(self.stop, tuple) or len(self.stop) > STOP_STRINGS_LIMIT \
                 or not all(isinstance(x, str) and 0 < len(x) <= 100 for x in self.stop):
             problems["stop"] = f"stop strings: at most {STOP_STRINGS_LIMIT}, each 1 to 100 characters"
         if self.backend is not None and (not isinstance(self.backend, str) or not 0 < len(self.backend) <= 40):
-            problems["backend"] = f"replies from: expected the name of a backend (got {_shown(self.backend)})"
+            problems["backend"] = f"replies from: expected the name of a backend (got {shown_value(self.backend)})"
         return problems
 
     def validate(self) -> None:
@@ -943,11 +943,11 @@ def _read_tree(tree: object, leaf_id: object) -> tuple[list[_Imported], int]:
         message = _read_message(item, where)
         key, parent = item.get("id"), item.get("parent_id")
         if not _is_id(key):
-            raise BadImportFile(f"{where}.id: expected a whole number, got {_shown(key)}")
+            raise BadImportFile(f"{where}.id: expected a whole number, got {shown_value(key)}")
         if key in seen:
             raise BadImportFile(f"{where}.id: {key} is also the id of an earlier message")
         if parent is not None and (not _is_id(parent) or parent not in seen):
-            raise BadImportFile(f"{where}.parent_id: {_shown(parent)} is not the id of an earlier message")
+            raise BadImportFile(f"{where}.parent_id: {shown_value(parent)} is not the id of an earlier message")
         seen.add(key)
         out.append(replace(message, key=key, parent=parent))
     if not out:
@@ -955,7 +955,7 @@ def _read_tree(tree: object, leaf_id: object) -> tuple[list[_Imported], int]:
     if leaf_id is None:
         return out, out[-1].key  # listed after its parents, so it has no children
     if not _is_id(leaf_id) or leaf_id not in seen:
-        raise BadImportFile(f"leaf_id: {_shown(leaf_id)} is not the id of a message in the tree")
+        raise BadImportFile(f"leaf_id: {shown_value(leaf_id)} is not the id of a message in the tree")
     return out, leaf_id
 
 
@@ -968,7 +968,7 @@ def _read_message(item: object, where: str) -> _Imported:
             raise BadImportFile(f"{where}.{key} is missing")
     role = item["role"]
     if not isinstance(role, str) or role not in ROLES:
-        raise BadImportFile(f"{where}.role: {_shown(role)} is not one of {', '.join(ROLES)}")
+        raise BadImportFile(f"{where}.role: {shown_value(role)} is not one of {', '.join(ROLES)}")
     created_at = item.get("created_at")
     model = item.get("model")
     if model is not None and not isinstance(model, str):
@@ -991,7 +991,7 @@ def _content_text(content: object, where: str) -> str:
                                 f"got {_kind(part)}")
         if part.get("type") != "text":
             raise BadImportFile(f"{where}[{i}].type: only text parts can be imported, "
-                                f"not {_shown(part.get('type'))}")
+                                f"not {shown_value(part.get('type'))}")
         if not isinstance(part.get("text"), str):
             raise BadImportFile(f"{where}[{i}].text: expected text, got {_kind(part.get('text'))}")
         texts.append(part["text"])
@@ -1030,7 +1030,7 @@ def _read_stats(value: object, where: str) -> str | None:
     for name, (ok, wanted) in _STATS_KINDS.items():
         v = value.get(name)
         if v is not None and not ok(v):
-            raise BadImportFile(f"{where}.{name}: expected {wanted}, got {_shown(v)}")
+            raise BadImportFile(f"{where}.{name}: expected {wanted}, got {shown_value(v)}")
     stats = MessageStats.from_dict(value)
     return json.dumps(replace(stats, stopped=bool(stats.stopped), unanswered=bool(stats.unanswered)).to_dict())
 
@@ -1075,14 +1075,14 @@ def plural(noun: str, n: int) -> str:
     return noun if n == 1 else noun + "s"
 
 
-def _shown(value: object) -> str:
+def shown_value(value: object) -> str:
     """A value quoted for an error message, cut short; a number as people write it (5, not 5.0;
-    1e+20, not its 21 digits)."""
+    40,000; 1e+20, not its 21 digits)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         if abs(value) >= 1e15:
             return f"{value:.3g}"
-        if isinstance(value, float) and value.is_integer():
-            return str(int(value))
+        if isinstance(value, int) or value.is_integer():
+            return f"{int(value):,}"
     text = repr(value)
     return text if len(text) <= 40 else text[:39] + "…"
 

@@ -31,7 +31,7 @@ from .live import ReplyManager, Turn
 from .model_pull import ModelPuller, PullError, PullProgress
 from .page_css import PAGE_CSS
 from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, MAX_TOKENS_LIMIT, REPETITION_PENALTY_MAX, BadImportFile,
-                    ChatSettings, ConversationStore, NotFoundError, plural, title_from)
+                    ChatSettings, ConversationStore, NotFoundError, plural, shown_value, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
 from .view import (can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices, typed_text,
                    version_steps, versions_label, view_messages)
@@ -1435,12 +1435,7 @@ def max_tokens_problem(value, context: int | None, model: str | None) -> str:
     limit."""
     limit = min(context, MAX_TOKENS_LIMIT) if context else MAX_TOKENS_LIMIT
     why = f", the context of {model or 'the model'}, which serves this chat" if limit == context else ""
-    if value is None or value == "":
-        got = ""
-    elif isinstance(value, int) and not isinstance(value, bool):
-        got = f" (got {value:,})"
-    else:
-        got = f" (got {value!r})" if isinstance(value, str) else f" (got {value:g})" if isinstance(value, float) else f" (got {value})"
+    got = "" if value is None or value == "" else f" (got {shown_value(value)})"
     return f"max tokens must be a whole number from 1 to {limit:,}{why}{got}"
 
 

@@ -1194,7 +1194,7 @@ async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the
 async def test_a_bad_max_tokens_is_refused_naming_one_range_from_1_to_the_serving_models_limit(store, monkeypatch) -> None:
     """0, -5 or 2.5 said "from 1 to 32768" while a number above the model's context said "at most
     8,192": every bad max tokens names the one range, 1 to the serving model's context (within
-    the store's 32,768), written the same way."""
+    the store's 32,768), written the same way; a huge number is not written out in its 301 digits."""
     from minisgl_app import ui
     from minisgl_app.ui import ChatPage
 
@@ -1208,7 +1208,7 @@ async def test_a_bad_max_tokens_is_refused_naming_one_range_from_1_to_the_servin
     await page.select(conv_id, None, request)
     in_force = store.get(conv_id).settings.max_tokens
     one_range = "max tokens must be a whole number from 1 to 8,192, the context of fake, which serves this chat"
-    for typed, got in ((0, "0"), (-5, "-5"), (2.5, "2.5"), (9000, "9,000"), (40000, "40,000")):
+    for typed, got in ((0, "0"), (-5, "-5"), (2.5, "2.5"), (9000, "9,000"), (40000, "40,000"), (10 ** 300, "1e+300")):
         form = list(page.fields(page.tab(request))[1:10])
         form[3] = typed
         assert (await page.settings_changed(*form, None, request))[3] == in_force, typed

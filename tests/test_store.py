@@ -648,7 +648,7 @@ def test_valid_settings_pass():
     (dict(temperature=float("nan")), "temperature"),
     (dict(top_p=0.0), "top-p must be greater than 0"),
     (dict(top_p=1.5), "top-p"),
-    (dict(max_tokens=0), "max tokens must be a whole number from 1 to 32768"),
+    (dict(max_tokens=0), "max tokens must be a whole number from 1 to 32,768"),
     (dict(max_tokens=32769), "max tokens"),
     (dict(max_tokens=12.5), "max tokens"),
     (dict(max_tokens=True), "max tokens"),
