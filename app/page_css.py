@@ -94,9 +94,11 @@ CHAT_LIST_FOCUS = """
 
 # A long chat title is cut with "…" before the time the chat was last used, which stays in view
 # (PAGE_JS puts the time in an element of its own and keeps its width, in ch, in --when): the
-# list's label was cut at its end, time and all.
+# list's label was cut at its end, time and all. The label's text takes the row's whole width, so
+# the title gets all the room the time leaves (as a shrink-to-fit span it cut even short titles
+# to a few letters).
 CHAT_LIST_TIME = """
-#conv-list label > span { min-width: 0; }
+#conv-list label > span { display: block; flex: 1 1 auto; min-width: 0; white-space: nowrap; }
 #conv-list .chat-title { display: inline-block; vertical-align: top; max-width: calc(100% - var(--when, 0px));
                          overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 #conv-list .chat-when { white-space: pre; }

@@ -977,6 +977,9 @@ def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab,
     assert label.locator(".chat-when").evaluate("e => e.scrollWidth <= e.clientWidth || getComputedStyle(e).display === 'inline'")
     cut = label.locator(".chat-title").evaluate("e => [e.scrollWidth > e.clientWidth, getComputedStyle(e).textOverflow]")
     assert cut == [True, "ellipsis"], cut
+    # the title takes the room the time leaves (a tour saw "Name three fruits." cut to "Name thre…")
+    title = label.locator(".chat-title").bounding_box()
+    assert title["width"] + when["width"] >= 0.8 * box["width"] - 40, (box, title, when)
     # renamed: the label follows (Gradio writes the new label into the title's text), cut and timed the same way
     open_accordion(page, "Manage", "#title-input")
     page.fill("#title-input :is(input, textarea)", "Zorilla renamed with a title longer than the sidebar is wide")
@@ -984,6 +987,10 @@ def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab,
     assert wait_until(lambda: re.fullmatch(r"Zorilla renamed with a title longer than the sidebar is wide · \d\d:\d\d",
                                            label.inner_text().strip()), 10), label.inner_text()
     assert label.locator(".chat-when").count() == 1 and label.locator(".chat-title").evaluate("e => e.scrollWidth > e.clientWidth")
+    page.fill("#title-input :is(input, textarea)", "Zorilla, short")
+    page.click("#rename-btn")
+    assert wait_until(lambda: label.inner_text().strip().startswith("Zorilla, short · "), 10), label.inner_text()
+    assert label.locator(".chat-title").evaluate("e => e.scrollWidth <= e.clientWidth"), "a short title is shown whole"
 
 
 def test_status_line_says_0_running_after_a_reply(tab, app):
