@@ -318,6 +318,9 @@ class Tab:
     # browser time (ms): a settings box left by that click belongs to the chat shown before
     shown_before: int | None = None
     shown_since: float = 0.0
+    # browser time (ms) of the newest settings save applied: each save carries every box, so an
+    # older one taken after it (Gradio runs them at once) would put back the values it replaced
+    settings_stamp: float = 0.0
     # the last message sent: (chat, text, browser time in ms of its click or Enter), to drop the
     # second send of a double click or a double Enter (the box empties only when the first is done)
     last_send: tuple[int, str, float] | None = None
@@ -695,8 +698,11 @@ class ChatPage:
             if not self.settings_refused(problems):
                 self.store_settings(tab, tab.shown_before, settings)
             return keep
+        if clicked_at is not None and clicked_at < tab.settings_stamp:
+            return keep  # a newer save (of another box) carried this box's value too, and is applied
         settings, problems = self.checked_form(values, self.settings_in_force(tab))
-        self.save_settings(tab, settings, problems)
+        if self.save_settings(tab, settings, problems) and clicked_at is not None:
+            tab.settings_stamp = clicked_at
         in_force = self.settings_in_force(tab)
         # only boxes that must change are sent: another box may be being typed into meanwhile
         back = set(problems) | {name for name, value in zip(SETTING_FIELDS, values) if name in REFILLED_WHEN_EMPTY and value in (None, "")}

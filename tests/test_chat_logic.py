@@ -1191,6 +1191,36 @@ async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the
 
 
 @pytest.mark.anyio
+async def test_settings_saved_in_quick_succession_keep_the_newest_values_whichever_save_runs_last(store) -> None:
+    """Temperature then max tokens committed within a second (a new user's tour): each save
+    carries every box, Gradio runs them at once, and when the older save was taken last it put
+    back the max tokens the newer one had saved (no message). An older save taken after a newer
+    one is left: the newer one holds its value too. A refused newer save does not hide an older
+    valid one."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    conv_id = store.create(title="a").id
+    await page.select(conv_id, None, request)
+    form = list(page.fields(page.tab(request))[1:10])
+    older, newer = list(form), list(form)
+    older[1] = newer[1] = 0.9  # temperature, committed first
+    newer[3] = 33  # max tokens, committed next
+    await page.settings_changed(*newer, 2000.0, request)
+    await page.settings_changed(*older, 1000.0, request)  # the older save, taken last
+    settings = store.get(conv_id).settings
+    assert (settings.temperature, settings.max_tokens) == (0.9, 33), settings
+    refused = list(newer)
+    refused[3] = 0
+    later = list(newer)
+    later[1] = 0.4
+    await page.settings_changed(*refused, 4000.0, request)  # refused: nothing saved, the stamp stays
+    await page.settings_changed(*later, 3000.0, request)
+    assert store.get(conv_id).settings.temperature == 0.4
+
+
+@pytest.mark.anyio
 async def test_a_bad_max_tokens_is_refused_naming_one_range_from_1_to_the_serving_models_limit(store, monkeypatch) -> None:
     """0, -5 or 2.5 said "from 1 to 32768" while a number above the model's context said "at most
     8,192": every bad max tokens names the one range, 1 to the serving model's context (within
