@@ -1160,12 +1160,9 @@ async def test_editing_an_earlier_message_says_where_the_turns_after_it_went(sto
     assert "the message after it are" in branch_note(1)
 
 
-@pytest.mark.anyio
-async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the_limit(store, monkeypatch) -> None:
-    """The store lets max tokens up to 32,768 through, even for a model of 8,192 tokens: the
-    page refuses more than the context of the model serving the chat, with a message naming it;
-    the box shows the value in force again, as for any refused setting; a message sent with it
-    stays in the box."""
+async def a_chat_on_an_8k_model(store, monkeypatch):
+    """A page whose model has 8,192 tokens of context, showing a stored chat; its toasts go to
+    ``said``. Returns the page, its client, the tab's request, ``said`` and the chat's id."""
     from minisgl_app import ui
     from minisgl_app.ui import ChatPage
 
@@ -1177,6 +1174,16 @@ async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the
     monkeypatch.setattr(ui, "warn", said.append)
     conv_id = store.create(title="a").id
     await page.select(conv_id, None, request)
+    return page, client, request, said, conv_id
+
+
+@pytest.mark.anyio
+async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the_limit(store, monkeypatch) -> None:
+    """The store lets max tokens up to 32,768 through, even for a model of 8,192 tokens: the
+    page refuses more than the context of the model serving the chat, with a message naming it;
+    the box shows the value in force again, as for any refused setting; a message sent with it
+    stays in the box."""
+    page, client, request, said, conv_id = await a_chat_on_an_8k_model(store, monkeypatch)
     in_force = store.get(conv_id).settings.max_tokens
     form = list(page.fields(page.tab(request))[1:10])
     form[3] = 32768
@@ -1225,17 +1232,7 @@ async def test_a_bad_max_tokens_is_refused_naming_one_range_from_1_to_the_servin
     """0, -5 or 2.5 said "from 1 to 32768" while a number above the model's context said "at most
     8,192": every bad max tokens names the one range, 1 to the serving model's context (within
     the store's 32,768), written the same way; a huge number is not written out in its 301 digits."""
-    from minisgl_app import ui
-    from minisgl_app.ui import ChatPage
-
-    client = FakeClient(FakeEngine())
-    client.context_len = 8192
-    page = ChatPage(client, store)
-    request = FakeRequest()
-    said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
-    conv_id = store.create(title="a").id
-    await page.select(conv_id, None, request)
+    page, client, request, said, conv_id = await a_chat_on_an_8k_model(store, monkeypatch)
     in_force = store.get(conv_id).settings.max_tokens
     one_range = "max tokens must be a whole number from 1 to 8,192, the context of fake, which serves this chat"
     for typed, got in ((0, "0"), (-5, "-5"), (2.5, "2.5"), (9000, "9,000"), (40000, "40,000"), (10 ** 300, "1e+300")):
