@@ -35,14 +35,22 @@ STATUS_LINE_CLEAR = """
 #chatbot .bubble-wrap { mask-image: linear-gradient(to bottom, transparent 0, #000 var(--size-3)); }
 """
 
-# A narrow screen (a phone, a half-screen window): the chat and its message box first (the
-# theme orders them), the message box on a row of its own with Attach, Send and Stop under it,
+# A narrow screen (a phone, a half-screen window): the sidebar is a bar above the chat (☰ Chats
+# and New chat; the chat list, Manage, Settings and Models open under ☰ Chats: PAGE_JS), so the
+# chats are reached without scrolling past the whole conversation; the headers of Manage,
+# Settings and Models are 32 px touch targets (they were 20 px). The message box sits on a row
+# of its own with Attach, Send and Stop under it,
 # and the versions bar wrapping its label instead of pushing "Delete message" off the screen.
 # A message's buttons (Copy, Edit, Retry: 18 px icons), the ▸ that opens a reply's details (an 18 px
 # button) and Attach (26 px tall) are 32 px touch targets, and the status
 # line leaves out its details (view.wide_only: it took four lines above the chat).
 NARROW = """
+@media (min-width: 641px) { #chats-toggle { display: none !important; } }
 @media (max-width: 640px) {
+  #sidebar:not(:has(#chats-toggle[aria-expanded="true"])) #sidebar-body { display: none !important; }
+  #sidebar-bar { flex-wrap: nowrap !important; }
+  #chats-toggle[aria-expanded="true"] { background: var(--background-fill-secondary); }
+  #sidebar .label-wrap { min-height: 32px; align-items: center; }
   #chatbot .message-buttons button { min-width: 32px !important; min-height: 32px !important; justify-content: center; }
   #chatbot .thought-group .title { min-height: 32px; }
   #chatbot .thought-group .title .arrow button { min-width: 32px !important; min-height: 32px !important; justify-content: center; }

@@ -225,13 +225,20 @@ PAGE_JS = """
     });
   };
   keyboardList();
-  // on a narrow screen the sidebar lies below the chat: a chat picked there (or New chat) is
-  // shown with the chat's top, the status line above it, at the top of the screen
+  // on a narrow screen the sidebar is a bar above the chat (page_css.NARROW): ☰ Chats opens the
+  // chat list, the settings and the models under it; a chat picked there (or New chat) closes
+  // them, and the page shows the chat from the top
+  // (its aria-expanded says whether they are open; the page's CSS reads it)
+  const toggle = () => document.querySelector('#chats-toggle');
+  const setOpen = (open) => toggle()?.setAttribute('aria-expanded', String(open));
   document.addEventListener('click', (e) => {
-    const picked = e.target instanceof Element && e.target.closest('#conv-list label, #new-chat-btn');
-    const line = document.querySelector('#status-line');
-    if (picked && line && matchMedia('(max-width: 640px)').matches) line.scrollIntoView({block: 'start', behavior: 'instant'});
+    const target = e.target instanceof Element ? e.target : null;
+    if (target?.closest('#chats-toggle')) { setOpen(toggle().getAttribute('aria-expanded') !== 'true'); return; }
+    const picked = target?.closest('#conv-list label, #new-chat-btn');
+    if (picked && matchMedia('(max-width: 640px)').matches) { setOpen(false); scrollTo({top: 0, behavior: 'instant'}); }
   });
+  const named = () => toggle() ? toggle().setAttribute('aria-expanded', 'false') : setTimeout(named, 200);
+  named();
 }
 """
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
@@ -1177,23 +1184,27 @@ class ChatPage:
         with gr.Blocks(title="minisgl-chat", fill_height=True) as demo:
             with gr.Row(equal_height=False):
                 with gr.Column(scale=1, min_width=220, elem_id="sidebar"):
-                    chats = self._chats_panel()
-                    with gr.Accordion("Settings", open=False, elem_id="settings"):
-                        settings = self._settings_panel()
-                    with gr.Accordion("Models", open=False, elem_id="models") as models_box:
-                        models = self._models_panel()
-                        models.box = models_box
+                    # on a phone the sidebar is a bar above the chat: ☰ Chats opens the rest (PAGE_JS, page_css.NARROW)
+                    with gr.Row(elem_id="sidebar-bar"):
+                        gr.Button("☰ Chats", elem_id="chats-toggle", scale=0, min_width=110)
+                        new_btn = gr.Button("＋ New chat", elem_id="new-chat-btn", variant="secondary")
+                    with gr.Column(elem_id="sidebar-body"):
+                        chats = self._chats_panel(new_btn)
+                        with gr.Accordion("Settings", open=False, elem_id="settings"):
+                            settings = self._settings_panel()
+                        with gr.Accordion("Models", open=False, elem_id="models") as models_box:
+                            models = self._models_panel()
+                            models.box = models_box
                 with gr.Column(scale=4, elem_id="main"):
                     main = self._chat_column()
             self._wire(demo, chats, settings, models, main)
         return demo
 
-    def _chats_panel(self) -> SimpleNamespace:
-        new_btn = gr.Button("＋ New chat", elem_id="new-chat-btn", variant="secondary")
+    def _chats_panel(self, new_btn: gr.Button) -> SimpleNamespace:
         search = gr.Textbox(show_label=False, label="Search chats", placeholder="Search chats", elem_id="search",
                             max_lines=1)
         conv_list = gr.Radio(choices=[], label="Conversations", elem_id="conv-list", interactive=True)
-        with gr.Accordion("Manage", open=False):
+        with gr.Accordion("Manage", open=False, elem_id="manage"):
             title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
             rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
             delete_btn = gr.Button("Delete chat", elem_id="delete-btn", size="sm", variant="stop")

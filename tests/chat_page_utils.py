@@ -66,6 +66,14 @@ def open_new_chat(page, timeout: float = 30) -> None:
                       timeout), f"New chat not shown {timeout} s after the click: {page.inner_text('#chatbot')[:200]!r}"
 
 
+def open_chat_list(page) -> None:
+    """On a phone the chat list opens from the bar above the chat (☰ Chats); elsewhere it is shown."""
+    toggle = page.locator("#chats-toggle")
+    if toggle.is_visible() and toggle.get_attribute("aria-expanded") != "true":
+        toggle.click()
+        page.locator("#conv-list").wait_for(state="visible", timeout=5_000)
+
+
 def send(page, text: str) -> None:
     """Type a message and press Enter, as a person does."""
     page.fill("#msg-input textarea", text)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from chat_page_utils import (ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, below, browser, empty_button_boxes,  # noqa: F401 (browser: fixture)
-                             open_new_chat, put_setting, send, wait_page_loaded, whole_on_screen)
+                             open_chat_list, open_new_chat, put_setting, send, wait_page_loaded, whole_on_screen)
 from server_utils import wait_until
 from minisgl_app.ui import branch_note
 
@@ -184,6 +184,7 @@ def covered(page, selector: str) -> list[str]:
 
 
 def select_chat(page, title: str) -> None:
+    open_chat_list(page)
     label = page.locator(SIDEBAR, has_text=title).first
     assert wait_until(lambda: label.count() > 0, 30), \
         f"no {title!r} in the sidebar 30 s on: it lists {sidebar(page)}; status line: {page.inner_text('#status-line')!r}"
@@ -525,12 +526,13 @@ def test_deleting_a_message_removes_it_and_what_follows_unless_dismissed(page, a
                                                           "messages": [{"role": r, "content": c} for r, c in msgs]}))
     assert wait_until(lambda: len(users(page)) == 3 and len(replies(page)) == 3, 30), (users(page), replies(page))
 
-    page.set_viewport_size({"width": 420, "height": 800})  # a phone: the chat first, every label whole
+    page.set_viewport_size({"width": 420, "height": 800})  # a phone: the chats' bar, then the chat, every label whole
     page.locator(USER).nth(1).click()  # the versions bar now acts on the second question
     assert wait_until(lambda: versions_label(page) == "Your message 2", 10), versions_label(page)  # its only version
     assert not page.locator("#prev-version-btn").is_visible() and not page.locator("#next-version-btn").is_visible(), \
         "‹ › shown for a message with no other version"
-    assert below(page, "#main", "#sidebar"), "on a narrow screen the chat does not come first"
+    assert below(page, "#sidebar-bar", "#main") and not page.locator("#conv-list").is_visible(), \
+        "on a narrow screen the chat does not come right after the chats' bar"
     for control in ("#delete-message-btn", "#msg-input textarea", "#send-btn", "#stop-btn"):
         assert whole_on_screen(page, control), f"{control} is cut or off screen at 420 px: {page.locator(control).bounding_box()}"
     stop = page.locator("#stop-btn").bounding_box()

@@ -922,17 +922,32 @@ def test_the_chat_list_works_by_keyboard_with_a_visible_focus_ring(tab, app):
     assert "Numbat" in focused_chat(page), "the focus left the chat it opened"
 
 
-def test_on_a_phone_a_chat_picked_below_shows_from_its_top_with_big_buttons_and_a_short_status(tab, app):
+def test_on_a_phone_the_chat_list_opens_above_the_chat_and_a_chat_picked_shows_from_its_top(tab, app):
+    """On a phone the chat list and the settings lay below the whole conversation: a user scrolled
+    past every message to reach them. They open from a bar at the top (☰ Chats, beside New chat),
+    with headers of 32 px touch targets; a chat picked there closes them and shows from its top,
+    with big buttons and a short status line. On a wide screen the sidebar stays beside the chat."""
     page = tab(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).page
     for marker in ("Kiwi", "Tuatara"):
         open_new_chat(page)
         send(page, f"{marker}: say hi.")
         wait_finished(page, 1)
+    assert page.evaluate("window.scrollY") == 0
+    chat = page.locator("#chatbot").bounding_box()
+    for control in ("#chats-toggle", "#new-chat-btn"):
+        box = page.locator(control).bounding_box()
+        assert box is not None and 0 <= box["y"] and box["y"] + box["height"] <= chat["y"] and box["height"] >= 32, (control, box)
+    assert not page.locator("#conv-list").is_visible(), "the chat list is open before ☰ Chats is pressed"
+    page.locator("#chats-toggle").tap()
     label = page.locator("#conv-list label", has_text="Kiwi").first
-    label.scroll_into_view_if_needed()
-    assert page.locator("#chatbot").bounding_box()["y"] < 0, "the sidebar is not below the chat: nothing to check"
+    assert wait_until(label.is_visible, 5), "☰ Chats did not open the chat list"
+    assert label.bounding_box()["y"] + label.bounding_box()["height"] <= 844, "the chat list is not on the first screen"
+    assert page.locator("#chats-toggle").get_attribute("aria-expanded") == "true"
+    headers = {name: page.locator(f"#{name} > .label-wrap").bounding_box()["height"] for name in ("manage", "settings", "models")}
+    assert all(h >= 32 for h in headers.values()), f"accordion headers under 32 px: {headers}"
     label.tap()
     assert wait_until(lambda: shows_only(page, "Kiwi", ("Tuatara",)), 10), users(page)
+    assert wait_until(lambda: not page.locator("#conv-list").is_visible(), 5), "the chat list stayed open over the chat"
     chat = page.locator("#chatbot").bounding_box()
     assert chat["y"] >= 0 and chat["y"] + chat["height"] <= 844, f"the chat is not wholly on screen after the tap: {chat}"
     buttons = page.evaluate("""() => [...document.querySelectorAll('#chatbot .message-buttons button')]
@@ -942,6 +957,11 @@ def test_on_a_phone_a_chat_picked_below_shows_from_its_top_with_big_buttons_and_
         return Math.round(p.getBoundingClientRect().height / parseFloat(getComputedStyle(p).lineHeight)); }""")
     assert lines <= 2, f"the status line takes {lines} lines on a phone: {page.inner_text('#status-line')!r}"
     assert "running" in page.inner_text("#status-line")
+    # a wide screen: no ☰ Chats, the list beside the chat
+    page.set_viewport_size({"width": 1280, "height": 860})
+    assert wait_until(lambda: not page.locator("#chats-toggle").is_visible() and page.locator("#conv-list").is_visible(), 5)
+    side, main = page.locator("#sidebar").bounding_box(), page.locator("#main").bounding_box()
+    assert side["x"] + side["width"] <= main["x"] + 1 and abs(side["y"] - main["y"]) < 2, (side, main)
 
 
 def test_on_a_phone_the_details_toggle_and_attach_are_32_px_touch_targets(tab, app):
