@@ -25,10 +25,11 @@ NO_DOTS = """
 #chatbot .icon-button-wrapper:has(> button[aria-label="Clear"]):not(:has(> button:not([aria-label="Clear"]))) { display: none !important; }
 """
 
-# The status line stays readable: toasts open under it (PAGE_JS keeps its bottom edge in
+# The status line stays readable (a part of it wraps whole, never mid-phrase): toasts open under it (PAGE_JS keeps its bottom edge in
 # --status-bottom), and the chat's top edge is drawn (the theme keeps the chat itself borderless), so a message scrolled up leaves the chat
 # there instead of seeming to slide under the status line.
 STATUS_LINE_CLEAR = """
+#status-line .wide-only { white-space: nowrap; }
 .toast-wrap { top: calc(var(--status-bottom, 64px) + var(--size-2)) !important; }
 #chatbot::before { content: ""; position: absolute; top: 0; left: 0; right: 0; z-index: 1; pointer-events: none;
                    border-top: 1px solid var(--border-color-primary); }

@@ -34,7 +34,7 @@ from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, MAX_TOKENS_L
                     ChatSettings, ConversationStore, NotFoundError, plural, shown_value, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
 from .view import (can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices, typed_text,
-                   version_steps, versions_label, view_messages)
+                   version_steps, versions_label, view_messages, while_replying)
 
 STATIC = Path(__file__).resolve().parent / "static"  # the page's theme and favicon, inside the package (and its wheel)
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
@@ -556,16 +556,19 @@ class ChatPage:
         label = versions_label(conv, focus) if focus is not None else ""
         busy = self.replies.is_busy(tab.conv_id)
         continuable = can_continue(conv) and not busy
-        return [chat, self.backend_of(self.settings_of(tab, conv))[1].status_line(), side, focus is not None, label, continuable, busy,
+        status = self.backend_of(self.settings_of(tab, conv))[1].status_line()
+        return [chat, while_replying(status) if busy else status, side, focus is not None, label, continuable, busy,
                 *version_steps(focus)]
 
     def status_of(self, tab: Tab) -> str:
         """The status line of where the shown chat's replies come from (the tick's: the chat is
-        read only when the app has several backends)."""
+        read only when the app has several backends); Generating while the chat replies here."""
         backends = self.source.backends
         if len(backends) == 1:
-            return next(iter(backends.values())).status_line()
-        return self.backend_of(self.settings_in_force(tab))[1].status_line()
+            status = next(iter(backends.values())).status_line()
+        else:
+            status = self.backend_of(self.settings_in_force(tab))[1].status_line()
+        return while_replying(status) if self.replies.is_busy(tab.conv_id) else status
 
     @staticmethod
     def as_update(index: int, value):
@@ -822,26 +825,27 @@ class ChatPage:
     async def send(self, text: str, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty,
                    clicked_at: float | None, request: gr.Request):
         """Store the message (starting a chat if needed) and ask for its reply; a message sent
-        while the chat replies is shown at once and answered next."""
+        while the chat replies is shown at once and answered next. Returns the message box and the
+        status line: Generating as soon as the reply is asked for (``status_of``)."""
         tab = self.tab(request)
         text = (text or "").strip()
         if not text and not tab.attachments:
-            return gr.skip()  # Enter on an empty box: nothing happens
+            return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
         sent_at = clicked_at if clicked_at is not None else time.time() * 1000
         last = tab.last_send
         # either order: Gradio may start the second send of a double click before the first
         if last is not None and last[:2] == (tab.conv_id, text) and abs(sent_at - last[2]) < DOUBLE_SEND_MS:
-            return ""  # the same message again at once: a double click or Enter, sent once
+            return "", gr.skip()  # the same message again at once: a double click or Enter, sent once
         conv = self.shown(tab)
         if not self.shows_current(tab, conv, appending=True):
-            return gr.skip()  # the message stays in the box; the page shows the chat as it is now
+            return gr.skip(), gr.skip()  # the message stays in the box; the page shows the chat as it is now
         form = self.checked_form((system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty),
                                  self.settings_of(tab, conv))
         if not self.save_settings(tab, *form):
-            return gr.skip()  # the toast says which setting; the message stays in the box
+            return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
             warn("The model is still loading; send your message once it has loaded (the status line stops saying Loading).")
-            return gr.skip()
+            return gr.skip(), gr.skip()
         raw_text, text = text, with_attachments(text, tab.attachments)
         tab.attachments = []
         if tab.conv_id is None:
@@ -852,7 +856,8 @@ class ChatPage:
         tab.last_send = (tab.conv_id, raw_text, sent_at)
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
-        return ""
+        tab.status = self.status_of(tab)
+        return "", tab.status
 
     def leave_unanswered(self, conv) -> None:
         """A message sent to a chat that is not replying is answered on its own: the questions at
@@ -1371,7 +1376,7 @@ class ChatPage:
             committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
         for trigger in (m.msg.submit, m.send_btn.click):
-            then_redraw(trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=m.msg, js=STAMP_JS, **quick))
+            then_redraw(trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=[m.msg, m.status], js=STAMP_JS, **quick))
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **quick)
         m.unattach_btn.click(self.unattach, outputs=[m.attached, m.unattach_btn], **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)

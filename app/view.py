@@ -329,12 +329,23 @@ def status_line(client) -> str:
     if s is None:
         load = ""
     else:
-        kv = f"KV cache: {s.kv_pages_used:,} in use, {s.kv_pages_cached:,} cached, {s.kv_pages_total:,} total pages"
-        load = f"{wide_only(' · ' + kv)} · {s.running} running, {s.waiting} waiting"
+        # short, and last: the whole line wrapped at 1280 px ("KV cache: 1,234 in use, 567 cached, 8,000 total pages")
+        kv = f"KV {s.kv_pages_used:,}/{s.kv_pages_total:,} pages ({s.kv_pages_cached:,} cached)"
+        load = f" · {s.running} running, {s.waiting} waiting{wide_only(' · ' + kv)}"
     # "Ready" while a reply streams read as if nothing were happening: the engine's state comes first
-    state = "Generating" if s is not None and (s.running or s.waiting) else "Ready"
+    state = GENERATING if s is not None and (s.running or s.waiting) else READY
     dtype = wide_only(f" ({sched.get('dtype', '?')})")
-    return f"**{state}** · {client.model_name} on {', '.join(devices) or '?'}{dtype}{load}"
+    return f"{state} · {client.model_name} on {', '.join(devices) or '?'}{dtype}{load}"
+
+
+READY, GENERATING = "**Ready**", "**Generating**"  # how status_line starts
+
+
+def while_replying(line: str) -> str:
+    """The status line of a page whose chat has a reply running or queued: Generating at once.
+    The engine's figures come a step after the request reaches it, and the line said Ready for
+    up to a second after Send, beside a reply that said "replying…"."""
+    return GENERATING + line[len(READY):] if line.startswith(READY) else line
 
 
 def wide_only(text: str) -> str:

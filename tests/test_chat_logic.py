@@ -563,6 +563,25 @@ def test_the_status_line_says_generating_while_the_engine_replies_and_ready_once
     assert line(1).startswith("**Generating** · demo on cpu") and "1 running" in line(1), line(1)
     assert line(0, waiting=2).startswith("**Generating**"), line(0, 2)
     assert line(0).startswith("**Ready** · demo on cpu") and "0 running" in line(0), line(0)
+    # short enough not to wrap at 1280 px (the KV part said "KV cache: 20 in use, 10 cached, 200 total pages")
+    assert line(1) == "**Generating** · demo on cpu (float32) · 1 running, 0 waiting · KV 20/200 pages (10 cached)", line(1)
+
+
+@pytest.mark.anyio
+async def test_the_status_line_says_generating_as_soon_as_a_reply_starts_in_the_page(store) -> None:
+    """The status line said Ready for up to a second after Send, beside a reply that said
+    "replying…": the engine's figures come a step later. Send's own answer, the view and the
+    tick say Generating while the chat shown has a reply running or queued; Ready once it ends."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)  # its line says Ready: the engine has not reported yet
+    request = FakeRequest()
+    box, status = await page.send("one two three four five", *SETTINGS, None, request)
+    tab = page.tab(request)
+    assert box == "" and status == "**Generating** · fake", status
+    assert page.render(tab)[1] == "**Generating** · fake" and page.status_of(tab) == "**Generating** · fake"
+    await until_idle(page.replies)
+    assert page.render(tab)[1] == "**Ready** · fake" and page.status_of(tab) == "**Ready** · fake"
 
 
 # ---- the view after a view change: two follow events of one tab
@@ -1190,7 +1209,7 @@ async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the
     assert (await page.settings_changed(*form, None, request))[3] == in_force
     assert store.get(conv_id).settings.max_tokens == in_force
     assert said and "8,192" in said[-1] and "fake" in said[-1] and "32,768" in said[-1], said
-    assert await page.send("hello", *form, None, request) == SKIP
+    assert await page.send("hello", *form, None, request) == (SKIP, SKIP)
     assert len(store.get(conv_id).messages) == 0 and "8,192" in said[-1]
     form[3] = 8192
     await page.settings_changed(*form, None, request)

@@ -1013,17 +1013,28 @@ def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab,
     assert label.locator(".chat-title").evaluate("e => e.scrollWidth <= e.clientWidth"), "a short title is shown whole"
 
 
+def status_lines(page) -> int:
+    """How many lines the status line takes."""
+    return page.evaluate("""() => { const p = document.querySelector('#status-line p');
+        return Math.round(p.getBoundingClientRect().height / parseFloat(getComputedStyle(p).lineHeight)); }""")
+
+
 def test_status_line_says_0_running_after_a_reply(tab, app):
+    """Once a reply ends the line says Ready and 0 running at once; at 1280 px it takes one line,
+    while the reply runs too (its KV cache figures wrapped to a second line)."""
     page = tab().page
     new_chat(page, max_tokens=8)
     watch_progress(page)
     send(page, "Tapir fact: what is the capital of France?")
     assert wait_until(lambda: "1 running" in page.inner_text("#status-line") or finished(page), 30)
+    if not finished(page):
+        assert status_lines(page) == 1, page.inner_text("#status-line")
     wait_finished(page, 1)
     t0 = time.monotonic()
     assert wait_until(lambda: "0 running" in page.inner_text("#status-line"), 2), page.inner_text("#status-line")
     assert time.monotonic() - t0 <= 2
     assert page.inner_text("#status-line").startswith("Ready"), page.inner_text("#status-line")  # "Generating" while it ran
+    assert status_lines(page) == 1 and "KV" in page.inner_text("#status-line"), page.inner_text("#status-line")
     # the status line (and every other output) shows only the page's text, never Gradio's timers
     assert not progress_seen(page), f"Gradio's progress showed in the page: {sorted(set(progress_seen(page)))[:6]}"
 
