@@ -311,6 +311,9 @@ class Tab:
     conv_id: int | None = None
     draft: ChatSettings | None = None
     focus: int | None = None  # the message the versions bar acts on (None: view.focus_of's choice)
+    # (message, note) the versions bar adds to its label while it acts on that message: where the
+    # messages after an edited one went (ChatPage.edit; a toast there covered the edited message)
+    bar_note: tuple[int, str] | None = None
     search: str = ""  # what the sidebar is filtered by
     attachments: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) for the next message
     follower: int = 0  # which follow event renders the tab now
@@ -554,6 +557,8 @@ class ChatPage:
         side = self.render_sidebar(tab)
         focus = focus_of(conv, tab.focus)
         label = versions_label(conv, focus) if focus is not None else ""
+        if focus is not None and tab.bar_note is not None and tab.bar_note[0] == focus.id:
+            label = f"{label} — {tab.bar_note[1]}"
         busy = self.replies.is_busy(tab.conv_id)
         continuable = can_continue(conv) and not busy
         status = self.backend_of(self.settings_of(tab, conv))[1].status_line()
@@ -610,7 +615,7 @@ class ChatPage:
         if conv_id != tab.conv_id:
             self.drop_attachments(tab)
         tab.shown_before, tab.shown_since = tab.conv_id, clicked_at or 0.0
-        tab.conv_id, tab.focus, tab.picked = conv_id, None, True
+        tab.conv_id, tab.focus, tab.picked, tab.bar_note = conv_id, None, True, None
         self.replies.notify()
         return box
 
@@ -925,12 +930,13 @@ class ChatPage:
             warn("A message cannot be empty.")
         elif new_text != item.source.content:
             target = item.source
-            self.store.add_message(conv.id, target.parent_id, target.role, new_text)
+            new = self.store.add_message(conv.id, target.parent_id, target.role, new_text)
             if self.retitle(conv, target, new_text):
                 title = title_from(new_text)
             later = len(conv.messages) - 1 - [m.id for m in conv.messages].index(target.id)
-            if later:  # they leave the view with the old version: say where they went
-                inform(branch_note(later))
+            # the versions bar acts on the new version; when messages leave the view with the
+            # old one, its label says where they went (not a toast: it opened over the edited message)
+            tab.focus, tab.bar_note = new.id, (new.id, branch_note(later)) if later else None
             if target.role == "user":
                 self.submit(tab, conv.id, request, self.turn_for(conv.id))
         self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
@@ -983,6 +989,7 @@ class ChatPage:
             warn(BUSY_HINT)
             return gr.skip()
         switched = self.store.switch_version(conv.id, target.id, step)
+        tab.bar_note = None  # the earlier version it named is found
         depth = target.position
         tab.focus = next((m.id for m in switched.messages if m.position == depth), None)
         shown = switched.messages[depth] if depth < len(switched.messages) else None
@@ -1445,10 +1452,11 @@ def inform(message: str) -> None:
 
 
 def branch_note(later: int) -> str:
-    """What an edit of a message with ``later`` messages after it tells the user: the chat now
-    shows the new version alone, and the old one with its continuation is still there."""
+    """What the versions bar says after an edit of a message with ``later`` messages after it
+    (the bar acts on the new version): the chat now shows the new version alone, and the old one
+    with its continuation is still there."""
     after = "the message after it" if later == 1 else f"the {later} messages after it"
-    return f"Your edit starts a new branch. The earlier version and {after} are kept: click the message, then ‹ › to see them."
+    return f"new branch: the earlier version and {after} are kept (‹ shows them)"
 
 
 def max_tokens_problem(value, context: int | None, model: str | None) -> str:

@@ -1148,10 +1148,12 @@ async def test_an_edit_refused_in_a_tab_behind_the_chat_keeps_its_text_in_the_me
 
 
 @pytest.mark.anyio
-async def test_editing_an_earlier_message_says_where_the_turns_after_it_went(store, capsys) -> None:
+async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_the_versions_bar(store, capsys) -> None:
     """✎ on a message with turns after it shows the new version alone (the old one and what
-    followed it live on as another version): the user is told so and how to see them; an edit of
-    the last message has nothing to say. (Outside a page, Gradio prints an information toast.)"""
+    followed it live on as another version): the versions bar acts on the new version and its
+    label says where they went and how to see them (a toast said it, opened over the edited
+    message); ‹ finds them, and the note goes. An edit of the last message has nothing to say.
+    (Outside a page, Gradio prints a toast: none is printed.)"""
     import gradio as gr
 
     from minisgl_app.ui import ChatPage, branch_note
@@ -1170,12 +1172,20 @@ async def test_editing_an_earlier_message_says_where_the_turns_after_it_went(sto
         await page.edit(gr.EditData(None, {"index": index, "value": new, "previous_value": content}), request)
         await until_idle(page.replies)
 
+    def bar() -> str:
+        return page.render(tab)[4]  # the versions bar's label
+
     capsys.readouterr()
     await edit("first question", "first question, again")
-    assert branch_note(3) in capsys.readouterr().out  # its reply, the second question, its reply
+    assert capsys.readouterr().out == "", "a toast over the edited message"
+    assert bar() == f"Your message 1: version 2 of 2 — {branch_note(3)}", bar()  # its reply, the second question, its reply
     assert texts(store, tab.conv_id) == [("user", "first question, again"), ("assistant", "echo: first question, again")]
+    await page.previous_version(request)
+    assert bar() == "Your message 1: version 1 of 2", bar()
+    await page.next_version(request)
     await edit("echo: first question, again", "my own answer")  # the last message: nothing after it
-    assert "new branch" not in capsys.readouterr().out
+    assert "new branch" not in bar() and capsys.readouterr().out == ""
+    assert bar() == "Reply 1: version 2 of 2", bar()
     assert "the message after it are" in branch_note(1)
 
 
