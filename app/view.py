@@ -101,7 +101,10 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
     """The conversation as the chat shows it; the live reply's text replaces its stored copy
     (which is written only every half second). ``busy``: the chat has a reply running or queued,
     so a question at its end waits for its turn (and says so); a question at the end of a chat
-    that is not busy was left unanswered, and says that instead."""
+    that is not busy was left unanswered, and says that instead. These lines sit where the
+    question's reply goes, on the model's side, all of them: "waiting" sat on the user's side and
+    "not answered" on the model's. (Not the user's side: Gradio offers ↻ only under a last message
+    of the model's, and ↻ is what answers a question left unanswered.)"""
     if conv is None:
         return []
     out: list[ViewMessage] = []
@@ -133,7 +136,8 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
                 out.append(ViewMessage({"role": "assistant", "content": LEFT_HINT,
                                         "metadata": {"title": LEFT_LINE, "status": "done"}}, m))
             elif busy and i in trailing:  # a question of a busy chat whose reply has not started yet
-                out.append(ViewMessage({"role": "user", "content": WAITING_HINT, "metadata": {"title": WAITING_LINE, "status": "done"}}, m))
+                out.append(ViewMessage({"role": "assistant", "content": WAITING_HINT,
+                                        "metadata": {"title": WAITING_LINE, "status": "done"}}, m))
             elif i in trailing:  # a question left without a reply: say so, under it (↻ answers the chat's last ones)
                 out.append(ViewMessage({"role": "assistant", "content": UNANSWERED_HINT,
                                         "metadata": {"title": UNANSWERED_LINE, "status": "done"}}, m))

@@ -748,6 +748,24 @@ def test_a_refused_setting_is_named_alone_in_words_that_fit_it() -> None:
     assert form_settings("", 0.7, 0.9, 40, False, None, None, "")[0].top_k == 0, "an empty top-k is off, as before"
 
 
+def test_waiting_and_not_answered_lines_sit_on_one_side_where_the_reply_goes(store) -> None:
+    """A question's "waiting" line sat on the user's side, its "not answered" line on the model's:
+    every such line sits on the model's side, where its reply goes (and where Gradio shows ↻,
+    which answers a question left unanswered, under the chat's last line)."""
+    c = store.create().id
+    for role, text in (("user", "q1"), ("assistant", "a1"), ("user", "left"), ("user", "last")):
+        store.append(c, role, text)
+    left = store.get(c).messages[2]
+    store.update_message(left.id, left.content, {"unanswered": True})
+
+    def sides(busy: bool) -> dict[str, str]:
+        return {v.shown["metadata"]["title"]: v.shown["role"] for v in view_messages(store.get(c), busy=busy) if v.is_line}
+
+    busy, idle = sides(True), sides(False)
+    assert busy == {view.LEFT_LINE: "assistant", view.WAITING_LINE: "assistant"}, busy
+    assert idle == {view.LEFT_LINE: "assistant", view.UNANSWERED_LINE: "assistant"}, idle
+
+
 @pytest.mark.anyio
 async def test_a_message_sent_during_a_reply_says_it_waits_until_its_reply_starts(store) -> None:
     """A question sent while the chat replies shows a "waiting" line under it (it looked ignored
