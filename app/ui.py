@@ -43,13 +43,15 @@ FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces t
 # tick send the whole view once more, RECHECK_AFTER_S after it ends (see ChatPage.tick).
 RACE_S = 2.0
 RECHECK_AFTER_S = 1.0
-VIEW_SIZE = 9  # chat, status line, sidebar, versions bar, its label, Continue, Stop, ‹, › (ChatPage.render)
+# chat, status line, sidebar, versions bar, its label, Continue, Stop, ‹, ›, Manage's actions on the chat, and the
+# line said instead of them (ChatPage.render)
+VIEW_SIZE = 11
 # The view's outputs sent as gr.update dicts (ChatPage.as_update). Within one follow these are
 # never turned into gr.skip(): Gradio streams a generator's outputs as diffs, and its browser
 # client applies a diff in place to the object an earlier, maybe not yet drawn, message holds:
 # a dict -> skip diff deletes that message's keys, and the sidebar it carried is never drawn
 # (tests/test_chat_logic.py pins this). Unchanged, they are sent again whole (an empty diff).
-UPDATE_OUTPUTS = (2, 3, 5, 6, 7, 8)
+UPDATE_OUTPUTS = (2, 3, 5, 6, 7, 8, 9, 10)
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 PULL_SHOW_S = 0.5  # a pull's progress line is shown at most this often
 # Gradio's queue looks for new events every 1 ms while it has none: ~7% of a core for an idle
@@ -84,6 +86,8 @@ FOCUSED_FIELD_JS = f"""(n, focused) => {{
   const ids = {list(FIELD_IDS)};
   return [n, ids.find((id) => document.getElementById(id)?.contains(document.activeElement)) || ''];
 }}"""
+# Manage's line for a new chat, in place of Rename, Delete and Export
+NO_CHAT_ACTIONS = "This chat is stored when you send its first message: then you can rename, delete or export it."
 DOUBLE_SEND_MS = 1000  # the same text sent again within this is a double click or Enter, not a second message
 ATTACH_LIMIT_BYTES = 1_000_000
 # Import and Attach take any file and say what is wrong with one they refuse: with Gradio's
@@ -549,8 +553,10 @@ class ChatPage:
     def render(self, tab: Tab) -> list:
         """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue,
         whether Stop has a reply to stop (it looks pressable only then; it stays clickable, so
-        that a Stop clicked before the page has drawn the reply still stops it), and whether ‹
-        and › lead to another version (view.version_steps)."""
+        that a Stop clicked before the page has drawn the reply still stops it), whether ‹
+        and › lead to another version (view.version_steps), and whether Manage offers Rename,
+        Delete and Export (a chat stored) or a line saying when it will (a new chat: they did
+        nothing, or Delete asked to confirm and then did nothing)."""
         conv = self.shown(tab)
         chat = [v.shown for v in self.view_of(conv, tab)]
         tab.seen = Seen(conv.id, tuple(m.id for m in conv.messages), conv.revision) if conv is not None else Seen(None)
@@ -563,7 +569,7 @@ class ChatPage:
         continuable = can_continue(conv) and not busy
         status = self.backend_of(self.settings_of(tab, conv))[1].status_line()
         return [chat, while_replying(status) if busy else status, side, focus is not None, label, continuable, busy,
-                *version_steps(focus)]
+                *version_steps(focus), conv is not None, conv is None]
 
     def status_of(self, tab: Tab) -> str:
         """The status line of where the shown chat's replies come from (the tick's: the chat is
@@ -579,7 +585,7 @@ class ChatPage:
     def as_update(index: int, value):
         if index == 2:  # the sidebar: choices, the selected one, the line under it
             return gr.update(choices=list(value[0]), value=value[1], info=value[2])
-        if index in (3, 5):  # shown or hidden
+        if index in (3, 5, 9, 10):  # shown or hidden
             return gr.update(visible=value)
         if index == 6:  # Stop: red while the shown chat replies
             return gr.update(variant="stop" if value else "secondary")
@@ -1217,11 +1223,13 @@ class ChatPage:
                             max_lines=1)
         conv_list = gr.Radio(choices=[], label="Conversations", elem_id="conv-list", interactive=True)
         with gr.Accordion("Manage", open=False, elem_id="manage"):
-            title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
-            rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
-            delete_btn = gr.Button("Delete chat", elem_id="delete-btn", size="sm", variant="stop")
-            export_md = gr.Button("Export Markdown", elem_id="export-md-btn", size="sm")
-            export_json = gr.Button("Export JSON", elem_id="export-json-btn", size="sm")
+            with gr.Column(elem_id="chat-actions") as actions:  # shown once the chat is stored (ChatPage.render)
+                title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
+                rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
+                delete_btn = gr.Button("Delete chat", elem_id="delete-btn", size="sm", variant="stop")
+                export_md = gr.Button("Export Markdown", elem_id="export-md-btn", size="sm")
+                export_json = gr.Button("Export JSON", elem_id="export-json-btn", size="sm")
+            no_actions = gr.Markdown(NO_CHAT_ACTIONS, elem_id="no-chat-actions", visible=False)
             import_btn = gr.UploadButton("Import chat (JSON)", elem_id="import-btn", size="sm")  # any file: see IMPORTABLE
             import_note = gr.Markdown("", elem_id="import-note")  # what the last import brought in
             export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
@@ -1229,8 +1237,8 @@ class ChatPage:
             clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
             in_address = gr.Number(visible="hidden", elem_id="chat-in-address")  # ASKED_CHATS_JS fills them
             remembered = gr.Number(visible="hidden", elem_id="chat-remembered")
-        return SimpleNamespace(new_btn=new_btn, search=search, conv_list=conv_list, title_box=title_box,
-                               rename_btn=rename_btn, delete_btn=delete_btn, export_md=export_md,
+        return SimpleNamespace(new_btn=new_btn, search=search, conv_list=conv_list, actions=actions, no_actions=no_actions,
+                               title_box=title_box, rename_btn=rename_btn, delete_btn=delete_btn, export_md=export_md,
                                export_json=export_json, import_btn=import_btn, import_note=import_note, export_file=export_file,
                                confirmed=confirmed, clicked_at=clicked_at, in_address=in_address, remembered=remembered)
 
@@ -1327,7 +1335,8 @@ class ChatPage:
         # was lost, and the page kept showing a stale chat
         quick = dict(show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
 
-        view = [m.chatbot, m.status, c.conv_list, m.versions, m.versions_text, m.continue_btn, m.stop_btn, m.prev_btn, m.next_btn]
+        view = [m.chatbot, m.status, c.conv_list, m.versions, m.versions_text, m.continue_btn, m.stop_btn, m.prev_btn, m.next_btn,
+                c.actions, c.no_actions]
         follow = dict(fn=self.follow, outputs=view, show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
         timer = gr.Timer(IDLE_CHECK_S)
 

@@ -1428,6 +1428,26 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
 
 
 @pytest.mark.anyio
+async def test_manage_offers_rename_delete_and_export_only_once_the_chat_is_stored(store) -> None:
+    """Manage offered Rename, Delete and Export for a new chat not stored yet: they did nothing
+    (Delete asked to confirm first). They are shown once the chat is stored, and a line says so
+    in their place before; the view sends both as shown-or-hidden updates."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    tab = page.tab(request)
+    await page.new_chat(None, request)
+    assert page.render(tab)[9:] == [False, True]
+    assert [page.as_update(i, v)["visible"] for i, v in ((9, False), (10, True))] == [False, True]
+    await page.send("store me", *SETTINGS, None, request)
+    assert page.render(tab)[9:] == [True, False]
+    await until_idle(page.replies)
+    await page.new_chat(None, request)
+    assert page.render(tab)[9:] == [False, True]
+
+
+@pytest.mark.anyio
 async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_chat_is_pressed(store) -> None:
     """New chat started from the default settings: a user who changed the system prompt,
     temperature or max tokens had to set them again for every chat. A new chat starts from the

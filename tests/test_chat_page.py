@@ -390,11 +390,8 @@ def test_export_downloads_the_shown_chat_every_time(tab, app):
     downloads = []
     page.on("download", lambda d: downloads.append(d))
     new_chat(page, max_tokens=4)
-    open_accordion(page, "Manage", "#export-md-btn")
-    page.click("#export-md-btn")
-    assert wait_until(lambda: any("othing to export" in x for x in toasts(page)), 10), toasts(page)
-    time.sleep(1.5)
-    assert not downloads, "an empty new chat downloaded a file"
+    open_accordion(page, "Manage", "#no-chat-actions")  # an empty new chat offers no export: a line says when it will
+    assert not page.locator("#export-md-btn").is_visible() and not downloads, "an empty new chat offers an export"
 
     def export(button: str) -> str:
         n = len(downloads)
@@ -638,11 +635,18 @@ def test_a_double_click_on_send_or_a_double_enter_sends_once(tab):
 
 # ---- 9. delete asks first; the log keeps no chat text
 
-def test_rename_then_an_empty_title_is_refused_and_the_title_put_back(tab):
+def test_manage_renames_a_stored_chat_only_and_an_empty_title_is_refused_and_the_title_put_back(tab):
+    """Manage offered Rename, Delete and Export for a new chat, where they did nothing: a line
+    says they come with the first message, and they do."""
     page = tab().page
     new_chat(page, max_tokens=4)
+    open_accordion(page, "Manage", "#no-chat-actions")
+    assert not page.locator("#delete-btn").is_visible() and not page.locator("#title-input").is_visible()
+    assert "first message" in page.inner_text("#no-chat-actions")
     send(page, "Quokka note: say hi.")
     wait_finished(page, 1)
+    assert wait_until(lambda: page.locator("#delete-btn").is_visible() and not page.locator("#no-chat-actions").is_visible(), 5)
+    assert wait_until(lambda: page.locator("#title-input :is(input, textarea)").input_value().startswith("Quokka note"), 5)
     open_accordion(page, "Manage", "#title-input")
     time.sleep(0.3)  # past the accordion's late setting of its boxes' values (chat_page_utils.put_setting)
     box = page.locator("#title-input :is(input, textarea)")
