@@ -65,6 +65,7 @@ QUEUE_POLL_S = 0.02
 STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is an event's last input
 # the clicks that show another chat also carry the message box (its text is the chat's draft): stamped before it
 STAMP_BEFORE_DRAFT_JS = "(...inputs) => [...inputs.slice(0, -2), Date.now(), inputs[inputs.length - 1]]"
+STAMP_FIRST_JS = "(...inputs) => [Date.now(), ...inputs.slice(1)]"  # New chat: its stamp, the message box, the settings boxes
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
 # since (ChatPage.shows_current); an idle tab redraws a chat changed elsewhere (ChatPage.tick).
@@ -646,11 +647,18 @@ class ChatPage:
         box = self.show(tab, conv_id, clicked_at, text)
         return (box, *self.fields(tab))
 
-    async def new_chat(self, clicked_at: float | None, request: gr.Request, text: str | None = None):
+    async def new_chat(self, clicked_at: float | None, request: gr.Request, text: str | None = None, *form):
         """New chat starts from the settings of the chat shown (its backend too), as in peer apps:
-        a user who changed them need not set them again for every chat."""
+        a user who changed them need not set them again for every chat. ``form``: the settings
+        boxes as the click found them (SETTING_FIELDS' order), so a value just typed counts even
+        when its box's save comes after the click (the new chat started from the value before
+        it); a value the checks refuse is the one in force (its save says why)."""
         tab = self.tab(request)
-        tab.draft = self.settings_in_force(tab)
+        in_force = self.settings_in_force(tab)
+        if form:
+            settings, problems = self.checked_form(form, in_force)
+            in_force = with_backend_of(replace(settings, **{name: getattr(in_force, name) for name in problems}), in_force)
+        tab.draft = in_force
         box = self.show(tab, None, clicked_at, text)
         return (box, *self.fields(tab))
 
@@ -1372,7 +1380,7 @@ class ChatPage:
         # each of these shows another chat: the message box's text stays with the chat left, and
         # the box shows the draft of the chat shown (ChatPage.swap_draft)
         shown_fields = [m.msg, *tab_fields]
-        then_redraw(c.new_btn.click(self.new_chat, inputs=[c.clicked_at, m.msg], outputs=shown_fields, js=STAMP_BEFORE_DRAFT_JS,
+        then_redraw(c.new_btn.click(self.new_chat, inputs=[c.clicked_at, m.msg, *settings], outputs=shown_fields, js=STAMP_FIRST_JS,
                                     **quick))
         then_redraw(c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at, m.msg], outputs=shown_fields,
                                       js=STAMP_BEFORE_DRAFT_JS, **quick))

@@ -1486,6 +1486,30 @@ async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_ch
 
 
 @pytest.mark.anyio
+async def test_new_chat_starts_from_the_settings_boxes_as_the_click_found_them(store) -> None:
+    """A settings box edited, then New chat clicked at once: the box's save may reach the server
+    after the click, and the new chat started from the value before the edit. New chat takes the
+    boxes' values with the click; a value the checks refuse is the one in force."""
+    from minisgl_app.ui import FIELD_IDS, ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    await page.send("first chat", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    first = page.tab(request).conv_id
+    typed = ("Be brief.", 0.4, 1.0, 37, False, 0, None, "", 1.15)  # max tokens 37 typed, its save not yet run
+    box, *fields = await page.new_chat(None, request, "", *typed)
+    shown = dict(zip(FIELD_IDS, fields))
+    assert (shown["system-prompt"], shown["temperature"], shown["max-tokens"]) == ("Be brief.", 0.4, 37), shown
+    assert page.settings_in_force(page.tab(request)).max_tokens == 37
+    refused = ("Be brief.", "warm", 1.0, 41, False, 0, None, "", 1.15)
+    _, *fields = await page.new_chat(None, request, "", *refused)
+    shown = dict(zip(FIELD_IDS, fields))
+    assert (shown["temperature"], shown["max-tokens"]) == (0.4, 41), shown
+    assert store.get(first).settings.max_tokens == 64, "the chat shown before keeps its own"
+
+
+@pytest.mark.anyio
 async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title(store, tmp_path, monkeypatch) -> None:
     """Export named the file after the title with each character but letters, digits, "-", "_"
     and space made a "_": a title with markup or emoji gave a name of underscores ("**Plan** 🚀"
