@@ -346,6 +346,7 @@ class Tab:
     # what the message box held when the tab left each chat (None: its new chat), unsent: put back
     # when the tab shows that chat again (ChatPage.swap_draft)
     unsent: dict[int | None, str] = field(default_factory=dict)
+    unsent_files: dict[int | None, list[tuple[str, str]]] = field(default_factory=dict)  # and the files attached there
 
 
 class ChatPage:
@@ -615,16 +616,28 @@ class ChatPage:
         return True
 
     def show(self, tab: Tab, conv_id: int | None, clicked_at: float | None, text: str | None = None):
-        """The tab shows ``conv_id`` from the click at ``clicked_at`` (browser ms) on; the files
-        attached for another chat are dropped. The message box's ``text`` stays with the chat
-        shown before; what the box is to show now (``swap_draft``)."""
+        """The tab shows ``conv_id`` from the click at ``clicked_at`` (browser ms) on. The message
+        box's ``text`` and the files attached stay with the chat shown before; what the box is to
+        show now (``swap_draft``; the files: ``swap_attachments``)."""
         box = self.swap_draft(tab, conv_id, text)
-        if conv_id != tab.conv_id:
-            self.drop_attachments(tab)
+        self.swap_attachments(tab, conv_id)
         tab.shown_before, tab.shown_since = tab.conv_id, clicked_at or 0.0
         tab.conv_id, tab.focus, tab.picked, tab.bar_note = conv_id, None, True, None
         self.replies.notify()
         return box
+
+    @staticmethod
+    def swap_attachments(tab: Tab, conv_id: int | None) -> None:
+        """Files attached belong to their chat's draft, as its text does: those of the chat the
+        tab leaves are kept for it, and those kept for ``conv_id`` are attached again (they were
+        dropped, with a warning, and had to be attached again)."""
+        if conv_id == tab.conv_id:
+            return
+        if tab.attachments:
+            tab.unsent_files[tab.conv_id] = tab.attachments
+        else:
+            tab.unsent_files.pop(tab.conv_id, None)
+        tab.attachments = tab.unsent_files.pop(conv_id, [])
 
     @staticmethod
     def swap_draft(tab: Tab, conv_id: int | None, text: str | None):
@@ -689,7 +702,8 @@ class ChatPage:
         # no toast: the page asked first (CONFIRM_DELETE_CHAT_JS) and the chat leaves the sidebar;
         # a toast opened over the top of the chat shown next, on its first message's buttons
         box = self.show(tab, convs[0].id if convs else None, clicked_at, text)
-        tab.unsent.pop(deleted, None)  # the deleted chat's draft goes with it
+        tab.unsent.pop(deleted, None)  # the deleted chat's draft goes with it, its files too
+        tab.unsent_files.pop(deleted, None)
         return (box, *self.fields(tab))
 
     def export(self, kind: str, request: gr.Request):
@@ -1145,7 +1159,7 @@ class ChatPage:
             warn(f"Not imported: {exc}")
             return (gr.skip(), *self.fields(tab), gr.skip(), "")
         box = self.swap_draft(tab, conv.id, text)
-        self.drop_attachments(tab)
+        self.swap_attachments(tab, conv.id)
         tab.conv_id, tab.focus, tab.search, tab.picked = conv.id, None, "", True
         self.replies.notify()
         shown = len(conv.messages)
@@ -1193,15 +1207,6 @@ class ChatPage:
         only while there are some)."""
         attachments = self.tab(request).attachments
         return attachments_line(attachments), gr.update(visible=bool(attachments))
-
-    @staticmethod
-    def drop_attachments(tab: Tab) -> None:
-        """The tab shows another chat: files attached for the chat shown before are not sent to
-        this one; a toast says so when there were some."""
-        if tab.attachments:
-            names = ", ".join(name for name, _ in tab.attachments)
-            warn(f"Attachments removed: {names} (they were attached in the chat shown before). Attach them again to send them here.")
-            tab.attachments = []
 
     # ---- layout
 
@@ -1373,7 +1378,7 @@ class ChatPage:
 
         def then_redraw(event) -> None:
             """After an event that may show another chat (or send the files attached): the chat,
-            and the attachment note (the files attached for the chat shown before were dropped)."""
+            and the attachment note (the files attached are those kept for the chat shown)."""
             event.then(**follow)
             event.then(**attachments)
 

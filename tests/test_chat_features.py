@@ -744,9 +744,10 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
     shot(page, "08-sent")
 
 
-def test_attached_files_can_be_removed_and_are_dropped_when_another_chat_is_shown(page, app, tmp_path):
+def test_attached_files_can_be_removed_and_stay_with_their_chat_when_another_is_shown(page, app, tmp_path):
     """An attached file had no ✕, and it stayed attached when another chat was shown (it went
-    with that chat's next message)."""
+    with that chat's next message); then it was dropped with a warning. It stays with its chat's
+    draft: another chat shows none, and it is back when its chat is shown again."""
     new_chat(page, temperature=0, max_tokens=4)
     notes = tmp_path / "pantry-notes.txt"
     notes.write_text("MARKER-5120: the pantry is empty.\n", encoding="utf-8")
@@ -763,9 +764,12 @@ def test_attached_files_can_be_removed_and_are_dropped_when_another_chat_is_show
     wait_reply(page, app, "reply to a message without the removed file", tokens=None)
     attach_file(page, notes)
     assert wait_until(lambda: "pantry-notes.txt" in page.inner_text("#attached"), 30), page.inner_text("#attached")
+    title = sidebar(page)[0].split(" · ")[0]
     open_new_chat(page)
     assert wait_until(lambda: page.inner_text("#attached").strip() == "" and not remove.is_visible(), 10), page.inner_text("#attached")
-    assert wait_until(lambda: "Attachments removed: pantry-notes.txt" in toasts(page), 10), toasts(page)
+    select_chat(page, title)
+    assert wait_until(lambda: "pantry-notes.txt" in page.inner_text("#attached") and remove.is_visible(), 10), page.inner_text("#attached")
+    assert "Attachments removed" not in toasts(page), toasts(page)
 
 
 # ---- 9. stop strings and seeds

@@ -1331,10 +1331,11 @@ async def test_a_tab_redraws_the_title_and_settings_a_change_elsewhere_gave_its_
 
 
 @pytest.mark.anyio
-async def test_attachments_can_be_removed_and_are_dropped_when_the_tab_shows_another_chat(store, tmp_path, monkeypatch) -> None:
+async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store, tmp_path, monkeypatch) -> None:
     """An attached file could not be taken back before sending, and it went with the next message
-    of whatever chat the tab showed next. ✕ removes the files attached; showing another chat drops
-    them, with a toast naming them (none when nothing was attached)."""
+    of whatever chat the tab showed next. ✕ removes the files attached. Showing another chat
+    dropped them with a warning (the draft's text was kept): they stay with their chat, as its
+    unsent text does, and are attached again when the tab shows it again; a deleted chat's go."""
     from minisgl_app import ui
     from minisgl_app.ui import ChatPage
 
@@ -1351,14 +1352,27 @@ async def test_attachments_can_be_removed_and_are_dropped_when_the_tab_shows_ano
     assert await page.unattach(request) == ("", {"__type__": "update", "visible": False})
     await page.attach(str(notes), request)
     await page.select(b, None, request)
-    assert page.tab(request).attachments == [] and len(said) == 1 and "notes.txt" in said[0], said
+    assert page.tab(request).attachments == [] and said == [], said
     assert await page.attachments_note(request) == ("", {"__type__": "update", "visible": False})
+    await page.new_chat(None, request)
+    assert page.tab(request).attachments == []
     await page.select(a, None, request)
-    assert len(said) == 1, "nothing was attached: nothing to say"
+    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")] and said == [], said
+    assert "notes.txt" in (await page.attachments_note(request))[0]
+    await page.unattach(request)  # removed in A: nothing comes back to A
+    await page.select(b, None, request)
+    await page.select(a, None, request)
+    assert page.tab(request).attachments == []
     [o async for o in page.follow(request)]
     await page.send("hello", *SETTINGS, None, request)
     await until_idle(page.replies)
     assert texts(store, a)[0] == ("user", "hello"), "the removed file went with the message"
+    await page.select(b, None, request)  # B's files, then B deleted: they go with it
+    await page.attach(str(notes), request)
+    await page.select(a, None, request)
+    await page.select(b, None, request)
+    await page.delete(True, None, request)
+    assert page.tab(request).attachments == [] and page.tab(request).unsent_files == {}
 
 
 @pytest.mark.anyio
