@@ -314,7 +314,7 @@ class Tab:
     the settings it will start with."""
 
     conv_id: int | None = None
-    draft: ChatSettings | None = None
+    new_chat_settings: ChatSettings | None = None  # the settings its new chat (conv_id None) starts with
     focus: int | None = None  # the message the versions bar acts on (None: view.focus_of's choice)
     # (message, note) the versions bar adds to its label while it acts on that message: where the
     # messages after an edited one went (ChatPage.edit; a toast there covered the edited message)
@@ -364,7 +364,7 @@ class ChatPage:
 
     def tab(self, request: gr.Request | None) -> Tab:
         key = request.session_hash if request is not None and request.session_hash else "-"
-        return self.tabs.setdefault(key, Tab(draft=self.store.default_settings()))
+        return self.tabs.setdefault(key, Tab(new_chat_settings=self.store.default_settings()))
 
     def shown(self, tab: Tab):
         """The tab's conversation (None for a new chat); a deleted one turns the tab to a new chat."""
@@ -422,7 +422,7 @@ class ChatPage:
 
     def settings_of(self, tab: Tab, conv) -> ChatSettings:
         """The settings of ``conv`` (the tab's, already read), or of the tab's new chat."""
-        return conv.settings if conv is not None else (tab.draft or self.store.default_settings())
+        return conv.settings if conv is not None else (tab.new_chat_settings or self.store.default_settings())
 
     def backend_of(self, settings: ChatSettings) -> tuple[str, ReplySource]:
         """Where a chat's replies come from: the backend its settings name, else the first."""
@@ -671,7 +671,7 @@ class ChatPage:
         if form:
             settings, problems = self.checked_form(form, in_force)
             in_force = with_backend_of(replace(settings, **{name: getattr(in_force, name) for name in problems}), in_force)
-        tab.draft = in_force
+        tab.new_chat_settings = in_force
         box = self.show(tab, None, clicked_at, text)
         return (box, *self.fields(tab))
 
@@ -786,7 +786,7 @@ class ChatPage:
         if self.settings_refused(problems):
             return False
         if tab.conv_id is None:
-            tab.draft = with_backend_of(settings, self.settings_of(tab, None))
+            tab.new_chat_settings = with_backend_of(settings, self.settings_of(tab, None))
         else:
             self.store_settings(tab, tab.conv_id, settings)
         return True
@@ -882,7 +882,7 @@ class ChatPage:
         raw_text, text = text, with_attachments(text, tab.attachments)
         tab.attachments = []
         if tab.conv_id is None:
-            tab.conv_id, tab.picked = self.store.create(title=title_from(text), settings=tab.draft).id, True
+            tab.conv_id, tab.picked = self.store.create(title=title_from(text), settings=tab.new_chat_settings).id, True
         elif not self.replies.answers_later(tab.conv_id):  # a reply being stopped answers nothing more
             self.leave_unanswered(self.store.get(tab.conv_id))
         self.store.append(tab.conv_id, "user", text)

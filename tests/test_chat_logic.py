@@ -1515,7 +1515,7 @@ async def test_new_chat_starts_from_the_settings_boxes_as_the_click_found_them(s
     box, *fields = await page.new_chat(None, request, "", *typed)
     shown = dict(zip(FIELD_IDS, fields))
     assert (shown["system-prompt"], shown["temperature"], shown["max-tokens"]) == ("Be brief.", 0.4, 37), shown
-    assert page.settings_in_force(page.tab(request)).max_tokens == 37
+    assert page.settings_in_force(page.tab(request)).max_tokens == 37 == page.tab(request).new_chat_settings.max_tokens
     refused = ("Be brief.", "warm", 1.0, 41, False, 0, None, "", 1.15)
     _, *fields = await page.new_chat(None, request, "", *refused)
     shown = dict(zip(FIELD_IDS, fields))
