@@ -455,12 +455,17 @@ class ConversationStore:
     # ---- messages
 
     def append(self, conv_id: int, role: str, content: str, stats: StatsLike | None = None,
-               model: str | None = None) -> Message:
-        """Add a message below the selected leaf and select it: the next turn of the shown chat."""
+               model: str | None = None, leave_unanswered: bool = False) -> Message:
+        """Add a message below the selected leaf and select it: the next turn of the shown chat.
+        ``leave_unanswered``: the questions at the shown path's end (after its last reply) are
+        marked as left unanswered first, in the same transaction (each mark was a write of its
+        own: a failed append kept them)."""
         _check_message(role, content)
         stats_json = _stats_json(stats)
         with self._write() as conn:
             leaf = _conversation_row(conn, conv_id)["leaf_id"]
+            if leave_unanswered:
+                _mark_unanswered(conn, leaf)
             return _add(conn, conv_id, leaf, role, content, stats_json, model)
 
     def add_message(self, conv_id: int, parent_id: int | None, role: str, content: str,
@@ -779,6 +784,17 @@ def _insert(conn: sqlite3.Connection, conv_id: int, parent_id: int | None, posit
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (conv_id, parent_id, position, role, content, created_at, stats_json, model))
     return cur.lastrowid
+
+
+def _mark_unanswered(conn: sqlite3.Connection, leaf_id: int | None) -> None:
+    """Mark the questions at the end of the path to ``leaf_id``, after its last reply, as left
+    unanswered (their other stats kept)."""
+    for row in reversed(conn.execute(_PATH_SQL, (leaf_id,)).fetchall() if leaf_id is not None else []):
+        if row["role"] != "user":
+            break
+        stats = _stats_dict(row["stats"]) or {}
+        if not stats.get("unanswered"):
+            conn.execute("UPDATE messages SET stats = ? WHERE id = ?", (_stats_json({**stats, "unanswered": True}), row["id"]))
 
 
 def _add(conn: sqlite3.Connection, conv_id: int, parent_id: int | None, role: str, content: str,

@@ -881,28 +881,21 @@ class ChatPage:
             return gr.skip(), gr.skip()
         raw_text, text = text, with_attachments(text, tab.attachments)
         tab.attachments = []
+        # A message sent to a chat that is not replying is answered on its own: the questions at
+        # the chat's end that nothing answers (the chat stopped before their turn: Stop, a closed
+        # tab, the app stopped) are marked as left unanswered, in the transaction that stores it,
+        # so the model does not see them and they keep their mark (view.left_unanswered). Messages
+        # sent while it replies are answered together by the reply after the last of them. (A
+        # reply being stopped answers nothing more: ReplyManager.answers_later.)
+        leave = tab.conv_id is not None and not self.replies.answers_later(tab.conv_id)
         if tab.conv_id is None:
             tab.conv_id, tab.picked = self.store.create(title=title_from(text), settings=tab.new_chat_settings).id, True
-        elif not self.replies.answers_later(tab.conv_id):  # a reply being stopped answers nothing more
-            self.leave_unanswered(self.store.get(tab.conv_id))
-        self.store.append(tab.conv_id, "user", text)
+        self.store.append(tab.conv_id, "user", text, leave_unanswered=leave)
         tab.last_send = (tab.conv_id, raw_text, sent_at)
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
         tab.status = self.status_of(tab)
         return "", tab.status
-
-    def leave_unanswered(self, conv) -> None:
-        """A message sent to a chat that is not replying is answered on its own: the questions at
-        the chat's end that nothing answers (the chat stopped before their turn: Stop, a closed
-        tab, the app stopped) are marked as left unanswered, so the model does not see them and
-        they keep their mark (view.left_unanswered). Messages sent while it replies are answered
-        together by the reply after the last of them, as before."""
-        for m in reversed(conv.messages):
-            if m.role != "user":
-                break
-            if m.stats is None or not m.stats.unanswered:
-                self.store.update_message(m.id, m.content, {"unanswered": True})
 
     async def regenerate(self, request: gr.Request):
         """↻: a new version of the last reply (the old one stays, ‹ › shows it again)."""
@@ -983,7 +976,7 @@ class ChatPage:
     async def stop(self, clicked_at: float | None, request: gr.Request) -> None:
         """Stop the chat this tab shows: its reply ends, and a message sent while it replied stays
         in the chat unanswered (↻ answers it), as the user who pressed Stop expects; a message
-        sent instead is answered on its own (``leave_unanswered``)."""
+        sent instead is answered on its own (``send``: the questions waiting are left unanswered)."""
         tab = self.tab(request)
         if not self.replies.stop(tab.conv_id) and clicked_at is not None:
             tab.early_stop = clicked_at  # a message clicked before it may not have arrived yet

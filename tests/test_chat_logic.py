@@ -910,6 +910,41 @@ async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_o
     assert not any(v.is_line and v.source.role == "user" for v in page.view_of(page.shown(tab), tab)[-4:])
 
 
+@pytest.mark.anyio
+async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_message_sent(store, monkeypatch) -> None:
+    """The questions left unanswered by Stop were marked one write each, before the message sent
+    was stored in a write of its own: a failed store of the message kept the marks (the
+    questions then hidden from the model, with no message after them). The marks and the
+    message are one transaction: both or neither."""
+    import sqlite3
+
+    from minisgl_app import store as store_module
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)
+    request = FakeRequest()
+    await stop_with_questions_waiting(page, request, "second question", "third question")
+    conv_id = page.tab(request).conv_id
+
+    def marked() -> list[str]:
+        return [m.content for m in store.get(conv_id).messages if m.stats is not None and m.stats.unanswered]
+
+    assert marked() == []
+    real_add = store_module._add
+
+    def failing_add(*args, **kwargs):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(store_module, "_add", failing_add)
+    with pytest.raises(sqlite3.OperationalError):
+        await page.send("a new question", *SETTINGS, None, request)
+    assert marked() == [], "marks stored without the message"
+    monkeypatch.setattr(store_module, "_add", real_add)
+    await page.send("a new question", *SETTINGS, None, request)
+    assert marked() == ["second question", "third question"]
+    await until_idle(page.replies)
+
+
 class FirstReplyWaitsForStop(FakeEngine):
     """The first request gives no output until it is stopped (a long prefill on a CPU)."""
 
