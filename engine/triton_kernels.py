@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .flashinfer_kernels import env_choice
+
 SKINNY_MAX_ROWS = 16  # tl.dot's smallest tile: every row count up to it costs one pass
 
 
@@ -111,6 +113,40 @@ def pdl_supported(device: torch.device) -> bool:
     return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
+# Where a kernel launched as a programmatic dependent lets the next kernel launch
+# (``MINISGL_PDL_TRIGGER``): ``early`` once the kernel before it is complete (its own wait
+# returned), ``first`` before that wait (a chain of short kernels is launched while the product in
+# front of it still runs; each still waits for the one before, and that one for its own, so the
+# order of results holds), ``late`` (the default) after the kernel's main loop, ``rowslate``: late
+# in the row-walking products only, early elsewhere. Qwen3-8B at batch 1 on an H200: early 214,
+# late 236 tok/s (docs/benchmarks.md, eighth round): the next kernel's programs, launched early,
+# wait on the SMs beside a product that still streams its weights.
+_PDL_MODE = env_choice("MINISGL_PDL_TRIGGER", ("rowslate", "late", "early", "first"))
+_TRIGGER_CODE = {"early": 0, "first": 1, "late": 2}  # as _pdl_wait and _pdl_done read them
+PDL_TRIGGER = tl.constexpr(_TRIGGER_CODE.get(_PDL_MODE, 0))  # rowslate: early here
+PDL_ROWS_TRIGGER = tl.constexpr(_TRIGGER_CODE.get(_PDL_MODE, 2))  # the row-walking products' (rowslate: late)
+
+
+@triton.jit
+def _pdl_wait(USE_PDL: tl.constexpr, TRIGGER: tl.constexpr):
+    """Wait for the kernel before (a programmatic dependent's inputs are complete only after
+    this), letting the next kernel launch where ``TRIGGER`` says (:data:`PDL_TRIGGER`)."""
+    if USE_PDL:
+        if TRIGGER == 1:
+            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+        if TRIGGER == 0:
+            tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _pdl_done(USE_PDL: tl.constexpr, TRIGGER: tl.constexpr):
+    """The end of a kernel's main loop: with ``TRIGGER`` ``late``, the next kernel may launch."""
+    if USE_PDL:
+        if TRIGGER == 2:
+            tl.extra.cuda.gdc_launch_dependents()
+
+
 @triton.jit
 def _gemv_input(x_ptr, r_ptr, h_ptr, g_ptr, offs, write_h, NORM: tl.constexpr):
     """One K tile of the product's input: ``x``, or with ``NORM`` the decoder's ``h = x +
@@ -147,9 +183,7 @@ def _gemv_kernel(
     w = tl.load(w_tile, mask=col_ok[:, None], other=0.0)
     if SILU_MUL:  # the up projection's rows sit ``up_offset`` rows below the gate's
         w_up = tl.load(w_tile + up_offset * stride_wn, mask=col_ok[:, None], other=0.0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # the previous kernel's output (x) is complete from here on
-        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start loading its weights
+    _pdl_wait(USE_PDL, PDL_TRIGGER)  # the previous kernel's output (x) is complete from here on
     x, sum_sq = _gemv_input(x_ptr, r_ptr, h_ptr, g_ptr, ks, pid == 0, NORM)
     acc = w.to(tl.float32) * x[None, :]
     if SILU_MUL:
@@ -161,6 +195,7 @@ def _gemv_kernel(
         acc += tl.load(w_tile + k0 * stride_wk, mask=col_ok[:, None], other=0.0).to(tl.float32) * x[None, :]
         if SILU_MUL:
             acc_up += tl.load(w_tile + up_offset * stride_wn + k0 * stride_wk, mask=col_ok[:, None], other=0.0).to(tl.float32) * x[None, :]
+    _pdl_done(USE_PDL, PDL_TRIGGER)
     y = tl.sum(acc, axis=1)
     if SILU_MUL:
         y_up = tl.sum(acc_up, axis=1)
@@ -202,9 +237,7 @@ def _gemv_rows_kernel(
     w_up = w
     if SILU_MUL:  # the up projection's rows sit ``up_offset`` rows below the gate's
         w_up = tl.load(w_rows + up_offset * stride_wn, mask=mask, other=0.0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_wait(USE_PDL, PDL_ROWS_TRIGGER)  # the previous kernel's output (x) is complete from here on
     x = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
     scale = 1.0
     if NORM:  # h = x + residual, rounded like a separate add; program 0 stores it
@@ -231,6 +264,7 @@ def _gemv_rows_kernel(
         tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=cols < N)
         w = w_next
         w_up = w_up_next
+    _pdl_done(USE_PDL, PDL_ROWS_TRIGGER)
 
 
 GEMV_TILE_ELEMENTS = 8192  # weights one program holds in registers at a time (64 per thread at 4 warps)
@@ -331,9 +365,7 @@ def _qk_norm_rope_store_kernel(
 ):
     """One program: one token, ``HEADS_PER_PROGRAM`` consecutive heads of the merged projection
     (q heads, then k heads, then v heads), each head a row of the tile."""
-    if USE_PDL:  # launched early (programmatic dependent): qkv is complete only from here on
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_wait(USE_PDL, PDL_TRIGGER)  # launched early (programmatic dependent): qkv is complete only from here on
     token = tl.program_id(0)
     heads = tl.program_id(1) * HEADS_PER_PROGRAM + tl.arange(0, HEADS_PER_PROGRAM)
     is_q = heads < NUM_HEADS
@@ -482,9 +514,7 @@ def _decode_attention_split_kernel(
     heads = kv_head * GROUP + g
     head_ok = g < GROUP
     dims = tl.arange(0, HEAD_DIM)
-    if USE_PDL:  # q and this step's K/V come from the kernel before
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_wait(USE_PDL, PDL_TRIGGER)  # q and this step's K/V come from the kernel before
     q = tl.load(q_ptr + (b * NUM_HEADS + heads)[:, None] * HEAD_DIM + dims[None, :], mask=head_ok[:, None], other=0.0)
     qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
     m = tl.full((16,), float("-inf"), dtype=tl.float32)
@@ -505,6 +535,7 @@ def _decode_attention_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         denom = denom * alpha + tl.sum(p, axis=1)
         m = m_new
+    _pdl_done(USE_PDL, PDL_TRIGGER)
     if start < seq_len:  # a split past the end of a short request has no tokens: the merge skips it
         part = (b * NUM_HEADS + heads) * NUM_SPLITS + split
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc / denom[:, None], mask=head_ok[:, None])
@@ -531,9 +562,7 @@ def _decode_attention_merge_kernel(
     used = splits * chunk < seq_len
     dims = tl.arange(0, HEAD_DIM)
     part = (b * NUM_HEADS + head) * NUM_SPLITS + splits
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_wait(USE_PDL, PDL_TRIGGER)
     lse = tl.load(part_lse_ptr + part, mask=used, other=float("-inf"))
     weight = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always holds tokens
     weight = weight / tl.sum(weight, axis=0)
@@ -594,6 +623,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 # slower for the 0.6B (docs/benchmarks.md, seventh round): opt-in, MINISGL_DECODE_ATTENTION=fused.
 
 DECODE_MIN_CHUNK = 64  # the fewest tokens a piece of decode_attention_qkv holds (as the split kernel's)
+# requests of up to this many tokens attend in one piece, without a merge (MINISGL_FUSED_SINGLE, for measuring)
+DECODE_SINGLE_MAX = int(os.environ.get("MINISGL_FUSED_SINGLE", "0"))
 
 
 @triton.jit
@@ -626,6 +657,7 @@ def _decode_attention_qkv_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     MIN_CHUNK: tl.constexpr,
+    SINGLE_MAX: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -638,6 +670,8 @@ def _decode_attention_qkv_kernel(
     pos = tl.load(positions_ptr + b)
     seq_len = pos + 1
     chunk = tl.maximum(MIN_CHUNK, tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N)
+    if seq_len <= SINGLE_MAX:  # a short request in one piece: no merge on the critical path
+        chunk = tl.cdiv(seq_len, BLOCK_N) * BLOCK_N
     start = split * chunk
     if start < seq_len:  # a piece past the end of a short request ends at once (at batch 1 most of them)
         end = tl.minimum(start + chunk, seq_len)
@@ -648,9 +682,7 @@ def _decode_attention_qkv_kernel(
         g = tl.arange(0, 16)
         heads = kv_head * GROUP + g
         head_ok = g < GROUP
-        if USE_PDL:  # qkv comes from the kernel before
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        _pdl_wait(USE_PDL, PDL_TRIGGER)  # qkv comes from the kernel before
         qkv_row = qkv_ptr + b * stride_qkv
         # q rounded to the model's dtype, as the q/k kernel hands it to attention
         q = _rope_rows(qkv_row, tl.where(head_ok, heads, 0)[:, None] * HEAD_DIM, dims, q_weight_ptr, cos_sin_ptr, pos, eps,
@@ -674,6 +706,7 @@ def _decode_attention_qkv_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             denom = denom * alpha + tl.sum(p, axis=1)
             m = m_new
+        _pdl_done(USE_PDL, PDL_TRIGGER)
         if end == seq_len:  # this piece holds the newest token: its K (normalised, rotated) and V from qkv
             new_k = _rope_rows(qkv_row, tl.zeros((1, 1), tl.int32) + (NUM_HEADS + kv_head) * HEAD_DIM, dims, k_weight_ptr, cos_sin_ptr,
                                pos, eps, HEAD_DIM, HAS_NORM).to(k_ptr.dtype.element_ty)  # [1, HEAD_DIM]
@@ -732,12 +765,14 @@ def decode_attention_qkv(
     counters: torch.Tensor,
     pdl: bool = False,
     min_chunk: int = DECODE_MIN_CHUNK,
+    single_max: int = -1,
 ) -> torch.Tensor:
     """:func:`qk_norm_rope_store` then :func:`decode_attention` in one kernel, for a decode
     step (one new token per request, at ``positions``): from the merged projection ``qkv``
     [batch, (heads + 2 kv_heads) * head_dim], writes each request's new K/V to its slot
     ``out_loc`` and returns the attention output [batch, heads * head_dim]. A request's tokens
-    are cut into at most ``num_splits`` pieces of at least ``min_chunk`` tokens. ``counters``:
+    are cut into at most ``num_splits`` pieces of at least ``min_chunk`` tokens; a request of at most
+    ``single_max`` tokens (-1: :data:`DECODE_SINGLE_MAX`) is one piece. ``counters``:
     int32 zeros, at least batch * kv_heads of them, left at zero again (a buffer a CUDA graph
     keeps)."""
     batch = qkv.shape[0]
@@ -751,11 +786,12 @@ def decode_attention_qkv(
     part_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=qkv.device)
     part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=qkv.device)
     has_norm = q_weight is not None
+    single_max = DECODE_SINGLE_MAX if single_max < 0 else single_max
     _decode_attention_qkv_kernel[(batch, num_kv_heads, num_splits)](
         qkv, k_cache, v_cache, q_weight if has_norm else qkv, k_weight if has_norm else qkv, cos_sin_cache, positions, out_loc,
         table, rows, part_out, part_lse, counters, out, qkv.stride(0), table.stride(0), eps, scale,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, HAS_NORM=has_norm,
-        NUM_SPLITS=num_splits, SPLITS_P2=triton.next_power_of_2(num_splits), MIN_CHUNK=min_chunk, BLOCK_N=DECODE_BLOCK_N,
-        USE_PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        NUM_SPLITS=num_splits, SPLITS_P2=triton.next_power_of_2(num_splits), MIN_CHUNK=min_chunk, SINGLE_MAX=single_max,
+        BLOCK_N=DECODE_BLOCK_N, USE_PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )
     return out

@@ -19,6 +19,7 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels demo demobench   # the demo model beside transformers (both GGUF halves carried)
 #   bash scripts/gpu_check.sh setup loadcache kernels throughputprofile   # batch 64-256 replays, the offline workload's steps, the 8B's batch-1 step
 #   bash scripts/gpu_check.sh setup loadcache kernels attnab profile06b   # attention from qkv: three kernels / one; the 0.6B step kernel by kernel
+#   ENVAB_RUNS="MINISGL_PDL_TRIGGER=first :: qwen3-8b decode --input-len 128" bash scripts/gpu_check.sh setup loadcache kernels envab
 #   bash scripts/gpu_check.sh setup loadcache kernels kernelab oldnew   # this tree against the committed one (carry .old, made by:
 #     rm -rf .old && mkdir .old && git archive HEAD engine app | tar -x -C .old && mv .old/engine .old/minisgl_engine && mv .old/app .old/minisgl_app)
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
@@ -260,6 +261,15 @@ print('demo model ready at', demo_model_dir())" || status=1
             | grep -E '^\{"bench"|one row|Traceback|Error' | sed "s/^/[$tree] /" | tee -a "$OUT/oldnew.log"
           [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         done
+      done ;;
+    envab)  # benches under settings of the environment, one process each: ENVAB_RUNS="VAR=a VAR2=b :: config kind args;..."
+      IFS=';' read -ra runs <<<"${ENVAB_RUNS:?set ENVAB_RUNS}"
+      for run in "${runs[@]}"; do
+        envs=$(echo ${run%%::*}); read -r config kind rest <<<"${run#*::}"
+        # shellcheck disable=SC2086
+        env $envs timeout 200 "${CLI[@]}" -v bench "$kind" --device cuda --dummy-weights --config "$config" $rest 2>&1 \
+          | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[${envs:-default}] /" | tee -a "$OUT/envab.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
     benchdecode)  # the headline batch-1 figures beside transformers (the decode half of stage bench)
       timeout 240 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-0.6b --compare-hf --input-len 128 2048 4096 --output-len 128 --repeat 2 2>&1 \

@@ -212,14 +212,15 @@ def test_decode_attention_reads_each_requests_slots_from_the_page_table(heads, k
 
 
 @pytest.mark.parametrize("qk_norm", [True, False])
-@pytest.mark.parametrize("heads,kv_heads,head_dim,num_splits,min_chunk", [(4, 2, 32, 1, 128), (6, 2, 64, 3, 64), (2, 2, 32, 8, 64),
-                                                                       (8, 2, 32, 64, 128)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,num_splits,min_chunk,single_max", [
+    (4, 2, 32, 1, 128, 0), (6, 2, 64, 3, 64, 0), (2, 2, 32, 8, 64, 0), (8, 2, 32, 64, 128, 0), (6, 2, 64, 8, 64, 100)])
 def test_decode_attention_qkv_is_the_qk_kernel_then_decode_attention_in_one(qk_norm, heads, kv_heads, head_dim, num_splits,
-                                                                            min_chunk) -> None:
+                                                                            min_chunk, single_max) -> None:
     """The fused decode step from the merged projection against float32: q/k normalised and
     rotated, the new token's K/V taken from qkv and written to its slot, 1 to 3 pieces per
-    request (one holding the newest token alone) merged by the last piece to finish, the
-    counters left at zero (the same buffer serves every layer and the next step: run twice)."""
+    request (one holding the newest token alone) merged by the last piece to finish, or with
+    ``single_max`` the requests that short in one piece, the counters left at zero (the same
+    buffer serves every layer and the next step: run twice)."""
     gen = torch.Generator().manual_seed(heads * 100 + num_splits + qk_norm)
     slots, max_len, eps = 400, 150, 1e-6
     rotary = RotaryEmbedding(head_dim, 256, 10000.0, None, torch.float32).to(DEVICE)
@@ -239,6 +240,7 @@ def test_decode_attention_qkv_is_the_qk_kernel_then_decode_attention_in_one(qk_n
             qkv.to(DEVICE), heads, kv_heads, head_dim, on_device(q_w), on_device(k_w), eps, rotary.cos_sin_cache,
             out_loc.to(DEVICE), k_dev, v_dev, table.to(DEVICE), torch.tensor(rows, device=DEVICE),
             torch.tensor(positions, device=DEVICE), head_dim ** -0.5, num_splits, counters, min_chunk=min_chunk,
+            single_max=single_max,
         )
         assert counters.tolist() == [0] * len(counters)
     assert out.shape == (len(rows), heads * head_dim) and out.dtype == DTYPE
