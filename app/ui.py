@@ -862,6 +862,9 @@ class ChatPage:
         status line: Generating as soon as the reply is asked for (``status_of``)."""
         tab = self.tab(request)
         text = (text or "").strip()
+        if clicked_at is not None and clicked_at <= tab.shown_since:
+            self.keep_unsent(tab, text)  # sent from the chat shown before a click handled first
+            return gr.skip(), gr.skip()
         if not text and not tab.attachments:
             return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
         sent_at = clicked_at if clicked_at is not None else time.time() * 1000
@@ -896,6 +899,27 @@ class ChatPage:
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
         tab.status = self.status_of(tab)
         return "", tab.status
+
+    def keep_unsent(self, tab: Tab, text: str) -> None:
+        """A message sent (Enter) just before a click that showed another chat, and reached by
+        the server after that click: it was typed in the chat shown before (``tab.shown_before``),
+        so it is neither sent into the chat shown now nor are its settings boxes saved there. Its
+        text stays that chat's draft (``show`` kept its files there), and a toast says so."""
+        chat = tab.shown_before
+        if text:
+            kept = tab.unsent.get(chat, "")
+            if text not in kept:  # the click usually carried the box's text already (swap_draft)
+                tab.unsent[chat] = f"{kept.rstrip()}\n\n{text}" if kept.strip() else text
+        if not text and not tab.unsent_files.get(chat):
+            return  # an empty box, no files: nothing was sent
+        try:
+            title = self.store.get(chat).title if chat is not None else "your new chat"
+        except NotFoundError:
+            tab.unsent.pop(chat, None)
+            warn(f"Not sent: the chat it was typed in was deleted. Your message was: {text}" if text else
+                 "Not sent: the chat it was typed in was deleted, and its files with it.")
+            return
+        warn(f"Not sent: you switched chats; your message is kept as the draft of «{title}».")
 
     async def regenerate(self, request: gr.Request):
         """↻: a new version of the last reply (the old one stays, ‹ › shows it again)."""

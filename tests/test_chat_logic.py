@@ -496,6 +496,49 @@ async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_ch
 
 
 @pytest.mark.anyio
+async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draft_of_its_own_chat(
+        store, tmp_path, monkeypatch) -> None:
+    """Enter in chat A, then at once a click on chat B (or New chat): when the server took the
+    click first, A's message was stored in B, answered with B's context, and B's settings were
+    overwritten by A's boxes. The send carries its browser time: a send from before the click
+    sends nothing, saves no setting; its text and files stay A's draft, and a toast says so."""
+    from minisgl_app import ui
+    from minisgl_app.ui import ChatPage
+
+    engine = FakeEngine()
+    page = ChatPage(FakeClient(engine), store)
+    request = FakeRequest()
+    said: list[str] = []
+    monkeypatch.setattr(ui, "warn", said.append)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the code is plum\n", encoding="utf-8")
+    a, b = store.create(title="chat A").id, store.create(title="chat B").id
+    b_settings = store.get(b).settings
+    a_form = ("Answer as a pirate.", 0.5, 1.0, 99, False, 0, None, "", 1.15)
+    await page.select(a, 1000.0, request)
+    await page.attach(str(notes), request)
+    await page.select(b, 2000.0, request, "hello from A")  # the click, handled first
+    assert await page.send("hello from A", *a_form, 1990.0, request) == (SKIP, SKIP)  # A's Enter
+    await until_idle(page.replies)
+    assert texts(store, a) == [] and texts(store, b) == [] and engine.requests == []
+    assert store.get(b).settings == b_settings, "A's settings boxes were saved to B"
+    assert said == ["Not sent: you switched chats; your message is kept as the draft of «chat A»."], said
+    assert (await page.select(a, 3000.0, request, ""))[0] == "hello from A"
+    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
+    # a click that did not carry the box's text, on New chat: the text is kept all the same
+    await page.new_chat(4000.0, request)
+    assert await page.send("second try", *a_form, 3990.0, request) == (SKIP, SKIP)
+    assert [c.id for c in store.list()] == [b, a], "a chat was stored for the message"
+    assert (await page.select(a, 5000.0, request, ""))[0] == "second try"
+    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
+    # sent after the click (a later Enter): sent into the chat shown
+    await page.send("second try", *a_form, 5500.0, request)
+    await until_idle(page.replies)
+    [(_, question), (role, _)] = texts(store, a)
+    assert question.startswith("second try") and "plum" in question and role == "assistant", question
+
+
+@pytest.mark.anyio
 async def test_an_emptied_settings_box_saves_nothing_and_shows_the_saved_value_again(store) -> None:
     """An emptied number box, once left, saved 0 or the slider's lowest value (temperature 0, the
     repetition penalty 1). It saves nothing: the box gets the value in force back, and a message
