@@ -404,19 +404,25 @@ class ConversationStore:
         """The settings a new conversation starts with (same as the module's function)."""
         return default_settings()
 
-    def create(self, title: str = DEFAULT_TITLE, settings: ChatSettings | None = None) -> Conversation:
-        """A new, empty conversation; it becomes the most recently updated."""
+    def create(self, title: str = DEFAULT_TITLE, settings: ChatSettings | None = None,
+               first_message: str | None = None) -> Conversation:
+        """A new conversation; it becomes the most recently updated. ``first_message``: the user's
+        message it starts with, stored in the same transaction (a failed store of it leaves no
+        empty chat behind); None: the conversation starts empty."""
         title = _clean_title(title)
         settings = settings if settings is not None else default_settings()
         settings.validate()
+        if first_message is not None:
+            _check_message("user", first_message)
         now = time.time()
         with self._write() as conn:
             cur = conn.execute(
                 f"INSERT INTO conversations (title, created_at, updated_at, settings) "
                 f"VALUES (?, ?, {_NEWEST}, ?)",
                 (title, now, now, json.dumps(settings.to_dict())))
-            row = conn.execute("SELECT * FROM conversations WHERE id = ?", (cur.lastrowid,)).fetchone()
-        return _conversation(row, [])
+            if first_message is not None:
+                _add(conn, cur.lastrowid, None, "user", first_message, None)
+            return _load(conn, _conversation_row(conn, cur.lastrowid))
 
     def get(self, conv_id: int) -> Conversation:
         """The conversation with the shown path (root to selected leaf) as ``messages``, each with

@@ -883,7 +883,6 @@ class ChatPage:
             warn("The model is still loading; send your message once it has loaded (the status line stops saying Loading).")
             return gr.skip(), gr.skip()
         raw_text, text = text, with_attachments(text, tab.attachments)
-        tab.attachments = []
         # A message sent to a chat that is not replying is answered on its own: the questions at
         # the chat's end that nothing answers (the chat stopped before their turn: Stop, a closed
         # tab, the app stopped) are marked as left unanswered, in the transaction that stores it,
@@ -891,9 +890,12 @@ class ChatPage:
         # sent while it replies are answered together by the reply after the last of them. (A
         # reply being stopped answers nothing more: ReplyManager.answers_later.)
         leave = tab.conv_id is not None and not self.replies.answers_later(tab.conv_id)
-        if tab.conv_id is None:
-            tab.conv_id, tab.picked = self.store.create(title=title_from(text), settings=tab.new_chat_settings).id, True
-        self.store.append(tab.conv_id, "user", text, leave_unanswered=leave)
+        if tab.conv_id is None:  # the chat and its first message: one transaction, so a failure leaves no empty chat
+            tab.conv_id = self.store.create(title=title_from(text), settings=tab.new_chat_settings, first_message=text).id
+            tab.picked = True
+        else:
+            self.store.append(tab.conv_id, "user", text, leave_unanswered=leave)
+        tab.attachments = []  # sent with the message: only now (a failed store keeps them attached)
         tab.last_send = (tab.conv_id, raw_text, sent_at)
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)

@@ -954,11 +954,13 @@ async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_o
 
 
 @pytest.mark.anyio
-async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_message_sent(store, monkeypatch) -> None:
+async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_message_sent(store, tmp_path, monkeypatch) -> None:
     """The questions left unanswered by Stop were marked one write each, before the message sent
     was stored in a write of its own: a failed store of the message kept the marks (the
     questions then hidden from the model, with no message after them). The marks and the
-    message are one transaction: both or neither."""
+    message are one transaction: both or neither. The files attached stay attached until the
+    message is stored (a failed store dropped them), and a new chat is stored with its first
+    message in one transaction (a failed store left an empty chat in the sidebar)."""
     import sqlite3
 
     from minisgl_app import store as store_module
@@ -966,6 +968,8 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
 
     page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)
     request = FakeRequest()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the code is plum\n", encoding="utf-8")
     await stop_with_questions_waiting(page, request, "second question", "third question")
     conv_id = page.tab(request).conv_id
 
@@ -978,13 +982,31 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     def failing_add(*args, **kwargs):
         raise sqlite3.OperationalError("disk I/O error")
 
+    await page.attach(str(notes), request)
     monkeypatch.setattr(store_module, "_add", failing_add)
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a new question", *SETTINGS, None, request)
     assert marked() == [], "marks stored without the message"
+    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")], "the file was dropped"
     monkeypatch.setattr(store_module, "_add", real_add)
     await page.send("a new question", *SETTINGS, None, request)
     assert marked() == ["second question", "third question"]
+    assert "plum" in [m for m in store.get(conv_id).messages if m.role == "user"][-1].content
+    assert page.tab(request).attachments == []
+    await until_idle(page.replies)
+    # a new chat's first message: the chat and the message are one transaction too
+    chats = [c.id for c in store.list()]
+    await page.new_chat(None, request)
+    await page.attach(str(notes), request)
+    monkeypatch.setattr(store_module, "_add", failing_add)
+    with pytest.raises(sqlite3.OperationalError):
+        await page.send("a first question", *SETTINGS, None, request)
+    assert [c.id for c in store.list()] == chats, "an empty chat was left"
+    assert page.tab(request).conv_id is None and page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
+    monkeypatch.setattr(store_module, "_add", real_add)
+    await page.send("a first question", *SETTINGS, None, request)
+    new = store.get(page.tab(request).conv_id)
+    assert new.id not in chats and new.messages[0].content.startswith("a first question") and "plum" in new.messages[0].content
     await until_idle(page.replies)
 
 
