@@ -233,16 +233,30 @@ PAGE_JS = """
   // on a narrow screen the sidebar is a bar above the chat (page_css.NARROW): ☰ Chats opens the
   // chat list, the settings and the models under it; a chat picked there (or New chat) closes
   // them, and the page shows the chat from the top
-  // (its aria-expanded says whether they are open; the page's CSS reads it)
+  // (its aria-expanded says whether they are open; the page's CSS reads it). A pick made by
+  // keyboard (a click of detail 0) that hid the focused label moves the focus to the message box,
+  // a tap's to ☰ Chats (a message box focused would open a phone's keyboard): not to <body>.
   const toggle = () => document.querySelector('#chats-toggle');
-  const setOpen = (open) => toggle()?.setAttribute('aria-expanded', String(open));
+  let chatsOpen = false;
+  const named = () => {
+    const t = toggle();
+    if (!t) return;
+    for (const [name, value] of [['aria-expanded', String(chatsOpen)], ['aria-controls', 'sidebar-body'], ['aria-label', 'Chats']])
+      if (t.getAttribute(name) !== value) t.setAttribute(name, value);
+  };
+  const setOpen = (open) => { chatsOpen = open; named(); };
   document.addEventListener('click', (e) => {
     const target = e.target instanceof Element ? e.target : null;
-    if (target?.closest('#chats-toggle')) { setOpen(toggle().getAttribute('aria-expanded') !== 'true'); return; }
+    if (target?.closest('#chats-toggle')) { setOpen(!chatsOpen); return; }
     const picked = target?.closest('#conv-list label, #new-chat-btn');
-    if (picked && matchMedia('(max-width: 640px)').matches) { setOpen(false); scrollTo({top: 0, behavior: 'instant'}); }
+    if (!picked || !matchMedia('(max-width: 640px)').matches) return;
+    setOpen(false);
+    scrollTo({top: 0, behavior: 'instant'});
+    if (document.querySelector('#sidebar-body')?.contains(document.activeElement))
+      (e.detail === 0 ? document.querySelector('#msg-input textarea') : toggle())?.focus({preventScroll: true});
   });
-  const named = () => toggle() ? toggle().setAttribute('aria-expanded', 'false') : setTimeout(named, 200);
+  // set again whenever Gradio draws the button anew (a new button has none of them)
+  new MutationObserver(named).observe(document.body, {childList: true, subtree: true});
   named();
 }
 """

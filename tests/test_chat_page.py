@@ -961,6 +961,23 @@ def test_on_a_phone_the_chat_list_opens_above_the_chat_and_a_chat_picked_shows_f
         return Math.round(p.getBoundingClientRect().height / parseFloat(getComputedStyle(p).lineHeight)); }""")
     assert lines <= 2, f"the status line takes {lines} lines on a phone: {page.inner_text('#status-line')!r}"
     assert "running" in page.inner_text("#status-line")
+    # by keyboard: ☰ Chats says what it opens; a chat picked with Enter closes the list, which hid
+    # the focused label (the focus fell to the page's body): the focus goes to the message box
+    toggle = page.locator("#chats-toggle")
+    assert (toggle.get_attribute("aria-controls"), toggle.get_attribute("aria-label")) == ("sidebar-body", "Chats")
+    toggle.focus()
+    page.keyboard.press("Enter")
+    assert wait_until(lambda: page.locator("#conv-list label", has_text="Tuatara").first.is_visible(), 5), "Enter on ☰ Chats"
+    page.locator("#conv-list label", has_text="Tuatara").first.focus()
+    page.keyboard.press("Enter")
+    assert wait_until(lambda: shows_only(page, "Tuatara", ("Kiwi",)), 10), users(page)
+    assert wait_until(lambda: not page.locator("#conv-list").is_visible(), 5), "the chat list stayed open over the chat"
+    assert page.evaluate("() => !!document.activeElement?.closest('#msg-input')"), \
+        page.evaluate("() => document.activeElement?.outerHTML.slice(0, 120)")
+    # a ☰ Chats drawn anew (Gradio may re-mount it) says again whether the list is open
+    page.evaluate("""() => { const t = document.querySelector('#chats-toggle'), c = t.cloneNode(true);
+        ['aria-expanded', 'aria-controls', 'aria-label'].forEach(a => c.removeAttribute(a)); t.replaceWith(c); }""")
+    assert wait_until(lambda: toggle.get_attribute("aria-expanded") == "false" and toggle.get_attribute("aria-controls") == "sidebar-body", 5)
     # a wide screen: no ☰ Chats, the list beside the chat
     page.set_viewport_size({"width": 1280, "height": 860})
     assert wait_until(lambda: not page.locator("#chats-toggle").is_visible() and page.locator("#conv-list").is_visible(), 5)
