@@ -350,6 +350,9 @@ class Tab:
     # browser time (ms) of the newest settings save applied: each save carries every box, so an
     # older one taken after it (Gradio runs them at once) would put back the values it replaced
     settings_stamp: float = 0.0
+    # the settings boxes (SETTING_FIELDS' order) whose save was last refused with a toast (None:
+    # the last save was not refused): New chat, clicked as that box was left, does not say it again
+    refused_form: tuple | None = None
     # the last message sent: (chat, text, browser time in ms of its click or Enter), to drop the
     # second send of a double click or a double Enter (the box empties only when the first is done)
     last_send: tuple[int, str, float] | None = None
@@ -681,11 +684,13 @@ class ChatPage:
         when its box's save comes after the click (the new chat started from the value before
         it); a value the checks refuse is the one in force (its save says why)."""
         tab = self.tab(request)
-        in_force = self.settings_in_force(tab)
+        start_with = self.settings_in_force(tab)
         if form:
-            settings, problems = self.checked_form(form, in_force)
-            in_force = with_backend_of(replace(settings, **{name: getattr(in_force, name) for name in problems}), in_force)
-        tab.new_chat_settings = in_force
+            settings, problems = self.checked_form(form, start_with)
+            if tuple(form) != tab.refused_form:  # else the box's own save said why, just before the click
+                self.settings_refused(problems)  # the box left by this click may save nothing (settings_changed)
+            start_with = with_backend_of(replace(settings, **{name: getattr(start_with, name) for name in problems}), start_with)
+        tab.new_chat_settings, tab.refused_form = start_with, None
         box = self.show(tab, None, clicked_at, text)
         return (box, *self.fields(tab))
 
@@ -760,6 +765,7 @@ class ChatPage:
         settings, problems = self.checked_form(values, self.settings_in_force(tab))
         if self.save_settings(tab, settings, problems) and clicked_at is not None:
             tab.settings_stamp = clicked_at
+        tab.refused_form = values if problems else None
         in_force = self.settings_in_force(tab)
         # only boxes that must change are sent: another box may be being typed into meanwhile
         back = set(problems) | {name for name, value in zip(SETTING_FIELDS, values) if name in REFILLED_WHEN_EMPTY and value in (None, "")}

@@ -1624,6 +1624,32 @@ async def test_new_chat_starts_from_the_settings_boxes_as_the_click_found_them(s
 
 
 @pytest.mark.anyio
+async def test_new_chat_says_why_a_value_typed_in_a_settings_box_was_not_kept(store, monkeypatch) -> None:
+    """On a new chat not sent yet, max tokens 2.5 typed, then New chat: the box showed the value
+    in force again and nothing said why (the box's own save, left by the click, is dropped when
+    it comes after it). New chat says it, in the words a refused save uses; once, when the
+    box's save came first and said it already."""
+    from minisgl_app import ui
+    from minisgl_app.ui import FIELD_IDS, ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    said: list[str] = []
+    monkeypatch.setattr(ui, "warn", said.append)
+    await page.new_chat(1000.0, request)
+    in_force = page.settings_in_force(page.tab(request)).max_tokens
+    typed = ("", 0.0, 1.0, 2.5, False, 0, None, "", 1.15)
+    _, *fields = await page.new_chat(2000.0, request, "", *typed)
+    assert dict(zip(FIELD_IDS, fields))["max-tokens"] == in_force
+    assert await page.settings_changed(*typed, 1990.0, request) == (SKIP,) * 9  # the box's save, after the click
+    assert len(said) == 1 and said[0].startswith("Settings not saved:") and "max tokens" in said[0].lower(), said
+    # the box's save first: it says why; New chat does not say it again
+    await page.settings_changed(*typed, 2990.0, request)
+    await page.new_chat(3000.0, request, "", *typed)
+    assert len(said) == 2 and said[1] == said[0], said
+
+
+@pytest.mark.anyio
 async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title(store, tmp_path, monkeypatch) -> None:
     """Export named the file after the title with each character but letters, digits, "-", "_"
     and space made a "_": a title with markup or emoji gave a name of underscores ("**Plan** 🚀"
