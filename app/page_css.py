@@ -45,9 +45,12 @@ STATUS_LINE_CLEAR = """
 # A message's buttons (Copy, Edit, Retry: 18 px icons), the ▸ that opens a reply's details (an 18 px
 # button) and Attach (26 px tall) are 32 px touch targets, and the status
 # line leaves out its details (view.wide_only: it took four lines above the chat).
+# The narrow screen's media query, and its complement for the wide one ("min-width: 641px" left
+# fractional widths between 640 and 641 px in neither); PAGE_JS's matchMedia asks the same one.
+NARROW_QUERY = "(max-width: 640px)"
 NARROW = """
-@media (min-width: 641px) { #chats-toggle { display: none !important; } }
-@media (max-width: 640px) {
+@media not all and __NARROW_QUERY__ { #chats-toggle { display: none !important; } }
+@media __NARROW_QUERY__ {
   #sidebar:not(:has(#chats-toggle[aria-expanded="true"])) #sidebar-body { display: none !important; }
   #sidebar-bar { flex-wrap: nowrap !important; }
   #chats-toggle[aria-expanded="true"] { background: var(--background-fill-secondary); }
@@ -65,7 +68,7 @@ NARROW = """
   #composer > .form:has(#msg-input) { order: -1; flex: 1 1 100% !important; min-width: 100% !important; }
   #composer > * { flex: 1 1 0; }
 }
-"""
+""".replace("__NARROW_QUERY__", NARROW_QUERY)
 
 # A message's edit box (✎): Gradio sizes it from the bubble it replaces, measured wrongly (it was
 # 160 px wide and two lines high whatever the message). It takes the width a message can take

@@ -29,7 +29,7 @@ from minisgl_engine import GenerateRequest, SamplingParams, UserError
 
 from .live import ReplyManager, Turn
 from .model_pull import ModelPuller, PullError, PullProgress
-from .page_css import PAGE_CSS
+from .page_css import NARROW_QUERY, PAGE_CSS
 from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, MAX_TOKENS_LIMIT, REPETITION_PENALTY_MAX, BadImportFile,
                     ChatSettings, ConversationStore, NotFoundError, plural, shown_value, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
@@ -249,7 +249,7 @@ PAGE_JS = """
     const target = e.target instanceof Element ? e.target : null;
     if (target?.closest('#chats-toggle')) { setOpen(!chatsOpen); return; }
     const picked = target?.closest('#conv-list label, #new-chat-btn');
-    if (!picked || !matchMedia('(max-width: 640px)').matches) return;
+    if (!picked || !matchMedia('__NARROW_QUERY__').matches) return;
     setOpen(false);
     scrollTo({top: 0, behavior: 'instant'});
     if (document.querySelector('#sidebar-body')?.contains(document.activeElement))
@@ -259,7 +259,7 @@ PAGE_JS = """
   new MutationObserver(named).observe(document.body, {childList: true, subtree: true});
   named();
 }
-"""
+""".replace("__NARROW_QUERY__", NARROW_QUERY)
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
 # a value typed before then is overwritten by the load's. Tests wait for it; people never notice.
 MARK_LOADED_JS = "() => { document.body.dataset.chatLoaded = '1'; }"

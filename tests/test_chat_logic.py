@@ -1649,6 +1649,29 @@ async def test_new_chat_says_why_a_value_typed_in_a_settings_box_was_not_kept(st
     assert len(said) == 2 and said[1] == said[0], said
 
 
+def test_every_screen_width_gets_either_the_narrow_or_the_wide_layout_and_the_page_script_agrees() -> None:
+    """The wide layout's query was (min-width: 641px) and the narrow one's (max-width: 640px): a
+    window between 640 and 641 px wide (a zoomed or high-density screen) got neither, ☰ Chats
+    shown and the sidebar open. The two are complements, and the page's script, which closes the
+    chat list after a pick on a narrow screen, asks the narrow one's query."""
+    from minisgl_app.page_css import NARROW, NARROW_QUERY
+    from minisgl_app.ui import PAGE_JS
+
+    def matches(query: str, width: float) -> bool:
+        query = query.strip()
+        if query.startswith("not all and "):
+            return not matches(query[len("not all and "):], width)
+        found = re.fullmatch(r"\((min|max)-width:\s*([\d.]+)px\)", query)
+        assert found, query
+        return width >= float(found[2]) if found[1] == "min" else width <= float(found[2])
+
+    [wide, narrow] = re.findall(r"@media ([^{]+)\{", NARROW)
+    assert "#chats-toggle { display: none" in NARROW.split(wide, 1)[1].split("\n", 1)[0], "the first query is not the wide one"
+    for width in (320, 640, 640.25, 640.5, 640.99, 641, 1280):
+        assert matches(wide, width) != matches(narrow, width), width
+    assert narrow.strip() == NARROW_QUERY and f"matchMedia('{NARROW_QUERY}')" in PAGE_JS
+
+
 @pytest.mark.anyio
 async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title(store, tmp_path, monkeypatch) -> None:
     """Export named the file after the title with each character but letters, digits, "-", "_"
