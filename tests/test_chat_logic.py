@@ -1673,6 +1673,28 @@ def test_every_screen_width_gets_either_the_narrow_or_the_wide_layout_and_the_pa
 
 
 @pytest.mark.anyio
+async def test_a_stored_chat_whose_messages_were_all_deleted_has_nothing_to_export(store, monkeypatch) -> None:
+    """Export of a stored chat (Manage offers it) whose messages were all deleted: a toast says
+    there is nothing to export, and no file is written."""
+    from minisgl_app import ui
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    said: list[str] = []
+    monkeypatch.setattr(ui, "warn", said.append)
+    conv_id = store.create(title="emptied").id
+    first = store.append(conv_id, "user", "hello")
+    store.append(conv_id, "assistant", "hi")
+    store.delete_message(conv_id, first.id)
+    await page.select(conv_id, None, request)
+    assert page.render(page.tab(request))[9:] == [True, False], "Manage offers no export for the stored chat"
+    for kind in ("md", "json"):
+        assert page.export(kind, request) == SKIP
+    assert said == ["Nothing to export yet: this chat has no messages."] * 2, said
+
+
+@pytest.mark.anyio
 async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title(store, tmp_path, monkeypatch) -> None:
     """Export named the file after the title with each character but letters, digits, "-", "_"
     and space made a "_": a title with markup or emoji gave a name of underscores ("**Plan** 🚀"

@@ -391,7 +391,7 @@ def test_export_downloads_the_shown_chat_every_time(tab, app):
     page.on("download", lambda d: downloads.append(d))
     new_chat(page, max_tokens=4)
     open_accordion(page, "Manage", "#no-chat-actions")  # an empty new chat offers no export: a line says when it will
-    assert not page.locator("#export-md-btn").is_visible() and not downloads, "an empty new chat offers an export"
+    assert not page.locator("#export-md-btn").is_visible(), "an empty new chat offers an export"
 
     def export(button: str) -> str:
         n = len(downloads)
@@ -957,9 +957,7 @@ def test_on_a_phone_the_chat_list_opens_above_the_chat_and_a_chat_picked_shows_f
     buttons = page.evaluate("""() => [...document.querySelectorAll('#chatbot .message-buttons button')]
         .filter(b => b.getClientRects().length).map(b => [b.getAttribute('aria-label'), b.offsetWidth, b.offsetHeight])""")
     assert buttons and all(w >= 32 and h >= 32 for _, w, h in buttons), f"touch targets under 32 px: {buttons}"
-    lines = page.evaluate("""() => { const p = document.querySelector('#status-line p');
-        return Math.round(p.getBoundingClientRect().height / parseFloat(getComputedStyle(p).lineHeight)); }""")
-    assert lines <= 2, f"the status line takes {lines} lines on a phone: {page.inner_text('#status-line')!r}"
+    assert status_lines(page) <= 2, f"the status line takes {status_lines(page)} lines on a phone: {page.inner_text('#status-line')!r}"
     assert "running" in page.inner_text("#status-line")
     # by keyboard: ☰ Chats says what it opens; a chat picked with Enter closes the list, which hid
     # the focused label (the focus fell to the page's body): the focus goes to the message box
@@ -1042,18 +1040,17 @@ def status_lines(page) -> int:
 
 def test_status_line_says_0_running_after_a_reply(tab, app):
     """Once a reply ends the line says Ready and 0 running at once; at 1280 px it takes one line,
-    while the reply runs too (its KV cache figures wrapped to a second line)."""
+    while the reply runs too (its KV cache figures wrapped to a second line). The reply is a long
+    one, so it is still running when the line is measured; Stop ends it."""
     page = tab().page
-    new_chat(page, max_tokens=8)
+    new_chat(page, max_tokens=400)
     watch_progress(page)
-    send(page, "Tapir fact: what is the capital of France?")
-    assert wait_until(lambda: "1 running" in page.inner_text("#status-line") or finished(page), 30)
-    if not finished(page):
-        assert status_lines(page) == 1, page.inner_text("#status-line")
+    send(page, story("Tapir"))
+    assert wait_until(lambda: "1 running" in page.inner_text("#status-line"), 30), page.inner_text("#status-line")
+    assert not finished(page) and status_lines(page) == 1, page.inner_text("#status-line")
+    page.click("#stop-btn")
     wait_finished(page, 1)
-    t0 = time.monotonic()
     assert wait_until(lambda: "0 running" in page.inner_text("#status-line"), 2), page.inner_text("#status-line")
-    assert time.monotonic() - t0 <= 2
     assert page.inner_text("#status-line").startswith("Ready"), page.inner_text("#status-line")  # "Generating" while it ran
     assert status_lines(page) == 1 and "KV" in page.inner_text("#status-line"), page.inner_text("#status-line")
     # the status line (and every other output) shows only the page's text, never Gradio's timers

@@ -191,6 +191,32 @@ def test_append_grows_one_branch_below_the_selected_leaf(store):
     assert [m.parent_id for m in got.messages] == [None, u.id, a.id]
 
 
+def test_append_leaving_unanswered_marks_only_the_questions_after_the_last_reply(store):
+    """append(leave_unanswered=True): the questions at the shown path's end, after its last reply,
+    are marked as left unanswered (their other stats kept), in the transaction that adds the
+    message; earlier questions, replies and the new message keep no mark; marking twice is marking once."""
+    c = store.create().id
+    answered = store.append(c, "user", "answered")
+    store.append(c, "assistant", "a reply")
+    first = store.append(c, "user", "first waiting", stats={"tokens": 3})
+    second = store.append(c, "user", "second waiting")
+    new = store.append(c, "user", "the new question", leave_unanswered=True)
+    stats = {m.id: m.stats for m in store.get(c).messages}
+    assert stats[first.id].unanswered and stats[first.id].tokens == 3, stats[first.id]
+    assert stats[second.id].unanswered
+    assert not any(s is not None and s.unanswered for i, s in stats.items() if i not in (first.id, second.id)), stats
+    assert store.get(c).messages[-1].id == new.id
+    store.append(c, "assistant", "answers the new one")
+    store.append(c, "user", "next", leave_unanswered=True)  # nothing waits after the last reply: nothing marked
+    assert [m.content for m in store.get(c).messages if m.stats is not None and m.stats.unanswered] == \
+        ["first waiting", "second waiting"]
+    assert store.get(c).messages[0].id == answered.id
+    # a new chat's first message, and the first message of a chat with none: nothing to mark
+    empty = store.create().id
+    store.append(empty, "user", "hello", leave_unanswered=True)
+    assert store.get(empty).messages[0].stats is None
+
+
 def test_regenerate_adds_a_sibling_and_keeps_the_old_version(store):
     conv, [u, a1] = chat(store, "Capital of France?", "Paris.")
     a2 = store.add_message(conv.id, a1.parent_id, "assistant", "It is Paris.", {"tokens": 4})
