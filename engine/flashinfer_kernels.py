@@ -12,12 +12,13 @@ engine falls back to the torch backend.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from .env import env_choice
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +58,6 @@ def gemv_mode() -> str:
     (the norms as their own kernels), ``nopdl`` (no norms fused, plain launches) or ``off`` (not
     tried): for measuring what each part buys."""
     return env_choice("MINISGL_GEMV", GEMV_MODES)
-
-
-def env_choice(name: str, choices: tuple[str, ...]) -> str:
-    """The environment variable ``name``, one of ``choices`` (unset or empty: the first); any
-    other value is an error naming the choices, not a silent fallback."""
-    value = os.environ.get(name, "").strip().lower() or choices[0]
-    if value not in choices:
-        raise ValueError(f"{name}={value!r}: use one of {', '.join(choices)}")
-    return value
 
 
 def pdl_wanted(device: torch.device) -> bool:

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .flashinfer_kernels import env_choice
+from .env import env_choice
 
 SKINNY_MAX_ROWS = 16  # tl.dot's smallest tile: every row count up to it costs one pass
 

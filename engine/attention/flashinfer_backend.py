@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import ForwardBatch
-from ..flashinfer_kernels import WORKSPACE_BYTES, env_choice, pdl_wanted, triton_unavailable_reason
+from ..env import env_choice
+from ..flashinfer_kernels import WORKSPACE_BYTES, pdl_wanted, triton_unavailable_reason
 from ..kvcache.kv_pool import KVPool
 from ..kvcache.page_table import PageTable
 from ..transfer import to_device
