@@ -1197,10 +1197,8 @@ class ChatPage:
         except BadImportFile as exc:
             warn(f"Not imported: {exc}")
             return (gr.skip(), *self.fields(tab), gr.skip(), "")
-        box = self.swap_draft(tab, conv.id, text)
-        self.swap_attachments(tab, conv.id)
-        tab.conv_id, tab.focus, tab.search, tab.picked = conv.id, None, "", True
-        self.replies.notify()
+        tab.search = ""  # the imported chat is listed
+        box = self.show(tab, conv.id, None, text)
         shown = len(conv.messages)
         return (box, *self.fields(tab), "", f"Imported “{markdown_literal(conv.title)}” ({shown} {plural('message', shown)} shown).")
 

@@ -1695,6 +1695,29 @@ async def test_a_stored_chat_whose_messages_were_all_deleted_has_nothing_to_expo
 
 
 @pytest.mark.anyio
+async def test_an_imported_chat_is_shown_as_a_click_on_it_shows_it(store, tmp_path) -> None:
+    """Import showed the chat by hand and skipped part of what showing a chat does: the versions
+    bar's note about the chat left stayed, and the chat shown before it was not remembered (a
+    settings box left by the import belongs there). It shows the chat as a click does."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    a, b = store.create(title="a").id, store.create(title="b").id
+    question = store.append(b, "user", "hello")
+    store.append(a, "user", "a question to import")
+    file = tmp_path / "chat.json"
+    file.write_text(store.export_json(a), encoding="utf-8")
+    await page.select(a, 1000.0, request)
+    await page.select(b, 2000.0, request)
+    tab = page.tab(request)
+    tab.bar_note = (question.id, "the messages after it are in version 1")  # what an edit in B leaves
+    box, *_ = await page.import_chat(str(file), request, "B's draft")
+    assert tab.conv_id not in (a, b) and box == "" and tab.unsent[b] == "B's draft"
+    assert (tab.shown_before, tab.shown_since, tab.bar_note, tab.focus) == (b, 0.0, None, None)
+
+
+@pytest.mark.anyio
 async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title(store, tmp_path, monkeypatch) -> None:
     """Export named the file after the title with each character but letters, digits, "-", "_"
     and space made a "_": a title with markup or emoji gave a name of underscores ("**Plan** 🚀"
