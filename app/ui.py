@@ -238,13 +238,13 @@ PAGE_JS = """
   // a tap's to ☰ Chats (a message box focused would open a phone's keyboard): not to <body>.
   const toggle = () => document.querySelector('#chats-toggle');
   let chatsOpen = false;
-  const named = () => {
+  const markChatsToggle = () => {
     const t = toggle();
     if (!t) return;
     for (const [name, value] of [['aria-expanded', String(chatsOpen)], ['aria-controls', 'sidebar-body'], ['aria-label', 'Chats']])
       if (t.getAttribute(name) !== value) t.setAttribute(name, value);
   };
-  const setOpen = (open) => { chatsOpen = open; named(); };
+  const setOpen = (open) => { chatsOpen = open; markChatsToggle(); };
   document.addEventListener('click', (e) => {
     const target = e.target instanceof Element ? e.target : null;
     if (target?.closest('#chats-toggle')) { setOpen(!chatsOpen); return; }
@@ -256,8 +256,8 @@ PAGE_JS = """
       (e.detail === 0 ? document.querySelector('#msg-input textarea') : toggle())?.focus({preventScroll: true});
   });
   // set again whenever Gradio draws the button anew (a new button has none of them)
-  new MutationObserver(named).observe(document.body, {childList: true, subtree: true});
-  named();
+  new MutationObserver(markChatsToggle).observe(document.body, {childList: true, subtree: true});
+  markChatsToggle();
 }
 """.replace("__NARROW_QUERY__", NARROW_QUERY)
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
@@ -909,12 +909,12 @@ class ChatPage:
         # so the model does not see them and they keep their mark (view.left_unanswered). Messages
         # sent while it replies are answered together by the reply after the last of them. (A
         # reply being stopped answers nothing more: ReplyManager.answers_later.)
-        leave = tab.conv_id is not None and not self.replies.answers_later(tab.conv_id)
+        leave_unanswered = tab.conv_id is not None and not self.replies.answers_later(tab.conv_id)
         if tab.conv_id is None:  # the chat and its first message: one transaction, so a failure leaves no empty chat
             tab.conv_id = self.store.create(title=title_from(text), settings=tab.new_chat_settings, first_message=text).id
             tab.picked = True
         else:
-            self.store.append(tab.conv_id, "user", text, leave_unanswered=leave)
+            self.store.append(tab.conv_id, "user", text, leave_unanswered=leave_unanswered)
         tab.attachments = []  # sent with the message: only now (a failed store keeps them attached)
         tab.last_send = (tab.conv_id, raw_text, sent_at)
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
@@ -1273,7 +1273,8 @@ class ChatPage:
                             max_lines=1)
         conv_list = gr.Radio(choices=[], label="Conversations", elem_id="conv-list", interactive=True)
         with gr.Accordion("Manage", open=False, elem_id="manage"):
-            with gr.Column(elem_id="chat-actions") as actions:  # shown once the chat is stored (ChatPage.render)
+            # shown once the chat is stored (ChatPage.render: the page's load renders it for a stored chat)
+            with gr.Column(elem_id="chat-actions", visible=False) as actions:
                 title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
                 rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
                 delete_btn = gr.Button("Delete chat", elem_id="delete-btn", size="sm", variant="stop")

@@ -1562,6 +1562,23 @@ async def test_manage_offers_rename_delete_and_export_only_once_the_chat_is_stor
 
 
 @pytest.mark.anyio
+async def test_manage_actions_start_hidden_and_the_first_render_shows_them_for_a_stored_chat(store) -> None:
+    """Manage's actions were laid out visible, so a fresh page offered Rename, Delete and Export
+    for a new chat until its first render hid them. They start hidden; the render that follows
+    the page's load shows them for a stored chat."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    demo = page.build()
+    visible = {b.elem_id: b.visible for b in demo.blocks.values() if getattr(b, "elem_id", None) in ("chat-actions", "no-chat-actions")}
+    assert visible == {"chat-actions": False, "no-chat-actions": False}, visible
+    store.append(store.create(title="stored").id, "user", "hello")
+    request = FakeRequest()
+    await page.load_page(request)
+    assert page.render(page.tab(request))[9:] == [True, False]
+
+
+@pytest.mark.anyio
 async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_chat_is_pressed(store) -> None:
     """New chat started from the default settings: a user who changed the system prompt,
     temperature or max tokens had to set them again for every chat. A new chat starts from the
