@@ -792,12 +792,22 @@ def _insert(conn: sqlite3.Connection, conv_id: int, parent_id: int | None, posit
     return cur.lastrowid
 
 
+# The questions at the end of the path to a message, after its last reply: the walk up from it
+# goes on only through questions; it reads their id and stats, not their text (it runs on every
+# send, inside the write lock). Parameter: the message's id.
+_TRAILING_QUESTIONS_SQL = """
+    WITH RECURSIVE tail(id, parent_id, role, stats) AS (
+        SELECT id, parent_id, role, stats FROM messages WHERE id = ?
+        UNION ALL
+        SELECT m.id, m.parent_id, m.role, m.stats FROM messages m JOIN tail ON m.id = tail.parent_id
+        WHERE tail.role = 'user')
+    SELECT id, stats FROM tail WHERE role = 'user'"""
+
+
 def _mark_unanswered(conn: sqlite3.Connection, leaf_id: int | None) -> None:
     """Mark the questions at the end of the path to ``leaf_id``, after its last reply, as left
     unanswered (their other stats kept)."""
-    for row in reversed(conn.execute(_PATH_SQL, (leaf_id,)).fetchall() if leaf_id is not None else []):
-        if row["role"] != "user":
-            break
+    for row in conn.execute(_TRAILING_QUESTIONS_SQL, (leaf_id,)).fetchall() if leaf_id is not None else []:
         stats = _stats_dict(row["stats"]) or {}
         if not stats.get("unanswered"):
             conn.execute("UPDATE messages SET stats = ? WHERE id = ?", (_stats_json({**stats, "unanswered": True}), row["id"]))

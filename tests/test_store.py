@@ -217,6 +217,34 @@ def test_append_leaving_unanswered_marks_only_the_questions_after_the_last_reply
     assert store.get(empty).messages[0].stats is None
 
 
+def test_marking_questions_unanswered_reads_no_messages_text(store):
+    """append(leave_unanswered=True) runs on every send, inside the write lock: it read every
+    message of the shown path, text included (SELECT m.*), to mark the few questions at its end.
+    It reads only the ids, roles, parents and stats, walking up from the leaf through questions only."""
+    from minisgl_app import store as store_module
+
+    c = store.create().id
+    for i in range(5):
+        store.append(c, "user", f"question {i} " + "long text " * 200)
+        store.append(c, "assistant", f"reply {i}")
+    waiting = [store.append(c, "user", f"waiting {i}") for i in range(2)]
+    read: set[tuple[str, str]] = set()
+
+    def authorize(action, table, column, *_):
+        if action == sqlite3.SQLITE_READ and table == "messages":
+            read.add((table, column))
+        return sqlite3.SQLITE_OK
+
+    with store._write() as conn:
+        conn.set_authorizer(authorize)
+        try:
+            store_module._mark_unanswered(conn, waiting[-1].id)
+        finally:
+            conn.set_authorizer(None)
+    assert read and ("messages", "content") not in read, sorted(read)
+    assert [m.content for m in store.get(c).messages if m.stats is not None and m.stats.unanswered] == ["waiting 0", "waiting 1"]
+
+
 def test_regenerate_adds_a_sibling_and_keeps_the_old_version(store):
     conv, [u, a1] = chat(store, "Capital of France?", "Paris.")
     a2 = store.add_message(conv.id, a1.parent_id, "assistant", "It is Paris.", {"tokens": 4})
