@@ -41,7 +41,8 @@ STATUS_LINE_CLEAR = """
 # chats are reached without scrolling past the whole conversation; the headers of Manage,
 # Settings and Models are 32 px touch targets (they were 20 px). The message box sits on a row
 # of its own with Attach, Send and Stop under it,
-# and the versions bar wrapping its label instead of pushing "Delete message" off the screen.
+# and the versions bar putting its label on a line of its own under ‹ › and Delete message (beside
+# them, an edit's note wrapped to eight lines in a 108 px column).
 # A message's buttons (Copy, Edit, Retry: 18 px icons), the ▸ that opens a reply's details (an 18 px
 # button) and Attach (26 px tall) are 32 px touch targets, and the status
 # line leaves out its details (view.wide_only: it took four lines above the chat).
@@ -62,7 +63,7 @@ NARROW = """
   #status-line .wide-only { display: none; }
   #main #chatbot { height: 55vh !important; }
   #versions { flex-wrap: wrap !important; row-gap: var(--spacing-sm); }
-  #versions > #versions-label { flex: 1 1 0 !important; min-width: 0 !important; }
+  #versions > #versions-label { order: 1; flex: 1 1 100% !important; min-width: 0 !important; }
   #versions > #delete-message-btn { flex: 0 0 auto !important; white-space: nowrap; }
   #composer { flex-wrap: wrap !important; }
   #composer > .form:has(#msg-input) { order: -1; flex: 1 1 100% !important; min-width: 100% !important; }

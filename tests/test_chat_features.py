@@ -332,6 +332,15 @@ def test_editing_an_earlier_question_answers_it_again_and_keeps_the_old_branch(p
     # where the question's old reply and the turn after it went: in the versions bar, which acts
     # on the edited question (ui.branch_note), not in a toast over the edited message
     assert versions_label(page) == f"Your message 1: version 2 of 2 — {branch_note(3)}", versions_label(page)
+    # the long label wraps: Delete message stays on screen, beside it at 1280 px, on a phone
+    # with the label on a line of its own under it (it pushed the button off / wrapped to 8 lines)
+    for width in (1280, 390):
+        page.set_viewport_size({"width": width, "height": 860})
+        assert wait_until(lambda: whole_on_screen(page, "#delete-message-btn") and whole_on_screen(page, "#versions-label"), 5), \
+            (width, page.locator("#delete-message-btn").bounding_box(), page.locator("#versions-label").bounding_box())
+        label = page.locator("#versions-label").bounding_box()
+        assert label["height"] <= 90, f"the label takes {label} at {width} px (four lines at most)"
+    page.set_viewport_size({"width": 1280, "height": 860})
     new_answer = replies(page)[0]
 
     prev_version(page)
