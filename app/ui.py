@@ -266,11 +266,13 @@ MARK_LOADED_JS = "() => { document.body.dataset.chatLoaded = '1'; }"
 # A reload opens the chat the tab showed: the chat shown is kept in the page's address (?chat=ID,
 # replaced in place, so Back is not filled with chats) and in the browser's storage (a new tab
 # opens the chat last shown); the page's load asks for the one the address names, else the stored
-# one (ChatPage.load_page: the newest when neither exists any more).
+# one (ChatPage.load_page: the newest when neither exists any more; a chat the address names that
+# is not there is said, and the address then names the chat shown).
 SHOWN_CHAT_KEY = "minisgl-chat:shown"
 ASKED_CHATS_JS = f"""() => {{
   const id = (text) => /^\\d+$/.test(text || '') ? Number(text) : null;
-  return [id(new URLSearchParams(location.search).get('chat')), id(localStorage.getItem('{SHOWN_CHAT_KEY}'))];
+  const asked = new URLSearchParams(location.search).get('chat');  // -1: the address names something that is no chat id
+  return [asked === null ? null : id(asked) ?? -1, id(localStorage.getItem('{SHOWN_CHAT_KEY}'))];
 }}"""
 REMEMBER_SHOWN_CHAT_JS = f"""(id) => {{
   const url = new URL(location.href);
@@ -622,6 +624,10 @@ class ChatPage:
             asked = next((int(c) for c in (in_address, remembered) if c is not None and self.exists(int(c))), None)
             convs = self.store.list() if asked is None else []
             tab.conv_id = asked if asked is not None else convs[0].id if convs else None
+            if in_address is not None and asked != int(in_address):  # a link to a deleted chat showed another, unsaid
+                named = f"chat {int(in_address)}" if in_address >= 0 else "no chat"
+                shown = f"“{self.store.get(tab.conv_id).title}”" if tab.conv_id is not None else "a new chat"
+                warn(f"The address (?chat=) names {named}, which is not here (deleted?): showing {shown}.")
         thinking = gr.update(visible=self.source.supports_thinking)
         return (*self.fields(tab), thinking)
 
@@ -1397,6 +1403,8 @@ class ChatPage:
         c.conv_list.change(None, inputs=c.conv_list, js=REMEMBER_SHOWN_CHAT_JS, **quick)
         loaded.then(**follow)
         loaded.then(None, js=MARK_LOADED_JS)
+        # the list's value may not change at the load (the chat asked for was gone): the address names the chat shown
+        loaded.then(None, inputs=c.conv_list, js=REMEMBER_SHOWN_CHAT_JS, **quick)
         self._wire_models(models, settings_panel.thinking, quick)
         demo.unload(self.unload)
         # The tick is queued, so that the tab's event stream opens at least once a second: Gradio

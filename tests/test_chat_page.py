@@ -722,10 +722,19 @@ def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
     # New chat leaves the address; a chat that no longer exists opens the newest
     open_new_chat(page)
     assert wait_until(lambda: shown_chat_in_address(page) is None, 5), page.url
-    page.goto(f"{app.url}/?chat={int(wapiti) + 100000}")
+    # ... and says so, and the address then names the chat shown (it showed another chat, unsaid,
+    # under the old address; ?chat=-1 kept its address for good)
+    for asked in (str(int(wapiti) + 100000), "-1"):
+        page.goto(f"{app.url}/?chat={asked}")
+        wait_page_loaded(page)
+        newest = page.locator("#conv-list label").first.inner_text()
+        assert wait_until(lambda: users(page) and newest.split(" · ")[0].lstrip("● ") in users(page)[0], 10), (newest, users(page))
+        assert wait_until(lambda: any("which is not here" in t for t in toasts(page)), 10), toasts(page)
+        assert wait_until(lambda: shown_chat_in_address(page) not in (None, asked), 5), page.url
+    page.reload()  # the address fixed, a reload says nothing
     wait_page_loaded(page)
-    newest = page.locator("#conv-list label").first.inner_text()
-    assert wait_until(lambda: users(page) and newest.split(" · ")[0].lstrip("● ") in users(page)[0], 10), (newest, users(page))
+    time.sleep(1)
+    assert not any("which is not here" in t for t in toasts(page)), toasts(page)
     assert error_badges(page) == 0, toasts(page)
 
 
