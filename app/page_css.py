@@ -39,7 +39,8 @@ STATUS_LINE_CLEAR = """
 # A narrow screen (a phone, a half-screen window): the sidebar is a bar above the chat (☰ Chats
 # and New chat; the chat list, Manage, Settings and Models open under ☰ Chats: PAGE_JS), so the
 # chats are reached without scrolling past the whole conversation; the headers of Manage,
-# Settings and Models are 32 px touch targets (they were 20 px). The message box sits on a row
+# Settings and Models are 32 px touch targets (they were 20 px), and so is every button and number
+# box under them and in the versions bar (25 and 22 px), a chat in the list 40 px (33). The message box sits on a row
 # of its own with Attach, Send and Stop under it,
 # and the versions bar putting its label on a line of its own under ‹ › and Delete message (beside
 # them, an edit's note wrapped to eight lines in a 108 px column).
@@ -52,6 +53,10 @@ NARROW_QUERY = "(max-width: 640px)"
 NARROW = """
 @media not all and __NARROW_QUERY__ { #chats-toggle { display: none !important; } }
 @media __NARROW_QUERY__ {
+  #sidebar-body button, #versions button { min-height: 32px !important; }
+  #sidebar-body button:not(:has(> *:not(svg))) { min-width: 32px !important; }
+  #sidebar-body input[type=number] { min-height: 32px !important; }
+  #conv-list label { min-height: 40px; align-items: center; }
   #sidebar:not(:has(#chats-toggle[aria-expanded="true"])) #sidebar-body { display: none !important; }
   #sidebar-bar { flex-wrap: nowrap !important; }
   #chats-toggle[aria-expanded="true"] { background: var(--background-fill-secondary); }

@@ -993,6 +993,34 @@ def test_on_a_phone_the_chat_list_opens_above_the_chat_and_a_chat_picked_shows_f
     assert side["x"] + side["width"] <= main["x"] + 1 and abs(side["y"] - main["y"]) < 2, (side, main)
 
 
+def test_on_a_phone_every_control_under_chats_and_in_the_versions_bar_is_a_32_px_touch_target(tab, app):
+    """On a phone the buttons of Manage and Models were 25 px tall, the settings' number boxes and
+    ↺ 22 px, ‹ › and Delete message 26 px (a new user's tour): each is at least 32 px tall (↺ and
+    ‹ › 32 px wide too), a chat in the list at least 40 px."""
+    page = tab(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).page
+    open_new_chat(page)
+    send(page, "Okapi: say hi.")
+    wait_finished(page, 1)
+    send(page, "Okapi again: say hi.")
+    wait_finished(page, 2)
+    page.locator("#chats-toggle").tap()
+    for name, probe in (("Manage", "#delete-btn"), ("Settings", "#max-tokens input"), ("Models", "#refresh-models-btn")):
+        open_accordion(page, name, probe)
+    measure = """() => [...document.querySelectorAll(
+        '#sidebar-body button, #sidebar-body input[type=number], #versions button, #conv-list label')]
+        .filter(e => e.getClientRects().length && getComputedStyle(e).visibility !== 'hidden')
+        .map(e => [e.id || e.getAttribute('aria-label') || e.innerText.trim().slice(0, 20) || e.tagName, e.tagName,
+                   Math.round(e.getBoundingClientRect().width), Math.round(e.getBoundingClientRect().height)])"""
+    sizes = page.evaluate(measure)
+    page.locator("#chats-toggle").tap()  # the list closed, the versions bar acts on the first question
+    page.locator(USER).first.click()
+    assert wait_until(lambda: page.locator("#delete-message-btn").is_visible(), 5)
+    sizes += page.evaluate(measure)
+    assert len(sizes) >= 12 and "delete-message-btn" in [s[0] for s in sizes], sizes
+    small = [s for s in sizes if s[3] < (40 if s[1] == "LABEL" else 32) or (s[1] == "BUTTON" and s[2] < 32)]
+    assert not small, f"touch targets under 32 px (a chat under 40 px): {small}"
+
+
 def test_on_a_phone_the_details_toggle_and_attach_are_32_px_touch_targets(tab, app):
     """On a phone the ▸ that opens a reply's details was an 18 px button and Attach 70x26 px: like a
     message's buttons, each is at least 32 px tall (the toggle's ▸ 32 px wide too)."""
