@@ -51,7 +51,12 @@ STATUS_LINE_CLEAR = """
 # fractional widths between 640 and 641 px in neither); PAGE_JS's matchMedia asks the same one.
 NARROW_QUERY = "(max-width: 640px)"
 NARROW = """
-@media not all and __NARROW_QUERY__ { #chats-toggle { display: none !important; } }
+@media not all and __NARROW_QUERY__ {
+  #chats-toggle { display: none !important; }
+  /* the sidebar scrolls on its own: its open panels made the page ~1,400 px tall, scrolling the chat
+     out of view (the page's 16 px margins above and below it: one screen in all) */
+  #sidebar { position: sticky; top: 16px; align-self: flex-start; max-height: calc(100vh - 32px); overflow-y: auto; }
+}
 @media __NARROW_QUERY__ {
   #sidebar-body button, #versions button { min-height: 32px !important; }
   #sidebar-body button:not(:has(> *:not(svg))) { min-width: 32px !important; }

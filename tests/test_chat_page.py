@@ -1021,6 +1021,26 @@ def test_on_a_phone_every_control_under_chats_and_in_the_versions_bar_is_a_32_px
     assert not small, f"touch targets under 32 px (a chat under 40 px): {small}"
 
 
+def test_on_a_wide_screen_opening_the_sidebars_panels_leaves_the_chat_in_view(tab, app):
+    """With Manage, Settings and Models open the page grew to ~1,400 px and scrolled: the chat and
+    its status line went out of view, the message box floated mid-screen (a new user's tour). The
+    sidebar scrolls on its own; the page stays one screen tall."""
+    page = tab(viewport={"width": 1280, "height": 800}).page
+    open_new_chat(page)
+    send(page, "Serval: say hi.")
+    wait_finished(page, 1)
+    for name, probe in (("Manage", "#delete-btn"), ("Settings", "#max-tokens input"), ("Models", "#refresh-models-btn")):
+        open_accordion(page, name, probe)
+    page.locator("#refresh-models-btn").scroll_into_view_if_needed()  # the last panel's last button: reached by scrolling
+    page.locator("#max-tokens input").focus()
+    page.keyboard.press("Tab")
+    heights = page.evaluate("() => [document.documentElement.scrollHeight, innerHeight, scrollY, document.querySelector('#sidebar').getBoundingClientRect().top + scrollY, document.querySelector('#main').getBoundingClientRect().bottom + scrollY]")
+    assert heights[0] <= heights[1] + 2 and heights[2] == 0, f"the page scrolls (height, window, scrollY): {heights}"
+    for part in ("#status-line", "#chatbot", "#msg-input textarea"):
+        box = page.locator(part).bounding_box()
+        assert 0 <= box["y"] and box["y"] + box["height"] <= 800, (part, box)
+
+
 def test_on_a_phone_the_details_toggle_and_attach_are_32_px_touch_targets(tab, app):
     """On a phone the ▸ that opens a reply's details was an 18 px button and Attach 70x26 px: like a
     message's buttons, each is at least 32 px tall (the toggle's ▸ 32 px wide too)."""
