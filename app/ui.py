@@ -1634,6 +1634,29 @@ def theme_css() -> str:
     return (STATIC / "theme.css").read_text() + PAGE_CSS
 
 
+class StreamOfGoneSession:
+    """Answers 404 at once to a page's event stream (``GET .../queue/data``) for a session with
+    nothing pending, as Gradio does, but before the response has started: Gradio (6.x) finds that
+    out inside the stream, after sending 200, and the server logs a Traceback ("response already
+    started") — seen when a tab's stream reconnects as its session is cleaned up (a reload, a
+    closed tab). ``queue``: the Blocks' queue (not public API: without it, no check)."""
+
+    def __init__(self, app, queue) -> None:
+        self.app, self.queue = app, queue
+
+    async def __call__(self, scope, receive, send) -> None:
+        pending = getattr(self.queue, "pending_messages_per_session", None)
+        if scope["type"] == "http" and scope["path"].endswith("/queue/data") and pending is not None:
+            from urllib.parse import parse_qs
+
+            session = (parse_qs(scope.get("query_string", b"").decode()).get("session_hash") or [""])[0]
+            if session not in pending:
+                await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": b'{"detail":"Not Found"}'})
+                return
+        await self.app(scope, receive, send)
+
+
 def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | None, puller: ModelPuller | None = None) -> None:
     """Serve the chat at ``/`` of ``app`` (the engine's FastAPI app, or the remote mode's own).
     Off loopback, the page asks for the API key (any user name, the key as password)."""
@@ -1666,6 +1689,11 @@ def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | 
         theme=gr.themes.Soft(),
         ssr_mode=False,
     )
+    # inside the server's own guards (server/security.py: a foreign Host is refused first)
+    from starlette.routing import Mount
+
+    page = next(route for route in reversed(app.routes) if isinstance(route, Mount))
+    page.app = StreamOfGoneSession(page.app, getattr(demo, "_queue", None))
 
 
 __all__ = ["build_ui", "mount_ui"]
