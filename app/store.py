@@ -436,6 +436,12 @@ class ConversationStore:
         with self._read() as conn:
             return _conversation_row(conn, conv_id)["revision"]
 
+    def heading(self, conv_id: int) -> Conversation:
+        """The conversation without its messages (``messages`` is empty): its title, settings and
+        revision in one indexed read, which a page makes every second; NotFoundError if there is none."""
+        with self._read() as conn:
+            return _conversation(_conversation_row(conn, conv_id), [])
+
     def rename(self, conv_id: int, title: str) -> None:
         title = _clean_title(title)
         with self._write() as conn:

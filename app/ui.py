@@ -361,7 +361,9 @@ class Tab:
     seen: Seen | None = None  # what the tab's last render showed
     lost: bool = False  # the chat it showed was found deleted (by another tab): not said yet
     refreshes: int = 0  # the tick's count of redraws asked for (a change of it starts a follow)
-    fields_of: tuple[int | None, int | None] | None = None  # the chat and revision the title and settings boxes show
+    # the chat whose title and settings the page's boxes show, and their values (FIELD_IDS' order)
+    # as this tab last sent or saved them: a redraw sends only the boxes changed elsewhere since
+    fields_shown: tuple[int | None, tuple] | None = None
     # what the message box held when the tab left each chat (None: its new chat), unsent: put back
     # when the tab shows that chat again (ChatPage.swap_draft)
     unsent: dict[int | None, str] = field(default_factory=dict)
@@ -425,14 +427,15 @@ class ChatPage:
         title and settings were last sent (``fields``): one read of its revision. (A render may
         find the change first, a deleted chat too: the fields still show the chat as it was.)"""
         if tab.conv_id is None:
-            return tab.fields_of is not None and tab.fields_of[0] is not None  # they show a chat deleted since
+            return tab.fields_shown is not None and tab.fields_shown[0] is not None  # they show a chat deleted since
         try:
-            revision = self.store.revision(tab.conv_id)
+            heading = self.store.heading(tab.conv_id)
         except NotFoundError:
             return True
         seen = tab.seen
-        chat_behind = seen is not None and seen.conv_id == tab.conv_id and seen.revision != revision
-        fields_behind = tab.fields_of is not None and tab.fields_of != (tab.conv_id, revision)
+        chat_behind = seen is not None and seen.conv_id == tab.conv_id and seen.revision != heading.revision
+        fields = (tab.conv_id, self.field_values(heading.title, heading.settings))
+        fields_behind = tab.fields_shown is not None and tab.fields_shown != fields
         return chat_behind or fields_behind
 
     def settings_in_force(self, tab: Tab) -> ChatSettings:
@@ -451,12 +454,29 @@ class ChatPage:
 
     def fields(self, tab: Tab) -> tuple:
         """Title, settings fields and backend for the tab's conversation (sent to the page: the
-        tab remembers which chat, at which revision, they show)."""
+        tab remembers which chat, with which values, they show)."""
         conv = self.shown(tab)
-        tab.fields_of = (conv.id, conv.revision) if conv is not None else (None, None)
-        s = self.settings_of(tab, conv)
-        return (conv.title if conv is not None else "", s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.thinking,
-                s.top_k, s.seed, "\n".join(s.stop), s.repetition_penalty, self.backend_of(s)[0])
+        values = self.field_values(conv.title if conv is not None else "", self.settings_of(tab, conv))
+        tab.fields_shown = (conv.id if conv is not None else None, values)
+        return values
+
+    def field_values(self, title: str, s: ChatSettings) -> tuple:
+        """What the title box, the settings boxes and the backend show for a chat (FIELD_IDS' order)."""
+        return (title, s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.thinking, s.top_k, s.seed, "\n".join(s.stop),
+                s.repetition_penalty, self.backend_of(s)[0])
+
+    def note_fields(self, tab: Tab, conv_id: int | None, title: str | None = None, settings: ChatSettings | None = None) -> None:
+        """This tab wrote ``conv_id``'s title or settings as its boxes show them: those boxes are
+        not behind (a redraw would send them back, over a value typed meanwhile). Only what it
+        wrote: another tab's change to the rest is still redrawn."""
+        if tab.fields_shown is None or tab.fields_shown[0] != conv_id:
+            return
+        values = tab.fields_shown[1]
+        if title is not None:
+            values = (title, *values[1:])
+        if settings is not None:
+            values = (values[0], *self.field_values("", settings)[1:])
+        tab.fields_shown = (conv_id, values)
 
     def conversations(self, tab: Tab):
         return self.store.search(tab.search) if tab.search else self.store.list()
@@ -549,10 +569,17 @@ class ChatPage:
 
     async def redraw_fields(self, refreshes: float | None, focused: str | None, request: gr.Request) -> tuple:
         """The chat changed elsewhere (the tick's redraw): its title box and settings show it as
-        it is now (a deleted chat: the new chat the tab turns to), except the field with the
-        keyboard's focus (``focused``, its element id): the user may be typing in it."""
-        values = self.fields(self.tab(request))
-        return tuple(gr.skip() if field_id == focused else value for field_id, value in zip(FIELD_IDS, values))
+        it is now (a deleted chat: the new chat the tab turns to). Only the boxes whose value
+        changed since this tab sent or saved it, and never the one with the keyboard's focus
+        (``focused``, its element id): the user may be typing in a box, and ``focused`` was read
+        when the redraw was asked for (a redraw of every box put back the stored value of a box
+        typed in meanwhile: a max tokens typed just before Send was lost)."""
+        tab = self.tab(request)
+        before = tab.fields_shown
+        values = self.fields(tab)
+        old = before[1] if before is not None and before[0] == tab.fields_shown[0] else None
+        return tuple(gr.skip() if field_id == focused or (old is not None and value == old[i]) else value
+                     for i, (field_id, value) in enumerate(zip(FIELD_IDS, values)))
 
     async def unload(self, request: gr.Request) -> None:
         session = request.session_hash if request is not None else None
@@ -711,6 +738,8 @@ class ChatPage:
             self.store.rename(tab.conv_id, title[:200])
         tab.sidebar = self.render_sidebar(tab)
         conv = self.shown(tab)  # the box shows the title the chat has (a refused one is put back)
+        if conv is not None:
+            self.note_fields(tab, conv.id, title=conv.title)
         return self.as_update(2, tab.sidebar), conv.title if conv is not None else ""
 
     async def delete(self, confirmed: bool, clicked_at: float | None, request: gr.Request, text: str | None = None):
@@ -813,6 +842,7 @@ class ChatPage:
             return False
         if tab.conv_id is None:
             tab.new_chat_settings = with_backend_of(settings, self.settings_of(tab, None))
+            self.note_fields(tab, None, settings=tab.new_chat_settings)
         else:
             self.store_settings(tab, tab.conv_id, settings)
         return True
@@ -832,6 +862,7 @@ class ChatPage:
             settings = with_backend_of(settings, stored)
             if stored != settings:
                 self.store.update_settings(conv_id, settings)
+            self.note_fields(tab, conv_id, settings=settings)
         except NotFoundError:
             if tab.conv_id == conv_id:
                 tab.conv_id = None
@@ -919,6 +950,8 @@ class ChatPage:
         if tab.conv_id is None:  # the chat and its first message: one transaction, so a failure leaves no empty chat
             tab.conv_id = self.store.create(title=title_from(text), settings=tab.new_chat_settings, first_message=text).id
             tab.picked = True
+            if tab.fields_shown is not None and tab.fields_shown[0] is None:  # the boxes show its settings: its title
+                tab.fields_shown = (tab.conv_id, tab.fields_shown[1])       # box (empty) is redrawn, alone
         else:
             self.store.append(tab.conv_id, "user", text, leave_unanswered=leave_unanswered)
         tab.attachments = []  # sent with the message: only now (a failed store keeps them attached)
@@ -1004,7 +1037,7 @@ class ChatPage:
         elif new_text != item.source.content:
             target = item.source
             new = self.store.add_message(conv.id, target.parent_id, target.role, new_text)
-            if self.retitle(conv, target, new_text):
+            if self.retitle(tab, conv, target, new_text):
                 title = title_from(new_text)
             later = len(conv.messages) - 1 - [m.id for m in conv.messages].index(target.id)
             # the versions bar acts on the new version; when messages leave the view with the
@@ -1015,7 +1048,7 @@ class ChatPage:
         self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
         return title, box
 
-    def retitle(self, conv, edited, new_text: str) -> bool:
+    def retitle(self, tab: Tab, conv, edited, new_text: str) -> bool:
         """A chat's title is made from its first message: when that message is edited (or another
         of its versions is shown: ‹ ›) and the title is still the one made from it (the user never
         renamed the chat), the title follows the new text. Whether it was renamed."""
@@ -1023,6 +1056,7 @@ class ChatPage:
         if not first or conv.title != title_from(edited.content) or conv.title == title_from(new_text):
             return False
         self.store.rename(conv.id, title_from(new_text))
+        self.note_fields(tab, conv.id, title=title_from(new_text))  # the title box is sent it
         return True
 
     async def stop(self, clicked_at: float | None, request: gr.Request) -> None:
@@ -1067,7 +1101,7 @@ class ChatPage:
         tab.focus = next((m.id for m in switched.messages if m.position == depth), None)
         shown = switched.messages[depth] if depth < len(switched.messages) else None
         title = gr.skip()
-        if shown is not None and shown.id != target.id and self.retitle(conv, target, shown.content):
+        if shown is not None and shown.id != target.id and self.retitle(tab, conv, target, shown.content):
             title = title_from(shown.content)
         self.replies.notify()
         return title
@@ -1096,7 +1130,7 @@ class ChatPage:
         after = self.store.get(conv.id).messages
         shown = after[target.position] if target.position < len(after) else None
         title = gr.skip()
-        if shown is not None and self.retitle(conv, target, shown.content):
+        if shown is not None and self.retitle(tab, conv, target, shown.content):
             title = title_from(shown.content)
         self.replies.notify()
         return title

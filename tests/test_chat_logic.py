@@ -1431,6 +1431,43 @@ async def test_a_tab_redraws_the_title_and_settings_a_change_elsewhere_gave_its_
 
 
 @pytest.mark.anyio
+async def test_a_tabs_own_writes_never_redraw_its_boxes_and_a_redraw_sends_only_what_changed(store) -> None:
+    """Every reply and every save of the tab's own boxes raised the chat's revision, and the tick
+    then redrew every box from the store, whichever the user was typing in by the time the redraw
+    arrived: a max tokens typed just before Send was put back and the reply ignored it (CI). The
+    tab's own writes (settings, backend, rename, a first message's chat) ask for no redraw of
+    what it wrote, and a redraw sends only the boxes another tab changed."""
+    from dataclasses import replace as replaced
+
+    from minisgl_app.ui import FIELD_IDS, ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    await page.load_page(request)  # a new chat
+    await page.send("hello there", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    [o async for o in page.follow(request)]
+    conv_id = page.tab(request).conv_id
+    assert (await page.tick(False, request))[-1] != SKIP, "the title box (empty for a new chat) is behind"
+    fields = await page.redraw_fields(1, "", request)
+    assert fields == ("hello there", *(SKIP,) * (len(FIELD_IDS) - 1)), "the title alone: the settings are the boxes'"
+    await page.settings_changed(*SETTINGS[:3], 5, *SETTINGS[4:], None, request)
+    await page.rename("Greetings", request)
+    await page.send("again", *SETTINGS[:3], 5, *SETTINGS[4:], None, request)
+    await until_idle(page.replies)
+    [o async for o in page.follow(request)]
+    assert store.get(conv_id).settings.max_tokens == 5 and store.get(conv_id).title == "Greetings"
+    assert (await page.tick(False, request))[-1] == SKIP, "nothing another tab did"
+    store.update_settings(conv_id, replaced(store.get(conv_id).settings, temperature=1.5))  # another tab
+    assert (await page.tick(False, request))[-1] != SKIP
+    fields = await page.redraw_fields(2, "", request)
+    changed = {FIELD_IDS[i]: value for i, value in enumerate(fields) if value != SKIP}
+    assert changed == {"temperature": 1.5}, changed
+    [o async for o in page.follow(request)]  # the redraw's follow (refresh.change starts both)
+    assert (await page.tick(False, request))[-1] == SKIP
+
+
+@pytest.mark.anyio
 async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store, tmp_path, monkeypatch) -> None:
     """An attached file could not be taken back before sending, and it went with the next message
     of whatever chat the tab showed next. ✕ removes the files attached. Showing another chat
