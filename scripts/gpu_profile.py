@@ -7,7 +7,9 @@ through ``scripts/gpu_check.sh profile``). Prints, for a Qwen3-0.6B-shape model 
 3. the host time of each stage of the scheduler's loop at batch 1, overlap on and off, and a
    cProfile of that loop;
 4. nano-vllm's offline workload split into prefill and decode steps (GPU time from CUDA events
-   around each step, host time from the wall clock), for two prefill budgets.
+   around each step, host time from the wall clock), for two prefill budgets; decode steps in
+   buckets of 32 requests, each against its own floor (its weights and the K/V it attends to,
+   read once at the measured copy bandwidth): where the workload is far from its floor.
 
 With ``host_stages(trace=NAME)`` a Chrome trace of a few batch-1 steps goes to $OUT/NAME.gz.
 """
@@ -30,7 +32,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minisgl_engine.bench import offline_workload, random_prompts
+from minisgl_engine.bench import copy_bandwidth, offline_workload, random_prompts
 from minisgl_engine.config import EngineConfig
 from minisgl_engine.llm import LLM
 from minisgl_engine.sampling_params import SamplingParams
@@ -245,11 +247,13 @@ def offline_split(max_prefill_tokens: int) -> None:
 
     def timed_forward(batch, *args, **kwargs):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        # the tokens whose K/V the step's attention reads (read before the step moves cached_len)
+        kv_tokens = sum(req.cached_len + n for req, n in zip(batch.reqs, batch.extend_lens))
         t0 = time.perf_counter()
         start.record()
         result = forward(batch, *args, **kwargs)
         end.record()
-        records.append((batch.phase, batch.size, batch.num_tokens, start, end, time.perf_counter() - t0))
+        records.append((batch.phase, batch.size, batch.num_tokens, start, end, time.perf_counter() - t0, kv_tokens))
         return result
 
     eng.forward_batch = timed_forward
@@ -262,18 +266,30 @@ def offline_split(max_prefill_tokens: int) -> None:
     llm.scheduler.drain()
     out_tokens = sum(output_lens)
     print(f"  wall {wall:.2f} s, {out_tokens / wall:.0f} output tok/s, {len(records)} steps")
+    # against each step's own floor: its weights and the K/V it attends to, read once at the copy bandwidth
+    from minisgl_engine.kvcache import KVPool
+    from minisgl_engine.model_loader import param_bytes
+
+    mc = eng.model_config
+    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, eng.dtype)
+    weights, bandwidth = param_bytes(mc, eng.dtype), copy_bandwidth(eng.device)
     groups: dict[str, list] = collections.defaultdict(list)
-    for phase, bs, ntok, s, e, host in records:
-        key = phase if phase == "prefill" else f"decode bs {min(256, ((bs - 1) // 64 + 1) * 64) - 63:3d}-{min(256, ((bs - 1) // 64 + 1) * 64)}"
-        groups[key].append((s.elapsed_time(e), host, ntok, bs))
+    for phase, bs, ntok, s, e, host, kv_tokens in records:
+        top = min(256, ((bs - 1) // 32 + 1) * 32)
+        key = phase if phase == "prefill" else f"decode bs {top - 31:3d}-{top}"
+        groups[key].append((s.elapsed_time(e), host, ntok, bs, kv_tokens))
     gpu_total = 0.0
-    for key in sorted(groups):
+    for key in sorted(groups, key=lambda k: (k == "prefill", int(k.split()[2].split("-")[0]) if k != "prefill" else 0)):
         rows = groups[key]
         gpu = sum(r[0] for r in rows)
         gpu_total += gpu
         host = sum(r[1] for r in rows)
+        kv = sum(r[4] for r in rows)
+        floor_ms = 1000 * (len(rows) * weights + kv * kv_per_token) / bandwidth
         print(f"  {key:18s} {len(rows):5d} steps  GPU {gpu / 1000:6.2f} s ({gpu / len(rows):6.2f} ms/step)  "
-              f"host in forward_batch {host:6.2f} s ({1000 * host / len(rows):6.2f} ms/step)  tokens {sum(r[2] for r in rows)}")
+              f"host in forward_batch {host:6.2f} s ({1000 * host / len(rows):6.2f} ms/step)  tokens {sum(r[2] for r in rows)}  "
+              f"K/V read {kv * kv_per_token / 1e9:6.1f} GB, context {kv / sum(r[3] for r in rows):6.0f} per request  "
+              f"floor {floor_ms / 1000:5.2f} s ({100 * floor_ms / gpu:3.0f}% reached)")
     print(f"  GPU busy in steps {gpu_total / 1000:.2f} s of {wall:.2f} s wall ({100 * gpu_total / 1000 / wall:.0f}%)")
     llm = None
     cleanup()
