@@ -1248,30 +1248,21 @@ class ChatPage:
         tab.sidebar = self.render_sidebar(tab)
         return self.as_update(2, tab.sidebar)
 
-    async def attach(self, path: str | None, request: gr.Request):
-        """A text file goes into the next message, under its name; the same file (name and text)
-        attached again goes in once, and a toast says so."""
+    async def attach(self, paths: list[str] | None, request: gr.Request):
+        """Text files go into the next message, each under its name: several may be picked at once
+        (the file chooser took one, and each file was a trip of its own to it); the same file (name
+        and text) attached again goes in once, and a toast says so."""
         tab = self.tab(request)
-        if not path:
+        if not paths:
             return gr.skip()
-        file = Path(path)
-        name = file.name
-        try:
-            if file.stat().st_size > ATTACH_LIMIT_BYTES:
-                raise ValueError(f"{name} is larger than 1 MB")
-            text = file.read_bytes().decode("utf-8")
-            if "\x00" in text:
-                raise ValueError(f"{name} is not a text file")
-        except UnicodeDecodeError:
-            warn(f"Not attached: {name} is not UTF-8 text.")
-            return gr.skip()
-        except ValueError as exc:
-            warn(f"Not attached: {exc}.")
-            return gr.skip()
-        if (name, text) in tab.attachments:  # the same file again: it goes into the message once
-            inform(f"{name} is already attached: it goes into your message once.")
-        else:
-            tab.attachments.append((name, text))
+        for path in paths:
+            file = readable_attachment(Path(path))
+            if file is None:
+                continue
+            if file in tab.attachments:  # the same file again: it goes into the message once
+                inform(f"{file[0]} is already attached: it goes into your message once.")
+            else:
+                tab.attachments.append(file)
         return await self.attachments_note(request)
 
     async def unattach(self, request: gr.Request):
@@ -1395,7 +1386,8 @@ class ChatPage:
             delete_msg_btn = gr.Button("Delete message", elem_id="delete-message-btn", size="sm", scale=0,
                                        min_width=120)
         with gr.Row(elem_id="composer"):
-            attach_btn = gr.UploadButton("Attach", elem_id="attach-btn", size="sm", scale=0, min_width=70)  # any text file
+            attach_btn = gr.UploadButton("Attach", elem_id="attach-btn", size="sm", scale=0, min_width=70,
+                                         file_count="multiple")  # any text files, several at once
             msg = gr.Textbox(label="Message", show_label=False, elem_id="msg-input", scale=8, lines=1, max_lines=8,
                              autofocus=True, placeholder="Message (Enter sends, Shift+Enter for a new line)")
             send_btn = gr.Button("Send", elem_id="send-btn", variant="primary", scale=1, min_width=80)
@@ -1602,6 +1594,25 @@ def with_attachments(text: str, attachments: list[tuple[str, str]]) -> str:
         fence = "````" if "```" in body else "```"
         parts.append(f"**{name}**\n{fence}\n{body.rstrip()}\n{fence}")
     return "\n\n".join(parts)
+
+
+def readable_attachment(file: Path) -> tuple[str, str] | None:
+    """A file to attach as (its name, its text); None, with a warning naming it, for a file that is
+    not UTF-8 text or is larger than ATTACH_LIMIT_BYTES."""
+    name = file.name
+    try:
+        if file.stat().st_size > ATTACH_LIMIT_BYTES:
+            raise ValueError(f"{name} is larger than 1 MB")
+        text = file.read_bytes().decode("utf-8")
+        if "\x00" in text:
+            raise ValueError(f"{name} is not a text file")
+    except UnicodeDecodeError:
+        warn(f"Not attached: {name} is not UTF-8 text.")
+        return None
+    except ValueError as exc:
+        warn(f"Not attached: {exc}.")
+        return None
+    return name, text
 
 
 def attachments_line(attachments: list[tuple[str, str]]) -> str:

@@ -516,7 +516,7 @@ async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draf
     b_settings = store.get(b).settings
     a_form = ("Answer as a pirate.", 0.5, 1.0, 99, False, 0, None, "", 1.15)
     await page.select(a, 1000.0, request)
-    await page.attach(str(notes), request)
+    await page.attach([str(notes)], request)
     await page.select(b, 2000.0, request, "hello from A")  # the click, handled first
     assert await page.send("hello from A", *a_form, 1990.0, request) == (SKIP, SKIP)  # A's Enter
     await until_idle(page.replies)
@@ -982,7 +982,7 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     def failing_add(*args, **kwargs):
         raise sqlite3.OperationalError("disk I/O error")
 
-    await page.attach(str(notes), request)
+    await page.attach([str(notes)], request)
     monkeypatch.setattr(store_module, "_add", failing_add)
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a new question", *SETTINGS, None, request)
@@ -997,7 +997,7 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     # a new chat's first message: the chat and the message are one transaction too
     chats = [c.id for c in store.list()]
     await page.new_chat(None, request)
-    await page.attach(str(notes), request)
+    await page.attach([str(notes)], request)
     monkeypatch.setattr(store_module, "_add", failing_add)
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a first question", *SETTINGS, None, request)
@@ -1484,10 +1484,10 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     notes.write_text("the code is plum\n", encoding="utf-8")
     a, b = store.create(title="a").id, store.create(title="b").id
     await page.select(a, None, request)
-    line, button = await page.attach(str(notes), request)
+    line, button = await page.attach([str(notes)], request)
     assert "notes.txt" in line and button["visible"] is True
     assert await page.unattach(request) == ("", {"__type__": "update", "visible": False})
-    await page.attach(str(notes), request)
+    await page.attach([str(notes)], request)
     await page.select(b, None, request)
     assert page.tab(request).attachments == [] and said == [], said
     assert await page.attachments_note(request) == ("", {"__type__": "update", "visible": False})
@@ -1505,7 +1505,7 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     await until_idle(page.replies)
     assert texts(store, a)[0] == ("user", "hello"), "the removed file went with the message"
     await page.select(b, None, request)  # B's files, then B deleted: they go with it
-    await page.attach(str(notes), request)
+    await page.attach([str(notes)], request)
     await page.select(a, None, request)
     await page.select(b, None, request)
     await page.delete(True, None, request)
@@ -1527,11 +1527,11 @@ async def test_the_same_file_attached_twice_goes_into_the_message_once(store, tm
     notes.write_text("the code is plum\n", encoding="utf-8")
     other.parent.mkdir()
     other.write_text("the code is pear\n", encoding="utf-8")
-    first, _ = await page.attach(str(notes), request)
-    again, _ = await page.attach(str(notes), request)
+    first, _ = await page.attach([str(notes)], request)
+    again, _ = await page.attach([str(notes)], request)
     assert again == first and first.count("notes.txt") == 1, again
     assert said == ["notes.txt is already attached: it goes into your message once."], said
-    await page.attach(str(other), request)
+    await page.attach([str(other)], request)
     assert len(page.tab(request).attachments) == 2 and len(said) == 1
     await page.send("read these", *SETTINGS, None, request)
     await until_idle(page.replies)

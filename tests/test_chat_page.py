@@ -29,7 +29,7 @@ PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
            "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo",
-           "Quetzal", "Bilby", "Saola", "Dikdik", "Zorilla")
+           "Quetzal", "Bilby", "Saola", "Dikdik", "Zorilla", "Wallaby", "Echidna")
 
 
 # ---- the app and the browser, shared by the module
@@ -1092,6 +1092,26 @@ def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab,
     page.click("#rename-btn")
     assert wait_until(lambda: label.inner_text().strip().startswith("Zorilla, short · "), 10), label.inner_text()
     assert label.locator(".chat-title").evaluate("e => e.scrollWidth <= e.clientWidth"), "a short title is shown whole"
+
+
+def test_attach_takes_several_files_at_once_and_each_goes_into_the_message(tab, app, tmp_path):
+    """Attach's file chooser took one file: two files meant two trips to it (a new user's tour).
+    It takes several at once; the line under the box names each, and the message sent holds each
+    under its name."""
+    page = tab().page
+    open_new_chat(page)
+    files = [tmp_path / "wallaby-notes.txt", tmp_path / "echidna.py"]
+    files[0].write_text("Wallaby notes\n", encoding="utf-8")
+    files[1].write_text("print('Echidna')\n", encoding="utf-8")
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach-btn")
+    assert chooser.value.is_multiple(), "Attach takes one file at a time"
+    chooser.value.set_files([str(f) for f in files])
+    assert wait_until(lambda: all(f.name in page.inner_text("#attached") for f in files), 30), page.inner_text("#attached")
+    send(page, "Wallaby: say hi.")
+    wait_finished(page, 1)
+    sent = users(page)[-1]
+    assert all(f.name in sent for f in files) and "Echidna" in sent, sent
 
 
 def status_lines(page) -> int:
