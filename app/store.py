@@ -39,7 +39,7 @@ DATA_DIR_ENV = "MINISGL_DATA_DIR"
 DB_NAME = "chats.sqlite3"
 EXPORT_FORMAT = "minisgl-chat conversation"
 DEFAULT_TITLE = "New chat"
-TITLE_LENGTH = 48
+TITLE_LENGTH = 100
 ROLES = ("user", "assistant", "system")
 MAX_TOKENS_LIMIT = 32768
 SYSTEM_PROMPT_LIMIT = 20_000
@@ -231,7 +231,8 @@ def default_settings() -> ChatSettings:
 
 
 def title_from(text: str) -> str:
-    """A sidebar title from a first user message: its first non-blank line, at most ~48 chars."""
+    """A sidebar title from a first user message: its first non-blank line, at most TITLE_LENGTH characters
+    (the sidebar cuts it in its middle, keeping its last words: questions that start alike differ there)."""
     line = next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
     if not line:
         return DEFAULT_TITLE

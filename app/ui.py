@@ -188,28 +188,65 @@ PAGE_JS = """
   const keyboardList = () => {
     const list = document.querySelector('#conv-list');
     if (!list) return setTimeout(keyboardList, 200);
-    // a long title is cut with "…" before its time, which stays in view (page_css.CHAT_LIST_TIME):
-    // Gradio writes the label, "title · time", into one text node of its span. That node (Gradio
-    // writes a changed label into it again) is kept and moved into .chat-title, holding the title,
-    // and the time goes into .chat-when: the label's text stays "title · time"
+    // a long title is cut with "…" before its time, which stays in view (page_css.CHAT_LIST_TIME),
+    // and in its middle: its last words stay in view too, so chats whose titles start alike
+    // ("Can you explain how the Python…") do not look the same. Gradio writes the label, "title ·
+    // time", into one text node of its span. That node (Gradio writes a changed label into it
+    // again) is kept and moved into .chat-head, in .chat-title; the time goes into .chat-when:
+    // the label's text stays "title · time"
     const splitTime = (label) => {
       const span = label.querySelector(':scope > span');
-      const text = span && (span.querySelector(':scope > .chat-title') || span).firstChild;
-      if (!text || text.nodeType !== Node.TEXT_NODE || (text.nodeValue === span.dataset.title && span.querySelector('.chat-when'))) return;
+      const text = span && (span.querySelector(':scope > .chat-title > .chat-head') || span).firstChild;
+      if (!text || text.nodeType !== Node.TEXT_NODE || (text.nodeValue === span.dataset.head && span.querySelector('.chat-when'))) return;
       const full = text.nodeValue, at = full.lastIndexOf(' · ');
       if (at < 0) return;
       let title = span.querySelector(':scope > .chat-title'), when = span.querySelector(':scope > .chat-when');
-      if (!title) { title = document.createElement('span'); title.className = 'chat-title'; span.insertBefore(title, text); title.appendChild(text); }
+      if (!title) {
+        title = document.createElement('span'); title.className = 'chat-title'; span.insertBefore(title, text);
+        const head = document.createElement('span'); head.className = 'chat-head'; title.appendChild(head); head.appendChild(text);
+        const tail = document.createElement('span'); tail.className = 'chat-tail'; title.appendChild(tail);
+      }
       if (!when) { when = document.createElement('span'); when.className = 'chat-when'; span.appendChild(when); }
-      span.dataset.title = full.slice(0, at);
-      text.nodeValue = full.slice(0, at);
+      span.dataset.title = span.dataset.head = text.nodeValue = full.slice(0, at);
+      title.querySelector(':scope > .chat-tail').textContent = '';
+      delete span.dataset.fitted;
       when.textContent = full.slice(at);
       label.style.setProperty('--when', `${full.length - at + 1}ch`);
       label.title = full.slice(0, at).replace(/^● /, '');
     };
+    // a title too long for its row keeps its last words (at most 45% of the row's room for the
+    // title; the end of its last word where that word alone is wider) in .chat-tail, after the "…"
+    // of .chat-head; fitted once the list is shown (☰ Chats on a phone), and again when its width
+    // or its font (the chat shown is bold) changes. Widths are measured in the label itself.
+    const lastWords = (title, room, widthOf) => {
+      for (let at = title.indexOf(' ', 1); at > 0; at = title.indexOf(' ', at + 1))
+        if (widthOf(title.slice(at)) <= room) return title.slice(at);
+      let end = '';
+      for (const char of [...title].reverse()) {
+        if (widthOf(char + end) > room) break;
+        end = char + end;
+      }
+      return end;
+    };
+    const fitTitle = (label) => {
+      const span = label.querySelector(':scope > span'), head = span?.querySelector(':scope > .chat-title > .chat-head');
+      const tail = head?.nextElementSibling, when = span?.querySelector(':scope > .chat-when');
+      if (!tail || !when || !span.clientWidth) return;
+      const whole = span.dataset.title, whenWidth = Math.ceil(when.getBoundingClientRect().width);
+      const room = span.clientWidth - whenWidth, fitted = `${room} ${getComputedStyle(head).font} ${whole}`;
+      if (span.dataset.fitted === fitted) return;
+      label.style.setProperty('--when', `${whenWidth}px`);  // measured: in ch it was a guess
+      head.firstChild.nodeValue = whole;
+      const widthOf = (text) => { tail.textContent = text; return tail.getBoundingClientRect().width; };
+      const end = head.scrollWidth > room - widthOf('') ? lastWords(whole, 0.45 * room, widthOf) : '';
+      span.dataset.head = head.firstChild.nodeValue = whole.slice(0, whole.length - end.length);
+      label.style.setProperty('--tail', `${Math.ceil(widthOf(end))}px`);
+      span.dataset.fitted = fitted;
+    };
     const mark = () => {
       for (const label of list.querySelectorAll('label')) {
         splitTime(label);
+        fitTitle(label);
         if (label.tabIndex !== 0) label.tabIndex = 0;
         const shown = String(!!label.querySelector('input:checked'));
         if (label.getAttribute('role') !== 'radio') label.setAttribute('role', 'radio');
@@ -218,6 +255,11 @@ PAGE_JS = """
     };
     new MutationObserver(mark).observe(list, {subtree: true, childList: true, characterData: true, attributes: true,
                                               attributeFilter: ['class']});
+    new ResizeObserver(mark).observe(list);  // shown (☰ Chats on a phone) or resized: the titles are fitted again
+    const refit = () => { for (const span of list.querySelectorAll('label > span')) delete span.dataset.fitted; mark(); };
+    document.fonts.addEventListener('loadingdone', refit);  // a font loaded later (the bold one) changed every width
+    document.fonts.ready.then(refit);
+    list.addEventListener('transitionend', mark);  // the chat shown turns bold gradually: its widths are final at the end
     mark();
     list.addEventListener('keydown', (e) => {
       const label = e.target instanceof Element && e.target.closest('#conv-list label');
@@ -1294,7 +1336,8 @@ class ChatPage:
                         with gr.Accordion("Models", open=False, elem_id="models") as models_box:
                             models = self._models_panel()
                             models.box = models_box
-                with gr.Column(scale=4, elem_id="main"):
+                # the sidebar a quarter of the row (~300 px at 1280): at a fifth (238 px) a chat's title showed ~14 letters
+                with gr.Column(scale=3, elem_id="main"):
                     main = self._chat_column()
             self._wire(demo, chats, settings, models, main)
         return demo

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chat_page_utils import (BROWSER_MARKS, REPLY, USER, browser, engine_idle, miss_checks, open_new_chat,  # noqa: F401 (browser: fixture)
+from chat_page_utils import (BROWSER_MARKS, REPLY, USER, browser, engine_idle, miss_checks, open_chat_list, open_new_chat,  # noqa: F401 (browser: fixture)
                              progress_seen, put_setting, send, wait_page_loaded, watch_progress)
 from server_utils import CLI, wait_until
 
@@ -29,7 +29,7 @@ PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
            "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo",
-           "Quetzal", "Bilby", "Saola", "Dikdik", "Zorilla", "Wallaby", "Echidna")
+           "Quetzal", "Bilby", "Saola", "Dikdik", "Zorilla", "Wallaby", "Echidna", "Caracal")
 
 
 # ---- the app and the browser, shared by the module
@@ -1076,7 +1076,7 @@ def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab,
     box, when = label.bounding_box(), label.locator(".chat-when").bounding_box()
     assert when["width"] > 0 and when["x"] + when["width"] <= box["x"] + box["width"] + 0.5, (box, when)
     assert label.locator(".chat-when").evaluate("e => e.scrollWidth <= e.clientWidth || getComputedStyle(e).display === 'inline'")
-    cut = label.locator(".chat-title").evaluate("e => [e.scrollWidth > e.clientWidth, getComputedStyle(e).textOverflow]")
+    cut = label.locator(".chat-head").evaluate("e => [e.scrollWidth > e.clientWidth, getComputedStyle(e).textOverflow]")
     assert cut == [True, "ellipsis"], cut
     # the title takes the room the time leaves (a tour saw "Name three fruits." cut to "Name thre…")
     title = label.locator(".chat-title").bounding_box()
@@ -1087,11 +1087,11 @@ def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab,
     page.click("#rename-btn")
     assert wait_until(lambda: re.fullmatch(r"Zorilla renamed with a title longer than the sidebar is wide · \d\d:\d\d",
                                            label.inner_text().strip()), 10), label.inner_text()
-    assert label.locator(".chat-when").count() == 1 and label.locator(".chat-title").evaluate("e => e.scrollWidth > e.clientWidth")
+    assert label.locator(".chat-when").count() == 1 and label.locator(".chat-head").evaluate("e => e.scrollWidth > e.clientWidth")
     page.fill("#title-input :is(input, textarea)", "Zorilla, short")
     page.click("#rename-btn")
     assert wait_until(lambda: label.inner_text().strip().startswith("Zorilla, short · "), 10), label.inner_text()
-    assert label.locator(".chat-title").evaluate("e => e.scrollWidth <= e.clientWidth"), "a short title is shown whole"
+    assert wait_until(lambda: label.locator(".chat-head").evaluate("e => e.scrollWidth <= e.clientWidth"), 5), "a short title is shown whole"
 
 
 def test_attach_takes_several_files_at_once_and_each_goes_into_the_message(tab, app, tmp_path):
@@ -1112,6 +1112,43 @@ def test_attach_takes_several_files_at_once_and_each_goes_into_the_message(tab, 
     wait_finished(page, 1)
     sent = users(page)[-1]
     assert all(f.name in sent for f in files) and "Echidna" in sent, sent
+
+
+# what a chat's label shows: its title's head as cut (with "…" if cut), its last words kept in
+# view, whether those are wholly shown, and whether the time is
+SHOWN_TITLE_JS = """label => {
+  const part = (name) => label.querySelector(name), box = (name) => part(name).getBoundingClientRect();
+  const head = part('.chat-head'), title = part('.chat-title');
+  return {cut: head.scrollWidth > head.clientWidth, tail: part('.chat-tail').textContent.trim(),
+          tailShown: box('.chat-tail').right <= box('.chat-title').right + 0.5 && title.scrollWidth <= title.clientWidth + 0.5,
+          whenShown: box('.chat-when').right <= label.getBoundingClientRect().right + 0.5};
+}"""
+
+
+def test_chats_whose_titles_start_alike_do_not_look_the_same_in_the_sidebar(tab, app):
+    """Two questions that start alike ("Can you explain how the Python garbage collector handles
+    reference cycles?" and "... weak references?") were both titled "Can you explain how the
+    Python garbage…" and shown as "Can you explai…" in a 238 px sidebar (a new user's tour,
+    1280x800; on a phone "Can you explain how the P…" twice). A long title is cut in its middle:
+    its last words stay in view after the "…", on a wide screen and on a phone, time and all."""
+    page = tab(viewport={"width": 1280, "height": 800}).page
+    ends = ("handles reference cycles?", "handles weak references?")
+    for end in ends:
+        open_new_chat(page)
+        send(page, f"Caracal: can you explain how the Python garbage collector {end}\nAnswer in one word.")
+        wait_finished(page, 1)
+    for width, height in ((1280, 800), (390, 844)):
+        page.set_viewport_size({"width": width, "height": height})
+        open_chat_list(page)
+        labels = [page.locator("#conv-list label", has_text=end).first for end in ends]
+
+        def shown() -> list[dict]:
+            return [label.evaluate(SHOWN_TITLE_JS) for label in labels]
+
+        assert wait_until(lambda: all(s["cut"] and s["tail"] and s["tailShown"] and s["whenShown"] for s in shown()), 10), \
+            (width, shown())
+        tails = [s["tail"] for s in shown()]
+        assert all(end.endswith(tail) for end, tail in zip(ends, tails)) and tails[0] != tails[1], (width, tails)
 
 
 def status_lines(page) -> int:

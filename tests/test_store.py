@@ -24,6 +24,7 @@ from minisgl_app.store import (
     ConversationStore,
     MessageStats,
     NotFoundError,
+    TITLE_LENGTH,
     SchemaTooNewError,
     default_settings,
     title_from,
@@ -725,12 +726,24 @@ def test_every_invalid_setting_is_named_at_once():
     ("", DEFAULT_TITLE),
     ("   \n  ", DEFAULT_TITLE),
     ("Please write a long story about a cat who learns to fly over the sea",
-     "Please write a long story about a cat who…"),
-    ("x" * 100, "x" * 47 + "…"),
+     "Please write a long story about a cat who learns to fly over the sea"),
+    ("Please write a long story about a cat who learns to fly over the sea, then back home again, "
+     "and all the way to the moon", "Please write a long story about a cat who learns to fly over the sea, then back home again, and…"),
+    ("x" * 150, "x" * 99 + "…"),
 ])
 def test_title_from_first_line(text, title):
     assert title_from(text) == title
-    assert len(title_from(text)) <= 48
+    assert len(title_from(text)) <= TITLE_LENGTH
+
+
+def test_questions_that_start_alike_get_titles_that_differ():
+    """A title kept the first 48 characters of the first message: "Can you explain how the Python
+    garbage collector handles reference cycles?" and "… weak references?" were both titled "Can you
+    explain how the Python garbage…", and their chats looked the same in the sidebar (a new user's
+    tour). A first line of up to TITLE_LENGTH (100) characters is the title whole."""
+    first = title_from("Can you explain how the Python garbage collector handles reference cycles?")
+    second = title_from("Can you explain how the Python garbage collector handles weak references?")
+    assert first != second and first.endswith("reference cycles?") and second.endswith("weak references?"), (first, second)
 
 
 # ----------------------------------------------------------------------------- the file
