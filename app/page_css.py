@@ -47,6 +47,7 @@ STATUS_LINE_CLEAR = """
 # A message's buttons (Copy, Edit, Retry: 18 px icons), the ▸ that opens a reply's details (an 18 px
 # button) and Attach (26 px tall) are 32 px touch targets, and the status
 # line leaves out its details (view.wide_only: it took four lines above the chat).
+# ☰ Chats open is drawn pressed, in the accent's colours, with ▴ (▾ when closed).
 # The narrow screen's media query, and its complement for the wide one ("min-width: 641px" left
 # fractional widths between 640 and 641 px in neither); PAGE_JS's matchMedia asks the same one.
 NARROW_QUERY = "(max-width: 640px)"
@@ -64,7 +65,13 @@ NARROW = """
   #conv-list label { min-height: 40px; align-items: center; }
   #sidebar:not(:has(#chats-toggle[aria-expanded="true"])) #sidebar-body { display: none !important; }
   #sidebar-bar { flex-wrap: nowrap !important; }
-  #chats-toggle[aria-expanded="true"] { background: var(--background-fill-secondary); }
+  /* ☰ Chats open looks pressed, as the chat shown in the list does (its grey was 2% lighter than
+     when closed: a user could not tell it open), and says which way it goes: ▾ opens, ▴ closes */
+  #chats-toggle { flex-wrap: nowrap !important; white-space: nowrap; }
+  #chats-toggle::after { content: "▾"; margin-left: 0.4em; }
+  #chats-toggle[aria-expanded="true"]::after { content: "▴"; }
+  #chats-toggle[aria-expanded="true"] { color: var(--mc-accent); border-color: var(--mc-accent);
+                                        background: color-mix(in srgb, var(--mc-accent) 14%, var(--background-fill-primary)); }
   #sidebar .label-wrap { min-height: 32px; align-items: center; }
   #chatbot .message-buttons button { min-width: 32px !important; min-height: 32px !important; justify-content: center; }
   #chatbot .thought-group .title { min-height: 32px; }

@@ -997,6 +997,30 @@ def test_on_a_phone_the_chat_list_opens_above_the_chat_and_a_chat_picked_shows_f
     assert side["x"] + side["width"] <= main["x"] + 1 and abs(side["y"] - main["y"]) < 2, (side, main)
 
 
+TOGGLE_LOOK_JS = """b => { const s = getComputedStyle(b);
+  return {background: s.backgroundColor, border: s.borderTopColor, text: s.color, marker: getComputedStyle(b, '::after').content}; }"""
+
+
+def test_on_a_phone_chats_open_looks_pressed_and_says_which_way_it_goes(tab, app):
+    """On a phone ☰ Chats open was drawn in a grey 2% lighter than closed (rgb(249, 250, 251) for
+    rgb(243, 244, 246)): a user could not tell it was open (a new user's tour, 390x844). Open, it
+    is drawn in the accent's colours, as the chat shown in the list is, with ▴; closed, with ▾."""
+    page = tab(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).page
+    toggle = page.locator("#chats-toggle")
+    accent = "rgb(52, 70, 200)"  # theme.css --mc-accent, #3446c8
+    closed = toggle.evaluate(TOGGLE_LOOK_JS)
+    assert closed["marker"] == '"▾"' and accent not in (closed["border"], closed["text"]), closed
+    toggle.tap()
+    assert wait_until(lambda: toggle.get_attribute("aria-expanded") == "true", 5)
+    assert wait_until(lambda: toggle.evaluate(TOGGLE_LOOK_JS)["border"] == accent, 5), toggle.evaluate(TOGGLE_LOOK_JS)
+    opened = toggle.evaluate(TOGGLE_LOOK_JS)
+    assert opened["text"] == accent and opened["marker"] == '"▴"' and opened["background"] != closed["background"], opened
+    toggle.tap()  # closed again (its background is then the hover's grey: the tap leaves the pointer on it)
+    again = ("border", "text", "marker")
+    assert wait_until(lambda: [toggle.evaluate(TOGGLE_LOOK_JS)[k] for k in again] == [closed[k] for k in again], 5), \
+        (toggle.evaluate(TOGGLE_LOOK_JS), closed)
+
+
 def test_on_a_phone_every_control_under_chats_and_in_the_versions_bar_is_a_32_px_touch_target(tab, app):
     """On a phone the buttons of Manage and Models were 25 px tall, the settings' number boxes and
     ↺ 22 px, ‹ › and Delete message 26 px (a new user's tour): each is at least 32 px tall (↺ and
