@@ -161,11 +161,21 @@ PAGE_JS = """
       if (title.getAttribute('aria-expanded') !== String(open)) title.setAttribute('aria-expanded', String(open));
     }
   };
+  // a message's edit box (✎) holds the text as typed: Gradio fills it with the text as shown, marks
+  // and all, where each took a key press of its own to cross (invisible), and a "<" deleted left its
+  // mark in the message saved
+  const unmarkEditBoxes = () => {
+    for (const box of document.querySelectorAll('#chatbot textarea.edit-textarea')) {
+      if (!/[<&]\u2060/.test(box.value)) continue;
+      box.value = unmark(box.value);
+      box.dispatchEvent(new Event('input', {bubbles: true}));  // Gradio's copy of the box's text follows
+    }
+  };
   const watchChat = () => {
     const chat = document.querySelector('#chatbot');
     if (!chat) return setTimeout(watchChat, 200);
-    new MutationObserver(nameToggles).observe(chat, {subtree: true, childList: true, attributes: true,
-                                                     attributeFilter: ['style', 'aria-label']});
+    new MutationObserver(() => { nameToggles(); unmarkEditBoxes(); }).observe(chat, {subtree: true, childList: true, attributes: true,
+                                                                                 attributeFilter: ['style', 'aria-label']});
     nameToggles();
   };
   watchChat();
