@@ -1776,7 +1776,8 @@ async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title
     """Export named the file after the title with each character but letters, digits, "-", "_"
     and space made a "_": a title with markup or emoji gave a name of underscores ("**Plan** 🚀"
     gave "__Plan__ _.md"). The name keeps the title's readable words, in any script; "chat" when
-    none is left; a long title is cut at a word."""
+    none is left; a long title is cut at a word. HTML tags around words are left out with their
+    names ("<b>Plan</b>" gave "b Plan b", a new user's tour); a tag alone stays a word."""
     from pathlib import Path
 
     from minisgl_app.ui import EXPORT_NAME_LENGTH, ChatPage, export_stem
@@ -1785,7 +1786,10 @@ async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     for title, name in (("**Plan** 🚀", "Plan"), ("🚀🔥 !!", "chat"), ("什么是 KV Cache？", "什么是 KV Cache"),
-                        ("# Notes on `gpt-4` / v1.2 (draft)", "Notes on gpt-4 v1.2 draft"), ("_*~~__", "chat")):
+                        ("# Notes on `gpt-4` / v1.2 (draft)", "Notes on gpt-4 v1.2 draft"), ("_*~~__", "chat"),
+                        # tags around words are markup (they gave "b Plan b for i Rome i"); a tag alone is a word
+                        ("<b>Plan</b> for <i>Rome</i>", "Plan for Rome"), ("<b><i>Trip</i> plan</b>", "Trip plan"),
+                        ("What does the <div> tag do?", "What does the div tag do")):
         conv_id = store.create(title=title).id
         store.append(conv_id, "user", "hello")
         await page.select(conv_id, None, request)
