@@ -970,7 +970,9 @@ class ChatPage:
         while the chat replies is shown at once and answered next. Returns the message box and the
         status line: Generating as soon as the reply is asked for (``status_of``)."""
         tab = self.tab(request)
-        text = (text or "").strip()
+        # as typed: text taken from a message shown here other than by Copy (dragged, or pasted
+        # with a middle click on Linux) brings the marks that show its HTML (view.shown_literally)
+        text = typed_text(text or "").strip()
         if clicked_at is not None and clicked_at <= tab.shown_since:
             self.keep_unsent(tab, text)  # sent from the chat shown before a click handled first
             return gr.skip(), gr.skip()

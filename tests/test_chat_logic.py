@@ -1513,6 +1513,25 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
 
 
 @pytest.mark.anyio
+async def test_text_taken_from_a_message_shown_is_sent_as_typed_without_the_marks_that_show_its_html(store) -> None:
+    """A message shows each "<" of its HTML with an invisible mark after it (view.shown_literally);
+    Copy takes the marks out, but text dragged from a message, or pasted with a middle click on
+    Linux, brought them into the message box, and the message was stored and sent to the model
+    with them (a new user's tour). A message is sent as typed, title and all."""
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    shown = view.shown_literally("Explain <b>bold</b> & AT&amp;T")
+    assert "\u2060" in shown
+    await page.send(shown, *SETTINGS, None, request)
+    await until_idle(page.replies)
+    conv_id = page.tab(request).conv_id
+    assert texts(store, conv_id)[0] == ("user", "Explain <b>bold</b> & AT&amp;T")
+    assert store.get(conv_id).title == "Explain <b>bold</b> & AT&amp;T"
+
+
+@pytest.mark.anyio
 async def test_the_same_file_attached_twice_goes_into_the_message_once(store, tmp_path, monkeypatch) -> None:
     """Attaching a file again put it into the message twice: it is attached once, and a toast
     says so; another file, or the same name with other text, is a file of its own."""
