@@ -126,9 +126,10 @@ CHAT_LIST_FOCUS = """
 # (PAGE_JS puts the time in an element of its own and keeps its width, in ch, in --when): the
 # list's label was cut at its end, time and all. The label's text takes the row's whole width, so
 # the title gets all the room the time leaves (as a shrink-to-fit span it cut even short titles
-# to a few letters). A title too long for its row is cut in its middle: its last words (PAGE_JS puts
-# them in .chat-tail, their width in --tail) stay in view after the "…", so chats whose titles start
-# alike do not look the same ("Can you explai…" twice at 1280 px). All of it inline (flex items
+# to a few letters). A title too long for its row is cut in its middle: what tells it from the other
+# titles (its last words, or from the word where it stops sharing its beginning with another: PAGE_JS
+# puts them in .chat-tail, their width in --tail) stays in view after the "…", so chats whose titles
+# start alike do not look the same ("Can you explai…" twice at 1280 px). All of it inline (flex items
 # would put line breaks into the label's text, which stays "title · time").
 CHAT_LIST_TIME = """
 #conv-list label > span { display: block; flex: 1 1 auto; min-width: 0; white-space: nowrap; }
@@ -136,7 +137,9 @@ CHAT_LIST_TIME = """
                          overflow: hidden; white-space: nowrap; }
 #conv-list .chat-head { display: inline-block; vertical-align: top; max-width: calc(100% - var(--tail, 0px));
                         overflow: hidden; text-overflow: ellipsis; white-space: pre; }
-#conv-list .chat-tail, #conv-list .chat-when { white-space: pre; }
+#conv-list .chat-tail { display: inline-block; vertical-align: top; max-width: var(--tail, 0px);
+                        overflow: hidden; text-overflow: ellipsis; white-space: pre; }
+#conv-list .chat-when { white-space: pre; }
 """
 
 PAGE_CSS = CHAT_LIST_TIME + CHAT_LIST_FOCUS + HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR

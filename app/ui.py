@@ -224,13 +224,28 @@ PAGE_JS = """
       label.style.setProperty('--when', `${full.length - at + 1}ch`);
       label.title = full.slice(0, at).replace(/^● /, '');
     };
-    // a title too long for its row keeps its last words (at most 45% of the row's room for the
-    // title; the end of its last word where that word alone is wider) in .chat-tail, after the "…"
-    // of .chat-head; fitted once the list is shown (☰ Chats on a phone), and again when its width
-    // or its font (the chat shown is bold) changes. Each row's room and font are read first, for
-    // all rows at once, and text is measured on a canvas: measured in the page, row by row, 300
-    // chats took 7 s to fit (a layout for each width tried)
+    // a title too long for its row keeps in view, in .chat-tail after the "…" of .chat-head, what
+    // tells it from the other titles: from the word where it stops sharing its beginning with any
+    // of them, when that lies beyond what the head shows ("Can you explain h… case 7 of…"), else
+    // its last words ("… weak references?"); at most 45% of the row's room for the title, cut with
+    // "…" beyond. Fitted once the list is shown (☰ Chats on a phone), and again when its width, its
+    // font (the chat shown is bold) or the other titles change. Each row's room and font are read
+    // first, for all rows at once, and text is measured on a canvas: measured in the page, row by
+    // row, 300 chats took 7 s to fit (a layout for each width tried)
     const ruler = document.createElement('canvas').getContext('2d');
+    const unmarked = (title) => title.replace(/^● /, '');  // a replying chat's ● is no part of its title
+    // for each title, how many of its first characters it shares with another title of the list
+    const sharedBeginnings = (titles) => {
+      const order = titles.map((title, i) => [unmarked(title), i]).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+      const shared = titles.map(() => 0);
+      for (let k = 1; k < order.length; k++) {
+        const [a, i] = order[k - 1], [b, j] = order[k];
+        let n = 0;
+        while (n < a.length && n < b.length && a[n] === b[n]) n++;
+        shared[i] = Math.max(shared[i], n); shared[j] = Math.max(shared[j], n);
+      }
+      return shared;
+    };
     const lastWords = (title, room, widthOf) => {
       for (let at = title.indexOf(' ', 1); at > 0; at = title.indexOf(' ', at + 1))
         if (widthOf(title.slice(at)) <= room) return title.slice(at);
@@ -241,24 +256,33 @@ PAGE_JS = """
       }
       return end;
     };
+    const tailOf = (whole, shared, room, widthOf) => {
+      const differs = whole.length - unmarked(whole).length + shared;  // the first character no other title has there
+      if (differs >= whole.length || widthOf(whole.slice(0, differs + 1) + '…') <= 0.55 * room)
+        return lastWords(whole, 0.45 * room, widthOf);  // shown by the head, or no title shares its beginning
+      const word = whole.lastIndexOf(' ', differs);
+      return whole.slice(word > 0 ? word : differs);
+    };
     const fitTitles = (labels) => {
+      const shared = sharedBeginnings([...labels].map((label) => label.querySelector(':scope > span')?.dataset.title || ''));
       const unfitted = [];
-      for (const label of labels) {
+      labels.forEach((label, i) => {
         const span = label.querySelector(':scope > span'), head = span?.querySelector(':scope > .chat-title > .chat-head');
         const tail = head?.nextElementSibling, when = span?.querySelector(':scope > .chat-when');
-        if (!tail || !when || !span.clientWidth) continue;
+        if (!tail || !when || !span.clientWidth) return;
         const whenWidth = Math.ceil(when.getBoundingClientRect().width), room = span.clientWidth - whenWidth;
-        const font = getComputedStyle(head).font, fitted = `${room} ${font} ${span.dataset.title}`;
-        if (span.dataset.fitted !== fitted) unfitted.push({label, span, head, tail, whenWidth, room, font, fitted});
-      }
-      for (const {label, span, head, tail, whenWidth, room, font, fitted} of unfitted) {
+        const font = getComputedStyle(head).font, fitted = `${room} ${shared[i]} ${font} ${span.dataset.title}`;
+        if (span.dataset.fitted !== fitted) unfitted.push({label, span, head, tail, whenWidth, room, font, fitted, shared: shared[i]});
+      });
+      for (const {label, span, head, tail, whenWidth, room, font, fitted, shared} of unfitted) {
         ruler.font = font;
         const widthOf = (text) => ruler.measureText(text).width, whole = span.dataset.title;
-        const end = widthOf(whole) > room ? lastWords(whole, 0.45 * room, widthOf) : '';
+        const end = widthOf(whole) > room ? tailOf(whole, shared, room, widthOf) : '';
         span.dataset.head = head.firstChild.nodeValue = whole.slice(0, whole.length - end.length);
         tail.textContent = end;
         label.style.setProperty('--when', `${whenWidth}px`);  // measured: in ch it was a guess
-        label.style.setProperty('--tail', end ? `${Math.ceil(widthOf(end)) + 1}px` : '0px');  // none: the title fits whole
+        // none: the title fits whole; cut beyond 45% of the room
+        label.style.setProperty('--tail', end ? `${Math.ceil(Math.min(widthOf(end) + 1, 0.45 * room))}px` : '0px');
         span.dataset.fitted = fitted;
       }
     };

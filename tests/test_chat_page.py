@@ -1190,9 +1190,11 @@ def test_chats_whose_titles_start_alike_do_not_look_the_same_in_the_sidebar(tab,
     reference cycles?" and "... weak references?") were both titled "Can you explain how the
     Python garbage…" and shown as "Can you explai…" in a 238 px sidebar (a new user's tour,
     1280x800; on a phone "Can you explain how the P…" twice). A long title is cut in its middle:
-    its last words stay in view after the "…", on a wide screen and on a phone, time and all."""
+    what tells it from the others stays in view after the "…", on a wide screen and on a phone,
+    time and all: its last words, or, for one that differs in its middle, from the word where it
+    stops sharing its beginning with another ("… case 7 of…")."""
     page = tab(viewport={"width": 1280, "height": 800}).page
-    ends = ("handles reference cycles?", "handles weak references?")
+    ends = ("handles reference cycles?", "handles weak references?", "handles case 7 of weak cycles?")
     for end in ends:
         open_new_chat(page)
         send(page, f"Caracal: can you explain how the Python garbage collector {end}\nAnswer in one word.")
@@ -1208,7 +1210,8 @@ def test_chats_whose_titles_start_alike_do_not_look_the_same_in_the_sidebar(tab,
         assert wait_until(lambda: all(s["cut"] and s["tail"] and s["tailShown"] and s["whenShown"] for s in shown()), 10), \
             (width, shown())
         tails = [s["tail"] for s in shown()]
-        assert all(end.endswith(tail) for end, tail in zip(ends, tails)) and tails[0] != tails[1], (width, tails)
+        assert ends[0].endswith(tails[0]) and ends[1].endswith(tails[1]) and tails[0] != tails[1], (width, tails)
+        assert tails[2].startswith("case 7 of"), (width, tails)
 
 
 def status_lines(page) -> int:
