@@ -57,6 +57,9 @@ NARROW = """
   /* the sidebar scrolls on its own: its open panels made the page ~1,400 px tall, scrolling the chat
      out of view (the page's 16 px margins above and below it: one screen in all) */
   #sidebar { position: sticky; top: 16px; align-self: flex-start; max-height: calc(100vh - 32px); overflow-y: auto; }
+  /* a column Gradio lets wrap: a sidebar taller than the screen put all but ☰ Chats and New chat (the
+     search, the chat list, Manage, Settings, Models) into a second column, out of view to its right */
+  #sidebar { flex-wrap: nowrap !important; }
 }
 @media __NARROW_QUERY__ {
   #sidebar-body button, #versions button { min-height: 32px !important; }

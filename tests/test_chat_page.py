@@ -1105,6 +1105,25 @@ def test_on_a_wide_screen_opening_the_sidebars_panels_leaves_the_chat_in_view(ta
         assert 0 <= box["y"] and box["y"] + box["height"] <= 800, (part, box)
 
 
+def test_on_a_wide_screen_a_sidebar_taller_than_the_screen_keeps_its_chats_and_panels_in_one_column(tab, app):
+    """With more chats than the screen holds (a new user's tour: 300 chats at 1280x800; a dozen
+    with Manage and Settings open), the sidebar showed New chat alone: Gradio's column wraps, and
+    the search, the chat list, Manage, Settings and Models went into a second column, out of view
+    to the sidebar's right. They stay in one column, which scrolls."""
+    page = tab(viewport={"width": 1280, "height": 500}).page
+    for name, probe in (("Manage", "#import-btn"), ("Settings", "#max-tokens input")):
+        open_accordion(page, name, probe)
+    sidebar = page.locator("#sidebar")
+    assert wait_until(lambda: sidebar.evaluate("e => e.scrollHeight > e.clientHeight"), 5), "the sidebar is not taller than the screen"
+    box = sidebar.bounding_box()
+    for part in ("#new-chat-btn", "#search", "#conv-list", "#manage", "#settings", "#models"):
+        part_box = page.locator(part).bounding_box()
+        assert box["x"] <= part_box["x"] and part_box["x"] + part_box["width"] <= box["x"] + box["width"] + 0.5, (part, part_box, box)
+    assert sidebar.evaluate("e => e.scrollWidth <= e.clientWidth"), "the sidebar scrolls sideways"
+    page.locator("#models").scroll_into_view_if_needed()  # reached by scrolling the sidebar
+    assert 0 <= page.locator("#models").bounding_box()["y"] < 500
+
+
 def test_on_a_phone_the_details_toggle_and_attach_are_32_px_touch_targets(tab, app):
     """On a phone the ▸ that opens a reply's details was an 18 px button and Attach 70x26 px: like a
     message's buttons, each is at least 32 px tall (the toggle's ▸ 32 px wide too)."""
