@@ -14,3 +14,15 @@ def env_choice(name: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name}={value!r}: use one of {', '.join(choices)}")
     return value
+
+
+def env_ints(name: str, fields: tuple[str, ...], default: tuple[int, ...]) -> tuple[int, ...]:
+    """The environment variable ``name`` as comma-separated positive integers, one per field of
+    ``fields`` (unset or empty: ``default``); anything else is an error naming the fields."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    parts = [p.strip() for p in value.split(",")]
+    if len(parts) != len(fields) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{name}={value!r}: use {len(fields)} positive integers, {','.join(fields)}")
+    return tuple(int(p) for p in parts)

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .env import env_choice
+from .env import env_choice, env_ints
 
 SKINNY_MAX_ROWS = 16  # tl.dot's smallest tile: every row count up to it costs one pass
 
@@ -571,24 +571,45 @@ def _decode_attention_merge_kernel(
     tl.store(out_ptr + (b * NUM_HEADS + head) * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
 
 
-DECODE_BLOCK_N = 64  # tokens per step of the split kernel's loop (and the smallest split)
+DECODE_BLOCK_N = 64  # tokens per step of the fused kernel's loop (and its smallest piece)
 
 
-def decode_attention_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
-    """How many pieces each request's tokens are cut into: about four programs per SM (at batch
-    1 a request has only ``num_kv_heads`` programs otherwise), at most 64. A piece is at least
-    one block of tokens, so a short request leaves most pieces empty (they end at once)."""
-    return max(1, min(64, 4 * num_sms // max(1, batch_size * num_kv_heads)))
+class DecodeTiles(NamedTuple):
+    """How the split kernel of :func:`decode_attention` walks the K/V: tokens per step of its
+    loop (also the smallest piece), warps and pipeline stages per program, and how many
+    programs per SM the pieces aim at. ``MINISGL_DECODE_TILES=block_n,warps,stages,programs``
+    overrides them, for measuring (``scripts/gpu_decode_sweep.py``)."""
+
+    # kept after a sweep (scripts/gpu_decode_sweep.py, H200): (32, 2, 2, 8) was up to 10% faster
+    # alone (batches 16-256) and at batch 1 (6.66 against 7.88 us a layer at 1,024 tokens), yet
+    # inside the engine batch-1 decode and the offline workload were no faster (docs/benchmarks.md)
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_sm: int = 4
+
+
+DECODE_TILES = DecodeTiles(*env_ints("MINISGL_DECODE_TILES", DecodeTiles._fields, tuple(DecodeTiles())))
+
+
+def decode_attention_splits(batch_size: int, num_kv_heads: int, num_sms: int, programs_per_sm: int | None = None) -> int:
+    """How many pieces each request's tokens are cut into: about ``programs_per_sm`` programs per
+    SM (at batch 1 a request has only ``num_kv_heads`` programs otherwise), at most 64. A piece
+    is at least one block of tokens, so a short request leaves most pieces empty (they end at once)."""
+    per_sm = DECODE_TILES.programs_per_sm if programs_per_sm is None else programs_per_sm
+    return max(1, min(64, per_sm * num_sms // max(1, batch_size * num_kv_heads)))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
                      rows: torch.Tensor, positions: torch.Tensor, scale: float, num_splits: int,
-                     pdl: bool = False) -> torch.Tensor:
+                     pdl: bool = False, tiles: DecodeTiles | None = None) -> torch.Tensor:
     """Attention of one new token per request over its whole context: request ``i`` is the
     page-table row ``rows[i]`` with its newest token at ``positions[i]`` (its K/V already in the
     pool), so it reads slots ``table[rows[i], :positions[i] + 1]`` of ``k_cache``/``v_cache``
     [slots, kv_heads, head_dim]. q: [batch, heads, head_dim]; returns [batch, heads * head_dim].
-    Each request's tokens are cut into ``num_splits`` pieces computed in parallel, then merged."""
+    Each request's tokens are cut into ``num_splits`` pieces computed in parallel, then merged
+    (``tiles``: the split kernel's, :data:`DECODE_TILES` if None)."""
+    tiles = tiles or DECODE_TILES
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -603,11 +624,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _decode_attention_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, table, rows, positions, part_out, part_lse, table.stride(0), scale,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
-        NUM_SPLITS=num_splits, BLOCK_N=DECODE_BLOCK_N, USE_PDL=pdl, num_warps=4, **extra,
+        NUM_SPLITS=num_splits, BLOCK_N=tiles.block_n, USE_PDL=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages, **extra,
     )
     _decode_attention_merge_kernel[(batch, num_heads)](
         part_out, part_lse, positions, out, NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        SPLITS_P2=triton.next_power_of_2(num_splits), BLOCK_N=DECODE_BLOCK_N, USE_PDL=pdl,
+        SPLITS_P2=triton.next_power_of_2(num_splits), BLOCK_N=tiles.block_n, USE_PDL=pdl,
         num_warps=1 if num_splits <= 16 else 4, **extra,
     )
     return out

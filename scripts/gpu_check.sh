@@ -19,6 +19,8 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels demo demobench   # the demo model beside transformers (both GGUF halves carried)
 #   bash scripts/gpu_check.sh setup loadcache kernels throughputprofile   # batch 64-256 replays, the offline workload's steps, the 8B's batch-1 step
 #   bash scripts/gpu_check.sh setup loadcache kernels attnab profile06b   # attention from qkv: three kernels / one; the 0.6B step kernel by kernel
+#   bash scripts/gpu_check.sh setup loadcache kernels offlineprofile   # goal 2: the offline workload's steps against their floors
+#   bash scripts/gpu_check.sh setup loadcache kernels decodesweep   # the Triton decode attention's tilings, then the offline workload with the best
 #   ENVAB_RUNS="MINISGL_PDL_TRIGGER=first :: qwen3-8b decode --input-len 128" bash scripts/gpu_check.sh setup loadcache kernels envab
 #   bash scripts/gpu_check.sh setup loadcache kernels kernelab oldnew   # this tree against the committed one (carry .old, made by:
 #     rm -rf .old && mkdir .old && git archive HEAD engine app | tar -x -C .old && mv .old/engine .old/minisgl_engine && mv .old/app .old/minisgl_app)
@@ -136,6 +138,18 @@ EOF
     throughputprofile)  # issue 18's open goals: replays at batch 64-256, the offline workload's steps, the 8B's batch-1 step
       OUT=$OUT timeout 400 python3 scripts/gpu_profile.py --throughput 2>&1 | tee "$OUT/throughput_profile.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    offlineprofile)  # goal 2: the offline workload's steps against their floors, each decode attention's K/V bandwidth
+      OUT=$OUT timeout 420 python3 scripts/gpu_profile.py --offline 2>&1 | tee "$OUT/offline_profile.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    decodesweep)  # decode_attention's tilings at batch 1-256 (scripts/gpu_decode_sweep.py), then the offline workload on the Triton
+      # decode attention at every batch size with the default tiling and with the sweep's best
+      timeout 540 python3 scripts/gpu_decode_sweep.py 2>&1 | tee "$OUT/decode_sweep.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      best=$(sed -n 's/^BEST_OFFLINE //p' "$OUT/decode_sweep.log")
+      for tiles in "" ${best:+"$best"}; do
+        MINISGL_DECODE_ATTENTION=triton MINISGL_DECODE_TILES=$tiles timeout 150 "${CLI[@]}" bench offline --device cuda --dummy-weights --config qwen3-0.6b 2>&1 \
+          | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[triton tiles ${tiles:-default}] /" | tee -a "$OUT/bench_sweep.log"
+      done ;;
     profile8b|profile06b)  # the 8B (0.6B) shape's batch-1 step kernel by kernel, on the committed tree (.old, as for oldnew) then on this one
       for tree in old new; do
         pp=$PWD/.pkgs; [ "$tree" = old ] && pp=$PWD/.old

@@ -11,6 +11,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from gpu_timing import graph_us
 from minisgl_engine import triton_kernels as new_tk
 
 spec = importlib.util.spec_from_file_location("old_tk", ".old/minisgl_engine/triton_kernels.py")
@@ -18,28 +19,6 @@ old_tk = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old_tk)
 DEV = torch.device("cuda")
 PDL = new_tk.pdl_supported(DEV)
-
-
-def graph_us(fn, calls: int = 20, replays: int = 20) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return 1000 * start.elapsed_time(end) / (calls * replays)
 
 
 def attention() -> None:

@@ -322,6 +322,74 @@ def tensor_core_decode():
         backend.decode_uses_tensor_cores = rule
 
 
+ATTENTION_KERNELS = ("BatchDecode", "BatchPrefill", "MergeStates", "merge_state", "_decode_attention")
+
+
+def attention_bandwidth(sizes: list[int], ctx: int, label: str, **overrides) -> None:
+    """Each batch size's decode step in its CUDA graph: the GPU time of the whole replay and of
+    its attention kernels, and the K/V bytes per second those read (the offline workload's
+    floor is mostly K/V: which attention reads it fastest at its batch sizes)."""
+    from minisgl_engine.kvcache import KVPool
+
+    llm = make_llm(**overrides)
+    mc, runner = llm.engine.model_config, llm.engine.graph_runner
+    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, llm.engine.dtype)
+    for bs in sizes:
+        stream = decode_until(llm, bs, ctx, 4)
+        size, kind = runner.last_graph
+        graph = runner.graphs[size, kind]
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        steps = 10
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                graph.replay()
+            torch.cuda.synchronize()
+        total = attention = 0.0
+        names = set()
+        for evt in prof.key_averages():
+            t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+            total += t
+            if any(k in evt.key for k in ATTENTION_KERNELS):
+                attention += t
+                names.add(evt.key[:40])
+        total, attention = total / steps, attention / steps
+        kv_bytes = bs * (ctx + 5) * kv_per_token  # the prompt, the decoded tokens and this step's
+        print(f"[{label}] bs {bs:4d} ctx {ctx:5d} ({kind} graph {size}): step {total:7.1f} us, attention {attention:7.1f} us "
+              f"= {kv_bytes / attention / 1e6:5.2f} TB/s of K/V, the rest {total - attention:6.1f} us  {sorted(names)}")
+        stream.close()
+    llm = None
+    cleanup()
+
+
+@contextlib.contextmanager
+def environment(**values: str):
+    """Engines made inside see these environment settings (read when an engine starts)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def offline_levers() -> None:
+    """Goal 2 (the offline workload): its steps against their floors, then the decode attention
+    of its batch sizes on FlashInfer (CUDA cores, tensor cores) and on the Triton kernels."""
+    offline_split(8192)
+    sizes, ctx = [16, 64, 128, 256], 1024  # the workload's mean context is about 1,000 tokens
+    attention_bandwidth(sizes, ctx, "flashinfer", max_kv_tokens=300_000)
+    with environment(MINISGL_DECODE_ATTENTION="triton"):
+        attention_bandwidth(sizes, ctx, "triton", max_kv_tokens=300_000)
+    with tensor_core_decode():
+        attention_bandwidth(sizes, ctx, "flashinfer tensor cores", max_kv_tokens=300_000)
+
+
 def step_8b() -> None:
     """The 8B shape's batch-1 decode step, kernel by kernel."""
     replays([1], 128, "8b", profile_sizes=(1,), sequence=24, config="qwen3-8b", max_kv_tokens=20_000,
@@ -352,6 +420,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the default configuration only: graph replays and host stages")
     parser.add_argument("--throughput", action="store_true",
                         help="what issue 18's open goals need: large-batch replays, the offline split, the 8B's batch-1 step")
+    parser.add_argument("--offline", action="store_true",
+                        help="goal 2: the offline workload's steps against their floors, and each decode attention's K/V bandwidth")
     parser.add_argument("--step-8b", action="store_true", help="the 8B shape's batch-1 step alone")
     parser.add_argument("--step-06b", action="store_true", help="the 0.6B shape's batch-1 step alone (128 and 2,048 tokens)")
     args = parser.parse_args()
@@ -361,6 +431,9 @@ def main() -> None:
         return
     if args.throughput:
         throughput()
+        return
+    if args.offline:
+        offline_levers()
         return
     llm = make_llm(max_kv_tokens=150_000)
     print("fused kernels:", json.dumps(llm.engine.fused_kernels))

@@ -271,6 +271,7 @@ def test_qk_norm_rope_store_gives_larger_batches_several_heads_per_program() -> 
 def test_decode_attention_splits_fill_the_gpu_once() -> None:
     assert tk.decode_attention_splits(1, 8, 132) == 64  # batch 1: 8 KV heads x 64 pieces, ~4 programs per SM
     assert tk.decode_attention_splits(16, 8, 132) == 4
+    assert tk.decode_attention_splits(16, 8, 132, programs_per_sm=8) == 8  # MINISGL_DECODE_TILES may ask for more
     assert tk.decode_attention_splits(1, 1, 132) == 64  # at most 64
     assert tk.decode_attention_splits(128, 8, 132) == 1  # a large batch fills the GPU by itself
 
