@@ -9,7 +9,9 @@ through ``scripts/gpu_check.sh profile``). Prints, for a Qwen3-0.6B-shape model 
 4. nano-vllm's offline workload split into prefill and decode steps (GPU time from CUDA events
    around each step, host time from the wall clock), for two prefill budgets; decode steps in
    buckets of 32 requests, each against its own floor (its weights and the K/V it attends to,
-   read once at the measured copy bandwidth): where the workload is far from its floor.
+   read once at the measured copy bandwidth): where the workload is far from its floor;
+5. (``--offline``) the GPU's idle time inside windows of that workload's decode steps (a kernel
+   trace), and each decode attention's K/V bandwidth in the engine's graphs.
 
 With ``host_stages(trace=NAME)`` a Chrome trace of a few batch-1 steps goes to $OUT/NAME.gz.
 """
@@ -295,6 +297,71 @@ def offline_split(max_prefill_tokens: int) -> None:
     cleanup()
 
 
+def busy_and_span(prof) -> tuple[float, float, int]:
+    """GPU time covered by at least one kernel or copy, the span from the first one's start to
+    the last one's end (both us), and how many there were: the rest of the span the GPU idled."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return 0.0, 0.0, 0
+    busy, (start, end) = 0.0, spans[0]
+    for s, e in spans[1:]:
+        if s > end:
+            busy += end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    busy += end - start
+    return busy, max(e for _, e in spans) - spans[0][0], len(spans)
+
+
+def offline_idle(max_prefill_tokens: int = 8192, window: int = 20) -> None:
+    """The offline workload run as the bench runs it, with a kernel trace (GPU activity only:
+    the CPU's timing stays as it is) over ``window`` decode steps once the batch first falls to
+    each of 256, 192, 128, 64 and 16 requests: how much of those steps' time the GPU idled,
+    waiting for the CPU. Events around each step (offline_split) cannot tell that wait apart."""
+    print(f"\n== 5. offline workload, GPU idle time inside windows of {window} decode steps")
+    llm = make_llm(max_prefill_tokens=max_prefill_tokens)
+    eng = llm.engine
+    prompts, output_lens = offline_workload(256, 1024, 1024, eng.model_config.vocab_size)
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
+    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=8, ignore_eos=True))
+    targets = [256, 192, 128, 64, 16]
+    state = {"prof": None, "steps": 0, "sizes": [], "t0": 0.0}
+    forward = eng.forward_batch
+
+    def traced_forward(batch, *args, **kwargs):
+        if state["prof"] is None and targets and batch.phase == "decode" and batch.size <= targets[0]:
+            while targets and batch.size <= targets[0]:
+                targets.pop(0)
+            state.update(prof=profile(activities=[ProfilerActivity.CUDA]), steps=0, sizes=[], t0=time.perf_counter())
+            state["prof"].start()
+        result = forward(batch, *args, **kwargs)
+        if state["prof"] is not None and batch.phase == "decode":
+            state["steps"] += 1
+            state["sizes"].append(batch.size)
+            if state["steps"] == window:
+                prof, state["prof"] = state["prof"], None
+                prof.stop()
+                wall = time.perf_counter() - state["t0"]
+                busy, span, kernels = busy_and_span(prof)
+                sizes = state["sizes"]
+                print(f"  decode batch {max(sizes):3d}-{min(sizes):3d}: {window} steps, GPU span {span / window / 1000:6.2f} ms/step, "
+                      f"busy {busy / window / 1000:6.2f} ms/step ({100 * busy / span:3.0f}%), {kernels / window:.0f} kernels/step; "
+                      f"CPU wall {1000 * wall / window:6.2f} ms/step (with the tracer's stop)", flush=True)
+        return result
+
+    eng.forward_batch = traced_forward
+    t0 = time.perf_counter()
+    llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    print(f"  wall {time.perf_counter() - t0:.2f} s (with the traces)")
+    eng.forward_batch = forward
+    llm.scheduler.drain()
+    llm = None
+    cleanup()
+
+
 def cleanup() -> None:
     """Free the GPU memory of engines no longer referenced (they hold reference cycles)."""
     gc.collect()
@@ -382,6 +449,7 @@ def offline_levers() -> None:
     """Goal 2 (the offline workload): its steps against their floors, then the decode attention
     of its batch sizes on FlashInfer (CUDA cores, tensor cores) and on the Triton kernels."""
     offline_split(8192)
+    offline_idle(8192)
     sizes, ctx = [16, 64, 128, 256], 1024  # the workload's mean context is about 1,000 tokens
     attention_bandwidth(sizes, ctx, "flashinfer", max_kv_tokens=300_000)
     with environment(MINISGL_DECODE_ATTENTION="triton"):
