@@ -234,24 +234,7 @@ class Scheduler:
         logger.debug("preempted request %d (KV cache full)", req.uid)
 
     def _grow_decode_pages(self) -> None:
-        """Every running request needs a slot for the token it is about to compute. Their pages
-        come in one allocation when the pool has them (with one-token pages that is every
-        request, every step: one allocation each took a quarter more of the CPU at 256 requests,
-        time the CPU owes the GPU at every step); otherwise one request at a time, preempting
-        the newest to make room."""
-        ps = self.page_size
-        short = [(req, req.cached_len // ps + 1 - len(req.pages)) for req in self.decode_manager.running.values()
-                 if req.output_len < req.max_new_tokens and len(req.pages) * ps <= req.cached_len]
-        if not short:
-            return
-        pages = self.cache_manager.alloc_pages(sum(n for _, n in short))
-        if pages is not None:
-            start = 0
-            for req, n in short:
-                self.engine.page_table.write_pages(req.table_slot, len(req.pages), pages[start : start + n])
-                req.pages.extend(pages[start : start + n])
-                start += n
-            return
+        """Every running request needs a slot for the token it is about to compute."""
         for req in list(self.decode_manager.running.values()):
             if req.uid not in self.decode_manager.running or req.output_len >= req.max_new_tokens:
                 continue  # preempted below to make room, or nothing left to compute
