@@ -30,6 +30,7 @@ import os
 import pstats
 import shutil
 import time
+from unittest import mock
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -48,12 +49,16 @@ def make_llm(**overrides) -> LLM:
     return LLM(config=EngineConfig(**{**base, **overrides}))
 
 
+def self_gpu_us(evt) -> float:
+    """A profiler row's own GPU time (the attribute's name changed between torch versions)."""
+    t = getattr(evt, "self_device_time_total", None)
+    return getattr(evt, "self_cuda_time_total", 0) if t is None else t
+
+
 def kernel_table(prof, steps: int, limit: int = 30) -> None:
     rows = []
     for evt in prof.key_averages():
-        t = getattr(evt, "self_device_time_total", None)
-        if t is None:
-            t = getattr(evt, "self_cuda_time_total", 0)
+        t = self_gpu_us(evt)
         if t > 0:
             rows.append((t, evt.count, evt.key))
     rows.sort(reverse=True)
@@ -237,13 +242,21 @@ def host_stages(overlap: bool, trace: str | None = None, **overrides) -> None:
         os.remove(path)
 
 
-def offline_split(max_prefill_tokens: int) -> None:
-    print(f"\n== 4. offline workload, --max-prefill-tokens {max_prefill_tokens}")
+def offline_engine(max_prefill_tokens: int) -> tuple[LLM, list[list[int]], list[SamplingParams]]:
+    """An engine for nano-vllm's offline workload (256 requests, as ``bench offline``), warmed by
+    one short request, with the workload's prompts and each request's sampling."""
     llm = make_llm(max_prefill_tokens=max_prefill_tokens)
-    eng = llm.engine
-    prompts, output_lens = offline_workload(256, 1024, 1024, eng.model_config.vocab_size)
+    prompts, output_lens = offline_workload(256, 1024, 1024, llm.engine.model_config.vocab_size)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
     llm.generate([prompts[0][:32]], SamplingParams(max_tokens=8, ignore_eos=True))
+    return llm, prompts, params
+
+
+def offline_split(max_prefill_tokens: int) -> None:
+    print(f"\n== 4. offline workload, --max-prefill-tokens {max_prefill_tokens}")
+    llm, prompts, params = offline_engine(max_prefill_tokens)
+    eng = llm.engine
+    output_lens = [p.max_tokens for p in params]
     records = []
     forward = eng.forward_batch
 
@@ -321,11 +334,8 @@ def offline_idle(max_prefill_tokens: int = 8192, window: int = 20) -> None:
     each of 256, 192, 128, 64 and 16 requests: how much of those steps' time the GPU idled,
     waiting for the CPU. Events around each step (offline_split) cannot tell that wait apart."""
     print(f"\n== 5. offline workload, GPU idle time inside windows of {window} decode steps")
-    llm = make_llm(max_prefill_tokens=max_prefill_tokens)
+    llm, prompts, params = offline_engine(max_prefill_tokens)
     eng = llm.engine
-    prompts, output_lens = offline_workload(256, 1024, 1024, eng.model_config.vocab_size)
-    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
-    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=8, ignore_eos=True))
     targets = [256, 192, 128, 64, 16]
     state = {"prof": None, "steps": 0, "sizes": [], "t0": 0.0}
     forward = eng.forward_batch
@@ -416,7 +426,7 @@ def attention_bandwidth(sizes: list[int], ctx: int, label: str, **overrides) -> 
         total = attention = 0.0
         names = set()
         for evt in prof.key_averages():
-            t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+            t = self_gpu_us(evt)
             total += t
             if any(k in evt.key for k in ATTENTION_KERNELS):
                 attention += t
@@ -430,21 +440,6 @@ def attention_bandwidth(sizes: list[int], ctx: int, label: str, **overrides) -> 
     cleanup()
 
 
-@contextlib.contextmanager
-def environment(**values: str):
-    """Engines made inside see these environment settings (read when an engine starts)."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def offline_levers() -> None:
     """Goal 2 (the offline workload): its steps against their floors, then the decode attention
     of its batch sizes on FlashInfer (CUDA cores, tensor cores) and on the Triton kernels."""
@@ -452,7 +447,7 @@ def offline_levers() -> None:
     offline_idle(8192)
     sizes, ctx = [16, 64, 128, 256], 1024  # the workload's mean context is about 1,000 tokens
     attention_bandwidth(sizes, ctx, "flashinfer", max_kv_tokens=300_000)
-    with environment(MINISGL_DECODE_ATTENTION="triton"):
+    with mock.patch.dict(os.environ, MINISGL_DECODE_ATTENTION="triton"):  # read when an engine starts
         attention_bandwidth(sizes, ctx, "triton", max_kv_tokens=300_000)
     with tensor_core_decode():
         attention_bandwidth(sizes, ctx, "flashinfer tensor cores", max_kv_tokens=300_000)
