@@ -444,16 +444,20 @@ class ConversationStore:
             return _conversation(_conversation_row(conn, conv_id), [])
 
     def rename(self, conv_id: int, title: str) -> None:
+        """Retitle the conversation. Its place in the list and its time stay: they say when the
+        chat was last written to, and a chat that jumped to the top when renamed would leave the
+        user's pointer over another one (as in peer apps, renaming is not using)."""
         title = _clean_title(title)
         with self._write() as conn:
-            _touch(conn, conv_id, time.time())
+            _conversation_row(conn, conv_id)
             conn.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conv_id))
 
     def update_settings(self, conv_id: int, settings: ChatSettings) -> None:
-        """Replace the conversation's settings; ValueError (nothing stored) if they are invalid."""
+        """Replace the conversation's settings; ValueError (nothing stored) if they are invalid.
+        Like :meth:`rename`, it leaves the chat's place in the list and its time alone."""
         settings.validate()
         with self._write() as conn:
-            _touch(conn, conv_id, time.time())
+            _conversation_row(conn, conv_id)
             conn.execute("UPDATE conversations SET settings = ? WHERE id = ?",
                          (json.dumps(settings.to_dict()), conv_id))
 

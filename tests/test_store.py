@@ -140,10 +140,25 @@ def test_list_puts_the_most_recently_updated_first(store):
     assert [s.title for s in store.list()] == ["c", "b", "a"]
     store.append(a.id, "user", "hello")
     assert [s.title for s in store.list()] == ["a", "c", "b"]
-    store.rename(b.id, "b2")
-    assert [(s.title, s.message_count) for s in store.list()] == [("b2", 0), ("a", 1), ("c", 0)]
+    store.truncate_after(b.id, -1)  # a write to the chat's messages, even one that drops them, uses it
+    assert [s.title for s in store.list()] == ["b", "a", "c"]
     store.delete(c.id)
     assert [s.id for s in store.list()] == [b.id, a.id]
+
+
+def test_renaming_or_changing_settings_leaves_the_chat_in_its_place_and_time(store):
+    """Renaming a chat is not using it (a tour saw a renamed chat jump from under the pointer to
+    the top of the list): the order and the time shown stay, while the revision that other
+    tabs follow still moves."""
+    a, b, c = (store.create(t) for t in "abc")
+    before = {s.id: s.updated_at for s in store.list()}
+    revision = store.revision(b.id)
+    store.rename(b.id, "b2")
+    store.update_settings(b.id, ChatSettings(temperature=0.5))
+    listed = store.list()
+    assert [s.title for s in listed] == ["c", "b2", "a"]
+    assert {s.id: s.updated_at for s in listed} == before
+    assert store.revision(b.id) > revision and store.get(b.id).settings.temperature == 0.5
 
 
 def test_truncate_after_drops_later_messages_and_positions_continue(store):
