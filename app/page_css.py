@@ -145,4 +145,14 @@ CHAT_LIST_TIME = """
 #conv-list .chat-when { white-space: pre; }
 """
 
-PAGE_CSS = CHAT_LIST_TIME + CHAT_LIST_FOCUS + HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR
+# With many chats the list pushed Manage, Settings and Models down the sidebar, out of reach (120
+# chats put Settings at y = 4,430 px on an 860 px screen): the list scrolls on its own, in the room
+# the screen leaves them (its ~360 px: the bar, the search, the three panels' headers), never less
+# than ~6 chats. PAGE_JS brings the chat shown into the list's view when it changes.
+CHAT_LIST_SCROLLS = """
+#conv-list > .wrap:has(> label) { max-height: max(200px, calc(100vh - 360px)); overflow-y: auto; overscroll-behavior: contain;
+                                  flex-wrap: nowrap !important; }  /* Gradio's column wraps: chats went into columns to its right */
+#conv-list > .wrap:has(> label) > label { flex-shrink: 0; }
+"""
+
+PAGE_CSS = CHAT_LIST_TIME + CHAT_LIST_SCROLLS + CHAT_LIST_FOCUS + HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR

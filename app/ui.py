@@ -286,6 +286,18 @@ PAGE_JS = """
         span.dataset.fitted = fitted;
       }
     };
+    // the list scrolls on its own (page_css.CHAT_LIST_SCROLLS): when the chat shown changes (a
+    // click, a reload, another chat opened by its address) it is brought into the list's view, once
+    // the list is shown (a phone's closed list has no size yet); the user's own scrolling is left alone
+    let inView = null;
+    const keepShownInView = () => {
+      const input = list.querySelector('input:checked'), box = list.querySelector(':scope > .wrap:has(> label)');
+      if (!input || !box || !box.clientHeight || input.value === inView) return;
+      inView = input.value;
+      const row = input.closest('label').getBoundingClientRect(), view = box.getBoundingClientRect();
+      if (row.top < view.top) box.scrollTop -= view.top - row.top;
+      else if (row.bottom > view.bottom) box.scrollTop += row.bottom - view.bottom;
+    };
     const mark = () => {
       const labels = list.querySelectorAll('label');
       for (const label of labels) {
@@ -296,6 +308,7 @@ PAGE_JS = """
         if (label.getAttribute('aria-checked') !== shown) label.setAttribute('aria-checked', shown);
       }
       fitTitles(labels);
+      keepShownInView();
     };
     new MutationObserver(mark).observe(list, {subtree: true, childList: true, characterData: true, attributes: true,
                                               attributeFilter: ['class']});

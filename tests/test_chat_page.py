@@ -1140,6 +1140,40 @@ def test_on_a_phone_the_details_toggle_and_attach_are_32_px_touch_targets(tab, a
                       == "Hide details", 5)
 
 
+def test_with_many_chats_the_list_scrolls_and_the_panels_below_it_stay_in_reach(tab, app):
+    """A tour with 120 chats found Manage, Settings and Models ~4,400 px down the sidebar, out of
+    reach: the chat list scrolls on its own and the panels stay on the screen; the chat shown is
+    brought into the list's view (a reload that shows a chat from the list's far end)."""
+    from minisgl_app.store import DB_NAME, ConversationStore
+
+    store = ConversationStore(app.data_dir / DB_NAME)  # the app's own file: a page load lists them
+    ids = [store.create(f"Numbat pile {i:03d}").id for i in range(120)]
+    try:
+        page = tab().page
+        page.reload()
+        wait_page_loaded(page)
+        assert wait_until(lambda: page.locator("#conv-list label").count() >= 120, 10)
+        height = page.viewport_size["height"]
+        for panel in ("#manage", "#settings", "#models"):
+            box = page.locator(panel).bounding_box()
+            assert box["y"] + box["height"] <= height, (panel, box, height)
+        rows = page.locator("#conv-list > .wrap:has(> label)")
+        assert rows.evaluate("e => e.scrollHeight > 2 * e.clientHeight && e.clientHeight >= 150"), rows.evaluate("e => [e.scrollHeight, e.clientHeight]")
+        oldest = page.locator("#conv-list label", has_text="Numbat pile 000")
+        oldest.click()
+        assert wait_until(lambda: oldest.locator("input").is_checked(), 10)
+        page.reload()
+        wait_page_loaded(page)
+        assert wait_until(lambda: oldest.locator("input").is_checked(), 10)
+        in_view = """([row, box]) => { const r = row.getBoundingClientRect(), b = box.getBoundingClientRect();
+                                         return r.top >= b.top - 1 && r.bottom <= b.bottom + 1 && box.scrollTop > 0; }"""
+        assert wait_until(lambda: page.evaluate(in_view, [oldest.element_handle(), rows.element_handle()]), 5), \
+            rows.evaluate("e => [e.scrollTop, e.clientHeight, e.scrollHeight]")
+    finally:
+        for conv_id in ids:
+            store.delete(conv_id)
+
+
 def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab, app):
     """The sidebar cut a long title at the label's end, and the time the chat was last used went
     with it: the title is cut with "…" and the time stays whole, inside the label; the label's
