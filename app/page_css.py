@@ -155,4 +155,11 @@ CHAT_LIST_SCROLLS = """
 #conv-list > .wrap:has(> label) > label { flex-shrink: 0; }
 """
 
-PAGE_CSS = CHAT_LIST_TIME + CHAT_LIST_SCROLLS + CHAT_LIST_FOCUS + HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR
+# Inline code with no space in it (a long name, a hash, 120 x's) ran past its message's right edge
+# and made the whole chat scroll sideways: it wraps anywhere, as a long link does. A code block
+# keeps its lines and scrolls inside itself.
+LONG_INLINE_CODE = """
+#chatbot :not(pre) > code { white-space: pre-wrap; overflow-wrap: anywhere; }
+"""
+
+PAGE_CSS = LONG_INLINE_CODE + CHAT_LIST_TIME + CHAT_LIST_SCROLLS + CHAT_LIST_FOCUS + HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR

@@ -914,6 +914,8 @@ def _plan_import(text: str | bytes) -> _ImportPlan:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > IMPORT_LIMIT_BYTES:
         raise _too_big(size)
+    if not text.removeprefix("\ufeff").strip():
+        raise BadImportFile("the file is empty")  # json's "Expecting value at line 1 column 1" said less
     try:
         doc = json.loads(text.removeprefix("\ufeff"))
     except json.JSONDecodeError as e:

@@ -179,9 +179,13 @@ PAGE_JS = """
     nameToggles();
   };
   watchChat();
+  // under the status line while it is in the screen's upper half; else (scrolled away, or a phone's
+  // open ☰ Chats pushing it ~1,300 px down) at the screen's top: a refusal opened off the screen
   const place = () => {
     const line = document.querySelector('#status-line');
-    if (line) document.documentElement.style.setProperty('--status-bottom', Math.max(0, line.getBoundingClientRect().bottom) + 'px');
+    if (!line) return;
+    const bottom = line.getBoundingClientRect().bottom;
+    document.documentElement.style.setProperty('--status-bottom', (bottom > 0 && bottom < innerHeight / 2 ? bottom : 0) + 'px');
   };
   const watch = () => {
     const line = document.querySelector('#status-line');
@@ -189,6 +193,8 @@ PAGE_JS = """
     new ResizeObserver(place).observe(line);
     addEventListener('resize', place);
     addEventListener('scroll', place, true);
+    addEventListener('click', place, true);  // a panel opened or closed moves the line without a scroll
+    addEventListener('keydown', place, true);
     place();
   };
   watch();
@@ -834,7 +840,9 @@ class ChatPage:
         elif not title:
             warn("A title cannot be empty.")
         else:
-            self.store.rename(tab.conv_id, title[:200])
+            if len(title) > TITLE_LIMIT:  # said, not done silently: a tour's 500-letter title lost its end unseen
+                inform(f"The title keeps its first {TITLE_LIMIT} characters.")
+            self.store.rename(tab.conv_id, title[:TITLE_LIMIT])
         tab.sidebar = self.render_sidebar(tab)
         conv = self.shown(tab)  # the box shows the title the chat has (a refused one is put back)
         if conv is not None:
@@ -1634,6 +1642,9 @@ def kept_edit(box: str | None, edited: str):
     if not edited:
         return gr.skip()
     return f"{box.rstrip()}\n\n{edited}" if box and box.strip() else edited
+
+
+TITLE_LIMIT = 200  # characters of a chat's title that Rename keeps
 
 
 def warn(message: str) -> None:

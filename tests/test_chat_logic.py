@@ -1618,6 +1618,28 @@ async def test_manage_offers_rename_delete_and_export_only_once_the_chat_is_stor
 
 
 @pytest.mark.anyio
+async def test_a_title_longer_than_rename_keeps_is_cut_and_the_page_says_so(store, monkeypatch) -> None:
+    """Rename kept a 500-letter title's first 200 characters and said nothing (a new user's tour):
+    the title box shows the title kept and a toast says why; a title that fits says nothing."""
+    from minisgl_app import ui
+    from minisgl_app.ui import TITLE_LIMIT, ChatPage
+
+    said: list[str] = []
+    monkeypatch.setattr(ui, "inform", said.append)
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    await page.send("title me", *SETTINGS, None, request)
+    await until_idle(page.replies)
+    conv_id = page.tab(request).conv_id
+    _, shown = await page.rename("Capybara " * 60, request)
+    kept = ("Capybara " * 60)[:TITLE_LIMIT].strip()
+    assert store.get(conv_id).title == kept and shown == kept
+    assert said == [f"The title keeps its first {TITLE_LIMIT} characters."]
+    await page.rename("Capybara trip", request)
+    assert store.get(conv_id).title == "Capybara trip" and len(said) == 1
+
+
+@pytest.mark.anyio
 async def test_manage_actions_start_hidden_and_the_first_render_shows_them_for_a_stored_chat(store) -> None:
     """Manage's actions were laid out visible, so a fresh page offered Rename, Delete and Export
     for a new chat until its first render hid them. They start hidden; the render that follows

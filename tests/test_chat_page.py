@@ -938,6 +938,28 @@ def test_escape_stops_the_reply_and_stop_looks_active_only_meanwhile(tab, app):
     assert wait_until(lambda: retry.count() == 1 and retry.is_visible(), 5), "no ↻ under the reply once it ended"
 
 
+def test_a_long_unbroken_inline_code_wraps_inside_its_message(tab, app):
+    """Inline code of 120 letters with no space ran past its bubble's right edge and made the
+    whole chat scroll sideways (1,099 px wide in 860; a new user's tour): it wraps inside the
+    message, on a desktop and on a phone. A code block still scrolls inside itself."""
+    page = tab().page
+    new_chat(page, max_tokens=4)
+    send(page, f"Kakapo: what is `{'x' * 120}`?")
+    wait_finished(page, 1)
+    code = page.locator(f"{USER} code").first
+    for width, height in ((1280, 860), (390, 844)):
+        page.set_viewport_size({"width": width, "height": height})
+        code.wait_for(state="visible", timeout=10_000)
+        time.sleep(0.3)  # the new width's layout
+        bubble = page.locator(USER).first.bounding_box()
+        box = code.bounding_box()
+        assert box["x"] + box["width"] <= bubble["x"] + bubble["width"] + 1, (width, box, bubble)
+        sideways = page.evaluate("""() => [...document.querySelectorAll('#chatbot *')]
+            .filter((e) => e.scrollWidth > e.clientWidth + 1 && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX)
+                           && !e.closest('pre')).map((e) => `${e.className} ${e.scrollWidth}/${e.clientWidth}`)""")
+        assert not sideways, (width, sideways)
+
+
 def test_message_box_is_visible_on_a_phone(tab, app):
     page = tab(viewport={"width": 390, "height": 844}).page
     box = page.locator("#msg-input textarea").bounding_box()
@@ -1055,6 +1077,25 @@ def test_on_a_phone_chats_open_looks_pressed_and_says_which_way_it_goes(tab, app
     again = ("border", "text", "marker")
     assert wait_until(lambda: [toggle.evaluate(TOGGLE_LOOK_JS)[k] for k in again] == [closed[k] for k in again], 5), \
         (toggle.evaluate(TOGGLE_LOOK_JS), closed)
+
+
+def test_on_a_phone_a_refusal_opens_on_the_screen_with_the_chat_list_open(tab, app):
+    """Toasts open under the status line; on a phone with ☰ Chats open the line sits far below the
+    screen, and a refused setting's toast opened there (y ~1,510 px of 844: a new user's tour saw
+    nothing happen). A toast stays on the screen wherever the status line is."""
+    page = tab(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).page
+    page.locator("#chats-toggle").tap()
+    assert wait_until(lambda: page.locator("#chats-toggle").get_attribute("aria-expanded") == "true", 5)
+    open_accordion(page, "Settings", "#max-tokens input")
+    page.mouse.wheel(0, 80)  # as a person reaches the box (the page scrolls: the status line is placed again)
+    box = page.locator("#max-tokens input")
+    box.scroll_into_view_if_needed()
+    box.fill("0")
+    box.press("Enter")
+    toast = page.locator(".toast-body", has_text="max tokens must be")
+    toast.wait_for(state="visible", timeout=10_000)
+    where = toast.bounding_box()
+    assert where["y"] >= 0 and where["y"] + where["height"] <= 844, (where, page.locator("#status-line").bounding_box())
 
 
 def test_on_a_phone_every_control_under_chats_and_in_the_versions_bar_is_a_32_px_touch_target(tab, app):

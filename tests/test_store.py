@@ -556,7 +556,8 @@ TREE = {"format": "minisgl-chat conversation", "title": "t", "settings": {},
 
 
 BAD_FILES = [  # (test id, the file's text, what the user is told)
-    ("empty", "", "not JSON: Expecting value at line 1 column 1"),
+    ("empty", "", "the file is empty"),
+    ("blank", "\ufeff \n\t", "the file is empty"),
     ("prose", "hello", "not JSON: Expecting value at line 1 column 1"),
     ("broken", '{"messages": [}', "not JSON: Expecting value at line 1 column 15"),
     ("two-documents", "[] []", "not JSON: Extra data at line 1 column 4"),
