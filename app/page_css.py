@@ -60,6 +60,9 @@ NARROW = """
   /* a column Gradio lets wrap: a sidebar taller than the screen put all but ☰ Chats and New chat (the
      search, the chat list, Manage, Settings, Models) into a second column, out of view to its right */
   #sidebar { flex-wrap: nowrap !important; }
+  /* the chat takes the screen's height less the status line, the versions bar and the message box
+     (~210 px): at 70% of it the message box sat at 80% of a 1080 px screen, a fifth of it empty below */
+  #main #chatbot { height: max(300px, calc(100vh - 210px)) !important; }
 }
 @media __NARROW_QUERY__ {
   #sidebar-body button, #versions button { min-height: 32px !important; }

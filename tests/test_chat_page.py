@@ -960,6 +960,26 @@ def test_a_long_unbroken_inline_code_wraps_inside_its_message(tab, app):
         assert not sideways, (width, sideways)
 
 
+def test_on_a_desktop_the_chat_fills_the_screen_and_the_message_box_stays_on_it(tab, app):
+    """The chat was 70% of the screen's height: on a 1080 px screen the message box sat at 80% of
+    it, a fifth of the screen empty below (a new user's tour). The message box now ends near the
+    screen's bottom, and stays on the screen with the versions bar shown, on a short screen too."""
+    page = tab(viewport={"width": 1920, "height": 1080}).page
+    new_chat(page, max_tokens=4)
+    send(page, "Quoll: say hi.")
+    wait_finished(page, 1)
+    composer = page.locator("#composer")
+    assert 0.9 * 1080 <= composer.bounding_box()["y"] + composer.bounding_box()["height"] <= 1080, composer.bounding_box()
+    page.locator("#chatbot button[aria-label='Retry']").last.click()  # a second version: the versions bar shows
+    assert wait_until(lambda: page.locator("#versions").is_visible(), 30)
+    wait_finished(page, 1)
+    for width, height in ((1920, 1080), (1280, 500)):
+        page.set_viewport_size({"width": width, "height": height})
+        assert wait_until(lambda: composer.bounding_box()["y"] + composer.bounding_box()["height"] <= height, 5), \
+            (width, height, composer.bounding_box(), page.locator("#versions").bounding_box())
+        assert page.evaluate("document.documentElement.scrollHeight") <= height, (width, height)
+
+
 def test_message_box_is_visible_on_a_phone(tab, app):
     page = tab(viewport={"width": 390, "height": 844}).page
     box = page.locator("#msg-input textarea").bounding_box()
