@@ -155,7 +155,6 @@ CHAT_LIST_TIME = """
 CHAT_LIST_SCROLLS = """
 #conv-list > .wrap:has(> label) { max-height: max(200px, calc(100vh - 360px)); overflow-y: auto; overscroll-behavior: contain;
                                   flex-wrap: nowrap !important; }  /* Gradio's column wraps: chats went into columns to its right */
-#conv-list > .wrap:has(> label) > label { flex-shrink: 0; }
 """
 
 # Inline code with no space in it (a long name, a hash, 120 x's) ran past its message's right edge

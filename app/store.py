@@ -914,10 +914,11 @@ def _plan_import(text: str | bytes) -> _ImportPlan:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > IMPORT_LIMIT_BYTES:
         raise _too_big(size)
-    if not text.removeprefix("\ufeff").strip():
+    text = text.removeprefix("\ufeff")
+    if not text.strip():
         raise BadImportFile("the file is empty")  # json's "Expecting value at line 1 column 1" said less
     try:
-        doc = json.loads(text.removeprefix("\ufeff"))
+        doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadImportFile(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:

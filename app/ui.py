@@ -180,7 +180,8 @@ PAGE_JS = """
   };
   watchChat();
   // under the status line while it is in the screen's upper half; else (scrolled away, or a phone's
-  // open ☰ Chats pushing it ~1,300 px down) at the screen's top: a refusal opened off the screen
+  // open ☰ Chats pushing it ~1,300 px down) at the screen's top: a refusal opened off the screen.
+  // A value left from before a panel moved the line is in the upper half too: on the screen
   const place = () => {
     const line = document.querySelector('#status-line');
     if (!line) return;
@@ -193,8 +194,6 @@ PAGE_JS = """
     new ResizeObserver(place).observe(line);
     addEventListener('resize', place);
     addEventListener('scroll', place, true);
-    addEventListener('click', place, true);  // a panel opened or closed moves the line without a scroll
-    addEventListener('keydown', place, true);
     place();
   };
   watch();
