@@ -53,6 +53,7 @@ def row_header(bench: str, config: EngineConfig, engine) -> dict:
         "device": device_name(engine.device),
         "model": config.config if config.dummy_weights and config.config else str(engine.model_dir),
         "dtype": str(engine.dtype).removeprefix("torch."),
+        "kv_dtype": str(engine.kv_dtype).removeprefix("torch."),
         "tp": config.tp,
         "dp": config.dp,
     }
@@ -336,7 +337,7 @@ def bandwidth_floor_s(engine, prompts: list[list[int]], output_lens: list[int], 
     from .model_loader import param_bytes
 
     mc = engine.model_config
-    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, engine.dtype)
+    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, engine.kv_dtype)
     kv_reads = sum(out * len(p) + out * (out - 1) // 2 for p, out in zip(prompts, output_lens))
     weight_reads = max(output_lens) * param_bytes(mc, engine.dtype)
     return (weight_reads + kv_reads * kv_per_token) / bandwidth

@@ -25,6 +25,7 @@ from .cpu_threads import CpuThreads
 from .distributed import fused_all_reduce_norm_wanted, get_tp, local_head_counts, min_over_ranks
 from .errors import UserError
 from .kvcache import KVPool, PageTable
+from .kvcache.kv_pool import resolve_kv_dtype
 from .logits_processor import Logprobs, LogitsProcessor, PromptLogprobs, TokenMasks
 from .model_loader import free_memory_bytes, load_model
 from .models.transformer import enable_flashinfer_ops
@@ -153,6 +154,7 @@ class Engine:
         self.model_dir = loaded.model_dir
         self.device = loaded.device
         self.dtype = loaded.dtype
+        self.kv_dtype = resolve_kv_dtype(config.kv_dtype, self.dtype)  # the KV pool's (--kv-dtype)
         # CPU: the cores other processes leave free (a browser beside the chat app is the common
         # case), shared among the tensor-parallel ranks of this machine
         self.cpu_threads = CpuThreads(config.cpu_threads, share=self.tp.size) if self.device.type == "cpu" else None
@@ -170,7 +172,7 @@ class Engine:
         attention backend that reads them."""
         mc = self.model_config
         self.num_pages = self._num_kv_pages()
-        self.kv_pool = KVPool(mc.num_layers, self.num_pages, self.page_size, self.num_kv_heads, mc.head_dim, self.dtype, self.device)
+        self.kv_pool = KVPool(mc.num_layers, self.num_pages, self.page_size, self.num_kv_heads, mc.head_dim, self.kv_dtype, self.device)
         self.page_table = PageTable(self.config.max_running_requests, self.max_context_len, self.device, self.page_size)
         self.attn_backend = create_attention_backend(
             self.attn_name,
@@ -186,7 +188,7 @@ class Engine:
         logger.info(
             "KV cache: %d tokens (%d pages of %d) on %s in %s; attention: %s",
             self.num_pages * self.page_size, self.num_pages, self.page_size, self.device,
-            str(self.dtype).removeprefix("torch."), self.attn_name,
+            str(self.kv_dtype).removeprefix("torch."), self.attn_name,
         )
 
     def _enable_fast_ops(self, on_phase: Callable[[str], None] | None) -> dict[str, object]:
@@ -225,7 +227,7 @@ class Engine:
                 from .attention.flashinfer_backend import decode_uses_tensor_cores
 
                 tensor_cores = decode_uses_tensor_cores(self.num_heads, self.num_kv_heads)  # this rank's heads
-                flashinfer_kernels.build_kernels(self.dtype, self.model_config.head_dim, on_phase, tensor_cores)
+                flashinfer_kernels.build_kernels(self.dtype, self.model_config.head_dim, on_phase, tensor_cores, self.kv_dtype)
             except Exception as exc:  # no nvcc, a compiler error, ...
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 reason = f"its kernels could not be built ({first[:200]})"
@@ -250,7 +252,7 @@ class Engine:
         """From --max-kv-tokens, else --mem-fraction of the memory free after the weights (the
         rest stays for activations, CUDA graphs and FlashInfer's workspace)."""
         mc = self.model_config
-        per_token = KVPool.bytes_per_token(mc.num_layers, self.num_kv_heads, mc.head_dim, self.dtype)
+        per_token = KVPool.bytes_per_token(mc.num_layers, self.num_kv_heads, mc.head_dim, self.kv_dtype)
         if self.config.max_kv_tokens is not None:
             tokens = self.config.max_kv_tokens
         else:

@@ -162,9 +162,10 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         weight_bytes = param_bytes(model_config, dtype)
     else:
         weight_bytes = weights_nbytes(model_dir, dtype)
-    from .kvcache.kv_pool import KVPool
+    from .kvcache.kv_pool import KVPool, resolve_kv_dtype
 
-    per_token = KVPool.bytes_per_token(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype)
+    kv_dtype = resolve_kv_dtype(config.kv_dtype, dtype)
+    per_token = KVPool.bytes_per_token(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, kv_dtype)
     tp = get_tp().size  # each rank holds about 1/tp of the weights and of the KV heads
     check_fits(name, weight_bytes, per_token * min(model_config.max_context_len, 4096), device, dtype, tp)
 

@@ -525,8 +525,9 @@ def _decode_attention_split_kernel(
         token_ok = tokens < end
         slots = tl.load(table_ptr + row * stride_table + tokens, mask=token_ok, other=0)
         kv = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM + dims[None, :]
-        k = tl.load(k_ptr + kv, mask=token_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + kv, mask=token_ok[:, None], other=0.0)
+        # widened to q's dtype where the pool is FP8 (--kv-dtype fp8; a no-op otherwise)
+        k = tl.load(k_ptr + kv, mask=token_ok[:, None], other=0.0).to(q.dtype)
+        v = tl.load(v_ptr + kv, mask=token_ok[:, None], other=0.0).to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * qk_scale  # [16, BLOCK_N]
         scores = tl.where(token_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -707,7 +708,7 @@ def _decode_attention_qkv_kernel(
         qkv_row = qkv_ptr + b * stride_qkv
         # q rounded to the model's dtype, as the q/k kernel hands it to attention
         q = _rope_rows(qkv_row, tl.where(head_ok, heads, 0)[:, None] * HEAD_DIM, dims, q_weight_ptr, cos_sin_ptr, pos, eps,
-                       HEAD_DIM, HAS_NORM).to(k_ptr.dtype.element_ty)
+                       HEAD_DIM, HAS_NORM).to(qkv_ptr.dtype.element_ty)
         qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
         m = tl.full((16,), float("-inf"), dtype=tl.float32)
         denom = tl.zeros((16,), dtype=tl.float32)
@@ -717,8 +718,8 @@ def _decode_attention_qkv_kernel(
             token_ok = tokens < cached_end
             slots = tl.load(table_ptr + row * stride_table + tokens, mask=token_ok, other=0)
             kv = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM + dims[None, :]
-            k = tl.load(k_ptr + kv, mask=token_ok[:, None], other=0.0)
-            v = tl.load(v_ptr + kv, mask=token_ok[:, None], other=0.0)
+            k = tl.load(k_ptr + kv, mask=token_ok[:, None], other=0.0).to(q.dtype)  # widened from FP8 (--kv-dtype fp8)
+            v = tl.load(v_ptr + kv, mask=token_ok[:, None], other=0.0).to(q.dtype)
             scores = tl.dot(q, tl.trans(k)) * qk_scale  # [16, BLOCK_N]
             scores = tl.where(token_ok[None, :], scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -731,7 +732,8 @@ def _decode_attention_qkv_kernel(
         if end == seq_len:  # this piece holds the newest token: its K (normalised, rotated) and V from qkv
             new_k = _rope_rows(qkv_row, tl.zeros((1, 1), tl.int32) + (NUM_HEADS + kv_head) * HEAD_DIM, dims, k_weight_ptr, cos_sin_ptr,
                                pos, eps, HEAD_DIM, HAS_NORM).to(k_ptr.dtype.element_ty)  # [1, HEAD_DIM]
-            new_v = tl.load(qkv_row + (NUM_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims)
+            # rounded as the pool holds it (FP8 with --kv-dtype fp8), as later steps will read it
+            new_v = tl.load(qkv_row + (NUM_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims).to(v_ptr.dtype.element_ty)
             slot_row = tl.load(out_loc_ptr + b) * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
             tl.store(k_ptr + slot_row + dims[None, :], new_k)  # into the pool for the steps after this one
             tl.store(v_ptr + slot_row + dims, new_v)

@@ -22,6 +22,7 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels offlineprofile   # goal 2: the offline workload's steps against their floors
 #   bash scripts/gpu_check.sh setup loadcache kernels decodesweep   # the Triton decode attention's tilings, then the offline workload with the best
 #   ENVAB_RUNS="MINISGL_PDL_TRIGGER=first :: qwen3-8b decode --input-len 128" bash scripts/gpu_check.sh setup loadcache kernels envab
+#   bash scripts/gpu_check.sh setup loadcache kernels fp8 fp8bench   # --kv-dtype fp8: its kernels and agreement, then the benches
 #   bash scripts/gpu_check.sh setup loadcache kernels kernelab oldnew   # this tree against the committed one (carry .old, made by:
 #     rm -rf .old && mkdir .old && git archive HEAD engine app | tar -x -C .old && mv .old/engine .old/minisgl_engine && mv .old/app .old/minisgl_app)
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
@@ -108,11 +109,17 @@ for stage in "$@"; do
     kernels)  # head_dim 128 (Qwen3 shapes) and 64 (the demo model), as the engine builds them
       python3 - <<'EOF' 2>&1 | tee "$OUT/kernels.log"
 import time, torch
-from minisgl_engine.flashinfer_kernels import build_kernels
+from concurrent.futures import ThreadPoolExecutor
+from minisgl_engine.flashinfer_kernels import jit_specs
 start = time.perf_counter()
-build_kernels(torch.bfloat16, 128, decode_tensor_cores=False)  # also the CUDA-core decode module
-build_kernels(torch.bfloat16, 64, decode_tensor_cores=False)
-print(f"built the FlashInfer modules in {time.perf_counter() - start:.0f} s")
+# also the CUDA-core decode module, and the attention modules over an FP8 pool (--kv-dtype fp8);
+# every module in one pool of builds (one build_kernels call per set would run the sets in turn)
+sets = [(torch.bfloat16, 128, None), (torch.bfloat16, 64, None), (torch.bfloat16, 128, torch.float8_e4m3fn)]
+specs = {spec.name: spec for dtype, dim, kv in sets for spec in jit_specs(dtype, dim, False, kv)}
+missing = [spec for spec in specs.values() if not spec.is_compiled]
+with ThreadPoolExecutor(max(1, len(missing))) as pool:
+    list(pool.map(lambda spec: spec.build(verbose=False), missing))
+print(f"built {len(missing)} of {len(specs)} FlashInfer modules in {time.perf_counter() - start:.0f} s")
 if torch.cuda.device_count() > 1:  # tensor parallelism's fused all-reduce + RMSNorm (distributed.py)
     from flashinfer.comm.trtllm_ar import get_trtllm_comm_module
     start = time.perf_counter()
@@ -292,6 +299,22 @@ print('demo model ready at', demo_model_dir())" || status=1
     demobench)  # the real demo model (SmolLM2-135M-Instruct, bf16) beside transformers (stage demo first)
       timeout 300 "${CLI[@]}" bench decode --device cuda --compare-hf --input-len 128 2048 --output-len 128 --repeat 3 2>&1 | tee "$OUT/bench_demo.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    fp8)  # --kv-dtype fp8: the Triton kernels over an FP8 pool, its agreement test, then nano-vllm's workload and
+      # batch-1 decode with the bf16 pool and the FP8 one
+      timeout 120 python3 -m pytest tests/test_triton_kernels.py -q -p no:cacheprovider -k "fp8 or kv_dtype" 2>&1 | tail -3 | tee "$OUT/fp8.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      timeout 300 python3 -m pytest -m cuda tests/test_cuda.py -k fp8 -q -s -p no:cacheprovider 2>&1 | grep -E "agreement|passed|failed|Error|error" | tee -a "$OUT/fp8.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    fp8bench)  # FP8_DECODE=0: the offline workload alone (a fresh machine compiles Triton's kernels in its first run: ~3 min)
+      for kv in ${FP8_KV:-auto fp8}; do
+        timeout 250 "${CLI[@]}" bench offline --device cuda --dummy-weights --config qwen3-0.6b --kv-dtype $kv 2>&1 \
+          | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[kv $kv] /" | tee -a "$OUT/bench_fp8.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        [ "${FP8_DECODE:-1}" = 0 ] && continue
+        timeout 150 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-0.6b --kv-dtype $kv --input-len 128 2048 --output-len 128 --repeat 2 2>&1 \
+          | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[kv $kv] /" | tee -a "$OUT/bench_fp8.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -286,7 +286,7 @@ def offline_split(max_prefill_tokens: int) -> None:
     from minisgl_engine.model_loader import param_bytes
 
     mc = eng.model_config
-    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, eng.dtype)
+    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, eng.kv_dtype)
     weights, bandwidth = param_bytes(mc, eng.dtype), copy_bandwidth(eng.device)
     groups: dict[str, list] = collections.defaultdict(list)
     for phase, bs, ntok, s, e, host, kv_tokens in records:
@@ -410,7 +410,7 @@ def attention_bandwidth(sizes: list[int], ctx: int, label: str, **overrides) -> 
 
     llm = make_llm(**overrides)
     mc, runner = llm.engine.model_config, llm.engine.graph_runner
-    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, llm.engine.dtype)
+    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, llm.engine.kv_dtype)
     for bs in sizes:
         stream = decode_until(llm, bs, ctx, 4)
         size, kind = runner.last_graph

@@ -217,7 +217,7 @@ def test_generate_with_a_prompt_longer_than_the_context(demo_dir) -> None:
 # ---- bench ---------------------------------------------------------------------------------
 
 BENCH_KEYS = {
-    "bench", "device", "model", "dtype", "tp", "dp", "cache", "batch_size", "input_len", "output_len",
+    "bench", "device", "model", "dtype", "kv_dtype", "tp", "dp", "cache", "batch_size", "input_len", "output_len",
     "engine_tok_s", "hf_tok_s", "hf_settings", "ttft_ms", "busy_cores", "engine_threads",
 }
 
@@ -229,7 +229,7 @@ def check_bench_json(proc: subprocess.CompletedProcess, tiny_dir: Path, input_le
     assert row["bench"] == "decode"
     assert (row["batch_size"], row["input_len"], row["output_len"]) == (1, input_len, output_len)
     assert row["model"] == str(tiny_dir)
-    assert (row["dtype"], row["tp"], row["cache"]) == ("float32", 1, "radix")
+    assert (row["dtype"], row["kv_dtype"], row["tp"], row["cache"]) == ("float32", "float32", 1, "radix")
     assert isinstance(row["device"], str) and row["device"]
     for key in ("engine_tok_s", "hf_tok_s", "ttft_ms"):  # measured: positive, whatever their values
         assert isinstance(row[key], (int, float)) and row[key] > 0, key
@@ -263,7 +263,7 @@ def test_bench_decode_negative_busy_cores_is_a_one_line_error(tiny_dir) -> None:
 
 
 MULTITURN_KEYS = {
-    "bench", "device", "model", "dtype", "tp", "dp", "cache", "page_size", "conversations", "turns", "system_len",
+    "bench", "device", "model", "dtype", "kv_dtype", "tp", "dp", "cache", "page_size", "conversations", "turns", "system_len",
     "user_len", "reply_len", "ttft_ms_per_turn", "last_turn_ttft_ms", "regenerate_ttft_ms", "prefix_cache_hit_tokens",
     "replies_identical",
 }

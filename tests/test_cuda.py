@@ -132,6 +132,60 @@ def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(refer
 
 
 @pytest.fixture(scope="module")
+def fp8_baselines(reference_models, agreement_baselines):
+    """For ``--kv-dtype fp8``, what it is measured against: transformers' bf16 run with each
+    layer's K and V rounded to FP8 before attention (test_kv_fp8.py's attention function), and
+    our torch backend with an FP8 pool."""
+    from test_kv_fp8 import FP8_KV_ATTENTION, register_fp8_kv_attention
+
+    _, hf16 = reference_models
+    seqs, _, _ = agreement_baselines
+    register_fp8_kv_attention()
+    implementation = hf16.config._attn_implementation
+    hf16.set_attn_implementation(FP8_KV_ATTENTION)
+    try:
+        hf_fp8 = hf_last_logits(hf16, seqs, POSITIONS)
+    finally:
+        hf16.set_attn_implementation(implementation)
+    plain = LLM(config=engine_config(attn="torch", cuda_graph_max_bs=0, kv_dtype="fp8"))
+    load_same_weights(plain, hf16)
+    torch_backend = our_last_logits(plain, seqs, POSITIONS)
+    del plain
+    torch.cuda.empty_cache()
+    return {"transformers bf16, K/V rounded to fp8": hf_fp8, "our torch backend, fp8 pool": torch_backend}
+
+
+@pytest.mark.parametrize("decode_attention", ["flashinfer", "triton", "fused"])
+def test_fp8_kv_cache_agrees_as_well_as_transformers_with_its_kv_rounded_to_fp8(reference_models, agreement_baselines, fp8_baselines,
+                                                                               decode_attention, monkeypatch):
+    """``--kv-dtype fp8`` on every attention path (FlashInfer's FP8 prefill and decode modules,
+    the Triton decode kernels widening K/V as they load them, the fused kernel storing the new
+    token's K/V rounded) against float32 transformers, as well as transformers' own bf16 run with
+    FP8-rounded K/V gets. What FP8 costs against the bf16 pool is printed, not asserted: it is
+    the option's price, reported in docs/benchmarks.md."""
+    from minisgl_engine.attention import flashinfer_backend
+
+    _, hf16 = reference_models
+    seqs, ref, bf16_baselines = agreement_baselines
+    monkeypatch.setenv("MINISGL_DECODE_ATTENTION", decode_attention)
+    monkeypatch.setattr(flashinfer_backend, "TRITON_DECODE_MAX_BATCH", 1 << 30)
+    fast = LLM(config=engine_config(kv_dtype="fp8"))
+    assert fast.engine.kv_pool.k_cache.dtype == torch.float8_e4m3fn and fast.engine.uses_cuda_graphs
+    assert ((64, "triton") in fast.engine.graph_runner.graphs) == (decode_attention != "flashinfer")
+    load_same_weights(fast, hf16)
+    ours = our_last_logits(fast, seqs, POSITIONS)
+    del fast
+    torch.cuda.empty_cache()
+
+    figures = {name: (agreement(x, ref), rel_error(x, ref))
+               for name, x in (("ours, fp8 pool", ours), *fp8_baselines.items(), ("transformers bf16", bf16_baselines["transformers bf16"]))}
+    print(f"--kv-dtype fp8, decode attention {decode_attention}: top-1 agreement with float32 transformers (%), relative logit error:", figures)
+    for baseline in fp8_baselines:
+        assert figures["ours, fp8 pool"][0] >= figures[baseline][0] - 1.0, (baseline, figures)
+        assert figures["ours, fp8 pool"][1] <= 1.5 * figures[baseline][1], (baseline, figures)
+
+
+@pytest.fixture(scope="module")
 def graph_llm():
     llm = LLM(config=engine_config(max_running_requests=256, cuda_graph_max_bs=256, max_kv_tokens=60_000))
     llm.scheduler.overlap = False

@@ -26,6 +26,10 @@ DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 DTYPE = torch.bfloat16 if ON_GPU else torch.float16
 # one rounding of the result to the model's dtype, after float32 arithmetic
 RTOL = 2 ** -7 if DTYPE == torch.bfloat16 else 2 ** -10
+FP8 = torch.float8_e4m3fn  # the KV pool's dtype with --kv-dtype fp8
+# Triton's CPU interpreter rounds float32 to FP8 without the carry into the exponent (1.96 -> 1.0,
+# where the GPU and torch give 2.0): kernels that store FP8 are checked on the GPU only
+STORES_FP8 = pytest.mark.skipif(not ON_GPU, reason="Triton's interpreter rounds to FP8 wrongly; checked on the GPU")
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, scale: float | None = None) -> None:
@@ -158,6 +162,30 @@ def test_qk_norm_rope_store_writes_q_and_the_kv_slots(qk_norm, heads, kv_heads, 
     assert bool((k_cache[untouched] == 9).all()) and bool((v_cache[untouched] == 9).all())
 
 
+@STORES_FP8
+@pytest.mark.parametrize("tokens", [5, 70])
+def test_qk_norm_rope_store_rounds_k_and_v_once_into_an_fp8_pool(tokens) -> None:
+    """--kv-dtype fp8: q stays in the model's dtype; K (from float32) and V are rounded to e4m3."""
+    gen = torch.Generator().manual_seed(tokens)
+    heads, kv_heads, dim, slots, eps = 4, 2, 32, tokens + 11, 1e-6
+    rotary = RotaryEmbedding(dim, 64, 10000.0, None, torch.float32).to(DEVICE)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(DTYPE).to(DEVICE)
+    q_w, k_w = [(1 + 0.1 * torch.randn(dim, generator=gen)).to(DTYPE).to(DEVICE) for _ in range(2)]
+    positions = torch.tensor([random.Random(tokens + i).randrange(64) for i in range(tokens)], device=DEVICE)
+    out_loc = torch.tensor(random.Random(2).sample(range(slots), tokens), device=DEVICE)
+    k_cache = torch.full((slots, kv_heads, dim), 9.0, dtype=FP8, device=DEVICE)
+    v_cache = torch.full((slots, kv_heads, dim), 9.0, dtype=FP8, device=DEVICE)
+    q = tk.qk_norm_rope_store(qkv, heads, kv_heads, dim, q_w, k_w, eps, positions, rotary.cos_sin_cache, out_loc, k_cache, v_cache)
+    ref_q, ref_k, ref_v = reference_qk(qkv, heads, kv_heads, dim, q_w, k_w, eps, positions, rotary)
+    assert q.dtype == DTYPE
+    close(q.cpu(), ref_q)
+    assert torch.allclose(k_cache[out_loc].cpu().float(), ref_k.float(), rtol=2 ** -3, atol=2 ** -9)
+    assert not torch.equal(k_cache[out_loc].cpu().float(), ref_k.float())  # rounded, not widened back to bf16
+    assert torch.equal(v_cache[out_loc].cpu().float(), ref_v.to(FP8).float())
+    untouched = sorted(set(range(slots)) - set(out_loc.tolist()))
+    assert bool((k_cache[untouched].float() == 9).all()) and bool((v_cache[untouched].float() == 9).all())
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_fill_kv_indices_lists_each_requests_pages_then_padding(page_size) -> None:
     rng = random.Random(page_size)
@@ -185,15 +213,17 @@ def test_fill_kv_indices_lists_each_requests_pages_then_padding(page_size) -> No
     assert out[indptr[-1] :].tolist() == [-5] * 3  # nothing written past the batch
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,num_splits", [(4, 2, 32, 1), (6, 2, 64, 3), (2, 2, 32, 8), (4, 2, 32, 3)])
-def test_decode_attention_reads_each_requests_slots_from_the_page_table(heads, kv_heads, head_dim, num_splits) -> None:
+@pytest.mark.parametrize("heads,kv_heads,head_dim,num_splits,kv_dtype", [
+    (4, 2, 32, 1, DTYPE), (6, 2, 64, 3, DTYPE), (2, 2, 32, 8, DTYPE), (4, 2, 32, 3, DTYPE), (6, 2, 64, 3, FP8), (4, 2, 32, 8, FP8)])
+def test_decode_attention_reads_each_requests_slots_from_the_page_table(heads, kv_heads, head_dim, num_splits, kv_dtype) -> None:
     """One new token per request against a float32 softmax over exactly the slots its table
     row lists up to its position: lengths from 1 (a padding row) to several blocks, splits that
-    get no tokens, a group of 3 query heads per KV head (not a power of two)."""
+    get no tokens, a group of 3 query heads per KV head (not a power of two); a pool in FP8
+    (--kv-dtype fp8) widened as it is read."""
     gen = torch.Generator().manual_seed(heads * 100 + num_splits)
     slots, max_len = 400, 150
-    k_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(DTYPE)
-    v_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(DTYPE)
+    k_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(kv_dtype)
+    v_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(kv_dtype)
     table = torch.stack([torch.randperm(slots, generator=gen)[:max_len] for _ in range(5)])
     rows, positions = [3, 0, 1, 4], [0, 16, 70, 149]  # 1, 17, 71 and 150 tokens
     q = torch.randn(len(rows), heads, head_dim, generator=gen).to(DTYPE)
@@ -214,21 +244,23 @@ def test_decode_attention_reads_each_requests_slots_from_the_page_table(heads, k
 @pytest.mark.parametrize("qk_norm", [True, False])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,num_splits,min_chunk,single_max", [
     (4, 2, 32, 1, 128, 0), (6, 2, 64, 3, 64, 0), (2, 2, 32, 8, 64, 0), (8, 2, 32, 64, 128, 0), (6, 2, 64, 8, 64, 100)])
+@pytest.mark.parametrize("kv_dtype", [DTYPE, pytest.param(FP8, marks=STORES_FP8)])
 def test_decode_attention_qkv_is_the_qk_kernel_then_decode_attention_in_one(qk_norm, heads, kv_heads, head_dim, num_splits,
-                                                                            min_chunk, single_max) -> None:
+                                                                            min_chunk, single_max, kv_dtype) -> None:
     """The fused decode step from the merged projection against float32: q/k normalised and
     rotated, the new token's K/V taken from qkv and written to its slot, 1 to 3 pieces per
     request (one holding the newest token alone) merged by the last piece to finish, or with
     ``single_max`` the requests that short in one piece, the counters left at zero (the same
-    buffer serves every layer and the next step: run twice)."""
+    buffer serves every layer and the next step: run twice). In an FP8 pool (--kv-dtype fp8) the
+    new K/V are stored rounded, and attention reads them as stored."""
     gen = torch.Generator().manual_seed(heads * 100 + num_splits + qk_norm)
     slots, max_len, eps = 400, 150, 1e-6
     rotary = RotaryEmbedding(head_dim, 256, 10000.0, None, torch.float32).to(DEVICE)
     table = torch.stack([torch.randperm(slots, generator=gen)[:max_len] for _ in range(5)])
     rows, positions = [3, 0, 1, 4, 2], [0, 16, 70, 149, 128]  # pieces of 64 or 128 tokens: 1, 1, 1-2, 2-3, 2-3 of them
     out_loc = table[rows, positions]  # the newest token's slot, as the scheduler allots it
-    k_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(DTYPE)
-    v_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(DTYPE)
+    k_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(kv_dtype)
+    v_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(kv_dtype)
     qkv = torch.randn(len(rows), (heads + 2 * kv_heads) * head_dim, generator=gen).to(DTYPE)
     q_w = (1 + 0.1 * torch.randn(head_dim, generator=gen)).to(DTYPE) if qk_norm else None
     k_w = (1 + 0.1 * torch.randn(head_dim, generator=gen)).to(DTYPE) if qk_norm else None
@@ -245,8 +277,11 @@ def test_decode_attention_qkv_is_the_qk_kernel_then_decode_attention_in_one(qk_n
         assert counters.tolist() == [0] * len(counters)
     assert out.shape == (len(rows), heads * head_dim) and out.dtype == DTYPE
     ref_q, ref_k, ref_v = reference_qk(qkv, heads, kv_heads, head_dim, q_w, k_w, eps, torch.tensor(positions), rotary)
-    close(k_dev[out_loc].cpu(), ref_k)
-    assert torch.equal(v_dev[out_loc].cpu().float(), ref_v)  # copied exactly
+    if kv_dtype == FP8:  # one rounding to e4m3 (3 mantissa bits), from float32 in the kernel
+        assert torch.allclose(k_dev[out_loc].cpu().float(), ref_k.float(), rtol=2 ** -3, atol=2 ** -9)
+    else:
+        close(k_dev[out_loc].cpu(), ref_k)
+    assert torch.equal(v_dev[out_loc].cpu().float(), ref_v.to(kv_dtype).float())  # copied exactly (rounded once to FP8)
     others = sorted(set(range(slots)) - set(out_loc.tolist()))
     assert torch.equal(k_dev[others].cpu(), k_cache[others]) and torch.equal(v_dev[others].cpu(), v_cache[others])
     group = heads // kv_heads

@@ -229,7 +229,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         layout = self.kv_layout(batch)
         if self._plan_copied is not None:
             self._plan_copied.synchronize()
-        common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale, non_blocking=True)
+        common = dict(q_data_type=self.dtype, kv_data_type=self.kv_pool.dtype, sm_scale=self.scale, non_blocking=True)
         if batch.is_decode:
             wrapper = self.graph_wrappers[batch.padded_size] if batch.use_graph else self.decode_wrapper
             wrapper.plan(

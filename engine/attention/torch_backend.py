@@ -62,8 +62,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         # this step's K/V were written by a fused kernel: read them back from their slots
-        k = self.kv_pool.k_cache[layer_id][batch.out_loc]
-        v = self.kv_pool.v_cache[layer_id][batch.out_loc]
+        k = self.kv_pool.k_cache[layer_id][batch.out_loc].to(q.dtype)
+        v = self.kv_pool.v_cache[layer_id][batch.out_loc].to(q.dtype)
         return self._attend(q, k, v, layer_id, batch)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
@@ -75,20 +75,21 @@ class TorchAttentionBackend(AttentionBackend):
             qb = q.unsqueeze(2)
             flat = meta.kv_indices.view(-1)
             shape = (*meta.kv_indices.shape, self.num_kv_heads, self.head_dim)
-            kb = k_cache.index_select(0, flat).view(shape).transpose(1, 2)
-            vb = v_cache.index_select(0, flat).view(shape).transpose(1, 2)
+            kb = k_cache.index_select(0, flat).view(shape).transpose(1, 2).to(q.dtype)  # widened from FP8 (--kv-dtype)
+            vb = v_cache.index_select(0, flat).view(shape).transpose(1, 2).to(q.dtype)
             out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, scale=self.scale, enable_gqa=True)
             return out.reshape(q.shape[0], -1)
         outs = []
         for seq in batch.attn_metadata:
             qs = q[seq.start : seq.end].transpose(0, 1)
             if seq.kv_indices is None:
-                ks = k[seq.start : seq.end].transpose(0, 1)
-                vs = v[seq.start : seq.end].transpose(0, 1)
+                # as the pool holds them (rounded to FP8 with --kv-dtype fp8), like every later step reads them
+                ks = self.kv_pool.as_stored(k[seq.start : seq.end]).transpose(0, 1)
+                vs = self.kv_pool.as_stored(v[seq.start : seq.end]).transpose(0, 1)
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
             else:
-                ks = k_cache[seq.kv_indices].transpose(0, 1)
-                vs = v_cache[seq.kv_indices].transpose(0, 1)
+                ks = k_cache[seq.kv_indices].transpose(0, 1).to(q.dtype)
+                vs = v_cache[seq.kv_indices].transpose(0, 1).to(q.dtype)
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seq.mask, scale=self.scale, enable_gqa=True)
             outs.append(o.transpose(0, 1))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
