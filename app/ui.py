@@ -64,8 +64,15 @@ QUEUE_POLL_S = 0.02
 # So do a settings box's save and the clicks that show another chat (ChatPage.settings_changed).
 STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is an event's last input
 # the clicks that show another chat also carry the message box (its text is the chat's draft): stamped before it
-STAMP_BEFORE_DRAFT_JS = "(...inputs) => [...inputs.slice(0, -2), Date.now(), inputs[inputs.length - 1]]"
-STAMP_FIRST_JS = "(...inputs) => [Date.now(), ...inputs.slice(1)]"  # New chat: its stamp, the message box, the settings boxes
+# (and, as window.minisglShownAt, the stamp of the last of them: SEND_STAMP_JS hands it to Send)
+STAMP_BEFORE_DRAFT_JS = "(...inputs) => [...inputs.slice(0, -2), window.minisglShownAt = Date.now(), inputs[inputs.length - 1]]"
+STAMP_FIRST_JS = "(...inputs) => [window.minisglShownAt = Date.now(), ...inputs.slice(1)]"  # New chat: its stamp, the message box, the settings boxes
+# Send: its own stamp, then that of the last click that showed another chat. Enter pressed just
+# after New chat could reach the server first (two requests in flight, either may arrive first):
+# the message went to the chat shown before, and the page then showed the new chat, empty. Send
+# waits for that click to be handled (ChatPage.after_shown).
+SEND_STAMP_JS = "(...inputs) => [...inputs.slice(0, -2), Date.now(), window.minisglShownAt || 0]"
+SHOWN_WAIT_S = 3.0  # how long Send waits for the click before it (a click that showed nothing never arrives as one)
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
 # since (ChatPage.shows_current); an idle tab redraws a chat changed elsewhere (ChatPage.tick).
@@ -400,7 +407,10 @@ def confirm_js(question: str) -> str:
 CONFIRM_DELETE_CHAT_JS = """(x, stamp, draft) => {
   const label = document.querySelector('#conv-list input:checked')?.closest('label');
   const title = label ? label.innerText.trim().replace(/^● /, '').replace(/ · [^·]*$/, '') : '';
-  return [confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.'), Date.now(), draft];
+  const yes = confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.');
+  const now = Date.now();
+  if (yes) window.minisglShownAt = now;  // the chat shown changes (SEND_STAMP_JS)
+  return [yes, now, draft];
 }"""
 
 
@@ -622,6 +632,12 @@ class ChatPage:
                     break
                 version = await self.replies.changes(version, IDLE_CHECK_S)
                 await asyncio.sleep(RENDER_EVERY_S)  # coalesce a burst of tokens into one render
+            if tab.follower == me:
+                # what the reply just ended has to say ("nothing to add"), with the action that
+                # started it: left to the once-a-second tick, a tick lost or cut short under load
+                # took the notice with it
+                for notice in self.replies.take_notices(session):
+                    inform(notice)
             # Gradio sends a generator's last output once more with its end (blocks.py,
             # handle_streaming_diffs(final=True); a generator that never yielded sends None for
             # each output, which blanks them), and the browser may apply that after a newer
@@ -768,6 +784,14 @@ class ChatPage:
         except NotFoundError:
             return False
         return True
+
+    @staticmethod
+    async def after_shown(tab: Tab, shown_at: float | None) -> None:
+        """Wait (up to SHOWN_WAIT_S) until the click that showed the chat the page shows, stamped
+        ``shown_at``, has been handled: an event sent after it may reach the server first."""
+        deadline = time.monotonic() + SHOWN_WAIT_S
+        while shown_at and tab.shown_since < shown_at and time.monotonic() < deadline:
+            await asyncio.sleep(QUEUE_POLL_S)
 
     def show(self, tab: Tab, conv_id: int | None, clicked_at: float | None, text: str | None = None):
         """The tab shows ``conv_id`` from the click at ``clicked_at`` (browser ms) on. The message
@@ -1019,11 +1043,13 @@ class ChatPage:
             self.replies.stop(conv_id)
 
     async def send(self, text: str, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty,
-                   clicked_at: float | None, request: gr.Request):
+                   clicked_at: float | None, request: gr.Request, shown_at: float | None = None):
         """Store the message (starting a chat if needed) and ask for its reply; a message sent
         while the chat replies is shown at once and answered next. Returns the message box and the
-        status line: Generating as soon as the reply is asked for (``status_of``)."""
+        status line: Generating as soon as the reply is asked for (``status_of``). ``shown_at``:
+        the stamp of the page's last click that showed another chat (SEND_STAMP_JS)."""
         tab = self.tab(request)
+        await self.after_shown(tab, shown_at)
         # as typed: text taken from a message shown here other than by Copy (dragged, or pasted
         # with a middle click on Linux) brings the marks that show its HTML (view.shown_literally)
         text = typed_text(text or "").strip()
@@ -1426,12 +1452,14 @@ class ChatPage:
             export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
             confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
             clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
+            shown_at = gr.Number(visible="hidden", elem_id="shown-at")  # SEND_STAMP_JS fills it
             in_address = gr.Number(visible="hidden", elem_id="chat-in-address")  # ASKED_CHATS_JS fills them
             remembered = gr.Number(visible="hidden", elem_id="chat-remembered")
         return SimpleNamespace(new_btn=new_btn, search=search, conv_list=conv_list, actions=actions, no_actions=no_actions,
                                title_box=title_box, rename_btn=rename_btn, delete_btn=delete_btn, export_md=export_md,
                                export_json=export_json, import_btn=import_btn, import_note=import_note, export_file=export_file,
-                               confirmed=confirmed, clicked_at=clicked_at, in_address=in_address, remembered=remembered)
+                               confirmed=confirmed, clicked_at=clicked_at, shown_at=shown_at, in_address=in_address,
+                               remembered=remembered)
 
     def _settings_panel(self) -> SimpleNamespace:
         """The chat's settings, in SETTING_FIELDS' order (``fields``)."""
@@ -1586,7 +1614,8 @@ class ChatPage:
             committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
         for trigger in (m.msg.submit, m.send_btn.click):
-            then_redraw(trigger(self.send, inputs=[m.msg, *settings, c.clicked_at], outputs=[m.msg, m.status], js=STAMP_JS, **quick))
+            then_redraw(trigger(self.send, inputs=[m.msg, *settings, c.clicked_at, c.shown_at], outputs=[m.msg, m.status],
+                                js=SEND_STAMP_JS, **quick))
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **quick)
         m.unattach_btn.click(self.unattach, outputs=[m.attached, m.unattach_btn], **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)

@@ -23,6 +23,7 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels decodesweep   # the Triton decode attention's tilings, then the offline workload with the best
 #   ENVAB_RUNS="MINISGL_PDL_TRIGGER=first :: qwen3-8b decode --input-len 128" bash scripts/gpu_check.sh setup loadcache kernels envab
 #   bash scripts/gpu_check.sh setup loadcache kernels fp8 fp8bench   # --kv-dtype fp8: its kernels and agreement, then the benches
+#   bash scripts/gpu_check.sh setup loadcache kernels fp8ab   # the offline workload over an FP8 pool with each decode attention
 #   bash scripts/gpu_check.sh setup loadcache kernels kernelab oldnew   # this tree against the committed one (carry .old, made by:
 #     rm -rf .old && mkdir .old && git archive HEAD engine app | tar -x -C .old && mv .old/engine .old/minisgl_engine && mv .old/app .old/minisgl_app)
 # Logs and JSON lines go to $OUT (default /tmp/gpu-check).
@@ -313,6 +314,16 @@ print('demo model ready at', demo_model_dir())" || status=1
         [ "${FP8_DECODE:-1}" = 0 ] && continue
         timeout 150 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-0.6b --kv-dtype $kv --input-len 128 2048 --output-len 128 --repeat 2 2>&1 \
           | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[kv $kv] /" | tee -a "$OUT/bench_fp8.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
+    fp8ab)  # the offline workload over an FP8 pool with each decode attention choice (one process each; FP8AB_RUNS:
+      # "ENV=... :: FLAGS" separated by ';'), after the bf16 pool and the FP8 one as they are by default
+      IFS=';' read -ra runs <<<"${FP8AB_RUNS:-:: --kv-dtype auto;:: --kv-dtype fp8;MINISGL_DECODE_TENSOR_CORES=on :: --kv-dtype fp8;MINISGL_DECODE_ATTENTION=triton :: --kv-dtype fp8;MINISGL_DECODE_ATTENTION=triton :: --kv-dtype auto;:: --kv-dtype fp8 --page-size 16}"
+      for run in "${runs[@]}"; do
+        envs=$(echo ${run%%::*}); flags=${run#*::}
+        # shellcheck disable=SC2086
+        env $envs timeout 200 "${CLI[@]}" bench offline --device cuda --dummy-weights --config qwen3-0.6b $flags 2>&1 \
+          | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[${envs:-default}$flags] /" | tee -a "$OUT/bench_fp8ab.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
     *) echo "unknown stage $stage"; status=2 ;;

@@ -496,6 +496,39 @@ async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_ch
 
 
 @pytest.mark.anyio
+async def test_a_message_sent_right_after_new_chat_goes_to_the_new_chat_whichever_reaches_the_server_first(store) -> None:
+    """Enter just after New chat: the two requests may reach the server in either order. When
+    the message came first it went to the chat shown before, and the page then showed the new
+    chat, empty (the UI storm soak test, CI of 2026-12-03). Send carries the stamp of the click it
+    follows (SEND_STAMP_JS) and waits for that click to be handled."""
+    from minisgl_app import ui
+    from minisgl_app.ui import ChatPage
+
+    engine = FakeEngine(step_s=0.01)
+    page = ChatPage(FakeClient(engine), store)
+    request = FakeRequest()
+    await page.send("a question in the first chat", *SETTINGS, 1000.0, request)
+    await until_idle(page.replies)
+    tab = page.tab(request)
+    first = tab.conv_id
+    sending = asyncio.create_task(page.send("a question for a new chat", *SETTINGS, 3000.0, request, 2000.0))
+    await asyncio.sleep(0.2)  # the message reached the server first
+    await page.new_chat(2000.0, request, "")
+    await sending
+    await until_idle(page.replies)
+    assert tab.conv_id != first
+    assert [text for _, text in texts(store, first)][0] == "a question in the first chat" and len(texts(store, first)) == 2
+    assert texts(store, tab.conv_id)[0] == ("user", "a question for a new chat")
+    # a send after a click that never reaches the server as one (or a page from before this
+    # stamp) waits a moment at most
+    start = asyncio.get_running_loop().time()
+    await page.send("another question", *SETTINGS, 9000.0, request, 8000.0)
+    assert asyncio.get_running_loop().time() - start < ui.SHOWN_WAIT_S + 1
+    await until_idle(page.replies)
+    assert texts(store, tab.conv_id)[2] == ("user", "another question")
+
+
+@pytest.mark.anyio
 async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draft_of_its_own_chat(
         store, tmp_path, monkeypatch) -> None:
     """Enter in chat A, then at once a click on chat B (or New chat): when the server took the
@@ -861,13 +894,15 @@ async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_wh
     engine.ends_at_once = True
     [o async for o in page.follow(request)]  # the tab has seen the chat as it is
     await page.continue_reply(request)
+    # the follow the page starts with Continue says it as it ends: not left to the
+    # once-a-second tick, which a busy machine may lose
+    [o async for o in page.follow(request)]
+    assert said == [live.NOTHING_TO_ADD]
     await until_idle(page.replies)
     after = store.get(tab.conv_id).messages[-1]
     assert after.id == before.id and after.content == before.content
     assert (after.stats.ttft_ms, after.stats.tok_s) == (before.stats.ttft_ms, before.stats.tok_s), after.stats
     assert after.stats.tokens == before.stats.tokens + 1 and after.stats.finish_reason == "stop" and not after.stats.stopped
-    await page.tick(False, request)
-    assert said == [live.NOTHING_TO_ADD]
     await page.tick(False, request)
     assert said == [live.NOTHING_TO_ADD], "said once"
 

@@ -26,3 +26,19 @@ def test_env_choice_takes_the_first_choice_when_unset_and_refuses_others(monkeyp
     monkeypatch.setenv("MINISGL_TEST_MODE", "sometimes")
     with pytest.raises(ValueError, match="auto, on"):
         env_choice("MINISGL_TEST_MODE", ("auto", "on"))
+
+
+def test_flashinfer_decode_takes_the_tensor_cores_by_group_size_unless_told(monkeypatch) -> None:
+    """MINISGL_DECODE_TENSOR_CORES: auto (4+ query heads per KV head), on or off, for measuring
+    the FP8 pool's decode (docs/benchmarks.md, eleventh round)."""
+    from minisgl_engine.attention.flashinfer_backend import decode_uses_tensor_cores
+
+    monkeypatch.delenv("MINISGL_DECODE_TENSOR_CORES", raising=False)
+    assert (decode_uses_tensor_cores(16, 8), decode_uses_tensor_cores(32, 8)) == (False, True)
+    monkeypatch.setenv("MINISGL_DECODE_TENSOR_CORES", "on")
+    assert decode_uses_tensor_cores(16, 8)
+    monkeypatch.setenv("MINISGL_DECODE_TENSOR_CORES", "off")
+    assert not decode_uses_tensor_cores(32, 8)
+    monkeypatch.setenv("MINISGL_DECODE_TENSOR_CORES", "always")
+    with pytest.raises(ValueError, match="auto, on, off"):
+        decode_uses_tensor_cores(16, 8)

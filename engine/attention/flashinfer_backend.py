@@ -99,8 +99,11 @@ class TritonDecode:
 def decode_uses_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
     """FlashInfer's tensor-core decode kernel pays off when several query heads share a KV
     head (the tensor cores' rows fill up); below 4 its CUDA-core decode kernel is faster (the
-    rule SGLang uses too)."""
-    return num_heads // num_kv_heads >= 4
+    rule SGLang uses too, for a bf16 pool; for an FP8 one SGLang always takes the tensor cores,
+    which ``MINISGL_DECODE_TENSOR_CORES=on`` tries here: ``auto``, ``on`` or ``off``, for
+    measuring; docs/benchmarks.md, eleventh round)."""
+    mode = env_choice("MINISGL_DECODE_TENSOR_CORES", ("auto", "on", "off"))
+    return num_heads // num_kv_heads >= 4 if mode == "auto" else mode == "on"
 
 
 class FlashInferAttentionBackend(AttentionBackend):
