@@ -226,7 +226,7 @@ class Engine:
             try:
                 from .attention.flashinfer_backend import decode_uses_tensor_cores
 
-                tensor_cores = decode_uses_tensor_cores(self.num_heads, self.num_kv_heads)  # this rank's heads
+                tensor_cores = decode_uses_tensor_cores(self.num_heads, self.num_kv_heads, self.kv_dtype)  # this rank's heads
                 flashinfer_kernels.build_kernels(self.dtype, self.model_config.head_dim, on_phase, tensor_cores, self.kv_dtype)
             except Exception as exc:  # no nvcc, a compiler error, ...
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -34,7 +34,9 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 # under /tmp: the device keeps /tmp between calls on a warm machine, not ignored repo folders
 W=/tmp/minisgl-gpu-check
-export FLASHINFER_WORKSPACE_BASE=$W/fi MINISGL_CACHE_DIR=$W/cache
+# Triton's compiled kernels beside FlashInfer's: savecache carries both (a fresh machine spent
+# ~2.5 min compiling Triton's in the first bench of each call)
+export FLASHINFER_WORKSPACE_BASE=$W/fi MINISGL_CACHE_DIR=$W/cache TRITON_CACHE_DIR=$W/triton
 mkdir -p .pkgs $W/gguf
 ln -sfn "$PWD/engine" .pkgs/minisgl_engine
 ln -sfn "$PWD/app" .pkgs/minisgl_app
@@ -137,7 +139,7 @@ EOF
         cat .ficache/fi.tgz.* | tar -C $W -xzf - && find $W/fi -exec touch -d "@$now" {} + && echo "kernel cache restored"
       fi ;;
     savecache)  # the built kernels, back to the caller in parts of 15 MB (if they are not too big)
-      tar -C $W -czf /tmp/fi.tgz fi && ls -la /tmp/fi.tgz
+      tar -C $W -czf /tmp/fi.tgz fi $([ -d $W/triton ] && echo triton) && ls -la /tmp/fi.tgz
       [ "$(stat -c %s /tmp/fi.tgz)" -lt 47000000 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz." ;;
     profile)  # where a step's time goes (scripts/gpu_profile.py)
       OUT=$OUT python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log" || status=1 ;;

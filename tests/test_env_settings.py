@@ -29,12 +29,18 @@ def test_env_choice_takes_the_first_choice_when_unset_and_refuses_others(monkeyp
 
 
 def test_flashinfer_decode_takes_the_tensor_cores_by_group_size_unless_told(monkeypatch) -> None:
-    """MINISGL_DECODE_TENSOR_CORES: auto (4+ query heads per KV head), on or off, for measuring
-    the FP8 pool's decode (docs/benchmarks.md, eleventh round)."""
+    """MINISGL_DECODE_TENSOR_CORES: auto (2+ query heads per KV head over a 16-bit pool, 4+ over
+    an FP8 one: what ran faster on an H200, docs/benchmarks.md, twelfth round), on or off."""
+    import torch
+
     from minisgl_engine.attention.flashinfer_backend import decode_uses_tensor_cores
 
     monkeypatch.delenv("MINISGL_DECODE_TENSOR_CORES", raising=False)
-    assert (decode_uses_tensor_cores(16, 8), decode_uses_tensor_cores(32, 8)) == (False, True)
+    bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
+    assert [decode_uses_tensor_cores(16, 16, bf16), decode_uses_tensor_cores(16, 8, bf16), decode_uses_tensor_cores(32, 8, bf16)] \
+        == [False, True, True]
+    assert [decode_uses_tensor_cores(16, 8, fp8), decode_uses_tensor_cores(32, 8, fp8)] == [False, True]
+    assert decode_uses_tensor_cores(16, 8), "no pool named: a 16-bit one"
     monkeypatch.setenv("MINISGL_DECODE_TENSOR_CORES", "on")
     assert decode_uses_tensor_cores(16, 8)
     monkeypatch.setenv("MINISGL_DECODE_TENSOR_CORES", "off")

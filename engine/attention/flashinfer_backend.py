@@ -22,7 +22,7 @@ import torch
 from ..batch import ForwardBatch
 from ..env import env_choice
 from ..flashinfer_kernels import WORKSPACE_BYTES, pdl_wanted, triton_unavailable_reason
-from ..kvcache.kv_pool import KVPool
+from ..kvcache.kv_pool import KVPool, is_fp8
 from ..kvcache.page_table import PageTable
 from ..transfer import to_device
 from .base import AttentionBackend
@@ -96,14 +96,19 @@ class TritonDecode:
     counters: torch.Tensor | None = None
 
 
-def decode_uses_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
-    """FlashInfer's tensor-core decode kernel pays off when several query heads share a KV
-    head (the tensor cores' rows fill up); below 4 its CUDA-core decode kernel is faster (the
-    rule SGLang uses too, for a bf16 pool; for an FP8 one SGLang always takes the tensor cores,
-    which ``MINISGL_DECODE_TENSOR_CORES=on`` tries here: ``auto``, ``on`` or ``off``, for
-    measuring; docs/benchmarks.md, eleventh round)."""
+def decode_uses_tensor_cores(num_heads: int, num_kv_heads: int, kv_dtype: torch.dtype | None = None) -> bool:
+    """FlashInfer's decode kernel on tensor cores or on CUDA cores (``MINISGL_DECODE_TENSOR_CORES``:
+    ``auto``, or ``on``/``off`` for measuring). ``auto``: tensor cores once two or more query
+    heads share a KV head, with a 16-bit pool. On an H200 the offline workload of the Qwen3-0.6B
+    shape (2 query heads per KV head) ran 5% faster on them (23,274 / 23,392 against 22,388 /
+    21,845 tok/s, runs interleaved; docs/benchmarks.md, twelfth round), where SGLang's rule (4 or
+    more) kept CUDA cores. Over an FP8 pool they were slower at 2 per KV head (20,218 against
+    21,722): there the rule stays 4 or more. Batches of up to 16 rows decode with the Triton
+    kernels either way."""
     mode = env_choice("MINISGL_DECODE_TENSOR_CORES", ("auto", "on", "off"))
-    return num_heads // num_kv_heads >= 4 if mode == "auto" else mode == "on"
+    if mode != "auto":
+        return mode == "on"
+    return num_heads // num_kv_heads >= (4 if kv_dtype is not None and is_fp8(kv_dtype) else 2)
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -125,7 +130,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.device = device
         self.page_size = kv_pool.page_size
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self.decode_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads)
+        self.decode_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads, kv_pool.dtype)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores)
         self.fill_indices = triton_unavailable_reason() is None  # one Triton launch instead of ~8 tensor ops
