@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import json
 import os
 import re
 import tempfile
@@ -63,15 +64,36 @@ QUEUE_POLL_S = 0.02
 # found nothing to stop also stops a message clicked before it, and never one clicked after it.
 # So do a settings box's save and the clicks that show another chat (ChatPage.settings_changed).
 STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is an event's last input
-# the clicks that show another chat also carry the message box (its text is the chat's draft): stamped before it
-# (and, as window.minisglShownAt, the stamp of the last of them: SEND_STAMP_JS hands it to Send)
-STAMP_BEFORE_DRAFT_JS = "(...inputs) => [...inputs.slice(0, -2), window.minisglShownAt = Date.now(), inputs[inputs.length - 1]]"
-STAMP_FIRST_JS = "(...inputs) => [window.minisglShownAt = Date.now(), ...inputs.slice(1)]"  # New chat: its stamp, the message box, the settings boxes
-# Send: its own stamp, then that of the last click that showed another chat. Enter pressed just
-# after New chat could reach the server first (two requests in flight, either may arrive first):
-# the message went to the chat shown before, and the page then showed the new chat, empty. Send
-# waits for that click to be handled (ChatPage.after_shown).
-SEND_STAMP_JS = "(...inputs) => [...inputs.slice(0, -2), Date.now(), window.minisglShownAt || 0]"
+# The clicks that show another chat (a chat in the list, New chat, Delete, Import) carry the
+# message box: its text is the draft of the chat left. The box empties at the click
+# (window.minisglLeaveChat, in PAGE_JS), not when the answer comes: the answer used to set the
+# box to the next chat's draft, wiping what was typed in the meantime (on a busy machine, type
+# just after New chat, press Enter: the message was lost). The answer, the click's stamp and the
+# draft as JSON in a hidden box (ChatPage.draft_for_box), is put before what was typed since
+# (APPLY_DRAFT_JS). Until that answer comes, the click's stamp is window.minisglDraftDue: a
+# further click, or Send, waits for it (window.minisglDraftSettled).
+LEAVE_CHAT_SELECT_JS = "async (chat) => [chat, ...(await window.minisglLeaveChat())]"  # the chat, the stamp, the box
+LEAVE_CHAT_NEW_JS = "async (...inputs) => [...(await window.minisglLeaveChat()), ...inputs.slice(2)]"  # + the settings boxes
+LEAVE_CHAT_IMPORT_JS = "async (file) => [file, ...(await window.minisglLeaveChat()).reverse()]"  # the file, the box, the stamp
+APPLY_DRAFT_JS = """(answer, box) => {
+  const shown = answer ? JSON.parse(answer) : null;
+  // an older click's answer (a later click's will set the box), or one applied already
+  if (!shown || shown.at === null || shown.at !== window.minisglDraftDue) return box;
+  window.minisglDraftDue = 0;
+  const draft = shown.draft || '';
+  return box.trim() ? (draft.trim() ? `${draft.trimEnd()}\n\n${box}` : box) : draft;
+}"""
+# Send: its own stamp, then that of a click that showed another chat whose answer has not come
+# (0: none). Enter pressed just after New chat could reach the server first (two requests in
+# flight, either may arrive first): the message went to the chat shown before, and the page then
+# showed the new chat, empty. Send waits for that answer (the box then holds what the answer puts
+# there: the chat's draft, then what was typed), and the server for that click (ChatPage.after_shown).
+SEND_STAMP_JS = """async (...inputs) => {
+  const stamp = Date.now(), due = window.minisglDraftDue || 0;
+  if (due) await window.minisglDraftSettled();
+  const box = document.querySelector('#msg-input textarea');
+  return [due && box ? box.value : inputs[0], ...inputs.slice(1, -2), stamp, due];
+}"""
 SHOWN_WAIT_S = 3.0  # how long Send waits for the click before it (a click that showed nothing never arrives as one)
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
@@ -109,6 +131,23 @@ IMPORTABLE = "a chat exported here as JSON (Export JSON) or an OpenAI-style JSON
 # --status-bottom.
 PAGE_JS = """
 () => {
+  // a click that shows another chat (LEAVE_CHAT_*_JS): returns its stamp and the message box's
+  // text (the draft of the chat left), and empties the box. A click before it whose answer has not
+  // come yet is waited for (up to __SHOWN_WAIT_MS__ ms): its draft is then in the box, and goes back
+  // to its chat with what was typed since.
+  window.minisglDraftSettled = async () => {
+    const until = Date.now() + __SHOWN_WAIT_MS__;
+    while (window.minisglDraftDue && Date.now() < until) await new Promise((done) => setTimeout(done, 20));
+  };
+  window.minisglLeaveChat = async () => {
+    await window.minisglDraftSettled();
+    const box = document.querySelector('#msg-input textarea');
+    const text = box ? box.value : '';
+    if (text) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
+    const stamp = Date.now();
+    window.minisglDraftDue = stamp;
+    return [stamp, text];
+  };
   document.addEventListener('keydown', (e) => {
     if (e.target instanceof Element && e.target.matches('#chatbot textarea.edit-textarea')) {
       const button = (label) => document.querySelector(`#chatbot button[aria-label="${label}"]`);
@@ -370,7 +409,7 @@ PAGE_JS = """
   new MutationObserver(markChatsToggle).observe(document.body, {childList: true, subtree: true});
   markChatsToggle();
 }
-""".replace("__NARROW_QUERY__", NARROW_QUERY)
+""".replace("__NARROW_QUERY__", NARROW_QUERY).replace("__SHOWN_WAIT_MS__", str(round(SHOWN_WAIT_S * 1000)))
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
 # a value typed before then is overwritten by the load's. Tests wait for it; people never notice.
 MARK_LOADED_JS = "() => { document.body.dataset.chatLoaded = '1'; }"
@@ -403,14 +442,12 @@ def confirm_js(question: str) -> str:
 
 
 # Delete chat names the chat: the selected sidebar entry's title, without its ● and time; the
-# click is stamped as STAMP_BEFORE_DRAFT_JS does (the message box, its last input, is passed on)
-CONFIRM_DELETE_CHAT_JS = """(x, stamp, draft) => {
+# click is its own (window.minisglLeaveChat: the stamp and the message box, emptied) when confirmed
+CONFIRM_DELETE_CHAT_JS = """async (x, stamp, draft) => {
   const label = document.querySelector('#conv-list input:checked')?.closest('label');
   const title = label ? label.innerText.trim().replace(/^● /, '').replace(/ · [^·]*$/, '') : '';
   const yes = confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.');
-  const now = Date.now();
-  if (yes) window.minisglShownAt = now;  // the chat shown changes (SEND_STAMP_JS)
-  return [yes, now, draft];
+  return yes ? [yes, ...(await window.minisglLeaveChat())] : [yes, Date.now(), draft];  // the chat shown changes
 }"""
 
 
@@ -796,13 +833,24 @@ class ChatPage:
     def show(self, tab: Tab, conv_id: int | None, clicked_at: float | None, text: str | None = None):
         """The tab shows ``conv_id`` from the click at ``clicked_at`` (browser ms) on. The message
         box's ``text`` and the files attached stay with the chat shown before; what the box is to
-        show now (``swap_draft``; the files: ``swap_attachments``)."""
+        show now, for the page (``draft_for_box``; the files: ``swap_attachments``)."""
         box = self.swap_draft(tab, conv_id, text)
         self.swap_attachments(tab, conv_id)
         tab.shown_before, tab.shown_since = tab.conv_id, clicked_at or 0.0
         tab.conv_id, tab.focus, tab.picked, tab.bar_note = conv_id, None, True, None
         self.replies.notify()
-        return box
+        return self.draft_for_box(clicked_at, text, box)
+
+    @staticmethod
+    def draft_for_box(clicked_at: float | None, text: str | None, draft: str | None):
+        """The answer to a click that may show another chat, for the page's message box: the
+        click emptied the box (window.minisglLeaveChat), and APPLY_DRAFT_JS puts ``draft`` there,
+        before anything typed since; ``draft`` None gives the click's ``text`` back (the chat shown
+        did not change). JSON with the click's stamp: only the last click's answer counts. A caller
+        that sent no box (``text`` None) leaves it."""
+        if text is None:
+            return gr.skip()
+        return json.dumps({"at": clicked_at, "draft": text if draft is None else draft})
 
     @staticmethod
     def swap_attachments(tab: Tab, conv_id: int | None) -> None:
@@ -818,13 +866,14 @@ class ChatPage:
         tab.attachments = tab.unsent_files.pop(conv_id, [])
 
     @staticmethod
-    def swap_draft(tab: Tab, conv_id: int | None, text: str | None):
-        """A draft belongs to its chat: the message box's ``text`` (None: not known, the box is
-        left as it is) is kept for the chat the tab leaves, and the box shows the unsent text of
-        ``conv_id`` (empty when it has none). The message just sent from the box is no draft (a
-        click on another chat can reach the server while the box still shows it)."""
+    def swap_draft(tab: Tab, conv_id: int | None, text: str | None) -> str | None:
+        """A draft belongs to its chat: the message box's ``text`` (None: not known) is kept for
+        the chat the tab leaves, and the box is to show the unsent text of ``conv_id`` (empty when
+        it has none; None: the chat shown does not change, the box keeps its text). The message
+        just sent from the box is no draft (a click on another chat can reach the server while the
+        box still shows it)."""
         if text is None or conv_id == tab.conv_id:
-            return gr.skip()
+            return None
         sent = tab.last_send is not None and tab.last_send[:2] == (tab.conv_id, text.strip())
         if text.strip() and not sent:
             tab.unsent[tab.conv_id] = text
@@ -874,8 +923,8 @@ class ChatPage:
 
     async def delete(self, confirmed: bool, clicked_at: float | None, request: gr.Request, text: str | None = None):
         tab = self.tab(request)
-        if not confirmed or tab.conv_id is None:
-            return (gr.skip(), *self.fields(tab))
+        if not confirmed or tab.conv_id is None:  # the page emptied the box of a confirmed click: given back
+            return (self.draft_for_box(clicked_at, text, None) if confirmed else gr.skip(), *self.fields(tab))
         deleted = tab.conv_id
         self.replies.stop_all(deleted)
         try:
@@ -1047,7 +1096,8 @@ class ChatPage:
         """Store the message (starting a chat if needed) and ask for its reply; a message sent
         while the chat replies is shown at once and answered next. Returns the message box and the
         status line: Generating as soon as the reply is asked for (``status_of``). ``shown_at``:
-        the stamp of the page's last click that showed another chat (SEND_STAMP_JS)."""
+        the stamp of a click that showed another chat whose answer the page had not drawn at
+        Enter (SEND_STAMP_JS; 0: none)."""
         tab = self.tab(request)
         await self.after_shown(tab, shown_at)
         # as typed: text taken from a message shown here other than by Copy (dragged, or pasted
@@ -1066,9 +1116,11 @@ class ChatPage:
         conv = self.shown(tab)
         if not self.shows_current(tab, conv, appending=True):
             return gr.skip(), gr.skip()  # the message stays in the box; the page shows the chat as it is now
+        # the settings boxes as Enter found them, saved first; after a click whose answer had not
+        # come (``shown_at``), they were still those of the chat shown before: that chat's, not saved here
         form = self.checked_form((system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty),
                                  self.settings_of(tab, conv))
-        if not self.save_settings(tab, *form):
+        if not shown_at and not self.save_settings(tab, *form):
             return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
             warn("The model is still loading; send your message once it has loaded (the status line stops saying Loading).")
@@ -1354,14 +1406,15 @@ class ChatPage:
 
     # ---- import, search, attachments
 
-    async def import_chat(self, path: str | None, request: gr.Request, text: str | None = None):
+    async def import_chat(self, path: str | None, request: gr.Request, text: str | None = None, clicked_at: float | None = None):
         """Import a chat file and show it. What was imported is said in a line under the Import
         button, not a toast: a toast opens over the top of the chat, where the imported chat's first
         message and its buttons are (it covered them for ten seconds). A refused file gets a
-        toast (nothing was imported, and the reason must be seen)."""
+        toast (nothing was imported, and the reason must be seen); the message box's text, taken
+        by the upload (LEAVE_CHAT_IMPORT_JS), is given back."""
         tab = self.tab(request)
         if not path:
-            return (gr.skip(), *self.fields(tab), gr.skip(), gr.skip())
+            return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), gr.skip())
         try:
             if Path(path).suffix.lower() != ".json":
                 raise BadImportFile(f"{Path(path).name} is not a .json file; import {IMPORTABLE}")
@@ -1370,9 +1423,9 @@ class ChatPage:
             conv = self.store.import_conversation(Path(path).read_bytes())
         except BadImportFile as exc:
             warn(f"Not imported: {exc}")
-            return (gr.skip(), *self.fields(tab), gr.skip(), "")
+            return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), "")
         tab.search = ""  # the imported chat is listed
-        box = self.show(tab, conv.id, None, text)
+        box = self.show(tab, conv.id, clicked_at, text)
         shown = len(conv.messages)
         return (box, *self.fields(tab), "", f"Imported “{markdown_literal(conv.title)}” ({shown} {plural('message', shown)} shown).")
 
@@ -1453,13 +1506,14 @@ class ChatPage:
             confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
             clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
             shown_at = gr.Number(visible="hidden", elem_id="shown-at")  # SEND_STAMP_JS fills it
+            shown_draft = gr.Textbox(visible="hidden", elem_id="shown-draft")  # ChatPage.draft_for_box: APPLY_DRAFT_JS reads it
             in_address = gr.Number(visible="hidden", elem_id="chat-in-address")  # ASKED_CHATS_JS fills them
             remembered = gr.Number(visible="hidden", elem_id="chat-remembered")
         return SimpleNamespace(new_btn=new_btn, search=search, conv_list=conv_list, actions=actions, no_actions=no_actions,
                                title_box=title_box, rename_btn=rename_btn, delete_btn=delete_btn, export_md=export_md,
                                export_json=export_json, import_btn=import_btn, import_note=import_note, export_file=export_file,
-                               confirmed=confirmed, clicked_at=clicked_at, shown_at=shown_at, in_address=in_address,
-                               remembered=remembered)
+                               confirmed=confirmed, clicked_at=clicked_at, shown_at=shown_at, shown_draft=shown_draft,
+                               in_address=in_address, remembered=remembered)
 
     def _settings_panel(self) -> SimpleNamespace:
         """The chat's settings, in SETTING_FIELDS' order (``fields``)."""
@@ -1585,30 +1639,34 @@ class ChatPage:
         # stamped (STAMP_JS): a settings box these clicks leave is saved to the chat shown before
         attachments = dict(fn=self.attachments_note, outputs=[m.attached, m.unattach_btn], **quick)
 
-        def then_redraw(event) -> None:
+        def then_redraw(event, draft: bool = False) -> None:
             """After an event that may show another chat (or send the files attached): the chat,
-            and the attachment note (the files attached are those kept for the chat shown)."""
+            and the attachment note (the files attached are those kept for the chat shown); with
+            ``draft``, the message box: the draft of the chat shown, before what was typed since
+            the click (APPLY_DRAFT_JS)."""
+            if draft:
+                event.then(None, inputs=[c.shown_draft, m.msg], outputs=m.msg, js=APPLY_DRAFT_JS, **quick)
             event.then(**follow)
             event.then(**attachments)
 
         # each of these shows another chat: the message box's text stays with the chat left, and
-        # the box shows the draft of the chat shown (ChatPage.swap_draft)
-        shown_fields = [m.msg, *tab_fields]
-        then_redraw(c.new_btn.click(self.new_chat, inputs=[c.clicked_at, m.msg, *settings], outputs=shown_fields, js=STAMP_FIRST_JS,
-                                    **quick))
+        # the box shows the draft of the chat shown (ChatPage.swap_draft, LEAVE_CHAT_*_JS)
+        shown_fields = [c.shown_draft, *tab_fields]
+        then_redraw(c.new_btn.click(self.new_chat, inputs=[c.clicked_at, m.msg, *settings], outputs=shown_fields, js=LEAVE_CHAT_NEW_JS,
+                                    **quick), draft=True)
         then_redraw(c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at, m.msg], outputs=shown_fields,
-                                      js=STAMP_BEFORE_DRAFT_JS, **quick))
+                                      js=LEAVE_CHAT_SELECT_JS, **quick), draft=True)
         # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
         # Backspace, cut or paste); the box is never an output, so only the user changes it
         c.search.change(self.search, inputs=c.search, outputs=c.conv_list, **quick)
         c.rename_btn.click(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **quick)
         c.title_box.submit(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **quick)
         then_redraw(c.delete_btn.click(self.delete, inputs=[c.confirmed, c.clicked_at, m.msg], outputs=shown_fields,
-                                       js=CONFIRM_DELETE_CHAT_JS, **quick))
+                                       js=CONFIRM_DELETE_CHAT_JS, **quick), draft=True)
         for button, handler in ((c.export_md, self.export_md), (c.export_json, self.export_json)):
             button.click(handler, outputs=c.export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
-        then_redraw(c.import_btn.upload(self.import_chat, inputs=[c.import_btn, m.msg], outputs=[*shown_fields, c.search, c.import_note],
-                                        **quick))
+        then_redraw(c.import_btn.upload(self.import_chat, inputs=[c.import_btn, m.msg, c.clicked_at],
+                                        outputs=[*shown_fields, c.search, c.import_note], js=LEAVE_CHAT_IMPORT_JS, **quick), draft=True)
         for item in settings:  # saved when committed, not on every key: a box when left (PAGE_JS: or on Enter), a slider let go
             committed = item.release if isinstance(item, gr.Slider) else item.input if isinstance(item, gr.Checkbox) else item.blur
             committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)

@@ -5,6 +5,7 @@ and a stand-in engine stream."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from datetime import datetime
 
@@ -77,6 +78,11 @@ async def until_idle(manager: ReplyManager, timeout: float = 5.0) -> None:
     while manager.busy_conversations():
         assert asyncio.get_running_loop().time() < deadline, "replies did not end"
         await asyncio.sleep(0.01)
+
+
+def draft_in(answer) -> str:
+    """The draft a click that shows another chat puts in the page's message box (ChatPage.draft_for_box)."""
+    return json.loads(answer)["draft"]
 
 
 def texts(store: ConversationStore, conv_id: int) -> list[tuple[str, str]]:
@@ -529,6 +535,33 @@ async def test_a_message_sent_right_after_new_chat_goes_to_the_new_chat_whicheve
 
 
 @pytest.mark.anyio
+async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_boxes_of_the_chat_left(store) -> None:
+    """Enter before the answer to a click on chat B came: the page's settings boxes still showed
+    chat A's, and Send saved them into B (B's system prompt became A's). Send now says it followed
+    such a click (SEND_STAMP_JS: its stamp): its boxes are not saved; B's settings stand."""
+    from minisgl_app.ui import ChatPage
+
+    engine = FakeEngine()
+    page = ChatPage(FakeClient(engine), store)
+    request = FakeRequest()
+    a, b = store.create(title="chat A").id, store.create(title="chat B").id
+    a_form = ("Answer as a pirate.", 0.5, 1.0, 99, False, 0, None, "", 1.15)
+    await page.select(a, 1000.0, request, "")
+    await page.settings_changed(*a_form, 1100.0, request)
+    assert store.get(a).settings.system_prompt == "Answer as a pirate."
+    b_settings = store.get(b).settings
+    await page.select(b, 2000.0, request, "")
+    await page.send("hello B", *a_form, 2100.0, request, 2000.0)  # A's boxes, read before the answer drew B's
+    await until_idle(page.replies)
+    assert texts(store, b)[0] == ("user", "hello B")
+    assert store.get(b).settings == b_settings, "A's settings boxes were saved to B"
+    assert engine.requests[-1].messages[0] != {"role": "system", "content": "Answer as a pirate."}
+    await page.send("hello again", *a_form, 3000.0, request)  # the boxes as the page shows them: saved, as before
+    await until_idle(page.replies)
+    assert store.get(b).settings.system_prompt == "Answer as a pirate."
+
+
+@pytest.mark.anyio
 async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draft_of_its_own_chat(
         store, tmp_path, monkeypatch) -> None:
     """Enter in chat A, then at once a click on chat B (or New chat): when the server took the
@@ -556,13 +589,13 @@ async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draf
     assert texts(store, a) == [] and texts(store, b) == [] and engine.requests == []
     assert store.get(b).settings == b_settings, "A's settings boxes were saved to B"
     assert said == ["Not sent: you switched chats; your message is kept as the draft of «chat A»."], said
-    assert (await page.select(a, 3000.0, request, ""))[0] == "hello from A"
+    assert draft_in((await page.select(a, 3000.0, request, ""))[0]) == "hello from A"
     assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
     # a click that did not carry the box's text, on New chat: the text is kept all the same
     await page.new_chat(4000.0, request)
     assert await page.send("second try", *a_form, 3990.0, request) == (SKIP, SKIP)
     assert [c.id for c in store.list()] == [b, a], "a chat was stored for the message"
-    assert (await page.select(a, 5000.0, request, ""))[0] == "second try"
+    assert draft_in((await page.select(a, 5000.0, request, ""))[0]) == "second try"
     assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
     # sent after the click (a later Enter): sent into the chat shown
     await page.send("second try", *a_form, 5500.0, request)
@@ -1606,7 +1639,7 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
     a, b = store.create(title="a").id, store.create(title="b").id
 
     async def box_after(event, *args, text: str):
-        return (await event(*args, None, request, text))[0]
+        return draft_in((await event(*args, None, request, text))[0])
 
     assert await box_after(page.select, a, text="") == ""
     assert await box_after(page.select, b, text="half a question for A") == "", "A's draft followed the tab to B"
@@ -1627,8 +1660,15 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
     # Delete: the deleted chat's draft goes with it; the box shows the draft of the chat shown next
     await page.select(a, None, request)
     assert await box_after(page.select, b, text="for A, kept") == ""  # B's box was emptied above
-    assert (await page.delete(True, None, request, "doomed draft"))[0] == "for A, kept"  # A: the newest chat
+    assert draft_in((await page.delete(True, None, request, "doomed draft"))[0]) == "for A, kept"  # A: the newest chat
     assert b not in page.tab(request).unsent and page.tab(request).conv_id == a
+    # the page empties the box at each of these clicks (window.minisglLeaveChat) and applies only
+    # the answer of its last click (its stamp); a click that shows no other chat gives the text back
+    assert await box_after(page.select, a, text="still typing in A") == "still typing in A"
+    assert (await page.delete(False, 9000.0, request, "kept"))[0] == SKIP, "a delete not confirmed took nothing"
+    await page.new_chat(None, request, "still typing in A")  # given back above: now A's draft
+    assert await box_after(page.new_chat, text="typed in the new chat") == "typed in the new chat"
+    assert json.loads((await page.select(a, 9500.0, request, ""))[0]) == {"at": 9500.0, "draft": "still typing in A"}
 
 
 
@@ -1843,7 +1883,7 @@ async def test_an_imported_chat_is_shown_as_a_click_on_it_shows_it(store, tmp_pa
     tab = page.tab(request)
     tab.bar_note = (question.id, "the messages after it are in version 1")  # what an edit in B leaves
     box, *_ = await page.import_chat(str(file), request, "B's draft")
-    assert tab.conv_id not in (a, b) and box == "" and tab.unsent[b] == "B's draft"
+    assert tab.conv_id not in (a, b) and draft_in(box) == "" and tab.unsent[b] == "B's draft"
     assert (tab.shown_before, tab.shown_since, tab.bar_note, tab.focus) == (b, 0.0, None, None)
 
 

@@ -29,7 +29,7 @@ PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
            "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo",
-           "Quetzal", "Bilby", "Saola", "Dikdik", "Zorilla", "Wallaby", "Echidna", "Caracal", "Fossa")
+           "Quetzal", "Bilby", "Oribi", "Saola", "Dikdik", "Zorilla", "Wallaby", "Echidna", "Caracal", "Fossa")
 
 
 # ---- the app and the browser, shared by the module
@@ -794,6 +794,86 @@ def test_a_draft_typed_in_the_message_box_stays_with_its_chat(tab, app):
     assert wait_until(lambda: page.input_value(box) == "", 5), page.input_value(box)
     select_chat(page, "Quetzal")
     assert wait_until(lambda: page.input_value(box) == "Quetzal draft", 10), page.input_value(box)
+    assert error_badges(page) == 0, toasts(page)
+
+
+class HeldClicks:
+    """Holds the page's next requests to start an event (Gradio's queue/join) until released: the
+    server answers a click late, as on a busy machine, while the person goes on typing."""
+
+    def __init__(self, page) -> None:
+        self.page, self.held, self.armed = page, [], 0
+        page.route("**/queue/join*", self._route)
+
+    def _route(self, route) -> None:
+        if self.armed:
+            self.armed -= 1
+            self.held.append(route)
+        else:
+            route.continue_()
+
+    def hold(self, count: int = 1) -> None:
+        self.armed = count
+
+    def wait_held(self, count: int = 1) -> None:
+        for _ in range(200):  # page.wait_for_timeout, not time.sleep: Playwright calls the route handler meanwhile
+            if len(self.held) >= count:
+                return
+            self.page.wait_for_timeout(25)
+        raise AssertionError(f"{count} click(s) not sent: {len(self.held)} held")
+
+    def release(self) -> None:
+        while self.held:
+            self.held.pop(0).continue_()
+
+
+def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_the_box(tab, app):
+    """On a busy machine: New chat clicked, a question typed at once and sent. New chat's answer
+    set the message box to the new chat's draft (empty), wiping what had been typed since the
+    click: the message was lost (Enter sent an empty box), or lost its first words. The box now
+    empties at the click, and the answer puts the chat's draft before what was typed since; the
+    text of the chat left stays its draft."""
+    page = tab().page
+    new_chat(page, max_tokens=4)
+    send(page, "Oribi: say hi.")
+    wait_finished(page, 1)
+    box = "#msg-input textarea"
+    page.fill(box, "Oribi draft, not sent")
+    clicks = HeldClicks(page)
+    clicks.hold()
+    page.click("#new-chat-btn")
+    clicks.wait_held()
+    assert page.input_value(box) == "", "the box kept the text of the chat left"
+    page.locator(box).press_sequentially("Oribi typed before the answer", delay=10)
+    clicks.release()
+    assert wait_until(lambda: page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0, 15), \
+        chat_text(page)[:200]
+    page.wait_for_timeout(1000)  # the answer drawn, its draft applied
+    assert page.input_value(box) == "Oribi typed before the answer"
+    page.press(box, "Enter")
+    assert wait_until(lambda: users(page) == ["Oribi typed before the answer"], 15), users(page)
+    wait_finished(page, 1)
+    # the same with a click on a chat that has a draft: the draft first, then what was typed
+    clicks.hold()
+    select_chat(page, "Oribi: say hi.")
+    clicks.wait_held()
+    page.locator(box).press_sequentially("and more", delay=10)
+    clicks.release()
+    assert wait_until(lambda: users(page) == ["Oribi: say hi."] and page.input_value(box) == "Oribi draft, not sent\n\nand more", 15), \
+        (users(page), page.input_value(box))
+    # Enter before New chat's answer: the message waits for it, then goes to the new chat
+    clicks.hold()
+    page.click("#new-chat-btn")
+    clicks.wait_held()
+    page.locator(box).press_sequentially("Oribi, a question for the new chat", delay=10)
+    page.press(box, "Enter")
+    page.wait_for_timeout(300)
+    clicks.release()
+    assert wait_until(lambda: users(page) == ["Oribi, a question for the new chat"], 15), users(page)
+    wait_finished(page, 1)
+    assert label_of(page, "Oribi, a question"), sidebar(page)
+    select_chat(page, "Oribi: say hi.")
+    assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
     assert error_badges(page) == 0, toasts(page)
 
 
