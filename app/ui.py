@@ -70,31 +70,50 @@ STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is
 # box to the next chat's draft, wiping what was typed in the meantime (on a busy machine, type
 # just after New chat, press Enter: the message was lost). The answer, the click's stamp and the
 # draft as JSON in a hidden box (ChatPage.draft_for_box), is put before what was typed since
-# (APPLY_DRAFT_JS). Until that answer comes, the click's stamp is window.minisglDraftDue: a
-# further click, or Send, waits for it (window.minisglDraftSettled).
-LEAVE_CHAT_SELECT_JS = "async (chat) => [chat, ...(await window.minisglLeaveChat())]"  # the chat, the stamp, the box
-LEAVE_CHAT_NEW_JS = "async (...inputs) => [...(await window.minisglLeaveChat()), ...inputs.slice(2)]"  # + the settings boxes
-LEAVE_CHAT_IMPORT_JS = "async (file) => [file, ...(await window.minisglLeaveChat()).reverse()]"  # the file, the box, the stamp
-APPLY_DRAFT_JS = """(answer, box) => {
+# (APPLY_DRAFT_JS); a click that failed puts back what it took (RESTORE_DRAFT_JS). Until the
+# answer comes, the click's stamp is window.minisglDraftDue: a further click, or Send, waits for
+# it (window.minisglDraftSettled), as a click waits for a send's answer (window.minisglSending),
+# so that the box is read once the answers before have drawn it.
+LEAVE_CHAT_SELECT_JS = "async (chat) => [chat, ...(await window.minisglLeaveChat()).slice(0, 2)]"  # the chat, the stamp, the box
+LEAVE_CHAT_IMPORT_JS = "async (file) => [file, ...(await window.minisglLeaveChat()).slice(0, 2)]"  # the file, the stamp, the box
+# New chat: the stamp, the box, the settings boxes as the click found them; none (nulls) when the
+# click waited for another click's answer: the boxes were still the chat's before that click
+LEAVE_CHAT_NEW_JS = """async (...inputs) => {
+  const [stamp, text, waited] = await window.minisglLeaveChat();
+  return [stamp, text, ...inputs.slice(2).map((value) => waited ? null : value)];
+}"""
+DRAFT_AFTER = "(before, box) => box.trim() ? (before.trim() ? `${before.trimEnd()}\\n\\n${box}` : box) : before"
+APPLY_DRAFT_JS = f"""(answer, box) => {{
   const shown = answer ? JSON.parse(answer) : null;
   // an older click's answer (a later click's will set the box), or one applied already
   if (!shown || shown.at === null || shown.at !== window.minisglDraftDue) return box;
   window.minisglDraftDue = 0;
-  const draft = shown.draft || '';
-  return box.trim() ? (draft.trim() ? `${draft.trimEnd()}\n\n${box}` : box) : draft;
-}"""
-# Send: its own stamp, then that of a click that showed another chat whose answer has not come
-# (0: none). Enter pressed just after New chat could reach the server first (two requests in
-# flight, either may arrive first): the message went to the chat shown before, and the page then
-# showed the new chat, empty. Send waits for that answer (the box then holds what the answer puts
-# there: the chat's draft, then what was typed), and the server for that click (ChatPage.after_shown).
+  return ({DRAFT_AFTER})(shown.draft || '', box);
+}}"""
+RESTORE_DRAFT_JS = f"""(box) => {{
+  const left = window.minisglLeft;
+  if (!left || left.at !== window.minisglDraftDue) return box;
+  window.minisglDraftDue = 0;
+  return ({DRAFT_AFTER})(left.text, box);
+}}"""
+# Send: the box, its own stamp, then that of a click that showed another chat whose answer had
+# not come at Enter (0: none). Enter pressed just after New chat could reach the server first (two
+# requests in flight, either may arrive first): the message went to the chat shown before, and the
+# page then showed the new chat, empty. Send waits for that answer and sends the box as it then
+# is (the chat's draft, then what was typed, as had the answer come first); an empty box sends
+# nothing, the draft coming included. The server waits for that click too (ChatPage.after_shown)
+# and leaves the settings boxes, read before the answer drew the chat's own, unsaved.
 SEND_STAMP_JS = """async (...inputs) => {
   const stamp = Date.now(), due = window.minisglDraftDue || 0;
+  if (!String(inputs[0] || '').trim()) return [inputs[0], ...inputs.slice(1, -2), stamp, due];
   if (due) await window.minisglDraftSettled();
+  window.minisglSending = stamp;
   const box = document.querySelector('#msg-input textarea');
   return [due && box ? box.value : inputs[0], ...inputs.slice(1, -2), stamp, due];
 }"""
-SHOWN_WAIT_S = 3.0  # how long Send waits for the click before it (a click that showed nothing never arrives as one)
+SENT_JS = "() => { window.minisglSending = 0; }"  # a send's answer (or its failure) has come
+SHOWN_WAIT_S = 3.0  # how long the server lets a send wait for the click the page sent before it
+DRAFT_WAIT_S = 15.0  # how long the page lets a click or a send wait for the answers before it (a failed one clears its own)
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
 # since (ChatPage.shows_current); an idle tab redraws a chat changed elsewhere (ChatPage.tick).
@@ -131,22 +150,25 @@ IMPORTABLE = "a chat exported here as JSON (Export JSON) or an OpenAI-style JSON
 # --status-bottom.
 PAGE_JS = """
 () => {
-  // a click that shows another chat (LEAVE_CHAT_*_JS): returns its stamp and the message box's
-  // text (the draft of the chat left), and empties the box. A click before it whose answer has not
-  // come yet is waited for (up to __SHOWN_WAIT_MS__ ms): its draft is then in the box, and goes back
-  // to its chat with what was typed since.
+  // the answers of the click that showed another chat and of the send before (SEND_STAMP_JS),
+  // waited for up to __DRAFT_WAIT_MS__ ms: the message box then holds what they put there
   window.minisglDraftSettled = async () => {
-    const until = Date.now() + __SHOWN_WAIT_MS__;
-    while (window.minisglDraftDue && Date.now() < until) await new Promise((done) => setTimeout(done, 20));
+    const until = Date.now() + __DRAFT_WAIT_MS__;
+    while ((window.minisglDraftDue || window.minisglSending) && Date.now() < until) await new Promise((done) => setTimeout(done, 20));
+    window.minisglDraftDue = window.minisglSending = 0;  // one that never came is not waited for again
   };
+  // a click that shows another chat (LEAVE_CHAT_*_JS): returns its stamp, the message box's text
+  // (the draft of the chat left) and whether it waited for another such click's answer; empties the box
   window.minisglLeaveChat = async () => {
+    const waited = Boolean(window.minisglDraftDue);
     await window.minisglDraftSettled();
     const box = document.querySelector('#msg-input textarea');
     const text = box ? box.value : '';
     if (text) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
     const stamp = Date.now();
     window.minisglDraftDue = stamp;
-    return [stamp, text];
+    window.minisglLeft = {at: stamp, text};  // put back if the click fails (RESTORE_DRAFT_JS)
+    return [stamp, text, waited];
   };
   document.addEventListener('keydown', (e) => {
     if (e.target instanceof Element && e.target.matches('#chatbot textarea.edit-textarea')) {
@@ -409,7 +431,7 @@ PAGE_JS = """
   new MutationObserver(markChatsToggle).observe(document.body, {childList: true, subtree: true});
   markChatsToggle();
 }
-""".replace("__NARROW_QUERY__", NARROW_QUERY).replace("__SHOWN_WAIT_MS__", str(round(SHOWN_WAIT_S * 1000)))
+""".replace("__NARROW_QUERY__", NARROW_QUERY).replace("__DRAFT_WAIT_MS__", str(round(DRAFT_WAIT_S * 1000)))
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
 # a value typed before then is overwritten by the load's. Tests wait for it; people never notice.
 MARK_LOADED_JS = "() => { document.body.dataset.chatLoaded = '1'; }"
@@ -447,7 +469,7 @@ CONFIRM_DELETE_CHAT_JS = """async (x, stamp, draft) => {
   const label = document.querySelector('#conv-list input:checked')?.closest('label');
   const title = label ? label.innerText.trim().replace(/^● /, '').replace(/ · [^·]*$/, '') : '';
   const yes = confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.');
-  return yes ? [yes, ...(await window.minisglLeaveChat())] : [yes, Date.now(), draft];  // the chat shown changes
+  return yes ? [yes, ...(await window.minisglLeaveChat()).slice(0, 2)] : [yes, Date.now(), draft];  // the chat shown changes
 }"""
 
 
@@ -895,7 +917,7 @@ class ChatPage:
         it); a value the checks refuse is the one in force (its save says why)."""
         tab = self.tab(request)
         start_with = self.settings_in_force(tab)
-        if form:
+        if any(value is not None for value in form):  # all None: the page sent none (LEAVE_CHAT_NEW_JS)
             settings, problems = self.checked_form(form, start_with)
             if tuple(form) != tab.refused_form:  # else the box's own save said why, just before the click
                 self.settings_refused(problems)  # the box left by this click may save nothing (settings_changed)
@@ -1406,7 +1428,7 @@ class ChatPage:
 
     # ---- import, search, attachments
 
-    async def import_chat(self, path: str | None, request: gr.Request, text: str | None = None, clicked_at: float | None = None):
+    async def import_chat(self, path: str | None, clicked_at: float | None, request: gr.Request, text: str | None = None):
         """Import a chat file and show it. What was imported is said in a line under the Import
         button, not a toast: a toast opens over the top of the chat, where the imported chat's first
         message and its buttons are (it covered them for ten seconds). A refused file gets a
@@ -1646,6 +1668,7 @@ class ChatPage:
             the click (APPLY_DRAFT_JS)."""
             if draft:
                 event.then(None, inputs=[c.shown_draft, m.msg], outputs=m.msg, js=APPLY_DRAFT_JS, **quick)
+                event.failure(None, inputs=m.msg, outputs=m.msg, js=RESTORE_DRAFT_JS, **quick)
             event.then(**follow)
             event.then(**attachments)
 
@@ -1665,15 +1688,17 @@ class ChatPage:
                                        js=CONFIRM_DELETE_CHAT_JS, **quick), draft=True)
         for button, handler in ((c.export_md, self.export_md), (c.export_json, self.export_json)):
             button.click(handler, outputs=c.export_file, **quick).success(None, js=CLICK_DOWNLOAD_JS)
-        then_redraw(c.import_btn.upload(self.import_chat, inputs=[c.import_btn, m.msg, c.clicked_at],
+        then_redraw(c.import_btn.upload(self.import_chat, inputs=[c.import_btn, c.clicked_at, m.msg],
                                         outputs=[*shown_fields, c.search, c.import_note], js=LEAVE_CHAT_IMPORT_JS, **quick), draft=True)
         for item in settings:  # saved when committed, not on every key: a box when left (PAGE_JS: or on Enter), a slider let go
             committed = item.release if isinstance(item, gr.Slider) else item.input if isinstance(item, gr.Checkbox) else item.blur
             committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
         for trigger in (m.msg.submit, m.send_btn.click):
-            then_redraw(trigger(self.send, inputs=[m.msg, *settings, c.clicked_at, c.shown_at], outputs=[m.msg, m.status],
-                                js=SEND_STAMP_JS, **quick))
+            sent = trigger(self.send, inputs=[m.msg, *settings, c.clicked_at, c.shown_at], outputs=[m.msg, m.status], js=SEND_STAMP_JS, **quick)
+            for answered in (sent.then, sent.failure):
+                answered(None, js=SENT_JS, **quick)
+            then_redraw(sent)
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **quick)
         m.unattach_btn.click(self.unattach, outputs=[m.attached, m.unattach_btn], **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)

@@ -1791,6 +1791,11 @@ async def test_new_chat_starts_from_the_settings_boxes_as_the_click_found_them(s
     shown = dict(zip(FIELD_IDS, fields))
     assert (shown["temperature"], shown["max-tokens"]) == (0.4, 41), shown
     assert store.get(first).settings.max_tokens == 64, "the chat shown before keeps its own"
+    # a click that waited for another click's answer sends no boxes (LEAVE_CHAT_NEW_JS: nulls, as they
+    # were still the chat's before that click): the new chat starts from the settings in force
+    await page.select(first, None, request, "")
+    _, *fields = await page.new_chat(None, request, "", *(None,) * len(typed))
+    assert dict(zip(FIELD_IDS, fields))["max-tokens"] == 64
 
 
 @pytest.mark.anyio
@@ -1882,7 +1887,7 @@ async def test_an_imported_chat_is_shown_as_a_click_on_it_shows_it(store, tmp_pa
     await page.select(b, 2000.0, request)
     tab = page.tab(request)
     tab.bar_note = (question.id, "the messages after it are in version 1")  # what an edit in B leaves
-    box, *_ = await page.import_chat(str(file), request, "B's draft")
+    box, *_ = await page.import_chat(str(file), None, request, "B's draft")
     assert tab.conv_id not in (a, b) and draft_in(box) == "" and tab.unsent[b] == "B's draft"
     assert (tab.shown_before, tab.shown_since, tab.bar_note, tab.focus) == (b, 0.0, None, None)
 

@@ -493,9 +493,18 @@ def test_a_messages_edit_box_holds_its_text_as_typed_without_the_marks_that_show
     box = page.locator("#chatbot textarea.edit-textarea")
 
     def edit_box_text() -> str:
-        page.locator(REPLY).first.hover()
-        page.locator(edit_reply).first.click()
-        assert wait_until(lambda: box.count() == 1 and box.input_value(), 5), "no edit box"
+        clicked = [0.0]
+
+        def opened() -> bool:
+            # clicked again if no box opened within a second: a click during the redraw after a
+            # save can land on the button the redraw replaces (CI, 2026-12-03)
+            if box.count() == 0 and time.monotonic() - clicked[0] > 1.0:
+                page.locator(REPLY).first.hover()
+                page.locator(edit_reply).first.click()
+                clicked[0] = time.monotonic()
+            return box.count() == 1 and bool(box.input_value())
+
+        assert wait_until(opened, 10), "no edit box"
         wait_until(lambda: "\u2060" not in box.input_value(), 2)
         return box.input_value()
 
@@ -798,15 +807,19 @@ def test_a_draft_typed_in_the_message_box_stays_with_its_chat(tab, app):
 
 
 class HeldClicks:
-    """Holds the page's next requests to start an event (Gradio's queue/join) until released: the
-    server answers a click late, as on a busy machine, while the person goes on typing."""
+    """Holds the page's next requests to run one of the events named (Gradio's queue/join, by the
+    event's fn_index) until released: the server answers a click late, as on a busy machine, while
+    the person goes on typing. Other events (the once-a-second tick, a send) go through."""
 
-    def __init__(self, page) -> None:
+    def __init__(self, page, app, *names: str) -> None:
+        config = page.request.get(f"{app.url}/config").json()
+        self.fn_indexes = {dep["id"] for dep in config["dependencies"] if dep.get("api_name") in names}
+        assert len(self.fn_indexes) == len(names), [dep.get("api_name") for dep in config["dependencies"]]
         self.page, self.held, self.armed = page, [], 0
         page.route("**/queue/join*", self._route)
 
     def _route(self, route) -> None:
-        if self.armed:
+        if self.armed and (route.request.post_data_json or {}).get("fn_index") in self.fn_indexes:
             self.armed -= 1
             self.held.append(route)
         else:
@@ -839,7 +852,7 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     wait_finished(page, 1)
     box = "#msg-input textarea"
     page.fill(box, "Oribi draft, not sent")
-    clicks = HeldClicks(page)
+    clicks = HeldClicks(page, app, "new_chat", "select")
     clicks.hold()
     page.click("#new-chat-btn")
     clicks.wait_held()
@@ -874,6 +887,17 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     assert label_of(page, "Oribi, a question"), sidebar(page)
     select_chat(page, "Oribi: say hi.")
     assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
+    # Enter on the box a click emptied, before its answer: nothing is sent, the draft coming included
+    open_new_chat(page)
+    clicks.hold()
+    select_chat(page, "Oribi: say hi.")
+    clicks.wait_held()
+    page.press(box, "Enter")
+    page.wait_for_timeout(300)
+    clicks.release()
+    assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
+    page.wait_for_timeout(1000)
+    assert users(page) == ["Oribi: say hi."], users(page)
     assert error_badges(page) == 0, toasts(page)
 
 
