@@ -74,14 +74,9 @@ STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is
 # answer comes, the click's stamp is window.minisglDraftDue: a further click, or Send, waits for
 # it (window.minisglDraftSettled), as a click waits for a send's answer (window.minisglSending),
 # so that the box is read once the answers before have drawn it.
-LEAVE_CHAT_SELECT_JS = "async (chat) => [chat, ...(await window.minisglLeaveChat()).slice(0, 2)]"  # the chat, the stamp, the box
-LEAVE_CHAT_IMPORT_JS = "async (file) => [file, ...(await window.minisglLeaveChat()).slice(0, 2)]"  # the file, the stamp, the box
-# New chat: the stamp, the box, the settings boxes as the click found them; none (nulls) when the
-# click waited for another click's answer: the boxes were still the chat's before that click
-LEAVE_CHAT_NEW_JS = """async (...inputs) => {
-  const [stamp, text, waited] = await window.minisglLeaveChat();
-  return [stamp, text, ...inputs.slice(2).map((value) => waited ? null : value)];
-}"""
+LEAVE_CHAT_SELECT_JS = "async (chat) => [chat, ...(await window.minisglLeaveChat())]"  # the chat, the stamp, the box
+LEAVE_CHAT_IMPORT_JS = "async (file) => [file, ...(await window.minisglLeaveChat())]"  # the file, the stamp, the box
+LEAVE_CHAT_NEW_JS = "async (...inputs) => [...(await window.minisglLeaveChat()).slice(0, 2), ...inputs.slice(2)]"  # + the settings boxes
 DRAFT_AFTER = "(before, box) => box.trim() ? (before.trim() ? `${before.trimEnd()}\\n\\n${box}` : box) : before"
 APPLY_DRAFT_JS = f"""(answer, box) => {{
   const shown = answer ? JSON.parse(answer) : null;
@@ -104,14 +99,13 @@ RESTORE_DRAFT_JS = f"""(box) => {{
 # nothing, the draft coming included. The server waits for that click too (ChatPage.after_shown)
 # and leaves the settings boxes, read before the answer drew the chat's own, unsaved.
 SEND_STAMP_JS = """async (...inputs) => {
-  const stamp = Date.now(), due = window.minisglDraftDue || 0;
-  if (!String(inputs[0] || '').trim()) return [inputs[0], ...inputs.slice(1, -2), stamp, due];
-  if (due) await window.minisglDraftSettled();
-  window.minisglSending = stamp;
+  const stamp = Date.now(), due = window.minisglDraftDue || 0, empty = !String(inputs[0] || '').trim();
+  if (due && !empty) await window.minisglDraftSettled();
+  window.minisglSending = (window.minisglSending || 0) + 1;  // sends whose answer has not come (SENT_JS)
   const box = document.querySelector('#msg-input textarea');
-  return [due && box ? box.value : inputs[0], ...inputs.slice(1, -2), stamp, due];
+  return [due && !empty && box ? box.value : inputs[0], ...inputs.slice(1, -2), stamp, due];
 }"""
-SENT_JS = "() => { window.minisglSending = 0; }"  # a send's answer (or its failure) has come
+SENT_JS = "() => { window.minisglSending = Math.max(0, (window.minisglSending || 0) - 1); }"  # a send's answer (or its failure) came
 SHOWN_WAIT_S = 3.0  # how long the server lets a send wait for the click the page sent before it
 DRAFT_WAIT_S = 15.0  # how long the page lets a click or a send wait for the answers before it (a failed one clears its own)
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
@@ -157,10 +151,9 @@ PAGE_JS = """
     while ((window.minisglDraftDue || window.minisglSending) && Date.now() < until) await new Promise((done) => setTimeout(done, 20));
     window.minisglDraftDue = window.minisglSending = 0;  // one that never came is not waited for again
   };
-  // a click that shows another chat (LEAVE_CHAT_*_JS): returns its stamp, the message box's text
-  // (the draft of the chat left) and whether it waited for another such click's answer; empties the box
+  // a click that shows another chat (LEAVE_CHAT_*_JS): returns its stamp and the message box's
+  // text (the draft of the chat left); empties the box
   window.minisglLeaveChat = async () => {
-    const waited = Boolean(window.minisglDraftDue);
     await window.minisglDraftSettled();
     const box = document.querySelector('#msg-input textarea');
     const text = box ? box.value : '';
@@ -168,7 +161,7 @@ PAGE_JS = """
     const stamp = Date.now();
     window.minisglDraftDue = stamp;
     window.minisglLeft = {at: stamp, text};  // put back if the click fails (RESTORE_DRAFT_JS)
-    return [stamp, text, waited];
+    return [stamp, text];
   };
   document.addEventListener('keydown', (e) => {
     if (e.target instanceof Element && e.target.matches('#chatbot textarea.edit-textarea')) {
@@ -469,7 +462,7 @@ CONFIRM_DELETE_CHAT_JS = """async (x, stamp, draft) => {
   const label = document.querySelector('#conv-list input:checked')?.closest('label');
   const title = label ? label.innerText.trim().replace(/^● /, '').replace(/ · [^·]*$/, '') : '';
   const yes = confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.');
-  return yes ? [yes, ...(await window.minisglLeaveChat()).slice(0, 2)] : [yes, Date.now(), draft];  // the chat shown changes
+  return yes ? [yes, ...(await window.minisglLeaveChat())] : [yes, Date.now(), draft];  // the chat shown changes
 }"""
 
 
@@ -917,7 +910,7 @@ class ChatPage:
         it); a value the checks refuse is the one in force (its save says why)."""
         tab = self.tab(request)
         start_with = self.settings_in_force(tab)
-        if any(value is not None for value in form):  # all None: the page sent none (LEAVE_CHAT_NEW_JS)
+        if form:
             settings, problems = self.checked_form(form, start_with)
             if tuple(form) != tab.refused_form:  # else the box's own save said why, just before the click
                 self.settings_refused(problems)  # the box left by this click may save nothing (settings_changed)
@@ -1128,8 +1121,8 @@ class ChatPage:
         if clicked_at is not None and clicked_at <= tab.shown_since:
             self.keep_unsent(tab, text)  # sent from the chat shown before a click handled first
             return gr.skip(), gr.skip()
-        if not text and not tab.attachments:
-            return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens
+        if not text and (shown_at or not tab.attachments):
+            return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens (nor on a box a click emptied: not its files)
         sent_at = clicked_at if clicked_at is not None else time.time() * 1000
         last = tab.last_send
         # either order: Gradio may start the second send of a double click before the first

@@ -535,7 +535,7 @@ async def test_a_message_sent_right_after_new_chat_goes_to_the_new_chat_whicheve
 
 
 @pytest.mark.anyio
-async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_boxes_of_the_chat_left(store) -> None:
+async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_boxes_of_the_chat_left(store, tmp_path) -> None:
     """Enter before the answer to a click on chat B came: the page's settings boxes still showed
     chat A's, and Send saved them into B (B's system prompt became A's). Send now says it followed
     such a click (SEND_STAMP_JS: its stamp): its boxes are not saved; B's settings stand."""
@@ -559,6 +559,16 @@ async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_
     await page.send("hello again", *a_form, 3000.0, request)  # the boxes as the page shows them: saved, as before
     await until_idle(page.replies)
     assert store.get(b).settings.system_prompt == "Answer as a pirate."
+    # Enter on the box such a click emptied sends nothing, not even the files kept with the chat shown
+    notes = tmp_path / "notes.txt"
+    notes.write_text("kept with A's draft\n", encoding="utf-8")
+    await page.select(a, 4000.0, request, "")
+    await page.attach([str(notes)], request)
+    await page.select(b, 5000.0, request, "")
+    await page.select(a, 6000.0, request, "")
+    assert await page.send("", *a_form, 6100.0, request, 6000.0) == (SKIP, SKIP)
+    await until_idle(page.replies)
+    assert texts(store, a) == [] and page.tab(request).attachments == [("notes.txt", "kept with A's draft\n")]
 
 
 @pytest.mark.anyio
@@ -1791,11 +1801,6 @@ async def test_new_chat_starts_from_the_settings_boxes_as_the_click_found_them(s
     shown = dict(zip(FIELD_IDS, fields))
     assert (shown["temperature"], shown["max-tokens"]) == (0.4, 41), shown
     assert store.get(first).settings.max_tokens == 64, "the chat shown before keeps its own"
-    # a click that waited for another click's answer sends no boxes (LEAVE_CHAT_NEW_JS: nulls, as they
-    # were still the chat's before that click): the new chat starts from the settings in force
-    await page.select(first, None, request, "")
-    _, *fields = await page.new_chat(None, request, "", *(None,) * len(typed))
-    assert dict(zip(FIELD_IDS, fields))["max-tokens"] == 64
 
 
 @pytest.mark.anyio
