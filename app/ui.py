@@ -1899,6 +1899,25 @@ def quiet_queue(demo: gr.Blocks) -> None:
     queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, QUEUE_POLL_S)
 
 
+def keep_session_queues(demo: gr.Blocks) -> None:
+    """Keep a session's message queue when the browser closes one of its event streams. Gradio
+    (6.31) drops it then, even while another stream of that session is open: that stream fails
+    with a 404 inside its response (a Traceback in the log), and the page says Connection Lost
+    and reloads itself (CI saw the Traceback; tests/test_chat_page.py reproduces it with two
+    streams). The queues stay in Gradio's own bounded cache (its oldest sessions make room);
+    a closed session's events are still ended by Gradio. Not public API: without the attribute,
+    Gradio's behaviour is kept."""
+    queue = getattr(demo, "_queue", None)
+    queues = getattr(queue, "pending_messages_per_session", None)
+    if not isinstance(queues, dict):
+        return
+    kept = type("KeptSessionQueues", (type(queues),), {"__delitem__": lambda self, session: None})
+    replacement = kept.__new__(kept)
+    replacement.__dict__.update(queues.__dict__)  # its bound (max_size)
+    replacement.update(queues)
+    queue.pending_messages_per_session = replacement
+
+
 def theme_css() -> str:
     """The page's look (static/theme.css) and the CSS it needs to behave (page_css.py)."""
     return (STATIC / "theme.css").read_text() + PAGE_CSS
@@ -1908,8 +1927,8 @@ class StreamOfGoneSession:
     """Answers 404 at once to a page's event stream (``GET .../queue/data``) for a session with
     nothing pending, as Gradio does, but before the response has started: Gradio (6.x) finds that
     out inside the stream, after sending 200, and the server logs a Traceback ("response already
-    started") — seen when a tab's stream reconnects as its session is cleaned up (a reload, a
-    closed tab). ``queue``: the Blocks' queue (not public API: without it, no check)."""
+    started"): a stream for a session never seen, or one that Gradio's bounded cache let go
+    (keep_session_queues). ``queue``: the Blocks' queue (not public API: without it, no check)."""
 
     def __init__(self, app, queue) -> None:
         self.app, self.queue = app, queue
@@ -1935,6 +1954,7 @@ def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | 
     demo = build_ui(source, store, puller)
     demo.queue(default_concurrency_limit=None)
     quiet_queue(demo)
+    keep_session_queues(demo)
     # The page's events are its internals, not an API (docs/security.md): none is listed by
     # /gradio_api/info, and the routes that call them by name are refused (server/security.py).
     for fn in demo.fns.values():

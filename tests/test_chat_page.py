@@ -1485,6 +1485,56 @@ def test_an_event_stream_of_a_session_gone_is_a_404_with_no_traceback(app):
     assert "Traceback" not in log_text(app)[len(before):], log_text(app)[len(before):][-2000:]
 
 
+def test_a_closed_event_stream_leaves_the_other_streams_of_its_session_working(app):
+    """Gradio (6.31) dropped a session's message queue when one of its event streams was closed
+    by the browser, while another stream of that session was open: that one then failed with a
+    404 inside its response (a Traceback in the log: CI runs 77 and the last on record), and the
+    page said Connection Lost and reloaded. Two streams of one session here, the first closed; the
+    second must still carry the answer of an event sent after it (ui.keep_session_queues)."""
+    import threading
+
+    import requests
+
+    config = requests.get(f"{app.url}/config", timeout=10).json()
+    tick = next(dep for dep in config["dependencies"] if any(t[1] == "tick" for t in dep["targets"]))
+    session = f"twostreams{time.time_ns()}"
+
+    def join() -> str:
+        body = {"data": [False], "fn_index": tick["id"], "session_hash": session, "trigger_id": None, "event_data": None}
+        r = requests.post(f"{app.url}/gradio_api/queue/join", json=body, timeout=10)
+        assert r.status_code == 200, r.text[:300]
+        return r.json()["event_id"]
+
+    def messages(stream) -> list[dict]:
+        seen = []
+        for line in stream.iter_lines():
+            if line.startswith(b"data: "):
+                seen.append(json.loads(line[6:]))
+                if seen[-1]["msg"] in ("close_stream", "unexpected_error"):
+                    break
+        return seen
+
+    before = log_text(app)
+    first_event = join()  # the session's queue exists from its first event on
+    with requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, stream=True, timeout=30) as r:
+        assert any(m.get("event_id") == first_event and m["msg"] == "process_completed" for m in messages(r))
+    closed = requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, stream=True, timeout=30)
+    kept = requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, stream=True, timeout=30)
+    assert closed.status_code == 200 and kept.status_code == 200
+    seen: list[dict] = []
+    reader = threading.Thread(target=lambda: seen.extend(messages(kept)), daemon=True)
+    reader.start()
+    closed.close()  # the browser closes one stream (a tab's reload or close would)
+    time.sleep(11)  # past the open stream's 10 s wait for a message, when Gradio looks its session up again
+    event = join()
+    reader.join(15)
+    kept.close()
+    assert any(m.get("event_id") == event and m["msg"] == "process_completed" for m in seen), seen
+    assert not [m for m in seen if m["msg"] == "unexpected_error"], seen
+    time.sleep(0.5)
+    assert "Traceback" not in log_text(app)[len(before):], log_text(app)[len(before):][-2000:]
+
+
 def test_app_log_has_no_errors_and_no_chat_text(app):
     """After all of the above: the engine idle (nothing running, no KV page held: every stop,
     switch, reload and closed tab gave its request back), no server error, and nothing anyone
