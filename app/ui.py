@@ -64,50 +64,34 @@ QUEUE_POLL_S = 0.02
 # found nothing to stop also stops a message clicked before it, and never one clicked after it.
 # So do a settings box's save and the clicks that show another chat (ChatPage.settings_changed).
 STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is an event's last input
-# The clicks that show another chat (a chat in the list, New chat, Delete, Import) carry the
-# message box: its text is the draft of the chat left. The box empties at the click
-# (window.minisglLeaveChat, in PAGE_JS), not when the answer comes: the answer used to set the
-# box to the next chat's draft, wiping what was typed in the meantime (on a busy machine, type
-# just after New chat, press Enter: the message was lost). The answer, the click's stamp and the
-# draft as JSON in a hidden box (ChatPage.draft_for_box), is put before what was typed since
-# (APPLY_DRAFT_JS); a click that failed puts back what it took (RESTORE_DRAFT_JS). Until the
-# answer comes, the click's stamp is window.minisglDraftDue: a further click, or Send, waits for
-# it (window.minisglDraftSettled), as a click waits for a send's answer (window.minisglSending),
-# so that the box is read once the answers before have drawn it.
+# The events that take the message box's text: the clicks that show another chat (a chat in the
+# list, New chat, Delete, Import: the text is the draft of the chat left) and Send. Each empties
+# the box at once (window.minisglTakeBox, in PAGE_JS), and its answer says what to put back
+# before whatever was typed since: the draft of the chat shown, a message refused, or nothing
+# (ChatPage.draft_for_box, as JSON with the event's stamp in a hidden box; APPLY_DRAFT_JS). An
+# answer used to set the box itself, wiping what had been typed meanwhile (on a busy machine:
+# New chat, a question typed at once, Enter: the message was lost). These events take turns,
+# first come first served: each starts once the one before has been answered (or failed: its
+# text goes back, RESTORE_DRAFT_JS), so it reads the box as that answer left it and the server
+# gets them in the order they were made (Enter just after New chat went to the chat before).
 LEAVE_CHAT_SELECT_JS = "async (chat) => [chat, ...(await window.minisglLeaveChat())]"  # the chat, the stamp, the box
 LEAVE_CHAT_IMPORT_JS = "async (file) => [file, ...(await window.minisglLeaveChat())]"  # the file, the stamp, the box
-LEAVE_CHAT_NEW_JS = "async (...inputs) => [...(await window.minisglLeaveChat()).slice(0, 2), ...inputs.slice(2)]"  # + the settings boxes
-DRAFT_AFTER = "(before, box) => box.trim() ? (before.trim() ? `${before.trimEnd()}\\n\\n${box}` : box) : before"
-APPLY_DRAFT_JS = f"""(answer, box) => {{
+LEAVE_CHAT_NEW_JS = "async (...inputs) => [...(await window.minisglLeaveChat()), ...inputs.slice(2)]"  # + the settings boxes
+APPLY_DRAFT_JS = """(answer, box) => {
   const shown = answer ? JSON.parse(answer) : null;
-  // an older click's answer (a later click's will set the box), or one applied already
-  if (!shown || shown.at === null || shown.at !== window.minisglDraftDue) return box;
-  window.minisglDraftDue = 0;
-  return ({DRAFT_AFTER})(shown.draft || '', box);
-}}"""
-RESTORE_DRAFT_JS = f"""(box) => {{
-  const left = window.minisglLeft;
-  if (!left || left.at !== window.minisglDraftDue) return box;
-  window.minisglDraftDue = 0;
-  return ({DRAFT_AFTER})(left.text, box);
-}}"""
-# Send: the box, its own stamp, then that of a click that showed another chat whose answer had
-# not come at Enter (0: none). Enter pressed just after New chat could reach the server first (two
-# requests in flight, either may arrive first): the message went to the chat shown before, and the
-# page then showed the new chat, empty. Send waits for that answer and sends the box as it then
-# is (the chat's draft, then what was typed, as had the answer come first); an empty box sends
-# nothing, the draft coming included. The server waits for that click too (ChatPage.after_shown)
-# and leaves the settings boxes, read before the answer drew the chat's own, unsaved.
-SEND_STAMP_JS = """async (...inputs) => {
-  const stamp = Date.now(), due = window.minisglDraftDue || 0, empty = !String(inputs[0] || '').trim();
-  if (due && !empty) await window.minisglDraftSettled();
-  window.minisglSending = (window.minisglSending || 0) + 1;  // sends whose answer has not come (SENT_JS)
-  const box = document.querySelector('#msg-input textarea');
-  return [due && !empty && box ? box.value : inputs[0], ...inputs.slice(1, -2), stamp, due];
+  return shown ? window.minisglGiveBack(shown.at, shown.draft || '', box) : box;
 }"""
-SENT_JS = "() => { window.minisglSending = Math.max(0, (window.minisglSending || 0) - 1); }"  # a send's answer (or its failure) came
-SHOWN_WAIT_S = 3.0  # how long the server lets a send wait for the click the page sent before it
-DRAFT_WAIT_S = 15.0  # how long the page lets a click or a send wait for the answers before it (a failed one clears its own)
+RESTORE_DRAFT_JS = "(box) => window.minisglGiveBack(null, null, box)"  # the event failed: its text goes back
+# Send: the box's text (taken once the answers before it have come: after New chat, the new
+# chat's draft and what was typed), the settings boxes, its stamp, and whether it followed a
+# click that showed another chat: its settings boxes, read at Enter, were then still those of the
+# chat before, and are not saved (ChatPage.send). Enter on an empty box takes nothing, so after
+# such a click it sends nothing, the draft coming included.
+SEND_JS = """async (...inputs) => {
+  const turn = await window.minisglTakeBox(String(inputs[0] || '').trim() ? 'send' : 'send-empty');
+  return [turn.text, ...inputs.slice(1, -2), turn.stamp, turn.afterClick ? 1 : 0];
+}"""
+ANSWER_WAIT_S = 15.0  # how long an event that takes the box waits for the answer of the one before
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
 # since (ChatPage.shows_current); an idle tab redraws a chat changed elsewhere (ChatPage.tick).
@@ -144,24 +128,42 @@ IMPORTABLE = "a chat exported here as JSON (Export JSON) or an OpenAI-style JSON
 # --status-bottom.
 PAGE_JS = """
 () => {
-  // the answers of the click that showed another chat and of the send before (SEND_STAMP_JS),
-  // waited for up to __DRAFT_WAIT_MS__ ms: the message box then holds what they put there
-  window.minisglDraftSettled = async () => {
-    const until = Date.now() + __DRAFT_WAIT_MS__;
-    while ((window.minisglDraftDue || window.minisglSending) && Date.now() < until) await new Promise((done) => setTimeout(done, 20));
-    window.minisglDraftDue = window.minisglSending = 0;  // one that never came is not waited for again
-  };
-  // a click that shows another chat (LEAVE_CHAT_*_JS): returns its stamp and the message box's
-  // text (the draft of the chat left); empties the box
-  window.minisglLeaveChat = async () => {
-    await window.minisglDraftSettled();
+  // The events that take the message box's text take turns (LEAVE_CHAT_*_JS, SEND_JS): each
+  // waits for the answer to the one before (__ANSWER_WAIT_MS__ ms at most), takes the text, empties
+  // the box, and its answer gives back what goes before what was typed since (minisglGiveBack).
+  // kind: 'click' (one that shows another chat), 'send', or 'send-empty' (takes nothing).
+  const turns = {last: Promise.resolve(), stamp: 0, clicks: 0, taken: new Map()};
+  window.minisglTakeBox = async (kind) => {
+    const stamp = turns.stamp = Math.max(Date.now(), turns.stamp + 1);  // unique: an answer names its event by it
+    const before = turns.last, afterClick = turns.clicks > 0;
+    let answered;
+    turns.last = new Promise((done) => { answered = done; });
+    if (kind === 'click') turns.clicks += 1;
+    let over = false;
+    const end = () => { if (!over) { over = true; if (kind === 'click') turns.clicks -= 1; answered(); } };
+    await Promise.race([before, new Promise((done) => setTimeout(done, __ANSWER_WAIT_MS__))]);
     const box = document.querySelector('#msg-input textarea');
-    const text = box ? box.value : '';
+    const text = kind !== 'send-empty' && box ? box.value : '';
     if (text) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
-    const stamp = Date.now();
-    window.minisglDraftDue = stamp;
-    window.minisglLeft = {at: stamp, text};  // put back if the click fails (RESTORE_DRAFT_JS)
-    return [stamp, text];
+    turns.taken.set(stamp, {text, end});
+    setTimeout(end, __ANSWER_WAIT_MS__);  // an answer that never comes holds up the next no longer (a late one still gives back)
+    return {stamp, text, afterClick};
+  };
+  // the answer to the event stamped `at` (null: the oldest one waiting, whose event failed):
+  // `draft` (null: the text it took) goes before what was typed since, `box`
+  window.minisglGiveBack = (at, draft, box) => {
+    if (at === null) at = turns.taken.keys().next().value;
+    const turn = turns.taken.get(at);
+    if (!turn) return box;  // an answer given back already, or an event that took nothing
+    turns.taken.delete(at);
+    turn.end();
+    const before = draft === null ? turn.text : draft;
+    return box.trim() ? (before.trim() ? `${before.trimEnd()}\n\n${box}` : box) : before;
+  };
+  // a click that shows another chat: its stamp and the text it took (the draft of the chat left)
+  window.minisglLeaveChat = async () => {
+    const turn = await window.minisglTakeBox('click');
+    return [turn.stamp, turn.text];
   };
   document.addEventListener('keydown', (e) => {
     if (e.target instanceof Element && e.target.matches('#chatbot textarea.edit-textarea')) {
@@ -424,7 +426,7 @@ PAGE_JS = """
   new MutationObserver(markChatsToggle).observe(document.body, {childList: true, subtree: true});
   markChatsToggle();
 }
-""".replace("__NARROW_QUERY__", NARROW_QUERY).replace("__DRAFT_WAIT_MS__", str(round(DRAFT_WAIT_S * 1000)))
+""".replace("__NARROW_QUERY__", NARROW_QUERY).replace("__ANSWER_WAIT_MS__", str(round(ANSWER_WAIT_S * 1000)))
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
 # a value typed before then is overwritten by the load's. Tests wait for it; people never notice.
 MARK_LOADED_JS = "() => { document.body.dataset.chatLoaded = '1'; }"
@@ -837,14 +839,6 @@ class ChatPage:
             return False
         return True
 
-    @staticmethod
-    async def after_shown(tab: Tab, shown_at: float | None) -> None:
-        """Wait (up to SHOWN_WAIT_S) until the click that showed the chat the page shows, stamped
-        ``shown_at``, has been handled: an event sent after it may reach the server first."""
-        deadline = time.monotonic() + SHOWN_WAIT_S
-        while shown_at and tab.shown_since < shown_at and time.monotonic() < deadline:
-            await asyncio.sleep(QUEUE_POLL_S)
-
     def show(self, tab: Tab, conv_id: int | None, clicked_at: float | None, text: str | None = None):
         """The tab shows ``conv_id`` from the click at ``clicked_at`` (browser ms) on. The message
         box's ``text`` and the files attached stay with the chat shown before; what the box is to
@@ -858,11 +852,12 @@ class ChatPage:
 
     @staticmethod
     def draft_for_box(clicked_at: float | None, text: str | None, draft: str | None):
-        """The answer to a click that may show another chat, for the page's message box: the
-        click emptied the box (window.minisglLeaveChat), and APPLY_DRAFT_JS puts ``draft`` there,
-        before anything typed since; ``draft`` None gives the click's ``text`` back (the chat shown
-        did not change). JSON with the click's stamp: only the last click's answer counts. A caller
-        that sent no box (``text`` None) leaves it."""
+        """The answer to an event that took the message box's text (a click that may show another
+        chat, Send), for the page: the event emptied the box (window.minisglTakeBox), and
+        APPLY_DRAFT_JS puts ``draft`` there, before anything typed since; ``draft`` None gives the
+        event's ``text`` back (the chat shown did not change, the message was not sent). JSON
+        with the event's stamp, which names the event the answer is for. A caller that sent no box
+        (``text`` None) leaves it."""
         if text is None:
             return gr.skip()
         return json.dumps({"at": clicked_at, "draft": text if draft is None else draft})
@@ -1107,39 +1102,41 @@ class ChatPage:
             self.replies.stop(conv_id)
 
     async def send(self, text: str, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty,
-                   clicked_at: float | None, request: gr.Request, shown_at: float | None = None):
+                   clicked_at: float | None, request: gr.Request, after_click: float | None = None):
         """Store the message (starting a chat if needed) and ask for its reply; a message sent
-        while the chat replies is shown at once and answered next. Returns the message box and the
-        status line: Generating as soon as the reply is asked for (``status_of``). ``shown_at``:
-        the stamp of a click that showed another chat whose answer the page had not drawn at
-        Enter (SEND_STAMP_JS; 0: none)."""
+        while the chat replies is shown at once and answered next. Returns the answer for the
+        message box (``draft_for_box``: the page emptied it at Enter; a message not sent goes
+        back) and the status line: Generating as soon as the reply is asked for (``status_of``).
+        ``after_click``: Enter came before the answer to a click that showed another chat
+        (SEND_JS; 0: not), so the settings boxes sent are those of the chat shown before."""
         tab = self.tab(request)
-        await self.after_shown(tab, shown_at)
+        typed = text or ""
+        kept, sent = self.draft_for_box(clicked_at, typed, None), self.draft_for_box(clicked_at, typed, "")
         # as typed: text taken from a message shown here other than by Copy (dragged, or pasted
         # with a middle click on Linux) brings the marks that show its HTML (view.shown_literally)
-        text = typed_text(text or "").strip()
+        text = typed_text(typed).strip()
         if clicked_at is not None and clicked_at <= tab.shown_since:
             self.keep_unsent(tab, text)  # sent from the chat shown before a click handled first
-            return gr.skip(), gr.skip()
-        if not text and (shown_at or not tab.attachments):
-            return gr.skip(), gr.skip()  # Enter on an empty box: nothing happens (nor on a box a click emptied: not its files)
+            return sent, gr.skip()  # (kept as that chat's draft, not put back here)
+        if not text and (after_click or not tab.attachments):
+            return sent, gr.skip()  # Enter on an empty box: nothing happens (nor after a click: not its files)
         sent_at = clicked_at if clicked_at is not None else time.time() * 1000
         last = tab.last_send
         # either order: Gradio may start the second send of a double click before the first
         if last is not None and last[:2] == (tab.conv_id, text) and abs(sent_at - last[2]) < DOUBLE_SEND_MS:
-            return "", gr.skip()  # the same message again at once: a double click or Enter, sent once
+            return sent, gr.skip()  # the same message again at once: a double click or Enter, sent once
         conv = self.shown(tab)
         if not self.shows_current(tab, conv, appending=True):
-            return gr.skip(), gr.skip()  # the message stays in the box; the page shows the chat as it is now
+            return kept, gr.skip()  # the message goes back to the box; the page shows the chat as it is now
         # the settings boxes as Enter found them, saved first; after a click whose answer had not
-        # come (``shown_at``), they were still those of the chat shown before: that chat's, not saved here
+        # come (``after_click``), they were still those of the chat shown before: that chat's, not saved here
         form = self.checked_form((system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty),
                                  self.settings_of(tab, conv))
-        if not shown_at and not self.save_settings(tab, *form):
-            return gr.skip(), gr.skip()  # the toast says which setting; the message stays in the box
+        if not after_click and not self.save_settings(tab, *form):
+            return kept, gr.skip()  # the toast says which setting; the message goes back to the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
             warn("The model is still loading; send your message once it has loaded (the status line stops saying Loading).")
-            return gr.skip(), gr.skip()
+            return kept, gr.skip()
         raw_text, text = text, with_attachments(text, tab.attachments)
         # A message sent to a chat that is not replying is answered on its own: the questions at
         # the chat's end that nothing answers (the chat stopped before their turn: Stop, a closed
@@ -1160,7 +1157,7 @@ class ChatPage:
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
         tab.status = self.status_of(tab)
-        return "", tab.status
+        return sent, tab.status
 
     def keep_unsent(self, tab: Tab, text: str) -> None:
         """A message sent (Enter) just before a click that showed another chat, and reached by
@@ -1520,14 +1517,14 @@ class ChatPage:
             export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
             confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
             clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
-            shown_at = gr.Number(visible="hidden", elem_id="shown-at")  # SEND_STAMP_JS fills it
+            after_click = gr.Number(visible="hidden", elem_id="after-click")  # SEND_JS fills it
             shown_draft = gr.Textbox(visible="hidden", elem_id="shown-draft")  # ChatPage.draft_for_box: APPLY_DRAFT_JS reads it
             in_address = gr.Number(visible="hidden", elem_id="chat-in-address")  # ASKED_CHATS_JS fills them
             remembered = gr.Number(visible="hidden", elem_id="chat-remembered")
         return SimpleNamespace(new_btn=new_btn, search=search, conv_list=conv_list, actions=actions, no_actions=no_actions,
                                title_box=title_box, rename_btn=rename_btn, delete_btn=delete_btn, export_md=export_md,
                                export_json=export_json, import_btn=import_btn, import_note=import_note, export_file=export_file,
-                               confirmed=confirmed, clicked_at=clicked_at, shown_at=shown_at, shown_draft=shown_draft,
+                               confirmed=confirmed, clicked_at=clicked_at, after_click=after_click, shown_draft=shown_draft,
                                in_address=in_address, remembered=remembered)
 
     def _settings_panel(self) -> SimpleNamespace:
@@ -1657,8 +1654,8 @@ class ChatPage:
         def then_redraw(event, draft: bool = False) -> None:
             """After an event that may show another chat (or send the files attached): the chat,
             and the attachment note (the files attached are those kept for the chat shown); with
-            ``draft``, the message box: the draft of the chat shown, before what was typed since
-            the click (APPLY_DRAFT_JS)."""
+            ``draft``, the message box the event took: what its answer gives back (the draft of
+            the chat shown, a message not sent) before what was typed since (APPLY_DRAFT_JS)."""
             if draft:
                 event.then(None, inputs=[c.shown_draft, m.msg], outputs=m.msg, js=APPLY_DRAFT_JS, **quick)
                 event.failure(None, inputs=m.msg, outputs=m.msg, js=RESTORE_DRAFT_JS, **quick)
@@ -1688,10 +1685,8 @@ class ChatPage:
             committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
         for trigger in (m.msg.submit, m.send_btn.click):
-            sent = trigger(self.send, inputs=[m.msg, *settings, c.clicked_at, c.shown_at], outputs=[m.msg, m.status], js=SEND_STAMP_JS, **quick)
-            for answered in (sent.then, sent.failure):
-                answered(None, js=SENT_JS, **quick)
-            then_redraw(sent)
+            then_redraw(trigger(self.send, inputs=[m.msg, *settings, c.clicked_at, c.after_click], outputs=[c.shown_draft, m.status],
+                                js=SEND_JS, **quick), draft=True)
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **quick)
         m.unattach_btn.click(self.unattach, outputs=[m.attached, m.unattach_btn], **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)

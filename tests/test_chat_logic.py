@@ -502,43 +502,10 @@ async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_ch
 
 
 @pytest.mark.anyio
-async def test_a_message_sent_right_after_new_chat_goes_to_the_new_chat_whichever_reaches_the_server_first(store) -> None:
-    """Enter just after New chat: the two requests may reach the server in either order. When
-    the message came first it went to the chat shown before, and the page then showed the new
-    chat, empty (the UI storm soak test, CI of 2026-12-03). Send carries the stamp of the click it
-    follows (SEND_STAMP_JS) and waits for that click to be handled."""
-    from minisgl_app import ui
-    from minisgl_app.ui import ChatPage
-
-    engine = FakeEngine(step_s=0.01)
-    page = ChatPage(FakeClient(engine), store)
-    request = FakeRequest()
-    await page.send("a question in the first chat", *SETTINGS, 1000.0, request)
-    await until_idle(page.replies)
-    tab = page.tab(request)
-    first = tab.conv_id
-    sending = asyncio.create_task(page.send("a question for a new chat", *SETTINGS, 3000.0, request, 2000.0))
-    await asyncio.sleep(0.2)  # the message reached the server first
-    await page.new_chat(2000.0, request, "")
-    await sending
-    await until_idle(page.replies)
-    assert tab.conv_id != first
-    assert [text for _, text in texts(store, first)][0] == "a question in the first chat" and len(texts(store, first)) == 2
-    assert texts(store, tab.conv_id)[0] == ("user", "a question for a new chat")
-    # a send after a click that never reaches the server as one (or a page from before this
-    # stamp) waits a moment at most
-    start = asyncio.get_running_loop().time()
-    await page.send("another question", *SETTINGS, 9000.0, request, 8000.0)
-    assert asyncio.get_running_loop().time() - start < ui.SHOWN_WAIT_S + 1
-    await until_idle(page.replies)
-    assert texts(store, tab.conv_id)[2] == ("user", "another question")
-
-
-@pytest.mark.anyio
 async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_boxes_of_the_chat_left(store, tmp_path) -> None:
     """Enter before the answer to a click on chat B came: the page's settings boxes still showed
     chat A's, and Send saved them into B (B's system prompt became A's). Send now says it followed
-    such a click (SEND_STAMP_JS: its stamp): its boxes are not saved; B's settings stand."""
+    such a click (SEND_JS: after_click): its boxes are not saved; B's settings stand."""
     from minisgl_app.ui import ChatPage
 
     engine = FakeEngine()
@@ -566,7 +533,7 @@ async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_
     await page.attach([str(notes)], request)
     await page.select(b, 5000.0, request, "")
     await page.select(a, 6000.0, request, "")
-    assert await page.send("", *a_form, 6100.0, request, 6000.0) == (SKIP, SKIP)
+    assert await page.send("", *a_form, 6100.0, request, 6000.0) == (json.dumps({"at": 6100.0, "draft": ""}), SKIP)
     await until_idle(page.replies)
     assert texts(store, a) == [] and page.tab(request).attachments == [("notes.txt", "kept with A's draft\n")]
 
@@ -594,7 +561,8 @@ async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draf
     await page.select(a, 1000.0, request)
     await page.attach([str(notes)], request)
     await page.select(b, 2000.0, request, "hello from A")  # the click, handled first
-    assert await page.send("hello from A", *a_form, 1990.0, request) == (SKIP, SKIP)  # A's Enter
+    answer = await page.send("hello from A", *a_form, 1990.0, request)  # A's Enter
+    assert answer == (json.dumps({"at": 1990.0, "draft": ""}), SKIP), "A's message came back to B's box"
     await until_idle(page.replies)
     assert texts(store, a) == [] and texts(store, b) == [] and engine.requests == []
     assert store.get(b).settings == b_settings, "A's settings boxes were saved to B"
@@ -603,7 +571,7 @@ async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draf
     assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
     # a click that did not carry the box's text, on New chat: the text is kept all the same
     await page.new_chat(4000.0, request)
-    assert await page.send("second try", *a_form, 3990.0, request) == (SKIP, SKIP)
+    assert draft_in((await page.send("second try", *a_form, 3990.0, request))[0]) == ""
     assert [c.id for c in store.list()] == [b, a], "a chat was stored for the message"
     assert draft_in((await page.select(a, 5000.0, request, ""))[0]) == "second try"
     assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
@@ -697,7 +665,7 @@ async def test_the_status_line_says_generating_as_soon_as_a_reply_starts_in_the_
     request = FakeRequest()
     box, status = await page.send("one two three four five", *SETTINGS, None, request)
     tab = page.tab(request)
-    assert box == "" and status == "**Generating** · fake", status
+    assert draft_in(box) == "" and status == "**Generating** · fake", status
     assert page.render(tab)[1] == "**Generating** · fake" and page.status_of(tab) == "**Generating** · fake"
     await until_idle(page.replies)
     assert page.render(tab)[1] == "**Ready** · fake" and page.status_of(tab) == "**Ready** · fake"
@@ -1415,7 +1383,7 @@ async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the
     assert (await page.settings_changed(*form, None, request))[3] == in_force
     assert store.get(conv_id).settings.max_tokens == in_force
     assert said and "8,192" in said[-1] and "fake" in said[-1] and "32,768" in said[-1], said
-    assert await page.send("hello", *form, None, request) == (SKIP, SKIP)
+    assert await page.send("hello", *form, None, request) == (json.dumps({"at": None, "draft": "hello"}), SKIP)  # back to the box
     assert len(store.get(conv_id).messages) == 0 and "8,192" in said[-1]
     form[3] = 8192
     await page.settings_changed(*form, None, request)
@@ -1672,8 +1640,8 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
     assert await box_after(page.select, b, text="for A, kept") == ""  # B's box was emptied above
     assert draft_in((await page.delete(True, None, request, "doomed draft"))[0]) == "for A, kept"  # A: the newest chat
     assert b not in page.tab(request).unsent and page.tab(request).conv_id == a
-    # the page empties the box at each of these clicks (window.minisglLeaveChat) and applies only
-    # the answer of its last click (its stamp); a click that shows no other chat gives the text back
+    # the page empties the box at each of these clicks (window.minisglTakeBox), and an answer is
+    # applied once, for the click its stamp names; a click that shows no other chat gives the text back
     assert await box_after(page.select, a, text="still typing in A") == "still typing in A"
     assert (await page.delete(False, 9000.0, request, "kept"))[0] == SKIP, "a delete not confirmed took nothing"
     await page.new_chat(None, request, "still typing in A")  # given back above: now A's draft

@@ -806,6 +806,9 @@ def test_a_draft_typed_in_the_message_box_stays_with_its_chat(tab, app):
     assert error_badges(page) == 0, toasts(page)
 
 
+SEND_EVENTS = ("send", "send_1")  # Enter in the message box, Send: Gradio's names for their events
+
+
 class HeldClicks:
     """Holds the page's next requests to run one of the events named (Gradio's queue/join, by the
     event's fn_index) until released: the server answers a click late, as on a busy machine, while
@@ -823,7 +826,7 @@ class HeldClicks:
             self.armed -= 1
             self.held.append(route)
         else:
-            route.continue_()
+            route.fallback()  # to the page's other handlers, if any, then the server
 
     def hold(self, count: int = 1) -> None:
         self.armed = count
@@ -845,7 +848,7 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     set the message box to the new chat's draft (empty), wiping what had been typed since the
     click: the message was lost (Enter sent an empty box), or lost its first words. The box now
     empties at the click, and the answer puts the chat's draft before what was typed since; the
-    text of the chat left stays its draft."""
+    text of the chat left stays its draft. The same for Send: its answer emptied the box."""
     page = tab().page
     new_chat(page, max_tokens=4)
     send(page, "Oribi: say hi.")
@@ -898,6 +901,30 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
     page.wait_for_timeout(1000)
     assert users(page) == ["Oribi: say hi."], users(page)
+    # New chat clicked before the answer to a click on a chat: it waits for that answer, then shows
+    # a new chat, its box empty (the chat's draft stays with it)
+    clicks.hold()
+    select_chat(page, "Oribi, a question")
+    clicks.wait_held()
+    page.click("#new-chat-btn")
+    page.wait_for_timeout(300)
+    clicks.release()
+    assert wait_until(lambda: page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0, 15), \
+        chat_text(page)[:200]
+    page.wait_for_timeout(500)
+    assert page.input_value(box) == "", page.input_value(box)
+    # text typed between Enter and Send's answer stays in the box (the answer used to empty it)
+    sends = HeldClicks(page, app, *SEND_EVENTS)
+    sends.hold()
+    page.fill(box, "Oribi, sent at once")
+    page.press(box, "Enter")
+    sends.wait_held()
+    assert page.input_value(box) == "", "Enter left the message in the box"
+    page.locator(box).press_sequentially("Oribi, typed while it was sent", delay=10)
+    sends.release()
+    assert wait_until(lambda: users(page) == ["Oribi, sent at once"], 15), users(page)
+    wait_finished(page, 1)
+    assert page.input_value(box) == "Oribi, typed while it was sent", page.input_value(box)
     assert error_badges(page) == 0, toasts(page)
 
 
