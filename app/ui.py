@@ -1642,10 +1642,14 @@ class ChatPage:
         # held on the server until a later queued event opens a stream (seen in CI: a refused
         # setting's toast and a New chat's render never shown). Not an event as long as the
         # tab instead: with Gradio's heartbeat that holds two of the browser's six connections
-        # to the server per tab, and a fourth tab never loaded.
+        # to the server per tab, and a fourth tab never loaded. trigger_mode "multiple": a tick so
+        # held (it was the event accepted in that moment) stopped every later tick under Gradio's
+        # default ("once": no new run while one is pending), and with them the stream that brings
+        # held messages: the page stood still until the person did something. A tick does not
+        # await, so two never overlap on the server.
         # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
         timer.tick(self.tick, inputs=m.editing, outputs=[*view, m.refresh], js=EDITING_JS, show_progress="hidden",
-                   show_progress_on=[m.status], concurrency_limit=None)
+                   show_progress_on=[m.status], concurrency_limit=None, trigger_mode="multiple")
         m.refresh.change(**follow)  # the tick saw the chat changed elsewhere: redraw it, its title and settings too
         m.refresh.change(self.redraw_fields, inputs=[m.refresh, m.focused], outputs=tab_fields, js=FOCUSED_FIELD_JS, **quick)
         # stamped (STAMP_JS): a settings box these clicks leave is saved to the chat shown before
