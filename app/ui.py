@@ -77,11 +77,11 @@ STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is
 LEAVE_CHAT_SELECT_JS = "async (chat) => [chat, ...(await window.minisglLeaveChat())]"  # the chat, the stamp, the box
 LEAVE_CHAT_IMPORT_JS = "async (file) => [file, ...(await window.minisglLeaveChat())]"  # the file, the stamp, the box
 LEAVE_CHAT_NEW_JS = "async (...inputs) => [...(await window.minisglLeaveChat()), ...inputs.slice(2)]"  # + the settings boxes
-APPLY_DRAFT_JS = """(answer, box) => {
+APPLY_DRAFT_JS = """(answer) => {
   const shown = answer ? JSON.parse(answer) : null;
-  return shown ? window.minisglGiveBack(shown.at, shown.draft || '', box) : box;
+  if (shown) window.minisglGiveBack(shown.at, shown.draft || '');
 }"""
-RESTORE_DRAFT_JS = "(box) => window.minisglGiveBack(null, null, box)"  # the event failed: its text goes back
+RESTORE_DRAFT_JS = "() => { window.minisglGiveBack(null, null); }"  # the event failed: its text goes back
 # Send: the box's text (taken once the answers before it have come: after New chat, the new
 # chat's draft and what was typed), the settings boxes, its stamp, and whether it followed a
 # click that showed another chat: its settings boxes, read at Enter, were then still those of the
@@ -150,15 +150,21 @@ PAGE_JS = """
     return {stamp, text, afterClick};
   };
   // the answer to the event stamped `at` (null: the oldest one waiting, whose event failed):
-  // `draft` (null: the text it took) goes before what was typed since, `box`
-  window.minisglGiveBack = (at, draft, box) => {
+  // `draft` (null: the text it took) goes before what was typed since. Written into the box
+  // here, not returned for Gradio to write: the next event's turn starts at turn.end() and reads
+  // the box at once, before Gradio would have written it (the text was then taken twice).
+  window.minisglGiveBack = (at, draft) => {
     if (at === null) at = turns.taken.keys().next().value;
     const turn = turns.taken.get(at);
-    if (!turn) return box;  // an answer given back already, or an event that took nothing
+    if (!turn) return;  // an answer given back already, or an event that took nothing
     turns.taken.delete(at);
-    turn.end();
     const before = draft === null ? turn.text : draft;
-    return box.trim() ? (before.trim() ? `${before.trimEnd()}\n\n${box}` : box) : before;
+    const box = document.querySelector('#msg-input textarea');
+    if (box && before.trim()) {
+      box.value = box.value.trim() ? `${before.trimEnd()}\n\n${box.value}` : before;
+      box.dispatchEvent(new Event('input', {bubbles: true}));
+    }
+    turn.end();
   };
   // a click that shows another chat: its stamp and the text it took (the draft of the chat left)
   window.minisglLeaveChat = async () => {
@@ -1661,8 +1667,8 @@ class ChatPage:
             ``draft``, the message box the event took: what its answer gives back (the draft of
             the chat shown, a message not sent) before what was typed since (APPLY_DRAFT_JS)."""
             if draft:
-                event.then(None, inputs=[c.shown_draft, m.msg], outputs=m.msg, js=APPLY_DRAFT_JS, **quick)
-                event.failure(None, inputs=m.msg, outputs=m.msg, js=RESTORE_DRAFT_JS, **quick)
+                event.then(None, inputs=c.shown_draft, js=APPLY_DRAFT_JS, **quick)
+                event.failure(None, js=RESTORE_DRAFT_JS, **quick)
             event.then(**follow)
             event.then(**attachments)
 

@@ -887,6 +887,7 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     clicks.release()
     assert wait_until(lambda: users(page) == ["Oribi, a question for the new chat"], 15), users(page)
     wait_finished(page, 1)
+    assert page.input_value(box) == "", "the message sent came back to the box"
     assert label_of(page, "Oribi, a question"), sidebar(page)
     select_chat(page, "Oribi: say hi.")
     assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
@@ -913,6 +914,21 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
         chat_text(page)[:200]
     page.wait_for_timeout(500)
     assert page.input_value(box) == "", page.input_value(box)
+    # the same with a click on a chat that has a draft: the draft stays with that chat, out of the
+    # new chat's box
+    clicks.hold()
+    select_chat(page, "Oribi: say hi.")
+    clicks.wait_held()
+    page.click("#new-chat-btn")
+    page.wait_for_timeout(300)
+    clicks.release()
+    assert wait_until(lambda: page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0, 15), \
+        chat_text(page)[:200]
+    page.wait_for_timeout(500)
+    assert page.input_value(box) == "", "the draft of the chat clicked before New chat's answer came to the new chat"
+    select_chat(page, "Oribi: say hi.")
+    assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
+    open_new_chat(page)
     # text typed between Enter and Send's answer stays in the box (the answer used to empty it)
     sends = HeldClicks(page, app, *SEND_EVENTS)
     sends.hold()
