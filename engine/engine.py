@@ -133,7 +133,7 @@ class Engine:
         self.attn_name = self._choose_attention(on_phase)
         self.fused_kernels = self._enable_fast_ops(on_phase)
         self._allocate_kv_cache()
-        self.sampler = Sampler(use_flashinfer=self.attn_name == "flashinfer")
+        self.sampler = Sampler(use_flashinfer=self.attn_name == "flashinfer", seed=config.seed if self.tp.size > 1 else None)
         self.eos_token_ids = self._eos_token_ids()
         self.logits_processor = LogitsProcessor(self.model_config.vocab_size, config.max_running_requests, self.device, self.eos_token_ids)
         # the newest sampled token of each page-table row: the next decode step's input

@@ -1,9 +1,11 @@
 """Turns a batch's logits into next tokens; one batch may mix greedy and sampled requests,
 each with its own temperature, top-k, top-p and seed.
 
-Greedy rows take the argmax. On CUDA, sampled rows without a seed go through FlashInfer's fused
-top-k/top-p rejection sampler in one launch; a seeded row draws from its own generator (torch),
-so its text does not depend on which other requests share its batch.
+Greedy rows take the argmax. On CUDA, sampled rows without a seed and without top-k / top-p
+draw by the Gumbel-max trick in one pass over the logits (``triton_kernels.gumbel_sample``);
+with top-k / top-p they go through FlashInfer's fused rejection sampler in one launch; a seeded
+row draws from its own generator (torch), so its text does not depend on which other requests
+share its batch.
 """
 
 from __future__ import annotations
@@ -36,44 +38,55 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
 
 
 class Sampler:
-    def __init__(self, use_flashinfer: bool = False) -> None:
+    def __init__(self, use_flashinfer: bool = False, seed: int | None = None) -> None:
+        """``seed``: where the GPU draws' seeds start (tensor parallelism: every rank passes the
+        same, so every rank samples the same tokens); None: a fresh random start."""
         self.use_flashinfer = use_flashinfer
+        # one seed per GPU draw, taken on the host: no read of GPU state, no wait
+        self.draw_seeds = torch.Generator()
+        if seed is None:
+            self.draw_seeds.seed()
+        else:
+            self.draw_seeds.manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
         """logits: [batch, vocab] float32. Returns [batch] token ids (on the logits' device).
 
         Nothing here waits for the GPU (every index and parameter is copied without blocking),
         so the scheduler can prepare the next step while this one runs."""
-        next_ids = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        unseeded = [i for i in rows if generators[i] is None] if self.use_flashinfer else []
+        if unseeded and len(unseeded) == len(params):  # all sampled, none seeded: one draw, no argmax pass
+            return self._gpu_sample(logits, params).long()
+        next_ids = logits.argmax(dim=-1)
         if not rows:
             return next_ids
         if self.use_flashinfer:
-            unseeded = [i for i in rows if generators[i] is None]
-            if len(unseeded) == len(params):  # all sampled, none seeded: no indexing needed
-                return self._flashinfer_sample(logits, params).long()
             if unseeded:
                 index = to_device(unseeded, logits.device)
-                next_ids[index] = self._flashinfer_sample(logits[index], [params[i] for i in unseeded]).long()
+                next_ids[index] = self._gpu_sample(logits[index], [params[i] for i in unseeded]).long()
             rows = [i for i in rows if generators[i] is not None]
             if not rows:
                 return next_ids
         return self._torch_sample(logits, params, generators, rows, next_ids)
 
-    @staticmethod
-    def _flashinfer_sample(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-        """One row of ``logits`` per entry of ``params``; FlashInfer's fused kernels."""
-        import flashinfer
-
+    def _gpu_sample(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """One row of ``logits`` per entry of ``params``: one Gumbel-max pass when no row
+        filters (the temperature applied inside it), else FlashInfer's fused kernels."""
         vocab = logits.shape[-1]
         device = logits.device
         top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
         top_p = [p.top_p for p in params]
+        if all(k == vocab for k in top_k) and all(p == 1.0 for p in top_p):
+            from .triton_kernels import gumbel_sample
+
+            seed = int(torch.randint(2**31 - 1, (), generator=self.draw_seeds))
+            return gumbel_sample(logits, to_device([p.temperature for p in params], device, torch.float32), seed)
+        import flashinfer
+
         # one copy for all three parameters (top-k values are exact in float32: below 2**24)
         packed = to_device([p.temperature for p in params] + top_k + top_p, device, torch.float32).view(3, -1)
         scaled = logits / packed[0].unsqueeze(1)
-        if all(k == vocab for k in top_k) and all(p == 1.0 for p in top_p):
-            return flashinfer.sampling.sampling_from_logits(scaled)  # no filter: one plain draw
         return flashinfer.sampling.top_k_top_p_sampling_from_logits(scaled, packed[1].int(), packed[2])
 
     @staticmethod

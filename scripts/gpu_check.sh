@@ -20,6 +20,7 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels throughputprofile   # batch 64-256 replays, the offline workload's steps, the 8B's batch-1 step
 #   bash scripts/gpu_check.sh setup loadcache kernels attnab profile06b   # attention from qkv: three kernels / one; the 0.6B step kernel by kernel
 #   bash scripts/gpu_check.sh setup loadcache kernels offlineprofile   # goal 2: the offline workload's steps against their floors
+#   bash scripts/gpu_check.sh setup loadcache kernels offlinekernels gemmsweep   # goal 2: the workload kernel by kernel; the products' tilings
 #   bash scripts/gpu_check.sh setup loadcache kernels decodesweep   # the Triton decode attention's tilings, then the offline workload with the best
 #   ENVAB_RUNS="MINISGL_PDL_TRIGGER=first :: qwen3-8b decode --input-len 128" bash scripts/gpu_check.sh setup loadcache kernels envab
 #   bash scripts/gpu_check.sh setup loadcache kernels fp8 fp8bench   # --kv-dtype fp8: its kernels and agreement, then the benches
@@ -150,6 +151,12 @@ EOF
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     offlineprofile)  # goal 2: the offline workload's steps against their floors, each decode attention's K/V bandwidth
       OUT=$OUT timeout 420 python3 scripts/gpu_profile.py --offline 2>&1 | tee "$OUT/offline_profile.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    offlinekernels)  # goal 2: the offline workload's prefill and decode windows kernel by kernel (sampler included)
+      OUT=$OUT timeout 300 python3 scripts/gpu_profile.py --offline-kernels 2>&1 | tee "$OUT/offline_kernels.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    gemmsweep)  # the 0.6B shape's four products at 16-256 and 8,192 rows: cuBLAS, cuBLASLt, triton_kernels.matmul's tilings
+      timeout 420 python3 scripts/gpu_gemm_sweep.py 2>&1 | tee "$OUT/gemm_sweep.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     decodesweep)  # decode_attention's tilings at batch 1-256 (scripts/gpu_decode_sweep.py), then the offline workload on the Triton
       # decode attention at every batch size with the default tiling and with the sweep's best

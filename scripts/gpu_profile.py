@@ -11,7 +11,8 @@ through ``scripts/gpu_check.sh profile``). Prints, for a Qwen3-0.6B-shape model 
    buckets of 32 requests, each against its own floor (its weights and the K/V it attends to,
    read once at the measured copy bandwidth): where the workload is far from its floor;
 5. (``--offline``) the GPU's idle time inside windows of that workload's decode steps (a kernel
-   trace), and each decode attention's K/V bandwidth in the engine's graphs.
+   trace), and each decode attention's K/V bandwidth in the engine's graphs; with
+   ``--offline-kernels`` the costliest kernels of each window and of the first prefill steps.
 
 With ``host_stages(trace=NAME)`` a Chrome trace of a few batch-1 steps goes to $OUT/NAME.gz.
 """
@@ -328,37 +329,50 @@ def busy_and_span(prof) -> tuple[float, float, int]:
     return busy, max(e for _, e in spans) - spans[0][0], len(spans)
 
 
-def offline_idle(max_prefill_tokens: int = 8192, window: int = 20) -> None:
+def offline_idle(max_prefill_tokens: int = 8192, window: int = 20, kernels: int = 0) -> None:
     """The offline workload run as the bench runs it, with a kernel trace (GPU activity only:
     the CPU's timing stays as it is) over ``window`` decode steps once the batch first falls to
     each of 256, 192, 128, 64 and 16 requests: how much of those steps' time the GPU idled,
-    waiting for the CPU. Events around each step (offline_split) cannot tell that wait apart."""
+    waiting for the CPU. Events around each step (offline_split) cannot tell that wait apart.
+    With ``kernels``, also each window's ``kernels`` costliest kernels per step (the sampler's
+    and the products' beside attention), and a window over the workload's first prefill steps."""
     print(f"\n== 5. offline workload, GPU idle time inside windows of {window} decode steps")
     llm, prompts, params = offline_engine(max_prefill_tokens)
     eng = llm.engine
     targets = [256, 192, 128, 64, 16]
-    state = {"prof": None, "steps": 0, "sizes": [], "t0": 0.0}
+    state = {"prof": None, "steps": 0, "sizes": [], "t0": 0.0, "phase": "decode", "prefill_traced": not kernels}
     forward = eng.forward_batch
 
+    def start(phase: str) -> None:
+        state.update(prof=profile(activities=[ProfilerActivity.CUDA]), steps=0, sizes=[], t0=time.perf_counter(), phase=phase)
+        state["prof"].start()
+
     def traced_forward(batch, *args, **kwargs):
-        if state["prof"] is None and targets and batch.phase == "decode" and batch.size <= targets[0]:
-            while targets and batch.size <= targets[0]:
-                targets.pop(0)
-            state.update(prof=profile(activities=[ProfilerActivity.CUDA]), steps=0, sizes=[], t0=time.perf_counter())
-            state["prof"].start()
+        if state["prof"] is None:
+            if batch.phase == "prefill" and not state["prefill_traced"]:
+                state["prefill_traced"] = True
+                start("prefill")
+            elif targets and batch.phase == "decode" and batch.size <= targets[0]:
+                while targets and batch.size <= targets[0]:
+                    targets.pop(0)
+                start("decode")
         result = forward(batch, *args, **kwargs)
-        if state["prof"] is not None and batch.phase == "decode":
+        if state["prof"] is not None and batch.phase == state["phase"]:
             state["steps"] += 1
-            state["sizes"].append(batch.size)
-            if state["steps"] == window:
+            state["sizes"].append(batch.num_tokens if batch.phase == "prefill" else batch.size)
+            steps = 4 if batch.phase == "prefill" else window
+            if state["steps"] == steps:
                 prof, state["prof"] = state["prof"], None
                 prof.stop()
                 wall = time.perf_counter() - state["t0"]
-                busy, span, kernels = busy_and_span(prof)
+                busy, span, count = busy_and_span(prof)
                 sizes = state["sizes"]
-                print(f"  decode batch {max(sizes):3d}-{min(sizes):3d}: {window} steps, GPU span {span / window / 1000:6.2f} ms/step, "
-                      f"busy {busy / window / 1000:6.2f} ms/step ({100 * busy / span:3.0f}%), {kernels / window:.0f} kernels/step; "
-                      f"CPU wall {1000 * wall / window:6.2f} ms/step (with the tracer's stop)", flush=True)
+                what = f"prefill of {sum(sizes)} tokens" if batch.phase == "prefill" else f"decode batch {max(sizes):3d}-{min(sizes):3d}"
+                print(f"  {what}: {steps} steps, GPU span {span / steps / 1000:6.2f} ms/step, "
+                      f"busy {busy / steps / 1000:6.2f} ms/step ({100 * busy / span:3.0f}%), {count / steps:.0f} kernels/step; "
+                      f"CPU wall {1000 * wall / steps:6.2f} ms/step (with the tracer's stop)", flush=True)
+                if kernels:
+                    kernel_table(prof, steps, limit=kernels)
         return result
 
     eng.forward_batch = traced_forward
@@ -485,6 +499,8 @@ def main() -> None:
                         help="what issue 18's open goals need: large-batch replays, the offline split, the 8B's batch-1 step")
     parser.add_argument("--offline", action="store_true",
                         help="goal 2: the offline workload's steps against their floors, and each decode attention's K/V bandwidth")
+    parser.add_argument("--offline-kernels", action="store_true",
+                        help="goal 2: the offline workload's prefill and decode windows kernel by kernel (the sampler's included)")
     parser.add_argument("--step-8b", action="store_true", help="the 8B shape's batch-1 step alone")
     parser.add_argument("--step-06b", action="store_true", help="the 0.6B shape's batch-1 step alone (128 and 2,048 tokens)")
     args = parser.parse_args()
@@ -497,6 +513,9 @@ def main() -> None:
         return
     if args.offline:
         offline_levers()
+        return
+    if args.offline_kernels:
+        offline_idle(8192, window=10, kernels=30)
         return
     llm = make_llm(max_kv_tokens=150_000)
     print("fused kernels:", json.dumps(llm.engine.fused_kernels))

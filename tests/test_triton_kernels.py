@@ -74,6 +74,23 @@ def test_skinny_matmul_reads_a_strided_input() -> None:
     close(tk.skinny_matmul(x, w), x.float() @ w.float().T)
 
 
+@pytest.mark.parametrize("rows", [16, 40])
+@pytest.mark.parametrize("silu_mul", [False, True])
+def test_matmul_covers_many_row_tiles(rows, silu_mul) -> None:
+    """Larger batches: output tiles of 16 rows and 32 columns over a grid, the last of each
+    partly masked (40 rows, 48 columns), a K step of 32 over a reduction of 96."""
+    gen = torch.Generator().manual_seed(rows + silu_mul)
+    n, k = 48, 96
+    x = torch.randn(rows, k, generator=gen).to(DTYPE).to(DEVICE)
+    w = torch.randn(2 * n if silu_mul else n, k, generator=gen).to(DTYPE).to(DEVICE) / k ** 0.5
+    b = None if silu_mul else torch.randn(n, generator=gen).to(DTYPE).to(DEVICE)
+    product = x.float() @ w.float().T
+    expected = torch.nn.functional.silu(product[:, :n]) * product[:, n:] if silu_mul else product + b.float()
+    out = tk.matmul(x, w, b, silu_mul=silu_mul, tiles=tk.MatmulTiles(block_m=16, block_n=32, block_k=32, warps=4, stages=2))
+    assert out.shape == (rows, n) and out.dtype == DTYPE
+    close(out, expected)
+
+
 @pytest.mark.parametrize("block_n,per_sm", [(4, 0), (8, 0), (1, 4), (2, 1)])
 @pytest.mark.parametrize("n,k,bias,silu_mul", [(64, 128, False, False), (45, 96, True, False), (40, 256, False, True)])
 def test_gemv_matches_a_float32_product(block_n, per_sm, n, k, bias, silu_mul) -> None:
@@ -380,3 +397,39 @@ def test_model_on_triton_kernels_matches_transformers(arch, tiny_model) -> None:
     results = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
     for prompt, res in zip(prompts, results):
         assert res.token_ids == hf_greedy(hf, prompt, 6)
+
+
+# ---- sampling ------------------------------------------------------------------------------------
+
+
+def test_gumbel_sample_draws_from_each_rows_softmax_at_its_temperature(monkeypatch) -> None:
+    """Rows at temperature 0.5 and at 3 in one call, over a vocabulary of 7 in chunks of 4 (the
+    second partly masked): each half's token frequencies match softmax(logits / T) within 4
+    standard deviations (the seed is fixed: the draws are too); the -inf token is never drawn;
+    the same seed draws the same tokens, another seed others."""
+    monkeypatch.setattr(tk, "SAMPLE_CHUNK", 4)
+    n = 20000 if ON_GPU else 200  # draws per temperature (the interpreter runs ~10 ms a program)
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5, 1.5])
+    temps = torch.tensor([0.5] * n + [3.0] * n)
+    ids = tk.gumbel_sample(logits.repeat(2 * n, 1).to(DEVICE), temps.to(DEVICE), seed=1234).cpu()
+    assert ids.dtype == torch.int64 and ids.shape == (2 * n,)
+    for half, t in ((ids[:n], 0.5), (ids[n:], 3.0)):
+        expected = (logits.double() / t).softmax(-1)
+        freq = torch.bincount(half, minlength=7).double() / n
+        sigma = (expected * (1 - expected) / n).sqrt()
+        assert freq[4] == 0
+        assert ((freq - expected).abs() <= 4 * sigma + 1e-9).all(), (t, freq, expected)
+    few = logits.repeat(30, 1).to(DEVICE), temps[n - 15 : n + 15].to(DEVICE)  # 15 rows of each temperature
+    first, again, other = (tk.gumbel_sample(*few, seed=seed).cpu() for seed in (1234, 1234, 99))
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+def test_gumbel_sample_finds_a_token_in_a_later_chunk() -> None:
+    """A 10,000-token vocabulary is three chunks of 4,096: a token far likelier than the rest in
+    the third chunk (or the first) is the one drawn, whatever the noise."""
+    logits = torch.randn(4, 10_000, generator=torch.Generator().manual_seed(0))
+    likely = [9_000, 4_096, 0, 9_999]
+    for row, token in enumerate(likely):
+        logits[row, token] = 100.0
+    ids = tk.gumbel_sample(logits.to(DEVICE), torch.full((4,), 0.6).to(DEVICE), seed=7)
+    assert ids.tolist() == likely
