@@ -155,6 +155,9 @@ EOF
     offlinekernels)  # goal 2: the offline workload's prefill and decode windows kernel by kernel (sampler included)
       OUT=$OUT timeout 300 python3 scripts/gpu_profile.py --offline-kernels 2>&1 | tee "$OUT/offline_kernels.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    samplerab)  # a sampled step's draw at batch 16-256: the Gumbel-max kernel against divide + FlashInfer's sampler
+      timeout 120 python3 scripts/gpu_sampler_ab.py 2>&1 | tee "$OUT/sampler_ab.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     gemmsweep)  # the 0.6B shape's four products at 16-256 and 8,192 rows: cuBLAS, cuBLASLt, triton_kernels.matmul's tilings
       timeout 420 python3 scripts/gpu_gemm_sweep.py 2>&1 | tee "$OUT/gemm_sweep.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;

@@ -425,10 +425,11 @@ def test_gumbel_sample_draws_from_each_rows_softmax_at_its_temperature(monkeypat
 
 
 def test_gumbel_sample_finds_a_token_in_a_later_chunk() -> None:
-    """A 10,000-token vocabulary is three chunks of 4,096: a token far likelier than the rest in
-    the third chunk (or the first) is the one drawn, whatever the noise."""
+    """A 10,000-token vocabulary is three chunks of 4,096 (each read in quarters of 1,024): a
+    token far likelier than the rest is the one drawn, whatever the noise, in each chunk and
+    each quarter."""
     logits = torch.randn(4, 10_000, generator=torch.Generator().manual_seed(0))
-    likely = [9_000, 4_096, 0, 9_999]
+    likely = [9_999, 7_900, 2_500, 0]  # chunk 2 quarter 1, chunk 1 quarter 3, chunk 0 quarter 2, chunk 0 quarter 0
     for row, token in enumerate(likely):
         logits[row, token] = 100.0
     ids = tk.gumbel_sample(logits.to(DEVICE), torch.full((4,), 0.6).to(DEVICE), seed=7)
