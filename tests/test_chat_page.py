@@ -902,30 +902,25 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
     page.wait_for_timeout(1000)
     assert users(page) == ["Oribi: say hi."], users(page)
-    # New chat clicked before the answer to a click on a chat: it waits for that answer, then shows
-    # a new chat, its box empty (the chat's draft stays with it)
-    clicks.hold()
-    select_chat(page, "Oribi, a question")
-    clicks.wait_held()
-    page.click("#new-chat-btn")
-    page.wait_for_timeout(300)
-    clicks.release()
-    assert wait_until(lambda: page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0, 15), \
-        chat_text(page)[:200]
-    page.wait_for_timeout(500)
-    assert page.input_value(box) == "", page.input_value(box)
+    def click_then_new_chat(chat: str, why: str | None = None) -> None:
+        """New chat clicked before the answer to a click on ``chat``: it waits for that answer,
+        then shows a new chat, its box empty."""
+        clicks.hold()
+        select_chat(page, chat)
+        clicks.wait_held()
+        page.click("#new-chat-btn")
+        page.wait_for_timeout(300)
+        clicks.release()
+        assert wait_until(lambda: page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0, 15), \
+            chat_text(page)[:200]
+        page.wait_for_timeout(500)
+        assert page.input_value(box) == "", why or page.input_value(box)
+
+    # the chat's draft stays with it
+    click_then_new_chat("Oribi, a question")
     # the same with a click on a chat that has a draft: the draft stays with that chat, out of the
     # new chat's box
-    clicks.hold()
-    select_chat(page, "Oribi: say hi.")
-    clicks.wait_held()
-    page.click("#new-chat-btn")
-    page.wait_for_timeout(300)
-    clicks.release()
-    assert wait_until(lambda: page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0, 15), \
-        chat_text(page)[:200]
-    page.wait_for_timeout(500)
-    assert page.input_value(box) == "", "the draft of the chat clicked before New chat's answer came to the new chat"
+    click_then_new_chat("Oribi: say hi.", "the draft of the chat clicked before New chat's answer came to the new chat")
     select_chat(page, "Oribi: say hi.")
     assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
     open_new_chat(page)
