@@ -155,6 +155,15 @@ EOF
     offlinekernels)  # goal 2: the offline workload's prefill and decode windows kernel by kernel (sampler included)
       OUT=$OUT timeout 300 python3 scripts/gpu_profile.py --offline-kernels 2>&1 | tee "$OUT/offline_kernels.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    prefillhost)  # goal 2: the host side of the offline workload's prefill steps (per-step times, then a cProfile)
+      OUT=$OUT timeout 200 python3 scripts/gpu_profile.py --prefill-host-cprofile 2>&1 | tee "$OUT/prefill_host.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    prefillab)  # the prefill steps' per-step times (no profiler) on the committed tree (.old, as for oldnew), then on this one
+      for tree in old new; do
+        pp=$PWD/.pkgs; [ "$tree" = old ] && pp=$PWD/.old
+        PYTHONPATH=$pp:$W/site OUT=$OUT timeout 200 python3 scripts/gpu_profile.py --prefill-host 2>&1 | grep -E "prefill|wall|Error|Traceback" | sed "s/^/[$tree] /" | tee -a "$OUT/prefill_ab.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
     samplerab)  # a sampled step's draw at batch 16-256: the Gumbel-max kernel against divide + FlashInfer's sampler
       timeout 120 python3 scripts/gpu_sampler_ab.py 2>&1 | tee "$OUT/sampler_ab.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;

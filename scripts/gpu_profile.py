@@ -329,6 +329,19 @@ def busy_and_span(prof) -> tuple[float, float, int]:
     return busy, max(e for _, e in spans) - spans[0][0], len(spans)
 
 
+def generate_through(llm: LLM, forward_batch, prompts, params) -> float:
+    """Run the workload with ``forward_batch`` in place of the engine's (then put back): its wall seconds."""
+    eng = llm.engine
+    forward, eng.forward_batch = eng.forward_batch, forward_batch
+    try:
+        t0 = time.perf_counter()
+        llm.generate(prompts, params)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+    finally:
+        eng.forward_batch = forward
+
+
 def offline_idle(max_prefill_tokens: int = 8192, window: int = 20, kernels: int = 0) -> None:
     """The offline workload run as the bench runs it, with a kernel trace (GPU activity only:
     the CPU's timing stays as it is) over ``window`` decode steps once the batch first falls to
@@ -375,12 +388,71 @@ def offline_idle(max_prefill_tokens: int = 8192, window: int = 20, kernels: int 
                     kernel_table(prof, steps, limit=kernels)
         return result
 
-    eng.forward_batch = traced_forward
-    t0 = time.perf_counter()
-    llm.generate(prompts, params)
-    torch.cuda.synchronize()
-    print(f"  wall {time.perf_counter() - t0:.2f} s (with the traces)")
-    eng.forward_batch = forward
+    print(f"  wall {generate_through(llm, traced_forward, prompts, params):.2f} s (with the traces)")
+    llm.scheduler.drain()
+    llm = None
+    cleanup()
+
+
+def offline_prefill_host(max_prefill_tokens: int = 8192, with_cprofile: bool = False) -> None:
+    """Round 13 found the offline workload's prefill steps 61% busy on the GPU: per prefill step,
+    the host's time inside forward_batch, the wall time since the previous step began, and the
+    GPU time (CUDA events), the prefill phase's wall time (first prefill step to first decode
+    step); ``with_cprofile``: a cProfile of the host over the prefill phase too (first step apart:
+    it meets the 8,192-token shapes first), which slows the host it measures."""
+    print(f"\n== 6. offline workload, host side of the prefill steps (--max-prefill-tokens {max_prefill_tokens})")
+    llm, prompts, params = offline_engine(max_prefill_tokens)
+    eng = llm.engine
+    forward = eng.forward_batch
+    records: list = []
+    profiles = {"first": cProfile.Profile(), "rest": cProfile.Profile()}
+    state = {"prev": None, "active": None, "done": False, "first": None, "phase_end": None}
+
+    def traced_forward(batch, *args, **kwargs):
+        now = time.perf_counter()
+        if state["done"]:
+            return forward(batch, *args, **kwargs)
+        if batch.phase != "prefill":
+            if state["active"] is not None:
+                state["active"].disable()
+            state["done"], state["phase_end"] = True, now
+            return forward(batch, *args, **kwargs)
+        if state["first"] is None:
+            state["first"] = now
+        if not with_cprofile:
+            pass
+        elif state["active"] is None:
+            state["active"] = profiles["first"]
+            state["active"].enable()
+        elif state["active"] is profiles["first"]:
+            profiles["first"].disable()
+            state["active"] = profiles["rest"]
+            state["active"].enable()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = forward(batch, *args, **kwargs)
+        end.record()
+        records.append((batch.num_tokens, batch.size, now - state["prev"] if state["prev"] else 0.0, time.perf_counter() - now, start, end))
+        state["prev"] = now
+        return result
+
+    print(f"  wall {generate_through(llm, traced_forward, prompts, params):.2f} s")
+    for i, (ntok, bs, since, host, s, e) in enumerate(records):
+        print(f"  prefill step {i:2d}: {ntok:5d} tokens of {bs:3d} requests  since previous {1000 * since:7.2f} ms  "
+              f"host in forward_batch {1000 * host:6.2f} ms  GPU {s.elapsed_time(e):6.2f} ms")
+    rest = records[1:]
+    print(f"  prefill phase: {len(records)} steps in {1000 * (state['phase_end'] - state['first']):.1f} ms (first prefill step to "
+          f"first decode step); steps after the first: host in forward_batch {1000 * sum(r[3] for r in rest) / len(rest):.2f} ms, "
+          f"GPU {sum(r[4].elapsed_time(r[5]) for r in rest) / len(rest):.2f} ms, apart {1000 * sum(r[2] for r in rest) / len(rest):.2f} ms a step")
+    for name, prof in profiles.items() if with_cprofile else ():
+        text = io.StringIO()
+        print(f"  -- cProfile, {name} prefill step(s), by own time")
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
+        print("\n".join(text.getvalue().splitlines()[:45]))
+        text = io.StringIO()
+        print(f"  -- cProfile, {name} prefill step(s), by cumulative time")
+        pstats.Stats(prof, stream=text).sort_stats("cumtime").print_stats(30)
+        print("\n".join(text.getvalue().splitlines()[:50]))
     llm.scheduler.drain()
     llm = None
     cleanup()
@@ -501,6 +573,9 @@ def main() -> None:
                         help="goal 2: the offline workload's steps against their floors, and each decode attention's K/V bandwidth")
     parser.add_argument("--offline-kernels", action="store_true",
                         help="goal 2: the offline workload's prefill and decode windows kernel by kernel (the sampler's included)")
+    parser.add_argument("--prefill-host", action="store_true",
+                        help="goal 2: the host side of the offline workload's prefill steps (per-step times)")
+    parser.add_argument("--prefill-host-cprofile", action="store_true", help="--prefill-host with a cProfile of the prefill phase")
     parser.add_argument("--step-8b", action="store_true", help="the 8B shape's batch-1 step alone")
     parser.add_argument("--step-06b", action="store_true", help="the 0.6B shape's batch-1 step alone (128 and 2,048 tokens)")
     args = parser.parse_args()
@@ -513,6 +588,9 @@ def main() -> None:
         return
     if args.offline:
         offline_levers()
+        return
+    if args.prefill_host or args.prefill_host_cprofile:
+        offline_prefill_host(with_cprofile=args.prefill_host_cprofile)
         return
     if args.offline_kernels:
         offline_idle(8192, window=10, kernels=30)

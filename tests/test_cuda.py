@@ -185,9 +185,16 @@ def test_fp8_kv_cache_agrees_as_well_as_transformers_with_its_kv_rounded_to_fp8(
         assert figures["ours, fp8 pool"][1] <= 1.5 * figures[baseline][1], (baseline, figures)
 
 
+WHOLE_KV_FROM = 128  # graph_llm's decode graphs of this many rows or more read each request's K/V unsplit
+
+
 @pytest.fixture(scope="module")
 def graph_llm():
-    llm = LLM(config=engine_config(max_running_requests=256, cuda_graph_max_bs=256, max_kv_tokens=60_000))
+    # graphs of 64 rows keep FlashInfer's split-KV (and its merge kernel), those of 200 rows read K/V whole
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINISGL_DECODE_WHOLE_KV_FROM", str(WHOLE_KV_FROM))
+        llm = LLM(config=engine_config(max_running_requests=256, cuda_graph_max_bs=256, max_kv_tokens=60_000))
+    assert llm.engine.attn_backend.whole_kv_from == WHOLE_KV_FROM
     llm.scheduler.overlap = False
     return llm
 
@@ -224,6 +231,20 @@ def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size
             print(f"batch {batch_size} (graph of {size}, {small_graph_attention or 'flashinfer'}): "
                   f"max |eager - replay| = {(eager - replay).abs().max().item():.3g}")
             assert torch.equal(eager.argmax(-1), replay.argmax(-1)), f"batch {batch_size} (graph of {size})"
+            backend = engine.attn_backend
+            if size >= WHOLE_KV_FROM and backend.decode_tensor_cores:  # unsplit K/V against FlashInfer's split plan
+                wrapper = backend.graph_wrappers[size]
+                # FlashInfer 0.6's PrefillPlanInfo: its last field says whether the plan split K/V
+                assert wrapper._plan_info[-1] == 0, "a graph at or above WHOLE_KV_FROM rows was planned with split K/V"
+                backend.whole_kv_from = 1 << 30
+                try:
+                    split = engine.forward_logits(batch, use_graph=False, pad_to=size)
+                    assert wrapper._plan_info[-1] == 1, "under CUDA graphs FlashInfer's plan always splits K/V"
+                finally:
+                    backend.whole_kv_from = WHOLE_KV_FROM
+                same = (replay.argmax(-1) == split.argmax(-1)).float().mean().item()
+                print(f"batch {batch_size}: K/V read whole vs split, relative error {rel_error(replay, split):.3g}, same top-1 {same:.1%}")
+                assert rel_error(replay, split) < 0.02 and same >= 0.98
             if small_graph_attention == "triton":  # the Triton decode kernels against FlashInfer's, same padding
                 limits = engine.attn_backend.decode_limits
                 engine.attn_backend.decode_limits = DecodeAttentionLimits(limits.max_batch, 0)  # every request "long"

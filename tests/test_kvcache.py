@@ -472,3 +472,22 @@ def test_eos_ends_with_stop_unless_ignore_eos(eos_dir, reference) -> None:
     assert stopped.token_ids == full[: cut + 1]  # EOS is the last id, as a stop token is
     assert (ignored.token_ids, ignored.finish_reason) == (full, "length")
     assert_all_pages_free(llm)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.bfloat16])
+def test_a_steps_host_tensor_holds_the_same_values_as_torch_tensor(dtype) -> None:
+    """The one copy of a step builds its tensor through ``array`` (faster than torch.tensor on a
+    long list): same values and dtype, negative placeholders, an empty list, and a float list for
+    an integer dtype (torch.tensor's own conversion) included."""
+    from minisgl_engine.transfer import ARRAY_FROM, host_tensor, to_device
+
+    values = [0, -1, 5, 2**31 - 1, -(2**31), 7] if dtype != torch.bfloat16 else [0.5, -1.25, 3.0]
+    for vals in (values * ARRAY_FROM, values, [], ([1.5, -2.5] if dtype.is_floating_point else [3, -4]) * ARRAY_FROM):
+        want = torch.tensor(vals, dtype=dtype)
+        got = host_tensor(vals, dtype)
+        assert got.dtype == want.dtype and torch.equal(got, want), (vals, got, want)
+        assert torch.equal(to_device(vals, torch.device("cpu"), dtype), want)
+    floats = [2.7, -1.2] * ARRAY_FROM
+    assert torch.equal(host_tensor(floats, torch.int64), torch.tensor(floats, dtype=torch.int64))
+    big = list(range(-5, 50_000))
+    assert torch.equal(host_tensor(big), torch.tensor(big))

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import ForwardBatch
-from ..env import env_choice
+from ..env import env_choice, env_ints
 from ..flashinfer_kernels import WORKSPACE_BYTES, pdl_wanted, triton_unavailable_reason
 from ..kvcache.kv_pool import KVPool, is_fp8
 from ..kvcache.page_table import PageTable
-from ..transfer import to_device
+from ..transfer import host_tensor, to_device
 from .base import AttentionBackend
 
 
@@ -39,7 +39,12 @@ class KVLayout:
 
 TRITON_DECODE_MAX_BATCH = 16  # decode graphs of up to this many rows may run triton_kernels.decode_attention
 TRITON_DECODE_MAX_CONTEXT = 4096  # ... while no request in the batch is longer than this (tokens; docs/benchmarks.md, fourth round)
-
+# From this many graph rows, FlashInfer's tensor-core decode reads each request's K/V whole in
+# one block instead of split into chunks merged by a second kernel. Under CUDA graphs its plan
+# always splits (so that one graph fits any lengths), and the merge took 82-129 us a step at
+# 64-256 rows (docs/benchmarks.md, thirteenth round); a large batch fills the GPU without the
+# split. 1 << 30: never (``MINISGL_DECODE_WHOLE_KV_FROM`` overrides it).
+DECODE_WHOLE_KV_FROM = 1 << 30
 
 DECODE_ATTENTION_MODES = ("auto", "triton", "flashinfer", "fused")
 
@@ -144,6 +149,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         fits = head_dim & (head_dim - 1) == 0 and num_heads // num_kv_heads <= 16  # the Triton kernels' shapes
         self.decode_limits = DecodeAttentionLimits.from_env() if fits and triton_decode else DecodeAttentionLimits(0, 0)
         self.triton_graphs: dict[int, TritonDecode] = {}  # graph size -> its plan-free metadata
+        # decode graphs of at least this many rows plan without split-KV (the same at capture and
+        # at every replay, so the captured kernels, merge or not, always match the plan)
+        self.whole_kv_from = env_ints("MINISGL_DECODE_WHOLE_KV_FROM", ("rows",), (DECODE_WHOLE_KV_FROM,))[0]
 
     # ---- CUDA graphs -------------------------------------------------------------------------
 
@@ -206,7 +214,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 self.page_table.table, batch.table_rows, to_device(indptr, self.device, torch.int32), self._indices,
                 ps, self.kv_pool.padding_page, max(counts + [1]),
             )[: indptr[-1]]
-            return KVLayout(torch.tensor(indptr, dtype=torch.int32), indices, torch.tensor(last_page_len, dtype=torch.int32))
+            return KVLayout(host_tensor(indptr, torch.int32), indices, host_tensor(last_page_len, torch.int32))
         real_total = indptr[len(counts)]
         # page j of request i is slot table[row_i, j * page_size] // page_size
         meta = to_device(counts + indptr[: len(counts)], self.device)
@@ -218,9 +226,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         if pad:
             indices = torch.cat((indices, torch.full((pad,), self.kv_pool.padding_page, dtype=indices.dtype, device=self.device)))
         return KVLayout(
-            torch.tensor(indptr, dtype=torch.int32),
+            host_tensor(indptr, torch.int32),
             indices.to(torch.int32),
-            torch.tensor(last_page_len, dtype=torch.int32),
+            host_tensor(last_page_len, torch.int32),
         )
 
     def decode_kind(self, batch: ForwardBatch) -> str:
@@ -240,9 +248,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         common = dict(q_data_type=self.dtype, kv_data_type=self.kv_pool.dtype, sm_scale=self.scale, non_blocking=True)
         if batch.is_decode:
             wrapper = self.graph_wrappers[batch.padded_size] if batch.use_graph else self.decode_wrapper
+            whole_kv = self.decode_tensor_cores and batch.use_graph and batch.padded_size >= self.whole_kv_from
             wrapper.plan(
                 layout.indptr, layout.indices, layout.last_page_len,
                 self.num_heads, self.num_kv_heads, self.head_dim, self.page_size, **common,
+                **({"disable_split_kv": True} if whole_kv else {}),
             )
         else:
             qo_indptr = [0]
@@ -250,7 +260,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 qo_indptr.append(qo_indptr[-1] + n)
             wrapper = self.prefill_wrapper
             wrapper.plan(
-                torch.tensor(qo_indptr, dtype=torch.int32), layout.indptr, layout.indices, layout.last_page_len,
+                host_tensor(qo_indptr, torch.int32), layout.indptr, layout.indices, layout.last_page_len,
                 self.num_heads, self.num_kv_heads, self.head_dim, self.page_size, causal=True, **common,
             )
         self._plan_copied = torch.cuda.Event()
