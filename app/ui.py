@@ -564,7 +564,10 @@ class Tab:
     last_send: tuple[int, str, float] | None = None
     seen: Seen | None = None  # what the tab's last render showed
     lost: bool = False  # the chat it showed was found deleted (by another tab): not said yet
-    refreshes: int = 0  # the tick's count of redraws asked for (a change of it starts a follow)
+    # the tick's counts of redraws asked for: of the chat (a change of it starts a follow) and of
+    # its title and settings boxes (a change of it starts redraw_boxes)
+    chat_redraws: int = 0
+    refreshes: int = 0
     # the chat whose title and settings the page's boxes show, and their values (FIELD_IDS' order)
     # as this tab last sent or saved them: a redraw sends only the boxes changed elsewhere since
     fields_shown: tuple[int | None, tuple] | None = None
@@ -626,21 +629,24 @@ class ChatPage:
             return True
         return False
 
-    def changed_since_seen(self, tab: Tab) -> bool:
-        """Whether the tab's chat was written to (or deleted) since its last render, or since its
-        title and settings were last sent (``fields``): one read of its revision. (A render may
-        find the change first, a deleted chat too: the fields still show the chat as it was.)"""
+    def behind(self, tab: Tab) -> tuple[bool, bool]:
+        """Whether the tab's chat was written to (or deleted) since its last render, and whether
+        its title and settings boxes are behind what was last sent (``fields``): one read of its
+        revision. Apart, because a redraw of the chat is a follow, and Gradio disables ✎ and ↻
+        while one runs: the title of a chat's first message alone redrew the whole chat just
+        after its first reply, and a click on ✎ in that moment did nothing (a CI failure). (A
+        render may find the change first, a deleted chat too: the fields still show it as it was.)"""
         if tab.conv_id is None:
-            return tab.fields_shown is not None and tab.fields_shown[0] is not None  # they show a chat deleted since
+            return False, tab.fields_shown is not None and tab.fields_shown[0] is not None  # they show a chat deleted since
         try:
             heading = self.store.heading(tab.conv_id)
         except NotFoundError:
-            return True
+            return True, True
         seen = tab.seen
         chat_behind = seen is not None and seen.conv_id == tab.conv_id and seen.revision != heading.revision
         fields = (tab.conv_id, self.field_values(heading.title, heading.settings))
         fields_behind = tab.fields_shown is not None and tab.fields_shown != fields
-        return chat_behind or fields_behind
+        return chat_behind, fields_behind
 
     def settings_in_force(self, tab: Tab) -> ChatSettings:
         """The settings of the tab's conversation, or of its new chat."""
@@ -753,7 +759,8 @@ class ChatPage:
         the older one can land after the newer one's render), so what it shows is set again.
 
         When the chat shown was changed elsewhere (another tab's reply, edit or delete), a
-        follow redraws it (the last output's change starts one): never while this tab's own
+        follow redraws it (the next to last output's change starts one), and its title and
+        settings boxes when they are behind (the last output's change): never while this tab's own
         follow runs, nor while a message's edit box is open (``editing``)."""
         tab = self.tab(request)
         session = request.session_hash if request is not None else None
@@ -765,17 +772,22 @@ class ChatPage:
             tab.recheck_at = None
             now = self.render(tab)
             tab.status, tab.sidebar = now[1], now[2]
-            return (*(self.as_update(i, value) for i, value in enumerate(now)), gr.skip())
+            return (*(self.as_update(i, value) for i, value in enumerate(now)), gr.skip(), gr.skip())
         self.said_deleted(tab)
-        refresh = gr.skip()
-        if not following and not editing and self.changed_since_seen(tab):
-            tab.refreshes += 1
-            refresh = tab.refreshes
+        redraw_chat = refresh = gr.skip()
+        if not following and not editing:
+            chat_behind, fields_behind = self.behind(tab)
+            if chat_behind:
+                tab.chat_redraws += 1
+                redraw_chat = tab.chat_redraws
+            if fields_behind:
+                tab.refreshes += 1
+                refresh = tab.refreshes
         status, side = self.status_of(tab), self.render_sidebar(tab)
         # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
         updates = (status if status != tab.status else gr.skip(), self.as_update(2, side) if side != tab.sidebar else gr.skip())
         tab.status, tab.sidebar = status, side
-        return (gr.skip(), *updates, *(gr.skip(),) * (VIEW_SIZE - 3), refresh)
+        return (gr.skip(), *updates, *(gr.skip(),) * (VIEW_SIZE - 3), redraw_chat, refresh)
 
     async def redraw_fields(self, refreshes: float | None, focused: str | None, request: gr.Request) -> tuple:
         """The chat changed elsewhere (the tick's redraw): its title box and settings show it as
@@ -1647,13 +1659,15 @@ class ChatPage:
             unattach_btn = gr.Button("✕ Remove attachments", elem_id="remove-attachments-btn", size="sm", scale=0, min_width=170,
                                      visible=False)  # shown while files wait for the next message
         editing = gr.Checkbox(visible="hidden", elem_id="editing")  # EDITING_JS fills it for the tick
-        refresh = gr.Number(0, visible="hidden", elem_id="refresh")  # the tick changes it to have the chat redrawn
+        # the tick changes them to have the chat redrawn, and its title and settings boxes
+        redraw_chat = gr.Number(0, visible="hidden", elem_id="redraw-chat")
+        refresh = gr.Number(0, visible="hidden", elem_id="refresh")
         focused = gr.Textbox(visible="hidden", elem_id="focused-field")  # FOCUSED_FIELD_JS fills it for the redraw
         return SimpleNamespace(status=status, chatbot=chatbot, versions=versions, prev_btn=prev_btn,
                                versions_text=versions_text, next_btn=next_btn, delete_msg_btn=delete_msg_btn,
                                attach_btn=attach_btn, msg=msg, send_btn=send_btn, stop_btn=stop_btn,
                                continue_btn=continue_btn, attached=attached, unattach_btn=unattach_btn, editing=editing,
-                               refresh=refresh, focused=focused)
+                               redraw_chat=redraw_chat, refresh=refresh, focused=focused)
 
     def _wire(self, demo: gr.Blocks, chats: SimpleNamespace, settings_panel: SimpleNamespace, models: SimpleNamespace,
               main: SimpleNamespace) -> None:
@@ -1694,9 +1708,9 @@ class ChatPage:
         # held messages: the page stood still until the person did something. A tick does not
         # await, so two never overlap on the server.
         # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
-        timer.tick(self.tick, inputs=m.editing, outputs=[*view, m.refresh], js=EDITING_JS, show_progress="hidden",
-                   show_progress_on=[m.status], concurrency_limit=None, trigger_mode="multiple")
-        m.refresh.change(**follow)  # the tick saw the chat changed elsewhere: redraw it, its title and settings too
+        timer.tick(self.tick, inputs=m.editing, outputs=[*view, m.redraw_chat, m.refresh], js=EDITING_JS,
+                   show_progress="hidden", show_progress_on=[m.status], concurrency_limit=None, trigger_mode="multiple")
+        m.redraw_chat.change(**follow)  # the tick saw the chat changed elsewhere: redraw it
         # its title goes through a hidden box: a title typed since the redraw was asked is kept
         redraw = m.refresh.change(self.redraw_boxes, inputs=[m.refresh, m.focused], outputs=[c.title_redrawn, *tab_fields[1:]],
                                   js=FOCUSED_FIELD_JS, **quick)

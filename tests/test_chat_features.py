@@ -399,6 +399,40 @@ def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
     assert not page.locator("#versions").is_visible(), versions_label(page)
 
 
+# every change of "is any ✎ disabled" on the page, with the line under the last message then
+WATCH_EDIT_DISABLED_JS = """() => {
+  window.minisglTestEditDisabled = [];
+  let was = null;
+  setInterval(() => {
+    const edits = [...document.querySelectorAll('#chatbot button[aria-label="Edit"]')];
+    const disabled = edits.length ? edits.some((b) => b.disabled) : null;
+    if (disabled === was) return;
+    was = disabled;
+    const lines = [...document.querySelectorAll('#chatbot .thought-group')];
+    window.minisglTestEditDisabled.push([disabled, lines.length ? lines[lines.length - 1].innerText : '']);
+  }, 5);
+}"""
+
+
+def test_edit_is_not_disabled_after_a_new_chats_first_reply(page, app):
+    """✎ did nothing when clicked a moment after a new chat's first reply (a CI failure of the
+    test above): to give the title box the chat's title, the tick redrew the whole chat, and
+    Gradio disables ✎ and ↻ while an event that writes the chat runs. The title box alone is
+    redrawn: once the reply has finished, ✎ is never disabled again."""
+    new_chat(page, temperature=0, max_tokens=24)
+    open_manage(page)  # where the title box is
+    page.evaluate(WATCH_EDIT_DISABLED_JS)
+    send(page, "Name three colours.")
+    wait_reply(page, app, "the first reply")
+    title_box = page.locator("#title-input :is(input, textarea)")
+    assert wait_until(lambda: title_box.count() and title_box.input_value() == "Name three colours.", 10), \
+        "the title box did not get the chat's title"
+    time.sleep(1.5)  # a tick more
+    changes = page.evaluate("window.minisglTestEditDisabled")
+    after_reply = [line for disabled, line in changes if disabled and re.search(r"\d+ tokens", line) and "replying" not in line]
+    assert not after_reply, f"✎ was disabled after the reply had finished (its line then: {after_reply}); every change: {changes}"
+
+
 def test_the_edit_box_is_as_wide_as_the_message_and_grows_with_its_text(page, app, tmp_path):
     """✎ opened a box 160 px wide and two lines high, whatever the message: it is as wide as a
     message can be (at least the bubble it edits), three lines at least, and grows with the text."""

@@ -1494,7 +1494,9 @@ async def test_a_tabs_own_writes_never_redraw_its_boxes_and_a_redraw_sends_only_
     await until_idle(page.replies)
     [o async for o in page.follow(request)]
     conv_id = page.tab(request).conv_id
-    assert (await page.tick(False, request))[-1] != SKIP, "the title box (empty for a new chat) is behind"
+    *_, redraw_chat, refresh = await page.tick(False, request)
+    assert refresh != SKIP, "the title box (empty for a new chat) is behind"
+    assert redraw_chat == SKIP, "the chat itself is not: a redraw of it (a follow) disables ✎ while it runs"
     fields = await page.redraw_fields(1, "", request)
     assert fields == ("hello there", *(SKIP,) * (len(FIELD_IDS) - 1)), "the title alone: the settings are the boxes'"
     await page.settings_changed(*SETTINGS[:3], 5, *SETTINGS[4:], None, request)
@@ -1509,8 +1511,13 @@ async def test_a_tabs_own_writes_never_redraw_its_boxes_and_a_redraw_sends_only_
     fields = await page.redraw_fields(2, "", request)
     changed = {FIELD_IDS[i]: value for i, value in enumerate(fields) if value != SKIP}
     assert changed == {"temperature": 1.5}, changed
-    [o async for o in page.follow(request)]  # the redraw's follow (refresh.change starts both)
-    assert (await page.tick(False, request))[-1] == SKIP
+    [o async for o in page.follow(request)]  # the chat's redraw (a setting's change is one of the chat's too)
+    assert (await page.tick(False, request))[-2:] == (SKIP, SKIP), "the chat and its boxes as they are now"
+    store.append(conv_id, "user", "from another tab")
+    *_, redraw_chat, refresh = await page.tick(False, request)
+    assert redraw_chat != SKIP and refresh == SKIP, "a message elsewhere: the chat is redrawn, its boxes are not behind"
+    [o async for o in page.follow(request)]  # the redraw's follow
+    assert (await page.tick(False, request))[-2:] == (SKIP, SKIP)
 
 
 @pytest.mark.anyio
