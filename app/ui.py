@@ -108,27 +108,27 @@ EDITING_JS = "() => [!!document.querySelector('#chatbot textarea.edit-textarea')
 # The title box, the settings and the backend, in the order of ChatPage.fields (the page's tab_fields)
 FIELD_IDS = ("title-input", "system-prompt", "temperature", "top-p", "max-tokens", "thinking", "top-k", "seed", "stop-strings",
              "repetition-penalty", "backend")
-# which of them has the keyboard's focus (''): a chat redrawn after a change elsewhere leaves it.
-# The redraw (its number n) is asked now and answered later: the title box also keeps what the
-# user typed into it, or pressed Rename for, since this ask (window.minisglTitleAsked, PAGE_JS)
+# A redraw of them (after a change elsewhere) is asked now, with its number n, and answered
+# later. Asked: which box has the keyboard's focus (''), which the redraw leaves, and how often
+# the user had changed each box (window.minisglFieldsAsked, PAGE_JS).
 FOCUSED_FIELD_JS = f"""(n, focused) => {{
   const ids = {list(FIELD_IDS)};
-  window.minisglTitleAsked?.(n);
+  window.minisglFieldsAsked?.(n);
   return [n, ids.find((id) => document.getElementById(id)?.contains(document.activeElement)) || ''];
 }}"""
-# A redraw's title (ChatPage.redraw_boxes: JSON with the redraw's number, in a hidden box) goes
-# into the title box only if the user has not typed there (or pressed Rename) since the redraw
-# was asked. Written by Gradio, the answer overwrote a title typed in that moment: a redraw asked
-# just before the user clicked into the box (the tick's first one after a chat's first reply
-# brings the chat's title) was answered just after the typing, and Rename renamed the chat to its
-# old title (a CI failure of test_a_long_chat_title_is_cut_...). {__type__: 'update'} is Gradio's
-# skip: the box is left as it is.
-APPLY_REDRAWN_TITLE_JS = """(answer) => {
-  const keep = {__type__: 'update'};
-  if (!answer) return [keep, keep];
-  const {n, title} = JSON.parse(answer);
-  return [window.minisglTitleTypedSince?.(n) ? keep : title, ''];
-}"""
+# Answered (ChatPage.redraw_boxes: JSON with the redraw's number and the boxes' new values, in a
+# hidden box): each value goes into its box only if the user has not changed that box since the
+# redraw was asked. Written by Gradio, the answer overwrote what was typed in that moment: a
+# title typed just after the ask went back to the old one, and Rename renamed the chat to it (a
+# CI failure of test_a_long_chat_title_is_cut_...); the same for a settings box clicked into
+# after the ask. {__type__: 'update'} is Gradio's skip: the box is left as it is.
+APPLY_REDRAWN_FIELDS_JS = f"""(answer) => {{
+  const ids = {list(FIELD_IDS)}, keep = {{__type__: 'update'}};
+  if (!answer) return [...ids.map(() => keep), keep];
+  const {{n, values}} = JSON.parse(answer);
+  const changed = (id) => window.minisglFieldChangedSince?.(n, id);
+  return [...ids.map((id) => id in values && !changed(id) ? values[id] : keep), ''];
+}}"""
 # Manage's line for a new chat, in place of Rename, Delete and Export
 NO_CHAT_ACTIONS = "This chat is stored when you send its first message: then you can rename, delete or export it."
 DOUBLE_SEND_MS = 1000  # the same text sent again within this is a double click or Enter, not a second message
@@ -187,20 +187,27 @@ PAGE_JS = """
     const turn = await window.minisglTakeBox('click');
     return [turn.stamp, turn.text];
   };
-  // the title box: how often the user changed it (typing, pasting) or pressed Rename, as each
-  // redraw of the chat's title and settings was asked (FOCUSED_FIELD_JS, by the redraw's number;
-  // the first ask of a number counts: Gradio may send one change twice); a redraw answered after
-  // such a change leaves the box to the user (APPLY_REDRAWN_TITLE_JS)
-  const titleChanges = {count: 0, asked: new Map()};
-  const countTitleChange = (e, selector) => {
-    if (e.target instanceof Element && e.target.closest(selector)) titleChanges.count += 1;
+  // the title and settings boxes: how often the user changed each (typing, pasting, a click or a
+  // pick; Rename counts for the title), as each redraw of them was asked (FOCUSED_FIELD_JS, by
+  // the redraw's number; the first ask of a number counts: Gradio may send one change twice); a
+  // redraw answered after such a change leaves that box to the user (APPLY_REDRAWN_FIELDS_JS)
+  const fieldIds = __FIELD_IDS__, fieldChanges = {counts: new Map(), asked: new Map()};
+  const countFieldChange = (e) => {
+    if (!(e.target instanceof Element)) return;
+    // a pick in the backend's list is a click (Gradio's dropdown sends no input event)
+    const id = e.type !== 'click' ? fieldIds.find((id) => e.target.closest(`#${id}`))
+      : e.target.closest('#rename-btn') ? 'title-input' : e.target.closest('#backend') ? 'backend' : null;
+    if (id) fieldChanges.counts.set(id, (fieldChanges.counts.get(id) ?? 0) + 1);
   };
-  document.addEventListener('input', (e) => countTitleChange(e, '#title-input'), true);
-  document.addEventListener('click', (e) => countTitleChange(e, '#rename-btn'), true);
-  window.minisglTitleAsked = (n) => {
-    if (!titleChanges.asked.has(Number(n))) titleChanges.asked.set(Number(n), titleChanges.count);
+  for (const type of ['input', 'change', 'click']) document.addEventListener(type, countFieldChange, true);
+  window.minisglFieldsAsked = (n) => {
+    if (!fieldChanges.asked.has(Number(n))) fieldChanges.asked.set(Number(n), new Map(fieldChanges.counts));
+    for (const old of fieldChanges.asked.keys()) if (old < Number(n) - 100) fieldChanges.asked.delete(old);  // long answered
   };
-  window.minisglTitleTypedSince = (n) => titleChanges.count > (titleChanges.asked.get(Number(n)) ?? Infinity);
+  window.minisglFieldChangedSince = (n, id) => {
+    const asked = fieldChanges.asked.get(Number(n));
+    return asked !== undefined && (fieldChanges.counts.get(id) ?? 0) > (asked.get(id) ?? 0);
+  };
   document.addEventListener('keydown', (e) => {
     if (e.target instanceof Element && e.target.matches('#chatbot textarea.edit-textarea')) {
       const button = (label) => document.querySelector(`#chatbot button[aria-label="${label}"]`);
@@ -462,7 +469,8 @@ PAGE_JS = """
   new MutationObserver(markChatsToggle).observe(document.body, {childList: true, subtree: true});
   markChatsToggle();
 }
-""".replace("__NARROW_QUERY__", NARROW_QUERY).replace("__ANSWER_WAIT_MS__", str(round(ANSWER_WAIT_S * 1000)))
+""".replace("__NARROW_QUERY__", NARROW_QUERY).replace("__ANSWER_WAIT_MS__", str(round(ANSWER_WAIT_S * 1000))) \
+    .replace("__FIELD_IDS__", json.dumps(FIELD_IDS))
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
 # a value typed before then is overwritten by the load's. Tests wait for it; people never notice.
 MARK_LOADED_JS = "() => { document.body.dataset.chatLoaded = '1'; }"
@@ -803,14 +811,13 @@ class ChatPage:
         return tuple(gr.skip() if field_id == focused or (old is not None and value == old[i]) else value
                      for i, (field_id, value) in enumerate(zip(FIELD_IDS, values)))
 
-    async def redraw_boxes(self, refreshes: float | None, focused: str | None, request: gr.Request) -> tuple:
-        """``redraw_fields`` as the page takes it: the title (when sent) as JSON with the redraw's
-        number, for APPLY_REDRAWN_TITLE_JS, which writes it into the title box unless the user
-        typed there since the redraw was asked."""
-        title, *others = await self.redraw_fields(refreshes, focused, request)
-        if isinstance(title, str):
-            title = json.dumps({"n": refreshes, "title": title})
-        return (title, *others)
+    async def redraw_boxes(self, refreshes: float | None, focused: str | None, request: gr.Request) -> str:
+        """``redraw_fields`` as the page takes it: JSON with the redraw's number and the value of
+        each box sent, for APPLY_REDRAWN_FIELDS_JS, which writes each into its box unless the user
+        changed that box since the redraw was asked."""
+        values = await self.redraw_fields(refreshes, focused, request)
+        sent = {field_id: value for field_id, value in zip(FIELD_IDS, values) if value != gr.skip()}
+        return json.dumps({"n": refreshes, "values": sent})
 
     async def unload(self, request: gr.Request) -> None:
         session = request.session_hash if request is not None else None
@@ -1576,14 +1583,14 @@ class ChatPage:
             clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
             after_click = gr.Number(visible="hidden", elem_id="after-click")  # SEND_JS fills it
             shown_draft = gr.Textbox(visible="hidden", elem_id="shown-draft")  # ChatPage.draft_for_box: APPLY_DRAFT_JS reads it
-            title_redrawn = gr.Textbox(visible="hidden", elem_id="title-redrawn")  # ChatPage.redraw_boxes: APPLY_REDRAWN_TITLE_JS reads it
+            fields_redrawn = gr.Textbox(visible="hidden", elem_id="fields-redrawn")  # ChatPage.redraw_boxes: APPLY_REDRAWN_FIELDS_JS reads it
             in_address = gr.Number(visible="hidden", elem_id="chat-in-address")  # ASKED_CHATS_JS fills them
             remembered = gr.Number(visible="hidden", elem_id="chat-remembered")
         return SimpleNamespace(new_btn=new_btn, search=search, conv_list=conv_list, actions=actions, no_actions=no_actions,
                                title_box=title_box, rename_btn=rename_btn, delete_btn=delete_btn, export_md=export_md,
                                export_json=export_json, import_btn=import_btn, import_note=import_note, export_file=export_file,
                                confirmed=confirmed, clicked_at=clicked_at, after_click=after_click, shown_draft=shown_draft,
-                               title_redrawn=title_redrawn, in_address=in_address, remembered=remembered)
+                               fields_redrawn=fields_redrawn, in_address=in_address, remembered=remembered)
 
     def _settings_panel(self) -> SimpleNamespace:
         """The chat's settings, in SETTING_FIELDS' order (``fields``)."""
@@ -1711,10 +1718,11 @@ class ChatPage:
         timer.tick(self.tick, inputs=m.editing, outputs=[*view, m.redraw_chat, m.refresh], js=EDITING_JS,
                    show_progress="hidden", show_progress_on=[m.status], concurrency_limit=None, trigger_mode="multiple")
         m.redraw_chat.change(**follow)  # the tick saw the chat changed elsewhere: redraw it
-        # its title goes through a hidden box: a title typed since the redraw was asked is kept
-        redraw = m.refresh.change(self.redraw_boxes, inputs=[m.refresh, m.focused], outputs=[c.title_redrawn, *tab_fields[1:]],
+        # its title and settings boxes behind: redrawn through a hidden box, as a box changed by
+        # the user since the redraw was asked keeps what the user put there
+        redraw = m.refresh.change(self.redraw_boxes, inputs=[m.refresh, m.focused], outputs=c.fields_redrawn,
                                   js=FOCUSED_FIELD_JS, **quick)
-        redraw.then(None, inputs=c.title_redrawn, outputs=[c.title_box, c.title_redrawn], js=APPLY_REDRAWN_TITLE_JS, **quick)
+        redraw.then(None, inputs=c.fields_redrawn, outputs=[*tab_fields, c.fields_redrawn], js=APPLY_REDRAWN_FIELDS_JS, **quick)
         # stamped (STAMP_JS): a settings box these clicks leave is saved to the chat shown before
         attachments = dict(fn=self.attachments_note, outputs=[m.attached, m.unattach_btn], **quick)
 

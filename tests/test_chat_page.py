@@ -1407,12 +1407,12 @@ def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab,
     # nothing is on its way to the box as the new title is typed (test_a_title_typed_while_..._rename_applies_it)
     title_box = page.locator("#title-input :is(input, textarea)")
     assert wait_until(lambda: title_box.input_value().startswith("Zorilla Zorilla Zorilla: a long question"), 10), title_box.input_value()
-    page.fill("#title-input :is(input, textarea)", "Zorilla renamed with a title longer than the sidebar is wide")
+    title_box.fill("Zorilla renamed with a title longer than the sidebar is wide")
     page.click("#rename-btn")
     assert wait_until(lambda: re.fullmatch(r"Zorilla renamed with a title longer than the sidebar is wide · \d\d:\d\d",
                                            label.inner_text().strip()), 10), label.inner_text()
     assert label.locator(".chat-when").count() == 1 and label.locator(".chat-head").evaluate("e => e.scrollWidth > e.clientWidth")
-    page.fill("#title-input :is(input, textarea)", "Zorilla, short")
+    title_box.fill("Zorilla, short")
     page.click("#rename-btn")
     assert wait_until(lambda: label.inner_text().strip().startswith("Zorilla, short · "), 10), label.inner_text()
     assert wait_until(lambda: label.locator(".chat-head").evaluate("e => e.scrollWidth <= e.clientWidth"), 5), "a short title is shown whole"
@@ -1436,8 +1436,8 @@ def test_a_title_typed_while_the_pages_redraw_of_it_is_on_its_way_is_kept_and_re
     box = page.locator("#title-input :is(input, textarea)")
     assert box.input_value() == "", f"the chat's title came before its redraw: {box.input_value()!r}"
     # count the redraw answers the page takes in (through its own hook), to know when the held one is
-    page.evaluate("""() => { const typedSince = window.minisglTitleTypedSince; window.titleAnswers = 0;
-                             window.minisglTitleTypedSince = (n) => { window.titleAnswers += 1; return typedSince(n); }; }""")
+    page.evaluate("""() => { const changedSince = window.minisglFieldChangedSince; window.titleAnswers = 0;
+                             window.minisglFieldChangedSince = (n, id) => { window.titleAnswers += 1; return changedSince(n, id); }; }""")
     box.fill("Kinkajou renamed")
     redraws.hold(0)
     redraws.release()
@@ -1448,6 +1448,33 @@ def test_a_title_typed_while_the_pages_redraw_of_it_is_on_its_way_is_kept_and_re
     label = page.locator("#conv-list label", has_text="Kinkajou").first
     assert wait_until(lambda: label.inner_text().strip().startswith("Kinkajou renamed · "), 10), label.inner_text()
     assert box.input_value() == "Kinkajou renamed" and not [t for t in toasts(page) if "title" in t], toasts(page)
+
+
+def test_a_setting_changed_while_the_pages_redraw_of_it_is_on_its_way_keeps_the_users_value(tab, app):
+    """The race of the test above, in a settings box: another tab saved a max tokens, this tab's
+    check asked for a redraw of its settings (leaving the box with the keyboard's focus as it was
+    asked), and the user typed a max tokens of their own before the answer came. The answer put
+    the other tab's value over it. A box changed since the redraw was asked keeps what the user
+    put there; a box not changed takes the new value. The redraw is held here, as a slow answer."""
+    a, b = two_tabs_on_one_chat(tab, "Okapi")
+    for page in (a, b):
+        open_accordion(page, "Settings", "#max-tokens input")
+    time.sleep(1.5)  # the redraws of the chat's first reply (its title) end first
+    redraws = HeldClicks(b, app, "redraw_boxes")
+    redraws.hold(5)  # the ask (Gradio may send it twice) and any repeat of it by the next checks
+    put_setting(a, "#max-tokens input", "17")
+    put_setting(a, "#top-k input", "7")
+    redraws.wait_held(2)  # the second ask (a check later) is after both saves: it brings both boxes
+    box = b.locator("#max-tokens input")
+    box.fill("33")  # typed, not yet left
+    redraws.hold(0)
+    redraws.release()
+    assert wait_until(lambda: b.input_value("#top-k input") == "7", 10), "the held redraws were never answered"
+    time.sleep(0.5)  # the answers, in the order asked, are in
+    assert box.input_value() == "33", f"the max tokens typed was replaced by the redraw asked before it: {box.input_value()!r}"
+    box.press("Tab")  # left: saved, and the other tab follows
+    assert wait_until(lambda: a.input_value("#max-tokens input") == "33", 10), a.input_value("#max-tokens input")
+    assert b.input_value("#top-k input") == "7" and box.input_value() == "33"
 
 
 def test_attach_takes_several_files_at_once_and_each_goes_into_the_message(tab, app, tmp_path):
