@@ -173,6 +173,7 @@ def _run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
             row = {
                 **row_header("decode", config, engine),
                 "cache": config.cache,
+                "page_size": engine.page_size,
                 "batch_size": bs,
                 "input_len": input_len,
                 "output_len": args.output_len,
@@ -222,9 +223,12 @@ def run_multiturn(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     work on the machine falls on both alike. Each starts with one untimed request of the system
     prompt alone (first-call costs; the radix cache then holds the system prompt, as a server
     that has served one chat already does)."""
+    from .engine import default_page_size
     from .llm import LLM
+    from .model_loader import resolve_device
 
-    convs, turns, page = args.conversations, args.turns, config.page_size
+    convs, turns = args.conversations, args.turns
+    page = config.page_size or default_page_size(resolve_device(config.device).type)
     per_conv = args.system_len + turns * (args.user_len + args.reply_len) + 1
     if config.max_kv_tokens is None:  # room for every history at once: nothing is evicted
         config = replace(config, max_kv_tokens=convs * (per_conv + page) + args.system_len + page)
@@ -415,6 +419,7 @@ def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int
     row = {
         **row_header("offline", config, engine),
         "attention": engine.attn_name,
+        "page_size": engine.page_size,
         "cuda_graphs": engine.uses_cuda_graphs,
         "overlap": llm.scheduler.overlap,
         "requests": len(prompts),

@@ -94,7 +94,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     dummy_weights: bool = False  # random weights, never downloads anything
     config: str | None = None  # built-in config name for --dummy-weights (e.g. qwen3-0.6b)
-    page_size: int = 1
+    page_size: int = 0  # tokens per KV page; 0 = by device (engine.default_page_size)
     kv_dtype: str = "auto"  # auto (the model's dtype) | fp8 (e4m3: half the bytes, less precise; kvcache/kv_pool.py)
     max_kv_tokens: int | None = None  # None = sized from free memory
     mem_fraction: float = 0.85  # share of free memory the KV pool may take when sized from memory

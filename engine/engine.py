@@ -37,19 +37,30 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_PREFILL_TOKENS_CPU = 2048
 DEFAULT_PREFILL_TOKENS_GPU = 8192
+# A GPU's attention kernels read a page's tokens as one contiguous block: nano-vllm's offline
+# workload ran 24,740-24,901 tok/s with 32-token pages against 23,793-23,936 with 1-token ones
+# on an H200 (docs/benchmarks.md, fifteenth round). The radix cache then shares prefixes in whole
+# pages (a regenerated reply recomputes at most 31 prompt tokens). A CPU keeps 1: exact reuse.
+DEFAULT_PAGE_SIZE_GPU = 32
+DEFAULT_PAGE_SIZE_CPU = 1
 CPU_KV_MAX_BYTES = 1 << 30  # a laptop shares its RAM (and zeroing a big pool is slow): cap the default
 
 
 def _check_config(config: EngineConfig, tp_size: int) -> None:
     """Flags that no model could serve, refused before anything loads."""
-    if config.page_size < 1:
-        raise UserError(f"--page-size must be >= 1, got {config.page_size}")
+    if config.page_size < 0:
+        raise UserError(f"--page-size must be >= 1 (or 0: by device), got {config.page_size}")
     if config.cpu_threads < 0:
         raise UserError(f"--cpu-threads must be >= 0 (0: the free cores), got {config.cpu_threads}")
     if config.tp != tp_size:
         raise UserError(f"--tp {config.tp} needs {config.tp} scheduler processes in one group; start it with `minisgl-chat serve --tp {config.tp}`")
     if config.cuda_graph_max_bs < 0:
         raise UserError(f"--cuda-graph-max-bs must be >= 0, got {config.cuda_graph_max_bs}")
+
+
+def default_page_size(device_type: str) -> int:
+    """Tokens per KV page when ``--page-size`` is left at 0."""
+    return DEFAULT_PAGE_SIZE_GPU if device_type == "cuda" else DEFAULT_PAGE_SIZE_CPU
 
 
 class StepResult:
@@ -163,7 +174,7 @@ class Engine:
         # launches the same kernels, so fewer, larger chunks win; a CPU keeps chunks short so that
         # running replies are not stalled for long
         self.max_prefill_tokens = config.max_prefill_tokens or (DEFAULT_PREFILL_TOKENS_GPU if self.device.type == "cuda" else DEFAULT_PREFILL_TOKENS_CPU)
-        self.page_size = config.page_size
+        self.page_size = config.page_size or default_page_size(self.device.type)
         # this rank's share of the heads: the KV pool and attention hold only those
         self.num_heads, self.num_kv_heads, _ = local_head_counts(mc.num_heads, mc.num_kv_heads)
 

@@ -217,7 +217,7 @@ def test_generate_with_a_prompt_longer_than_the_context(demo_dir) -> None:
 # ---- bench ---------------------------------------------------------------------------------
 
 BENCH_KEYS = {
-    "bench", "device", "model", "dtype", "kv_dtype", "tp", "dp", "cache", "batch_size", "input_len", "output_len",
+    "bench", "device", "model", "dtype", "kv_dtype", "tp", "dp", "cache", "page_size", "batch_size", "input_len", "output_len",
     "engine_tok_s", "hf_tok_s", "hf_settings", "ttft_ms", "busy_cores", "engine_threads",
 }
 
@@ -229,7 +229,7 @@ def check_bench_json(proc: subprocess.CompletedProcess, tiny_dir: Path, input_le
     assert row["bench"] == "decode"
     assert (row["batch_size"], row["input_len"], row["output_len"]) == (1, input_len, output_len)
     assert row["model"] == str(tiny_dir)
-    assert (row["dtype"], row["kv_dtype"], row["tp"], row["cache"]) == ("float32", "float32", 1, "radix")
+    assert (row["dtype"], row["kv_dtype"], row["tp"], row["cache"], row["page_size"]) == ("float32", "float32", 1, "radix", 1)
     assert isinstance(row["device"], str) and row["device"]
     for key in ("engine_tok_s", "hf_tok_s", "ttft_ms"):  # measured: positive, whatever their values
         assert isinstance(row[key], (int, float)) and row[key] > 0, key
@@ -295,6 +295,11 @@ def test_flashinfer_attention_on_cpu_is_a_clear_error(tiny_dir) -> None:
 
 def test_negative_cuda_graph_batch_size(tiny_dir) -> None:
     assert_one_line_error(run_cli("generate", "--model", str(tiny_dir), "--device", "cpu", "--cuda-graph-max-bs", "-1", "hi"), "--cuda-graph-max-bs")
+
+
+def test_negative_page_size(tiny_dir) -> None:
+    line = assert_one_line_error(run_cli("generate", "--model", str(tiny_dir), "--device", "cpu", "--page-size", "-1", "hi"), "--page-size")
+    assert "0: by device" in line  # says which values it takes
 
 
 def test_bench_page_without_a_browser_says_what_to_install(tmp_path) -> None:

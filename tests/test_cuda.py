@@ -101,21 +101,26 @@ def agreement_baselines(reference_models):
     return seqs, ref, {"transformers bf16": hf_bf16, "our torch backend": torch_backend}
 
 
-@pytest.mark.parametrize("decode_attention", ["flashinfer", "triton", "fused"])
+@pytest.mark.parametrize("decode_attention,page_size", [
+    ("flashinfer", 0), ("triton", 0), ("fused", 0),  # the GPU's default page size (32)
+    ("flashinfer", 1), ("triton", 1),  # one token per page, as --page-size 1 (the default before)
+])
 def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(reference_models, agreement_baselines,
-                                                                         decode_attention, monkeypatch):
+                                                                         decode_attention, page_size, monkeypatch):
     """Prefill on FlashInfer, then 32 decode steps of 64 sequences in CUDA graphs, their
     attention on FlashInfer's decode kernel, on triton_kernels.decode_attention (which the
     engine uses for small batches: here forced for every graph size) or on the one kernel from
-    qkv (decode_attention_qkv, MINISGL_DECODE_ATTENTION=fused: here forced likewise)."""
+    qkv (decode_attention_qkv, MINISGL_DECODE_ATTENTION=fused: here forced likewise), over
+    pages of the default size and of one token."""
     from minisgl_engine.attention import flashinfer_backend
 
     _, hf16 = reference_models
     seqs, ref, baselines = agreement_baselines
     monkeypatch.setenv("MINISGL_DECODE_ATTENTION", decode_attention)
     monkeypatch.setattr(flashinfer_backend, "TRITON_DECODE_MAX_BATCH", 1 << 30)  # fused: every graph size, as triton
-    fast = LLM(config=engine_config())
+    fast = LLM(config=engine_config(page_size=page_size))
     assert fast.engine.attn_name == "flashinfer" and fast.engine.uses_cuda_graphs
+    assert fast.engine.page_size == (page_size or 32)
     assert ((64, "triton") in fast.engine.graph_runner.graphs) == (decode_attention != "flashinfer")
     assert fast.engine.attn_backend.decode_limits.fused == (decode_attention == "fused")
     load_same_weights(fast, hf16)
@@ -124,7 +129,7 @@ def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(refer
     torch.cuda.empty_cache()
 
     figures = {name: (agreement(x, ref), rel_error(x, ref)) for name, x in (("ours", ours), *baselines.items())}
-    print(f"decode attention {decode_attention}: top-1 agreement with float32 transformers (%), relative logit error:", figures)
+    print(f"decode attention {decode_attention}, page size {page_size or 32}: top-1 agreement with float32 transformers (%), relative logit error:", figures)
     assert ours.shape == ref.shape == (64 * POSITIONS, ref.shape[-1])
     for baseline in baselines:
         assert figures["ours"][0] >= figures[baseline][0] - 1.0, (baseline, figures)
