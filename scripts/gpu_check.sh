@@ -2,7 +2,8 @@
 # The CUDA checks and benchmarks of the GPU fast path, for a GPU machine without network access
 # (the team's `device` machine): packages come as carried wheels in .whl/ (gguf among them: the
 # demo stage converts the GGUF with transformers, which reads it with gguf), the demo GGUF in two
-# carried halves (.gguf2/part_aa then .gguf1/part_ab). Stages, run in order over one or more calls:
+# carried halves (.gguf2/part_aa then .gguf1/part_ab). `bash scripts/gpu_carry.sh [COMMIT]` makes
+# .whl, .tok and .old here first. Stages, run in order over one or more calls:
 #   bash scripts/gpu_check.sh setup kernels tests     # install, build FlashInfer kernels, pytest -m cuda
 #   bash scripts/gpu_check.sh demo serve bench ablations   # the demo model, the server test, benchmarks
 #   bash scripts/gpu_check.sh setup kernels verify    # every `cuda` test on this machine's GPUs + a short bench
