@@ -136,6 +136,7 @@ ATTACH_LIMIT_BYTES = 1_000_000
 # Import and Attach take any file and say what is wrong with one they refuse: with Gradio's
 # file_types a file of another type was refused by Gradio first, in a red "Error" toast.
 IMPORTABLE = "a chat exported here as JSON (Export JSON) or an OpenAI-style JSON file ({\"messages\": [...]})"
+DRAFT_KEY_PREFIX = "minisgl-chat:draft:"  # + the chat's id ('' for a new chat): its unsent text in the browser's storage (PAGE_JS)
 # Escape stops the reply, as in other chat apps (in the search box it clears the search instead);
 # Enter on an empty box does nothing. In a
 # message's edit box (✎) Enter saves and Shift+Enter starts a new line, as in the message box, and
@@ -148,20 +149,22 @@ PAGE_JS = """
   // waits for the answer to the one before (__ANSWER_WAIT_MS__ ms at most), takes the text, empties
   // the box, and its answer gives back what goes before what was typed since (minisglGiveBack).
   // kind: 'click' (one that shows another chat), 'send', or 'send-empty' (takes nothing).
-  const turns = {last: Promise.resolve(), stamp: 0, clicks: 0, taken: new Map()};
+  const turns = {last: Promise.resolve(), stamp: 0, clicks: 0, taken: new Map(), open: 0};
   window.minisglTakeBox = async (kind) => {
     const stamp = turns.stamp = Math.max(Date.now(), turns.stamp + 1);  // unique: an answer names its event by it
     const before = turns.last, afterClick = turns.clicks > 0;
     let answered;
     turns.last = new Promise((done) => { answered = done; });
     if (kind === 'click') turns.clicks += 1;
+    turns.open += 1;
     let over = false;
-    const end = () => { if (!over) { over = true; if (kind === 'click') turns.clicks -= 1; answered(); } };
+    const end = () => { if (!over) { over = true; turns.open -= 1; if (kind === 'click') turns.clicks -= 1; answered(); } };
     await Promise.race([before, new Promise((done) => setTimeout(done, __ANSWER_WAIT_MS__))]);
     const box = document.querySelector('#msg-input textarea');
     const text = kind !== 'send-empty' && box ? box.value : '';
     if (text) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
-    turns.taken.set(stamp, {text, end});
+    if (kind === 'send' && text) window.minisglSaveDraft('');  // sent: no longer a draft (a refusal gives it back)
+    turns.taken.set(stamp, {text, end, kind});
     setTimeout(end, __ANSWER_WAIT_MS__);  // an answer that never comes holds up the next no longer (a late one still gives back)
     return {stamp, text, afterClick};
   };
@@ -179,8 +182,36 @@ PAGE_JS = """
     if (box && before.trim()) {
       box.value = box.value.trim() ? `${before.trimEnd()}\n\n${box.value}` : before;
       box.dispatchEvent(new Event('input', {bubbles: true}));
+      if (turn.kind === 'send') window.minisglSaveDraft(box.value);  // a message refused is a draft again
     }
     turn.end();
+  };
+  // The unsent text of each chat is also kept in the browser's storage (by the chat the address
+  // names: '' for a new chat), so that a reload, or a tab closed and opened again, finds it: the
+  // server keeps a tab's drafts only while the tab lives. What the user types is saved (events the
+  // page makes itself are not trusted: its own moves of text between chats are not saved); a
+  // message sent is forgotten. When the tab shows a chat (REMEMBER_SHOWN_CHAT_JS: the load, a
+  // click, New chat) and the box is empty once every answer that gives text back has come, that
+  // chat's stored draft goes into the box.
+  const draftKey = (chat) => `__DRAFT_KEY__${chat ?? (new URLSearchParams(location.search).get('chat') || '')}`;
+  window.minisglSaveDraft = (text) => {
+    try {
+      if (text.trim()) localStorage.setItem(draftKey(), text); else localStorage.removeItem(draftKey());
+    } catch (e) { /* storage full or blocked: the tab still keeps its drafts */ }
+  };
+  document.addEventListener('input', (e) => {
+    if (e.isTrusted && e.target instanceof Element && e.target.closest('#msg-input')) window.minisglSaveDraft(e.target.value);
+  }, true);
+  window.minisglRestoreDraft = async (chat) => {
+    // a click on a chat changes the address before its event takes the box: let that start first
+    await new Promise((done) => setTimeout(done, 300));
+    for (let waited = 0; turns.open && waited < __ANSWER_WAIT_MS__; waited += 100) await new Promise((done) => setTimeout(done, 100));
+    const box = document.querySelector('#msg-input textarea');
+    const saved = localStorage.getItem(draftKey(chat));  // `chat`: the one REMEMBER_SHOWN_CHAT_JS put in the address
+    if (!box || !saved || box.value.trim() || turns.open) return;
+    if (draftKey(chat) !== draftKey()) return;  // another chat is shown by now
+    box.value = saved;
+    box.dispatchEvent(new Event('input', {bubbles: true}));
   };
   // a click that shows another chat: its stamp and the text it took (the draft of the chat left)
   window.minisglLeaveChat = async () => {
@@ -470,7 +501,7 @@ PAGE_JS = """
   markChatsToggle();
 }
 """.replace("__NARROW_QUERY__", NARROW_QUERY).replace("__ANSWER_WAIT_MS__", str(round(ANSWER_WAIT_S * 1000))) \
-    .replace("__FIELD_IDS__", json.dumps(FIELD_IDS))
+    .replace("__FIELD_IDS__", json.dumps(FIELD_IDS)).replace("__DRAFT_KEY__", DRAFT_KEY_PREFIX)
 # Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
 # a value typed before then is overwritten by the load's. Tests wait for it; people never notice.
 MARK_LOADED_JS = "() => { document.body.dataset.chatLoaded = '1'; }"
@@ -492,6 +523,7 @@ REMEMBER_SHOWN_CHAT_JS = f"""(id) => {{
   }}
   else {{ url.searchParams.delete('chat'); localStorage.removeItem('{SHOWN_CHAT_KEY}'); }}
   if (url.href !== location.href) history.replaceState(history.state, '', url);
+  window.minisglRestoreDraft?.(new URLSearchParams(url.search).get('chat') || '');  // its unsent text, if the box has none
   return [];
 }}"""
 CLICK_DOWNLOAD_JS = "() => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); }"

@@ -807,6 +807,38 @@ def test_a_draft_typed_in_the_message_box_stays_with_its_chat(tab, app):
     assert error_badges(page) == 0, toasts(page)
 
 
+def test_each_chats_draft_comes_back_after_a_reload_and_a_sent_one_does_not(tab, app):
+    """The server keeps a tab's drafts only while the tab lives: a reload (or the tab closed and
+    opened again) started with an empty box. Now the browser's storage keeps what was typed, per chat."""
+    page = tab().page
+    for marker in ("Okapi", "Dugong"):
+        new_chat(page, max_tokens=4)
+        send(page, f"{marker}: say hi.")
+        wait_finished(page, 1)
+    box = "#msg-input textarea"
+    page.locator(box).press_sequentially("Dugong draft, not sent")
+    select_chat(page, "Okapi")
+    assert wait_until(lambda: shows_only(page, "Okapi", ("Dugong",)) and page.input_value(box) == "", 10), users(page)
+    page.locator(box).press_sequentially("Okapi draft")
+    page.reload()
+    wait_page_loaded(page)
+    assert wait_until(lambda: shows_only(page, "Okapi", ("Dugong",)), 10), users(page)
+    assert wait_until(lambda: page.input_value(box) == "Okapi draft", 10), f"the draft was lost: {page.input_value(box)!r}"
+    select_chat(page, "Dugong")  # this tab never held its draft: it comes from the browser's storage
+    assert wait_until(lambda: shows_only(page, "Dugong", ("Okapi",)) and page.input_value(box) == "Dugong draft, not sent", 10), \
+        (users(page), page.input_value(box))
+    page.locator(box).press("Enter")  # sent: no longer a draft
+    wait_finished(page, 2)
+    page.reload()
+    wait_page_loaded(page)
+    assert wait_until(lambda: shows_only(page, "Dugong", ("Okapi",)), 10), users(page)
+    time.sleep(1.5)
+    assert page.input_value(box) == "", f"a message sent came back as a draft: {page.input_value(box)!r}"
+    select_chat(page, "Okapi")  # the other chat's draft is still kept
+    assert wait_until(lambda: page.input_value(box) == "Okapi draft", 10), page.input_value(box)
+    assert error_badges(page) == 0, toasts(page)
+
+
 SEND_EVENTS = ("send", "send_1")  # Enter in the message box, Send: Gradio's names for their events
 
 
