@@ -38,8 +38,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_PREFILL_TOKENS_CPU = 2048
 DEFAULT_PREFILL_TOKENS_GPU = 8192
 # A GPU's attention kernels read a page's tokens as one contiguous block: nano-vllm's offline
-# workload ran 24,740-24,901 tok/s with 32-token pages against 23,793-23,936 with 1-token ones
-# on an H200 (docs/benchmarks.md, fifteenth round). The radix cache then shares prefixes in whole
+# workload ran 24,908 / 24,935 tok/s with 32-token pages against 24,005 / 24,025 with 1-token ones
+# in one call on an H200 (docs/benchmarks.md, fifteenth round). The radix cache then shares prefixes in whole
 # pages (a regenerated reply recomputes at most 31 prompt tokens). A CPU keeps 1: exact reuse.
 DEFAULT_PAGE_SIZE_GPU = 32
 DEFAULT_PAGE_SIZE_CPU = 1

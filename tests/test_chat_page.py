@@ -784,13 +784,18 @@ def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
     assert error_badges(page) == 0, toasts(page)
 
 
-def test_a_draft_typed_in_the_message_box_stays_with_its_chat(tab, app):
-    """The text typed in the box followed the tab to another chat; each chat keeps its own."""
-    page = tab().page
-    for marker in ("Quetzal", "Bilby"):
+def chats_with_one_reply(page, *markers: str) -> None:
+    """A new chat per marker, each with one short greedy reply."""
+    for marker in markers:
         new_chat(page, max_tokens=4)
         send(page, f"{marker}: say hi.")
         wait_finished(page, 1)
+
+
+def test_a_draft_typed_in_the_message_box_stays_with_its_chat(tab, app):
+    """The text typed in the box followed the tab to another chat; each chat keeps its own."""
+    page = tab().page
+    chats_with_one_reply(page, "Quetzal", "Bilby")
     box = "#msg-input textarea"
     page.fill(box, "Bilby draft, not sent")
     select_chat(page, "Quetzal")
@@ -811,10 +816,7 @@ def test_each_chats_draft_comes_back_after_a_reload_and_a_sent_one_does_not(tab,
     """The server keeps a tab's drafts only while the tab lives: a reload (or the tab closed and
     opened again) started with an empty box. Now the browser's storage keeps what was typed, per chat."""
     page = tab().page
-    for marker in ("Okapi", "Dugong"):
-        new_chat(page, max_tokens=4)
-        send(page, f"{marker}: say hi.")
-        wait_finished(page, 1)
+    chats_with_one_reply(page, "Okapi", "Dugong")
     box = "#msg-input textarea"
     page.locator(box).press_sequentially("Dugong draft, not sent")
     select_chat(page, "Okapi")
