@@ -18,7 +18,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dummy-weights", action="store_true", help="random weights (no download); with --config NAME or a --model folder's config")
     g.add_argument("--config", default=None, help="built-in model shape for --dummy-weights, e.g. qwen3-0.6b")
     g.add_argument("--page-size", type=int, default=d.page_size,
-                   help="tokens per KV page (default: 0 = 32 on a GPU, 1 on CPU); the prefix cache shares whole pages")
+                   help="tokens per KV page (default: 0 = 64 on a GPU, 1 on CPU); the prefix cache shares whole pages")
     g.add_argument("--kv-dtype", default=d.kv_dtype, choices=["auto", "fp8"],
                    help="KV cache storage: auto = the model's dtype; fp8 = e4m3, half the memory per token (twice the tokens fit), "
                         "less precise (docs/benchmarks.md, eleventh round) (default: %(default)s)")

@@ -9,7 +9,9 @@ graph (its parameters change per request).
 The graphs read their inputs from fixed buffers (token ids, positions, KV slots) and FlashInfer's
 fixed index buffers, which each step's plan refills; they share one memory pool. Small sizes
 have a second graph whose attention runs the Triton decode kernels, which need no plan: they
-read each row's page-table row from one more fixed buffer (``token_rows``).
+read each row's page-table row from one more fixed buffer (``token_rows``). Large sizes have a
+second FlashInfer graph that reads each request's K/V whole, for steps whose requests are all
+short (attention/flashinfer_backend.py: graph_kinds).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class CudaGraphRunner:
         # one output buffer for every graph: outputs held per graph would pin their memory
         self.logits = torch.zeros(n, engine.model_config.vocab_size, dtype=torch.float32, device=device)
         # (batch size, attention kind) -> graph: small sizes have one attending with the Triton
-        # kernels and one with FlashInfer (attention/flashinfer_backend.py: graph_kinds)
+        # kernels and one with FlashInfer, large ones one reading K/V whole and one split
+        # (attention/flashinfer_backend.py: graph_kinds)
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self.last_graph: tuple[int, str] | None = None  # (size, kind) of the latest replay: profiles and tests read it
         self._capture(on_phase)

@@ -39,9 +39,11 @@ DEFAULT_PREFILL_TOKENS_CPU = 2048
 DEFAULT_PREFILL_TOKENS_GPU = 8192
 # A GPU's attention kernels read a page's tokens as one contiguous block: nano-vllm's offline
 # workload ran 24,908 / 24,935 tok/s with 32-token pages against 24,005 / 24,025 with 1-token ones
-# in one call on an H200 (docs/benchmarks.md, fifteenth round). The radix cache then shares prefixes in whole
-# pages (a regenerated reply recomputes at most 31 prompt tokens). A CPU keeps 1: exact reuse.
-DEFAULT_PAGE_SIZE_GPU = 32
+# in one call on an H200 (docs/benchmarks.md, fifteenth round), and 64-token pages ran ahead of
+# 32-token ones in 6 of 7 pairs of runs (25,001-25,031 against 24,609-25,000 in the sixteenth
+# round). The radix cache then shares prefixes in whole pages (a regenerated reply recomputes at
+# most 63 prompt tokens, well under a millisecond of prefill). A CPU keeps 1: exact reuse.
+DEFAULT_PAGE_SIZE_GPU = 64
 DEFAULT_PAGE_SIZE_CPU = 1
 CPU_KV_MAX_BYTES = 1 << 30  # a laptop shares its RAM (and zeroing a big pool is slow): cap the default
 

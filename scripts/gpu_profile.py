@@ -199,7 +199,7 @@ def host_stages(overlap: bool, trace: str | None = None, **overrides) -> None:
     timers.wrap(eng.graph_runner, "replay", "graph.replay")
     timers.wrap(eng.sampler, "sample", "sampler.sample")
     timers.wrap(eng.page_table, "flush", "page_table.flush")
-    for size, wrapper in eng.attn_backend.graph_wrappers.items():
+    for wrapper in eng.attn_backend.graph_wrappers.values():
         timers.wrap(wrapper, "plan", "flashinfer.plan")
     import minisgl_engine.engine as engine_module
 

@@ -102,7 +102,7 @@ def agreement_baselines(reference_models):
 
 
 @pytest.mark.parametrize("decode_attention,page_size", [
-    ("flashinfer", 0), ("triton", 0), ("fused", 0),  # the GPU's default page size (32)
+    ("flashinfer", 0), ("triton", 0), ("fused", 0),  # the GPU's default page size (DEFAULT_PAGE_SIZE_GPU)
     ("flashinfer", 1), ("triton", 1),  # one token per page, as --page-size 1 (the default before)
 ])
 def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(reference_models, agreement_baselines,
@@ -113,6 +113,7 @@ def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(refer
     qkv (decode_attention_qkv, MINISGL_DECODE_ATTENTION=fused: here forced likewise), over
     pages of the default size and of one token."""
     from minisgl_engine.attention import flashinfer_backend
+    from minisgl_engine.engine import DEFAULT_PAGE_SIZE_GPU
 
     _, hf16 = reference_models
     seqs, ref, baselines = agreement_baselines
@@ -120,7 +121,7 @@ def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(refer
     monkeypatch.setattr(flashinfer_backend, "TRITON_DECODE_MAX_BATCH", 1 << 30)  # fused: every graph size, as triton
     fast = LLM(config=engine_config(page_size=page_size))
     assert fast.engine.attn_name == "flashinfer" and fast.engine.uses_cuda_graphs
-    assert fast.engine.page_size == (page_size or 32)
+    assert fast.engine.page_size == (page_size or DEFAULT_PAGE_SIZE_GPU)
     assert ((64, "triton") in fast.engine.graph_runner.graphs) == (decode_attention != "flashinfer")
     assert fast.engine.attn_backend.decode_limits.fused == (decode_attention == "fused")
     load_same_weights(fast, hf16)
@@ -129,7 +130,7 @@ def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(refer
     torch.cuda.empty_cache()
 
     figures = {name: (agreement(x, ref), rel_error(x, ref)) for name, x in (("ours", ours), *baselines.items())}
-    print(f"decode attention {decode_attention}, page size {page_size or 32}: top-1 agreement with float32 transformers (%), relative logit error:", figures)
+    print(f"decode attention {decode_attention}, page size {page_size or DEFAULT_PAGE_SIZE_GPU}: top-1 agreement with float32 transformers (%), relative logit error:", figures)
     assert ours.shape == ref.shape == (64 * POSITIONS, ref.shape[-1])
     for baseline in baselines:
         assert figures["ours"][0] >= figures[baseline][0] - 1.0, (baseline, figures)
@@ -190,33 +191,32 @@ def test_fp8_kv_cache_agrees_as_well_as_transformers_with_its_kv_rounded_to_fp8(
         assert figures["ours, fp8 pool"][1] <= 1.5 * figures[baseline][1], (baseline, figures)
 
 
-WHOLE_KV_FROM = 128  # graph_llm's decode graphs of this many rows or more read each request's K/V unsplit
-
-
 @pytest.fixture(scope="module")
 def graph_llm():
-    # graphs of 64 rows keep FlashInfer's split-KV (and its merge kernel), those of 200 rows read K/V whole
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MINISGL_DECODE_WHOLE_KV_FROM", str(WHOLE_KV_FROM))
-        llm = LLM(config=engine_config(max_running_requests=256, cuda_graph_max_bs=256, max_kv_tokens=60_000))
-    assert llm.engine.attn_backend.whole_kv_from == WHOLE_KV_FROM
+    # the default rules: graphs of up to 16 rows attend with the Triton kernels (FlashInfer for
+    # long contexts); from DECODE_WHOLE_KV_FROM rows FlashInfer reads K/V whole (split for long contexts)
+    llm = LLM(config=engine_config(max_running_requests=256, cuda_graph_max_bs=256, max_kv_tokens=200_000))
     llm.scheduler.overlap = False
     return llm
 
 
-@pytest.mark.parametrize("batch_size,small_graph_attention,prompt_lens", [
-    (1, "triton", (5, 80)), (3, "triton", (5, 80)), (3, "flashinfer", (5, 80)), (64, None, (5, 80)), (200, None, (5, 80)),
+@pytest.mark.parametrize("batch_size,kind,prompt_lens", [
+    (1, "triton", (5, 80)), (3, "triton", (5, 80)), (3, "flashinfer", (5, 80)), (64, "whole", (5, 80)), (200, "whole", (5, 80)),
+    (64, "whole", (300, 800)),  # long enough that the split plan cuts each request's K/V into several chunks
+    (64, "flashinfer", (2_100, 2_400)),  # longer than DECODE_WHOLE_KV_MAX_CONTEXT: split
     (1, "triton", (3_500, 4_000)), (5, "triton", (2_000, 4_000)),  # long contexts: every one of the pieces holds tokens
 ])
-def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size, small_graph_attention, prompt_lens, monkeypatch):
+def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size, kind, prompt_lens, monkeypatch):
     """Each graph against the same batch run eagerly with the same padding (and so the same
-    attention); small graphs exist twice (attention on the Triton kernels for short contexts, on FlashInfer
-    for long ones: here forced by the limit), and the step replays the one it should."""
-    from minisgl_engine.attention.flashinfer_backend import DecodeAttentionLimits
+    attention); small graphs exist twice (attention on the Triton kernels for short contexts, on
+    FlashInfer for long ones: here forced by the limit), large ones too (K/V read whole for short
+    contexts, split for long ones), and the step replays the one it should."""
+    from dataclasses import replace
 
     sched, engine = graph_llm.scheduler, graph_llm.engine
-    if small_graph_attention == "flashinfer":  # every request is "long"
-        monkeypatch.setattr(engine.attn_backend, "decode_limits", DecodeAttentionLimits(engine.attn_backend.decode_limits.max_batch, 0))
+    backend = engine.attn_backend
+    if kind == "flashinfer" and batch_size <= backend.decode_limits.max_batch:  # every request is "long"
+        monkeypatch.setattr(backend, "decode_limits", replace(backend.decode_limits, max_context=0))
     rng = random.Random(batch_size)
     uids = list(range(10_000 * batch_size, 10_000 * batch_size + batch_size))
     for uid in uids:
@@ -232,31 +232,31 @@ def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size
             assert size is not None and size >= batch_size
             eager = engine.forward_logits(batch, use_graph=False, pad_to=size)
             replay = engine.forward_logits(batch, use_graph=True)
-            assert engine.graph_runner.last_graph == (size, small_graph_attention or "flashinfer")
-            print(f"batch {batch_size} (graph of {size}, {small_graph_attention or 'flashinfer'}): "
-                  f"max |eager - replay| = {(eager - replay).abs().max().item():.3g}")
+            assert engine.graph_runner.last_graph == (size, kind)
+            print(f"batch {batch_size} (graph of {size}, {kind}): max |eager - replay| = {(eager - replay).abs().max().item():.3g}")
             assert torch.equal(eager.argmax(-1), replay.argmax(-1)), f"batch {batch_size} (graph of {size})"
-            backend = engine.attn_backend
-            if size >= WHOLE_KV_FROM and backend.decode_tensor_cores:  # unsplit K/V against FlashInfer's split plan
-                wrapper = backend.graph_wrappers[size]
+            if size >= backend.decode_limits.whole_kv_rows and backend.decode_tensor_cores:  # K/V whole against split
                 # FlashInfer 0.6's PrefillPlanInfo: its last field says whether the plan split K/V
-                assert wrapper._plan_info[-1] == 0, "a graph at or above WHOLE_KV_FROM rows was planned with split K/V"
-                backend.whole_kv_from = 1 << 30
+                # (under CUDA graphs its own plan always does)
+                assert backend.graph_wrappers[size, kind]._plan_info[-1] == (kind == "flashinfer")
+                other = "flashinfer" if kind == "whole" else "whole"
+                limits = backend.decode_limits
+                backend.decode_limits = replace(limits, whole_kv_max_context=0 if other == "flashinfer" else 1 << 30)
                 try:
-                    split = engine.forward_logits(batch, use_graph=False, pad_to=size)
-                    assert wrapper._plan_info[-1] == 1, "under CUDA graphs FlashInfer's plan always splits K/V"
+                    planned_other = engine.forward_logits(batch, use_graph=False, pad_to=size)
+                    assert backend.graph_wrappers[size, other]._plan_info[-1] == (other == "flashinfer")
                 finally:
-                    backend.whole_kv_from = WHOLE_KV_FROM
-                same = (replay.argmax(-1) == split.argmax(-1)).float().mean().item()
-                print(f"batch {batch_size}: K/V read whole vs split, relative error {rel_error(replay, split):.3g}, same top-1 {same:.1%}")
-                assert rel_error(replay, split) < 0.02 and same >= 0.98
-            if small_graph_attention == "triton":  # the Triton decode kernels against FlashInfer's, same padding
-                limits = engine.attn_backend.decode_limits
-                engine.attn_backend.decode_limits = DecodeAttentionLimits(limits.max_batch, 0)  # every request "long"
+                    backend.decode_limits = limits
+                same = (replay.argmax(-1) == planned_other.argmax(-1)).float().mean().item()
+                print(f"batch {batch_size}: K/V read {kind} vs {other}, relative error {rel_error(replay, planned_other):.3g}, same top-1 {same:.1%}")
+                assert rel_error(replay, planned_other) < 0.02 and same >= 0.98
+            if kind == "triton":  # the Triton decode kernels against FlashInfer's, same padding
+                limits = backend.decode_limits
+                backend.decode_limits = replace(limits, max_context=0)  # every request "long"
                 try:
                     flashinfer = engine.forward_logits(batch, use_graph=False, pad_to=size)
                 finally:
-                    engine.attn_backend.decode_limits = limits
+                    backend.decode_limits = limits
                 print(f"batch {batch_size}: Triton decode attention vs FlashInfer, relative error {rel_error(replay, flashinfer):.3g}")
                 assert rel_error(replay, flashinfer) < 0.05
             sched.step()  # advance every request one token

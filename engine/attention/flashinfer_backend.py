@@ -11,11 +11,13 @@ replay a CUDA graph use a wrapper of their own whose index buffers the graph cap
 Small decode batches that replay a CUDA graph skip FlashInfer (and its plan) altogether: the
 Triton kernels of :func:`..triton_kernels.decode_attention` read each request's length and KV
 slots on the GPU, so such a step costs the CPU no planning (``MINISGL_DECODE_ATTENTION``).
+Large ones whose requests are all short replay a graph planned to read each request's K/V whole,
+without FlashInfer's split and merge (``DECODE_WHOLE_KV_FROM``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -39,12 +41,18 @@ class KVLayout:
 
 TRITON_DECODE_MAX_BATCH = 16  # decode graphs of up to this many rows may run triton_kernels.decode_attention
 TRITON_DECODE_MAX_CONTEXT = 4096  # ... while no request in the batch is longer than this (tokens; docs/benchmarks.md, fourth round)
-# From this many graph rows, FlashInfer's tensor-core decode reads each request's K/V whole in
-# one block instead of split into chunks merged by a second kernel. Under CUDA graphs its plan
-# always splits (so that one graph fits any lengths), and the merge took 82-129 us a step at
-# 64-256 rows (docs/benchmarks.md, thirteenth round); a large batch fills the GPU without the
-# split. 1 << 30: never (``MINISGL_DECODE_WHOLE_KV_FROM`` overrides it).
-DECODE_WHOLE_KV_FROM = 1 << 30
+# Decode graphs of this many rows or more have a second FlashInfer graph that reads each
+# request's K/V whole, in one block per (request, KV head), instead of split into chunks merged by a
+# second kernel; a step replays it while no request is longer than DECODE_WHOLE_KV_MAX_CONTEXT
+# tokens. Under CUDA graphs FlashInfer's plan always splits (so that one graph fits any lengths),
+# and the merge took 82-129 us a step at 64-256 rows (docs/benchmarks.md, thirteenth round): with
+# short contexts that is time lost (the offline workload, contexts up to 2,048: 24,950-25,004
+# against 24,827-24,901 tok/s split). With long ones the split is what keeps the GPU busy: 64 rows of
+# 4,096 tokens decoded at 3,965 tok/s whole against 4,189 split (sixteenth round).
+# ``MINISGL_DECODE_WHOLE_KV_FROM`` (rows) and ``MINISGL_DECODE_WHOLE_KV_MAX_CONTEXT`` (tokens)
+# override them.
+DECODE_WHOLE_KV_FROM = 64
+DECODE_WHOLE_KV_MAX_CONTEXT = 2048
 
 DECODE_ATTENTION_MODES = ("auto", "triton", "flashinfer", "fused")
 
@@ -58,6 +66,10 @@ class DecodeAttentionLimits:
     max_batch: int
     max_context: int
     fused: bool = False  # those steps attend straight from the qkv product, in one kernel per layer
+    # FlashInfer graphs of this many rows or more read K/V unsplit while no request is longer than
+    # whole_kv_max_context tokens (DECODE_WHOLE_KV_FROM)
+    whole_kv_rows: int = DECODE_WHOLE_KV_FROM
+    whole_kv_max_context: int = DECODE_WHOLE_KV_MAX_CONTEXT
 
     @classmethod
     def from_env(cls) -> DecodeAttentionLimits:
@@ -66,26 +78,35 @@ class DecodeAttentionLimits:
         (never) or ``fused`` (as ``auto``, with :func:`..triton_kernels.decode_attention_qkv`:
         faster for Qwen3-8B at batch 1, slower for Qwen3-0.6B; docs/benchmarks.md, seventh round)."""
         mode = env_choice("MINISGL_DECODE_ATTENTION", DECODE_ATTENTION_MODES)
+        whole = dict(whole_kv_rows=env_ints("MINISGL_DECODE_WHOLE_KV_FROM", ("rows",), (DECODE_WHOLE_KV_FROM,))[0],
+                     whole_kv_max_context=env_ints("MINISGL_DECODE_WHOLE_KV_MAX_CONTEXT", ("tokens",), (DECODE_WHOLE_KV_MAX_CONTEXT,))[0])
         if mode == "flashinfer" or triton_unavailable_reason() is not None:
-            return cls(0, 0)
+            return cls(0, 0, **whole)
         if mode == "triton":
-            return cls(1 << 30, 1 << 30)
-        return cls(TRITON_DECODE_MAX_BATCH, TRITON_DECODE_MAX_CONTEXT, fused=mode == "fused")
+            return cls(1 << 30, 1 << 30, **whole)
+        return cls(TRITON_DECODE_MAX_BATCH, TRITON_DECODE_MAX_CONTEXT, fused=mode == "fused", **whole)
 
     def graph_kinds(self, batch_size: int, max_context_len: int) -> list[str]:
-        """The decode graphs captured for ``batch_size`` rows: one attending with the Triton
-        kernels where small batches may, one with FlashInfer where a batch may be too large or
-        its requests too long for them."""
-        kinds = ["triton"] if batch_size <= self.max_batch else []
-        if not kinds or max_context_len > self.max_context:
-            kinds.append("flashinfer")
+        """The decode graphs captured for ``batch_size`` rows: every kind :meth:`decode_kind`
+        may pick for a batch of requests up to ``max_context_len`` tokens long (it changes only
+        where the longest request passes one of the two context limits)."""
+        kinds: list[str] = []
+        for longest in (1, self.max_context + 1, self.whole_kv_max_context + 1):
+            kind = self.decode_kind(batch_size, [longest])
+            if longest <= max_context_len and kind not in kinds:
+                kinds.append(kind)
         return kinds
 
     def decode_kind(self, padded_size: int, seq_lens: list[int]) -> str:
-        """The graph a decode batch padded to ``padded_size`` replays: the Triton one while the
-        graph is small and every request short, otherwise FlashInfer."""
-        small = padded_size <= self.max_batch and max(seq_lens, default=0) <= self.max_context
-        return "triton" if small else "flashinfer"
+        """The graph a decode batch padded to ``padded_size`` replays: ``triton`` while the
+        graph is small and every request short; else FlashInfer, ``whole`` (K/V unsplit) while
+        the graph is large and every request short enough, otherwise ``flashinfer`` (split)."""
+        longest = max(seq_lens, default=0)
+        if padded_size <= self.max_batch and longest <= self.max_context:
+            return "triton"
+        if padded_size >= self.whole_kv_rows and longest <= self.whole_kv_max_context:
+            return "whole"
+        return "flashinfer"
 
 
 @dataclass
@@ -140,18 +161,20 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores)
         self.fill_indices = triton_unavailable_reason() is None  # one Triton launch instead of ~8 tensor ops
         self._indices = torch.empty(0, dtype=torch.int32, device=device)  # page ids of eager batches
-        self.graph_wrappers: dict[int, object] = {}  # padded batch size -> wrapper of that graph
+        self.graph_wrappers: dict[tuple[int, str], object] = {}  # (padded batch size, "flashinfer" or "whole") -> its wrapper
         self._graph_indices: torch.Tensor | None = None  # one index buffer shared by all graphs
         # FlashInfer copies each plan to the GPU from one pinned host buffer per wrapper; the
         # next plan must not overwrite it before that copy ran (with overlap scheduling the CPU
         # plans step N+1 while step N may not have started).
         self._plan_copied: torch.cuda.Event | None = None
         fits = head_dim & (head_dim - 1) == 0 and num_heads // num_kv_heads <= 16  # the Triton kernels' shapes
-        self.decode_limits = DecodeAttentionLimits.from_env() if fits and triton_decode else DecodeAttentionLimits(0, 0)
+        limits = DecodeAttentionLimits.from_env()
+        if not (fits and triton_decode):
+            limits = replace(limits, max_batch=0, max_context=0, fused=False)
+        if not self.decode_tensor_cores:  # K/V read whole was measured on the tensor-core decode only
+            limits = replace(limits, whole_kv_rows=1 << 30)
+        self.decode_limits = limits
         self.triton_graphs: dict[int, TritonDecode] = {}  # graph size -> its plan-free metadata
-        # decode graphs of at least this many rows plan without split-KV (the same at capture and
-        # at every replay, so the captured kernels, merge or not, always match the plan)
-        self.whole_kv_from = env_ints("MINISGL_DECODE_WHOLE_KV_FROM", ("rows",), (DECODE_WHOLE_KV_FROM,))[0]
 
     # ---- CUDA graphs -------------------------------------------------------------------------
 
@@ -161,7 +184,9 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def graph_kind(self, batch: ForwardBatch) -> str:
         """Which of its size's graphs a planned decode batch replays."""
-        return "triton" if isinstance(batch.attn_metadata, TritonDecode) else "flashinfer"
+        if isinstance(batch.attn_metadata, TritonDecode):
+            return "triton"
+        return "whole" if batch.attn_metadata is self.graph_wrappers.get((batch.padded_size, "whole")) else "flashinfer"
 
     def graph_wrapper(self, batch_size: int, kind: str, max_pages_per_request: int):
         """What a graph of ``batch_size`` of this ``kind`` captures: FlashInfer's decode wrapper
@@ -178,11 +203,11 @@ class FlashInferAttentionBackend(AttentionBackend):
                 self.triton_graphs[batch_size] = TritonDecode(decode_attention_splits(batch_size, self.num_kv_heads, sms),
                                                               pdl_wanted(self.device), fused, counters)
             return self.triton_graphs[batch_size]
-        if batch_size not in self.graph_wrappers:
+        if (batch_size, kind) not in self.graph_wrappers:
             need = batch_size * max_pages_per_request
             if self._graph_indices is None or self._graph_indices.numel() < need:
                 self._graph_indices = torch.zeros(need, dtype=torch.int32, device=self.device)
-            self.graph_wrappers[batch_size] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.graph_wrappers[batch_size, kind] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace,
                 "NHD",
                 use_cuda_graph=True,
@@ -191,7 +216,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 paged_kv_indices_buffer=self._graph_indices,
                 paged_kv_last_page_len_buffer=torch.zeros(batch_size, dtype=torch.int32, device=self.device),
             )
-        return self.graph_wrappers[batch_size]
+        return self.graph_wrappers[batch_size, kind]
 
     # ---- planning ----------------------------------------------------------------------------
 
@@ -233,26 +258,27 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def decode_kind(self, batch: ForwardBatch) -> str:
         """The attention of a decode batch padded to a graph's size (:class:`DecodeAttentionLimits`)."""
-        if batch.padded_size not in self.triton_graphs:
-            return "flashinfer"
-        return self.decode_limits.decode_kind(batch.padded_size, batch.seq_lens)
+        kind = self.decode_limits.decode_kind(batch.padded_size, batch.seq_lens)
+        return "flashinfer" if kind == "triton" and batch.padded_size not in self.triton_graphs else kind
 
     def prepare(self, batch: ForwardBatch, kind: str | None = None) -> None:
         """``kind``: for a batch padded to a graph's size, force that graph kind (capture)."""
-        if batch.is_decode and batch.use_graph and (kind or self.decode_kind(batch)) == "triton":
-            batch.attn_metadata = self.triton_graphs[batch.padded_size]  # nothing to plan
-            return
+        if batch.is_decode and batch.use_graph:
+            kind = kind or self.decode_kind(batch)
+            if kind == "triton":
+                batch.attn_metadata = self.triton_graphs[batch.padded_size]  # nothing to plan
+                return
         layout = self.kv_layout(batch)
         if self._plan_copied is not None:
             self._plan_copied.synchronize()
         common = dict(q_data_type=self.dtype, kv_data_type=self.kv_pool.dtype, sm_scale=self.scale, non_blocking=True)
         if batch.is_decode:
-            wrapper = self.graph_wrappers[batch.padded_size] if batch.use_graph else self.decode_wrapper
-            whole_kv = self.decode_tensor_cores and batch.use_graph and batch.padded_size >= self.whole_kv_from
+            # a graph's plan splits K/V or not as its kernels were captured (the same kind)
+            wrapper = self.graph_wrappers[batch.padded_size, kind] if batch.use_graph else self.decode_wrapper
             wrapper.plan(
                 layout.indptr, layout.indices, layout.last_page_len,
                 self.num_heads, self.num_kv_heads, self.head_dim, self.page_size, **common,
-                **({"disable_split_kv": True} if whole_kv else {}),
+                **({"disable_split_kv": True} if batch.use_graph and kind == "whole" else {}),
             )
         else:
             qo_indptr = [0]
