@@ -44,8 +44,8 @@ STATUS_LINE_CLEAR = """
 # of its own with Attach, Send and Stop under it,
 # and the versions bar putting its label on a line of its own under ‹ › and Delete message (beside
 # them, an edit's note wrapped to eight lines in a 108 px column).
-# A message's buttons (Copy, Edit, Retry: 18 px icons), the ▸ that opens a reply's details (an 18 px
-# button) and Attach (26 px tall) are 32 px touch targets, and the status
+# A message's buttons (Copy, Edit, Retry: 18 px icons) and the ▸ that opens a reply's details (an 18 px
+# button) are 32 px touch targets (Attach is as tall as Send everywhere: theme.css), and the status
 # line leaves out its details (view.wide_only: it took four lines above the chat).
 # ☰ Chats open is drawn pressed, in the accent's colours, with ▴ (▾ when closed).
 # The narrow screen's media query, and its complement for the wide one ("min-width: 641px" left
@@ -82,7 +82,6 @@ NARROW = """
   #chatbot .message-buttons button { min-width: 32px !important; min-height: 32px !important; justify-content: center; }
   #chatbot .thought-group .title { min-height: 32px; }
   #chatbot .thought-group .title .arrow button { min-width: 32px !important; min-height: 32px !important; justify-content: center; }
-  #attach-btn { min-height: 32px !important; }
   #status-line .wide-only { display: none; }
   #main #chatbot { height: 55vh !important; }
   #versions { flex-wrap: wrap !important; row-gap: var(--spacing-sm); }
@@ -104,6 +103,27 @@ EDIT_BOX = """
   width: 100% !important; box-sizing: border-box; field-sizing: content; resize: vertical;
   min-height: calc(3lh + 2 * var(--spacing-lg)) !important; max-height: 60vh; padding: var(--spacing-lg);
 }
+"""
+
+# The edit box's ✓ (save) and ✕ (cancel) were Gradio's 18 px icon buttons, as small as Copy's but
+# clicked at once after typing: 32 px targets, their icons 18 px.
+EDIT_BUTTONS = """
+#chatbot .message-buttons button:is([aria-label="Submit"], [aria-label="Cancel"]) {
+  min-width: 32px !important; min-height: 32px !important; justify-content: center; align-items: center;
+}
+#chatbot .message-buttons button:is([aria-label="Submit"], [aria-label="Cancel"]) > div { width: 18px; height: 18px; }
+"""
+
+# Continue floats over the chat's bottom right corner (ui.ChatPage._chat_column puts it in a row of
+# no height right under the chat; the row's gap is taken back, so nothing below it moves). In the
+# composer's row it squeezed the message box whenever it came and went. While it shows, the chat's
+# messages end above a strip of their own, so it covers no text.
+CONTINUE_FLOATS = """
+#continue-anchor { position: relative; height: 0; min-height: 0 !important; padding: 0 !important; overflow: visible; z-index: 2;
+                   margin-bottom: calc(-1 * var(--layout-gap)) !important; }
+#continue-anchor > #continue-btn { position: absolute; right: var(--size-3); bottom: calc(var(--layout-gap) + var(--size-2));
+                                   width: auto !important; max-width: none; min-height: 36px; box-shadow: var(--shadow-drop-lg); }
+body:has(#continue-btn) #chatbot .wrapper { padding-bottom: 52px !important; box-sizing: border-box; }
 """
 
 # Gradio's ↓ (back to the end of the chat, shown once the chat is scrolled up) floated over the
@@ -164,4 +184,4 @@ LONG_INLINE_CODE = """
 #chatbot :not(pre) > code { white-space: pre-wrap; overflow-wrap: anywhere; }
 """
 
-PAGE_CSS = LONG_INLINE_CODE + CHAT_LIST_TIME + CHAT_LIST_SCROLLS + CHAT_LIST_FOCUS + HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR
+PAGE_CSS = LONG_INLINE_CODE + CHAT_LIST_TIME + CHAT_LIST_SCROLLS + CHAT_LIST_FOCUS + HIDDEN_PROGRESS + NO_RETRY_WHILE_REPLYING + NO_DOTS + STATUS_LINE_CLEAR + NARROW + EDIT_BOX + EDIT_BUTTONS + CONTINUE_FLOATS + SCROLL_DOWN_CLEAR + CODE_COPY_CLEAR

@@ -20,6 +20,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -138,7 +139,7 @@ ATTACH_LIMIT_BYTES = 1_000_000
 IMPORTABLE = "a chat exported here as JSON (Export JSON) or an OpenAI-style JSON file ({\"messages\": [...]})"
 DRAFT_KEY_PREFIX = "minisgl-chat:draft:"  # + the chat's id ('' for a new chat): its unsent text in the browser's storage (PAGE_JS)
 # Escape stops the reply, as in other chat apps (in the search box it clears the search instead);
-# Enter on an empty box does nothing. In a
+# Enter on an empty box does nothing (Send is disabled then). In a
 # message's edit box (✎) Enter saves and Shift+Enter starts a new line, as in the message box, and
 # Escape cancels the edit. Enter in a settings number box saves it (it is left, as a click
 # elsewhere does). Toasts open under the status line (page_css.py): its bottom edge is kept in
@@ -201,6 +202,19 @@ PAGE_JS = """
   };
   document.addEventListener('input', (e) => {
     if (e.isTrusted && e.target instanceof Element && e.target.closest('#msg-input')) window.minisglSaveDraft(e.target.value);
+  }, true);
+  // Send is disabled while there is nothing to send, as in other chat apps: a box empty or blank
+  // and no file attached (✕ Remove attachments shows while there are: files alone are a message).
+  // Set at each input, when Gradio writes the box (SYNC_SEND_JS) and when the page is redrawn.
+  window.minisglSyncSend = () => {
+    const send = document.querySelector('#send-btn'), box = document.querySelector('#msg-input textarea');
+    if (!send || !box) return;
+    const attached = !!document.querySelector('#remove-attachments-btn')?.getClientRects().length;
+    const nothing = !box.value.trim() && !attached;
+    if (send.disabled !== nothing) send.disabled = nothing;
+  };
+  document.addEventListener('input', (e) => {
+    if (e.target instanceof Element && e.target.closest('#msg-input')) window.minisglSyncSend();
   }, true);
   window.minisglRestoreDraft = async (chat) => {
     // a click on a chat changes the address before its event takes the box: let that start first
@@ -496,9 +510,10 @@ PAGE_JS = """
     if (document.querySelector('#sidebar-body')?.contains(document.activeElement))
       (e.detail === 0 ? document.querySelector('#msg-input textarea') : toggle())?.focus({preventScroll: true});
   });
-  // set again whenever Gradio draws the button anew (a new button has none of them)
-  new MutationObserver(markChatsToggle).observe(document.body, {childList: true, subtree: true});
+  // set again whenever Gradio draws the button anew (a new button has none of them); so is Send's state
+  new MutationObserver(() => { markChatsToggle(); window.minisglSyncSend(); }).observe(document.body, {childList: true, subtree: true});
   markChatsToggle();
+  window.minisglSyncSend();
 }
 """.replace("__NARROW_QUERY__", NARROW_QUERY).replace("__ANSWER_WAIT_MS__", str(round(ANSWER_WAIT_S * 1000))) \
     .replace("__FIELD_IDS__", json.dumps(FIELD_IDS)).replace("__DRAFT_KEY__", DRAFT_KEY_PREFIX)
@@ -526,6 +541,7 @@ REMEMBER_SHOWN_CHAT_JS = f"""(id) => {{
   window.minisglRestoreDraft?.(new URLSearchParams(url.search).get('chat') || '');  // its unsent text, if the box has none
   return [];
 }}"""
+SYNC_SEND_JS = "() => { window.minisglSyncSend?.(); }"  # the message box written by Gradio (a refused edit's text)
 CLICK_DOWNLOAD_JS = "() => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); }"
 
 
@@ -661,11 +677,12 @@ class ChatPage:
         self.replies.notify()
         return False
 
-    def said_deleted(self, tab: Tab, message: str = DELETED_ELSEWHERE) -> bool:
-        """Say (once) that the chat the tab showed was deleted elsewhere; whether it was."""
+    def said_deleted(self, tab: Tab, message: str = DELETED_ELSEWHERE, say: Callable[[str], None] | None = None) -> bool:
+        """Say (once) that the chat the tab showed was deleted elsewhere; whether it was. ``say``:
+        the toast (``warn`` by default: an action refused for it)."""
         if tab.lost:
             tab.lost = False
-            warn(message)
+            (say or warn)(message)
             return True
         return False
 
@@ -813,7 +830,7 @@ class ChatPage:
             now = self.render(tab)
             tab.status, tab.sidebar = now[1], now[2]
             return (*(self.as_update(i, value) for i, value in enumerate(now)), gr.skip(), gr.skip())
-        self.said_deleted(tab)
+        self.said_deleted(tab, say=inform)  # news, refusing nothing: an Info toast, not a Warning
         redraw_chat = refresh = gr.skip()
         if not following and not editing:
             chat_behind, fields_behind = self.behind(tab)
@@ -1679,6 +1696,10 @@ class ChatPage:
             buttons=["copy"], feedback_options=None,
             placeholder="Ask anything. Replies stream in; **Stop** (or Escape) ends one at once.",
         )
+        # Continue floats over the chat's bottom right corner, under the reply it extends
+        # (page_css.CONTINUE_FLOATS): a fourth button in the composer's row squeezed the message box
+        with gr.Row(elem_id="continue-anchor"):
+            continue_btn = gr.Button("Continue", elem_id="continue-btn", size="sm", scale=0, min_width=90, visible=False)
         with gr.Row(elem_id="versions", visible=False) as versions:
             prev_btn = gr.Button("‹", elem_id="prev-version-btn", size="sm", min_width=40, scale=0)
             versions_text = gr.Markdown("", elem_id="versions-label")
@@ -1692,7 +1713,6 @@ class ChatPage:
                              autofocus=True, placeholder="Message (Enter sends, Shift+Enter for a new line)")
             send_btn = gr.Button("Send", elem_id="send-btn", variant="primary", scale=1, min_width=80)
             stop_btn = gr.Button("Stop", elem_id="stop-btn", variant="secondary", scale=1, min_width=80)
-            continue_btn = gr.Button("Continue", elem_id="continue-btn", scale=1, min_width=90, visible=False)
         with gr.Row(elem_id="attached-row"):
             attached = gr.Markdown("", elem_id="attached")
             unattach_btn = gr.Button("✕ Remove attachments", elem_id="remove-attachments-btn", size="sm", scale=0, min_width=170,
@@ -1794,6 +1814,7 @@ class ChatPage:
         for trigger in (m.msg.submit, m.send_btn.click):
             then_redraw(trigger(self.send, inputs=[m.msg, *settings, c.clicked_at, c.after_click], outputs=[c.shown_draft, m.status],
                                 js=SEND_JS, **quick), draft=True)
+        m.msg.change(None, js=SYNC_SEND_JS)
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **quick)
         m.unattach_btn.click(self.unattach, outputs=[m.attached, m.unattach_btn], **quick)
         m.chatbot.retry(self.regenerate, **quick).then(**follow)

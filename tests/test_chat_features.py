@@ -247,6 +247,22 @@ def expect_shown(page, label: str, what: str, **kw) -> None:
                 f"replies {replies(page)}, your messages {users(page)}")
 
 
+def version_line_looks_like_a_line(page) -> None:
+    """The version line under a question of yours (version 2/2) sat in a bubble of its own, tinted
+    as your messages are and empty-looking around its small text: it is a small line with no bubble,
+    right under the question's buttons, its right edge at the question's."""
+    look = page.evaluate("""() => {
+      const row = document.querySelector('#chatbot .message-row.user-row:has(.thought-group)');
+      const question = row.previousElementSibling.previousElementSibling.querySelector('.message');
+      const bubble = getComputedStyle(row.querySelector('.message')), group = getComputedStyle(row.querySelector('.thought-group'));
+      const line = row.querySelector('.message').getBoundingClientRect(), above = question.getBoundingClientRect();
+      return {bubble: bubble.backgroundColor, group: group.backgroundColor, border: group.borderLeftWidth, height: line.height,
+              gap: line.top - above.bottom, right: above.right - line.right};
+    }""")
+    assert look["bubble"] == look["group"] == "rgba(0, 0, 0, 0)" and look["border"] == "0px", f"the version line is drawn as a bubble: {look}"
+    assert look["height"] <= 36 and look["gap"] <= 40 and abs(look["right"]) <= 12, f"the version line is not a small line under its message: {look}"
+
+
 def write_json(path: Path, doc) -> Path:
     path.write_text(json.dumps(doc), encoding="utf-8")
     return path
@@ -329,6 +345,7 @@ def test_editing_an_earlier_question_answers_it_again_and_keeps_the_old_branch(p
     assert q2 not in page.inner_text("#chatbot") and a2 not in page.inner_text("#chatbot")
     expect_shown(page, "Your message 1: version 2 of 2", "after editing", user=edited, index=0)
     assert any("version 2/2" in x for x in lines(page)), lines(page)
+    version_line_looks_like_a_line(page)
     # where the question's old reply and the turn after it went: in the versions bar, which acts
     # on the edited question (ui.branch_note), not in a toast over the edited message
     assert versions_label(page) == f"Your message 1: version 2 of 2 — {branch_note(3)}", versions_label(page)
@@ -445,6 +462,9 @@ def test_the_edit_box_is_as_wide_as_the_message_and_grows_with_its_text(page, ap
         buttons.locator("button[aria-label='Edit']").click()
         box = row.locator("textarea.edit-textarea").first
         box.wait_for(state="visible")
+        for name in ("Submit", "Cancel"):  # ✓ and ✕ were 18 px icons
+            icon = buttons.locator(f"button[aria-label='{name}']").bounding_box()
+            assert icon["width"] >= 28 and icon["height"] >= 28, f"message {index}: {name} is a {icon['width']}x{icon['height']} px target"
         width = box.bounding_box()["width"]
         height, line = box.evaluate("t => [t.clientHeight, parseFloat(getComputedStyle(t).lineHeight)]")
         assert width >= max(0.95 * bubble, 600), f"message {index}: the edit box is {width:.0f} px wide (its bubble {bubble:.0f} px)"
@@ -513,17 +533,28 @@ def test_the_scroll_down_button_does_not_cover_the_chat(page, app, tmp_path):
 
 # ---- 4. Continue
 
-def test_continue_grows_the_same_reply(page, app):
+def message_box_width(page) -> float:
+    return page.locator("#msg-input textarea").bounding_box()["width"]
+
+
+def test_continue_grows_the_same_reply_and_leaves_the_message_box_as_wide(page, app):
+    """Continue grows the reply it continues. It came and went as a fourth button in the message
+    box's row, squeezing the box: the box keeps its width while it shows, is pressed, and goes."""
     new_chat(page, temperature=0, max_tokens=8)
+    width = message_box_width(page)
     send(page, "Write a long story about a dragon who learns to cook.")
     wait_reply(page, app, "cut reply", tokens=8)
     assert "hit the token limit" in last_line(page), last_line(page)
     cut = " ".join(replies(page)[-1].split())
     assert page.locator("#continue-btn").is_visible(), "Continue must show under a reply cut at max tokens"
+    assert message_box_width(page) == width, f"the message box went from {width} to {message_box_width(page)} px with Continue shown"
     shot(page, "04-cut")
 
     page.click("#continue-btn")
+    assert wait_until(lambda: not page.locator("#continue-btn").is_visible(), 15), "Continue stays while the reply goes on"
+    assert message_box_width(page) == width, f"the message box went from {width} to {message_box_width(page)} px once Continue was pressed"
     wait_reply(page, app, "continued reply", tokens=16)
+    assert message_box_width(page) == width, f"the message box went from {width} to {message_box_width(page)} px after Continue"
     shot(page, "04-continued")
     shown = replies(page)
     assert len(shown) == 1, f"Continue must grow the same message, not add one: {shown}"

@@ -30,7 +30,7 @@ PLACEHOLDER = "Ask anything"
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
            "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo",
            "Quetzal", "Bilby", "Oribi", "Saola", "Dikdik", "Zorilla", "Wallaby", "Echidna", "Caracal", "Fossa",
-           "Kinkajou")
+           "Kinkajou", "Aardwolf", "Binturong")
 
 
 # ---- the app and the browser, shared by the module
@@ -1087,6 +1087,71 @@ def test_message_box_is_named_message(tab, app):
     box = page.get_by_role("textbox", name="Message", exact=True)
     assert box.count() == 1, "no text box whose accessible name is 'Message'"
     assert box.evaluate("el => el.closest('#msg-input') !== null")
+
+
+def test_attach_is_as_tall_as_send_and_stop_and_level_with_them(tab, app):
+    """Attach was a 26 px small button, its top level with Send's 48 px: it looked smaller and sat
+    higher than Send and Stop beside it. On a desktop and on a phone (where the three share a row
+    under the box) the three are one height, their tops and bottoms level."""
+    for viewport in ({"width": 1280, "height": 860}, {"width": 390, "height": 844}):
+        page = tab(viewport=viewport).page
+        boxes = {name: page.locator(f"#{name}-btn").bounding_box() for name in ("attach", "send", "stop")}
+        send_box = boxes["send"]
+        for name, box in boxes.items():
+            assert abs(box["height"] - send_box["height"]) <= 2 and abs(box["y"] - send_box["y"]) <= 2, \
+                f"at {viewport['width']} px {name} is not level with Send: {boxes}"
+
+
+def test_a_chat_deleted_in_another_tab_is_said_in_an_info_toast(tab, app):
+    """The tab whose chat another tab deleted said so in a toast headed Warning: it refuses
+    nothing (the tab shows a new chat), so it is an Info toast. (A send refused for it stays a
+    warning: test_sending_in_a_tab_whose_chat_was_deleted_elsewhere_keeps_the_text_and_says_why.)"""
+    a, b = two_tabs_on_one_chat(tab, "Aardwolf")
+    a.on("dialog", lambda d: d.accept())
+    open_accordion(a, "Manage", "#delete-btn")
+    a.click("#delete-btn")
+    toast = b.locator(".toast-body", has_text="deleted in another tab")
+    assert wait_until(lambda: toast.count() > 0, 10), toasts(b)
+    kind, title = toast.first.evaluate("t => [t.className, t.querySelector('.toast-title')?.innerText || '']")
+    assert "info" in kind.split() and "warning" not in kind.split() and title.strip().lower().startswith("info"), (kind, title)
+    assert wait_until(lambda: not users(b), 10), f"the deleted chat is still shown: {users(b)}"
+
+
+def send_disabled(page) -> bool:
+    return page.locator("#send-btn").evaluate("b => b.disabled")
+
+
+def test_send_is_disabled_while_there_is_nothing_to_send(tab, app, tmp_path):
+    """Send with an empty box did nothing, and said nothing: as in other chat apps it is disabled
+    while the box is empty or blank, and enabled by text or by a file attached alone (files alone
+    are a message); a message typed while a reply streams is sent with it (and answered next)."""
+    page = tab().page
+    new_chat(page, max_tokens=48)
+    assert wait_until(lambda: send_disabled(page), 5), "Send is enabled with an empty box"
+    page.fill("#msg-input textarea", "   \n ")
+    assert wait_until(lambda: send_disabled(page), 5), "Send is enabled with a blank box"
+    page.fill("#msg-input textarea", "Binturong")
+    assert wait_until(lambda: not send_disabled(page), 5), "Send is disabled with text in the box"
+    page.fill("#msg-input textarea", "")
+    assert wait_until(lambda: send_disabled(page), 5), "Send is enabled once the box is emptied"
+    notes = tmp_path / "binturong-notes.txt"
+    notes.write_text("Binturong notes\n", encoding="utf-8")
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach-btn")
+    chooser.value.set_files(str(notes))
+    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 30), page.inner_text("#attached")
+    assert wait_until(lambda: not send_disabled(page), 5), "Send is disabled with a file attached and no text"
+    page.click("#remove-attachments-btn")
+    assert wait_until(lambda: send_disabled(page), 5), "Send is enabled once the file is removed"
+    page.fill("#msg-input textarea", story("Binturong"))
+    page.click("#send-btn")
+    assert wait_until(lambda: len(last_reply(page)) > 20, 60), chat_text(page)[-300:]
+    assert wait_until(lambda: send_disabled(page), 5), "Send is enabled after the box was sent and emptied"
+    page.fill("#msg-input textarea", "Binturong two: what is the capital of France?")
+    assert not finished(page), "the first reply ended too early for this test"
+    page.click("#send-btn")  # during the reply: shown at once and answered next
+    assert wait_until(lambda: len(users(page)) == 2, 5), users(page)
+    wait_finished(page, 2, 60)
 
 
 def stop_looks_active(page) -> bool:
