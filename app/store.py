@@ -234,6 +234,10 @@ def title_from(text: str) -> str:
     """A sidebar title from a first user message: its first non-blank line, at most TITLE_LENGTH characters
     (the sidebar cuts it in its middle, keeping its last words: questions that start alike differ there)."""
     line = next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
+    if len(line) > 4 and line.startswith("**") and line.endswith("**"):
+        # a line all in bold: a file sent alone starts with its name so (ui.with_attachments), and
+        # the sidebar shows titles as plain text ("**notes.txt**" was seen on a new user's tour)
+        line = line[2:-2].strip() or line
     if not line:
         return DEFAULT_TITLE
     if len(line) <= TITLE_LENGTH:

@@ -746,6 +746,8 @@ def test_every_invalid_setting_is_named_at_once():
     ("Please write a long story about a cat who learns to fly over the sea, then back home again, "
      "and all the way to the moon", "Please write a long story about a cat who learns to fly over the sea, then back home again, and…"),
     ("x" * 150, "x" * 99 + "…"),
+    ("**notes.txt**\n```\nbuy milk\n```", "notes.txt"),  # a file sent alone: its name, not its Markdown
+    ("**Important:** read this first", "**Important:** read this first"),  # bold inside a line stays as typed
 ])
 def test_title_from_first_line(text, title):
     assert title_from(text) == title
