@@ -30,7 +30,7 @@ PLACEHOLDER = "Ask anything"
 MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
            "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo",
            "Quetzal", "Bilby", "Oribi", "Saola", "Dikdik", "Zorilla", "Wallaby", "Echidna", "Caracal", "Fossa",
-           "Kinkajou", "Aardwolf", "Binturong")
+           "Kinkajou", "Aardwolf", "Binturong", "Gerenuk", "Solenodon", "Hyrax")
 
 
 # ---- the app and the browser, shared by the module
@@ -816,28 +816,28 @@ def test_each_chats_draft_comes_back_after_a_reload_and_a_sent_one_does_not(tab,
     """The server keeps a tab's drafts only while the tab lives: a reload (or the tab closed and
     opened again) started with an empty box. Now the browser's storage keeps what was typed, per chat."""
     page = tab().page
-    chats_with_one_reply(page, "Okapi", "Dugong")
+    chats_with_one_reply(page, "Gerenuk", "Solenodon")
     box = "#msg-input textarea"
-    page.locator(box).press_sequentially("Dugong draft, not sent")
-    select_chat(page, "Okapi")
-    assert wait_until(lambda: shows_only(page, "Okapi", ("Dugong",)) and page.input_value(box) == "", 10), users(page)
-    page.locator(box).press_sequentially("Okapi draft")
+    page.locator(box).press_sequentially("Solenodon draft, not sent")
+    select_chat(page, "Gerenuk")
+    assert wait_until(lambda: shows_only(page, "Gerenuk", ("Solenodon",)) and page.input_value(box) == "", 10), users(page)
+    page.locator(box).press_sequentially("Gerenuk draft")
     page.reload()
     wait_page_loaded(page)
-    assert wait_until(lambda: shows_only(page, "Okapi", ("Dugong",)), 10), users(page)
-    assert wait_until(lambda: page.input_value(box) == "Okapi draft", 10), f"the draft was lost: {page.input_value(box)!r}"
-    select_chat(page, "Dugong")  # this tab never held its draft: it comes from the browser's storage
-    assert wait_until(lambda: shows_only(page, "Dugong", ("Okapi",)) and page.input_value(box) == "Dugong draft, not sent", 10), \
+    assert wait_until(lambda: shows_only(page, "Gerenuk", ("Solenodon",)), 10), users(page)
+    assert wait_until(lambda: page.input_value(box) == "Gerenuk draft", 10), f"the draft was lost: {page.input_value(box)!r}"
+    select_chat(page, "Solenodon")  # this tab never held its draft: it comes from the browser's storage
+    assert wait_until(lambda: shows_only(page, "Solenodon", ("Gerenuk",)) and page.input_value(box) == "Solenodon draft, not sent", 10), \
         (users(page), page.input_value(box))
     page.locator(box).press("Enter")  # sent: no longer a draft
     wait_finished(page, 2)
     page.reload()
     wait_page_loaded(page)
-    assert wait_until(lambda: shows_only(page, "Dugong", ("Okapi",)), 10), users(page)
+    assert wait_until(lambda: shows_only(page, "Solenodon", ("Gerenuk",)), 10), users(page)
     time.sleep(1.5)
     assert page.input_value(box) == "", f"a message sent came back as a draft: {page.input_value(box)!r}"
-    select_chat(page, "Okapi")  # the other chat's draft is still kept
-    assert wait_until(lambda: page.input_value(box) == "Okapi draft", 10), page.input_value(box)
+    select_chat(page, "Gerenuk")  # the other chat's draft is still kept
+    assert wait_until(lambda: page.input_value(box) == "Gerenuk draft", 10), page.input_value(box)
     assert error_badges(page) == 0, toasts(page)
 
 
@@ -1555,7 +1555,7 @@ def test_a_setting_changed_while_the_pages_redraw_of_it_is_on_its_way_keeps_the_
     asked), and the user typed a max tokens of their own before the answer came. The answer put
     the other tab's value over it. A box changed since the redraw was asked keeps what the user
     put there; a box not changed takes the new value. The redraw is held here, as a slow answer."""
-    a, b = two_tabs_on_one_chat(tab, "Okapi")
+    a, b = two_tabs_on_one_chat(tab, "Hyrax")
     for page in (a, b):
         open_accordion(page, "Settings", "#max-tokens input")
     time.sleep(1.5)  # the redraws of the chat's first reply (its title) end first
