@@ -33,7 +33,7 @@ STATS_LINE = re.compile(r"([\d.]+) tok/s · (\d+) tokens")
 
 
 def add_page_bench_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", help="a running app (default: start one with --app-args)")
+    parser.add_argument("--url", help="a running app: the link it printed, with its ?token= (default: start one with --app-args)")
     parser.add_argument("--app-args", default="--device cpu",
                         help="arguments of the `minisgl-chat chat` this bench starts (default: %(default)r)")
     parser.add_argument("--replies", type=int, default=3, help="replies per path, alternating (default: %(default)s)")
@@ -56,7 +56,9 @@ def started_app(app_args: str) -> Iterator[str]:
         url = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(url, proc, os.path.join(data, "app.log"))
-            yield url
+            with open(os.path.join(data, "app.log")) as f:
+                found = re.search(r"open (http://\S+) in your browser", f.read())
+            yield found.group(1) if found else f"{url}/"
         finally:
             proc.terminate()
             try:
@@ -110,9 +112,9 @@ def api_reply(url: str, prompt: str, max_tokens: int, api_key: str | None) -> di
 class PageDriver:
     """The chat page in one Chromium tab, used as a person would."""
 
-    def __init__(self, browser, url: str) -> None:
+    def __init__(self, browser, link: str) -> None:
         self.page = browser.new_page(viewport={"width": 1280, "height": 860})
-        self.page.goto(f"{url}/")
+        self.page.goto(link)
         self.page.wait_for_selector("#msg-input textarea", timeout=120_000)
         self.page.wait_for_function("document.querySelector('#status-line')?.innerText.includes('running')", timeout=60_000)
 
@@ -143,7 +145,8 @@ def run_page_bench(args: argparse.Namespace) -> int:
         raise UserError(f"no browser at {args.chromium}: apt-get install chromium, or pass --chromium PATH")
     rows = []
     with ExitStack() as stack:
-        url = args.url or stack.enter_context(started_app(args.app_args))
+        link = args.url or stack.enter_context(started_app(args.app_args))  # the page's link (…/?token=KEY)
+        url = server_url(link)
         p = stack.enter_context(sync_playwright())
         browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu"])
         stack.callback(browser.close)
@@ -156,7 +159,7 @@ def run_page_bench(args: argparse.Namespace) -> int:
 
         for i in range(args.replies):  # the API with no page open
             record(api_reply(url, args.prompt, args.max_tokens, args.api_key) | {"path": "api_alone"}, i)
-        page = PageDriver(browser, url)
+        page = PageDriver(browser, link)
         for i in range(args.replies):  # then the page open: the API while it idles, and the page itself
             record(api_reply(url, args.prompt, args.max_tokens, args.api_key), i)
             record(page.reply(args.prompt, args.max_tokens), i)
@@ -165,6 +168,14 @@ def run_page_bench(args: argparse.Namespace) -> int:
     print(f"median tok/s: API {summary['api_alone_tok_s']:.1f} with no page open, {summary['api_tok_s']:.1f} with the page "
           f"open; the page {summary['page_tok_s']:.1f} ({summary['page_vs_api']:.0%} of the API)")
     return 0
+
+
+def server_url(link: str) -> str:
+    """``http://host:port`` of a page link (its path and ``?token=`` dropped): where /v1 is."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(link)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 
-from minisgl_engine import UserError, add_bench_args, add_engine_args, engine_config_from_args
+from minisgl_engine import UserError, add_bench_args, add_engine_args, engine_config_from_args, is_loopback
 
 from .bench_page import add_page_bench_args
 
@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="the chat app (the default command): engine + chat page + OpenAI routes")
     chat.add_argument("--no-browser", action="store_true", help="do not open the browser")
+    chat.add_argument("--no-auth", action="store_true",
+                      help="serve the chat page without its key: every user and program on this machine can then read, "
+                           "change and delete your chats (loopback only; docs/security.md)")
     remote = chat.add_argument_group("remote engine (no local engine: replies come from an OpenAI-compatible server)")
     remote.add_argument("--remote", default=None, metavar="URL",
                         help="e.g. http://gpu-box:30000 (SGLang, vLLM or another minisgl-chat serve); docs/scale-out.md")
@@ -166,22 +169,31 @@ def check_remote_flags(args: argparse.Namespace) -> None:
 def run_chat(args: argparse.Namespace) -> int:
     check_remote_flags(args)
     server = server_config_from_args(args)
+    if args.no_auth and not is_loopback(server.host):
+        raise UserError(f"--no-auth is for a page on this machine only (--host 127.0.0.1); on {server.host} the page "
+                        "needs its key: drop --no-auth")
     import webbrowser
 
     from minisgl_engine import run_server
 
     from .model_pull import ModelPuller
+    from .page_access import load_page_key, page_link, write_open_file
     from .reply_source import LocalEngine, RemoteEngine, SideBySide
     from .store import ConversationStore
     from .ui import mount_ui
 
     logging.getLogger("minisgl").setLevel(logging.INFO)
     store = ConversationStore()
+    page_key = None if args.no_auth else load_page_key(store.path.parent)
+    if args.no_auth:
+        print("minisgl-chat: WARNING: --no-auth: the chat page needs no key; every user and program on this machine "
+              "can read, change and delete your chats", file=sys.stderr, flush=True)
 
     def on_listen(url: str) -> None:
-        print(f"minisgl-chat: open {url}/ in your browser (Ctrl+C quits)", file=sys.stderr, flush=True)
-        if not args.no_browser:
-            webbrowser.open(f"{url}/")
+        link = page_link(url, page_key)
+        print(f"minisgl-chat: open {link} in your browser (Ctrl+C quits)", file=sys.stderr, flush=True)
+        if not args.no_browser:  # through a private file: a link on the browser's command line is readable by every user
+            webbrowser.open(write_open_file(store.path.parent, link).as_uri() if page_key else link)
 
     remote = None
     if args.remote is not None:
@@ -189,11 +201,11 @@ def run_chat(args: argparse.Namespace) -> int:
         if not args.local:  # no engine here: the page's replies come from that server
             from .remote_app import run_remote_chat
 
-            return run_remote_chat(remote, server, store, on_listen)
+            return run_remote_chat(remote, server, store, on_listen, page_key)
 
     def mount(app, client, engine) -> None:
         local = LocalEngine(client, engine)
-        mount_ui(app, local if remote is None else SideBySide(local, remote), store, server.api_key, ModelPuller())
+        mount_ui(app, local if remote is None else SideBySide(local, remote), store, server.api_key, ModelPuller(), page_key)
 
     return run_server(engine_config_from_args(args), server, mount=mount, on_listen=on_listen)
 

@@ -1,7 +1,7 @@
 """``minisgl-chat --remote URL``: the chat page with no engine of its own.
 
-The same page, store and security as the local app (Host/Origin guard, the API-key login wall
-off loopback, loopback by default); its replies come from a remote OpenAI-compatible server
+The same page, store and security as the local app (Host/Origin guard, the page key,
+loopback by default); its replies come from a remote OpenAI-compatible server
 through :class:`~.reply_source.RemoteEngine`. No model is loaded and no engine process runs
 here, so this starts in seconds on any machine."""
 
@@ -18,7 +18,7 @@ from .store import ConversationStore
 
 
 def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: ConversationStore,
-                    on_listen: Callable[[str], None]) -> int:
+                    on_listen: Callable[[str], None], page_key: str | None) -> int:
     """Serve the page until SIGINT/SIGTERM (exit 0: an orderly stop)."""
     import uvicorn
     from fastapi import FastAPI
@@ -37,7 +37,7 @@ def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: Conversat
     async def health() -> JSONResponse:
         return JSONResponse({"status": "ok"})  # not the remote's address: /health is outside the login wall
 
-    mount_ui(app, remote, store, server.api_key)
+    mount_ui(app, remote, store, server.api_key, page_key=page_key)
     host = f"[{server.host}]" if ":" in server.host else server.host
     url = f"http://{host}:{listen_socket.getsockname()[1]}"
     http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))

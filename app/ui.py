@@ -2069,10 +2069,12 @@ class StreamOfGoneSession:
         await self.app(scope, receive, send)
 
 
-def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | None, puller: ModelPuller | None = None) -> None:
+def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | None, puller: ModelPuller | None = None,
+             page_key: str | None = None) -> None:
     """Serve the chat at ``/`` of ``app`` (the engine's FastAPI app, or the remote mode's own).
-    Off loopback, the page asks for the API key (any user name, the key as password)."""
-    import hmac
+    With ``page_key`` (page_access.py) every page route needs it (its cookie, or a login with it or
+    with ``api_key``); None (``--no-auth``) leaves the page open to whoever reaches the server."""
+    from .page_access import PageGuard
 
     demo = build_ui(source, store, puller)
     demo.queue(default_concurrency_limit=None)
@@ -2082,18 +2084,11 @@ def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | 
     # /gradio_api/info, and the routes that call them by name are refused (server/security.py).
     for fn in demo.fns.values():
         fn.api_visibility = "private"
-    auth = None
-    if api_key:
-        def auth(_user: str, password: str) -> bool:
-            return hmac.compare_digest(password.encode(), api_key.encode())
-
     favicon = STATIC / "favicon.png"
     gr.mount_gradio_app(
         app,
         demo,
         path="/",
-        auth=auth,
-        auth_message="Enter any user name and this server's API key." if api_key else None,
         favicon_path=str(favicon) if favicon.exists() else None,
         footer_links=[],
         run_history=False,  # Gradio would keep a copy of each event's output (the chats) in the browser
@@ -2107,6 +2102,8 @@ def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | 
 
     page = next(route for route in reversed(app.routes) if isinstance(route, Mount))
     page.app = StreamOfGoneSession(page.app, getattr(demo, "_queue", None))
+    if page_key is not None:
+        page.app = PageGuard(page.app, page_key, api_key)
 
 
 __all__ = ["build_ui", "mount_ui"]

@@ -38,6 +38,7 @@ _PUBLIC = {
     "run_server": ".server.server",
     "EngineHost": ".server.engine_host",  # the workers behind the front end; switches the model
     "check_server_config": ".server.server",
+    "is_loopback": ".server.server",
     "bind_listen_socket": ".server.server",
     "install_guard": ".server.security",
     "free_port": ".server.launcher",
@@ -73,6 +74,6 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
     from .server.launcher import free_port
     from .server.process import exit_when_parent_dies
     from .server.security import install_guard
-    from .server.server import ServerConfig, bind_listen_socket, check_server_config, run_server
+    from .server.server import ServerConfig, bind_listen_socket, check_server_config, is_loopback, run_server
     from .weights.catalog import LocalModel, local_models
     from .weights.source import resolve_model

@@ -64,6 +64,21 @@ class ServerProcess:
             time.sleep(0.2)
         raise RuntimeError(f"server not ready after {timeout} s: {self.output()}")
 
+    @property
+    def page_url(self) -> str:
+        """The link the chat app prints for its page (…/?token=KEY): what opens it logged in."""
+        found = re.search(r"open (http://\S+) in your browser", self.log_path.read_text(errors="replace"))
+        assert found, f"the app printed no link to its page: {self.output()}"
+        return found.group(1)
+
+    @property
+    def page_cookies(self) -> dict[str, str]:
+        """The cookie a browser gets from that link, for HTTP clients that call the page's routes."""
+        from urllib.parse import parse_qs, urlsplit
+
+        [key] = parse_qs(urlsplit(self.page_url).query)["token"]
+        return {f"minisgl-page-{self.port}": key}
+
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:] if self.log_path else ""
 

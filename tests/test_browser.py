@@ -27,7 +27,7 @@ def app(chat_app):
 
 def open_page(browser, app):
     page = browser.new_page(viewport={"width": 1280, "height": 860})
-    page.goto(f"{app.url}/")
+    page.goto(app.page_url)
     wait_page_loaded(page)
     return page
 
@@ -188,7 +188,7 @@ def test_four_tabs_of_one_browser_each_load_and_chat(browser, app):
         pages = []
         for _ in range(4):
             page = context.new_page()
-            page.goto(f"{app.url}/")
+            page.goto(app.page_url)
             wait_page_loaded(page)
             pages.append(page)
         for i, page in enumerate(pages):
@@ -208,7 +208,7 @@ def test_a_page_on_another_local_port_cannot_frame_the_app(browser, app, tmp_pat
     import http.server
     import threading
 
-    (tmp_path / "index.html").write_text(f'<h1>other site</h1><iframe id="f" src="{app.url}/" width="800" height="600"></iframe>')
+    (tmp_path / "index.html").write_text(f'<h1>other site</h1><iframe id="f" src="{app.page_url}" width="800" height="600"></iframe>')
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=other.serve_forever, daemon=True).start()
@@ -252,3 +252,28 @@ def test_reload_keeps_the_conversation(browser, app):
     assert "pineapple" in page.inner_text("#chatbot")
     assert "pineapple" in page.inner_text("#conv-list").lower()
     page.close()
+
+
+def test_the_printed_link_opens_the_page_and_a_browser_without_it_gets_the_login_form(browser, app):
+    """The link the app prints (and opens) logs the browser in and leaves an address without the
+    key; a browser that has only the address gets a form, and the page key from the app's data
+    folder opens the chat there."""
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    try:
+        page = context.new_page()
+        page.goto(app.page_url)
+        wait_page_loaded(page)
+        assert "token" not in page.url, page.url
+        page.reload()  # the cookie keeps it logged in
+        wait_page_loaded(page)
+        stranger = browser.new_page()
+        stranger.goto(f"{app.url}/")
+        stranger.wait_for_selector("input[type=password]", timeout=30_000)
+        assert stranger.locator("#msg-input").count() == 0 and "terminal" in stranger.inner_text("body")
+        shot(stranger, "10-login")
+        stranger.fill("input[type=password]", (app.data_dir / "page-key").read_text().strip())
+        stranger.click("button:has-text('Open')")
+        wait_page_loaded(stranger)
+        stranger.close()
+    finally:
+        context.close()

@@ -51,7 +51,7 @@ def page(browser, app):
 # ---- helpers: what a person does and sees
 
 def open_app(page, app) -> None:
-    page.goto(f"{app.url}/")
+    page.goto(app.page_url)
     wait_page_loaded(page, "Ready", 180)
 
 

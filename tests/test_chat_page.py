@@ -60,7 +60,7 @@ class BrowserTab:
         self.open()
 
     def open(self) -> None:
-        self.page.goto(f"{self.app.url}/")
+        self.page.goto(self.app.page_url)
         self.wait_loaded()
 
     def wait_loaded(self) -> None:
@@ -762,7 +762,7 @@ def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
     assert label_of(page, "Wapiti") in [t.strip() for t in page.locator("#conv-list label.selected").all_inner_texts()]
     # a new tab of the same browser opens the chat shown last
     other = page.context.new_page()
-    other.goto(f"{app.url}/")
+    other.goto(app.page_url)
     wait_page_loaded(other)
     assert wait_until(lambda: shows_only(other, "Wapiti", ("Quoll",)), 10), f"a new tab showed another chat: {users(other)}"
     # New chat leaves the address; a chat that no longer exists opens the newest
@@ -1665,7 +1665,7 @@ def test_status_line_says_0_running_after_a_reply(tab, app):
 
 def test_bench_page_times_the_same_reply_in_the_page_and_through_the_api(app):
     """The command behind docs/benchmarks.md's page-against-API figures, on the module's app."""
-    proc = subprocess.run([*CLI, "bench", "page", "--url", app.url, "--replies", "1", "--max-tokens", "16"],
+    proc = subprocess.run([*CLI, "bench", "page", "--url", app.page_url, "--replies", "1", "--max-tokens", "16"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -1683,7 +1683,7 @@ def test_an_event_stream_of_a_session_gone_is_a_404_with_no_traceback(app):
     import requests
 
     before = log_text(app)
-    r = requests.get(f"{app.url}/gradio_api/queue/data?session_hash=gone0001", timeout=10)
+    r = requests.get(f"{app.url}/gradio_api/queue/data?session_hash=gone0001", cookies=app.page_cookies, timeout=10)
     assert r.status_code == 404, (r.status_code, r.text[:200])
     time.sleep(0.5)
     assert "Traceback" not in log_text(app)[len(before):], log_text(app)[len(before):][-2000:]
@@ -1699,13 +1699,13 @@ def test_a_closed_event_stream_leaves_the_other_streams_of_its_session_working(a
 
     import requests
 
-    config = requests.get(f"{app.url}/config", timeout=10).json()
+    config = requests.get(f"{app.url}/config", cookies=app.page_cookies, timeout=10).json()
     tick = next(dep for dep in config["dependencies"] if any(t[1] == "tick" for t in dep["targets"]))
     session = f"twostreams{time.time_ns()}"
 
     def join() -> str:
         body = {"data": [False], "fn_index": tick["id"], "session_hash": session, "trigger_id": None, "event_data": None}
-        r = requests.post(f"{app.url}/gradio_api/queue/join", json=body, timeout=10)
+        r = requests.post(f"{app.url}/gradio_api/queue/join", json=body, cookies=app.page_cookies, timeout=10)
         assert r.status_code == 200, r.text[:300]
         return r.json()["event_id"]
 
@@ -1720,10 +1720,13 @@ def test_a_closed_event_stream_leaves_the_other_streams_of_its_session_working(a
 
     before = log_text(app)
     first_event = join()  # the session's queue exists from its first event on
-    with requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, stream=True, timeout=30) as r:
+    with requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, cookies=app.page_cookies, stream=True,
+                      timeout=30) as r:
         assert any(m.get("event_id") == first_event and m["msg"] == "process_completed" for m in messages(r))
-    closed = requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, stream=True, timeout=30)
-    kept = requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, stream=True, timeout=30)
+    closed = requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, cookies=app.page_cookies, stream=True,
+                      timeout=30)
+    kept = requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, cookies=app.page_cookies, stream=True,
+                      timeout=30)
     assert closed.status_code == 200 and kept.status_code == 200
     seen: list[dict] = []
     reader = threading.Thread(target=lambda: seen.extend(messages(kept)), daemon=True)

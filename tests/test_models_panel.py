@@ -195,7 +195,7 @@ def open_tab(browser, app):
     page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
     errors: list[str] = []
     page.on("response", lambda r: r.status >= 500 and errors.append(f"{r.status} {r.url}"))
-    page.goto(f"{app.url}/")
+    page.goto(app.page_url)
     wait_page_loaded(page)
     return page, errors
 

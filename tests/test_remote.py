@@ -249,7 +249,7 @@ def app(remote, tmp_path_factory):
 
 def open_remote_page(browser, app: ServerProcess, status: str = "Remote"):  # noqa: F811
     page = browser.new_page(viewport={"width": 1280, "height": 860})
-    page.goto(f"{app.url}/")
+    page.goto(app.page_url)
     wait_page_loaded(page, status, 30)
     return page
 

@@ -4,6 +4,9 @@ simulation against the chat app holding a stored chat, and --allowed-hosts / --a
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +24,7 @@ from server_utils import CLI, ServerProcess
 
 needs_demo = pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`")
 SECRET = "my-bank-pin-is-7431"  # the text a rebinding page is after
+TITLE = "SECRET-ALPHA private"  # the chat's title: the page's load event answers with it
 FOREIGN = "evil.example"
 EVIL_ORIGIN = "http://evil.example"
 CHAT = {"model": DEMO_MODEL_NAME, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
@@ -85,16 +89,19 @@ def app(chat_app):
     """`minisgl-chat chat` on loopback (conftest.py's, which the browser modules share), its
     database holding a chat with a secret."""
     with ConversationStore(chat_app.data_dir / "chats.sqlite3") as store:
-        conv = store.create(title="private")
+        conv = store.create(title=TITLE)
         store.append(conv.id, "user", f"Remember this: {SECRET}")
         store.append(conv.id, "assistant", f"I will remember {SECRET}.")
     return chat_app
 
 
-def call(srv: ServerProcess, method: str, path: str, headers: dict[str, str] | None = None, **kw) -> httpx.Response:
+def call(srv: ServerProcess, method: str, path: str, headers: dict[str, str] | None = None, logged_in: bool = False,
+         **kw) -> httpx.Response:
+    """One request; ``logged_in``: with the cookie the page's link gives a browser."""
     if method == "POST" and "json" not in kw:
         kw["json"] = CHAT if path.startswith("/v1/") else {"data": [], "fn_index": 0, "session_hash": "abc"}
-    return httpx.request(method, f"{srv.url}{path}", headers=headers, timeout=30, **kw)
+    cookies = srv.page_cookies if logged_in else None
+    return httpx.request(method, f"{srv.url}{path}", headers=headers, cookies=cookies, timeout=30, **kw)
 
 
 @needs_demo
@@ -111,7 +118,7 @@ def test_foreign_host_is_refused_on_every_route(app, method, path):
 @pytest.mark.parametrize("host", ["localhost:{port}", "127.0.0.1:{port}", "[::1]:{port}", "localhost"])
 def test_loopback_names_are_served(app, host):
     for path in ("/", "/config", "/v1/models", "/metrics", "/health"):
-        r = call(app, "GET", path, {"Host": host.format(port=app.port)})
+        r = call(app, "GET", path, {"Host": host.format(port=app.port)}, logged_in=True)
         assert r.status_code == 200, (host, path, r.status_code)
     r = call(app, "POST", "/v1/chat/completions", {"Host": host.format(port=app.port)})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
@@ -145,7 +152,8 @@ def test_own_origin_and_no_origin_are_served(app):
 def test_foreign_origin_gets_no_cors_headers(app):
     r = call(app, "GET", "/v1/models", {"Origin": "http://localhost:3000"})
     assert "access-control-allow-origin" not in r.headers
-    r = call(app, "GET", "/config", {"Origin": "http://localhost:3000"})  # Gradio's own CORS would allow localhost
+    r = call(app, "GET", "/config", {"Origin": "http://localhost:3000"}, logged_in=True)  # Gradio's own CORS would allow localhost
+    assert r.status_code == 200
     assert "access-control-allow-origin" not in r.headers
 
 
@@ -161,13 +169,14 @@ def test_protective_headers(app, path):
 
 @needs_demo
 def test_page_events_are_not_an_api(app):
-    info = call(app, "GET", "/gradio_api/info").json()
+    """Not even for the page's own user (logged in)."""
+    info = call(app, "GET", "/gradio_api/info", logged_in=True).json()
     assert info["named_endpoints"] == {} and info["unnamed_endpoints"] == {}
     for name in ("load_page", "show_conversation", "respond", "delete"):
-        r = call(app, "POST", f"/gradio_api/call/{name}", json={"data": []})
+        r = call(app, "POST", f"/gradio_api/call/{name}", json={"data": []}, logged_in=True)
         assert r.status_code == 404 and SECRET not in r.text, name
-    assert call(app, "POST", "/gradio_api/run/load_page", json={"data": []}).status_code == 404
-    r = call(app, "POST", "/gradio_api/run/predict", json={"data": []})  # the page names events by index only
+    assert call(app, "POST", "/gradio_api/run/load_page", json={"data": []}, logged_in=True).status_code == 404
+    r = call(app, "POST", "/gradio_api/run/predict", json={"data": []}, logged_in=True)  # the page names events by index only
     assert r.status_code != 200 and SECRET not in r.text
 
 
@@ -187,6 +196,92 @@ def test_dns_rebinding_simulation_reads_no_chat(app):
             assert r.status_code == 403 and SECRET not in r.text
     r = call(app, "GET", "/gradio_api/queue/data?session_hash=rebind0001", rebound)
     assert r.status_code == 403 and SECRET not in r.text
+
+
+# ---- the page is its user's: the page key ----------------------------------------------------
+
+# What another local user did before the page key (issue 41): no cookie, a made-up session, the
+# page's load event called by index through the queue, its answer read from the event stream.
+# Standard library only: it also runs as `nobody` under the system's Python.
+PROBE = r"""
+import json, sys, urllib.request, urllib.error
+url, key_file, cookie = sys.argv[1], sys.argv[2], (sys.argv[3] if len(sys.argv) > 3 else "")
+out = {}
+try:
+    open(key_file).read()
+    out["key_file"] = "read"
+except OSError as exc:
+    out["key_file"] = type(exc).__name__
+def get(path, body=None):
+    req = urllib.request.Request(url + path, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", "Cookie": cookie})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+status, text = get("/config")
+out["config"] = status
+load = 0
+if status == 200:
+    load = next(d["id"] for d in json.loads(text)["dependencies"] if any(t[1] == "load" for t in d["targets"]))
+out["join"], _ = get("/gradio_api/queue/join", {"data": [None, None], "fn_index": load, "session_hash": "probe0001",
+                                                "trigger_id": None, "event_data": None})
+out["data"], out["stream"] = get("/gradio_api/queue/data?session_hash=probe0001")
+print(json.dumps(out))
+"""
+
+
+def probe(app, python: list[str], cookie: str = "") -> tuple[dict, str]:
+    """Run PROBE with ``python`` (a command prefix); (its findings, everything it printed)."""
+    r = subprocess.run([*python, "-c", PROBE, app.url, str(app.data_dir / "page-key"), cookie],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stdout
+
+
+@needs_demo
+def test_the_pages_events_need_the_page_key(app):
+    """The probe reads the secret chat with the browser's cookie (so it can fail), and without it
+    gets 401 at every step, as does every other page route, with any made-up cookie too."""
+    [(name, key)] = app.page_cookies.items()
+    found, printed = probe(app, [sys.executable], f"{name}={key}")
+    assert found["config"] == 200 and found["join"] == 200 and TITLE in printed, found
+    for cookie in ("", f"{name}=wrong-key", f"minisgl-page-1={key}x"):
+        found, printed = probe(app, [sys.executable], cookie)
+        assert (found["config"], found["join"], found["data"]) == (401, 401, 401) and TITLE not in printed, (cookie, found)
+    for method, path in [("GET", "/"), ("GET", "/gradio_api/info"), ("POST", "/gradio_api/upload"),
+                         ("GET", f"/gradio_api/file={app.data_dir / 'chats.sqlite3'}"), ("GET", "/theme.css")]:
+        r = call(app, method, path)
+        assert r.status_code == 401 and SECRET not in r.text, (path, r.status_code)
+    assert call(app, "GET", "/", {"Accept": "text/html"}).text.count('name="key"') == 1  # a browser gets the login form
+    for path in ("/v1/models", "/metrics", "/health"):  # not the page's: open on loopback, as before
+        assert call(app, "GET", path).status_code == 200, path
+
+
+@needs_demo
+def test_the_pages_link_logs_in_with_a_private_cookie_and_leaves_the_address(app):
+    link = app.page_url
+    assert link.startswith(f"{app.url}/?token=")
+    r = httpx.get(link.replace("?", "?chat=7&"), timeout=30)
+    assert r.status_code == 303 and r.headers["location"] == "/?chat=7", (r.status_code, r.headers)
+    cookie = r.headers["set-cookie"]
+    name, key = next(iter(app.page_cookies.items()))
+    assert cookie.startswith(f"{name}={key};") and "HttpOnly" in cookie and "SameSite=Lax" in cookie, cookie
+    assert httpx.get(f"{app.url}/", cookies=dict([cookie.split(";")[0].split("=", 1)]), timeout=30).status_code == 200
+    assert httpx.get(f"{app.url}/?token=not-the-key", timeout=30).status_code == 401
+    assert (app.data_dir / "page-key").stat().st_mode & 0o777 == 0o600
+
+
+@needs_demo
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None or not Path("/usr/bin/python3").exists(),
+                    reason="needs root (runuser) to act as another local user, and the system's python3")
+def test_another_local_user_can_neither_read_the_page_key_nor_reach_the_chats(app):
+    """As the OS user `nobody` (the issue's probe): the key file is unreadable, every step of the
+    probe is 401, and nothing of the chat comes back."""
+    found, printed = probe(app, ["runuser", "-u", "nobody", "--", "/usr/bin/python3"])
+    assert found["key_file"] == "PermissionError", found
+    assert (found["config"], found["join"], found["data"]) == (401, 401, 401) and TITLE not in printed, found
 
 
 # ---- a LAN bind with allowed hosts and origins ------------------------------------------------
@@ -230,19 +325,27 @@ def test_allowed_origin_gets_cors_for_itself_only(lan_server):
 @pytest.mark.browser
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)")
 @needs_demo
-def test_api_key_puts_a_login_wall_on_the_page(browser, lan_server):
-    """With --api-key the page asks for the key before it shows anything of the chats."""
+def test_someone_on_the_lan_logs_in_with_the_api_key(browser, lan_server):
+    """Off loopback the page's link is in the terminal of the machine that runs it; a browser on
+    the LAN gets the login form, which takes the API key (a wrong one shows nothing of the chats)."""
     page = browser.new_page()
-    page.goto(f"{lan_server.url}/")
+    page.goto(f"{lan_server.url}/?chat=1")
     page.wait_for_selector("input[type=password]", timeout=30_000)
-    assert page.locator("#msg-input").count() == 0
-    page.fill("input[type=text]", "me")
+    assert page.locator("#msg-input").count() == 0 and "terminal" in page.inner_text("body")
     page.fill("input[type=password]", "wrong")
-    page.click("button:has-text('Login')")
-    page.wait_for_selector("text=Incorrect", timeout=10_000)
+    page.click("button:has-text('Open')")
+    page.wait_for_selector("text=That key is not right", timeout=10_000)
     assert page.locator("#msg-input").count() == 0
-    page.fill("input[type=text]", "me")
     page.fill("input[type=password]", "k3y")
-    page.click("button:has-text('Login')")
+    redirects = []
+    page.on("response", lambda r: r.status == 303 and redirects.append(r.headers.get("location")))
+    page.click("button:has-text('Open')")
     page.wait_for_selector("#msg-input textarea", timeout=30_000)
+    assert redirects == ["/?chat=1"], redirects  # back where the person was going
     page.close()
+
+
+def test_no_auth_is_refused_off_loopback_with_exit_2():
+    r = subprocess.run([*CLI, "chat", "--no-browser", "--no-auth", "--host", "0.0.0.0", "--api-key", "k"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--no-auth" in r.stderr, r.stderr

@@ -80,7 +80,7 @@ def open_tabs(browser) -> Iterator[Callable[[ServerProcess, int], list]]:  # noq
         pages = []
         for _ in range(count):
             page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.goto(f"{app.url}/", wait_until="commit")
+            page.goto(app.page_url, wait_until="commit")
             pages.append(page)
         opened.extend(pages)
         for page in pages:
