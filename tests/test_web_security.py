@@ -349,3 +349,28 @@ def test_no_auth_is_refused_off_loopback_with_exit_2():
     r = subprocess.run([*CLI, "chat", "--no-browser", "--no-auth", "--host", "0.0.0.0", "--api-key", "k"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--no-auth" in r.stderr, r.stderr
+
+
+def test_the_browser_is_opened_logged_in_without_the_key_on_its_command_line(tmp_path):
+    """What `make run` and the desktop launcher do: the app opens the browser ($BROWSER here, a
+    script that notes its arguments) on a private file that leads to the page's link, so the key
+    is in no process's command line (every user can read those through /proc). The remote mode
+    opens it the same way and starts without an engine."""
+    seen, script = tmp_path / "browser-args", tmp_path / "browser"
+    script.write_text(f'#!/bin/sh\nprintf "%s" "$*" > {seen}\n')
+    script.chmod(0o755)
+    data = tmp_path / "data"
+    srv = ServerProcess("--remote", "http://127.0.0.1:9", command="chat", log_path=tmp_path / "app.log",
+                        env={"BROWSER": str(script), "MINISGL_DATA_DIR": str(data)})
+    try:
+        from server_utils import wait_until
+
+        assert wait_until(seen.exists, 30), srv.output()
+        opened, key = seen.read_text(), (data / "page-key").read_text().strip()
+        assert opened.startswith("file://") and key not in opened, opened
+        redirect = Path(opened.removeprefix("file://"))
+        assert redirect.stat().st_mode & 0o777 == 0o600 and srv.page_url in redirect.read_text()
+        assert srv.page_url.endswith(f"/?token={key}")
+        assert httpx.get(srv.page_url, timeout=30).status_code == 303  # the link logs in
+    finally:
+        srv.stop()
