@@ -639,7 +639,7 @@ def _model_served(requested: str | None, names: tuple[str, ...]) -> str:
     return names[0]
 
 
-def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...]) -> APIRouter:
+def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...], trust_request_chat_template: bool = False) -> APIRouter:
     router = APIRouter(prefix="/v1")
     created = now()
     startup_model = client.model_name
@@ -654,6 +654,11 @@ def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...]) -> A
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         model = _model_served(body.model, served())
+        template_field = body.request_chat_template()
+        if template_field is not None and not trust_request_chat_template:
+            raise APIError(400, f"{template_field}: this server does not take chat templates from requests (a template is code "
+                           "its tokenizer runs); start it with --trust-request-chat-template to allow them",
+                           param=template_field, code="chat_template_not_allowed")
         # a reply held to a grammar (JSON, a forced tool call) has no think block to split off,
         # even where the template opens one in the prompt
         constrained = (body.response_format or {}).get("type", "text") != "text" or body.regex is not None or body.ebnf is not None \
@@ -681,19 +686,21 @@ def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...]) -> A
 
 
 def create_app(client: FrontendClient, api_key: str | None = None, access: AccessPolicy | None = None,
-               served_model_names: Sequence[str] = ()) -> FastAPI:
+               served_model_names: Sequence[str] = (), trust_request_chat_template: bool = False) -> FastAPI:
     """The HTTP app over ``client``. With ``api_key``, /v1/* needs ``Authorization: Bearer <key>``;
     /health and /metrics stay open (they carry no prompt text). ``access`` says which Host names
     and foreign Origins are answered (security.py); by default those of a loopback server.
     ``served_model_names`` (--served-model-name): the names a request's ``model`` may give, the
     first listed by /v1/models and echoed in every reply; by default ``client.model_name`` only
-    (read at each request: it follows a model switch)."""
+    (read at each request: it follows a model switch). ``trust_request_chat_template``
+    (--trust-request-chat-template): a chat request may bring its own chat template; otherwise
+    one that does is a 400."""
     app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None)
     _install_error_handlers(app)
     if api_key:
         app.add_middleware(_RequireApiKey, api_key=api_key)
     install_guard(app, access or AccessPolicy.for_bind("127.0.0.1"))  # outermost: before the key check
-    app.include_router(_v1_router(client, tuple(served_model_names)))
+    app.include_router(_v1_router(client, tuple(served_model_names), trust_request_chat_template))
     app.include_router(metrics_router(client))
 
     @app.get("/health", include_in_schema=False)

@@ -233,6 +233,7 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # extension (vLLM): the request's own template, only with --trust-request-chat-template
     # extension (vLLM, SGLang): go on writing the last (assistant) message instead of starting a
     # new one; the same as chat_template_kwargs {"continue_final_message": true}
     continue_final_message: bool | None = None
@@ -293,10 +294,22 @@ class ChatCompletionRequest(_SamplingRequest):
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def request_chat_template(self) -> str | None:
+        """Where the request brings its own chat template (the field's name), None if it does not:
+        a template is code the tokenizer runs, so only a server started with
+        --trust-request-chat-template takes one (vLLM's rule)."""
+        if self.chat_template is not None:
+            return "chat_template"
+        if "chat_template" in (self.chat_template_kwargs or {}):
+            return "chat_template_kwargs.chat_template"
+        return None
+
     def generate_requests(self) -> list[list[GenerateRequest]]:
         """The engine requests: one prompt, ``n`` choices."""
         messages = [message.to_dict() for message in self.messages]
         kwargs = self.chat_template_kwargs
+        if self.chat_template is not None:
+            kwargs = {**(kwargs or {}), "chat_template": self.chat_template}
         if self.continue_final_message:
             kwargs = {**(kwargs or {}), "continue_final_message": True}
         if self.uses_tools:  # the template lays the tools out in the prompt, in its model's convention

@@ -33,6 +33,7 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides the bind address and loopback
     allowed_origins: tuple[str, ...] = ()  # web pages allowed to call the server (with CORS)
     served_model_names: tuple[str, ...] = ()  # names a request's `model` may give, the first listed; () = the model's own
+    trust_request_chat_template: bool = False  # a chat request may bring its own chat template (code the tokenizer runs)
 
     def access_policy(self) -> AccessPolicy:
         from .security import AccessPolicy
@@ -235,7 +236,8 @@ class _ServerRun:
         config, server = self.config, self.server
         self.client = FrontendClient(self.paths, served_model_name(config), reporting_workers(server.num_tokenizers, config.dp, config.tp),
                                      config.dp_routing)
-        app = create_app(self.client, server.api_key, server.access_policy(), server.served_model_names)
+        app = create_app(self.client, server.api_key, server.access_policy(), server.served_model_names,
+                         trust_request_chat_template=server.trust_request_chat_template)
         self.http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
         self.loop = asyncio.get_running_loop()
         self._uvicorn_handle_exit = self.http.handle_exit

@@ -1,0 +1,83 @@
+"""What one request may ask of the engine (issue 41, security round 2): its own chat template
+only where the server trusts them, templates stopped at a time limit, bounded bodies, stop
+lists, logit biases, tools, grammars and prompts, each refused with a 400 (413 for a body) in
+OpenAI's error shape before it reaches the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from minisgl_engine.errors import RequestError
+from minisgl_engine.server.openai_api import create_app
+
+from test_openai_api import CHAT, FakeClient, assert_openai_error, http
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+LOOPING_TEMPLATE = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ messages[0]['content'] }}"
+
+
+# --- chat templates brought by a request ----------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"chat_template_kwargs": {"chat_template": LOOPING_TEMPLATE}}, "chat_template_kwargs.chat_template"),
+    ({"chat_template": LOOPING_TEMPLATE}, "chat_template"),
+])
+async def test_a_chat_template_from_the_request_is_400_unless_the_server_trusts_them(extra, param):
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, **extra})
+    error = assert_openai_error(r, 400, "--trust-request-chat-template")
+    assert (error["param"], error["code"]) == (param, "chat_template_not_allowed")
+    assert client.requests == []  # nothing reached the engine
+
+    trusting = FakeClient()
+    async with http(create_app(trusting, trust_request_chat_template=True)) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, **extra})
+    assert r.status_code == 200, r.text
+    assert trusting.requests[0].chat_template_kwargs["chat_template"] == LOOPING_TEMPLATE
+
+
+async def test_other_chat_template_kwargs_still_pass():
+    client = FakeClient()
+    async with http(create_app(client)) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.status_code == 200, r.text
+    assert client.requests[0].chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_the_flag_trusts_request_chat_templates():
+    from minisgl_app.cli import build_parser, server_config_from_args
+
+    assert not server_config_from_args(build_parser().parse_args(["serve"])).trust_request_chat_template
+    assert server_config_from_args(build_parser().parse_args(["serve", "--trust-request-chat-template"])).trust_request_chat_template
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer():
+    from minisgl_engine.tokenizer import load_tokenizer
+    from minisgl_engine.weights.demo import demo_model_dir
+    from minisgl_engine.weights.gguf_convert import is_complete
+
+    if not is_complete(demo_model_dir()):
+        pytest.skip("demo model not pulled: run `minisgl-chat pull`")
+    return load_tokenizer(demo_model_dir())
+
+
+def test_a_looping_chat_template_is_stopped_at_the_time_limit_and_the_next_renders(demo_tokenizer):
+    """10^10 loop turns (jinja's sandbox bounds each range, not loops in loops) end with a
+    RequestError at the limit; the model's own template then renders as before."""
+    from minisgl_engine.tokenizer import chat_prompt_ids
+
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(RequestError, match="took longer than 0.5 s to render"):
+        chat_prompt_ids(demo_tokenizer, messages, {"chat_template": LOOPING_TEMPLATE}, time_limit=0.5)
+    assert chat_prompt_ids(demo_tokenizer, messages) == demo_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert chat_prompt_ids(demo_tokenizer, messages, {"chat_template": "{{ messages[0]['content'] }}"}) == demo_tokenizer.encode("hi", add_special_tokens=False)
