@@ -81,3 +81,16 @@ def test_a_looping_chat_template_is_stopped_at_the_time_limit_and_the_next_rende
         chat_prompt_ids(demo_tokenizer, messages, {"chat_template": LOOPING_TEMPLATE}, time_limit=0.5)
     assert chat_prompt_ids(demo_tokenizer, messages) == demo_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert chat_prompt_ids(demo_tokenizer, messages, {"chat_template": "{{ messages[0]['content'] }}"}) == demo_tokenizer.encode("hi", add_special_tokens=False)
+
+
+# --- /openapi.json --------------------------------------------------------------------------
+
+
+async def test_openapi_json_needs_the_api_key_like_v1():
+    async with http(create_app(FakeClient(), api_key="s3cret")) as c:
+        missing = await c.get("/openapi.json")
+        right = await c.get("/openapi.json", headers={"Authorization": "Bearer s3cret"})
+    assert assert_openai_error(missing, 401, "API key")["code"] == "invalid_api_key"
+    assert right.status_code == 200 and "/v1/chat/completions" in right.json()["paths"]
+    async with http(create_app(FakeClient())) as c:  # without a key (loopback), as before
+        assert (await c.get("/openapi.json")).status_code == 200

@@ -163,8 +163,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 class _RequireApiKey:
-    """ASGI middleware: /v1/* needs ``Authorization: Bearer <key>`` before anything else is
-    looked at, so a client without the key learns nothing, not even whether its JSON parses.
+    """ASGI middleware: /v1/* (and /openapi.json, which describes it) needs ``Authorization:
+    Bearer <key>`` before anything else is looked at, so a client without the key learns
+    nothing, not even whether its JSON parses.
     compare_digest, so the time taken reveals nothing about the key either."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
@@ -185,7 +186,7 @@ class _RequireApiKey:
         path, root = scope["path"], scope.get("root_path", "")
         if root and path.startswith(root):  # mounted under a prefix
             path = path[len(root):]
-        return path == "/v1" or path.startswith("/v1/")
+        return path in ("/v1", "/openapi.json") or path.startswith("/v1/")
 
     def _authorized(self, scope: Scope) -> bool:
         scheme, key = get_authorization_scheme_param(Headers(scope=scope).get("authorization"))
