@@ -18,7 +18,12 @@ class WeightsError(UserError):
 
 
 class RequestError(UserError):
-    """A request the engine must refuse (prompt longer than the context, bad parameters)."""
+    """A request the engine must refuse (prompt longer than the context, bad parameters);
+    ``param``: the request field at fault, when one is (OpenAI's error ``param``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def check_prompt_length(num_tokens: int, max_context_len: int) -> None:

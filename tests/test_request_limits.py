@@ -94,3 +94,68 @@ async def test_openapi_json_needs_the_api_key_like_v1():
     assert right.status_code == 200 and "/v1/chat/completions" in right.json()["paths"]
     async with http(create_app(FakeClient())) as c:  # without a key (loopback), as before
         assert (await c.get("/openapi.json")).status_code == 200
+
+
+# --- per-request caps -----------------------------------------------------------------------
+
+
+SCHEMA_10K = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}
+
+
+def nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def schema_format(schema: dict) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+def tool(name: str, parameters: dict | None = None) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters or {"type": "object"}}}
+
+
+@pytest.mark.parametrize("route, extra, param, limit", [
+    ("/v1/chat/completions", {"stop": [f"s{i}" for i in range(33)]}, "stop", "MAX_STOP_STRINGS"),
+    ("/v1/completions", {"stop": "x" * 257}, "stop", "MAX_STOP_STRING_CHARS"),
+    ("/v1/chat/completions", {"stop_token_ids": list(range(257))}, "stop_token_ids", "MAX_STOP_TOKEN_IDS"),
+    ("/v1/chat/completions", {"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias", "MAX_LOGIT_BIAS"),
+    ("/v1/chat/completions", {"tools": [tool(f"f{i}") for i in range(129)]}, "tools", "MAX_TOOLS"),
+    ("/v1/chat/completions", {"n": 128, "max_tokens": 8192}, "n", "MAX_GENERATED_TOKENS"),
+    ("/v1/completions", {"prompt": ["a", "b"], "n": 64, "max_tokens": 8000}, "n", "MAX_GENERATED_TOKENS"),
+    ("/v1/chat/completions", schema_format(SCHEMA_10K), "response_format.json_schema.schema", "MAX_GRAMMAR_CHARS"),
+    ("/v1/chat/completions", schema_format({"type": "object", "properties": {f"p{i}": {} for i in range(513)}}),
+     "response_format.json_schema.schema", "MAX_SCHEMA_PROPERTIES"),
+    ("/v1/chat/completions", schema_format(nested(40)), "response_format.json_schema.schema", "MAX_SCHEMA_DEPTH"),
+    ("/v1/completions", {"regex": "a" * 65537}, "regex", "MAX_GRAMMAR_CHARS"),
+    ("/v1/completions", {"ebnf": "root ::= " + '"a" ' * 20000}, "ebnf", "MAX_GRAMMAR_CHARS"),
+    ("/v1/chat/completions", {"tools": [tool(f"f{i}", {"type": "object", "properties": {f"p{j}": {} for j in range(100)}}) for i in range(6)],
+                              "tool_choice": "required"}, "tools", "MAX_SCHEMA_PROPERTIES"),
+])
+async def test_requests_over_a_limit_are_400_naming_it_and_never_reach_the_engine(route, extra, param, limit):
+    client = FakeClient()
+    client.tool_format = "hermes"
+    body = {**CHAT, **extra} if route.endswith("chat/completions") else {"prompt": "hi", **extra}
+    async with http(create_app(client)) as c:
+        r = await c.post(route, json=body)
+    error = assert_openai_error(r, 400, limit)
+    assert error["param"] == param
+    assert client.requests == []
+
+
+@pytest.mark.parametrize("route, extra", [
+    ("/v1/chat/completions", {"stop": [f"s{i}" for i in range(32)], "stop_token_ids": list(range(256))}),
+    ("/v1/chat/completions", {"logit_bias": {str(i): 1 for i in range(300)}, "n": 128}),  # n 128 with the default max_tokens
+    ("/v1/chat/completions", {"n": 2, "max_tokens": 10**9}),  # counted as the context's 8192 each
+    ("/v1/chat/completions", {"tools": [tool(f"f{i}") for i in range(128)]}),
+    ("/v1/chat/completions", schema_format({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(512)}})),
+    ("/v1/chat/completions", schema_format(nested(20))),
+])
+async def test_requests_at_the_limits_pass(route, extra):
+    client = FakeClient()
+    client.tool_format = "hermes"
+    async with http(create_app(client)) as c:
+        r = await c.post(route, json={**CHAT, **extra})
+    assert r.status_code == 200, r.text

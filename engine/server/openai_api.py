@@ -145,7 +145,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, exc: RequestError) -> Response:
-        return _error_json(400, ErrorInfo(message=str(exc)))
+        return _error_json(400, ErrorInfo(message=str(exc), param=getattr(exc, "param", None)))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -585,6 +585,7 @@ async def _serve(request: Request, client: FrontendClient, body: ChatCompletionR
     """One HTTP request: its prompts × n choices as engine requests, answered as one response
     (or one stream), choice i*n + j being prompt i's j-th."""
     per_prompt = body.generate_requests()
+    body.check_generated_tokens(client.max_context_len)
     if body.n > 1 and per_prompt[0][0].params.prompt_logprobs is None:
         # a prompt's choices, and the prefill before them, on one replica (--dp): one cache
         # (choices that score their prompt compute it whole: nothing to prefill for them)
