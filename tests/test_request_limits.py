@@ -159,3 +159,58 @@ async def test_requests_at_the_limits_pass(route, extra):
     async with http(create_app(client)) as c:
         r = await c.post(route, json={**CHAT, **extra})
     assert r.status_code == 200, r.text
+
+
+# --- request bodies -------------------------------------------------------------------------
+
+
+def big_chat(chars: int) -> bytes:
+    import json
+
+    return json.dumps({**CHAT, "messages": [{"role": "user", "content": "a" * chars}]}).encode()
+
+
+async def test_a_body_over_the_limit_is_413_before_it_is_read():
+    from minisgl_engine.server.request_limits import MAX_REQUEST_BYTES
+
+    client = FakeClient()
+    async with http(create_app(client)) as c:  # the default: 8 MiB
+        r = await c.post("/v1/chat/completions", content=big_chat(MAX_REQUEST_BYTES), headers={"content-type": "application/json"})
+    error = assert_openai_error(r, 413, "--max-request-bytes")
+    assert error["code"] == "request_too_large" and f"{MAX_REQUEST_BYTES:,}" in error["message"]
+    assert client.requests == []
+
+
+async def test_a_chunked_body_is_cut_off_once_it_passes_the_limit():
+    client = FakeClient()
+
+    async def chunks():
+        for _ in range(100):  # 100 × 1,000 bytes, no Content-Length
+            yield b" " * 1000
+
+    async with http(create_app(client, max_request_bytes=10_000)) as c:
+        r = await c.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert_openai_error(r, 413, "10,000 bytes")
+    assert client.requests == []
+
+
+async def test_a_body_within_the_limit_is_served():
+    client = FakeClient()
+    body = big_chat(5_000)
+    async with http(create_app(client, max_request_bytes=len(body))) as c:
+        r = await c.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        over = await c.post("/v1/chat/completions", content=body + b" ", headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert_openai_error(over, 413)
+
+
+def test_max_request_bytes_is_a_server_flag():
+    from minisgl_app.cli import build_parser, server_config_from_args
+    from minisgl_engine import ServerConfig
+    from minisgl_engine.errors import UserError
+    from minisgl_engine.server.request_limits import MAX_REQUEST_BYTES
+
+    assert server_config_from_args(build_parser().parse_args(["serve"])).max_request_bytes == MAX_REQUEST_BYTES == ServerConfig().max_request_bytes
+    assert server_config_from_args(build_parser().parse_args(["serve", "--max-request-bytes", "65536"])).max_request_bytes == 65536
+    with pytest.raises(UserError, match="--max-request-bytes"):
+        server_config_from_args(build_parser().parse_args(["serve", "--max-request-bytes", "0"]))

@@ -33,6 +33,7 @@ from ..messages import LogprobEntry, UserReply
 from ..sampling_params import SamplingParams
 from .frontend import GenerateRequest
 from .metrics import StatsSource, metrics_router
+from .request_limits import MAX_REQUEST_BYTES, BodyLimit, RequestTooLarge
 from .security import AccessPolicy, install_guard
 from .reasoning import ReasoningSplitter, split_reasoning
 from .tool_calls import ToolCall, ToolCallParser, parse_tool_calls
@@ -147,6 +148,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def on_request_error(request: Request, exc: RequestError) -> Response:
         return _error_json(400, ErrorInfo(message=str(exc), param=getattr(exc, "param", None)))
 
+    @app.exception_handler(RequestTooLarge)
+    async def on_too_large(request: Request, exc: RequestTooLarge) -> Response:
+        return _too_large_response(exc)
+
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         return _error_json(exc.status_code, ErrorInfo(message=str(exc.detail), code=str(exc.status_code)), exc.headers)
@@ -160,6 +165,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         # Starlette re-raises after this, so the server logs the traceback; the client gets none.
         info = ErrorInfo(message="internal server error", type="server_error", code="500")
         return _error_json(500, info)
+
+
+def _too_large_response(exc: RequestTooLarge) -> Response:
+    return _error_json(413, ErrorInfo(message=str(exc.detail), code="request_too_large"))
+
+
+async def _send_too_large(scope: Scope, receive: Receive, send: Send, exc: RequestTooLarge) -> None:
+    await _too_large_response(exc)(scope, receive, send)
 
 
 class _RequireApiKey:
@@ -688,7 +701,8 @@ def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...], trus
 
 
 def create_app(client: FrontendClient, api_key: str | None = None, access: AccessPolicy | None = None,
-               served_model_names: Sequence[str] = (), trust_request_chat_template: bool = False) -> FastAPI:
+               served_model_names: Sequence[str] = (), trust_request_chat_template: bool = False,
+               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     """The HTTP app over ``client``. With ``api_key``, /v1/* needs ``Authorization: Bearer <key>``;
     /health and /metrics stay open (they carry no prompt text). ``access`` says which Host names
     and foreign Origins are answered (security.py); by default those of a loopback server.
@@ -696,9 +710,11 @@ def create_app(client: FrontendClient, api_key: str | None = None, access: Acces
     first listed by /v1/models and echoed in every reply; by default ``client.model_name`` only
     (read at each request: it follows a model switch). ``trust_request_chat_template``
     (--trust-request-chat-template): a chat request may bring its own chat template; otherwise
-    one that does is a 400."""
+    one that does is a 400. A /v1 body over ``max_request_bytes`` (--max-request-bytes) is a 413,
+    said before it is read (request_limits.BodyLimit)."""
     app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None)
     _install_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=max_request_bytes, on_too_large=_send_too_large)  # inside the key check
     if api_key:
         app.add_middleware(_RequireApiKey, api_key=api_key)
     install_guard(app, access or AccessPolicy.for_bind("127.0.0.1"))  # outermost: before the key check
