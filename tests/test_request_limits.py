@@ -10,6 +10,7 @@ import pytest
 from minisgl_engine.errors import RequestError
 from minisgl_engine.server.openai_api import create_app
 
+from test_frontend import wired  # noqa: F401 (a fixture)
 from test_openai_api import CHAT, FakeClient, assert_openai_error, http
 
 pytestmark = pytest.mark.anyio
@@ -214,3 +215,117 @@ def test_max_request_bytes_is_a_server_flag():
     assert server_config_from_args(build_parser().parse_args(["serve", "--max-request-bytes", "65536"])).max_request_bytes == 65536
     with pytest.raises(UserError, match="--max-request-bytes"):
         server_config_from_args(build_parser().parse_args(["serve", "--max-request-bytes", "0"]))
+
+
+# --- the tokenizer: prompts too long in characters, requests whose client left --------------
+
+
+class CountingEncoder:
+    """Stands in for PromptEncoder: 'tokenizes' a text prompt as one id per word, and records it."""
+
+    max_token_chars = 10
+
+    def __init__(self) -> None:
+        self.encoded: list[int] = []
+
+    def encode(self, msg) -> list[int]:
+        self.encoded.append(msg.uid)
+        return [1] * len(msg.text.split())
+
+
+def tokenize(uid: int):
+    from minisgl_engine.messages import TokenizeMsg
+    from minisgl_engine.sampling_params import SamplingParams
+
+    return TokenizeMsg(uid, SamplingParams(max_tokens=4), text="a b c")
+
+
+def abort(uid: int):
+    from minisgl_engine.messages import AbortMsg
+
+    return AbortMsg(uid)
+
+
+def test_a_request_whose_abort_came_with_it_is_dropped_untokenized_and_so_is_the_abort():
+    from minisgl_engine.messages import AbortBackendMsg, UserMsg
+    from minisgl_engine.server.tokenizer_worker import work_through
+
+    encoder = CountingEncoder()
+    forward, errors, carried = work_through([tokenize(1), tokenize(2), abort(1), abort(3)], encoder, 1)
+    assert encoder.encoded == [2]
+    [to_scheduler] = forward
+    assert [(type(m), m.uid) for m in to_scheduler] == [(UserMsg, 2), (AbortBackendMsg, 3)]  # 3: sent earlier, aborted now
+    assert errors == [] and carried == []
+
+
+def test_an_abort_that_arrives_while_others_are_tokenized_spares_its_request():
+    from minisgl_engine.messages import AbortBackendMsg, UserMsg
+    from minisgl_engine.server.tokenizer_worker import work_through
+
+    encoder = CountingEncoder()
+    arrivals = iter([[abort(3), tokenize(4)], [abort(1)], []])  # after request 1, after 2, after 4
+    forward, _, carried = work_through([tokenize(1), tokenize(2), tokenize(3)], encoder, 1, lambda: next(arrivals))
+    assert encoder.encoded == [1, 2]  # 3's client left while 1 was tokenized
+    assert [(type(m), m.uid) for m in forward[0]] == [(UserMsg, 1), (UserMsg, 2)]
+    # for the next turn: request 4, and request 1's abort (it went to the scheduler); not 3's
+    assert [(type(m).__name__, m.uid) for m in carried] == [("TokenizeMsg", 4), ("AbortMsg", 1)]
+
+
+def test_a_prompt_longer_in_characters_than_the_context_could_hold_is_refused_before_tokenizing(demo_tokenizer):
+    from minisgl_engine.messages import TokenizeMsg
+    from minisgl_engine.sampling_params import SamplingParams
+    from minisgl_engine.server.tokenizer_worker import PromptEncoder
+
+    class Watched:
+        """The demo tokenizer, with a count of its encodes and renders."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+            self.chat_template = demo_tokenizer.chat_template
+
+        def get_vocab(self):
+            return demo_tokenizer.get_vocab()
+
+        def encode(self, text):
+            self.calls += 1
+            return demo_tokenizer.encode(text)
+
+        def apply_chat_template(self, *args, **kwargs):
+            self.calls += 1
+            return demo_tokenizer.apply_chat_template(*args, **kwargs)
+
+    tokenizer = Watched()
+    encoder = PromptEncoder(tokenizer, max_context_len=100)
+    assert encoder.max_token_chars == max(len(t) for t in demo_tokenizer.get_vocab())
+    most = 100 * encoder.max_token_chars
+    params = SamplingParams(max_tokens=4)
+    for msg in (TokenizeMsg(1, params, text="a" * (most + 1)),
+                TokenizeMsg(2, params, messages=[{"role": "user", "content": "a" * (most // 2)}, {"role": "user", "content": "a" * (most // 2 + 1)}])):
+        with pytest.raises(RequestError, match=f"{most + 1:,} characters, more than the model's context of 100 tokens"):
+            encoder.encode(msg)
+    assert tokenizer.calls == 0
+    with pytest.raises(RequestError, match="the prompt is .* tokens long"):  # within the bound: tokenized, then measured
+        encoder.encode(TokenizeMsg(3, params, text="word " * 200))
+    assert tokenizer.calls == 1
+
+
+def test_the_front_end_refuses_such_a_prompt_before_sending_it(wired):
+    import asyncio
+
+    from minisgl_engine.sampling_params import SamplingParams
+    from minisgl_engine.server.frontend import GenerateRequest
+
+    client, tokenizer, _ = wired
+    client.max_context_len = 100
+    client.worker_info["minisgl-tokenizer-0"] = {"max_token_chars": 8}
+
+    async def first(req):
+        async def one():
+            async for reply in client.generate(req):
+                return reply
+        return await asyncio.wait_for(one(), 10)  # the old front end sent it and waited for the tokenizer's answer
+
+    with pytest.raises(RequestError, match="801 characters") as refused:
+        asyncio.run(first(GenerateRequest(params=SamplingParams(max_tokens=4), messages=[{"role": "user", "content": "a" * 801}])))
+    assert refused.value.param == "messages"
+    assert not tokenizer.poll(200) and client.pending_count == 0  # nothing was sent
