@@ -329,3 +329,71 @@ def test_the_front_end_refuses_such_a_prompt_before_sending_it(wired):
         asyncio.run(first(GenerateRequest(params=SamplingParams(max_tokens=4), messages=[{"role": "user", "content": "a" * 801}])))
     assert refused.value.param == "messages"
     assert not tokenizer.poll(200) and client.pending_count == 0  # nothing was sent
+
+
+# --- grammar compiles in the scheduler ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory):
+    from test_kvcache import _save_tiny_llama, make_llm
+
+    folder = tmp_path_factory.mktemp("tiny-llama-limits")
+    _save_tiny_llama(folder)
+    return make_llm(folder)
+
+
+class NeverCompiles:
+    """A grammar compiler whose compiles never end (xgrammar's cannot be interrupted)."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import Future
+
+        self.futures: list[Future] = []
+
+    def submit(self, spec):
+        from concurrent.futures import Future
+
+        self.futures.append(Future())
+        return self.futures[-1]
+
+
+def run_until_done(sched, uids: set[int], max_steps: int = 2000) -> dict:
+    ends, tokens = {}, {uid: 0 for uid in uids}
+    for _ in range(max_steps):
+        for out in sched.step():
+            tokens[out.uid] += out.token_id is not None
+            if out.finished:
+                ends[out.uid] = (out.finish_reason.value, out.error)
+        if ends.keys() >= uids:
+            return {uid: (*ends[uid], tokens[uid]) for uid in uids}
+    raise AssertionError(f"not finished: {uids - ends.keys()}")
+
+
+def test_a_grammar_not_compiled_by_its_deadline_fails_its_request_and_others_are_served(tiny_llm, monkeypatch):
+    from minisgl_engine.sampling_params import GrammarSpec, SamplingParams
+    from minisgl_engine.scheduler import scheduler as scheduler_module
+
+    sched = tiny_llm.scheduler
+    monkeypatch.setattr(scheduler_module, "GRAMMAR_COMPILE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(sched, "grammar_compiler", NeverCompiles())
+    sched.add_request(1, [5, 6, 7], SamplingParams(max_tokens=4, grammar=GrammarSpec("regex", "a+")))
+    sched.add_request(2, [5, 6, 8], SamplingParams(max_tokens=4, ignore_eos=True))
+    ends = run_until_done(sched, {1, 2})
+    assert ends[2] == ("length", None, 4)  # served while 1 waited
+    reason, error, tokens = ends[1]
+    assert (reason, tokens) == ("error", 0) and "not compiled within 0.3 s (GRAMMAR_COMPILE_TIMEOUT_S)" in error
+    assert not sched.reqs and not sched.grammar_waiting and sched.stats().kv_pages_used == 0
+
+
+def test_an_aborted_request_stops_waiting_for_its_compile(tiny_llm, monkeypatch):
+    from minisgl_engine.sampling_params import GrammarSpec, SamplingParams
+
+    sched = tiny_llm.scheduler
+    compiler = NeverCompiles()
+    monkeypatch.setattr(sched, "grammar_compiler", compiler)
+    sched.add_request(3, [5, 6, 7], SamplingParams(max_tokens=4, grammar=GrammarSpec("regex", "a+")))
+    sched.step()
+    out = sched.abort_request(3)
+    assert out is not None and out.finish_reason.value == "abort"
+    assert not sched.reqs and not sched.grammar_waiting and compiler.futures[0].cancelled()
