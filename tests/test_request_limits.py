@@ -110,6 +110,11 @@ def nested(depth: int) -> dict:
     return schema
 
 
+def required_object(count: int) -> dict:
+    """An object of ``count`` properties, all required (short names: under MAX_GRAMMAR_CHARS)."""
+    return {"type": "object", "properties": {f"{i:x}": {} for i in range(count)}, "required": [f"{i:x}" for i in range(count)]}
+
+
 def schema_format(schema: dict) -> dict:
     return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
 
@@ -128,12 +133,13 @@ def tool(name: str, parameters: dict | None = None) -> dict:
     ("/v1/completions", {"prompt": ["a", "b"], "n": 64, "max_tokens": 8000}, "n", "MAX_GENERATED_TOKENS"),
     ("/v1/chat/completions", schema_format(SCHEMA_10K), "response_format.json_schema.schema", "MAX_GRAMMAR_CHARS"),
     ("/v1/chat/completions", schema_format({"type": "object", "properties": {f"p{i}": {} for i in range(513)}}),
-     "response_format.json_schema.schema", "MAX_SCHEMA_PROPERTIES"),
+     "response_format.json_schema.schema", "MAX_OPTIONAL_PROPERTIES"),
+    ("/v1/chat/completions", schema_format(required_object(2049)), "response_format.json_schema.schema", "MAX_SCHEMA_PROPERTIES"),
     ("/v1/chat/completions", schema_format(nested(40)), "response_format.json_schema.schema", "MAX_SCHEMA_DEPTH"),
     ("/v1/completions", {"regex": "a" * 65537}, "regex", "MAX_GRAMMAR_CHARS"),
     ("/v1/completions", {"ebnf": "root ::= " + '"a" ' * 20000}, "ebnf", "MAX_GRAMMAR_CHARS"),
     ("/v1/chat/completions", {"tools": [tool(f"f{i}", {"type": "object", "properties": {f"p{j}": {} for j in range(100)}}) for i in range(6)],
-                              "tool_choice": "required"}, "tools", "MAX_SCHEMA_PROPERTIES"),
+                              "tool_choice": "required"}, "tools", "MAX_OPTIONAL_PROPERTIES"),
 ])
 async def test_requests_over_a_limit_are_400_naming_it_and_never_reach_the_engine(route, extra, param, limit):
     client = FakeClient()
@@ -152,6 +158,8 @@ async def test_requests_over_a_limit_are_400_naming_it_and_never_reach_the_engin
     ("/v1/chat/completions", {"n": 2, "max_tokens": 10**9}),  # counted as the context's 8192 each
     ("/v1/chat/completions", {"tools": [tool(f"f{i}") for i in range(128)]}),
     ("/v1/chat/completions", schema_format({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(512)}})),
+    ("/v1/chat/completions", schema_format({"type": "object", "properties": {"a": required_object(1534), "b": required_object(512)},
+                                            "required": ["a", "b"]})),  # 2,048 properties, all required
     ("/v1/chat/completions", schema_format(nested(20))),
 ])
 async def test_requests_at_the_limits_pass(route, extra):
