@@ -36,6 +36,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", nargs="+", action="extend", default=[], metavar="NAME",
                    help="the names requests' `model` may give (repeatable or comma-separated; the first is listed by /v1/models "
                         "and echoed in replies; any other model is a 404). Default: the name of --model")
+    g.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let chat requests bring their own chat template (chat_template, chat_template_kwargs.chat_template): "
+                        "a template is code the tokenizer runs; without this flag such a request is a 400")
+    g.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, metavar="N",
+                   help="the largest request body /v1 reads; a larger one is a 413 (default: %(default)s, 8 MiB)")
     d = parser.add_argument_group("several machines (trusted network only: the rendezvous port is unauthenticated)")
     d.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks are spread over (default: %(default)s)")
     d.add_argument("--node-rank", type=int, default=0, help="this machine's index; 0 runs the front end (default: %(default)s)")
@@ -50,7 +55,8 @@ def server_config_from_args(args: argparse.Namespace):
     names = dict.fromkeys(name for value in args.served_model_name for name in comma_list(value))  # in order, once each
     server = ServerConfig(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("MINISGL_API_KEY") or None,
                           num_tokenizers=args.num_tokenizer, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins,
-                          served_model_names=tuple(names))
+                          served_model_names=tuple(names), trust_request_chat_template=args.trust_request_chat_template,
+                          max_request_bytes=args.max_request_bytes)
     check_server_config(server)  # a wrong flag is said at once, before the engine's and the page's imports
     return server
 

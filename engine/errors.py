@@ -18,7 +18,12 @@ class WeightsError(UserError):
 
 
 class RequestError(UserError):
-    """A request the engine must refuse (prompt longer than the context, bad parameters)."""
+    """A request the engine must refuse (prompt longer than the context, bad parameters);
+    ``param``: the request field at fault, when one is (OpenAI's error ``param``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def check_prompt_length(num_tokens: int, max_context_len: int) -> None:
@@ -29,3 +34,20 @@ def check_prompt_length(num_tokens: int, max_context_len: int) -> None:
     if num_tokens >= max_context_len:
         raise RequestError(f"the prompt is {num_tokens} tokens long but the model's context is {max_context_len} tokens; "
                            "shorten it (or start a new conversation)")
+
+
+def prompt_chars(text: str | None, messages: list[dict] | None) -> int:
+    """Characters of a prompt's text, or of its chat messages' contents (the template adds more)."""
+    if text is not None:
+        return len(text)
+    return sum(len(m["content"]) for m in messages or () if isinstance(m.get("content"), str))
+
+
+def check_prompt_chars(chars: int, max_context_len: int, max_token_chars: int, param: str | None = None) -> None:
+    """Refuse, before tokenizing it, a prompt of more characters than the context could ever
+    hold: no token of the vocabulary spells more than ``max_token_chars`` (a byte-level BPE
+    token's string has a character per byte, a character at least a byte). Tokenizing a 10 MB
+    message took the tokenizer 39 s, during which everyone else waited."""
+    if chars > max_context_len * max_token_chars:
+        raise RequestError(f"the prompt has {chars:,} characters, more than the model's context of {max_context_len:,} tokens can "
+                           f"hold (a token of this model spells at most {max_token_chars} characters); shorten it", param=param)

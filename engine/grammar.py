@@ -13,6 +13,13 @@ The scheduler compiles a request's grammar on a worker thread (a large schema ca
 and the running requests keep decoding meanwhile); the request waits until it is ready, or ends
 with the compiler's error (HTTP 400). Each request then has its own :class:`GrammarState`, which
 accepts the request's tokens as they become known and fills its row of the bitmask.
+
+A compile cannot be stopped once begun: xgrammar compiles in C++ without a way to interrupt it
+from Python, so a request that is aborted, or gives up waiting (the scheduler's
+``GRAMMAR_COMPILE_TIMEOUT_S``), leaves its compile running to the end (one queued behind it is
+cancelled). What keeps every compile short is the bound on what may be compiled, checked in the
+front end (``server/request_limits.py``: a 10,000-property schema kept two cores busy for 12
+minutes); the compiler's cache is bounded too (``GRAMMAR_CACHE_BYTES``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from .transfer import to_device
 logger = logging.getLogger(__name__)
 
 FILL_THREADS = 4  # threads that fill one step's bitmask rows
+GRAMMAR_CACHE_BYTES = 256 * 1024 * 1024  # compiled grammars kept for reuse (xgrammar's default keeps all, without end)
 
 
 def _readable(exc: Exception) -> str:
@@ -55,7 +63,7 @@ class GrammarCompiler:
         self.stop_token_ids = frozenset(stop)
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
         self.vocab_size = vocab_size
-        self.compiler = xgrammar.GrammarCompiler(info, max_threads=2)
+        self.compiler = xgrammar.GrammarCompiler(info, max_threads=2, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
         self.batch_matcher = xgrammar.BatchGrammarMatcher(max_threads=FILL_THREADS)  # fills rows in parallel, in C++
         self.words = (vocab_size + 31) // 32

@@ -3,15 +3,57 @@ from the engine so that tokenizer processes start without loading the model code
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict], kwargs: dict | None = None) -> list[int]:
+CHAT_TEMPLATE_TIME_LIMIT_S = 2.0
+"""How long rendering one chat template may take. A model's own template renders a long chat in
+milliseconds; a template that loops for longer (one a request brought, with
+--trust-request-chat-template) is stopped, so the tokenizer goes on serving everyone else."""
+
+
+class TemplateTimeout(Exception):
+    """A chat template ran past :data:`CHAT_TEMPLATE_TIME_LIMIT_S`."""
+
+
+@contextmanager
+def template_deadline(seconds: float) -> Iterator[None]:
+    """Stop any Jinja template rendered on this thread within the block once ``seconds`` have
+    passed: Jinja compiles a template to Python code (its frames' file is ``<template>``), and a
+    trace function on this thread checks the clock at each line those frames run, so loops of any
+    depth are stopped (transformers renders in jinja2's ImmutableSandboxedEnvironment, which
+    bounds each ``range`` to 100,000 items but not loops inside loops). Frames of other code are
+    not traced, and the previous trace function (a debugger, coverage) is put back after."""
+    end = time.monotonic() + seconds
+
+    def in_template(frame, event, arg):
+        if time.monotonic() > end:
+            raise TemplateTimeout(f"the chat template took longer than {seconds:g} s to render")
+        return in_template
+
+    def on_call(frame, event, arg):
+        return in_template if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict], kwargs: dict | None = None,
+                    time_limit: float = CHAT_TEMPLATE_TIME_LIMIT_S) -> list[int]:
     """The token ids of ``messages`` in the model's chat template, with its generation prompt (the
     one way a chat becomes a prompt, for the server and the offline ``LLM``). A model without a
-    template, or messages its template refuses, raise RequestError with the reason."""
+    template, messages its template refuses, or a template that renders for longer than
+    ``time_limit`` seconds raise RequestError with the reason."""
     from .errors import RequestError
 
     kwargs = kwargs or {}
@@ -21,7 +63,10 @@ def chat_prompt_ids(tokenizer, messages: list[dict], kwargs: dict | None = None)
     # writing it (the chat's Continue), instead of starting a new turn
     add_generation_prompt = not kwargs.get("continue_final_message", False)
     try:
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False, **kwargs)
+        with template_deadline(time_limit):
+            out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False, **kwargs)
+    except TemplateTimeout as exc:
+        raise RequestError(f"{exc}; it was stopped (simplify the template)") from None
     except Exception as exc:  # jinja2's TemplateError and friends: the messages don't fit the template
         raise RequestError(f"the chat template rejected these messages: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     return list(out)

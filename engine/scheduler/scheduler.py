@@ -16,6 +16,7 @@ EOS, so a finishing request may ride along in one extra step whose token is drop
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -40,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 EARLY_ABORTS_KEPT = 4096  # aborts that arrived before their request, remembered for a while
 GRAMMAR_WAIT_S = 0.005  # with nothing else to run, how long one step waits for a grammar to compile
+GRAMMAR_COMPILE_TIMEOUT_S = 30.0
+"""How long a request waits for its grammar (queued behind others' and compiled) before it fails.
+The front end bounds what may be compiled (server/request_limits.py) so that none takes near
+this long; the limit is the last guard, and the compile itself runs on (it cannot be stopped)."""
 CACHE_MANAGERS: dict[str, type[CacheManager]] = {"radix": RadixCacheManager, "naive": NaiveCacheManager}
 Receive = Callable[[bool], None]
 """How a loop takes in new requests and aborts: ``receive(blocking)``."""
@@ -99,7 +104,7 @@ class Scheduler:
         self._early_aborts: OrderedDict[int, None] = OrderedDict()
         self._counters = dict(prompt=0, generation=0, finished=0, aborted=0)
         self.grammar_compiler: GrammarCompiler | None = None  # made for the first structured request
-        self.grammar_waiting: dict[int, tuple[Req, Future]] = {}  # uid -> request and its compiling grammar
+        self.grammar_waiting: dict[int, tuple[Req, Future, float]] = {}  # uid -> request, its compiling grammar, its deadline
         self.ready_outputs: list[TokenOutput] = []  # endings decided outside a step (an abort, a bad grammar)
 
     # ---- requests in -------------------------------------------------------------------------
@@ -131,7 +136,7 @@ class Scheduler:
                   use_prefix_cache=params.prompt_logprobs is None)  # a cached prompt token has no logits to score it
         self.reqs[uid] = req
         if compiling is not None:
-            self.grammar_waiting[uid] = (req, compiling)
+            self.grammar_waiting[uid] = (req, compiling, time.monotonic() + GRAMMAR_COMPILE_TIMEOUT_S)
         else:
             self.prefill_manager.add(req)
         self._counters["prompt"] += len(token_ids)
@@ -155,16 +160,25 @@ class Scheduler:
 
     def _admit_compiled(self) -> None:
         """Requests whose grammar is compiled join the prefill queue; a bad grammar ends its
-        request with the compiler's message."""
+        request with the compiler's message, and so does one not compiled by its deadline. The
+        step loop never waits for a compile, except a moment when it has nothing else to run
+        (and with --tp, whose ranks must admit the same requests at the same step: there the
+        front end's bounds on grammars are what keeps the wait short). An aborted request's
+        compile is cancelled if it has not begun (``finish``)."""
         if not self.grammar_waiting:
             return
-        compiling = [f for _, f in self.grammar_waiting.values()]
+        compiling = [f for _, f, _ in self.grammar_waiting.values()]
         if self.engine.tp.size > 1:
             wait(compiling)  # tensor-parallel ranks must admit the same requests at the same step
         elif not self.reqs.keys() - self.grammar_waiting.keys():  # nothing else to run: wait a little
             wait(compiling, timeout=GRAMMAR_WAIT_S, return_when=FIRST_COMPLETED)
-        for uid, (req, compiling) in list(self.grammar_waiting.items()):
+        now = time.monotonic()
+        for uid, (req, compiling, deadline) in list(self.grammar_waiting.items()):
             if not compiling.done():
+                if now > deadline:
+                    message = (f"the grammar was not compiled within {GRAMMAR_COMPILE_TIMEOUT_S:g} s (GRAMMAR_COMPILE_TIMEOUT_S); "
+                               "simplify the schema, regex or grammar")
+                    self.ready_outputs.append(self.finish(req, FinishReason.ERROR, message))
                 continue
             del self.grammar_waiting[uid]
             try:

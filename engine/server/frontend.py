@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from ..errors import RequestError
+from ..errors import RequestError, check_prompt_chars, prompt_chars
 from ..messages import AbortMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode, sum_stats
 from ..sampling_params import SamplingParams
 from .ipc import SocketPaths, scheduler_name
@@ -174,6 +174,18 @@ class FrontendClient:
         return self.worker_info.get("minisgl-tokenizer-0", {}).get("tool_format")
 
     @property
+    def max_token_chars(self) -> int | None:
+        """The most characters a token of the model's vocabulary spells (its tokenizer says)."""
+        return self.worker_info.get("minisgl-tokenizer-0", {}).get("max_token_chars")
+
+    def check_prompt_chars(self, req: GenerateRequest) -> None:
+        """Refuse at once a prompt of more characters than the context could hold (the
+        tokenizer checks it too): nothing of it is hashed, sent or tokenized."""
+        if self.max_context_len is not None and self.max_token_chars is not None and req.input_ids is None:
+            check_prompt_chars(prompt_chars(req.text, req.messages), self.max_context_len, self.max_token_chars,
+                               param="messages" if req.messages is not None else "prompt")
+
+    @property
     def scheduler_info(self) -> dict:
         """Device, dtype, KV size... as replica 0's rank 0 reported them at start."""
         return self.worker_info.get(self.leader, {})
@@ -235,6 +247,7 @@ class FrontendClient:
         """Yield the request's replies until it finishes. Setting ``stop`` (the chat's Stop
         button) ends the stream at once, even mid-prefill when no reply is due yet, and aborts
         the request in the engine, the same as abandoning the iterator."""
+        self.check_prompt_chars(req)
         uid = next(self._uids)
         if self.switching:  # the workers are restarting: nothing would answer
             yield UserReply(uid, "", finished=True, finish_reason="error", error=f"{self.switch_reason}; send it again once it is ready")

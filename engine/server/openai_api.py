@@ -33,6 +33,7 @@ from ..messages import LogprobEntry, UserReply
 from ..sampling_params import SamplingParams
 from .frontend import GenerateRequest
 from .metrics import StatsSource, metrics_router
+from .request_limits import MAX_REQUEST_BYTES, BodyLimit, RequestTooLarge
 from .security import AccessPolicy, install_guard
 from .reasoning import ReasoningSplitter, split_reasoning
 from .tool_calls import ToolCall, ToolCallParser, parse_tool_calls
@@ -145,7 +146,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, exc: RequestError) -> Response:
-        return _error_json(400, ErrorInfo(message=str(exc)))
+        return _error_json(400, ErrorInfo(message=str(exc), param=getattr(exc, "param", None)))
+
+    @app.exception_handler(RequestTooLarge)
+    async def on_too_large(request: Request, exc: RequestTooLarge) -> Response:
+        return _too_large_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -162,9 +167,18 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error_json(500, info)
 
 
+def _too_large_response(exc: RequestTooLarge) -> Response:
+    return _error_json(413, ErrorInfo(message=str(exc.detail), code="request_too_large"))
+
+
+async def _send_too_large(scope: Scope, receive: Receive, send: Send, exc: RequestTooLarge) -> None:
+    await _too_large_response(exc)(scope, receive, send)
+
+
 class _RequireApiKey:
-    """ASGI middleware: /v1/* needs ``Authorization: Bearer <key>`` before anything else is
-    looked at, so a client without the key learns nothing, not even whether its JSON parses.
+    """ASGI middleware: /v1/* (and /openapi.json, which describes it) needs ``Authorization:
+    Bearer <key>`` before anything else is looked at, so a client without the key learns
+    nothing, not even whether its JSON parses.
     compare_digest, so the time taken reveals nothing about the key either."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
@@ -185,7 +199,7 @@ class _RequireApiKey:
         path, root = scope["path"], scope.get("root_path", "")
         if root and path.startswith(root):  # mounted under a prefix
             path = path[len(root):]
-        return path == "/v1" or path.startswith("/v1/")
+        return path in ("/v1", "/openapi.json") or path.startswith("/v1/")
 
     def _authorized(self, scope: Scope) -> bool:
         scheme, key = get_authorization_scheme_param(Headers(scope=scope).get("authorization"))
@@ -584,6 +598,7 @@ async def _serve(request: Request, client: FrontendClient, body: ChatCompletionR
     """One HTTP request: its prompts × n choices as engine requests, answered as one response
     (or one stream), choice i*n + j being prompt i's j-th."""
     per_prompt = body.generate_requests()
+    body.check_generated_tokens(client.max_context_len)
     if body.n > 1 and per_prompt[0][0].params.prompt_logprobs is None:
         # a prompt's choices, and the prefill before them, on one replica (--dp): one cache
         # (choices that score their prompt compute it whole: nothing to prefill for them)
@@ -639,7 +654,7 @@ def _model_served(requested: str | None, names: tuple[str, ...]) -> str:
     return names[0]
 
 
-def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...]) -> APIRouter:
+def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...], trust_request_chat_template: bool = False) -> APIRouter:
     router = APIRouter(prefix="/v1")
     created = now()
     startup_model = client.model_name
@@ -654,6 +669,11 @@ def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...]) -> A
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         model = _model_served(body.model, served())
+        template_field = body.request_chat_template()
+        if template_field is not None and not trust_request_chat_template:
+            raise APIError(400, f"{template_field}: this server does not take chat templates from requests (a template is code "
+                           "its tokenizer runs); start it with --trust-request-chat-template to allow them",
+                           param=template_field, code="chat_template_not_allowed")
         # a reply held to a grammar (JSON, a forced tool call) has no think block to split off,
         # even where the template opens one in the prompt
         constrained = (body.response_format or {}).get("type", "text") != "text" or body.regex is not None or body.ebnf is not None \
@@ -681,19 +701,24 @@ def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...]) -> A
 
 
 def create_app(client: FrontendClient, api_key: str | None = None, access: AccessPolicy | None = None,
-               served_model_names: Sequence[str] = ()) -> FastAPI:
+               served_model_names: Sequence[str] = (), trust_request_chat_template: bool = False,
+               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     """The HTTP app over ``client``. With ``api_key``, /v1/* needs ``Authorization: Bearer <key>``;
     /health and /metrics stay open (they carry no prompt text). ``access`` says which Host names
     and foreign Origins are answered (security.py); by default those of a loopback server.
     ``served_model_names`` (--served-model-name): the names a request's ``model`` may give, the
     first listed by /v1/models and echoed in every reply; by default ``client.model_name`` only
-    (read at each request: it follows a model switch)."""
+    (read at each request: it follows a model switch). ``trust_request_chat_template``
+    (--trust-request-chat-template): a chat request may bring its own chat template; otherwise
+    one that does is a 400. A /v1 body over ``max_request_bytes`` (--max-request-bytes) is a 413,
+    said before it is read (request_limits.BodyLimit)."""
     app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None)
     _install_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=max_request_bytes, on_too_large=_send_too_large)  # inside the key check
     if api_key:
         app.add_middleware(_RequireApiKey, api_key=api_key)
     install_guard(app, access or AccessPolicy.for_bind("127.0.0.1"))  # outermost: before the key check
-    app.include_router(_v1_router(client, tuple(served_model_names)))
+    app.include_router(_v1_router(client, tuple(served_model_names), trust_request_chat_template))
     app.include_router(metrics_router(client))
 
     @app.get("/health", include_in_schema=False)

@@ -19,6 +19,8 @@ from ..errors import RequestError
 from ..messages import LogprobEntry
 from ..sampling_params import GrammarSpec, SamplingParams
 from .frontend import GenerateRequest
+from .request_limits import (MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, MAX_TOOLS, check_count, check_generated_tokens, check_grammar,
+                             check_stop)
 
 DEFAULT_MAX_TOKENS = 4096
 """Used when a request gives no max_tokens; the engine clamps it to what the context leaves."""
@@ -134,9 +136,22 @@ class _SamplingRequest(BaseModel):
     regex: str | None = None  # extension (SGLang): the output matches this regular expression
     ebnf: str | None = None  # extension (SGLang): the output matches this EBNF grammar (its rule "root")
 
+    @field_validator("stop")
+    @classmethod
+    def _stop_bounded(cls, value: str | list[str] | None) -> str | list[str] | None:
+        check_stop(value)
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids_bounded(cls, value: list[int] | None) -> list[int] | None:
+        check_count(len(value or []), MAX_STOP_TOKEN_IDS, "stop_token_ids", "MAX_STOP_TOKEN_IDS")
+        return value
+
     @field_validator("logit_bias")
     @classmethod
     def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        check_count(len(value or {}), MAX_LOGIT_BIAS, "logit_bias entries", "MAX_LOGIT_BIAS")
         for key in value or {}:
             if not (key.strip().isascii() and key.strip().isdecimal()):
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
@@ -217,8 +232,23 @@ class _SamplingRequest(BaseModel):
             logprobs=self._logprobs()[0],
             top_logprobs=self._logprobs()[1],
             prompt_logprobs=self._prompt_logprobs(),
-            grammar=self.grammar(),
+            grammar=self._bounded_grammar(),
         )
+
+    def _bounded_grammar(self) -> GrammarSpec | None:
+        grammar = self.grammar()
+        check_grammar(grammar)  # before the engine sees it: a compile cannot be stopped once begun
+        return grammar
+
+    def check_generated_tokens(self, context: int | None) -> None:
+        """All choices × max_tokens within MAX_GENERATED_TOKENS (each choice's counted as at
+        most ``context``, the model's, which the engine clamps it to)."""
+        max_tokens = self._max_tokens()
+        check_generated_tokens(self.choices, DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, context)
+
+    @property
+    def choices(self) -> int:
+        return self.n
 
     def _logprobs(self) -> tuple[bool, int]:
         """(return logprobs, how many alternatives): each route spells it its own way."""
@@ -233,6 +263,7 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # extension (vLLM): the request's own template, only with --trust-request-chat-template
     # extension (vLLM, SGLang): go on writing the last (assistant) message instead of starting a
     # new one; the same as chat_template_kwargs {"continue_final_message": true}
     continue_final_message: bool | None = None
@@ -248,6 +279,12 @@ class ChatCompletionRequest(_SamplingRequest):
         return bool(self.logprobs), self.top_logprobs or 0
 
     _tool_format: str | None = PrivateAttr(default=None)  # the model's tool-call convention, set by the route
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_bounded(cls, value: list[ToolDefinition] | None) -> list[ToolDefinition] | None:
+        check_count(len(value or []), MAX_TOOLS, "tools", "MAX_TOOLS")
+        return value
 
     @field_validator("tool_choice")
     @classmethod
@@ -293,10 +330,22 @@ class ChatCompletionRequest(_SamplingRequest):
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def request_chat_template(self) -> str | None:
+        """Where the request brings its own chat template (the field's name), None if it does not:
+        a template is code the tokenizer runs, so only a server started with
+        --trust-request-chat-template takes one (vLLM's rule)."""
+        if self.chat_template is not None:
+            return "chat_template"
+        if "chat_template" in (self.chat_template_kwargs or {}):
+            return "chat_template_kwargs.chat_template"
+        return None
+
     def generate_requests(self) -> list[list[GenerateRequest]]:
         """The engine requests: one prompt, ``n`` choices."""
         messages = [message.to_dict() for message in self.messages]
         kwargs = self.chat_template_kwargs
+        if self.chat_template is not None:
+            kwargs = {**(kwargs or {}), "chat_template": self.chat_template}
         if self.continue_final_message:
             kwargs = {**(kwargs or {}), "continue_final_message": True}
         if self.uses_tools:  # the template lays the tools out in the prompt, in its model's convention
@@ -352,6 +401,10 @@ class CompletionRequest(_SamplingRequest):
         if len(batch) > MAX_CHOICES:
             raise ValueError(f"at most {MAX_CHOICES} prompts per request")
         return value
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.n
 
     @property
     def prompts(self) -> list[str | list[int]]:

@@ -33,6 +33,8 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides the bind address and loopback
     allowed_origins: tuple[str, ...] = ()  # web pages allowed to call the server (with CORS)
     served_model_names: tuple[str, ...] = ()  # names a request's `model` may give, the first listed; () = the model's own
+    trust_request_chat_template: bool = False  # a chat request may bring its own chat template (code the tokenizer runs)
+    max_request_bytes: int = 8 * 1024 * 1024  # the largest /v1 body read (request_limits.MAX_REQUEST_BYTES); larger: 413
 
     def access_policy(self) -> AccessPolicy:
         from .security import AccessPolicy
@@ -52,6 +54,8 @@ def is_loopback(host: str) -> bool:
 def check_server_config(server: ServerConfig) -> None:
     if not is_loopback(server.host) and not server.api_key:
         raise UserError(f"refusing to listen on {server.host} without --api-key: anyone on the network could use the engine")
+    if server.max_request_bytes < 1:
+        raise UserError("--max-request-bytes must be at least 1")
     if server.num_tokenizers < 1:
         raise UserError("--num-tokenizer must be at least 1")
     server.access_policy()  # a malformed --allowed-hosts / --allowed-origins is a one-line error
@@ -235,7 +239,8 @@ class _ServerRun:
         config, server = self.config, self.server
         self.client = FrontendClient(self.paths, served_model_name(config), reporting_workers(server.num_tokenizers, config.dp, config.tp),
                                      config.dp_routing)
-        app = create_app(self.client, server.api_key, server.access_policy(), server.served_model_names)
+        app = create_app(self.client, server.api_key, server.access_policy(), server.served_model_names,
+                         trust_request_chat_template=server.trust_request_chat_template, max_request_bytes=server.max_request_bytes)
         self.http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
         self.loop = asyncio.get_running_loop()
         self._uvicorn_handle_exit = self.http.handle_exit

@@ -1,5 +1,6 @@
-"""Security of a running server: another local user cannot connect to its IPC sockets, and /health
-and /metrics reveal no prompt text. (Covered elsewhere: the 0700 runtime folder in
+"""Security of a running server: another local user cannot connect to its IPC sockets, /health
+and /metrics reveal no prompt text, and oversized or hostile requests are refused while others
+are served (issue 41). (Covered elsewhere: the 0700 runtime folder in
 tests/test_server.py, the 0600 chat database in tests/test_store.py, the UI's login wall in
 tests/test_browser.py, 401 on /v1/* in tests/test_openai_api.py and tests/test_server.py.)"""
 
@@ -128,3 +129,65 @@ def test_health_and_metrics_reveal_no_prompt_text(soak_server):
             assert marker[3:] not in page.text, route  # nor the bare hex id
     assert wait_until(lambda: soak_server.metrics()["minisgl_running_requests"] == 0, 30)
     assert_idle(soak_server)
+
+
+def scheduler_rss(srv) -> int:
+    [scheduler] = [p for p in srv.workers() if "minisgl-TP0-scheduler" in " ".join(p.cmdline())]
+    return scheduler.memory_info().rss
+
+
+def test_oversized_and_hostile_requests_are_refused_while_another_client_is_served(soak_server):
+    """Issue 41 (items 3-5): thrown at once, a 10,000-property JSON schema (400: too many
+    properties, never compiled), a 100 MB body (413 from its Content-Length, never read), a 5 MB
+    message (400: more characters than the context could hold, never tokenized) and a chat
+    template that loops 10^10 times (400: this server takes no request templates). Meanwhile a
+    normal request from another client is answered promptly, and afterwards the engine is idle
+    (0 running, 0 KV pages used) with the scheduler's memory where it was."""
+    import asyncio
+    import time
+
+    url = soak_server.url
+    assert_idle(soak_server)
+    rss_before = scheduler_rss(soak_server)
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}
+    looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x"
+    huge = b'{"messages": [{"role": "user", "content": "' + b"a" * (100 * 1024 * 1024) + b'"}]}'
+
+    async def attack(client: httpx.AsyncClient, **kw) -> int | str:
+        try:
+            r = await client.post(f"{url}/v1/chat/completions", **kw)
+        except httpx.TransportError as exc:  # the server may close the connection while a 100 MB body is still being sent
+            return type(exc).__name__
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
+        return r.status_code
+
+    async def normal() -> float:
+        await asyncio.sleep(0.5)  # the attacks are in flight
+        async with httpx.AsyncClient(timeout=60) as other:
+            start = time.monotonic()
+            r = await other.post(f"{url}/v1/chat/completions", json=chat_body("Say hi.", max_tokens=8))
+            took = time.monotonic() - start
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+        return took
+
+    async def main():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(
+                attack(client, json=chat_body("Fill it in.", max_tokens=64,
+                                              response_format={"type": "json_schema", "json_schema": {"name": "big", "schema": schema}})),
+                attack(client, content=huge, headers={"content-type": "application/json"}),
+                attack(client, json=chat_body("a" * (5 * 1024 * 1024), max_tokens=8)),
+                attack(client, json=chat_body("Hi.", max_tokens=8, chat_template_kwargs={"chat_template": looping})),
+                normal())
+
+    start = time.monotonic()
+    *refusals, took = asyncio.run(main())
+    print(f"refusals {refusals} in {time.monotonic() - start:.2f} s; the other client's request took {took:.2f} s")
+    assert refusals[0] == 400 and refusals[2] == 400 and refusals[3] == 400, refusals
+    assert refusals[1] in (413, "WriteError", "RemoteProtocolError", "ReadError"), refusals
+    assert took < 10, f"another client waited {took:.1f} s"
+    m = assert_idle(soak_server)
+    assert m["minisgl_running_requests"] == 0 and m["minisgl_kv_pages_used"] == 0, m
+    rss_after = scheduler_rss(soak_server)
+    print(f"scheduler RSS {rss_before / 2**20:.0f} MiB before, {rss_after / 2**20:.0f} MiB after")
+    assert abs(rss_after - rss_before) <= 0.1 * rss_before, (rss_before, rss_after)
