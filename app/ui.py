@@ -35,6 +35,7 @@ from .page_css import NARROW_QUERY, PAGE_CSS
 from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, MAX_TOKENS_LIMIT, REPETITION_PENALTY_MAX, BadImportFile,
                     ChatSettings, ConversationStore, NotFoundError, plural, shown_value, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
+from .uploads import NotUploaded, Uploads
 from .view import (can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices, typed_text,
                    version_steps, versions_label, view_messages, while_replying)
 
@@ -643,6 +644,7 @@ class ChatPage:
         self.listed: dict[str, ModelEntry] = {}  # the panel's last listing, by model name
         self.replies = ReplyManager(store, source.generate)
         self.tabs: dict[str, Tab] = {}
+        self.uploads = Uploads()  # the files Attach and Import may read (build: Gradio's upload list)
 
     # ---- state of one tab
 
@@ -1541,11 +1543,19 @@ class ChatPage:
         if not path:
             return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), gr.skip())
         try:
-            if Path(path).suffix.lower() != ".json":
-                raise BadImportFile(f"{Path(path).name} is not a .json file; import {IMPORTABLE}")
-            if Path(path).stat().st_size > IMPORT_LIMIT_BYTES:
-                raise BadImportFile(f"the file is larger than {IMPORT_LIMIT_BYTES // 1_000_000} MB")
-            conv = self.store.import_conversation(Path(path).read_bytes())
+            file = self.uploads.take(path)
+            try:
+                if file.suffix.lower() != ".json":
+                    raise BadImportFile(f"{file.name} is not a .json file; import {IMPORTABLE}")
+                if file.stat().st_size > IMPORT_LIMIT_BYTES:
+                    raise BadImportFile(f"the file is larger than {IMPORT_LIMIT_BYTES // 1_000_000} MB")
+                data = file.read_bytes()
+            finally:
+                self.uploads.discard(str(file))  # read (or refused): its text is all the page keeps
+            conv = self.store.import_conversation(data)
+        except NotUploaded as exc:
+            warn(f"Not imported: {exc}.")
+            return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), "")
         except BadImportFile as exc:
             warn(f"Not imported: {exc}")
             return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), "")
@@ -1568,7 +1578,13 @@ class ChatPage:
         if not paths:
             return gr.skip()
         for path in paths:
-            file = readable_attachment(Path(path))
+            try:
+                uploaded = self.uploads.take(path)
+            except NotUploaded as exc:
+                warn(f"Not attached: {exc}.")
+                continue
+            file = readable_attachment(uploaded)
+            self.uploads.discard(str(uploaded))  # read (or refused): its text is kept in the tab
             if file is None:
                 continue
             if file in tab.attachments:  # the same file again: it goes into the message once
@@ -1610,6 +1626,7 @@ class ChatPage:
                 with gr.Column(scale=3, elem_id="main"):
                     main = self._chat_column()
             self._wire(demo, chats, settings, models, main)
+        self.uploads.stored = getattr(demo, "upload_file_set", set())  # filled by Gradio's upload route
         return demo
 
     def _chats_panel(self, new_btn: gr.Button) -> SimpleNamespace:
