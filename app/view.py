@@ -10,11 +10,11 @@ Markdown alone. ``ViewMessage.source`` maps each shown message back to the store
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from .live import LiveReply
-from .store import ChatSettings, Conversation, ConversationSummary, Message
+from .store import ChatSettings, Conversation, ConversationSummary, Message, MessageStats
 
 
 
@@ -144,8 +144,8 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
             continue
         if is_failed(m):
             continue
-        line = "replying…" if streaming else (m.stats.summary() if m.stats else "")
-        line = " · ".join(x for x in (version, line, m.model if line else None) if x)
+        line = "replying…" if streaming else (shown_stats(m.stats).summary() if m.stats else "")
+        line = " · ".join(x for x in (version, line, markdown_literal(m.model) if line and m.model else None) if x)
         if line:
             # status "done": collapsed, and no spinner (an animation costs a software-rendered
             # browser as much CPU as the engine gets)
@@ -242,13 +242,20 @@ def split_thinking(text: str) -> list[tuple[str, bool, bool]]:
     return [(t.strip(), thinking, still_open) for t, thinking, still_open in parts if t.strip()]
 
 
+def shown_stats(stats: MessageStats) -> MessageStats:
+    """A reply's stats with their text escaped for the line under it (Markdown, which passes HTML
+    on): ``stopped_by`` is ours ("switch to <model>") or, in an imported chat, the file's, like its
+    ``model`` (issue 41, item 7: "<img src=x onerror=...>**bold**" was rendered as HTML there)."""
+    return replace(stats, stopped_by=markdown_literal(stats.stopped_by)) if stats.stopped_by else stats
+
+
 def ending(m: Message, streaming: bool) -> str:
     """The stats line's details: how the reply ended."""
     if streaming:
         return "The reply is streaming; Stop (or Escape) ends it."
     reason = m.stats.finish_reason if m.stats else None
     if m.stats is not None and m.stats.stopped:
-        return f"Stopped before the end ({m.stats.stopped_by})." if m.stats.stopped_by else "Stopped before the end."
+        return f"Stopped before the end ({markdown_literal(m.stats.stopped_by)})." if m.stats.stopped_by else "Stopped before the end."
     return {"stop": "The model finished its answer.", "length": "Cut at this chat's max tokens (Settings)."}.get(reason or "", "Ended.")
 
 

@@ -1959,3 +1959,20 @@ async def test_attach_and_import_read_only_files_uploaded_from_the_page(store, t
     *_, note = await page.import_chat(uploaded(page, chat), None, request, "")
     assert len(store.list()) == before + 1 and note.startswith("Imported")
     assert list(page.uploads.folder.rglob("*.json")) == [], "the imported file is deleted once read"
+
+
+def test_an_imported_replys_model_and_stop_reason_show_as_typed_in_the_line_under_it(store) -> None:
+    """Issue 41, item 7: an imported chat's ``model`` and ``stats.stopped_by`` went into the line
+    under a reply (and its details) unescaped, while its messages' text is shown as typed:
+    "<img src=x onerror=alert(1)>**bold**" was rendered as HTML and Markdown there. Every field the
+    import brings shows as typed: each character that would start Markdown or HTML is escaped."""
+    forged = "<img src=x onerror=alert(1)>**bold**"
+    conv = store.import_conversation(json.dumps({"format": "minisgl-chat conversation", "title": "t", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "model": forged, "stats": {"tokens": 2, "stopped": True, "stopped_by": forged}}]}))
+    [line] = [v.shown for v in view_messages(store.get(conv.id)) if v.is_line]
+    escaped = view.markdown_literal(forged)
+    assert line["metadata"]["title"] == f"2 tokens · stopped ({escaped}) · {escaped}", line
+    assert line["content"] == f"Stopped before the end ({escaped}).", line
+    for text in (line["metadata"]["title"], line["content"]):
+        assert not re.search(r"(?<!\\)<|(?<!\\)\*", text), text  # no "<" or "*" left unescaped
