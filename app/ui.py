@@ -288,9 +288,11 @@ PAGE_JS = """
       e.target.dispatchEvent(new PointerEvent('pointerup'));
     }
   }, true);
-  // HTML in a message is shown as text by a mark after its "<" (view.shown_literally): what is
-  // copied (Copy, a code block's copy, a selection) is the text as typed, without the marks
-  const unmark = (text) => String(text).replace(/([<&])\\u2060/g, '$1');
+  // HTML in a message is shown as text by a mark after its "<" (view.shown_literally), an image
+  // as a link whose alt text is between two marks (U+2062): what is copied (Copy, a code block's
+  // copy, a selection) is the text as typed, without the marks (view.typed_text)
+  const unmark = (text) => String(text).replace(/\\[🖼 \\u2062([^\\u2062]*)\\u2062[^\\]\\u2062]*\\]\\(/g, '![$1](')
+    .replace(/([<&!])\\u2060/g, '$1');
   if (navigator.clipboard && navigator.clipboard.writeText) {
     const write = navigator.clipboard.writeText.bind(navigator.clipboard);
     navigator.clipboard.writeText = (text) => write(unmark(text));
@@ -299,7 +301,7 @@ PAGE_JS = """
     const box = document.activeElement;
     const text = box && 'selectionStart' in box && typeof box.value === 'string'
       ? box.value.slice(box.selectionStart, box.selectionEnd) : String(getSelection());
-    if (/[<&]\\u2060/.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
+    if (/[<&!]\\u2060|\\u2062/.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
   }, true);
   // the ▸ of a line under a message (a reply's figures, a version, its thinking) opens its
   // details; Gradio draws it as a button with an empty name: it is named, and its line says
@@ -318,7 +320,7 @@ PAGE_JS = """
   // mark in the message saved
   const unmarkEditBoxes = () => {
     for (const box of document.querySelectorAll('#chatbot textarea.edit-textarea')) {
-      if (!/[<&]\u2060/.test(box.value)) continue;
+      if (!/[<&!]\u2060|\u2062/.test(box.value)) continue;
       box.value = unmark(box.value);
       box.dispatchEvent(new Event('input', {bubbles: true}));  // Gradio's copy of the box's text follows
     }

