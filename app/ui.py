@@ -36,8 +36,8 @@ from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, MAX_TOKENS_L
                     ChatSettings, ConversationStore, NotFoundError, plural, shown_value, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
 from .uploads import NotUploaded, Uploads
-from .view import (can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices, typed_text,
-                   version_steps, versions_label, view_messages, while_replying)
+from .view import (WINDOW, can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices,
+                   typed_text, version_steps, versions_label, view_messages, while_replying)
 
 STATIC = Path(__file__).resolve().parent / "static"  # the page's theme and favicon, inside the package (and its wheel)
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
@@ -599,6 +599,7 @@ class Tab:
     # messages after an edited one went (ChatPage.edit; a toast there covered the edited message)
     bar_note: tuple[int, str] | None = None
     search: str = ""  # what the sidebar is filtered by
+    window: int = WINDOW  # how many of the shown chat's last messages the chat shows (view.windowed)
     attachments: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) for the next message
     follower: int = 0  # which follow event renders the tab now
     sidebar: tuple | None = None  # the sidebar as last sent
@@ -886,8 +887,9 @@ class ChatPage:
         return choices, tab.conv_id, note
 
     def view_of(self, conv, tab: Tab) -> list:
-        """The shown conversation's messages as the page lists them (its click and edit indexes)."""
-        return view_messages(conv, self.replies.live.get(tab.conv_id), self.replies.is_busy(tab.conv_id))
+        """The shown conversation's messages as the page lists them (its click and edit indexes):
+        its last ``tab.window`` messages, under a line that shows earlier ones (``focus``)."""
+        return view_messages(conv, self.replies.live.get(tab.conv_id), self.replies.is_busy(tab.conv_id), tab.window)
 
     def render(self, tab: Tab) -> list:
         """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue,
@@ -964,6 +966,7 @@ class ChatPage:
         self.swap_attachments(tab, conv_id)
         tab.shown_before, tab.shown_since = tab.conv_id, clicked_at or 0.0
         tab.conv_id, tab.focus, tab.picked, tab.bar_note = conv_id, None, True, None
+        tab.window = WINDOW
         self.replies.notify()
         return self.draft_for_box(clicked_at, text, box)
 
@@ -1385,14 +1388,18 @@ class ChatPage:
     # ---- versions, one message
 
     async def focus(self, evt: gr.SelectData, request: gr.Request):
-        """A click on a message: the versions bar now acts on it."""
+        """A click on a message: the versions bar now acts on it. A click on the line above a chat
+        shown in part (view.earlier_line) shows WINDOW more of its messages."""
         tab = self.tab(request)
         conv = self.shown(tab)
         if not self.shows_current(tab, conv):
             return  # the click's index is into the chat as the tab showed it
         shown = self.view_of(conv, tab)
         index = evt.index if isinstance(evt.index, int) else (evt.index[0] if evt.index else -1)
-        if 0 <= index < len(shown) and shown[index].source is not None:
+        if 0 <= index < len(shown) and shown[index].earlier:
+            tab.window += WINDOW
+            self.replies.notify()
+        elif 0 <= index < len(shown) and shown[index].source is not None:
             tab.focus = shown[index].source.id
             self.replies.notify()
 

@@ -47,6 +47,7 @@ class ViewMessage:
 
     shown: dict
     source: Message | None
+    earlier: int = 0  # the "Show earlier messages" line: how many messages of the path are not shown
 
     @property
     def is_line(self) -> bool:
@@ -97,9 +98,30 @@ def is_failed(message: Message) -> bool:
     return message.role == "assistant" and message.stats is not None and message.stats.finish_reason == "error"
 
 
-def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy: bool = False) -> list[ViewMessage]:
+# A chat shows the last WINDOW messages of its path at first; a line above them, "Show N earlier
+# messages", shows WINDOW more at each click (a 100,000-message chat crashed the browser's tab).
+WINDOW = 200
+
+
+def windowed(conv: Conversation, window: int) -> tuple[Conversation, int]:
+    """``conv`` with only the last ``window`` messages of its path, and how many are left out before them."""
+    hidden = max(0, len(conv.messages) - window)
+    return (replace(conv, messages=conv.messages[hidden:]) if hidden else conv), hidden
+
+
+def earlier_line(hidden: int) -> ViewMessage:
+    """The line above a chat shown in part: a click on it shows up to WINDOW more messages."""
+    more = min(hidden, WINDOW)
+    rest = f" (of {hidden:,} not shown)" if hidden > more else ""
+    return ViewMessage({"role": "assistant", "content": f"⤒ **Show {more:,} earlier {'message' if more == 1 else 'messages'}**{rest}: click here"},
+                       None, earlier=hidden)
+
+
+def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy: bool = False,
+                  window: int | None = None) -> list[ViewMessage]:
     """The conversation as the chat shows it; the live reply's text replaces its stored copy
-    (which is written only every half second). ``busy``: the chat has a reply running or queued,
+    (which is written only every half second); ``window``: show only the last so many messages
+    (``windowed``), under ``earlier_line``. ``busy``: the chat has a reply running or queued,
     so a question at its end waits for its turn (and says so); a question at the end of a chat
     that is not busy was left unanswered, and says that instead. These lines sit where the
     question's reply goes, on the model's side, all of them: "waiting" sat on the user's side and
@@ -108,6 +130,10 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
     if conv is None:
         return []
     out: list[ViewMessage] = []
+    if window is not None:  # the last ``window`` messages, under a line that shows earlier ones
+        conv, hidden = windowed(conv, window)
+        if hidden:
+            out.append(earlier_line(hidden))
     trailing = set()  # the questions at the chat's end, after its last reply: waiting, or left unanswered
     for j in range(len(conv.messages) - 1, -1, -1):
         if conv.messages[j].role != "user":

@@ -2000,3 +2000,50 @@ def test_a_messages_images_show_as_links_and_copy_or_edit_gives_them_back_as_typ
         assert view.typed_text(shown) == text, (text, shown)
     for code in ("`![x](http://e.example/y.png)`", "```\n![x](http://e.example/y.png)\n```"):
         assert view.shown_literally(code) == code
+
+
+def test_a_long_chat_shows_its_last_messages_under_a_line_that_shows_earlier_ones(store) -> None:
+    """Issue 41, item 9: a 100,000-message chat crashed the browser's tab as it opened. The view
+    shows the last view.WINDOW messages of the path, under a line saying how many earlier ones a
+    click shows; the indexes of what is shown map to their messages."""
+    conv = store.create(title="long")
+    for i in range(450):
+        store.append(conv.id, "user" if i % 2 == 0 else "assistant", f"message {i}")
+    full = store.get(conv.id)
+    shown = view_messages(full, window=view.WINDOW)
+    assert shown[0].earlier == 250 and shown[0].source is None
+    assert "Show 200 earlier messages" in shown[0].shown["content"] and "250" in shown[0].shown["content"]
+    own = [v for v in shown[1:] if not v.is_line]
+    assert [v.source.content for v in own] == [f"message {i}" for i in range(250, 450)]
+    shown = view_messages(full, window=2 * view.WINDOW)
+    assert shown[0].earlier == 50 and "Show 50 earlier messages" in shown[0].shown["content"]
+    assert not any(v.earlier for v in view_messages(full, window=450)) and view_messages(full) == view_messages(full, window=None)
+    assert view.windowed(full, 500) == (full, 0)
+
+
+@pytest.mark.anyio
+async def test_a_click_on_the_earlier_messages_line_shows_more_and_another_chat_starts_at_the_last_ones(store) -> None:
+    """Issue 41, item 9: the line above a long chat shows view.WINDOW more messages at each click
+    (the chatbot's select event, as a click on a message); showing a chat starts at its last ones."""
+    from types import SimpleNamespace
+
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    conv = store.create(title="long")
+    for i in range(250):
+        store.append(conv.id, "user" if i % 2 == 0 else "assistant", f"message {i}")
+    other = store.create(title="other").id
+    await page.select(conv.id, 1000.0, request)
+    tab = page.tab(request)
+    chat = page.render(tab)[0]
+    assert len([m for m in chat if "metadata" not in m]) == view.WINDOW + 1 and "Show 50 earlier" in chat[0]["content"]
+    await page.focus(SimpleNamespace(index=0), request)
+    chat = page.render(tab)[0]
+    assert chat[0]["content"] == "message 0" and tab.focus is None
+    await page.focus(SimpleNamespace(index=3), request)  # a click on a message: the versions bar acts on it
+    assert tab.focus == store.get(conv.id).messages[3].id
+    await page.select(other, 2000.0, request)
+    await page.select(conv.id, 3000.0, request)
+    assert "Show 50 earlier" in page.render(tab)[0][0]["content"]

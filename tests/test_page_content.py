@@ -104,3 +104,26 @@ def test_a_chat_with_images_from_another_host_loads_nothing_from_it(tab, app, li
     assert tab.locator("#chatbot .thought-group .title strong").count() == 0
     time.sleep(1.0)  # a fetch started by the page would have reached the port by now
     assert listener.connections == 0 and not [u for u in requested if str(listener.port) in u], requested
+
+
+def test_a_chat_of_100000_messages_imports_and_opens_at_its_last_messages(tab, app, tmp_path):
+    """Issue 41, item 9: a 100,000-message chat (4 MB) took 22 s to import and crashed the
+    browser's tab as it opened. It imports in one batch and opens at its last 200 messages, under
+    a line that shows earlier ones, 200 at a click."""
+    WINDOW = 200  # view.WINDOW
+
+    title = f"Quagga long {time.time_ns()}"
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Quagga line {i}"} for i in range(100_000)]
+    chat = tmp_path / "long.json"
+    chat.write_text(json.dumps({"title": title, "messages": turns}))
+    open_page(tab, app)
+    import_chat(tab, chat)
+    last = tab.locator(REPLY, has_text="Quagga line 99999")
+    assert wait_until(lambda: last.count() == 1, 60), tab.inner_text("#chatbot")[-300:]
+    shown = tab.locator("#chatbot .message-row")
+    assert shown.count() == WINDOW + 1, shown.count()  # the last WINDOW and the line above them
+    earlier = tab.locator("#chatbot .message-row", has_text="Show 200 earlier messages").first
+    assert "99,800 not shown" in earlier.inner_text()
+    earlier.click()
+    assert wait_until(lambda: tab.locator("#chatbot .message-row", has_text="Quagga line 99600").count() == 1, 30)
+    assert "99,600 not shown" in tab.locator("#chatbot .message-row").first.inner_text()
