@@ -315,6 +315,19 @@ PAGE_JS = """
       if (title.getAttribute('aria-expanded') !== String(open)) title.setAttribute('aria-expanded', String(open));
     }
   };
+  // ✓ (or Enter) in an edit box: Gradio shows the edited text as Markdown at once, before the
+  // page's answer redraws it as typed, and an <img src=x> typed there was fetched (issue 45). The
+  // box's text is marked first as the page shows it (view.shown_literally's marks: ✎ saves the
+  // text as typed, view.typed_text)
+  const markTyped = (text) => String(text).replace(/<(?=[A-Za-z\/!?])|&(?=#?[A-Za-z0-9]+;)/g, '$&\u2060')
+    .replace(/!\[/g, '!\u2060[');
+  document.addEventListener('click', (e) => {
+    if (!(e.target instanceof Element) || !e.target.closest('#chatbot button[aria-label="Submit"]')) return;
+    for (const box of document.querySelectorAll('#chatbot textarea.edit-textarea')) {
+      const marked = markTyped(box.value);
+      if (marked !== box.value) { box.value = marked; box.dispatchEvent(new Event('input', {bubbles: true})); }
+    }
+  }, true);
   // a message's edit box (✎) holds the text as typed: Gradio fills it with the text as shown, marks
   // and all, where each took a key press of its own to cross (invisible), and a "<" deleted left its
   // mark in the message saved

@@ -127,3 +127,35 @@ def test_a_chat_of_100000_messages_imports_and_opens_at_its_last_messages(tab, a
     earlier.click()
     assert wait_until(lambda: tab.locator("#chatbot .message-row", has_text="Quagga line 99600").count() == 1, 30)
     assert "99,600 not shown" in tab.locator("#chatbot .message-row").first.inner_text()
+
+
+def test_html_and_an_image_typed_in_an_edit_load_nothing_and_are_saved_as_typed(tab, app, listener, tmp_path):
+    """Issue 45, item 6: a reply edited to "<img src=probe-i>" made the browser request /probe-i:
+    Gradio shows the edited text as Markdown at once, before the page's answer shows it as typed.
+    The edit's text is marked as the page shows it before Gradio takes it: nothing is requested
+    (this origin or another), and the reply is saved and shown as typed."""
+    other = f"http://127.0.0.1:{listener.port}"
+    typed = f"<img src=probe-i> and <img src={other}/p.png> and ![x](probe-j)"
+    chat = tmp_path / "edit.json"
+    chat.write_text(json.dumps({"title": f"Quagga edit {time.time_ns()}", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}))
+    requested: list[str] = []
+    tab.on("request", lambda r: requested.append(r.url))
+    open_page(tab, app)
+    import_chat(tab, chat)
+    reply = tab.locator(REPLY, has_text="hello there")
+    assert wait_until(lambda: reply.count() == 1, 30)
+    row = tab.locator("#chatbot .message-row:not(:has(.thought-group))").nth(1)
+    row.hover()
+    buttons = row.locator("xpath=following-sibling::div[contains(@class, 'message-buttons')][1]")
+    buttons.locator("button[aria-label='Edit']").click()
+    box = row.locator("textarea.edit-textarea").first
+    box.wait_for(state="visible")
+    box.fill(typed)
+    buttons.locator("button[aria-label='Submit']").click()
+    shown = lambda: tab.locator(REPLY).last.inner_text().replace("\u2060", "")  # noqa: E731
+    # as typed, once the page's answer redrew it (the image a link to it)
+    assert wait_until(lambda: shown().replace("\u2062", "") == typed.replace("![x](probe-j)", "🖼 x · image — click to open"), 30), shown()
+    time.sleep(1.0)  # a fetch started by the page would have been seen by now
+    assert not [u for u in requested if "probe-" in u or str(listener.port) in u], requested
+    assert tab.locator("#chatbot img").count() == 0
