@@ -159,3 +159,30 @@ def test_html_and_an_image_typed_in_an_edit_load_nothing_and_are_saved_as_typed(
     time.sleep(1.0)  # a fetch started by the page would have been seen by now
     assert not [u for u in requested if "probe-" in u or str(listener.port) in u], requested
     assert tab.locator("#chatbot img").count() == 0
+
+
+def test_the_page_runs_under_its_content_security_policy_and_it_blocks_other_hosts_images(tab, app, listener):
+    """Issue 41, item 6, the second guard: the page's responses carry `img-src 'self' data: blob:`
+    (and media-src likewise), with the server's frame-ancestors; the page works under it (its
+    panels open, a reply streams) with no CSP error in the console from Gradio's own code; and
+    an image from another host, put into the page by any means, is refused by the browser."""
+    import requests
+
+    from minisgl_app.page_csp import PAGE_CSP
+
+    policy = requests.get(f"{app.url}/", timeout=10).headers.get("content-security-policy", "")
+    assert PAGE_CSP in policy and "frame-ancestors 'none'" in policy, policy
+    console: list[str] = []
+    tab.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    open_page(tab, app)
+    for panel in ("Settings", "Models", "Manage"):
+        tab.click(f"text={panel}")
+    tab.fill("#msg-input textarea", "Say hi.")
+    tab.press("#msg-input textarea", "Enter")
+    assert wait_until(lambda: tab.locator(REPLY).count() >= 1 and "Ready" in tab.inner_text("#status-line"), 120)
+    csp_errors = [line for line in console if "Content Security Policy" in line or "Content-Security-Policy" in line]
+    assert csp_errors == [], csp_errors
+    tab.evaluate("(src) => { const img = new Image(); img.src = src; document.body.appendChild(img); }",
+                 f"http://127.0.0.1:{listener.port}/injected.png")
+    assert wait_until(lambda: any("Content Security Policy" in line for line in console), 10), console[-5:]
+    assert listener.connections == 0
