@@ -1649,6 +1649,11 @@ class ChatPage:
                     main = self._chat_column()
             self._wire(demo, chats, settings, models, main)
         self.uploads.stored = getattr(demo, "upload_file_set", set())  # filled by Gradio's upload route
+        # Gradio checks that an event's file lies in its upload folder only once it has launched
+        # the Blocks itself; mounted (gr.mount_gradio_app), it would read any path an event names
+        # and copy it into its cache before a handler runs (a forged "/dev/zero" hung the server):
+        # the check is switched on (app/uploads.py's is the second, stricter one)
+        demo.has_launched = True
         return demo
 
     def _chats_panel(self, new_btn: gr.Button) -> SimpleNamespace:

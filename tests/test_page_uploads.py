@@ -64,10 +64,26 @@ def warnings_in(messages: list[dict]) -> list[str]:
     return [m.get("log", "") for m in messages if m.get("msg") == "log"]
 
 
+def completed(messages: list[dict]) -> dict:
+    return next(m for m in messages if m["msg"] == "process_completed")
+
+
 def output_of(messages: list[dict]) -> list:
-    done = next(m for m in messages if m["msg"] == "process_completed")
+    done = completed(messages)
     assert done.get("success"), done
     return done["output"]["data"]
+
+
+def shown_by(messages: list[dict]) -> list:
+    """What the event gave the page to show (nothing when it failed: Gradio's error names the path sent)."""
+    done = completed(messages)
+    return done["output"]["data"] if done.get("success") else []
+
+
+def refused(messages: list[dict]) -> bool:
+    """An event's file refused: by Gradio's own check (the event fails before the handler), or by
+    the handler's (app/uploads.py: a warning, nothing read)."""
+    return not completed(messages).get("success") or any(NOT_UPLOADED in w for w in warnings_in(messages))
 
 
 def test_attach_refuses_a_forged_file_path_and_reads_an_uploaded_file_once(app, tmp_path):
@@ -80,9 +96,7 @@ def test_attach_refuses_a_forged_file_path_and_reads_an_uploaded_file_once(app, 
     secret = tmp_path / "secret-41.txt"
     secret.write_text("the PIN is 4321\n", encoding="utf-8")
     messages = run_event(app, http, session, "attach-btn", "upload", [[file_data(str(secret), secret.name)]])
-    note = output_of(messages)[0]
-    assert "secret-41" not in json.dumps(note), note
-    assert any(NOT_UPLOADED in w for w in warnings_in(messages)), messages
+    assert refused(messages) and "secret-41" not in json.dumps(shown_by(messages)), messages
     r = upload(app, http, "notes-41.txt", b"the code is plum\n")
     assert r.status_code == 200, r.text[:300]
     [stored] = r.json()
@@ -95,6 +109,39 @@ def test_attach_refuses_a_forged_file_path_and_reads_an_uploaded_file_once(app, 
     assert not list(folder.rglob("secret-41.txt")), "Gradio's copy of the forged path stays in the files folder"
 
 
+def test_a_forged_file_path_is_refused_before_gradio_reads_it(app, tmp_path):
+    """Issue 41, item 1: before the handler runs, Gradio's preprocessing read the file an event
+    names (hashing it) and copied it into its cache: a forged "/dev/zero" would hang the server,
+    a large file fill the disk. Mounted, Gradio skipped its own check that the file lies in its
+    upload folder; switched on (ChatPage.build), a path elsewhere is refused unread. A named pipe
+    shows it: reading it would block until a writer comes; no reader ever opens it here."""
+    import os
+    import threading
+
+    pipe = tmp_path / "pipe-41.txt"
+    os.mkfifo(pipe)
+    opened: list[bool] = []
+
+    def watch() -> None:  # a reader blocked on the pipe is let go (the app must not stay hung)
+        for _ in range(100):
+            try:
+                fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader
+                time.sleep(0.1)
+                continue
+            opened.append(True)
+            os.close(fd)
+            return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    messages = run_event(app, page_session(app), f"fifo{uuid.uuid4().hex[:10]}", "attach-btn", "upload",
+                         [[file_data(str(pipe), pipe.name)]])
+    watcher.join()
+    assert not opened, "Gradio opened the forged path to read it"
+    assert refused(messages), messages
+
+
 def test_import_refuses_a_forged_file_path(app, tmp_path):
     """Issue 41, item 1, for Import chat: a forged FileData naming a chat file on the server is
     refused with a message and nothing is imported."""
@@ -104,8 +151,7 @@ def test_import_refuses_a_forged_file_path(app, tmp_path):
     chat = tmp_path / "chat.json"
     chat.write_text(json.dumps({"title": title, "messages": [{"role": "user", "content": "hello"}]}), encoding="utf-8")
     messages = run_event(app, http, session, "import-btn", "upload", [file_data(str(chat), chat.name), None, ""])
-    assert any(NOT_UPLOADED in w for w in warnings_in(messages)), messages
-    assert title not in json.dumps(output_of(messages))
+    assert refused(messages) and title not in json.dumps(shown_by(messages)), messages
 
 
 
