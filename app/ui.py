@@ -319,8 +319,8 @@ PAGE_JS = """
   // page's answer redraws it as typed, and an <img src=x> typed there was fetched (issue 45). The
   // box's text is marked first as the page shows it (view.shown_literally's marks: ✎ saves the
   // text as typed, view.typed_text)
-  const markTyped = (text) => String(text).replace(/<(?=[A-Za-z\/!?])|&(?=#?[A-Za-z0-9]+;)/g, '$&\u2060')
-    .replace(/!\[/g, '!\u2060[');
+  const markTyped = (text) => String(text).replace(/<(?=[A-Za-z\\/!?])|&(?=#?[A-Za-z0-9]+;)/g, '$&\\u2060')
+    .replace(/!\\[/g, '!\\u2060[');
   document.addEventListener('click', (e) => {
     if (!(e.target instanceof Element) || !e.target.closest('#chatbot button[aria-label="Submit"]')) return;
     for (const box of document.querySelectorAll('#chatbot textarea.edit-textarea')) {
