@@ -1,7 +1,8 @@
 """Pulling a model from the chat page: a Hugging Face hub id downloaded into the Hugging Face
 cache, or a ``.gguf`` file converted once into ours, as ``minisgl-chat pull`` does.
 
-The pull runs as a child process, ``minisgl-chat pull MODEL --json-progress``, so that Cancel can
+The pull runs as a child process, ``minisgl-chat pull --json-progress -- MODEL`` (the model
+after ``--``: a name starting with "-" is not an option), so that Cancel can
 end it at any point (huggingface_hub resumes a cut download next time; a cut conversion leaves
 nothing, see gguf_convert), the app's own process never holds a conversion's memory, and the engine
 keeps serving throughout. The child draws its progress bars as JSON lines (``JsonLinesBar``); the
@@ -19,6 +20,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -48,18 +50,58 @@ class JsonLinesBar(tqdm):
         return True
 
 
-def run_pull(model: str) -> int:
-    """``minisgl-chat pull MODEL --json-progress``: the bars, then ``{"done": folder, "name":
-    the models panel's name of it}`` or ``{"error": sentence}`` (exit code 2)."""
-    from pathlib import Path
+# What the pull says of a local path outside the places models are kept (``disclosed_roots``),
+# whatever went wrong: "is a file", "no config.json" and "does not exist" told apart which paths
+# exist anywhere the app's user can read (issue 41, item 10).
+NOT_A_MODEL = "not a model folder or GGUF file this app can read"
+PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")  # as the engine's resolve_model reads a path
 
-    from minisgl_engine import UserError, exit_when_parent_dies, local_models, resolve_model
+
+def names_a_path(model: str) -> bool:
+    """Whether the engine's resolve_model takes ``model`` as a local path (else a hub id)."""
+    model = model.strip()
+    return (model.lower().endswith(".gguf") or model.startswith(PATH_PREFIXES) or model in (".", "..")
+            or Path(model).expanduser().exists())
+
+
+def disclosed_roots() -> list[Path]:
+    """Where a pull's failure may say what it found: the user's home (their own files, and our
+    model cache) and the Hugging Face cache."""
+    roots = [Path.home()]
+    try:
+        from huggingface_hub import constants
+
+        roots.append(Path(constants.HF_HUB_CACHE))
+    except ImportError:
+        pass
+    return [Path(os.path.realpath(r)) for r in roots]
+
+
+def pull_failure(model: str, exc: BaseException) -> str | None:
+    """The sentence a failed pull of ``model`` says; None for an error to report as it is (a
+    crash). A local path outside ``disclosed_roots`` gets NOT_A_MODEL for every failure."""
+    from minisgl_engine import UserError
+
+    if names_a_path(model):
+        real = Path(os.path.realpath(Path(model.strip()).expanduser()))
+        if not any(real.is_relative_to(root) for root in disclosed_roots()):
+            return f"{model.strip()}: {NOT_A_MODEL}"
+    return str(exc) if isinstance(exc, UserError) else None
+
+
+def run_pull(model: str) -> int:
+    """``minisgl-chat pull --json-progress -- MODEL``: the bars, then ``{"done": folder, "name":
+    the models panel's name of it}`` or ``{"error": sentence}`` (exit code 2)."""
+    from minisgl_engine import exit_when_parent_dies, local_models, resolve_model
 
     exit_when_parent_dies(os.getppid())  # the app went away: stop downloading for it
     try:
         folder = resolve_model(None if model == "demo" else model, bars=JsonLinesBar)
-    except UserError as exc:
-        print(json.dumps({"error": str(exc)}), flush=True)
+    except Exception as exc:
+        said = pull_failure(model, exc)
+        if said is None:
+            raise
+        print(json.dumps({"error": said}), flush=True)
         return 2
     name = next((m.name for m in local_models() if Path(m.folder).resolve() == Path(folder).resolve()), None)
     print(json.dumps({"done": str(folder), "name": name}), flush=True)
@@ -141,7 +183,7 @@ class ModelPuller:
         self.progress, self.output = PullProgress(model), deque(maxlen=20)
         # its own session: Ctrl+C in the terminal reaches the app, which ends the pull in order
         self.proc = await asyncio.create_subprocess_exec(
-            *self.command, model, "--json-progress", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *self.command, "--json-progress", "--", model, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         asyncio.get_running_loop().create_task(self._follow(self.proc, self.progress))
         self._notify()

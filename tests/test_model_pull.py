@@ -21,13 +21,13 @@ def anyio_backend() -> str:
 
 
 def child(script: str) -> list[str]:
-    """A pull command that runs ``script`` (it gets the model and --json-progress as argv)."""
+    """A pull command that runs ``script`` (it gets --json-progress, --, the model as argv)."""
     return [sys.executable, "-c", textwrap.dedent(script)]
 
 
 BARS = """
     import json, sys, time
-    assert sys.argv[1:] == ["org/model", "--json-progress"], sys.argv
+    assert sys.argv[1:] == ["--json-progress", "--", "org/model"], sys.argv
     print("a warning that is not JSON", flush=True)
     print(json.dumps({"bar": 1, "desc": "Fetching 2 files", "n": 0, "total": 2, "unit": "it"}), flush=True)
     for n in (0, 5_000_000, 12_000_000):
@@ -120,3 +120,54 @@ def test_progress_lines_say_what_is_happening() -> None:
     gguf = PullProgress("/models/tiny.Q4_0.gguf", state="running")
     gguf.bars[7] = {"desc": "Converting and de-quantizing GGUF tensors...", "n": 30, "total": 120, "unit": "it"}
     assert "Converting and de-quantizing GGUF tensors: 30 of 120 · " in gguf.line()
+
+
+@pytest.mark.anyio
+async def test_the_model_typed_is_passed_after_a_double_dash_never_as_an_option() -> None:
+    """Issue 41, item 10: the Pull box's text went onto the pull's command line as it was, before
+    --json-progress: "--json-progress" typed there was taken as the flag. It comes after "--", and
+    the real command line reads it as the model."""
+    from minisgl_app.cli import build_parser
+
+    puller = ModelPuller(child("""
+        import json, sys
+        print(json.dumps({"error": repr(sys.argv[1:])}), flush=True)
+        sys.exit(2)
+    """))
+    await puller.start("--json-progress")
+    progress = await until_over(puller)
+    assert progress.error == repr(["--json-progress", "--", "--json-progress"]), progress.error
+    args = build_parser().parse_args(["pull", "--json-progress", "--", "--json-progress"])
+    assert (args.model, args.json_progress) == ("--json-progress", True)
+
+
+def test_a_local_path_outside_home_and_the_model_caches_fails_with_one_sentence(tmp_path, monkeypatch, capsys) -> None:
+    """Issue 41, item 10: the pull's failures told a file, a folder without config.json and a
+    missing path apart, for any path: an oracle of what exists on the machine. Outside the user's
+    home and the Hugging Face cache every local path gets one sentence; inside, the reason."""
+    import json
+
+    import minisgl_engine
+    from minisgl_app import model_pull
+
+    monkeypatch.setattr(minisgl_engine, "exit_when_parent_dies", lambda pid: None)
+    home, outside = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(model_pull, "disclosed_roots", lambda: [home.resolve()], raising=False)
+
+    def said(model: str) -> str:
+        assert model_pull.run_pull(model) == 2
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+    for root in (outside, home):
+        (root / "empty-folder").mkdir(parents=True)
+        (root / "a-file.txt").write_text("x")
+        (root / "bad.gguf").write_text("not a gguf")
+    paths = ("a-file.txt", "empty-folder", "missing-folder", "missing.gguf", "bad.gguf")
+    models = [str(outside / p) for p in paths] + [f"{outside}/../elsewhere/{p}" for p in paths]
+    sentences = {said(m).replace(m, "PATH") for m in models}
+    assert len(sentences) == 1, sentences  # the same for every path: nothing told apart
+    assert sentences == {f"PATH: {model_pull.NOT_A_MODEL}"}, sentences
+    inside = {p: said(str(home / p)) for p in paths[:3]}
+    assert len(set(inside.values())) == 3 and model_pull.NOT_A_MODEL not in " ".join(inside.values()), inside

@@ -619,21 +619,34 @@ def test_a_bad_import_file_is_refused_with_a_message_a_user_can_act_on(store, te
 
 
 def test_an_import_that_fails_while_storing_leaves_nothing(store, monkeypatch):
+    """A failure once the messages are written (they go in one batch) rolls the whole import back."""
     from minisgl_app import store as store_module
 
-    real_insert, calls = store_module._insert, []
+    calls = []
 
-    def failing_insert(*args):
+    def failing_set_leaf(*args):
         calls.append(args)
-        if len(calls) == 3:
-            raise sqlite3.OperationalError("disk I/O error")
-        return real_insert(*args)
+        raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(store_module, "_insert", failing_insert)
+    monkeypatch.setattr(store_module, "_set_leaf", failing_set_leaf)
     turns = [{"role": "user", "content": f"m{i}"} for i in range(5)]
     with pytest.raises(sqlite3.OperationalError):
         store.import_conversation(json.dumps(turns))
-    assert len(calls) == 3 and nothing_stored(store)
+    assert len(calls) == 1 and nothing_stored(store)
+
+
+def test_imported_messages_take_ids_after_every_id_used_and_search_finds_them(store):
+    """The batch insert gives ids as AUTOINCREMENT would: after every id ever used (a deleted
+    chat's too), parents before children; the search index follows."""
+    first = store.import_conversation(json.dumps([{"role": "user", "content": "alpha"}, {"role": "assistant", "content": "beta"}]))
+    used = max(m.id for m in first.messages)
+    store.delete(first.id)
+    again = store.import_conversation(json.dumps([{"role": "user", "content": "gamma words"}, {"role": "assistant", "content": "delta"}]))
+    ids = [m.id for m in again.messages]
+    assert ids == [used + 1, used + 2] and again.messages[1].parent_id == ids[0]
+    assert [c.id for c in store.search("gamma")] == [again.id]
+    later = store.append(again.id, "user", "epsilon")
+    assert later.id == used + 3
 
 
 # ----------------------------------------------------------------------------- search
