@@ -2119,6 +2119,8 @@ def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | 
     With ``page_key`` (page_access.py) every page route needs it (its cookie, or a login with it or
     with ``api_key``); None (``--no-auth``) leaves the page open to whoever reaches the server."""
     from .page_access import PageGuard
+    from .page_csp import page_csp
+    from .uploads import UPLOAD_LIMIT_BYTES
 
     demo = build_ui(source, store, puller)
     demo.queue(default_concurrency_limit=None)
@@ -2140,6 +2142,7 @@ def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | 
         js=PAGE_JS,
         theme=gr.themes.Soft(),
         ssr_mode=False,
+        max_file_size=UPLOAD_LIMIT_BYTES,  # the largest file the page takes (an import); larger uploads are refused as they come
     )
     # inside the server's own guards (server/security.py: a foreign Host is refused first)
     from starlette.routing import Mount
@@ -2148,6 +2151,7 @@ def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | 
     page.app = StreamOfGoneSession(page.app, getattr(demo, "_queue", None))
     if page_key is not None:
         page.app = PageGuard(page.app, page_key, api_key)
+    page.app = page_csp(page.app)  # outermost of the page's: its login form too
 
 
 __all__ = ["build_ui", "mount_ui"]

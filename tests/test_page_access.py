@@ -31,8 +31,8 @@ def test_without_the_key_every_route_is_401():
     r = client.get("/?chat=5", headers={"Accept": "text/html"})
     assert r.status_code == 401 and 'action="/page-login"' in r.text and "the page at" not in r.text
     assert 'name="next" value="/?chat=5"' in r.text  # where the login goes back to
-    r = client.get("/", cookies={"minisgl-page-1919": KEY + "x"})
-    assert r.status_code == 401
+    client.cookies.set("minisgl-page-1919", KEY + "x")
+    assert client.get("/").status_code == 401
 
 
 def test_the_link_sets_the_cookie_named_after_the_port_and_drops_the_key_from_the_address():
@@ -42,7 +42,8 @@ def test_the_link_sets_the_cookie_named_after_the_port_and_drops_the_key_from_th
     assert r.headers["set-cookie"].startswith(f"minisgl-page-1919={KEY};") and "HttpOnly" in r.headers["set-cookie"]
     assert client.get("/config").text == "the page at /config"  # the client keeps the cookie
     other_port = TestClient(client.app, base_url="http://127.0.0.1:1920", follow_redirects=False)
-    assert other_port.get("/config", cookies={"minisgl-page-1919": KEY}).status_code == 401  # another server's cookie
+    other_port.cookies.set("minisgl-page-1919", KEY)
+    assert other_port.get("/config").status_code == 401  # another server's cookie
 
 
 def test_the_login_form_takes_the_page_key_or_the_api_key_and_goes_back_where_asked():

@@ -25,7 +25,7 @@ def app(chat_app):
 
 def open_page(page, app) -> None:
     """Open the chat page (the one place that knows its address)."""
-    page.goto(f"{app.url}/")
+    page.goto(app.page_url)
     wait_page_loaded(page, "Ready", 180)
 
 
@@ -170,7 +170,7 @@ def test_the_page_runs_under_its_content_security_policy_and_it_blocks_other_hos
 
     from minisgl_app.page_csp import PAGE_CSP
 
-    policy = requests.get(f"{app.url}/", timeout=10).headers.get("content-security-policy", "")
+    policy = requests.get(f"{app.url}/", cookies=app.page_cookies, timeout=10).headers.get("content-security-policy", "")
     assert PAGE_CSP in policy and "frame-ancestors 'none'" in policy, policy
     console: list[str] = []
     tab.on("console", lambda m: console.append(f"{m.type}: {m.text}"))

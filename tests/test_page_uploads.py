@@ -24,8 +24,10 @@ def app(chat_app):
 
 
 def page_session(app) -> requests.Session:
-    """An HTTP session of the page's own (what the browser holds after loading it)."""
-    return requests.Session()
+    """An HTTP session of the page's own (what the browser holds after loading it: the page key's cookie)."""
+    http = requests.Session()
+    http.cookies.update(app.page_cookies)
+    return http
 
 
 def event_of(config: dict, elem_id: str, trigger: str) -> tuple[int, int]:
