@@ -49,5 +49,5 @@ def check_prompt_chars(chars: int, max_context_len: int, max_token_chars: int, p
     token's string has a character per byte, a character at least a byte). Tokenizing a 10 MB
     message took the tokenizer 39 s, during which everyone else waited."""
     if chars > max_context_len * max_token_chars:
-        raise RequestError(f"the prompt has {chars:,} characters, more than the model's context of {max_context_len:,} tokens can "
+        raise RequestError(f"the prompt has {chars:,} characters, more than the model's context of {max_context_len} tokens can "
                            f"hold (a token of this model spells at most {max_token_chars} characters); shorten it", param=param)

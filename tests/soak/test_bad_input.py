@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 
+from minisgl_engine.server.request_limits import MAX_STOP_STRINGS
 from server_utils import served_model
 from soak_utils import assert_idle, chat_body, run, save_tiny_model_with_demo_vocab
 
@@ -67,13 +68,15 @@ def test_one_megabyte_of_text_is_a_clean_400_over_the_context(soak_server, strea
     assert_idle(soak_server)
 
 
-def test_one_hundred_stop_strings(soak_server):
-    stops = [f"zq{i}x" for i in range(99)] + ["Paris"]
+def test_as_many_stop_strings_as_allowed_work_and_one_more_is_a_clean_400(soak_server):
+    stops = [f"zq{i}x" for i in range(MAX_STOP_STRINGS - 1)] + ["Paris"]
     body = chat_body("What is the capital of France?", max_tokens=24, temperature=0)
     r = httpx.post(f"{soak_server.url}/v1/chat/completions", json={**body, "stop": stops}, timeout=300)
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "stop" and "Paris" not in choice["message"]["content"]
+    r = httpx.post(f"{soak_server.url}/v1/chat/completions", json={**body, "stop": [*stops, "zqx"]}, timeout=300)
+    assert "MAX_STOP_STRINGS" in assert_openai_error(r)
 
 
 def test_many_requests_with_one_seed_at_once_agree(soak_server, scale):
