@@ -201,6 +201,9 @@ def run_chat(args: argparse.Namespace) -> int:
         if not args.no_browser:  # through a private file: a link on the browser's command line is readable by every user
             webbrowser.open(write_open_file(store.path.parent, link).as_uri() if page_key else link)
 
+    def on_ready(url: str) -> None:  # the last line a person reads names the link that opens the page, not the bare address
+        print(f"minisgl-chat: the chat is ready: open {page_link(url, page_key)} in your browser", file=sys.stderr, flush=True)
+
     remote = None
     if args.remote is not None:
         remote = RemoteEngine(args.remote, args.remote_api_key or os.environ.get("MINISGL_REMOTE_API_KEY"), args.remote_model)
@@ -213,7 +216,7 @@ def run_chat(args: argparse.Namespace) -> int:
         local = LocalEngine(client, engine)
         mount_ui(app, local if remote is None else SideBySide(local, remote), store, server.api_key, ModelPuller(), page_key)
 
-    return run_server(engine_config_from_args(args), server, mount=mount, on_listen=on_listen)
+    return run_server(engine_config_from_args(args), server, mount=mount, on_listen=on_listen, on_ready=on_ready)
 
 
 def private_files_dir() -> str:

@@ -147,17 +147,17 @@ class PageGuard:
         return value is not None and hmac.compare_digest(value.encode(), self.page_key.encode())
 
     def key_is_right(self, key: str) -> bool:
+        """The page key, or the API key unless wrong keys are being tried (FailedLogins): the page
+        key is 256 random bits, which no number of tries finds, so its owner is never locked out;
+        an API key is chosen by a person and may be guessable."""
         given = key.strip().encode()
-        return any(hmac.compare_digest(given, k) for k in self.keys)
+        if hmac.compare_digest(given, self.keys[0]):
+            return True
+        return self.failed.wait_s() == 0 and any(hmac.compare_digest(given, k) for k in self.keys[1:])
 
     async def login_link(self, scope: Scope, send: Send, token: str, rest: list[tuple[str, str]]) -> None:
-        wait = self.failed.wait_s()
-        if wait:
-            await self.too_many(send, wait)
-            return
         if not self.key_is_right(token):
-            self.failed.add()
-            await self.refuse(scope, send, "That link's key is not this app's: open the link the app printed when it started.")
+            await self.wrong_key(scope, send, "That link's key is not this app's: open the link the app printed when it started.")
             return
         where = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(rest)}" if rest else "")
         await self.logged_in(scope, send, where)
@@ -173,15 +173,22 @@ class PageGuard:
             if not message.get("more_body"):
                 break
         form = dict(parse_qsl(body.decode("utf-8", "replace")))
-        wait = self.failed.wait_s()
-        if wait:
-            await self.too_many(send, wait)
-            return
         if not self.key_is_right(form.get("key", "")):
-            self.failed.add()
-            await self.refuse(scope, send, "That key is not right.", form.get("next", "/"))
+            await self.wrong_key(scope, send, "That key is not right.", form.get("next", "/"))
             return
         await self.logged_in(scope, send, safe_next(form.get("next", "/")))
+
+    async def wrong_key(self, scope: Scope, send: Send, problem: str, next_path: str | None = None) -> None:
+        """401 with ``problem``, counted; 429 while too many wrong keys were tried (counted no more)."""
+        wait = self.failed.wait_s()
+        if not wait:
+            self.failed.add()
+            await self.refuse(scope, send, problem, next_path)
+            return
+        seconds = max(1, round(wait))
+        problem = f"Too many wrong keys were tried: wait {seconds} s, or open the link the app printed (it always works)."
+        await self.refuse(scope, send, problem, next_path, status=429, headers=[(b"retry-after", str(seconds).encode())],
+                          code="too_many_logins")
 
     async def logged_in(self, scope: Scope, send: Send, where: str) -> None:
         cookie = (f"{cookie_name(scope)}={self.page_key}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; "
@@ -191,22 +198,21 @@ class PageGuard:
                                 (b"cache-control", b"no-store"), (b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
 
-    async def too_many(self, send: Send, wait: float) -> None:
-        seconds = max(1, round(wait))
-        await respond(send, 429, "application/json", error_body(f"too many wrong keys; try again in {seconds} s", "rate_limited",
-                                                              "too_many_logins"), [(b"retry-after", str(seconds).encode())])
-
-    async def refuse(self, scope: Scope, send: Send, problem: str, next_path: str | None = None) -> None:
-        """401: the login form for a browser asking for a page, one JSON line for anything else."""
+    async def refuse(self, scope: Scope, send: Send, problem: str, next_path: str | None = None, status: int = 401,
+                     headers: list[tuple[bytes, bytes]] | None = None, code: str = "page_key_required") -> None:
+        """401 (or ``status``): the login form for a browser asking for a page, saying ``problem``;
+        one JSON line for anything else."""
         accept = next((v for k, v in scope.get("headers", ()) if k == b"accept"), b"").decode("latin-1")
         if scope["method"] in ("GET", "POST") and "text/html" in accept:
-            query = scope.get("query_string", b"").decode("latin-1")
+            query = urlencode([(n, v) for n, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"),
+                                                             keep_blank_values=True) if n != TOKEN_PARAM])
             where = next_path if next_path is not None else scope["path"] + (f"?{query}" if query else "")
             page = login_page(problem, safe_next(where), self.says_api_key)
-            await respond(send, 401, "text/html; charset=utf-8", page.encode())
+            await respond(send, status, "text/html; charset=utf-8", page.encode(), headers)
             return
-        message = "this chat page belongs to the user who started minisgl-chat: open the link it printed (…/?token=…)"
-        await respond(send, 401, "application/json", error_body(message, "unauthorized", "page_key_required"))
+        message = problem or "this chat page belongs to the user who started minisgl-chat: open the link it printed (…/?token=…)"
+        kind = "rate_limited" if status == 429 else "unauthorized"
+        await respond(send, status, "application/json", error_body(message, kind, code), headers)
 
 
 def error_body(message: str, kind: str, code: str) -> bytes:
@@ -252,7 +258,8 @@ button {{ padding: 0.6rem 1.1rem; font-size: 1rem; border: 0; border-radius: 6px
 <h1>This chat is private to the person who started it</h1>
 <p>Open the link that <code>minisgl-chat</code> printed in its terminal when it started
 (<code>http://…/?token=…</code>), or enter its page key{also}.
-The key is in the file <code>page-key</code> of the app's data folder.</p>
+The key is in the file <code>page-key</code> of the app's data folder
+(<code>~/.local/share/minisgl-chat</code> on Linux, or <code>$MINISGL_DATA_DIR</code>).</p>
 {error}
 <form method="post" action="{LOGIN_PATH}">
 <input type="hidden" name="next" value="{html.escape(next_path, quote=True)}">

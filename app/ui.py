@@ -1583,8 +1583,9 @@ class ChatPage:
             return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), "")
         tab.search = ""  # the imported chat is listed
         box = self.show(tab, conv.id, clicked_at, text)
-        shown = len(conv.messages)
-        return (box, *self.fields(tab), "", f"Imported “{markdown_literal(conv.title)}” ({shown} {plural('message', shown)} shown).")
+        count = len(conv.messages)
+        shown = f"{count:,} {plural('message', count)}" + (f"; the last {WINDOW} shown" if count > WINDOW else " shown")
+        return (box, *self.fields(tab), "", f"Imported “{markdown_literal(conv.title)}” ({shown}).")
 
     async def search(self, query: str, request: gr.Request):
         tab = self.tab(request)

@@ -64,13 +64,23 @@ def test_safe_next_stays_on_this_server(where, safe):
     assert safe_next(where) == safe
 
 
-def test_wrong_keys_are_rate_limited_even_the_right_one_until_the_window_passes():
-    client = page_behind_guard()
+def test_wrong_keys_lock_the_api_key_out_for_a_while_but_never_the_page_key():
+    """A person's API key may be guessable: after MAX_FAILED_LOGINS wrong keys in the window, no key
+    but the page key is even checked (429, the form for a browser). The page key (256 random bits)
+    still opens the page, by the link or the form: whoever tries keys cannot lock its owner out."""
+    client = page_behind_guard(api_key="lan-key")
     for _ in range(MAX_FAILED_LOGINS):
         assert client.post(LOGIN_PATH, data={"key": "guess"}).status_code == 401
-    r = client.post(LOGIN_PATH, data={"key": KEY})
+    r = client.post(LOGIN_PATH, data={"key": "lan-key"})
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and r.json()["error"]["code"] == "too_many_logins"
-    assert client.get(f"/?token={KEY}").status_code == 429  # the link too
+    r = client.post(LOGIN_PATH, data={"key": "guess", "next": "/?chat=2"}, headers={"Accept": "text/html"})
+    assert r.status_code == 429 and "Too many wrong keys" in r.text and 'value="/?chat=2"' in r.text  # the form, for a browser
+    r = client.get("/?chat=2&token=wrong", headers={"Accept": "text/html"})
+    assert r.status_code == 429 and "token" not in r.text.split("<form")[1]  # the next address drops the key given
+    assert client.get(f"/?token={KEY}").status_code == 303  # the owner's link
+    same_guard = TestClient(client.app, base_url="http://127.0.0.1:1919", follow_redirects=False)  # no cookie
+    assert same_guard.post(LOGIN_PATH, data={"key": KEY}).status_code == 303  # the form takes it too
+    assert TestClient(client.app, base_url="http://127.0.0.1:1919").post(LOGIN_PATH, data={"key": "lan-key"}).status_code == 429
     limiter = FailedLogins(limit=2, window_s=0.0)  # a window that has passed lets keys be tried again
     limiter.add()
     limiter.add()

@@ -263,6 +263,9 @@ def test_the_pages_events_need_the_page_key(app):
 def test_the_pages_link_logs_in_with_a_private_cookie_and_leaves_the_address(app):
     link = app.page_url
     assert link.startswith(f"{app.url}/?token=")
+    lines = app.log_path.read_text().splitlines()
+    ready_at = max(i for i, line in enumerate(lines) if line.startswith("minisgl-chat: ready at "))
+    assert lines[ready_at + 1] == f"minisgl-chat: the chat is ready: open {link} in your browser", lines[ready_at:]  # read last
     r = httpx.get(link.replace("?", "?chat=7&"), timeout=30)
     assert r.status_code == 303 and r.headers["location"] == "/?chat=7", (r.status_code, r.headers)
     cookie = r.headers["set-cookie"]

@@ -177,6 +177,7 @@ def run_server(
     server: ServerConfig,
     mount: Callable[[object, object, object], None] | None = None,
     on_listen: Callable[[str], None] | None = None,
+    on_ready: Callable[[str], None] | None = None,
 ) -> int:
     """Run until SIGINT/SIGTERM or a worker's death; returns the exit code.
 
@@ -184,7 +185,8 @@ def run_server(
     the model is resolved, downloaded or converted, and the workers load it. ``mount(app,
     client, engine)`` lets the chat app add its UI to the same FastAPI app (one engine for both;
     ``engine``, an :class:`~.engine_host.EngineHost`, switches the model);
-    ``on_listen(url)`` runs as soon as the address accepts connections.
+    ``on_listen(url)`` runs as soon as the address accepts connections, ``on_ready(url)`` once
+    every worker is ready (after the "ready at" line).
     """
     check_server_config(server)
     check_parallel(config.tp, config.dp, config.nnodes, config.node_rank, config.dist_init_addr)
@@ -193,15 +195,15 @@ def run_server(
               "unauthenticated: use this on a trusted network only", file=sys.stderr, flush=True)
     if config.node_rank > 0:
         return run_worker_node(config)
-    return _ServerRun(config, server, mount, on_listen).run()
+    return _ServerRun(config, server, mount, on_listen, on_ready).run()
 
 
 class _ServerRun:
     """One run of ``serve`` on node 0: the listening socket, the workers' sockets folder, the
     HTTP server on one asyncio loop, and the engine behind it; ``exit_code`` is what it returns."""
 
-    def __init__(self, config: EngineConfig, server: ServerConfig, mount, on_listen) -> None:
-        self.config, self.server, self.mount, self.on_listen = config, server, mount, on_listen
+    def __init__(self, config: EngineConfig, server: ServerConfig, mount, on_listen, on_ready=None) -> None:
+        self.config, self.server, self.mount, self.on_listen, self.on_ready = config, server, mount, on_listen, on_ready
         self.listen_socket = bind_listen_socket(server.host, server.port)
         self.runtime_dir = make_runtime_dir()
         self.paths = SocketPaths(str(self.runtime_dir), server.num_tokenizers, config.dp)
@@ -288,3 +290,5 @@ class _ServerRun:
         print(f"minisgl-chat: ready at {self.url} (model {self.client.model_name}{served_as} on {info.get('device', '?')}, "
               f"KV cache {info.get('kv_tokens', '?')} tokens, attention {info.get('attention', '?')}{fast})",
               file=sys.stderr, flush=True)
+        if self.on_ready is not None:
+            self.on_ready(self.url)
