@@ -22,6 +22,7 @@ body:has(#stop-btn.stop) #chatbot .message-row:has(.thought-group) + .message-bu
 # line, a version or waiting line), nor the box of Gradio's Clear, which the theme hides.
 NO_DOTS = """
 #chatbot .message-row:has(.thought-group) + .message-buttons:not(:has(button[aria-label="Retry"])) { display: none !important; }
+#chatbot .message-row:has(.earlier-line) + .message-buttons { display: none !important; }
 #chatbot .icon-button-wrapper:has(> button[aria-label="Clear"]):not(:has(> button:not([aria-label="Clear"]))) { display: none !important; }
 """
 

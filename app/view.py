@@ -113,8 +113,9 @@ def earlier_line(hidden: int) -> ViewMessage:
     """The line above a chat shown in part: a click on it shows up to WINDOW more messages."""
     more = min(hidden, WINDOW)
     rest = f" (of {hidden:,} not shown)" if hidden > more else ""
-    return ViewMessage({"role": "assistant", "content": f"⤒ **Show {more:,} earlier {'message' if more == 1 else 'messages'}**{rest}: click here"},
-                       None, earlier=hidden)
+    text = f"⤒ <strong>Show {more:,} earlier {'message' if more == 1 else 'messages'}</strong>{rest}: click here"
+    # its class lets the page's CSS take away the Copy and ✎ that Gradio gives every message (page_css.NO_DOTS)
+    return ViewMessage({"role": "assistant", "content": f'<span class="earlier-line">{text}</span>'}, None, earlier=hidden)
 
 
 def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy: bool = False,

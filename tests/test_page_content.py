@@ -124,6 +124,9 @@ def test_a_chat_of_100000_messages_imports_and_opens_at_its_last_messages(tab, a
     assert shown.count() == WINDOW + 1, shown.count()  # the last WINDOW and the line above them
     earlier = tab.locator("#chatbot .message-row", has_text="Show 200 earlier messages").first
     assert "99,800 not shown" in earlier.inner_text()
+    assert tab.evaluate("""() => { const row = [...document.querySelectorAll('#chatbot .message-row')].find(r => r.querySelector('.earlier-line'));
+        const box = row && row.nextElementSibling; return !!row && !(box && box.matches('.message-buttons') && box.getClientRects().length); }"""), \
+        "the line above the chat has a Copy or ✎ of its own"
     earlier.click()
     assert wait_until(lambda: tab.locator("#chatbot .message-row", has_text="Quagga line 99600").count() == 1, 30)
     assert "99,600 not shown" in tab.locator("#chatbot .message-row").first.inner_text()
