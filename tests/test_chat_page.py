@@ -797,6 +797,9 @@ def test_a_draft_typed_in_the_message_box_stays_with_its_chat(tab, app):
     page = tab().page
     chats_with_one_reply(page, "Quetzal", "Bilby")
     box = "#msg-input textarea"
+    # typed once the address names the new chat: text typed before is kept in the browser under
+    # "a new chat" and comes back in the next New chat (a known race, not this test's subject)
+    assert wait_until(lambda: shown_chat_in_address(page) is not None, 10), page.url
     page.fill(box, "Bilby draft, not sent")
     select_chat(page, "Quetzal")
     assert wait_until(lambda: shows_only(page, "Quetzal", ("Bilby",)), 10), users(page)
