@@ -15,6 +15,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", default=None, help="take the tokenizer from this folder")
     g.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N (default: %(default)s)")
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "bfloat16", "float16", "float32"], help="default: float32 on CPU, the checkpoint's 16-bit type on GPU")
+    g.add_argument("--quantization", default=d.quantization, choices=["auto", "none", "int4", "int8"],
+                   help="CPU weights: auto = a GGUF's quantized weights stay quantized, other checkpoints as stored; "
+                        "none = widen every weight to --dtype (the reference); int4 | int8 = quantize a float "
+                        "checkpoint at load, in groups of 32 (default: %(default)s)")
     g.add_argument("--dummy-weights", action="store_true", help="random weights (no download); with --config NAME or a --model folder's config")
     g.add_argument("--config", default=None, help="built-in model shape for --dummy-weights, e.g. qwen3-0.6b")
     g.add_argument("--page-size", type=int, default=d.page_size,

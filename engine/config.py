@@ -92,6 +92,9 @@ class EngineConfig:
     tokenizer: str | None = None  # take the tokenizer from another folder
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
+    # auto: a GGUF's quantized weights stay quantized on CPU (layers/quantized.py), others as stored;
+    # none: every weight widened to --dtype; int4 | int8: quantize a float checkpoint at load (CPU)
+    quantization: str = "auto"
     dummy_weights: bool = False  # random weights, never downloads anything
     config: str | None = None  # built-in config name for --dummy-weights (e.g. qwen3-0.6b)
     page_size: int = 0  # tokens per KV page; 0 = by device (engine.default_page_size)

@@ -114,6 +114,7 @@ class LoadedModel:
     model_dir: Path | None
     device: torch.device
     dtype: torch.dtype
+    quantization: str = "none"  # gguf | int4 | int8 | none (choose_quantization)
 
 
 def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
@@ -138,7 +139,28 @@ def transpose_cpu_weights(model: CausalLM) -> None:
         store_transposed(model.model.embed_tokens.weight)
 
 
+def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: bool) -> str:
+    """How the weights are held: "gguf" (a GGUF's blocks repacked for the CPU kernels), "int4" or
+    "int8" (a float checkpoint quantized at load), or "none" (every weight in the model dtype)."""
+    from .layers.quantized import packed_kernels_available
+
+    kind = config.quantization
+    if kind not in ("auto", "none", "int4", "int8"):
+        raise UserError(f"unsupported --quantization {kind!r}; use auto, none, int4 or int8")
+    cpu_packed = device.type == "cpu" and get_tp().size == 1 and packed_kernels_available()
+    if kind in ("int4", "int8"):
+        if not cpu_packed:
+            raise UserError(f"--quantization {kind} runs on CPU with one rank (this torch build or device has no packed "
+                            "4-bit kernel); use --quantization none")
+        if from_gguf:
+            raise UserError(f"--quantization {kind} quantizes a float checkpoint; a GGUF file is already quantized "
+                            "(use --quantization auto to keep its blocks, or none)")
+        return kind
+    return "gguf" if kind == "auto" and from_gguf and cpu_packed else "none"
+
+
 def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedModel:
+    from .weights.gguf_tensors import GGUF_WEIGHTS, gguf_weights_nbytes, iter_gguf
     from .weights.safetensors_io import iter_safetensors, weights_nbytes
 
     model_dir = None
@@ -158,8 +180,14 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         torch.cuda.set_device(device)
     dtype = resolve_dtype(config.dtype, device, model_config)
     name = config.config or str(config.model or "the demo model")
+    gguf_file = model_dir / GGUF_WEIGHTS if model_dir is not None and not config.dummy_weights else None
+    if gguf_file is not None and not gguf_file.is_file():
+        gguf_file = None
+    quantization = choose_quantization(config, device, gguf_file is not None)
     if config.dummy_weights:
         weight_bytes = param_bytes(model_config, dtype)
+    elif gguf_file is not None:
+        weight_bytes = gguf_weights_nbytes(gguf_file, None if quantization == "gguf" else dtype)
     else:
         weight_bytes = weights_nbytes(model_dir, dtype)
     from .kvcache.kv_pool import KVPool, resolve_kv_dtype
@@ -180,12 +208,17 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         init_dummy_weights(model, config.seed)
     else:
         logger.info("loading weights from %s", model_dir)
-        # with tensor parallelism each rank reads only its slices of the checkpoint
-        model.load_weights(iter_safetensors(model_dir, lazy=get_tp().size > 1))
+        if gguf_file is not None:
+            model.load_weights(iter_gguf(gguf_file), keep_quantized=quantization == "gguf")
+        else:
+            # with tensor parallelism each rank reads only its slices of the checkpoint
+            model.load_weights(iter_safetensors(model_dir, lazy=get_tp().size > 1))
+    if quantization in ("int4", "int8"):
+        model.quantize(quantization)
     model.eval()
     if device.type == "cpu" and dtype == torch.float32:
         transpose_cpu_weights(model)
-    return LoadedModel(model, model_config, hf_config, model_dir, device, dtype)
+    return LoadedModel(model, model_config, hf_config, model_dir, device, dtype, quantization)
 
 
 __all__ = ["LoadedModel", "WeightsError", "builtin_config_names", "load_model"]

@@ -29,20 +29,24 @@ def test_demo_folder_contents(demo_dir) -> None:
     assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (
         30, 576, 49152)
     assert config["tie_word_embeddings"] is True
-    assert (demo_dir / "model.safetensors").stat().st_size > 500_000_000
+    # the weights stay in the GGUF file, quantized (no float32 copy on disk)
+    assert (demo_dir / "model.gguf").stat().st_size == demo.DEMO_GGUF_SIZE
+    assert not (demo_dir / "model.safetensors").exists()
     assert (demo_dir / "tokenizer.json").is_file()
     assert (demo_dir / "tokenizer_config.json").is_file()
     assert (demo_dir / "chat_template.jinja").is_file()
 
 
 def test_demo_weights_names(demo_dir) -> None:
-    from safetensors import safe_open
+    from minisgl_engine.weights.gguf_tensors import GGUFTensor, iter_gguf
 
-    with safe_open(str(demo_dir / "model.safetensors"), framework="pt") as f:
-        names = set(f.keys())
-    assert "model.embed_tokens.weight" in names
-    assert "lm_head.weight" not in names  # tied to the embeddings
-    assert len(names) == 272
+    tensors = dict(iter_gguf(demo_dir / "model.gguf"))
+    assert "model.embed_tokens.weight" in tensors
+    assert "lm_head.weight" not in tensors  # tied to the embeddings
+    assert len(tensors) == 272
+    kinds = {name: tensor.type_name for name, tensor in tensors.items() if isinstance(tensor, GGUFTensor)}
+    assert kinds["model.embed_tokens.weight"] == "Q8_0"
+    assert sorted(set(kinds.values())) == ["Q4_1", "Q8_0"] and len(kinds) == 211
 
 
 def test_second_pull_does_not_download(demo_dir, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,21 @@ class _PrefillSeq:
 class _DecodeMeta:
     kv_indices: torch.Tensor  # [batch, max_seq_len]
     mask: torch.Tensor | None  # [batch, 1, 1, max_seq_len]; None when no row is padded
+    # one request whose slots are one run (the usual case for a lone chat on CPU): attention
+    # reads the pool's rows start:end in place, no gather
+    slot_run: tuple[int, int] | None = None
+
+
+def _slot_run(kv_indices: torch.Tensor, out_loc: torch.Tensor) -> tuple[int, int] | None:
+    """(start, end) when one request's slots are start, start + 1, ..., end - 1, the new
+    token's the last of them."""
+    if kv_indices.shape[0] != 1 or kv_indices.device.type != "cpu":
+        return None
+    row = kv_indices[0]
+    start, last = int(row[0]), int(row[-1])
+    if last - start + 1 != row.shape[0] or int(out_loc[0]) != last or not bool((row.diff() == 1).all()):
+        return None
+    return start, last + 1
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -39,7 +54,7 @@ class TorchAttentionBackend(AttentionBackend):
             if min(batch.seq_lens) != max_len:
                 seq_lens = torch.tensor(batch.seq_lens, device=table.device)
                 mask = (torch.arange(max_len, device=table.device) < seq_lens[:, None])[:, None, None, :]
-            batch.attn_metadata = _DecodeMeta(kv_indices, mask)
+            batch.attn_metadata = _DecodeMeta(kv_indices, mask, _slot_run(kv_indices, batch.out_loc) if mask is None else None)
             return
         seqs = []
         start = 0
@@ -73,6 +88,12 @@ class TorchAttentionBackend(AttentionBackend):
             meta: _DecodeMeta = batch.attn_metadata
             # [batch, heads, 1, dim] against [batch, kv_heads, len, dim]
             qb = q.unsqueeze(2)
+            if meta.slot_run is not None:
+                start, end = meta.slot_run
+                kb = k_cache[start:end].transpose(0, 1).unsqueeze(0).to(q.dtype)
+                vb = v_cache[start:end].transpose(0, 1).unsqueeze(0).to(q.dtype)
+                out = F.scaled_dot_product_attention(qb, kb, vb, scale=self.scale, enable_gqa=True)
+                return out.reshape(q.shape[0], -1)
             flat = meta.kv_indices.view(-1)
             shape = (*meta.kv_indices.shape, self.num_kv_heads, self.head_dim)
             kb = k_cache.index_select(0, flat).view(shape).transpose(1, 2).to(q.dtype)  # widened from FP8 (--kv-dtype)

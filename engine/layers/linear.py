@@ -7,12 +7,17 @@ so the model's loader stays a short loop.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, get_tp
 from ..weights.safetensors_io import read_tensor
+
+if TYPE_CHECKING:
+    from .quantized import PackedWeight
 
 
 def _probe_onednn_linear():
@@ -38,7 +43,8 @@ def store_transposed(param: torch.Tensor) -> None:
     """Keep an [out, in] weight's memory as its transpose (a contiguous [in, out]); the shape
     seen by everyone stays [out, in]. On CPU this layout lets one token's product run as two
     half-length products on the two halves of the input, one per core (see ``linear``)."""
-    param.data = param.data.t().contiguous().t()
+    if not param.is_meta:  # a quantized weight's placeholder has no data
+        param.data = param.data.t().contiguous().t()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -88,12 +94,19 @@ class Linear(nn.Module):
     gemv_plan: tuple[int, int] = (0, 0)  # triton_kernels.GemvPlan: (block_n, per_sm)
     gemv_pdl = False
 
+    # CPU, quantized weights (layers/quantized.py): the packed matrix; ``weight`` is then a
+    # meta tensor that keeps only its shape
+    quant: "PackedWeight | None" = None
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            out = self.quant.matmul(x)
+            return out if self.bias is None else out + self.bias
         if x.shape[0] == 1 and self.gemv_plan[0]:
             from ..triton_kernels import gemv
 

@@ -22,7 +22,15 @@ from ..distributed import all_gather_last_dim, get_tp
 from ..layers.embedding import Embedding, split_by_vocab, vocab_block
 from ..layers.linear import Linear, MergedLinear, RowParallelLinear, default_weight_loader, float32_logits
 from ..layers.norm import RMSNorm
+from ..layers.quantized import GROUP, PackedWeight, QuantizedRows, drop_weight, planes_of, quantize_float, stack_rows
+from ..weights.gguf_tensors import GGUFTensor
 from ..layers.rotary import RopeInputs, RotaryEmbedding
+
+# longest context the C attention reads (one thread); longer ones run torch's attention
+NATIVE_MAX_CONTEXT = 2048
+
+# logits per row that a packed LM head recomputes in float32 (CausalLM._refine_top_logits)
+REFINED_LOGITS = 64
 
 # checkpoint name part -> (our merged module name part, shard id)
 MERGED_WEIGHTS = {
@@ -80,6 +88,9 @@ class DecoderLayer(nn.Module):
         # CUDA, one row (batch-1 decode): each residual add + RMSNorm rides inside the one-row
         # product after it (triton_kernels.add_norm_gemv); set by fused_ops where that product runs
         self.norms_in_gemv = False
+        # CPU with packed weights and the C steps built (enable_native_decode): batch-1 decode
+        # runs _forward_native
+        self.native = None
         # (qkv, gate_up) one-row plans (GemvPlan), norms out / in (fused_ops.place_norms)
         self.gemv_plans: dict[bool, tuple[tuple[int, int], tuple[int, int]]] | None = None
 
@@ -91,6 +102,10 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         attn: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.native is not None and hidden.shape[0] == 1 and batch.is_decode:
+            slots = getattr(batch.attn_metadata, "slot_run", None)
+            if slots is not None and slots[1] - slots[0] <= NATIVE_MAX_CONTEXT:
+                return self._forward_native(rope, hidden, residual, slots, attn)
         if self.norms_in_gemv and hidden.shape[0] == 1 and residual is not None:
             return self._forward_one_row(rope, hidden, residual, batch, attn)
         if residual is None:
@@ -101,6 +116,39 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(hidden, rope, batch, attn)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def _forward_native(self, rope: RopeInputs, hidden: torch.Tensor, residual: torch.Tensor | None,
+                        slots: tuple[int, int], attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch-1 decode on CPU with packed weights: the four products are torch's 4-bit
+        kernel (bf16 in and out) and everything between them three C calls (cpu_decode.c);
+        ``hidden`` may come in as bf16 (the previous layer's down projection)."""
+        lib, sa, mlp = self.native, self.self_attn, self.mlp
+        dim, bf16 = hidden.shape[1], torch.bfloat16
+        x_bf16 = int(hidden.dtype == bf16)
+        residual_out = torch.empty(1, dim)
+        normed = torch.empty(1, dim, dtype=bf16)
+        norm = self.input_layernorm
+        lib.add_rmsnorm(hidden.data_ptr(), x_bf16, None if residual is None else residual.data_ptr(), norm.weight.data_ptr(),
+                        norm.eps, dim, residual_out.data_ptr(), normed.data_ptr(), 1)
+        qkv = sa.qkv_proj.quant.matmul_bf16(normed)
+        start, end = slots
+        attended = torch.empty(1, sa.num_heads * sa.head_dim, dtype=bf16)
+        scratch = torch.empty(attended.shape[1] + end - start)
+        q_norm = sa.q_norm.weight.data_ptr() if sa.q_norm is not None else None
+        k_norm = sa.k_norm.weight.data_ptr() if sa.k_norm is not None else None
+        lib.rope_store_attend(qkv.data_ptr(), sa.num_heads, sa.num_kv_heads, sa.head_dim, q_norm, k_norm,
+                              sa.q_norm.eps if sa.q_norm is not None else 0.0, rope.cos.data_ptr(), rope.sin.data_ptr(),
+                              attn.kv_pool.k_cache[sa.layer_id].data_ptr(), attn.kv_pool.v_cache[sa.layer_id].data_ptr(),
+                              end - 1, start, end, attn.scale, attended.data_ptr(), scratch.data_ptr())
+        hidden = sa.o_proj.quant.matmul_bf16(attended)
+        residual = torch.empty(1, dim)
+        norm = self.post_attention_layernorm
+        lib.add_rmsnorm(hidden.data_ptr(), 1, residual_out.data_ptr(), norm.weight.data_ptr(), norm.eps, dim,
+                        residual.data_ptr(), normed.data_ptr(), 1)
+        gate_up = mlp.gate_up_proj.quant.matmul_bf16(normed)
+        act = torch.empty(1, gate_up.shape[1] // 2, dtype=bf16)
+        lib.silu_mul(gate_up.data_ptr(), act.shape[1], act.data_ptr())
+        return mlp.down_proj.quant.matmul_bf16(act), residual
 
     def _forward_one_row(self, rope, hidden, residual, batch, attn) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer with its two norms inside the products that follow them: two kernels
@@ -136,6 +184,25 @@ class DecoderModel(nn.Module):
         return hidden
 
 
+def enable_native_decode(model: "CausalLM", kv_dtype: torch.dtype) -> bool:
+    """Batch-1 decode through the C steps where every layer can take them: packed products
+    without biases, float32 activations and KV cache, one rank. False: the torch path stays."""
+    from ..layers.cpu_native import native_decode
+
+    layers = list(model.model.layers)
+    packed = all(layer.self_attn.qkv_proj.quant is not None and layer.self_attn.qkv_proj.bias is None
+                 and layer.self_attn.o_proj.quant is not None and layer.mlp.gate_up_proj.quant is not None
+                 and layer.mlp.down_proj.quant is not None and layer.self_attn.head_dim <= 512 for layer in layers)
+    if not packed or kv_dtype != torch.float32 or model.model.norm.weight.dtype != torch.float32 or get_tp().size > 1:
+        return False
+    lib = native_decode()
+    if lib is None:
+        return False
+    for layer in layers:
+        layer.native = lib
+    return True
+
+
 def enable_flashinfer_ops(model: nn.Module) -> None:
     """Switch every layer that has a FlashInfer kernel (RMSNorm, RoPE, SiLU-and-mul) to it."""
     for module in model.modules():
@@ -155,6 +222,7 @@ class CausalLM(nn.Module):
         self.config = config
         self.model = DecoderModel(config, dtype)
         self.lm_head = None
+        self.tied_lm_head_packed: PackedWeight | None = None
         if not config.tie_word_embeddings:  # split by vocabulary like the embedding
             self.lm_head = Linear(config.hidden_size, vocab_block(config.vocab_size)[1])
             split_by_vocab(self.lm_head.weight, config.vocab_size)
@@ -163,21 +231,47 @@ class CausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
+    @property
+    def lm_head_packed(self) -> PackedWeight | None:
+        """The LM head's packed matrix on CPU with quantized weights (tied: its own copy, since
+        the embedding keeps its blocks for lookups)."""
+        return self.tied_lm_head_packed if self.lm_head is None else self.lm_head.quant
+
     def forward(self, batch: ForwardBatch, attn: AttentionBackend, logits_out: torch.Tensor | None = None) -> torch.Tensor:
         """``logits_out``: a float32 [rows, vocab] buffer to write the logits into (a CUDA
         graph's output); the result is that buffer when it could be written directly."""
         hidden = self.model(batch, attn)
         if not batch.is_decode:  # a decode step samples every row: no rows to pick
             hidden = hidden[batch.logits_indices]
+        if self.lm_head_packed is not None:
+            logits = self._refine_top_logits(hidden, self.lm_head_packed.matmul(hidden).float())
+            return logits if logits_out is None else logits_out.copy_(logits)
         if get_tp().size > 1:
             # each rank has its vocabulary block's logits: gather them (dropping the padding rows)
             logits = all_gather_last_dim(float32_logits(hidden, self.lm_head_weight))[:, : self.config.vocab_size]
             return logits if logits_out is None else logits_out.copy_(logits)
         return float32_logits(hidden, self.lm_head_weight, logits_out)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def _refine_top_logits(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The packed kernel writes bf16, whose step near a logit of 25 is 0.125: close
+        candidates tie and greedy picks by index. The top ``REFINED_LOGITS`` of each row are
+        computed again in float32 from the table's rows (tied LM heads, whose rows the
+        embedding keeps; an untied packed head keeps the bf16 values)."""
+        if self.lm_head is not None:
+            return logits
+        table = self.model.embed_tokens
+        top = logits.topk(min(REFINED_LOGITS, logits.shape[1]), dim=-1).indices
+        rows = table.quant_rows.lookup(top, torch.float32) if table.quant_rows is not None else table.weight[top].float()
+        exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)
+        return logits.scatter_(1, top, exact)
+
+    def load_weights(self, weights: Iterable[tuple[str, "torch.Tensor | GGUFTensor"]], keep_quantized: bool = False) -> None:
         """Copy checkpoint tensors into our parameters (casting dtype); every parameter must be
-        filled exactly once, so a truncated or mismatched checkpoint fails loudly."""
+        filled exactly once, so a truncated or mismatched checkpoint fails loudly.
+
+        A GGUF's quantized matrices are widened, or with ``keep_quantized`` (CPU) repacked for
+        the packed kernels once all parts of each merged matrix are in."""
+        quantized: dict[str, dict[str | int | None, GGUFTensor]] = {}
         params = dict(self.named_parameters())
         missing = {(name, shard) for name, mod in self.named_modules() for shard in getattr(mod, "shards", {})}
         missing = {(f"{n}.{p}", s) for n, s in missing for p in ("weight", "bias") if f"{n}.{p}" in params}
@@ -195,6 +289,12 @@ class CausalLM(nn.Module):
             param = params.get(name)
             if param is None:
                 raise WeightsError(f"checkpoint tensor {name!r} has no place in a {self.config.model_type} model")
+            if isinstance(tensor, GGUFTensor):
+                if keep_quantized and name.endswith(".weight"):
+                    quantized.setdefault(name.removesuffix(".weight"), {})[shard_id] = tensor
+                    missing.discard((name, shard_id))
+                    continue
+                tensor = tensor.dequantize()
             loader = getattr(param, "weight_loader", default_weight_loader)
             try:
                 loader(param, tensor, shard_id)  # the loader casts (and reads a lazy slice)
@@ -205,3 +305,33 @@ class CausalLM(nn.Module):
             name, shard = sorted(missing, key=str)[0]
             example = name if shard is None else f"{name} ({shard} part)"
             raise WeightsError(f"checkpoint is missing {len(missing)} tensors, e.g. {example!r}")
+        for module_name, parts in quantized.items():
+            self._install_quantized(module_name, parts)
+
+    def _install_quantized(self, module_name: str, parts: dict[str | int | None, GGUFTensor]) -> None:
+        module = self.get_submodule(module_name)
+        if isinstance(module, Embedding):
+            (table,) = parts.values()
+            if table.shape != tuple(module.weight.shape):
+                raise WeightsError(f"checkpoint tensor {module_name}.weight {table.shape} does not fit the config")
+            module.quant_rows = QuantizedRows(table.raw, table.qtype, table.shape[1])
+            if self.lm_head is None:  # tied: the LM head multiplies by the same table
+                self.tied_lm_head_packed = PackedWeight(planes_of(table.raw, table.qtype, table.shape))
+            module.weight = drop_weight(module.weight)
+            return
+        order = list(getattr(module, "shards", {None: None}))
+        planes = stack_rows([planes_of(parts[key].raw, parts[key].qtype, parts[key].shape) for key in order])
+        if planes.codes.shape[1:] != tuple(module.weight.shape):
+            raise WeightsError(f"checkpoint tensor {module_name}.weight {tuple(planes.codes.shape[1:])} does not fit the config")
+        module.quant = PackedWeight(planes)
+        module.weight = drop_weight(module.weight)
+
+    def quantize(self, kind: str) -> None:
+        """``--quantization int4 | int8``: pack every projection and the LM head of a float
+        checkpoint (the embedding stays float for lookups)."""
+        for module in self.modules():
+            if isinstance(module, Linear) and module.weight.shape[1] % GROUP == 0:
+                module.quant = PackedWeight(quantize_float(module.weight.data, kind))
+                module.weight = drop_weight(module.weight)
+        if self.lm_head is None and self.config.hidden_size % GROUP == 0:
+            self.tied_lm_head_packed = PackedWeight(quantize_float(self.model.embed_tokens.weight.data, kind))

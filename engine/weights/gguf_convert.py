@@ -1,9 +1,9 @@
-"""One-time conversion of a GGUF file into a Hugging Face-style folder.
+"""A GGUF file made into a Hugging Face-style folder, once.
 
-transformers can read GGUF, but dequantising takes tens of seconds on a small CPU, and the engine
-loads plain safetensors. So we dequantise once with transformers' own loader and cache the result:
-config.json (without ``quantization_config``), model.safetensors (float32), the tokenizer files and
-generation_config.json.
+The engine reads the weights from the GGUF file itself (weights/gguf_tensors.py), quantized blocks
+as they are; what it needs beside them is written once with transformers' own GGUF reader:
+config.json (without ``quantization_config``), the tokenizer files and generation_config.json. The
+file goes into the folder as ``model.gguf`` (a hard link where possible).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from filelock import FileLock
 
 from ..errors import ModelSourceError
+from .gguf_tensors import GGUF_WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,18 @@ COMPLETE_MARKER = ".complete"
 _TMP_PREFIX = ".tmp-"
 
 
+# what a finished folder holds; folders of an older layout (the weights widened to float32 in
+# model.safetensors) are made again, so that the weights stay quantized
+LAYOUT = "gguf-weights"
+
+
 def is_complete(folder: Path) -> bool:
-    """True once a conversion finished: the marker is the last file written."""
-    return (Path(folder) / COMPLETE_MARKER).is_file()
+    """True once a conversion of the current layout finished: the marker is the last file written."""
+    try:
+        marker = json.loads((Path(folder) / COMPLETE_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("layout") == LAYOUT
 
 
 @contextmanager
@@ -69,32 +78,18 @@ def _transformers_progress(enabled: bool, bars: type | None = None):
             hf_logging.enable_progress_bar()
 
 
-def _state_dict_for_saving(model: torch.nn.Module, tied: bool) -> dict[str, torch.Tensor]:
-    """Contiguous tensors; with tied embeddings, later aliases of a tensor (lm_head) are dropped.
+def _plain_config(hf_config) -> dict:
+    """The config as a normal checkpoint would have it: no GGUF quantization_config, the
+    architecture named, and rope_theta also at the top level, where transformers 4.x and most
+    hub configs keep it (5.x nests it in rope_parameters)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    safetensors refuses tensors sharing memory; a loader re-ties lm_head from
-    tie_word_embeddings, so dropping the alias loses nothing.
-    """
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        key = (tensor.data_ptr(), tuple(tensor.shape))
-        if key in seen:
-            if tied:
-                continue
-            tensor = tensor.clone()
-        seen.add(key)
-        tensors[name] = tensor.detach().cpu().contiguous()
-    return tensors
-
-
-def _plain_config(model: torch.nn.Module) -> dict:
-    """The config as a normal checkpoint would have it: no GGUF quantization_config (the weights
-    are dequantised now), the architecture named, and rope_theta also at the top level, where
-    transformers 4.x and most hub configs keep it (5.x nests it in rope_parameters)."""
-    config = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_")}
+    config = {k: v for k, v in hf_config.to_dict().items() if not k.startswith("_")}
     config.pop("quantization_config", None)
-    config["architectures"] = [type(model).__name__]
+    architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type", ""))
+    if architecture is not None:
+        config["architectures"] = [architecture]
+    config["dtype"] = "float32"  # what the blocks widen to; a GPU picks its 16-bit type itself
     rope = config.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in config:
         config["rope_theta"] = rope["rope_theta"]
@@ -112,33 +107,37 @@ def _portable_tokenizer_class(path: Path) -> None:
         path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
+def _place_gguf(gguf_path: Path, target: Path) -> None:
+    """The weights stay in the GGUF file: a hard link where the file system allows it (no second
+    copy on disk), else a copy."""
+    try:
+        os.link(gguf_path, target)
+    except OSError:
+        shutil.copyfile(gguf_path, target)
+
+
 def _write_folder(gguf_path: Path, out: Path, progress: bool, bars: type | None) -> None:
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         with _transformers_progress(progress, bars):
+            hf_config = AutoConfig.from_pretrained(folder, gguf_file=name)
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
-                                                         dtype=torch.float32)
     except Exception as exc:  # transformers raises many kinds for unsupported/corrupt GGUF
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ModelSourceError(f"could not convert GGUF file {gguf_path} with transformers "
+        raise ModelSourceError(f"could not read GGUF file {gguf_path} with transformers "
                                f"({type(exc).__name__}: {first}); use a GGUF of a supported "
                                "architecture or a Hugging Face folder") from exc
 
-    config = _plain_config(model)
-    tied = bool(config.get("tie_word_embeddings", False))
-    save_file(_state_dict_for_saving(model, tied), str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    config = _plain_config(hf_config)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n",
                                      encoding="utf-8")
     tokenizer.save_pretrained(str(out))
     _portable_tokenizer_class(out / "tokenizer_config.json")
-    generation_config = getattr(model, "generation_config", None)
-    if generation_config is not None:
-        generation_config.save_pretrained(str(out))
+    generation = GenerationConfig.from_model_config(hf_config)
+    generation.save_pretrained(str(out))
+    _place_gguf(gguf_path, out / GGUF_WEIGHTS)
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, bars: type | None = None) -> Path:
@@ -164,7 +163,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, bars: ty
             start = time.monotonic()
             log.info("converting %s into %s (one time only)", gguf_path, out_dir)
             _write_folder(gguf_path, tmp, progress, bars)
-            marker = {"source": gguf_path.name, "seconds": round(time.monotonic() - start, 1)}
+            marker = {"layout": LAYOUT, "source": gguf_path.name, "seconds": round(time.monotonic() - start, 1)}
             (tmp / COMPLETE_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
             if out_dir.exists():  # an incomplete folder from elsewhere; never used as is
                 shutil.rmtree(out_dir)

@@ -1,0 +1,260 @@
+"""Quantized weights on CPU: GGUF blocks repacked once into torch's packed 4-bit layout.
+
+torch ships a CPU kernel for 4-bit weights in groups of 32 (``_weight_int4pack_mm_for_cpu``):
+each weight is ``(code - 8) * scale + zero`` with a 4-bit ``code`` and a bf16 scale and zero per
+group of 32 inputs. Every GGUF type we keep is written as a sum of such "planes" over the same
+groups, so one kernel serves them all:
+
+- Q4_0, Q4_1, Q4_K: one plane (the 4-bit codes as they are; the block's scale and minimum);
+- Q5_0, Q5_1, Q5_K, Q8_0: two planes, the low four bits and the high bits of each code (the high
+  plane's scale is 16 times the low one's), both exact;
+- types whose scales cover 16 weights (Q6_K, Q3_K, Q2_K), which the kernel's groups cannot
+  express, and any other type: dequantized once and re-quantized to 8 bits in groups of 32 (two
+  planes); the added error is at most half an 8-bit step, a fraction of the type's own step.
+
+The planes of one matrix sit side by side along the input dimension, so a product is a single
+kernel call on the input repeated once per plane. The kernel takes bf16 inputs: the engine's
+float32 activations are rounded to bf16 on the way in and widened on the way out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+GROUP = 32  # inputs per scale in the packed kernel
+_ROW_MULTIPLE = 16  # the packing wants the output dimension in multiples of 16
+
+# GGML type ids (gguf.GGMLQuantizationType) with an exact plane form
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
+Q4_K, Q5_K = 12, 13
+# (block bytes, weights per block) of the types decoded here
+_BLOCKS = {Q4_0: (18, 32), Q4_1: (20, 32), Q5_0: (22, 32), Q5_1: (24, 32), Q8_0: (34, 32),
+           Q4_K: (144, 256), Q5_K: (176, 256)}
+
+
+def packed_kernels_available() -> bool:
+    """torch builds with the CPU 4-bit kernel (x86 and Arm builds of torch >= 2.5)."""
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(
+        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
+
+
+@dataclass
+class Planes:
+    """``weight = sum_p codes[p] * scales[p] (per group of 32) + offset (per group)``.
+
+    codes: [P, rows, in] uint8 in [0, 15]; scales: [P, rows, in / 32] float32;
+    offset: [rows, in / 32] float32."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    offset: torch.Tensor
+
+    @property
+    def num_planes(self) -> int:
+        return self.codes.shape[0]
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight these planes stand for (tests and the reference path)."""
+        per_weight = lambda t: t.repeat_interleave(GROUP, dim=-1)  # noqa: E731
+        w = per_weight(self.offset)
+        for p in range(self.num_planes):
+            w = w + self.codes[p].float() * per_weight(self.scales[p])
+        return w
+
+    def with_planes(self, num_planes: int) -> "Planes":
+        """The same weight with zero planes appended (parts of one merged matrix must agree)."""
+        extra = num_planes - self.num_planes
+        if extra <= 0:
+            return self
+        codes = torch.cat((self.codes, self.codes.new_zeros((extra, *self.codes.shape[1:]))))
+        scales = torch.cat((self.scales, self.scales.new_zeros((extra, *self.scales.shape[1:]))))
+        return Planes(codes, scales, self.offset)
+
+
+def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    """The float16 stored at byte ``start`` of every block, as float32: [rows, blocks]."""
+    return blocks[..., start:start + 2].contiguous().view(torch.float16)[..., 0].float()
+
+
+def _nibbles(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return qs & 15, qs >> 4
+
+
+def _bits(qh: torch.Tensor, count: int) -> torch.Tensor:
+    """Bits of ``qh`` [..., bytes] little-endian: [..., count, bytes] (bit b of every byte)."""
+    shifts = torch.arange(count, dtype=torch.uint8).view(*([1] * (qh.dim() - 1)), count, 1)
+    return (qh.unsqueeze(-2) >> shifts) & 1
+
+
+def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 6-bit scales and minimums of the eight 32-weight sub-blocks of a Q4_K/Q5_K block."""
+    d, m, m_d = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = torch.cat((d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
+    mins = torch.cat((m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)), dim=-1)
+    return sc.float(), mins.float()
+
+
+def _group_planes(low: torch.Tensor, high: torch.Tensor | None, scale: torch.Tensor, offset: torch.Tensor,
+                  rows: int) -> Planes:
+    """Planes from codes shaped [rows, groups, 32] and per-group scale/offset [rows, groups]."""
+    codes = [low.reshape(rows, -1)]
+    scales = [scale.reshape(rows, -1)]
+    if high is not None:
+        codes.append(high.reshape(rows, -1))
+        scales.append(16 * scale.reshape(rows, -1))
+    return Planes(torch.stack(codes), torch.stack(scales), offset.reshape(rows, -1))
+
+
+def gguf_planes(raw: torch.Tensor, qtype: int, in_features: int) -> Planes | None:
+    """Decode GGUF blocks ``raw`` ([rows, bytes per row], uint8) into planes, exactly;
+    None for a type without an exact plane form (see ``int8_planes``)."""
+    if qtype not in _BLOCKS:
+        return None
+    block_bytes, per_block = _BLOCKS[qtype]
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, in_features // per_block, block_bytes)
+    if per_block == 32:
+        d = _f16(blocks, 0)
+        if qtype == Q8_0:
+            unsigned = blocks[..., 2:] ^ 0x80  # int8 + 128
+            low, high = _nibbles(unsigned)
+            return _group_planes(low, high, d, -128 * d, rows)
+        has_min = qtype in (Q4_1, Q5_1)
+        start = 4 if has_min else 2
+        offset = _f16(blocks, 2) if has_min else None
+        high = None
+        if qtype in (Q5_0, Q5_1):
+            high = _bits(blocks[..., start:start + 4], 8).transpose(-1, -2).reshape(rows, -1, 32)
+            start += 4
+        low = torch.cat(_nibbles(blocks[..., start:start + 16]), dim=-1)  # weights 0-15, then 16-31
+        if offset is None:
+            offset = -(16 if high is not None else 8) * d
+        return _group_planes(low, high, d, offset, rows)
+    # K-quants: 256 weights in eight sub-blocks of 32, each with a 6-bit scale and minimum
+    d, dmin = _f16(blocks, 0)[..., None], _f16(blocks, 2)[..., None]
+    sc, mins = _k_scales(blocks[..., 4:16])
+    qs_start = 16 if qtype == Q4_K else 48
+    qs = blocks[..., qs_start:qs_start + 128].reshape(rows, -1, 4, 32)
+    low = torch.stack(_nibbles(qs), dim=-2).reshape(rows, -1, 8, 32)  # sub-block 2i, 2i+1 from byte run i
+    high = _bits(blocks[..., 16:48], 8) if qtype == Q5_K else None  # bit j: sub-block j
+    return _group_planes(low, high, d * sc, -dmin * mins, rows)
+
+
+def int8_planes(weight: torch.Tensor) -> Planes:
+    """Symmetric 8-bit codes per group of 32 (scale = max |w| / 127), as two 4-bit planes."""
+    rows, cols = weight.shape
+    groups = weight.float().reshape(rows, cols // GROUP, GROUP)
+    scale = groups.abs().amax(dim=-1) / 127
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(groups / safe[..., None]).clamp(-127, 127).to(torch.int16) + 128
+    low, high = (q & 15).to(torch.uint8), (q >> 4).to(torch.uint8)
+    return _group_planes(low, high, scale, -128 * scale, rows)
+
+
+def int4_planes(weight: torch.Tensor) -> Planes:
+    """Asymmetric 4-bit codes per group of 32 (the group's minimum and range / 15), one plane."""
+    rows, cols = weight.shape
+    groups = weight.float().reshape(rows, cols // GROUP, GROUP)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = (high - low) / 15
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    codes = torch.round((groups - low[..., None]) / safe[..., None]).clamp(0, 15).to(torch.uint8)
+    return _group_planes(codes, None, scale, low, rows)
+
+
+def dequantize_gguf(raw: np.ndarray | torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
+    """float32 weights of GGUF blocks, by the ``gguf`` package's own decoder."""
+    from gguf.quants import dequantize
+
+    data = raw.numpy() if isinstance(raw, torch.Tensor) else raw
+    return torch.from_numpy(np.ascontiguousarray(dequantize(data, qtype), dtype=np.float32)).reshape(shape)
+
+
+class PackedWeight:
+    """A [out, in] weight in the packed 4-bit layout; ``matmul(x)`` is ``x @ weight.T``."""
+
+    def __init__(self, planes: Planes) -> None:
+        num_planes, rows, cols = planes.codes.shape
+        if cols % GROUP:
+            raise ValueError(f"input features {cols} are not a multiple of {GROUP}")
+        self.out_features, self.in_features, self.num_planes = rows, cols, num_planes
+        padded = -(-rows // _ROW_MULTIPLE) * _ROW_MULTIPLE
+        # The kernel subtracts 8 from every code. A plane of small codes (the high bit of a
+        # 5-bit code) is stored as code + 8, so its terms stay as small as they are; the constant
+        # left over goes to plane 0's zero. Scales and zeros are rounded to bf16: no two large
+        # terms may cancel after that rounding.
+        shifted = [bool(planes.codes[p].max() <= 7) for p in range(num_planes)]
+        codes = torch.stack([c + 8 if s else c for c, s in zip(planes.codes, shifted)])
+        codes = codes.permute(1, 0, 2).reshape(rows, num_planes * cols)  # planes side by side
+        zeros = torch.zeros_like(planes.scales)
+        zeros[0] = planes.offset + 8 * sum(planes.scales[p] for p in range(num_planes) if not shifted[p])
+        sz = torch.stack((planes.scales, zeros), dim=-1)  # [P, rows, groups, 2]
+        sz = sz.permute(0, 2, 1, 3).reshape(num_planes * cols // GROUP, rows, 2)
+        if padded != rows:
+            codes = torch.cat((codes, codes.new_zeros((padded - rows, codes.shape[1]))))
+            sz = torch.cat((sz, sz.new_zeros((sz.shape[0], padded - rows, 2))), dim=1)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        self.scales_and_zeros = sz.to(torch.bfloat16).contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales_and_zeros.nbytes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul_bf16(x.to(torch.bfloat16)).to(x.dtype)
+
+    def matmul_bf16(self, xb: torch.Tensor) -> torch.Tensor:
+        """The product of a bf16 input, in bf16 (the kernel's own types)."""
+        if self.num_planes > 1:
+            xb = xb.repeat(1, self.num_planes)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scales_and_zeros)
+        return out if out.shape[1] == self.out_features else out[:, : self.out_features]
+
+
+class QuantizedRows:
+    """An embedding table kept as its GGUF blocks; a lookup decodes only the rows it needs."""
+
+    def __init__(self, raw: torch.Tensor, qtype: int, dim: int) -> None:
+        self.raw, self.qtype, self.dim = raw, qtype, dim
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.nbytes
+
+    def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        rows = self.raw.index_select(0, ids.reshape(-1))
+        planes = gguf_planes(rows, self.qtype, self.dim)
+        if planes is not None:
+            values = planes.dequantize()
+        else:
+            values = dequantize_gguf(rows, self.qtype, (rows.shape[0], self.dim))
+        return values.to(dtype).reshape(*ids.shape, self.dim)
+
+
+def planes_of(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> Planes:
+    """A GGUF matrix as planes: exact where the type has a plane form, else re-quantized to 8 bits."""
+    planes = gguf_planes(raw, qtype, shape[1])
+    return planes if planes is not None else int8_planes(dequantize_gguf(raw, qtype, shape))
+
+
+def stack_rows(parts: list[Planes]) -> Planes:
+    """Parts of a merged matrix (q, k, v; gate, up) stacked by rows, with as many planes as the
+    part that needs the most."""
+    count = max(p.num_planes for p in parts)
+    parts = [p.with_planes(count) for p in parts]
+    return Planes(torch.cat([p.codes for p in parts], dim=1), torch.cat([p.scales for p in parts], dim=1),
+                  torch.cat([p.offset for p in parts], dim=0))
+
+
+def quantize_float(weight: torch.Tensor, kind: str) -> Planes:
+    """``--quantization int4 | int8`` of a float checkpoint's matrix."""
+    return int4_planes(weight) if kind == "int4" else int8_planes(weight)
+
+
+def drop_weight(param: torch.nn.Parameter) -> torch.nn.Parameter:
+    """A meta placeholder for a weight now held packed: the shape and dtype stay visible, any
+    use of its values fails loudly."""
+    return torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device="meta"), requires_grad=False)
