@@ -61,6 +61,9 @@ def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argpars
     dec.add_argument("--input-len", type=int, nargs="+", default=[128])
     dec.add_argument("--output-len", type=int, default=128)
     dec.add_argument("--compare-hf", action="store_true", help="also run transformers' generate on the same weights")
+    dec.add_argument("--compare-llamacpp", action="store_true",
+                     help="CPU, a GGUF model: run llama.cpp (llama-cpp-python, pip install -e '.[bench]') on the same file, "
+                          "same prompts and threads, alternating with our engine; one JSON line per engine and input length")
     dec.add_argument("--repeat", type=int, default=1, help="timed runs per configuration; the best is reported")
     dec.add_argument("--busy-cores", type=int, default=0,
                      help="keep this many cores busy with other processes for the run (the CPU path under load; default: %(default)s)")

@@ -83,7 +83,10 @@ def hf_model_for(llm, seed: int):
     from transformers import AutoModelForCausalLM
 
     if llm.engine.model_dir is not None and not llm.config.dummy_weights:
-        hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_dir, dtype=llm.engine.dtype)
+        from .weights.gguf_tensors import GGUF_WEIGHTS
+
+        gguf = {"gguf_file": GGUF_WEIGHTS} if (llm.engine.model_dir / GGUF_WEIGHTS).is_file() else {}
+        hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_dir, dtype=llm.engine.dtype, **gguf)
     else:  # random weights: let transformers draw them, then copy them into our model
         torch.manual_seed(seed)
         hf = AutoModelForCausalLM.from_config(llm.engine.hf_config, dtype=llm.engine.dtype)
@@ -525,6 +528,11 @@ def _bench_rank(rank: int, args: argparse.Namespace, config: EngineConfig, addr:
 
     config = replace(config, device=rank_device(config, rank))
     init_tp(rank, config.tp, f"tcp://{addr}", resolve_device(config.device), timeout_s=600)
+    if args.bench == "decode" and args.compare_llamacpp:
+        rows = _compare_llamacpp(args, config)
+        for row in rows:
+            print(json.dumps(row))
+        return 0
     run, show = BENCHES[args.bench]
     rows = run(args, config)
     if rank == 0:
@@ -583,6 +591,22 @@ def run_offline_dp(args: argparse.Namespace, config: EngineConfig) -> list[dict]
     return [row]
 
 
+def _compare_llamacpp(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
+    from .bench_llamacpp import print_compare_table, run_compare_llamacpp
+    from .weights.gguf_tensors import GGUF_WEIGHTS
+    from .weights.source import resolve_model
+
+    if args.compare_hf or config.dummy_weights or config.tp > 1:
+        raise UserError("--compare-llamacpp runs alone: without --compare-hf, --dummy-weights and --tp")
+    gguf = resolve_model(config.model) / GGUF_WEIGHTS
+    if not gguf.is_file():
+        raise UserError("--compare-llamacpp needs a GGUF model: the demo model or --model FILE.gguf")
+    vocab = json.loads((gguf.parent / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+    rows = run_compare_llamacpp(args, config, gguf, vocab)
+    print_compare_table(rows)
+    return rows
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from .args import engine_config_from_args
 
@@ -622,6 +646,11 @@ def run_bench(args: argparse.Namespace) -> int:
         if getattr(args, "compare_hf", False):
             raise UserError("--compare-hf runs transformers on one device; use it with --tp 1")
         mp.start_processes(_bench_rank, args=(args, config, f"127.0.0.1:{free_port()}"), nprocs=config.tp, join=True, start_method="spawn")
+        return 0
+    if args.bench == "decode" and args.compare_llamacpp:
+        rows = _compare_llamacpp(args, config)
+        for row in rows:
+            print(json.dumps(row))
         return 0
     run, show = BENCHES[args.bench]
     rows = run(args, config)

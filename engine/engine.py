@@ -169,6 +169,7 @@ class Engine:
         self.model_dir = loaded.model_dir
         self.device = loaded.device
         self.dtype = loaded.dtype
+        self.quantization = loaded.quantization  # gguf | int4 | int8 | none (model_loader.choose_quantization)
         self.kv_dtype = resolve_kv_dtype(config.kv_dtype, self.dtype)  # the KV pool's (--kv-dtype)
         # CPU: the cores other processes leave free (a browser beside the chat app is the common
         # case), shared among the tensor-parallel ranks of this machine

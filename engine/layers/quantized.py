@@ -208,6 +208,8 @@ class PackedWeight:
 
     def matmul_bf16(self, xb: torch.Tensor) -> torch.Tensor:
         """The product of a bf16 input, in bf16 (the kernel's own types)."""
+        if xb.shape[0] == 0:  # a step whose rows all skip this product (no request samples)
+            return xb.new_empty((0, self.out_features))
         if self.num_planes > 1:
             xb = xb.repeat(1, self.num_planes)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scales_and_zeros)
@@ -225,6 +227,8 @@ class QuantizedRows:
         return self.raw.nbytes
 
     def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if ids.numel() == 0:
+            return torch.empty((*ids.shape, self.dim), dtype=dtype)
         rows = self.raw.index_select(0, ids.reshape(-1))
         planes = gguf_planes(rows, self.qtype, self.dim)
         if planes is not None:

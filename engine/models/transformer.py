@@ -257,7 +257,7 @@ class CausalLM(nn.Module):
         candidates tie and greedy picks by index. The top ``REFINED_LOGITS`` of each row are
         computed again in float32 from the table's rows (tied LM heads, whose rows the
         embedding keeps; an untied packed head keeps the bf16 values)."""
-        if self.lm_head is not None:
+        if self.lm_head is not None or logits.shape[0] == 0:
             return logits
         table = self.model.embed_tokens
         top = logits.topk(min(REFINED_LOGITS, logits.shape[1]), dim=-1).indices
