@@ -602,7 +602,8 @@ def _compare_llamacpp(args: argparse.Namespace, config: EngineConfig) -> list[di
     if not gguf.is_file():
         raise UserError("--compare-llamacpp needs a GGUF model: the demo model or --model FILE.gguf")
     vocab = json.loads((gguf.parent / "config.json").read_text(encoding="utf-8"))["vocab_size"]
-    rows = run_compare_llamacpp(args, config, gguf, vocab)
+    prompts = random_prompts(1, 32, vocab, seed=1) + [random_prompts(1, n, vocab, seed=100 + n)[0] for n in args.input_len]
+    rows = run_compare_llamacpp(args, config, gguf, prompts, busy_cores)
     print_compare_table(rows)
     return rows
 

@@ -98,11 +98,11 @@ def _in_child(target, *args) -> list[dict]:
     return rows
 
 
-def run_compare_llamacpp(args: argparse.Namespace, config: EngineConfig, gguf: Path, vocab: int) -> list[dict]:
-    """Alternating runs (ours, llama.cpp, ours, ...), ``args.repeat`` of each; every input length
-    in every run. Returns one row per engine and input length: the best of its runs."""
-    from .bench import busy_cores, random_prompts
-
+def run_compare_llamacpp(args: argparse.Namespace, config: EngineConfig, gguf: Path,
+                         prompts: list[list[int]], busy_cores) -> list[dict]:
+    """Alternating runs (ours, llama.cpp, ours, ...), ``args.repeat`` of each; every prompt in
+    every run, the first a warm-up. ``busy_cores``: bench.busy_cores. Returns one row per engine
+    and input length: the best decode rate and the best TTFT of its runs."""
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
@@ -113,7 +113,6 @@ def run_compare_llamacpp(args: argparse.Namespace, config: EngineConfig, gguf: P
     threads = config.cpu_threads or max(1, (os.cpu_count() or 1) - args.busy_cores)
     n_ctx = max(args.input_len) + args.output_len + 64
     config = replace(config, cpu_threads=threads, max_kv_tokens=config.max_kv_tokens or n_ctx, device="cpu")
-    prompts = [random_prompts(1, 32, vocab, seed=1)[0]] + [random_prompts(1, n, vocab, seed=100 + n)[0] for n in args.input_len]
     collected: dict[tuple[str, int], list[dict]] = {}
     about: dict[str, dict] = {}
     with busy_cores(args.busy_cores):

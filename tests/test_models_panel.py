@@ -53,11 +53,15 @@ def test_local_models_lists_the_demo_hub_ids_and_converted_gguf_files(tmp_path, 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
     demo = fake_folder(cache / "models" / "smollm2-135m-instruct",
                        {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "max_position_embeddings": 8192}, 5000)
-    (demo / ".complete").write_text("{}")
+    from minisgl_engine.weights.gguf_convert import LAYOUT
+
+    (demo / ".complete").write_text(json.dumps({"layout": LAYOUT}))
     fake_folder(hub_snapshot_dir(hub, "Qwen/Qwen3-0.6B"), {"model_type": "qwen3", "max_position_embeddings": 40960}, 2000)
     gguf = fake_folder(cache / "models" / "gguf-0123456789abcdef", {"architectures": ["MistralForCausalLM"]})
-    (gguf / ".complete").write_text(json.dumps({"source": "tiny.Q4_0.gguf"}))
+    (gguf / ".complete").write_text(json.dumps({"layout": LAYOUT, "source": "tiny.Q4_0.gguf"}))
     fake_folder(cache / "models" / "gguf-unfinished", {"model_type": "llama"})  # no marker: a conversion cut short
+    older = fake_folder(cache / "models" / "gguf-float32", {"model_type": "llama"})  # an older layout: made again when used
+    (older / ".complete").write_text(json.dumps({"source": "old.Q4_0.gguf"}))
     (hub / "models--broken--no-config" / "snapshots" / "x").mkdir(parents=True)  # a download cut short
     (hub_snapshot_dir(hub, "cut/before-the-weights") / "config.json").write_text(json.dumps({"model_type": "llama"}))  # a cancelled pull
     found = {m.name: m for m in local_models()}

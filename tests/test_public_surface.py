@@ -57,7 +57,7 @@ ENGINE = Path(__file__).resolve().parents[1] / "engine"
 FLOORS = {  # a module imports only from its own floor and those below (0: everything else)
     "kvcache": 1, "attention": 2, "layers": 3, "models": 4,
     "model_loader": 5, "fused_ops": 5, "cuda_graph": 5, "engine": 5,
-    "scheduler": 6, "llm": 7, "server": 8, "bench": 8, "": 9,  # "": the package's public surface
+    "scheduler": 6, "llm": 7, "server": 8, "bench": 8, "bench_llamacpp": 8, "": 9,  # "": the package's public surface
 }
 
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
+
+from ..weights.gguf_tensors import dequantize_gguf
 
 GROUP = 32  # inputs per scale in the packed kernel
 _ROW_MULTIPLE = 16  # the packing wants the output dimension in multiples of 16
@@ -163,14 +164,6 @@ def int4_planes(weight: torch.Tensor) -> Planes:
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
     codes = torch.round((groups - low[..., None]) / safe[..., None]).clamp(0, 15).to(torch.uint8)
     return _group_planes(codes, None, scale, low, rows)
-
-
-def dequantize_gguf(raw: np.ndarray | torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
-    """float32 weights of GGUF blocks, by the ``gguf`` package's own decoder."""
-    from gguf.quants import dequantize
-
-    data = raw.numpy() if isinstance(raw, torch.Tensor) else raw
-    return torch.from_numpy(np.ascontiguousarray(dequantize(data, qtype), dtype=np.float32)).reshape(shape)
 
 
 class PackedWeight:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .demo import DEMO_MODEL_NAME, cache_root, demo_model_dir
 from .gguf_convert import COMPLETE_MARKER, is_complete
+from .gguf_tensors import GGUF_WEIGHTS
 from .safetensors_io import weight_files
 
 WEIGHT_SUFFIXES = (".safetensors",)
@@ -55,6 +56,8 @@ def describe_folder(folder: Path, name: str, model: str, kind: str) -> LocalMode
 
 
 def has_weights(folder: Path) -> bool:
+    if (folder / GGUF_WEIGHTS).is_file():
+        return True
     try:
         weight_files(folder)
     except Exception:  # noqa: BLE001 (WeightsError, or an unreadable folder)

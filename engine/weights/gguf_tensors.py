@@ -58,8 +58,6 @@ class GGUFTensor:
         return GGMLQuantizationType(self.qtype).name
 
     def dequantize(self) -> torch.Tensor:
-        from ..layers.quantized import dequantize_gguf
-
         return dequantize_gguf(self.raw, self.qtype, self.shape)
 
     def narrow(self, dim: int, start: int, length: int) -> "GGUFTensor":
@@ -67,6 +65,14 @@ class GGUFTensor:
         if dim != 0:
             raise WeightsError("a quantized GGUF tensor can only be split by rows; use --quantization none")
         return GGUFTensor(self.raw.narrow(0, start, length), self.qtype, (length, self.shape[1]))
+
+
+def dequantize_gguf(raw: np.ndarray | torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
+    """float32 weights of GGUF blocks, by the ``gguf`` package's own decoder."""
+    from gguf.quants import dequantize
+
+    data = raw.numpy() if isinstance(raw, torch.Tensor) else raw
+    return torch.from_numpy(np.ascontiguousarray(dequantize(data, qtype), dtype=np.float32)).reshape(shape)
 
 
 def hf_name(name: str) -> str | None:

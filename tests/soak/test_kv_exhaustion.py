@@ -23,7 +23,8 @@ FIGURES: dict[str, object] = {}
 def small_server(request, scale, soak_server, tmp_path_factory):
     if request.param == "naive" and scale.name == "short":
         pytest.skip("--cache naive under KV exhaustion runs in the full profile only (a server start costs ~25 s)")
-    srv = ServerProcess("--max-kv-tokens", str(SMALL_KV_TOKENS), "--cache", request.param,
+    # float32 weights like the soak server whose greedy replies it must repeat (tests/conftest.py, demo_server)
+    srv = ServerProcess("--max-kv-tokens", str(SMALL_KV_TOKENS), "--cache", request.param, "--quantization", "none",
                         log_path=tmp_path_factory.mktemp("small-kv") / "serve.log")
     srv.cache = request.param
     yield srv
