@@ -140,11 +140,12 @@ def test_native_add_rmsnorm(native) -> None:
     torch.testing.assert_close(out32, F.rms_norm(residual, (576,), w, 1e-5), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("scattered", [False, True])  # True: a cached prefix in other slots than the new tokens
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_native_rope_store_attend(native, qk_norm: bool) -> None:
+def test_native_rope_store_attend(native, qk_norm: bool, scattered: bool) -> None:
     from minisgl_engine.layers.rotary import RopeInputs, RotaryEmbedding, apply_rotary
 
-    heads, kv_heads, dim, start, length = 9, 3, 64, 5, 37
+    heads, kv_heads, dim, length = 9, 3, 64, 37
     gen = torch.Generator().manual_seed(1)
     rotary = RotaryEmbedding(dim, 4096, 100000.0, None, torch.float32)
     position = torch.tensor([length - 1])
@@ -152,6 +153,7 @@ def test_native_rope_store_attend(native, qk_norm: bool) -> None:
     qkv = torch.randn(1, (heads + 2 * kv_heads) * dim, generator=gen).bfloat16()
     k_cache, v_cache = torch.randn(64, kv_heads, dim, generator=gen), torch.randn(64, kv_heads, dim, generator=gen)
     q_w, k_w = torch.rand(dim, generator=gen) + 0.5, torch.rand(dim, generator=gen) + 0.5
+    slots = torch.randperm(64, generator=gen)[:length] if scattered else torch.arange(5, 5 + length)
     # the same steps as torch ops
     q, k, v = qkv.float().split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1)
     q, k, v = q.view(1, heads, dim), k.view(1, kv_heads, dim), v.view(1, kv_heads, dim)
@@ -159,16 +161,16 @@ def test_native_rope_store_attend(native, qk_norm: bool) -> None:
         q, k = F.rms_norm(q, (dim,), q_w, 1e-6), F.rms_norm(k, (dim,), k_w, 1e-6)
     q, k = apply_rotary(q, rope), apply_rotary(k, rope)
     ks, vs = k_cache.clone(), v_cache.clone()
-    slot = start + length - 1
-    ks[slot], vs[slot] = k[0], v[0]
+    ks[slots[-1]], vs[slots[-1]] = k[0], v[0]
     expected = F.scaled_dot_product_attention(
-        q.unsqueeze(2), ks[start:slot + 1].transpose(0, 1).unsqueeze(0), vs[start:slot + 1].transpose(0, 1).unsqueeze(0),
+        q.unsqueeze(2), ks[slots].transpose(0, 1).unsqueeze(0), vs[slots].transpose(0, 1).unsqueeze(0),
         scale=dim**-0.5, enable_gqa=True).reshape(1, -1)
     out = torch.empty(1, heads * dim, dtype=torch.bfloat16)
     scratch = torch.empty(heads * dim + length)
     native.rope_store_attend(qkv.data_ptr(), heads, kv_heads, dim, q_w.data_ptr() if qk_norm else None,
                              k_w.data_ptr() if qk_norm else None, 1e-6, rope.cos.data_ptr(), rope.sin.data_ptr(),
-                             k_cache.data_ptr(), v_cache.data_ptr(), slot, start, slot + 1, dim**-0.5, out.data_ptr(), scratch.data_ptr())
+                             k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), length, dim**-0.5, out.data_ptr(),
+                             scratch.data_ptr())
     torch.testing.assert_close(k_cache, ks, rtol=1e-6, atol=1e-6)  # the new token's K and V written, nothing else
     torch.testing.assert_close(v_cache, vs, rtol=0, atol=0)
     torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)

@@ -30,16 +30,24 @@ class _DecodeMeta:
     # one request whose slots are one run (the usual case for a lone chat on CPU): attention
     # reads the pool's rows start:end in place, no gather
     slot_run: tuple[int, int] | None = None
+    # CPU, one request: its slots (int64, the new token's last), for the C decode steps
+    one_request_slots: torch.Tensor | None = None
 
 
-def _slot_run(kv_indices: torch.Tensor, out_loc: torch.Tensor) -> tuple[int, int] | None:
-    """(start, end) when one request's slots are start, start + 1, ..., end - 1, the new
-    token's the last of them."""
-    if kv_indices.shape[0] != 1 or kv_indices.device.type != "cpu":
+def _one_request_slots(kv_indices: torch.Tensor, out_loc: torch.Tensor) -> torch.Tensor | None:
+    """One request's slots on CPU, the new token's the last of them (None otherwise)."""
+    if kv_indices.shape[0] != 1 or kv_indices.device.type != "cpu" or kv_indices.dtype != torch.int64:
         return None
     row = kv_indices[0]
-    start, last = int(row[0]), int(row[-1])
-    if last - start + 1 != row.shape[0] or int(out_loc[0]) != last or not bool((row.diff() == 1).all()):
+    return row if row.is_contiguous() and int(row[-1]) == int(out_loc[0]) else None
+
+
+def _slot_run(slots: torch.Tensor | None) -> tuple[int, int] | None:
+    """(start, end) when one request's slots are start, start + 1, ..., end - 1."""
+    if slots is None:
+        return None
+    start, last = int(slots[0]), int(slots[-1])
+    if last - start + 1 != slots.shape[0] or not bool((slots.diff() == 1).all()):
         return None
     return start, last + 1
 
@@ -54,7 +62,8 @@ class TorchAttentionBackend(AttentionBackend):
             if min(batch.seq_lens) != max_len:
                 seq_lens = torch.tensor(batch.seq_lens, device=table.device)
                 mask = (torch.arange(max_len, device=table.device) < seq_lens[:, None])[:, None, None, :]
-            batch.attn_metadata = _DecodeMeta(kv_indices, mask, _slot_run(kv_indices, batch.out_loc) if mask is None else None)
+            slots = _one_request_slots(kv_indices, batch.out_loc) if mask is None else None
+            batch.attn_metadata = _DecodeMeta(kv_indices, mask, _slot_run(slots), slots)
             return
         seqs = []
         start = 0

@@ -66,16 +66,17 @@ static void rope(float *x, const float *cos_row, const float *sin_row, int head_
 }
 
 /* qkv: one token's merged projection (bf16): q heads, then k heads, then v heads.
- * The new k/v go to slot `slot` of the layer's caches ([slots, kv_heads, head_dim] float32);
- * the token attends to slots start .. end-1 (its own included). out: [heads * head_dim] bf16.
- * scratch: (heads + kv_heads) * head_dim + (end - start) floats. */
+ * The token's sequence holds the cache slots slots[0 .. len-1], its own the last: its k/v are
+ * written there (the layer's caches are [slots, kv_heads, head_dim] float32) and it attends to
+ * all of them. out: [heads * head_dim] bf16. scratch: heads * head_dim + len floats. */
 void rope_store_attend(const uint16_t *qkv, int heads, int kv_heads, int head_dim,
                        const float *q_norm, const float *k_norm, float norm_eps,
                        const float *cos_row, const float *sin_row,
-                       float *k_cache, float *v_cache, int slot, int start, int end, float scale,
+                       float *k_cache, float *v_cache, const int64_t *slots, int len, float scale,
                        uint16_t *out, float *scratch) {
     int q_size = heads * head_dim, kv_size = kv_heads * head_dim;
-    float *q = scratch, *k_new = k_cache + (int64_t)slot * kv_size, *v_new = v_cache + (int64_t)slot * kv_size;
+    int64_t slot = slots[len - 1];
+    float *q = scratch, *k_new = k_cache + slot * kv_size, *v_new = v_cache + slot * kv_size;
     float *scores = scratch + q_size;
     for (int i = 0; i < q_size; i++) q[i] = bf16_to_f32(qkv[i]);
     for (int i = 0; i < kv_size; i++) {
@@ -90,13 +91,13 @@ void rope_store_attend(const uint16_t *qkv, int heads, int kv_heads, int head_di
         head_norm(k_new + h * head_dim, k_norm, norm_eps, head_dim);
         rope(k_new + h * head_dim, cos_row, sin_row, head_dim);
     }
-    int len = end - start, group = heads / kv_heads;
+    int group = heads / kv_heads;
     for (int h = 0; h < heads; h++) {
         const float *qh = q + h * head_dim;
         int g = h / group;
         float best = -INFINITY;
         for (int t = 0; t < len; t++) {
-            const float *kt = k_cache + ((int64_t)(start + t) * kv_heads + g) * head_dim;
+            const float *kt = k_cache + (slots[t] * kv_heads + g) * head_dim;
             float dot = 0.f;
             for (int i = 0; i < head_dim; i++) dot += qh[i] * kt[i];
             dot *= scale;
@@ -111,7 +112,7 @@ void rope_store_attend(const uint16_t *qkv, int heads, int kv_heads, int head_di
         float acc[512];
         for (int i = 0; i < head_dim; i++) acc[i] = 0.f;
         for (int t = 0; t < len; t++) {
-            const float *vt = v_cache + ((int64_t)(start + t) * kv_heads + g) * head_dim;
+            const float *vt = v_cache + (slots[t] * kv_heads + g) * head_dim;
             float p = scores[t];
             for (int i = 0; i < head_dim; i++) acc[i] += p * vt[i];
         }

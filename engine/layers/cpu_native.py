@@ -32,7 +32,7 @@ FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fassoc
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "add_rmsnorm": [_P, _I, _P, _P, _F, _I, _P, _P, _I],
-    "rope_store_attend": [_P, _I, _I, _I, _P, _P, _F, _P, _P, _P, _P, _I, _I, _I, _F, _P, _P],
+    "rope_store_attend": [_P, _I, _I, _I, _P, _P, _F, _P, _P, _P, _P, _P, _I, _F, _P, _P],
     "silu_mul": [_P, _I, _P],
 }
 

@@ -100,7 +100,7 @@ class DecoderLayer(nn.Module):
         attn: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.native is not None and hidden.shape[0] == 1 and batch.is_decode:
-            slots = getattr(batch.attn_metadata, "slot_run", None)
+            slots = getattr(batch.attn_metadata, "one_request_slots", None)
             if slots is not None:  # faster than torch's attention at every length measured (128 to 4,000)
                 return self._forward_native(rope, hidden, residual, slots, attn)
         if self.norms_in_gemv and hidden.shape[0] == 1 and residual is not None:
@@ -115,7 +115,7 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
     def _forward_native(self, rope: RopeInputs, hidden: torch.Tensor, residual: torch.Tensor | None,
-                        slots: tuple[int, int], attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+                        slots: torch.Tensor, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch-1 decode on CPU with packed weights: the four products are torch's 4-bit
         kernel (bf16 in and out) and everything between them three C calls (cpu_decode.c);
         ``hidden`` may come in as bf16 (the previous layer's down projection)."""
@@ -128,15 +128,14 @@ class DecoderLayer(nn.Module):
         lib.add_rmsnorm(hidden.data_ptr(), x_bf16, None if residual is None else residual.data_ptr(), norm.weight.data_ptr(),
                         norm.eps, dim, residual_out.data_ptr(), normed.data_ptr(), 1)
         qkv = sa.qkv_proj.quant.matmul_bf16(normed)
-        start, end = slots
         attended = torch.empty(1, sa.num_heads * sa.head_dim, dtype=bf16)
-        scratch = torch.empty(attended.shape[1] + end - start)
+        scratch = torch.empty(attended.shape[1] + slots.shape[0])
         q_norm = sa.q_norm.weight.data_ptr() if sa.q_norm is not None else None
         k_norm = sa.k_norm.weight.data_ptr() if sa.k_norm is not None else None
         lib.rope_store_attend(qkv.data_ptr(), sa.num_heads, sa.num_kv_heads, sa.head_dim, q_norm, k_norm,
                               sa.q_norm.eps if sa.q_norm is not None else 0.0, rope.cos.data_ptr(), rope.sin.data_ptr(),
                               attn.kv_pool.k_cache[sa.layer_id].data_ptr(), attn.kv_pool.v_cache[sa.layer_id].data_ptr(),
-                              end - 1, start, end, attn.scale, attended.data_ptr(), scratch.data_ptr())
+                              slots.data_ptr(), slots.shape[0], attn.scale, attended.data_ptr(), scratch.data_ptr())
         hidden = sa.o_proj.quant.matmul_bf16(attended)
         residual = torch.empty(1, dim)
         norm = self.post_attention_layernorm
