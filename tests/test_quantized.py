@@ -240,7 +240,7 @@ def test_demo_model_from_its_gguf_agrees_with_the_float32_reference(demo_engines
     assert kl < 0.05, kl
 
 
-def test_native_decode_equals_the_torch_ops_path(demo_engines) -> None:
+def test_native_decode_equals_the_torch_ops_path(demo_engines, native) -> None:
     """The C steps and the same layer as torch ops round to bf16 at the same places but sum in
     different orders, so their logits differ at bf16's noise: the same greedy tokens until a
     near-tie, and close log-probabilities."""
