@@ -172,7 +172,7 @@ def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: b
 
 
 def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedModel:
-    from .weights.gguf_tensors import GGUF_WEIGHTS, gguf_weights_nbytes, iter_gguf
+    from .weights.gguf_tensors import GGUF_WEIGHTS, iter_gguf
     from .weights.safetensors_io import iter_safetensors, weights_nbytes
 
     model_dir = None
@@ -198,10 +198,8 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     quantization = choose_quantization(config, device, gguf_file is not None)
     if config.dummy_weights:
         weight_bytes = param_bytes(model_config, dtype)
-    elif gguf_file is not None:
-        weight_bytes = gguf_weights_nbytes(gguf_file, None if quantization == "gguf" else dtype)
     else:
-        weight_bytes = weights_nbytes(model_dir, dtype)
+        weight_bytes = weights_nbytes(model_dir, dtype, keep_gguf_blocks=quantization == "gguf")
     from .kvcache.kv_pool import KVPool, resolve_kv_dtype
 
     kv_dtype = resolve_kv_dtype(config.kv_dtype, dtype)

@@ -91,11 +91,13 @@ def _bits(qh: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 6-bit scales and minimums of the eight 32-weight sub-blocks of a Q4_K/Q5_K block."""
-    d, m, m_d = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
-    sc = torch.cat((d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
-    mins = torch.cat((m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)), dim=-1)
-    return sc.float(), mins.float()
+    """The 6-bit scales and minimums of the eight 32-weight sub-blocks of a Q4_K/Q5_K block
+    ([..., 12] bytes -> two [..., 8]), unpacked by the gguf package."""
+    from gguf.quants import Q4_K as Q4_K_BLOCKS
+
+    sc, mins = Q4_K_BLOCKS.get_scale_min(scales.reshape(-1, 12).numpy())
+    shape = (*scales.shape[:-1], 8)
+    return torch.from_numpy(sc).reshape(shape).float(), torch.from_numpy(mins).reshape(shape).float()
 
 
 def _group_planes(low: torch.Tensor, high: torch.Tensor | None, scale: torch.Tensor, offset: torch.Tensor,

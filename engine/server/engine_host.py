@@ -194,7 +194,6 @@ def check_weights(prepared: PreparedModel) -> None:
     import psutil
 
     from ..model_loader import resolve_device
-    from ..weights.gguf_tensors import GGUF_WEIGHTS, gguf_weights_nbytes
     from ..weights.safetensors_io import weights_nbytes
 
     folder = Path(prepared.config.model)
@@ -204,11 +203,8 @@ def check_weights(prepared: PreparedModel) -> None:
         import torch
 
         dtype = torch.float32 if prepared.config.dtype == "auto" else getattr(torch, prepared.config.dtype, None)
-    if (folder / GGUF_WEIGHTS).is_file():  # on CPU its quantized blocks stay as they are
-        kept = device.type == "cpu" and prepared.config.quantization == "auto"
-        needed = gguf_weights_nbytes(folder / GGUF_WEIGHTS, None if kept else dtype)
-    else:
-        needed = weights_nbytes(folder, dtype)
+    # on CPU a GGUF's quantized blocks stay as they are
+    needed = weights_nbytes(folder, dtype, keep_gguf_blocks=device.type == "cpu" and prepared.config.quantization == "auto")
     if device.type == "cpu":
         total = psutil.virtual_memory().total
         if needed > total:

@@ -45,8 +45,8 @@ def is_complete(folder: Path) -> bool:
 
 @contextmanager
 def _transformers_progress(enabled: bool, bars: type | None = None):
-    """Turn transformers' tqdm bars off for the duration when ``enabled`` is False, or draw the
-    GGUF dequantisation bar with ``bars`` (a tqdm subclass).
+    """Turn transformers' tqdm bars off for the duration when ``enabled`` is False, or draw its
+    GGUF bars with ``bars`` (a tqdm subclass).
 
     That bar is a bare ``tqdm`` that ignores transformers' switch, so its module's ``tqdm`` is
     swapped while we run.

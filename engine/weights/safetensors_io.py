@@ -126,11 +126,16 @@ def _read_header(file: Path) -> dict:
         raise _corrupt(file, exc) from exc
 
 
-def weights_nbytes(model_dir: Path, dtype: torch.dtype | None) -> int:
-    """Bytes the weights take once floating tensors are cast to ``dtype`` (None: as stored).
+def weights_nbytes(model_dir: Path, dtype: torch.dtype | None, keep_gguf_blocks: bool = False) -> int:
+    """Bytes the weights take once floating tensors are cast to ``dtype`` (None: as stored); a
+    GGUF folder's quantized blocks as stored when ``keep_gguf_blocks`` (the CPU's packed path).
 
     Only the headers are read, so this is cheap enough for a "does it fit" check before loading.
     """
+    from .gguf_tensors import GGUF_WEIGHTS, gguf_weights_nbytes
+
+    if (model_dir / GGUF_WEIGHTS).is_file():
+        return gguf_weights_nbytes(model_dir / GGUF_WEIGHTS, None if keep_gguf_blocks else dtype)
     total = 0
     for file in weight_files(model_dir):
         for name, info in _read_header(file).items():
