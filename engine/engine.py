@@ -28,7 +28,8 @@ from .kvcache import KVPool, PageTable
 from .kvcache.kv_pool import resolve_kv_dtype
 from .logits_processor import Logprobs, LogitsProcessor, PromptLogprobs, TokenMasks
 from .model_loader import free_memory_bytes, load_model
-from .models.transformer import enable_flashinfer_ops, enable_native_decode
+from .models.native_decode import enable_native_decode
+from .models.transformer import enable_flashinfer_ops
 from .request import PLACEHOLDER, TokenLogprobs
 from .sampling import Sampler
 from .transfer import to_device
@@ -146,8 +147,8 @@ class Engine:
         self.attn_name = self._choose_attention(on_phase)
         self.fused_kernels = self._enable_fast_ops(on_phase)
         self._allocate_kv_cache()
-        # CPU, packed weights: batch-1 decode layers as C steps between the products
-        self.native_decode = self.device.type == "cpu" and self.attn_name == "torch" and enable_native_decode(self.model, self.kv_dtype)
+        # CPU, weights in the C kernels' layout: batch-1 decode as one C call for every layer
+        self.native_decode = self.device.type == "cpu" and self.attn_name == "torch" and enable_native_decode(self.model, self.kv_pool)
         self.sampler = Sampler(use_flashinfer=self.attn_name == "flashinfer", seed=config.seed if self.tp.size > 1 else None)
         self.eos_token_ids = self._eos_token_ids()
         self.logits_processor = LogitsProcessor(self.model_config.vocab_size, config.max_running_requests, self.device, self.eos_token_ids)

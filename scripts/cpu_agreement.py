@@ -1,8 +1,9 @@
 """Accuracy of the packed CPU path on a GGUF (docs/benchmarks.md, "CPU: the demo model's GGUF").
 
-1. Teacher-forced over real text: the packed engine's next-token distribution against the float32
-   engine on the same file's dequantized weights (``--quantization none``): top-1 agreement and
-   mean KL(reference || packed) per position.
+1. Teacher-forced over real text: the quantized engine's next-token distribution against the
+   float32 engine on the same file's dequantized weights (``--quantization none``): top-1
+   agreement and mean KL(reference || quantized) per position, one row at a time (decode's
+   products) and in batched prefills.
 2. Greedy continuations of chat prompts: how many tokens the packed engine, the float32 engine
    and llama.cpp (llama-cpp-python, if installed) produce before the first difference.
 
@@ -45,16 +46,33 @@ PROMPTS = [
 ]
 
 
-def teacher_forced(packed: LLM, reference: LLM, start: int = 8) -> dict:
-    ids = packed.encode(TEXT)
-    logits = []
-    for llm in (packed, reference):
-        captured: list[torch.Tensor] = []
-        hook = llm.engine.model.register_forward_hook(lambda mod, inp, out: captured.append(out.detach().clone()))
-        llm.generate([ids[:n] for n in range(start, len(ids))], SamplingParams(max_tokens=1, temperature=0))
-        hook.remove()
-        logits.append(torch.cat(captured))
-    ours, ref = logits
+def teacher_forced_logits(llm: LLM, ids: list[int], one_row: bool, start: int = 8) -> torch.Tensor:
+    """The next-token logits after ids[:n] for every n >= start. ``one_row``: each position alone,
+    its prefix from the prefix cache, so every product has one row, as in decode (8-bit
+    activations); else all positions in batched prefills (many rows: the products widen the
+    weights to float32). Batched first: it fills the prefix cache for the one-row pass."""
+    captured: list[torch.Tensor] = []
+    hook = llm.engine.model.register_forward_hook(lambda mod, inp, out: captured.append(out.detach().clone()))
+    prompts = [ids[:n] for n in range(start, len(ids))]
+    for batch in ([[p] for p in prompts] if one_row else [prompts]):
+        llm.generate(batch, SamplingParams(max_tokens=1, temperature=0))
+    hook.remove()
+    return torch.cat(captured)
+
+
+def llamacpp_teacher_forced_logits(gguf: str, ids: list[int], start: int = 8) -> torch.Tensor | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    model = Llama(model_path=gguf, n_threads=2, n_ctx=1024, logits_all=True, verbose=False)
+    model.reset()
+    model.eval(ids)
+    return torch.from_numpy(model.scores[start - 1 : len(ids) - 1].copy()).float()
+
+
+def agreement(ours: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Top-1 agreement and KL(reference || ours) per position."""
     kl = F.kl_div(ours.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="none").sum(-1)
     return {"positions": ours.shape[0], "top1_agreement": round((ours.argmax(-1) == ref.argmax(-1)).float().mean().item(), 4),
             "mean_kl": round(kl.mean().item(), 5), "max_kl": round(kl.max().item(), 4),
@@ -93,8 +111,14 @@ def main() -> None:
     args = parser.parse_args()
     packed = LLM(args.model, device="cpu", max_kv_tokens=4096)
     reference = LLM(args.model, device="cpu", max_kv_tokens=4096, quantization="none")
-    print(json.dumps({"teacher_forced": teacher_forced(packed, reference)}))
     gguf = str(packed.engine.model_dir / GGUF_WEIGHTS)
+    ids = packed.encode(TEXT)
+    ref = teacher_forced_logits(reference, ids, one_row=False)
+    print(json.dumps({"teacher_forced_batched": agreement(teacher_forced_logits(packed, ids, one_row=False), ref)}))
+    print(json.dumps({"teacher_forced_one_row": agreement(teacher_forced_logits(packed, ids, one_row=True), ref)}))
+    llama = llamacpp_teacher_forced_logits(gguf, ids)
+    if llama is not None:
+        print(json.dumps({"teacher_forced_llamacpp": agreement(llama, ref)}))
     for prompt in PROMPTS:
         ids = packed.encode(prompt, chat=True)
         ours, ref = greedy(packed, ids, args.tokens), greedy(reference, ids, args.tokens)

@@ -1,5 +1,6 @@
-"""Quantized weights on CPU: each GGUF type read exactly, the packed products, the C decode steps,
-and the demo model served from its GGUF against the float32 reference of the same weights."""
+"""Quantized weights on CPU: each GGUF type read exactly, torch's packed products and our C
+kernels' products on each instruction path, the C decode step against the same layers as torch
+ops, and the demo model served from its GGUF against the float32 reference of the same weights."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from minisgl_engine.layers.quantized import (
+    INTEGER_DOT_MAX_ROWS,
+    NativeWeight,
     PackedWeight,
     QuantizedRows,
     gguf_planes,
     int4_planes,
     int8_planes,
+    pack_weight,
     packed_kernels_available,
     planes_of,
     stack_rows,
@@ -68,10 +72,10 @@ def test_types_with_16_weight_scales_are_requantized_to_8_bits(qtype: T) -> None
     raw, reference = _blocks(qtype)
     assert gguf_planes(raw, int(qtype), reference.shape[1]) is None
     planes = planes_of(raw, int(qtype), tuple(reference.shape))
-    # at most half an 8-bit step of each group of 32
+    # at most half an 8-bit step of each group of 32 (the step rounded up to a float16 value)
     step = reference.reshape(reference.shape[0], -1, 32).abs().amax(-1) / 127
     error = (planes.dequantize() - reference).abs().reshape(reference.shape[0], -1, 32).amax(-1)
-    assert bool((error <= step / 2 * (1 + 1e-4) + 1e-7).all())
+    assert bool((error <= step / 2 * (1 + 2**-10) + 1e-7).all())
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED_BY_GGUF + K_QUANTS, ids=lambda q: q.name)
@@ -102,7 +106,8 @@ def test_int4_and_int8_quantization_of_float_weights() -> None:
         groups = w.reshape(64, -1, 32)
         span = groups.amax(-1) - groups.amin(-1) if planes.num_planes == 1 else groups.abs().amax(-1)
         error = (planes.dequantize() - w).abs().reshape(64, -1, 32).amax(-1)
-        assert bool((error <= span * bound + 1e-6).all())
+        assert bool((error <= span * bound * (1 + 2**-9) + 1e-6).all())  # float16 scales, rounded outwards
+        assert torch.equal(planes.scales.half().float(), planes.scales) and torch.equal(planes.offset.half().float(), planes.offset)
 
 
 def test_quantized_embedding_rows_decode_exactly() -> None:
@@ -113,75 +118,80 @@ def test_quantized_embedding_rows_decode_exactly() -> None:
         torch.testing.assert_close(table.lookup(ids, torch.float32), reference[ids], rtol=0, atol=0)
 
 
-# ---- the C decode steps (cpu_decode.c) against the same steps as torch ops ----
+# ---- our C kernels (cpu_kernels.c): each product path against the float32 product ----
+
+# the build's own path (AVX-512 VNNI here), AVX2 without VNNI, plain C: each a separate build
+PATH_FLAGS = {"native": (), "avx2": ("-DMINISGL_NO_VNNI",), "plain-c": ("-DMINISGL_NO_VNNI", "-DMINISGL_NO_AVX2")}
 
 
-@pytest.fixture(scope="module")
-def native():
-    from minisgl_engine.layers.cpu_native import native_decode
+@pytest.fixture(scope="module", params=list(PATH_FLAGS))
+def kernels(request):
+    from minisgl_engine.layers.cpu_native import load_library
 
-    lib = native_decode()
-    if lib is None:
-        pytest.skip("no C compiler here: the C decode steps are not built")
-    return lib
-
-
-def test_native_add_rmsnorm(native) -> None:
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 576, generator=gen).bfloat16()
-    residual, w = torch.randn(1, 576, generator=gen), torch.rand(576, generator=gen) + 0.5
-    residual_out, out = torch.empty(1, 576), torch.empty(1, 576, dtype=torch.bfloat16)
-    native.add_rmsnorm(x.data_ptr(), 1, residual.data_ptr(), w.data_ptr(), 1e-5, 576, residual_out.data_ptr(), out.data_ptr(), 1)
-    summed = x.float() + residual
-    torch.testing.assert_close(residual_out, summed)
-    torch.testing.assert_close(out, F.rms_norm(summed, (576,), w, 1e-5).bfloat16())
-    out32 = torch.empty(1, 576)
-    native.add_rmsnorm(residual.data_ptr(), 0, None, w.data_ptr(), 1e-5, 576, residual_out.data_ptr(), out32.data_ptr(), 0)
-    torch.testing.assert_close(out32, F.rms_norm(residual, (576,), w, 1e-5), rtol=1e-5, atol=1e-5)
+    try:
+        return load_library(PATH_FLAGS[request.param])
+    except OSError as exc:
+        pytest.skip(f"the C kernels do not build here: {exc}")
 
 
-@pytest.mark.parametrize("scattered", [False, True])  # True: a cached prefix in other slots than the new tokens
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_native_rope_store_attend(native, qk_norm: bool, scattered: bool) -> None:
-    from minisgl_engine.layers.rotary import RopeInputs, RotaryEmbedding, apply_rotary
-
-    heads, kv_heads, dim, length = 9, 3, 64, 37
-    gen = torch.Generator().manual_seed(1)
-    rotary = RotaryEmbedding(dim, 4096, 100000.0, None, torch.float32)
-    position = torch.tensor([length - 1])
-    rope = RopeInputs(position, rotary.cos[position].unsqueeze(1), rotary.sin[position].unsqueeze(1))
-    qkv = torch.randn(1, (heads + 2 * kv_heads) * dim, generator=gen).bfloat16()
-    k_cache, v_cache = torch.randn(64, kv_heads, dim, generator=gen), torch.randn(64, kv_heads, dim, generator=gen)
-    q_w, k_w = torch.rand(dim, generator=gen) + 0.5, torch.rand(dim, generator=gen) + 0.5
-    slots = torch.randperm(64, generator=gen)[:length] if scattered else torch.arange(5, 5 + length)
-    # the same steps as torch ops
-    q, k, v = qkv.float().split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1)
-    q, k, v = q.view(1, heads, dim), k.view(1, kv_heads, dim), v.view(1, kv_heads, dim)
-    if qk_norm:
-        q, k = F.rms_norm(q, (dim,), q_w, 1e-6), F.rms_norm(k, (dim,), k_w, 1e-6)
-    q, k = apply_rotary(q, rope), apply_rotary(k, rope)
-    ks, vs = k_cache.clone(), v_cache.clone()
-    ks[slots[-1]], vs[slots[-1]] = k[0], v[0]
-    expected = F.scaled_dot_product_attention(
-        q.unsqueeze(2), ks[slots].transpose(0, 1).unsqueeze(0), vs[slots].transpose(0, 1).unsqueeze(0),
-        scale=dim**-0.5, enable_gqa=True).reshape(1, -1)
-    out = torch.empty(1, heads * dim, dtype=torch.bfloat16)
-    scratch = torch.empty(heads * dim + length)
-    native.rope_store_attend(qkv.data_ptr(), heads, kv_heads, dim, q_w.data_ptr() if qk_norm else None,
-                             k_w.data_ptr() if qk_norm else None, 1e-6, rope.cos.data_ptr(), rope.sin.data_ptr(),
-                             k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), length, dim**-0.5, out.data_ptr(),
-                             scratch.data_ptr())
-    torch.testing.assert_close(k_cache, ks, rtol=1e-6, atol=1e-6)  # the new token's K and V written, nothing else
-    torch.testing.assert_close(v_cache, vs, rtol=0, atol=0)
-    torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("rows", [1, 5, 200])
+def test_native_product_matches_the_float32_product_of_the_same_weights(kernels, qtype: T, rows: int) -> None:
+    """Up to 96 rows: 8-bit activations against the codes (llama.cpp's error: a few parts in a
+    thousand); above: the weight widened to float32 and the BLAS (float32's error, plus the
+    float16 rounding of a K-quant's scale times its sub-block scale, <= 2^-11)."""
+    raw, reference = _blocks(qtype, rows=40, cols=512)
+    planes = planes_of(raw, int(qtype), tuple(reference.shape))
+    weight = NativeWeight(planes, kernels)
+    assert weight.kind == (4 if planes.num_planes == 1 else 8)
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(1))
+    expected = x @ planes.dequantize().t()
+    got = weight.matmul(x)
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    error = ((got - expected).norm() / expected.norm()).item()
+    assert error < (1e-2 if rows <= INTEGER_DOT_MAX_ROWS else 1e-3), error
 
 
-def test_native_silu_mul(native) -> None:
-    gate_up = torch.randn(1, 2 * 1536, generator=torch.Generator().manual_seed(2)).bfloat16()
-    out = torch.empty(1, 1536, dtype=torch.bfloat16)
-    native.silu_mul(gate_up.data_ptr(), 1536, out.data_ptr())
-    g, u = gate_up.float().chunk(2, dim=1)
-    torch.testing.assert_close(out, (F.silu(g) * u).bfloat16())
+def test_every_product_path_computes_the_same_sums() -> None:
+    """The integer sums are exact on every path: the paths differ only in float rounding."""
+    from minisgl_engine.layers.cpu_native import load_library
+
+    try:
+        libs = {name: load_library(flags) for name, flags in PATH_FLAGS.items()}
+    except OSError as exc:
+        pytest.skip(f"the C kernels do not build here: {exc}")
+    assert libs["plain-c"].kernel_path() == 0
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2))
+    for qtype in (T.Q4_1, T.Q8_0):
+        raw, reference = _blocks(qtype, rows=24, cols=512)
+        planes = planes_of(raw, int(qtype), tuple(reference.shape))
+        outs = {name: NativeWeight(planes, lib).matmul(x) for name, lib in libs.items()}
+        for name, out in outs.items():
+            torch.testing.assert_close(out, outs["plain-c"], rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0], ids=lambda q: q.name)
+def test_native_layout_holds_the_gguf_weights_exactly(kernels, qtype: T) -> None:
+    """Types whose scales are float16 in the file keep every weight bit for bit."""
+    raw, reference = _blocks(qtype, rows=16, cols=256)
+    weight = NativeWeight(planes_of(raw, int(qtype), tuple(reference.shape)), kernels)
+    widened = torch.empty(16, 256)
+    kernels.qdequantize(weight.struct, 0, 16, widened.data_ptr())
+    torch.testing.assert_close(widened, reference, rtol=0, atol=0)
+
+
+def test_native_layout_of_mixed_merged_parts(kernels) -> None:
+    """A Q4_K_M merged matrix (Q4_K rows with Q6_K rows, two planes): one 8-bit layout."""
+    parts = [_blocks(T.Q4_K, rows=32, seed=2), _blocks(T.Q6_K, rows=32, seed=4)]
+    planes = stack_rows([planes_of(raw, int(q), tuple(ref.shape)) for (raw, ref), q in zip(parts, (T.Q4_K, T.Q6_K))])
+    weight = NativeWeight(planes, kernels)
+    widened = torch.empty(64, 512)
+    kernels.qdequantize(weight.struct, 0, 64, widened.data_ptr())
+    exact = planes.dequantize()
+    # the K-quants' scale * sub-block scale rounded to float16: 2^-11 of the group's largest weight
+    largest = exact.abs().reshape(64, -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(64, 512)
+    assert ((widened - exact).abs() <= largest * 2**-10).all()
+    assert torch.equal(widened[32:], exact[32:])  # the Q6_K rows, re-quantized to float16-exact scales
 
 
 # ---- the demo model from its GGUF (CI pulls it; skipped when absent) ----
@@ -240,39 +250,70 @@ def test_demo_model_from_its_gguf_agrees_with_the_float32_reference(demo_engines
     assert kl < 0.05, kl
 
 
-def test_native_decode_equals_the_torch_ops_path(demo_engines, native) -> None:
-    """The C steps and the same layer as torch ops round to bf16 at the same places but sum in
-    different orders, so their logits differ at bf16's noise: the same greedy tokens until a
-    near-tie, and close log-probabilities."""
+def _native_against_torch_ops(llm, prompts: list[list[int]], max_tokens: int):
+    """The same greedy requests with the C decode step and with the layers as torch ops (the
+    products are the same C kernels in both; attention, norms and RoPE are not)."""
     from minisgl_engine.sampling_params import SamplingParams
 
-    packed, _ = demo_engines
-    layers = packed.engine.model.model.layers
-    assert packed.engine.native_decode and layers[0].native is not None
-    ids = packed.encode("Write a short poem about the sea.", chat=True)
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=2)
-    [native] = packed.generate([ids], params)
-    lib = layers[0].native
-    for layer in layers:
-        layer.native = None
+    decoder = llm.engine.model.model
+    assert llm.engine.native_decode and decoder.native_decoder is not None
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=2)
+    llm.generate(prompts, SamplingParams(max_tokens=1))  # both runs then find the prompt in the prefix cache
+    native = llm.generate(prompts, params)
+    saved, decoder.native_decoder = decoder.native_decoder, None
     try:
-        [torch_ops] = packed.generate([ids], params)
+        torch_ops = llm.generate(prompts, params)
     finally:
-        for layer in layers:
-            layer.native = lib
+        decoder.native_decoder = saved
+    return list(zip(native, torch_ops))
+
+
+def _assert_same_tokens_and_logprobs(native, torch_ops, min_same: int, tolerance: float) -> None:
+    """Both round each product's input to 8 bits per group, and a float difference in the last
+    place can move one value to the next step: the paths may part at a near-tie after a few
+    tokens, never by much (a wrong rotation, slot or head would change every log-probability by
+    more than 1). Measured on the demo model: up to 0.1 apart after a few tokens."""
     same = next((i for i, (a, b) in enumerate(zip(native.token_ids, torch_ops.token_ids)) if a != b), len(native.token_ids))
-    assert same >= 8, (native.token_ids, torch_ops.token_ids)
-    if same < len(native.token_ids):  # a near-tie: the two best candidates within bf16 noise
+    if same < len(native.token_ids):
         top = native.logprobs[same].top
-        assert top[0][1] - top[1][1] < 0.15, top
+        # after a dozen tokens the two KV caches differ by a few such steps: a gap of 0.16 was seen to flip
+        assert same >= min_same and top[0][1] - top[1][1] < 0.25, (same, top, native.token_ids, torch_ops.token_ids)
     diffs = [abs(a.logprob - b.logprob) for a, b in zip(native.logprobs[:same], torch_ops.logprobs[:same])]
-    assert max(diffs) < 0.1 and math.fsum(diffs) / len(diffs) < 0.03, diffs
+    assert max(diffs) < tolerance, diffs
+
+
+def test_native_decode_equals_the_torch_ops_path(demo_engines) -> None:
+    """The demo model over a prompt long enough for the threads to split attention (>= 64
+    cached tokens); then a second turn whose prefix comes from the radix cache (its slots are not
+    one run)."""
+    packed, _ = demo_engines
+    first = packed.encode(TEXT + " Tell me more about it.", chat=True)
+    for native, torch_ops in _native_against_torch_ops(packed, [first], 24):
+        _assert_same_tokens_and_logprobs(native, torch_ops, 6, 0.15)
+    second = first + packed.encode(" And what about the Seine?")
+    for native, torch_ops in _native_against_torch_ops(packed, [second], 16):
+        _assert_same_tokens_and_logprobs(native, torch_ops, 6, 0.15)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+def test_native_decode_of_each_architecture(tiny_model, arch: str) -> None:
+    """QKV bias (Qwen2), q/k norms (Qwen3), a head size other than hidden / heads (Mistral):
+    the C step against the torch layers on the same 8-bit weights, past 64 cached tokens."""
+    from minisgl_engine.llm import LLM
+
+    folder, _ = tiny_model(arch)
+    llm = LLM(str(folder), device="cpu", quantization="int8", max_kv_tokens=512)
+    prompt = [(7 * i) % 300 + 3 for i in range(80)]
+    for native, torch_ops in _native_against_torch_ops(llm, [prompt], 12):
+        _assert_same_tokens_and_logprobs(native, torch_ops, 4, 0.05)
 
 
 def test_packed_product_and_lookup_of_no_rows() -> None:
     """A prefill step in which no request samples asks the LM head for zero rows."""
     raw, reference = _blocks(T.Q8_0, rows=32)
-    assert PackedWeight(planes_of(raw, int(T.Q8_0), tuple(reference.shape))).matmul(torch.empty(0, 512)).shape == (0, 32)
+    planes = planes_of(raw, int(T.Q8_0), tuple(reference.shape))
+    assert PackedWeight(planes).matmul(torch.empty(0, 512)).shape == (0, 32)
+    assert pack_weight(planes).matmul(torch.empty(0, 512)).shape == (0, 32)
     assert QuantizedRows(raw, int(T.Q8_0), 512).lookup(torch.empty(0, 4, dtype=torch.long), torch.float32).shape == (0, 4, 512)
 
 

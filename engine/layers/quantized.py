@@ -1,20 +1,22 @@
-"""Quantized weights on CPU: GGUF blocks repacked once into torch's packed 4-bit layout.
+"""Quantized weights on CPU: GGUF blocks written once as "planes" of 4-bit codes, then stored for
+our C kernels (``NativeWeight``, cpu_kernels.c) or, without a C compiler, for torch's packed
+4-bit kernel (``PackedWeight``).
 
-torch ships a CPU kernel for 4-bit weights in groups of 32 (``_weight_int4pack_mm_for_cpu``):
-each weight is ``(code - 8) * scale + zero`` with a 4-bit ``code`` and a bf16 scale and zero per
-group of 32 inputs. Every GGUF type we keep is written as a sum of such "planes" over the same
-groups, so one kernel serves them all:
+A plane is ``code * scale + offset`` per group of 32 inputs with a 4-bit code. Every GGUF type we
+keep is written as one or two planes over the same groups:
 
 - Q4_0, Q4_1, Q4_K: one plane (the 4-bit codes as they are; the block's scale and minimum);
 - Q5_0, Q5_1, Q5_K, Q8_0: two planes, the low four bits and the high bits of each code (the high
   plane's scale is 16 times the low one's), both exact;
-- types whose scales cover 16 weights (Q6_K, Q3_K, Q2_K), which the kernel's groups cannot
-  express, and any other type: dequantized once and re-quantized to 8 bits in groups of 32 (two
-  planes); the added error is at most half an 8-bit step, a fraction of the type's own step.
+- types whose scales cover 16 weights (Q6_K, Q3_K, Q2_K), and any other type: dequantized once
+  and re-quantized to 8 bits in groups of 32 (two planes); the added error is at most half an
+  8-bit step, a fraction of the type's own step.
 
-The planes of one matrix sit side by side along the input dimension, so a product is a single
-kernel call on the input repeated once per plane. The kernel takes bf16 inputs: the engine's
-float32 activations are rounded to bf16 on the way in and widened on the way out.
+``NativeWeight`` keeps one plane as 4-bit codes and two as 8-bit codes (``low + 16 * high``),
+with float16 scales and offsets: the file's own values for the 32-weight types, exactly.
+``PackedWeight`` (torch's ``_weight_int4pack_mm_for_cpu``, bf16 scales and activations) puts
+the planes side by side along the input dimension: one kernel call on the input repeated once
+per plane.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from ..weights.gguf_tensors import dequantize_gguf
 
 GROUP = 32  # inputs per scale in the packed kernel
 _ROW_MULTIPLE = 16  # the packing wants the output dimension in multiples of 16
+# NativeWeight: up to this many rows the C kernel's integer dots; above, the BLAS on the weight
+# widened block by block (at most this many floats at a time)
+INTEGER_DOT_MAX_ROWS = 96
+WIDENED_BLOCK_FLOATS = 4 << 20
 
 # GGML type ids (gguf.GGMLQuantizationType) with an exact plane form
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
@@ -146,11 +152,23 @@ def gguf_planes(raw: torch.Tensor, qtype: int, in_features: int) -> Planes | Non
     return _group_planes(low, high, d * sc, -dmin * mins, rows)
 
 
+def float16_at_least(x: torch.Tensor) -> torch.Tensor:
+    """The smallest float16 value >= x, as float32: quantization scales the C kernels store
+    exactly (rounded up, so no code leaves its range)."""
+    h = x.half()
+    return torch.where(h.float() < x, torch.nextafter(h, torch.full_like(h, torch.inf)), h).float()
+
+
+def float16_at_most(x: torch.Tensor) -> torch.Tensor:
+    """The largest float16 value <= x, as float32."""
+    return -float16_at_least(-x)
+
+
 def int8_planes(weight: torch.Tensor) -> Planes:
     """Symmetric 8-bit codes per group of 32 (scale = max |w| / 127), as two 4-bit planes."""
     rows, cols = weight.shape
     groups = weight.float().reshape(rows, cols // GROUP, GROUP)
-    scale = groups.abs().amax(dim=-1) / 127
+    scale = float16_at_least(groups.abs().amax(dim=-1) / 127)
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = torch.round(groups / safe[..., None]).clamp(-127, 127).to(torch.int16) + 128
     low, high = (q & 15).to(torch.uint8), (q >> 4).to(torch.uint8)
@@ -161,8 +179,8 @@ def int4_planes(weight: torch.Tensor) -> Planes:
     """Asymmetric 4-bit codes per group of 32 (the group's minimum and range / 15), one plane."""
     rows, cols = weight.shape
     groups = weight.float().reshape(rows, cols // GROUP, GROUP)
-    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-    scale = (high - low) / 15
+    low = float16_at_most(groups.amin(dim=-1))
+    scale = float16_at_least((groups.amax(dim=-1) - low) / 15)
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
     codes = torch.round((groups - low[..., None]) / safe[..., None]).clamp(0, 15).to(torch.uint8)
     return _group_planes(codes, None, scale, low, rows)
@@ -209,6 +227,88 @@ class PackedWeight:
             xb = xb.repeat(1, self.num_planes)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scales_and_zeros)
         return out if out.shape[1] == self.out_features else out[:, : self.out_features]
+
+
+class NativeWeight:
+    """A [out, in] weight in the layout of our own C kernels (cpu_kernels.c's ``QWeight``):
+    4-bit codes (one plane) or 8-bit codes (two planes, ``code = low + 16 * high``) with an f16
+    scale and offset per group of 32 and a power-of-two multiplier for the whole matrix.
+    ``matmul(x)`` is ``x @ weight.T`` in float32, activations quantized to 8 bits per group."""
+
+    def __init__(self, planes: Planes, lib) -> None:
+        num_planes, rows, cols = planes.codes.shape
+        if cols % (2 * GROUP) or num_planes > 2:
+            raise ValueError(f"the C kernels take 1-2 planes of a multiple of {2 * GROUP} inputs")
+        self.lib, self.out_features, self.in_features = lib, rows, cols
+        groups = planes.codes.reshape(num_planes, rows, cols // GROUP, GROUP)
+        if num_planes == 1:
+            self.kind = 4
+            pairs = groups[0].reshape(rows, cols // (2 * GROUP), 2, GROUP)
+            self.codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
+        else:
+            # the high plane must weigh 16 low steps wherever it has codes (a zero plane added by
+            # stack_rows has scale 0 and no codes)
+            high_used = groups[1].amax(dim=-1) > 0
+            if not bool(torch.where(high_used, planes.scales[1] == 16 * planes.scales[0], True).all()):
+                raise ValueError("planes whose high plane is not 16 low steps")
+            self.kind = 8
+            self.codes = (planes.codes[0] + (planes.codes[1] << 4)).contiguous()
+        scale_offset = torch.stack((planes.scales[0], planes.offset), dim=-1)  # [rows, groups, 2]
+        largest = float(scale_offset.abs().max())
+        # f16 holds up to 65504: scale everything by a power of two that puts the largest at ~2^14
+        exponent = 0 if largest == 0 else 14 - int(torch.tensor(largest).log2().floor())
+        self.mult = 2.0 ** -exponent
+        self.scales = (scale_offset * 2.0 ** exponent).to(torch.float16).contiguous()
+        self.struct = self.describe()
+
+    def describe(self, bias: torch.Tensor | None = None):
+        """The C structure for this matrix (with the layer's bias, if any)."""
+        from .cpu_native import QWeightStruct
+
+        return QWeightStruct(self.kind, self.out_features, self.in_features, self.codes.data_ptr(), self.scales.data_ptr(),
+                             self.mult, None if bias is None else bias.data_ptr())
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scales.nbytes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if rows == 0:
+            return x.new_empty((0, self.out_features))
+        xf = x.float().contiguous()
+        if rows > INTEGER_DOT_MAX_ROWS:
+            out = self._widened_matmul(xf)
+        else:
+            out = torch.empty(rows, self.out_features)
+            work = torch.empty(self.lib.qmatmul_work_bytes(rows, self.in_features), dtype=torch.uint8)
+            self.lib.qmatmul(self.struct, xf.data_ptr(), rows, out.data_ptr(), work.data_ptr())
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def _widened_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """Many rows (a prefill): blocks of the weight widened to float32, multiplied by the BLAS."""
+        out = torch.empty(x.shape[0], self.out_features)
+        block = max(1, min(self.out_features, WIDENED_BLOCK_FLOATS // self.in_features))
+        widened = torch.empty(block, self.in_features)
+        for start in range(0, self.out_features, block):
+            rows = min(block, self.out_features - start)
+            self.lib.qdequantize(self.struct, start, rows, widened.data_ptr())
+            torch.mm(x, widened[:rows].t(), out=out[:, start:start + rows])
+        return out
+
+
+def pack_weight(planes: Planes) -> "NativeWeight | PackedWeight":
+    """The fastest CPU form of these planes: our C kernels where they are built and take the
+    shape, else torch's packed 4-bit kernel."""
+    from .cpu_native import native_kernels
+
+    lib = native_kernels()
+    if lib is not None and planes.codes.shape[2] % (2 * GROUP) == 0 and planes.num_planes <= 2:
+        try:
+            return NativeWeight(planes, lib)
+        except ValueError:
+            pass
+    return PackedWeight(planes)
 
 
 class QuantizedRows:

@@ -22,7 +22,7 @@ from ..distributed import all_gather_last_dim, get_tp
 from ..layers.embedding import Embedding, split_by_vocab, vocab_block
 from ..layers.linear import Linear, MergedLinear, RowParallelLinear, default_weight_loader, float32_logits
 from ..layers.norm import RMSNorm
-from ..layers.quantized import GROUP, PackedWeight, QuantizedRows, drop_weight, planes_of, quantize_float, stack_rows
+from ..layers.quantized import GROUP, NativeWeight, PackedWeight, QuantizedRows, drop_weight, pack_weight, planes_of, quantize_float, stack_rows
 from ..weights.gguf_tensors import GGUFTensor
 from ..layers.rotary import RopeInputs, RotaryEmbedding
 
@@ -85,9 +85,6 @@ class DecoderLayer(nn.Module):
         # CUDA, one row (batch-1 decode): each residual add + RMSNorm rides inside the one-row
         # product after it (triton_kernels.add_norm_gemv); set by fused_ops where that product runs
         self.norms_in_gemv = False
-        # CPU with packed weights and the C steps built (enable_native_decode): batch-1 decode
-        # runs _forward_native
-        self.native = None
         # (qkv, gate_up) one-row plans (GemvPlan), norms out / in (fused_ops.place_norms)
         self.gemv_plans: dict[bool, tuple[tuple[int, int], tuple[int, int]]] | None = None
 
@@ -99,10 +96,6 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         attn: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.native is not None and hidden.shape[0] == 1 and batch.is_decode:
-            slots = getattr(batch.attn_metadata, "one_request_slots", None)
-            if slots is not None:  # faster than torch's attention at every length measured (128 to 4,000)
-                return self._forward_native(rope, hidden, residual, slots, attn)
         if self.norms_in_gemv and hidden.shape[0] == 1 and residual is not None:
             return self._forward_one_row(rope, hidden, residual, batch, attn)
         if residual is None:
@@ -113,38 +106,6 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(hidden, rope, batch, attn)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
-
-    def _forward_native(self, rope: RopeInputs, hidden: torch.Tensor, residual: torch.Tensor | None,
-                        slots: torch.Tensor, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch-1 decode on CPU with packed weights: the four products are torch's 4-bit
-        kernel (bf16 in and out) and everything between them three C calls (cpu_decode.c);
-        ``hidden`` may come in as bf16 (the previous layer's down projection)."""
-        lib, sa, mlp = self.native, self.self_attn, self.mlp
-        dim, bf16 = hidden.shape[1], torch.bfloat16
-        x_bf16 = int(hidden.dtype == bf16)
-        residual_out = torch.empty(1, dim)
-        normed = torch.empty(1, dim, dtype=bf16)
-        norm = self.input_layernorm
-        lib.add_rmsnorm(hidden.data_ptr(), x_bf16, None if residual is None else residual.data_ptr(), norm.weight.data_ptr(),
-                        norm.eps, dim, residual_out.data_ptr(), normed.data_ptr(), 1)
-        qkv = sa.qkv_proj.quant.matmul_bf16(normed)
-        attended = torch.empty(1, sa.num_heads * sa.head_dim, dtype=bf16)
-        scratch = torch.empty(attended.shape[1] + slots.shape[0])
-        q_norm = sa.q_norm.weight.data_ptr() if sa.q_norm is not None else None
-        k_norm = sa.k_norm.weight.data_ptr() if sa.k_norm is not None else None
-        lib.rope_store_attend(qkv.data_ptr(), sa.num_heads, sa.num_kv_heads, sa.head_dim, q_norm, k_norm,
-                              sa.q_norm.eps if sa.q_norm is not None else 0.0, rope.cos.data_ptr(), rope.sin.data_ptr(),
-                              attn.kv_pool.k_cache[sa.layer_id].data_ptr(), attn.kv_pool.v_cache[sa.layer_id].data_ptr(),
-                              slots.data_ptr(), slots.shape[0], attn.scale, attended.data_ptr(), scratch.data_ptr())
-        hidden = sa.o_proj.quant.matmul_bf16(attended)
-        residual = torch.empty(1, dim)
-        norm = self.post_attention_layernorm
-        lib.add_rmsnorm(hidden.data_ptr(), 1, residual_out.data_ptr(), norm.weight.data_ptr(), norm.eps, dim,
-                        residual.data_ptr(), normed.data_ptr(), 1)
-        gate_up = mlp.gate_up_proj.quant.matmul_bf16(normed)
-        act = torch.empty(1, gate_up.shape[1] // 2, dtype=bf16)
-        lib.silu_mul(gate_up.data_ptr(), act.shape[1], act.data_ptr())
-        return mlp.down_proj.quant.matmul_bf16(act), residual
 
     def _forward_one_row(self, rope, hidden, residual, batch, attn) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer with its two norms inside the products that follow them: two kernels
@@ -169,34 +130,22 @@ class DecoderModel(nn.Module):
         self.rotary = RotaryEmbedding(config.head_dim, config.max_context_len, config.rope_theta, config.rope_scaling, dtype)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # CPU with the C kernels' weights: batch-1 decode runs every layer in one C call
+        # (native_decode.NativeDecoder, set by enable_native_decode)
+        self.native_decoder = None
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(batch.input_ids)
+        if self.native_decoder is not None and batch.is_decode and hidden.shape[0] == 1:
+            slots = getattr(batch.attn_metadata, "one_request_slots", None)
+            if slots is not None:
+                return self.native_decoder.step(hidden, slots, int(batch.positions[0]))
         residual = None
         rope = self.rotary.prepare(batch.positions)
         for layer in self.layers:
             hidden, residual = layer(rope, hidden, residual, batch, attn)
         hidden, _ = self.norm(hidden, residual)
         return hidden
-
-
-def enable_native_decode(model: "CausalLM", kv_dtype: torch.dtype) -> bool:
-    """Batch-1 decode through the C steps where every layer can take them: packed products
-    without biases, float32 activations and KV cache, one rank. False: the torch path stays."""
-    from ..layers.cpu_native import native_decode
-
-    layers = list(model.model.layers)
-    packed = all(layer.self_attn.qkv_proj.quant is not None and layer.self_attn.qkv_proj.bias is None
-                 and layer.self_attn.o_proj.quant is not None and layer.mlp.gate_up_proj.quant is not None
-                 and layer.mlp.down_proj.quant is not None and layer.self_attn.head_dim <= 512 for layer in layers)
-    if not packed or kv_dtype != torch.float32 or model.model.norm.weight.dtype != torch.float32 or get_tp().size > 1:
-        return False
-    lib = native_decode()
-    if lib is None:
-        return False
-    for layer in layers:
-        layer.native = lib
-    return True
 
 
 def enable_flashinfer_ops(model: nn.Module) -> None:
@@ -218,7 +167,7 @@ class CausalLM(nn.Module):
         self.config = config
         self.model = DecoderModel(config, dtype)
         self.lm_head = None
-        self.tied_lm_head_packed: PackedWeight | None = None
+        self.tied_lm_head_packed: NativeWeight | PackedWeight | None = None
         if not config.tie_word_embeddings:  # split by vocabulary like the embedding
             self.lm_head = Linear(config.hidden_size, vocab_block(config.vocab_size)[1])
             split_by_vocab(self.lm_head.weight, config.vocab_size)
@@ -228,7 +177,7 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     @property
-    def lm_head_packed(self) -> PackedWeight | None:
+    def lm_head_packed(self) -> NativeWeight | PackedWeight | None:
         """The LM head's packed matrix on CPU with quantized weights (tied: its own copy, since
         the embedding keeps its blocks for lookups)."""
         return self.tied_lm_head_packed if self.lm_head is None else self.lm_head.quant
@@ -312,14 +261,14 @@ class CausalLM(nn.Module):
                 raise WeightsError(f"checkpoint tensor {module_name}.weight {table.shape} does not fit the config")
             module.quant_rows = QuantizedRows(table.raw, table.qtype, table.shape[1])
             if self.lm_head is None:  # tied: the LM head multiplies by the same table
-                self.tied_lm_head_packed = PackedWeight(planes_of(table.raw, table.qtype, table.shape))
+                self.tied_lm_head_packed = pack_weight(planes_of(table.raw, table.qtype, table.shape))
             module.weight = drop_weight(module.weight)
             return
         order = list(getattr(module, "shards", {None: None}))
         planes = stack_rows([planes_of(parts[key].raw, parts[key].qtype, parts[key].shape) for key in order])
         if planes.codes.shape[1:] != tuple(module.weight.shape):
             raise WeightsError(f"checkpoint tensor {module_name}.weight {tuple(planes.codes.shape[1:])} does not fit the config")
-        module.quant = PackedWeight(planes)
+        module.quant = pack_weight(planes)
         module.weight = drop_weight(module.weight)
 
     def quantize(self, kind: str) -> None:
@@ -327,7 +276,7 @@ class CausalLM(nn.Module):
         checkpoint (the embedding stays float for lookups)."""
         for module in self.modules():
             if isinstance(module, Linear) and module.weight.shape[1] % GROUP == 0:
-                module.quant = PackedWeight(quantize_float(module.weight.data, kind))
+                module.quant = pack_weight(quantize_float(module.weight.data, kind))
                 module.weight = drop_weight(module.weight)
         if self.lm_head is None and self.config.hidden_size % GROUP == 0:
-            self.tied_lm_head_packed = PackedWeight(quantize_float(self.model.embed_tokens.weight.data, kind))
+            self.tied_lm_head_packed = pack_weight(quantize_float(self.model.embed_tokens.weight.data, kind))
