@@ -15,6 +15,7 @@ from gguf.quants import dequantize, quantize
 
 from minisgl_engine.layers.quantized import (
     INTEGER_DOT_MAX_ROWS,
+    NativeRows,
     NativeWeight,
     PackedWeight,
     QuantizedRows,
@@ -180,6 +181,18 @@ def test_native_layout_holds_the_gguf_weights_exactly(kernels, qtype: T) -> None
     torch.testing.assert_close(widened, reference, rtol=0, atol=0)
 
 
+def test_tied_embedding_rows_read_from_the_lm_heads_codes(kernels) -> None:
+    for qtype in (T.Q8_0, T.Q4_1):
+        raw, reference = _blocks(qtype, rows=40, cols=256)
+        rows = NativeRows(NativeWeight(planes_of(raw, int(qtype), tuple(reference.shape)), kernels))
+        ids = torch.tensor([[3, 0, 39], [39, 3, 7]])
+        torch.testing.assert_close(rows.lookup(ids, torch.float32), reference[ids], rtol=0, atol=0)
+        many = torch.arange(40).flip(0)  # enough rows for the threads to share them
+        torch.testing.assert_close(rows.lookup(many, torch.float32), reference[many], rtol=0, atol=0)
+        with pytest.raises(IndexError):
+            rows.lookup(torch.tensor([40]), torch.float32)
+
+
 def test_native_layout_of_mixed_merged_parts(kernels) -> None:
     """A Q4_K_M merged matrix (Q4_K rows with Q6_K rows, two planes): one 8-bit layout."""
     parts = [_blocks(T.Q4_K, rows=32, seed=2), _blocks(T.Q6_K, rows=32, seed=4)]
@@ -343,9 +356,21 @@ def test_gguf_tensors_equal_transformers_reading_of_the_demo_file() -> None:
         assert torch.equal(tensor.float(), torch.as_tensor(theirs[name]).float()), name
 
 
+@pytest.fixture(params=["c-kernels", "torch-packed"])
+def cpu_kernels(request, monkeypatch):
+    """Our C kernels, or (as on a machine without a C compiler) torch's packed kernel."""
+    from minisgl_engine.layers import cpu_native
+
+    if request.param == "torch-packed":
+        monkeypatch.setenv("MINISGL_NATIVE", "0")
+    cpu_native.native_kernels.cache_clear()
+    yield request.param
+    cpu_native.native_kernels.cache_clear()
+
+
 @pytest.mark.parametrize("kind, tolerance", [("int8", 0.03), ("int4", 0.4)])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_float_checkpoint_quantized_at_load(tiny_model, arch: str, kind: str, tolerance: float) -> None:
+def test_float_checkpoint_quantized_at_load(tiny_model, cpu_kernels, arch: str, kind: str, tolerance: float) -> None:
     """``--quantization int8 | int4``: every projection and the tied or untied LM head packed;
     logits near the float32 engine's on the same weights. Random weights are the hard case for
     4 bits (a Gaussian group of 32 has no structure to keep): ~8% error per product, ~30% on the
@@ -355,7 +380,9 @@ def test_float_checkpoint_quantized_at_load(tiny_model, arch: str, kind: str, to
     folder, _ = tiny_model(arch)
     quantized = LLM(str(folder), device="cpu", quantization=kind, max_kv_tokens=512)
     reference = LLM(str(folder), device="cpu", quantization="none", max_kv_tokens=512)
-    assert quantized.engine.model.model.layers[0].self_attn.qkv_proj.quant is not None
+    expected = NativeWeight if cpu_kernels == "c-kernels" else PackedWeight
+    assert isinstance(quantized.engine.model.model.layers[0].self_attn.qkv_proj.quant, expected)
+    assert quantized.engine.native_decode == (cpu_kernels == "c-kernels")
     ids = list(range(3, 40))
     logits = []
     for llm in (quantized, reference):
@@ -369,6 +396,11 @@ def test_float_checkpoint_quantized_at_load(tiny_model, arch: str, kind: str, to
     ours, ref = logits
     assert ours.shape == ref.shape
     assert ((ours - ref).norm() / ref.norm()).item() < tolerance
+    # and decode steps (batch 1: the C step where the kernels are built)
+    from minisgl_engine.sampling_params import SamplingParams
+
+    [reply] = quantized.generate([ids], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    assert len(reply.token_ids) == 8
 
 
 def test_quantization_flags_that_cannot_apply_say_so(tiny_model) -> None:

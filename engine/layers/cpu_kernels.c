@@ -276,6 +276,7 @@ void qmatmul(const QWeight *w, const float *x, int m, float *out, void *work) {
 typedef struct {
     const QWeight *w;
     int row0, rows;
+    const int64_t *ids; /* the rows to widen, or NULL for row0 .. row0 + rows - 1 */
     float *out;
 } DequantizeTask;
 
@@ -285,7 +286,7 @@ static void dequantize_share(void *arg, int ith, int nth) {
     int start, end, groups = w->cols / GROUP;
     share(t->rows, ith, nth, 1, &start, &end);
     for (int r = start; r < end; r++) {
-        int row = t->row0 + r;
+        int row = t->ids ? (int)t->ids[r] : t->row0 + r;
         const uint16_t *sc = w->scales + (size_t)row * groups * 2;
         float *out = t->out + (size_t)r * w->cols;
         for (int g = 0; g < groups; g++) {
@@ -303,8 +304,17 @@ static void dequantize_share(void *arg, int ith, int nth) {
 }
 
 void qdequantize(const QWeight *w, int row0, int rows, float *out) {
-    DequantizeTask t = {w, row0, rows, out};
+    DequantizeTask t = {w, row0, rows, NULL, out};
     run_parallel(dequantize_share, &t);
+}
+
+/* rows ids[0 .. n-1] of w as float32 [n][cols]: a tied embedding's lookups from the LM head's codes */
+void qdequantize_rows(const QWeight *w, const int64_t *ids, int n, float *out) {
+    DequantizeTask t = {w, 0, n, ids, out};
+    if (n > 16)
+        run_parallel(dequantize_share, &t);
+    else
+        dequantize_share(&t, 0, 1);
 }
 
 size_t qmatmul_work_bytes(int m, int cols) {

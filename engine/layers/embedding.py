@@ -8,7 +8,7 @@ from torch import nn
 
 from ..distributed import all_reduce, get_tp
 from ..weights.safetensors_io import read_tensor
-from .quantized import QuantizedRows
+from .quantized import NativeRows, QuantizedRows
 
 
 def vocab_block(vocab_size: int) -> tuple[int, int]:
@@ -43,8 +43,9 @@ class Embedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(per_rank, dim), requires_grad=False)
         split_by_vocab(self.weight, num_embeddings)
         self.tp_size = get_tp().size
-        # CPU, a GGUF's quantized table kept as its blocks (``weight`` is then a meta tensor)
-        self.quant_rows: QuantizedRows | None = None
+        # CPU, a GGUF's quantized table: its blocks, or a tied LM head's codes (``weight`` is then
+        # a meta tensor)
+        self.quant_rows: QuantizedRows | NativeRows | None = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.quant_rows is not None:

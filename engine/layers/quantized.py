@@ -297,6 +297,25 @@ class NativeWeight:
         return out
 
 
+class NativeRows:
+    """A tied embedding read from its LM head's codes (``NativeWeight``): one copy of the table
+    serves both; a lookup widens only the rows it needs."""
+
+    nbytes = 0  # counted with the LM head
+
+    def __init__(self, head: NativeWeight) -> None:
+        self.head = head
+
+    def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.head.out_features):
+            raise IndexError(f"token id out of range for a {self.head.out_features}-row embedding")
+        out = torch.empty(flat.numel(), self.head.in_features)
+        if flat.numel():
+            self.head.lib.qdequantize_rows(self.head.struct, flat.data_ptr(), flat.numel(), out.data_ptr())
+        return out.to(dtype).reshape(*ids.shape, self.head.in_features)
+
+
 def pack_weight(planes: Planes) -> "NativeWeight | PackedWeight":
     """The fastest CPU form of these planes: our C kernels where they are built and take the
     shape, else torch's packed 4-bit kernel."""

@@ -22,7 +22,7 @@ from ..distributed import all_gather_last_dim, get_tp
 from ..layers.embedding import Embedding, split_by_vocab, vocab_block
 from ..layers.linear import Linear, MergedLinear, RowParallelLinear, default_weight_loader, float32_logits
 from ..layers.norm import RMSNorm
-from ..layers.quantized import GROUP, NativeWeight, PackedWeight, QuantizedRows, drop_weight, pack_weight, planes_of, quantize_float, stack_rows
+from ..layers.quantized import GROUP, NativeRows, NativeWeight, PackedWeight, QuantizedRows, drop_weight, pack_weight, planes_of, quantize_float, stack_rows
 from ..weights.gguf_tensors import GGUFTensor
 from ..layers.rotary import RopeInputs, RotaryEmbedding
 
@@ -259,9 +259,12 @@ class CausalLM(nn.Module):
             (table,) = parts.values()
             if table.shape != tuple(module.weight.shape):
                 raise WeightsError(f"checkpoint tensor {module_name}.weight {table.shape} does not fit the config")
-            module.quant_rows = QuantizedRows(table.raw, table.qtype, table.shape[1])
             if self.lm_head is None:  # tied: the LM head multiplies by the same table
                 self.tied_lm_head_packed = pack_weight(planes_of(table.raw, table.qtype, table.shape))
+            if isinstance(self.tied_lm_head_packed, NativeWeight):  # one copy: lookups read the head's codes
+                module.quant_rows = NativeRows(self.tied_lm_head_packed)
+            else:  # the file's blocks, copied out of the file's mapping
+                module.quant_rows = QuantizedRows(table.raw.clone(), table.qtype, table.shape[1])
             module.weight = drop_weight(module.weight)
             return
         order = list(getattr(module, "shards", {None: None}))
