@@ -31,7 +31,7 @@ GROUP = 32  # inputs per scale in the packed kernel
 _ROW_MULTIPLE = 16  # the packing wants the output dimension in multiples of 16
 # NativeWeight: up to this many rows the C kernel's integer dots; above, the BLAS on the weight
 # widened block by block (at most this many floats at a time)
-INTEGER_DOT_MAX_ROWS = 96
+INTEGER_DOT_MAX_ROWS = 24
 WIDENED_BLOCK_FLOATS = 4 << 20
 
 # GGML type ids (gguf.GGMLQuantizationType) with an exact plane form
