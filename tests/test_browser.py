@@ -87,9 +87,10 @@ def set_field(page, selector: str, value: str) -> None:
 
 def test_reply_streams_in_growing_pieces(browser, app):
     page = open_page(browser, app)
-    new_greedy_chat(page, max_tokens=64)  # greedy: the answer is deterministic
-    # a reply of 64 tokens: a few seconds on 2 cores, several renders (the page draws ~4 a second)
-    send(page, "Describe Paris, the capital of France, in one paragraph.")
+    new_greedy_chat(page, max_tokens=256)  # greedy: the answer is deterministic
+    # a reply of 256 tokens: a few seconds on 2 cores (the demo model decodes ~100-180 tok/s),
+    # several renders (the page draws ~4 a second)
+    send(page, "Describe Paris, the capital of France, in three long paragraphs.")
     lengths = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

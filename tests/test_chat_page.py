@@ -195,7 +195,7 @@ def test_switching_chats_mid_reply_shows_the_selected_chat(tab, app):
     new_chat(page, max_tokens=8)
     send(page, "Quokka says hello. What is the capital of France?")
     wait_finished(page, 1)
-    new_chat(page, max_tokens=400)
+    new_chat(page, max_tokens=3000)  # B must outlast the switching: ~20 s of decode, stopped below
     send(page, story("Wombat"))
     assert wait_until(lambda: len(last_reply(page)) > 40, 60), chat_text(page)[-300:]
     select_chat(page, "Quokka")
@@ -223,10 +223,10 @@ def test_switching_chats_mid_reply_shows_the_selected_chat(tab, app):
 def test_two_chats_stream_at_once_in_one_tab(tab, app):
     t = tab()
     page = t.page
-    new_chat(page, max_tokens=1500)
+    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
     send(page, story("Okapi"))
     assert wait_until(lambda: len(last_reply(page)) > 20, 60)
-    new_chat(page, max_tokens=400)
+    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
     send(page, f"Ibex: {SEA_PROMPT}")
     assert wait_until(lambda: running(app) == 2, 30), f"the two chats were not replying at the same time: {app.metrics()}"
     assert wait_until(lambda: len(last_reply(page)) > 20 and shows_only(page, "Ibex", ()), 30), chat_text(page)[-300:]
@@ -271,7 +271,7 @@ def test_two_chats_stream_at_once_in_one_tab(tab, app):
 def test_message_sent_during_a_reply_is_shown_and_answered_next(tab, app):
     t = tab()
     page = t.page
-    new_chat(page, max_tokens=48)
+    new_chat(page, max_tokens=300)  # still replying when the second message is sent
     send(page, story("Bison"))
     assert wait_until(lambda: len(last_reply(page)) > 20, 60)
     assert not finished(page), "the first reply ended too early for this test"
@@ -298,7 +298,7 @@ def test_stop_with_a_message_waiting_stops_the_chat_and_never_blanks_it(tab, app
     """Stop ends the reply and the chat: the message that waited stays, unanswered, with the line
     saying ↻ answers it (it was answered at once, which a user who pressed Stop did not expect)."""
     page = tab().page
-    new_chat(page, max_tokens=400)
+    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
     send(page, story("Lemur"))
     assert wait_until(lambda: len(last_reply(page)) > 20, 60)
     send(page, "Lemur two: what is the capital of Italy?")
@@ -525,7 +525,7 @@ def test_a_messages_edit_box_holds_its_text_as_typed_without_the_marks_that_show
 def test_reload_mid_reply_and_closing_the_tab(tab, app):
     t = tab()
     page = t.page
-    new_chat(page, max_tokens=400)
+    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
     send(page, story("Gecko"))
     assert wait_until(lambda: len(last_reply(page)) > 40, 60)
     before = len(last_reply(page))
@@ -1163,7 +1163,7 @@ def stop_looks_active(page) -> bool:
 
 def test_escape_stops_the_reply_and_stop_looks_active_only_meanwhile(tab, app):
     page = tab().page
-    new_chat(page, max_tokens=400)
+    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
     assert not stop_looks_active(page)
     send(page, story("Marmot"))
     assert wait_until(lambda: len(last_reply(page)) > 20, 60)
@@ -1650,7 +1650,7 @@ def test_status_line_says_0_running_after_a_reply(tab, app):
     while the reply runs too (its KV cache figures wrapped to a second line). The reply is a long
     one, so it is still running when the line is measured; Stop ends it."""
     page = tab().page
-    new_chat(page, max_tokens=400)
+    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
     watch_progress(page)
     send(page, story("Tapir"))
     assert wait_until(lambda: "1 running" in page.inner_text("#status-line"), 30), page.inner_text("#status-line")

@@ -26,7 +26,8 @@ from ..layers.quantized import GROUP, NativeRows, NativeWeight, PackedWeight, Qu
 from ..weights.gguf_tensors import GGUFTensor
 from ..layers.rotary import RopeInputs, RotaryEmbedding
 
-# logits per row that a packed LM head recomputes in float32 (CausalLM._refine_top_logits)
+# logits per row that torch's packed LM head recomputes in float32 (CausalLM._refine_top_logits;
+# our C kernels' head writes float32 from 16-bit activations and needs none)
 REFINED_LOGITS = 64
 
 # checkpoint name part -> (our merged module name part, shard id)
@@ -189,7 +190,9 @@ class CausalLM(nn.Module):
         if not batch.is_decode:  # a decode step samples every row: no rows to pick
             hidden = hidden[batch.logits_indices]
         if self.lm_head_packed is not None:
-            logits = self._refine_top_logits(hidden, self.lm_head_packed.matmul(hidden).float())
+            logits = self.lm_head_packed.matmul(hidden).float()
+            if isinstance(self.lm_head_packed, PackedWeight):  # bf16 output: see _refine_top_logits
+                logits = self._refine_top_logits(hidden, logits)
             return logits if logits_out is None else logits_out.copy_(logits)
         if get_tp().size > 1:
             # each rank has its vocabulary block's logits: gather them (dropping the padding rows)
