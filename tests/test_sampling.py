@@ -332,3 +332,30 @@ def test_rows_with_non_finite_logits_fall_back_to_argmax():
     logits[1, 3] = float("nan")
     ids = Sampler().sample(logits, [SamplingParams(temperature=1.0)] * 2, [None, None])
     assert ids.shape == (2,) and ids[0].item() == 7
+
+
+# ---- the candidates' shortcut and the inverse-CDF draw -------------------------------------
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.9), (40, 0.95), (0, 0.5), (300, 0.99), (0, 1.0), (5, 1.0), (0, 0.999999)])
+@pytest.mark.parametrize("spread", [0.3, 3.0, 30.0])  # flat (the nucleus outgrows the candidates) to peaked
+def test_sampling_distribution_equals_the_whole_vocabulary_filter(top_k: int, top_p: float, spread: float) -> None:
+    from minisgl_engine.sampling import sampling_distribution
+
+    scaled = torch.randn(3, 5000, generator=torch.Generator().manual_seed(4)) * spread
+    probs, tokens = sampling_distribution(scaled, [top_k] * 3, [top_p] * 3)
+    full = torch.zeros_like(scaled).scatter_(1, tokens, probs)
+    expected = filter_top_k_top_p(scaled, torch.tensor([top_k] * 3), torch.tensor([top_p] * 3)).softmax(dim=-1)
+    torch.testing.assert_close(full, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_inverse_cdf_draw_follows_the_distribution() -> None:
+    from minisgl_engine.sampling import draw
+
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    g = torch.Generator().manual_seed(1)
+    counts = torch.bincount(torch.stack([draw(probs, g) for _ in range(20_000)]), minlength=6).float() / 20_000
+    assert counts[[0, 2, 5]].sum() == 0  # a token of probability 0 is never drawn
+    torch.testing.assert_close(counts, probs, atol=0.015, rtol=0)
+    first, second = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert [int(draw(probs, first)) for _ in range(20)] == [int(draw(probs, second)) for _ in range(20)]  # a seed repeats
