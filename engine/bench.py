@@ -118,7 +118,9 @@ def busy_cores(count: int):
     machine a chat app meets beside a browser or a build (``bench decode --busy-cores N``)."""
     if count < 0:
         raise UserError(f"--busy-cores must be >= 0, got {count}")
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    # in sessions of their own, as another program's processes are (the engine does not count
+    # its own process group as others)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
     try:
         yield
     finally:

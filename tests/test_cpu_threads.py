@@ -62,7 +62,7 @@ def test_the_count_drops_to_one_while_other_processes_keep_every_core_busy(monke
     monkeypatch.setattr(cpu_threads, "SAMPLE_EVERY_S", 0.1)
     monkeypatch.setattr(cpu_threads, "WINDOW_S", 1.0)
     saved = torch.get_num_threads()
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in allowed_cpus()]
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in allowed_cpus()]
     try:
         threads = CpuThreads()
         assert threads.adaptive and threads.max_threads == len(allowed_cpus())
@@ -76,6 +76,26 @@ def test_the_count_drops_to_one_while_other_processes_keep_every_core_busy(monke
             proc.kill()
             proc.wait()
         torch.set_num_threads(saved)
+
+
+@needs_two_cpus
+def test_the_apps_own_processes_do_not_count_as_others() -> None:
+    """A process of this process group (as the app's workers are) adds to our own CPU time, not
+    to the others' load; one in a session of its own adds to the others'."""
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\nprint('busy', flush=True)\ntime.sleep(60)"
+    for own_group, counted_as_ours in ((True, True), (False, False)):
+        before = read_sample(allowed_cpus())
+        proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=not own_group, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "busy"
+            after = read_sample(allowed_cpus())  # while it lives: an ended process leaves /proc
+        finally:
+            proc.kill()
+            proc.wait()
+        ours = after.own_s - before.own_s
+        assert (ours >= 0.8) == counted_as_ours, (own_group, ours)
+        if not counted_as_ours:
+            assert others_busy_cores(before, after) * (after.at - before.at) >= 0.8
 
 
 @needs_two_cpus
