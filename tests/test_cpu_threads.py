@@ -14,17 +14,17 @@ from minisgl_engine.cpu_threads import CpuSample, CpuThreads, allowed_cpus, othe
 
 
 @pytest.mark.parametrize(("others", "expected"), [
-    (0.0, 4), (0.3, 4), (0.35, 3), (1.0, 3), (1.3, 3), (1.35, 2), (3.0, 1), (3.9, 1), (8.0, 1),
+    (0.0, 4), (0.39, 4), (0.45, 3), (1.0, 3), (1.39, 3), (1.45, 2), (3.0, 1), (3.9, 1), (8.0, 1),
 ])
-def test_a_core_counts_as_taken_when_others_use_a_third_of_it(others, expected) -> None:
+def test_a_core_counts_as_taken_when_others_use_two_fifths_of_it(others, expected) -> None:
     assert threads_for(others, num_cpus=4, max_threads=4) == expected
 
 
 def test_a_core_given_up_is_taken_back_only_when_others_use_less_of_it() -> None:
-    assert threads_for(0.25, num_cpus=2, max_threads=2, current=1) == 1  # between the two thresholds: stay
-    assert threads_for(0.25, num_cpus=2, max_threads=2, current=2) == 2
-    assert threads_for(0.15, num_cpus=2, max_threads=2, current=1) == 2
-    assert threads_for(0.35, num_cpus=2, max_threads=2, current=2) == 1
+    assert threads_for(0.35, num_cpus=2, max_threads=2, current=1) == 1  # between the two thresholds: stay
+    assert threads_for(0.35, num_cpus=2, max_threads=2, current=2) == 2
+    assert threads_for(0.25, num_cpus=2, max_threads=2, current=1) == 2
+    assert threads_for(0.45, num_cpus=2, max_threads=2, current=2) == 1
 
 
 def test_never_more_than_the_maximum_nor_fewer_than_one() -> None:
