@@ -63,6 +63,7 @@ _SIGNATURES = {
     "qmatmul_work_bytes": ([_I, _I], ctypes.c_size_t),
     "qdequantize": ([ctypes.POINTER(QWeightStruct), _I, _I, _P], None),
     "qdequantize_rows": ([ctypes.POINTER(QWeightStruct), _P, _I, _P], None),
+    "round_activations": ([_P, _I, _I], None),
     "decode_work_floats": ([ctypes.POINTER(ModelStruct)], ctypes.c_size_t),
     "decode_step": ([ctypes.POINTER(ModelStruct), _P, _P, _I, _P, _P], None),
 }

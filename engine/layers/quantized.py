@@ -286,7 +286,10 @@ class NativeWeight:
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def _widened_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """Many rows (a prefill): blocks of the weight widened to float32, multiplied by the BLAS."""
+        """Many rows (a prefill): blocks of the weight widened to float32, multiplied by the BLAS,
+        on the inputs rounded as the integer dots round them (the same product either way)."""
+        x = x.clone()
+        self.lib.round_activations(x.data_ptr(), x.shape[0], self.in_features)
         out = torch.empty(x.shape[0], self.out_features)
         block = max(1, min(self.out_features, WIDENED_BLOCK_FLOATS // self.in_features))
         widened = torch.empty(block, self.in_features)

@@ -3,9 +3,9 @@
 At batch 1 a small model's step is ~15 small operations a layer; as torch ops each costs a
 dispatch that outweighs its arithmetic (the demo model spent more time between its products than
 in them). The C step runs the same layer (RMSNorm, the QKV product, q/k norms and RoPE, the KV
-write, attention, the output product, the MLP) over the weights in our kernels' layout, on the
-kernels' own thread pool; it is used when every projection is a ``NativeWeight``, the KV cache is
-float32 and one rank runs the model.
+write, attention, the output product, the MLP) over the weights in our kernels' layout, on torch's
+OpenMP threads; it is used when every projection is a ``NativeWeight``, the KV cache is float32
+and one rank runs the model.
 """
 
 from __future__ import annotations
@@ -54,8 +54,15 @@ class NativeDecoder:
             self.layers[i].v_cache = self.kv_pool.v_cache[i].data_ptr()
         self._cache_ptr = self.kv_pool.k_cache[0].data_ptr()
 
+    def fits(self, slots: torch.Tensor) -> bool:
+        """The step's workspace holds this many cached tokens (the model's context, plus one)."""
+        return slots.shape[0] <= self.model.max_len
+
     def step(self, hidden: torch.Tensor, slots: torch.Tensor, position: int) -> torch.Tensor:
-        """``hidden``: the token's embedding [1, dim] float32; returns the final norm's output."""
+        """``hidden``: the token's embedding [1, dim] float32; ``slots``: the request's cache slots
+        (int64, contiguous, its own last); returns the final norm's output."""
+        if not self.fits(slots):
+            raise ValueError(f"{slots.shape[0]} cached tokens exceed the decode workspace ({self.model.max_len})")
         if self.kv_pool.k_cache[0].data_ptr() != self._cache_ptr:
             self._point_at_cache()
         hidden = hidden.contiguous().clone() if hidden.dtype == torch.float32 else hidden.float()

@@ -139,7 +139,7 @@ class DecoderModel(nn.Module):
         hidden = self.embed_tokens(batch.input_ids)
         if self.native_decoder is not None and batch.is_decode and hidden.shape[0] == 1:
             slots = getattr(batch.attn_metadata, "one_request_slots", None)
-            if slots is not None:
+            if slots is not None and self.native_decoder.fits(slots):
                 return self.native_decoder.step(hidden, slots, int(batch.positions[0]))
         residual = None
         rope = self.rotary.prepare(batch.positions)
