@@ -3,7 +3,7 @@
 VENV := .venv
 PROMPT ?= What is the capital of France?
 
-.PHONY: setup run ask test
+.PHONY: setup run ask test test-fast
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
@@ -20,3 +20,9 @@ ask: setup
 test: setup
 	$(VENV)/bin/minisgl-chat pull
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The unit layer (tests/unit: no server, no browser), about a minute: run it after every change.
+# The other layers: tests/server, tests/browser, tests/gpu, tests/soak (`make test` runs them all).
+test-fast: setup
+	$(VENV)/bin/minisgl-chat pull
+	$(VENV)/bin/python -m pytest tests/unit -q $(PYTEST_ARGS)

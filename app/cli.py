@@ -162,7 +162,7 @@ def check_remote_flags(args: argparse.Namespace) -> None:
             raise UserError("--local goes with --remote URL (this machine's engine runs anyway without --remote); drop --local")
         return
     if not args.remote.strip().lower().startswith(("http://", "https://")):
-        from .reply_source import without_credentials
+        from .chat.reply_source import without_credentials
 
         raise UserError(f"--remote must be an http:// or https:// URL, got {without_credentials(args.remote)!r}")
     given = engine_flags_given(args)
@@ -183,10 +183,10 @@ def run_chat(args: argparse.Namespace) -> int:
     from minisgl_engine import run_server
 
     from .model_pull import ModelPuller
-    from .page_access import load_page_key, page_link, write_open_file
-    from .reply_source import LocalEngine, RemoteEngine, SideBySide
-    from .store import ConversationStore
-    from .ui import mount_ui
+    from .page.access import load_page_key, page_link, write_open_file
+    from .chat.reply_source import LocalEngine, RemoteEngine, SideBySide
+    from .chat.store import ConversationStore
+    from .page.ui import mount_ui
 
     logging.getLogger("minisgl").setLevel(logging.INFO)
     store = ConversationStore()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .view import markdown_literal, size_text
+from .chat.view import markdown_literal, size_text
 
 CANCEL_WAIT_S = 5.0  # after SIGTERM, before SIGKILL
 

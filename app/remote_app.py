@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 from minisgl_engine import ServerConfig, bind_listen_socket, check_server_config
 
-from .reply_source import RemoteEngine
-from .store import ConversationStore
+from .chat.reply_source import RemoteEngine
+from .chat.store import ConversationStore
 
 
 def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: ConversationStore,
@@ -26,7 +26,7 @@ def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: Conversat
 
     from minisgl_engine import install_guard
 
-    from .ui import mount_ui
+    from .page.ui import mount_ui
 
     check_server_config(server)
     listen_socket = bind_listen_socket(server.host, server.port)

@@ -26,23 +26,23 @@ _PUBLIC = {
     "add_engine_args": ".args",
     "add_bench_args": ".args",
     "engine_config_from_args": ".args",
-    "run_bench": ".bench",
+    "run_bench": ".benchmarks.bench",
     "resolve_model": ".weights.source",
     "local_models": ".weights.catalog",  # the models on this machine (the chat page's models panel)
     "LocalModel": ".weights.catalog",
     # serving: the front end's client interface and its request and reply types
-    "FrontendClient": ".server.frontend",
-    "GenerateRequest": ".server.frontend",
+    "FrontendClient": ".workers.frontend",
+    "GenerateRequest": ".workers.frontend",
     "UserReply": ".messages",
-    "ServerConfig": ".server.server",
-    "run_server": ".server.server",
-    "EngineHost": ".server.engine_host",  # the workers behind the front end; switches the model
-    "check_server_config": ".server.server",
-    "is_loopback": ".server.server",
-    "bind_listen_socket": ".server.server",
-    "install_guard": ".server.security",
-    "free_port": ".server.launcher",
-    "exit_when_parent_dies": ".server.process",  # a helper process of the app (a model pull) ends with it
+    "ServerConfig": ".api.server",
+    "run_server": ".api.server",
+    "EngineHost": ".workers.engine_host",  # the workers behind the front end; switches the model
+    "check_server_config": ".api.server",
+    "is_loopback": ".api.server",
+    "bind_listen_socket": ".api.server",
+    "install_guard": ".api.security",
+    "free_port": ".workers.launcher",
+    "exit_when_parent_dies": ".workers.process",  # a helper process of the app (a model pull) ends with it
 }
 
 __all__ = sorted(_PUBLIC)
@@ -62,18 +62,18 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eagerly
     from .args import add_bench_args, add_engine_args, engine_config_from_args
-    from .bench import run_bench
+    from .benchmarks.bench import run_bench
     from .config import EngineConfig
     from .detokenize import DecodeState
     from .errors import UserError
     from .llm import LLM
     from .messages import UserReply
     from .sampling_params import SamplingParams
-    from .server.engine_host import EngineHost
-    from .server.frontend import FrontendClient, GenerateRequest
-    from .server.launcher import free_port
-    from .server.process import exit_when_parent_dies
-    from .server.security import install_guard
-    from .server.server import ServerConfig, bind_listen_socket, check_server_config, is_loopback, run_server
+    from .workers.engine_host import EngineHost
+    from .workers.frontend import FrontendClient, GenerateRequest
+    from .workers.launcher import free_port
+    from .workers.process import exit_when_parent_dies
+    from .api.security import install_guard
+    from .api.server import ServerConfig, bind_listen_socket, check_server_config, is_loopback, run_server
     from .weights.catalog import LocalModel, local_models
     from .weights.source import resolve_model

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import flashinfer_kernels
+from .kernels import flashinfer_kernels
 from .attention import create_attention_backend
 from .batch import Batch, ForwardBatch
 from .config import EngineConfig
@@ -157,7 +157,7 @@ class Engine:
         self.graph_runner = None
         max_graph_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
         if self.attn_name == "flashinfer" and max_graph_bs > 0:
-            from .cuda_graph import CudaGraphRunner
+            from .kernels.cuda_graph import CudaGraphRunner
 
             self.graph_runner = CudaGraphRunner(self, max_graph_bs, on_phase)
 
@@ -217,11 +217,11 @@ class Engine:
         enable_flashinfer_ops(self.model)
         if not self.config.fused_kernels:
             return {"triton": False}
-        from .fused_ops import enable_fused_kernels
+        from .kernels.fused_ops import enable_fused_kernels
 
         chosen = enable_fused_kernels(self.model, on_phase)
         if self.tp.size > 1 and self.dtype == torch.bfloat16 and fused_all_reduce_norm_wanted():  # every rank alike
-            from .fused_ops import enable_fused_all_reduce_norm
+            from .kernels.fused_ops import enable_fused_all_reduce_norm
 
             chosen["all_reduce_norm"] = enable_fused_all_reduce_norm(self.model, self.device, self.model_config.hidden_size, on_phase)
         return chosen

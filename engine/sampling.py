@@ -121,7 +121,7 @@ class Sampler:
         top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
         top_p = [p.top_p for p in params]
         if all(k == vocab for k in top_k) and all(p == 1.0 for p in top_p):
-            from .triton_kernels import gumbel_sample
+            from .kernels.triton_kernels import gumbel_sample
 
             seed = int(torch.randint(2**31 - 1, (), generator=self.draw_seeds))
             return gumbel_sample(logits, to_device([p.temperature for p in params], device, torch.float32), seed)

@@ -115,7 +115,7 @@ for stage in "$@"; do
       python3 - <<'EOF' 2>&1 | tee "$OUT/kernels.log"
 import time, torch
 from concurrent.futures import ThreadPoolExecutor
-from minisgl_engine.flashinfer_kernels import jit_specs
+from minisgl_engine.kernels.flashinfer_kernels import jit_specs
 start = time.perf_counter()
 # also the CUDA-core decode module, and the attention modules over an FP8 pool (--kv-dtype fp8);
 # every module in one pool of builds (one build_kernels call per set would run the sets in turn)
@@ -191,10 +191,10 @@ EOF
     diag)  # the first call of each kernel in a fresh process
       python3 scripts/gpu_first_calls.py 2>&1 | tee "$OUT/diag.log" ;;
     kerneltests)  # the Triton kernels compiled, in bf16
-      python3 -m pytest tests/test_triton_kernels.py -q -p no:cacheprovider 2>&1 | tee "$OUT/kerneltests.log" || status=1 ;;
+      python3 -m pytest tests/gpu/test_triton_kernels.py -q -p no:cacheprovider 2>&1 | tee "$OUT/kerneltests.log" || status=1 ;;
     tests)
-      python3 -m pytest tests/test_triton_kernels.py -q -p no:cacheprovider || status=1
-      python3 -m pytest -m cuda tests/test_cuda.py tests/test_overlap.py -q -s -p no:cacheprovider --durations=10 -o log_cli=true --log-cli-level=INFO 2>&1 | tee "$OUT/tests.log" || status=1 ;;
+      python3 -m pytest tests/gpu/test_triton_kernels.py -q -p no:cacheprovider || status=1
+      python3 -m pytest -m cuda tests/gpu/test_cuda.py tests/unit/test_overlap.py -q -s -p no:cacheprovider --durations=10 -o log_cli=true --log-cli-level=INFO 2>&1 | tee "$OUT/tests.log" || status=1 ;;
     demo)
       for part in .gguf1/part_ab .gguf2/part_aa; do [ -f $part ] && cp $part $W/gguf/; done
       if [ ! -f "$MINISGL_CACHE_DIR/models/smollm2-135m-instruct/.complete" ]; then
@@ -207,7 +207,7 @@ convert_gguf(Path('$W/demo.gguf'), demo_model_dir(), progress=False)
 print('demo model ready at', demo_model_dir())" || status=1
       fi ;;
     serve)
-      python3 -m pytest -m cuda tests/test_cuda.py -k serve -q -s -p no:cacheprovider 2>&1 | tee "$OUT/serve.log" || status=1 ;;
+      python3 -m pytest -m cuda tests/gpu/test_cuda.py -k serve -q -s -p no:cacheprovider 2>&1 | tee "$OUT/serve.log" || status=1 ;;
     bench)
       Q=(--device cuda --dummy-weights --config qwen3-0.6b)
       "${CLI[@]}" bench decode "${Q[@]}" --compare-hf --input-len 128 2048 --output-len 128 --repeat 3 2>&1 | tee "$OUT/bench_decode.log"
@@ -227,21 +227,21 @@ print('demo model ready at', demo_model_dir())" || status=1
       git log --oneline -1 2>/dev/null | tee "$OUT/verify.log"
       nvidia-smi -L | tee -a "$OUT/verify.log"
       # the files that hold `cuda` tests (not all of tests/: the device lacks the packages of the rest), and the Triton kernels
-      mapfile -t cuda_files < <(grep -l "pytest.mark.cuda" tests/*.py)
-      timeout 120 python3 -m pytest tests/test_triton_kernels.py -q -p no:cacheprovider 2>&1 | tail -3 | tee -a "$OUT/verify.log"
+      mapfile -t cuda_files < <(grep -l "pytest.mark.cuda" tests/*/*.py)
+      timeout 120 python3 -m pytest tests/gpu/test_triton_kernels.py -q -p no:cacheprovider 2>&1 | tail -3 | tee -a "$OUT/verify.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      timeout 420 python3 -m pytest -m cuda tests/test_overlap.py "${cuda_files[@]}" -q -s -p no:cacheprovider --durations=10 2>&1 \
+      timeout 420 python3 -m pytest -m cuda tests/unit/test_overlap.py "${cuda_files[@]}" -q -s -p no:cacheprovider --durations=10 2>&1 \
         | tee -a "$OUT/verify.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       timeout 120 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-0.6b --input-len 128 --output-len 64 2>&1 | tee "$OUT/bench_verify.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     tp)  # two GPUs: bf16 agreement of --tp 2 vs --tp 1, then batch-1 decode of an 8B shape
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      timeout 300 python3 -m pytest -m cuda tests/test_cuda_tp.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/tp_tests.log" || status=1
+      timeout 300 python3 -m pytest -m cuda tests/gpu/test_cuda_tp.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/tp_tests.log" || status=1
       tp_bench ;;
     fusedtest)  # kind nvidia-h200-x2: the fused all-reduce + RMSNorm kernel against the separate ops, hidden 4096 and 1024
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      timeout 420 python3 -m pytest -m cuda tests/test_cuda_tp.py -k fused -q -s -p no:cacheprovider 2>&1 | tee "$OUT/fused_test.log"
+      timeout 420 python3 -m pytest -m cuda tests/gpu/test_cuda_tp.py -k fused -q -s -p no:cacheprovider 2>&1 | tee "$OUT/fused_test.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     tpbench)  # the batch-1 decode of the 8B shape alone, --tp 1 then 2
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -324,9 +324,9 @@ print('demo model ready at', demo_model_dir())" || status=1
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     fp8)  # --kv-dtype fp8: the Triton kernels over an FP8 pool, its agreement test, then nano-vllm's workload and
       # batch-1 decode with the bf16 pool and the FP8 one
-      timeout 120 python3 -m pytest tests/test_triton_kernels.py -q -p no:cacheprovider -k "fp8 or kv_dtype" 2>&1 | tail -3 | tee "$OUT/fp8.log"
+      timeout 120 python3 -m pytest tests/gpu/test_triton_kernels.py -q -p no:cacheprovider -k "fp8 or kv_dtype" 2>&1 | tail -3 | tee "$OUT/fp8.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      timeout 300 python3 -m pytest -m cuda tests/test_cuda.py -k fp8 -q -s -p no:cacheprovider 2>&1 | grep -E "agreement|passed|failed|Error|error" | tee -a "$OUT/fp8.log"
+      timeout 300 python3 -m pytest -m cuda tests/gpu/test_cuda.py -k fp8 -q -s -p no:cacheprovider 2>&1 | grep -E "agreement|passed|failed|Error|error" | tee -a "$OUT/fp8.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     fp8bench)  # FP8_DECODE=0: the offline workload alone (a fresh machine compiles Triton's kernels in its first run: ~3 min)
       for kv in ${FP8_KV:-auto fp8}; do

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from gpu_timing import graph_us
 from minisgl_engine.layers.activation import silu_and_mul
-from minisgl_engine.triton_kernels import MatmulTiles, matmul
+from minisgl_engine.kernels.triton_kernels import MatmulTiles, matmul
 
 DEV = torch.device("cuda")
 HIDDEN, INTER, QKV, ATTN_OUT = 1024, 3072, 4096, 2048

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from minisgl_engine import triton_kernels as tk
-from minisgl_engine.fused_ops import gpu_time_us
+from minisgl_engine.kernels import triton_kernels as tk
+from minisgl_engine.kernels.fused_ops import gpu_time_us
 
 DEV = torch.device("cuda")
 PDL = tk.pdl_supported(DEV)

@@ -36,7 +36,7 @@ from unittest import mock
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minisgl_engine.bench import copy_bandwidth, offline_workload, random_prompts
+from minisgl_engine.benchmarks.bench import copy_bandwidth, offline_workload, random_prompts
 from minisgl_engine.config import EngineConfig
 from minisgl_engine.llm import LLM
 from minisgl_engine.sampling_params import SamplingParams

@@ -10,7 +10,7 @@ import flashinfer
 import torch
 
 from gpu_timing import graph_us
-from minisgl_engine.triton_kernels import gumbel_sample
+from minisgl_engine.kernels.triton_kernels import gumbel_sample
 
 VOCAB = 151_936
 

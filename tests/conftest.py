@@ -52,7 +52,7 @@ def demo_server(tmp_path_factory):
     log-probabilities across batch compositions (under load, with cached prefixes, echo against
     generation), which the float32 path reproduces to ~1e-6. The packed path rounds activations
     to bf16 before each product, so a path that sums in another order moves a log-probability by
-    up to a few hundredths and flips greedy choices at near-ties; tests/test_quantized.py checks
+    up to a few hundredths and flips greedy choices at near-ties; tests/unit/test_quantized.py checks
     that path against this one, and every other server test runs it (the default)."""
     from minisgl_engine.weights.demo import demo_model_dir
     from minisgl_engine.weights.gguf_convert import is_complete

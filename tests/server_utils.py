@@ -159,9 +159,9 @@ def ipc_socket_paths(srv: ServerProcess) -> list[str]:
 
 
 def runtime_dir_of(srv: ServerProcess) -> Path:
-    """The server's private runtime folder (engine/server/ipc.py make_runtime_dir): the one
+    """The server's private runtime folder (engine/workers/ipc.py make_runtime_dir): the one
     folder holding all of its ZeroMQ sockets (the fork server's own socket sits in
-    multiprocessing's private folder: engine/server/launcher.py)."""
+    multiprocessing's private folder: engine/workers/launcher.py)."""
     paths: set[str] = set()
     for proc in [psutil.Process(srv.proc.pid), *srv.workers()]:
         if "minisgl-fork-server" not in " ".join(proc.cmdline()):

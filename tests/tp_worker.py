@@ -1,4 +1,4 @@
-"""Runs in each spawned tensor-parallel rank of tests/test_tensor_parallel.py (a module of its own
+"""Runs in each spawned tensor-parallel rank of tests/server/test_tensor_parallel.py (a module of its own
 so that the child processes need not import pytest's test module)."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch
 
 from ..batch import ForwardBatch
 from ..env import env_choice, env_ints
-from ..flashinfer_kernels import WORKSPACE_BYTES, pdl_wanted, triton_unavailable_reason
+from ..kernels.flashinfer_kernels import WORKSPACE_BYTES, pdl_wanted, triton_unavailable_reason
 from ..kvcache.kv_pool import KVPool, is_fp8
 from ..kvcache.page_table import PageTable
 from ..transfer import host_tensor, to_device
@@ -194,7 +194,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         import flashinfer
 
         if kind == "triton":
-            from ..triton_kernels import decode_attention_splits  # Triton only where it is used
+            from ..kernels.triton_kernels import decode_attention_splits  # Triton only where it is used
 
             if batch_size not in self.triton_graphs:
                 sms = torch.cuda.get_device_properties(self.device).multi_processor_count
@@ -231,7 +231,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             indptr.append(indptr[-1] + c)
         last_page_len = [(n - 1) % ps + 1 for n in seq_lens] + [1] * pad
         if self.fill_indices:
-            from ..triton_kernels import fill_kv_indices
+            from ..kernels.triton_kernels import fill_kv_indices
 
             if self._indices.numel() < indptr[-1]:
                 self._indices = torch.empty(max(indptr[-1], 2 * self._indices.numel()), dtype=torch.int32, device=self.device)
@@ -302,7 +302,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         the fused kernel of :mod:`..triton_kernels`)."""
         meta = batch.attn_metadata
         if isinstance(meta, TritonDecode):
-            from ..triton_kernels import decode_attention
+            from ..kernels.triton_kernels import decode_attention
 
             return decode_attention(q, self.kv_pool.k_cache[layer_id], self.kv_pool.v_cache[layer_id], self.page_table.table,
                                     batch.token_rows, batch.positions, self.scale, meta.num_splits, meta.pdl)
@@ -316,7 +316,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         meta = batch.attn_metadata
         if not isinstance(meta, TritonDecode) or not meta.fused:
             return None
-        from ..triton_kernels import decode_attention_qkv
+        from ..kernels.triton_kernels import decode_attention_qkv
 
         return decode_attention_qkv(
             qkv, self.num_heads, self.num_kv_heads, self.head_dim, q_weight, k_weight, eps, cos_sin_cache, batch.out_loc,

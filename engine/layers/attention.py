@@ -48,7 +48,7 @@ class SelfAttention(nn.Module):
         """Everything after the merged projection: q/k norm, RoPE, the KV write, attention and
         the output projection."""
         if self.fused_qk:
-            from ..triton_kernels import qk_norm_rope_store
+            from ..kernels.triton_kernels import qk_norm_rope_store
 
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else (None, None, 0.0)
             out = attn.decode_from_qkv(qkv, self.layer_id, batch, *norms, rope.cos_sin_cache)

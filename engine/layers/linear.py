@@ -108,11 +108,11 @@ class Linear(nn.Module):
             out = self.quant.matmul(x)
             return out if self.bias is None else out + self.bias
         if x.shape[0] == 1 and self.gemv_plan[0]:
-            from ..triton_kernels import gemv
+            from ..kernels.triton_kernels import gemv
 
             return gemv(x, self.weight, self.bias, block_n=self.gemv_plan[0], per_sm=self.gemv_plan[1], pdl=self.gemv_pdl)
         if 0 < x.shape[0] <= self.skinny_max_rows:
-            from ..triton_kernels import skinny_matmul
+            from ..kernels.triton_kernels import skinny_matmul
 
             return skinny_matmul(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias)

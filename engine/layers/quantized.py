@@ -263,7 +263,7 @@ class NativeWeight:
 
     def describe(self, bias: torch.Tensor | None = None):
         """The C structure for this matrix (with the layer's bias, if any)."""
-        from .cpu_native import QWeightStruct
+        from ..kernels.cpu_native import QWeightStruct
 
         return QWeightStruct(self.kind, self.out_features, self.in_features, self.codes.data_ptr(), self.scales.data_ptr(),
                              self.mult, None if bias is None else bias.data_ptr())
@@ -322,7 +322,7 @@ class NativeRows:
 def pack_weight(planes: Planes) -> "NativeWeight | PackedWeight":
     """The fastest CPU form of these planes: our C kernels where they are built and take the
     shape, else torch's packed 4-bit kernel."""
-    from .cpu_native import native_kernels
+    from ..kernels.cpu_native import native_kernels
 
     lib = native_kernels()
     if lib is not None and planes.codes.shape[2] % (2 * GROUP) == 0 and planes.num_planes <= 2:

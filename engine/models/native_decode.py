@@ -16,7 +16,7 @@ import torch
 
 from ..distributed import get_tp
 from ..kvcache.kv_pool import KVPool
-from ..layers.cpu_native import LayerStruct, ModelStruct, native_kernels
+from ..kernels.cpu_native import LayerStruct, ModelStruct, native_kernels
 from ..layers.quantized import NativeWeight
 
 

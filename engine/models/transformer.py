@@ -57,12 +57,12 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1 and self.gemv_plan[0]:
-            from ..triton_kernels import gemv
+            from ..kernels.triton_kernels import gemv
 
             return self.down_proj(gemv(x, self.gate_up_proj.weight, silu_mul=True, block_n=self.gemv_plan[0],
                                        per_sm=self.gemv_plan[1], pdl=self.gemv_pdl))
         if 0 < x.shape[0] <= self.fused_max_rows:
-            from ..triton_kernels import skinny_matmul
+            from ..kernels.triton_kernels import skinny_matmul
 
             return self.down_proj(skinny_matmul(x, self.gate_up_proj.weight, silu_mul=True))
         return self.down_proj(silu_and_mul(self.gate_up_proj(x), fused=self.use_flashinfer))
@@ -111,7 +111,7 @@ class DecoderLayer(nn.Module):
     def _forward_one_row(self, rope, hidden, residual, batch, attn) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer with its two norms inside the products that follow them: two kernels
         fewer per layer at batch 1."""
-        from ..triton_kernels import add_norm_gemv
+        from ..kernels.triton_kernels import add_norm_gemv
 
         qkv_proj, mlp = self.self_attn.qkv_proj, self.mlp
         norm = self.input_layernorm

@@ -1,5 +1,5 @@
-"""Write chats-v2.sqlite3 with the release that used schema version 2 (app/store.py at commit
-1b897c89), for tests/test_store.py's migration test. Run from the repository root:
+"""Write chats-v2.sqlite3 with the release that used schema version 2 (app/chat/store.py at commit
+1b897c89), for tests/unit/test_store.py's migration test. Run from the repository root:
 
     .venv/bin/python tests/data/make_chats_v2.py
 
@@ -32,7 +32,7 @@ class FakeClock:
 
 
 def load_old_store(folder: Path):
-    source = subprocess.run(["git", "show", f"{RELEASE}:app/store.py"], check=True,
+    source = subprocess.run(["git", "show", f"{RELEASE}:app/chat/store.py"], check=True,
                             capture_output=True, text=True, cwd=HERE).stdout
     path = folder / "old_store.py"
     path.write_text(source)

@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from minisgl_engine.server.request_limits import MAX_STOP_STRINGS
+from minisgl_engine.api.request_limits import MAX_STOP_STRINGS
 from server_utils import served_model
 from soak_utils import assert_idle, chat_body, run, save_tiny_model_with_demo_vocab
 
@@ -125,7 +125,7 @@ def test_every_openai_role_is_served_and_developer_means_system(soak_server):
                 {"role": "system", "content": "Be brief."}, {"role": "user", "content": "And of Italy?"}]
     r = httpx.post(f"{soak_server.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}, timeout=120)
     assert r.status_code == 200, r.text
-    from minisgl_engine.server.openai_protocol import ChatCompletionRequest
+    from minisgl_engine.api.openai_protocol import ChatCompletionRequest
 
     # Qwen3's chat template drops a message whose role it does not know: "developer" goes in as "system"
     [[request]] = ChatCompletionRequest(messages=messages[:1]).generate_requests()

@@ -1,5 +1,5 @@
 """The chat app under abuse, in a real browser (Debian's Chromium driven by Playwright, as in
-tests/test_browser.py), on one app (`minisgl-chat chat --no-browser`, demo model, CPU):
+tests/browser/test_browser.py), on one app (`minisgl-chat chat --no-browser`, demo model, CPU):
 
 - an abort storm through the UI: several tabs reply at once and each reply is ended at a random
   point (at once, mid chunked prefill of a long prompt, at the first text, mid reply) by Stop or by
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from minisgl_app.store import DB_NAME, ConversationStore
+from minisgl_app.chat.store import DB_NAME, ConversationStore
 from server_utils import ServerProcess, wait_until
 from soak_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, Scale, assert_idle, group_gone, long_prompt, runtime_dir_of
 from chat_page_utils import BROWSER_MARKS, browser, send, wait_page_loaded  # noqa: F401 (browser: fixture)

@@ -4,8 +4,8 @@ process of the group is left; SIGTERM under load → the whole group exits clean
 
 Each case needs its own server start (~10-25 s on 2 cores), so the short profile (CI) runs only
 the scheduler case (the plain server's, without --tp or --dp; those are killed in
-tests/test_tensor_parallel.py and tests/test_data_parallel.py); SIGTERM without load, and the
-runtime folder it must remove, are tests/test_server.py's second-instance test."""
+tests/server/test_tensor_parallel.py and tests/server/test_data_parallel.py); SIGTERM without load, and the
+runtime folder it must remove, are tests/server/test_server.py's second-instance test."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from minisgl_engine.messages import (
     encode,
 )
 from minisgl_engine.sampling_params import SamplingParams
-from minisgl_engine.server.ipc import Receiver
+from minisgl_engine.workers.ipc import Receiver
 
 ALLOWED = (msgspec.DecodeError, RequestError)  # msgspec.ValidationError is a DecodeError
 

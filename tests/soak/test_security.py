@@ -1,8 +1,8 @@
 """Security of a running server: another local user cannot connect to its IPC sockets, /health
 and /metrics reveal no prompt text, and oversized or hostile requests are refused while others
 are served (issue 41). (Covered elsewhere: the 0700 runtime folder in
-tests/test_server.py, the 0600 chat database in tests/test_store.py, the UI's login wall in
-tests/test_browser.py, 401 on /v1/* in tests/test_openai_api.py and tests/test_server.py.)"""
+tests/server/test_server.py, the 0600 chat database in tests/unit/test_store.py, the UI's login wall in
+tests/browser/test_browser.py, 401 on /v1/* in tests/unit/test_openai_api.py and tests/server/test_server.py.)"""
 
 from __future__ import annotations
 

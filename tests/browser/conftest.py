@@ -1,0 +1,15 @@
+"""Tests that drive the chat page in Debian's Chromium (Playwright) against a running chat app (marker `browser`, added to every test in this folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FOLDER = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if FOLDER in item.path.parents:
+            item.add_marker(pytest.mark.browser)

@@ -1,0 +1,15 @@
+"""The GPU path: Triton kernels (run under Triton's interpreter on a CPU) and the `cuda` tests, skipped without a GPU (marker `gpu`, added to every test in this folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FOLDER = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if FOLDER in item.path.parents:
+            item.add_marker(pytest.mark.gpu)
