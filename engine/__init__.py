@@ -61,6 +61,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eagerly
+    from .api.security import install_guard
+    from .api.server import (
+        ServerConfig,
+        bind_listen_socket,
+        check_server_config,
+        is_loopback,
+        run_server,
+    )
     from .args import add_bench_args, add_engine_args, engine_config_from_args
     from .benchmarks.bench import run_bench
     from .config import EngineConfig
@@ -69,11 +77,9 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
     from .llm import LLM
     from .messages import UserReply
     from .sampling_params import SamplingParams
+    from .weights.catalog import LocalModel, local_models
+    from .weights.source import resolve_model
     from .workers.engine_host import EngineHost
     from .workers.frontend import FrontendClient, GenerateRequest
     from .workers.launcher import free_port
     from .workers.process import exit_when_parent_dies
-    from .api.security import install_guard
-    from .api.server import ServerConfig, bind_listen_socket, check_server_config, is_loopback, run_server
-    from .weights.catalog import LocalModel, local_models
-    from .weights.source import resolve_model

@@ -35,7 +35,7 @@ class ModelConfig:
     dtype: str = "float32"  # the checkpoint's own dtype (a torch dtype name)
 
     @classmethod
-    def from_hf(cls, hf_config: Any) -> "ModelConfig":
+    def from_hf(cls, hf_config: Any) -> ModelConfig:
         model_type = getattr(hf_config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             supported = ", ".join(sorted(SUPPORTED_MODEL_TYPES))

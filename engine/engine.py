@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kernels import flashinfer_kernels
 from .attention import create_attention_backend
 from .batch import Batch, ForwardBatch
 from .config import EngineConfig
 from .cpu_threads import CpuThreads
 from .distributed import fused_all_reduce_norm_wanted, get_tp, local_head_counts, min_over_ranks
 from .errors import UserError
+from .kernels import flashinfer_kernels
 from .kvcache import KVPool, PageTable
 from .kvcache.kv_pool import resolve_kv_dtype
-from .logits_processor import Logprobs, LogitsProcessor, PromptLogprobs, TokenMasks
+from .logits_processor import LogitsProcessor, Logprobs, PromptLogprobs, TokenMasks
 from .model_loader import free_memory_bytes, load_model
 from .models.native_decode import enable_native_decode
 from .models.transformer import enable_flashinfer_ops

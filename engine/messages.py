@@ -12,7 +12,7 @@ sends one batch wrapper per channel.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Union, get_type_hints
+from typing import Annotated, Any, get_type_hints
 
 import msgspec
 
@@ -150,11 +150,11 @@ class StartupMsg(msgspec.Struct, tag=True):
 
 
 class TokenizerBatch(msgspec.Struct):
-    msgs: list[Union[TokenizeMsg, AbortMsg]]
+    msgs: list[TokenizeMsg | AbortMsg]
 
 
 class BackendBatch(msgspec.Struct):
-    msgs: list[Union[UserMsg, AbortBackendMsg]]
+    msgs: list[UserMsg | AbortBackendMsg]
 
 
 class DetokenizerBatch(msgspec.Struct):
@@ -162,7 +162,7 @@ class DetokenizerBatch(msgspec.Struct):
 
 
 class FrontendBatch(msgspec.Struct):
-    msgs: list[Union[UserReply, StatsMsg, ReadyMsg, StartupMsg]]
+    msgs: list[UserReply | StatsMsg | ReadyMsg | StartupMsg]
 
 
 BATCH_TYPES = (TokenizerBatch, BackendBatch, DetokenizerBatch, FrontendBatch)

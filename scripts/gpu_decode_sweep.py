@@ -15,9 +15,13 @@ import itertools
 import sys
 
 import torch
-
 from gpu_timing import graph_us
-from minisgl_engine.kernels.triton_kernels import DecodeTiles, decode_attention, decode_attention_splits
+
+from minisgl_engine.kernels.triton_kernels import (
+    DecodeTiles,
+    decode_attention,
+    decode_attention_splits,
+)
 
 DEV = torch.device("cuda")
 HEADS, KV_HEADS, DIM = 16, 8, 128

@@ -19,10 +19,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 import torch.nn.functional as F
-
 from gpu_timing import graph_us
-from minisgl_engine.layers.activation import silu_and_mul
+
 from minisgl_engine.kernels.triton_kernels import MatmulTiles, matmul
+from minisgl_engine.layers.activation import silu_and_mul
 
 DEV = torch.device("cuda")
 HIDDEN, INTER, QKV, ATTN_OUT = 1024, 3072, 4096, 2048

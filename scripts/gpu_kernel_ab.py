@@ -10,8 +10,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
-
 from gpu_timing import graph_us
+
 from minisgl_engine.kernels import triton_kernels as new_tk
 
 spec = importlib.util.spec_from_file_location("old_tk", ".old/minisgl_engine/triton_kernels.py")

@@ -19,9 +19,9 @@ With ``host_stages(trace=NAME)`` a Chrome trace of a few batch-1 steps goes to $
 
 from __future__ import annotations
 
-import cProfile
 import collections
 import contextlib
+import cProfile
 import gc
 import gzip
 import io

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import flashinfer
 import torch
-
 from gpu_timing import graph_us
+
 from minisgl_engine.kernels.triton_kernels import gumbel_sample
 
 VOCAB = 151_936

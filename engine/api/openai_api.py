@@ -23,20 +23,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BaseModel
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import RequestError
 from ..messages import LogprobEntry, UserReply
+from ..reasoning import ReasoningSplitter, split_reasoning
 from ..sampling_params import SamplingParams
+from ..tool_calls import ToolCall, ToolCallParser, parse_tool_calls
 from ..workers.frontend import GenerateRequest
 from .metrics import StatsSource, metrics_router
-from .request_limits import MAX_REQUEST_BYTES, BodyLimit, RequestTooLarge
-from .security import AccessPolicy, install_guard
-from ..reasoning import ReasoningSplitter, split_reasoning
-from ..tool_calls import ToolCall, ToolCallParser, parse_tool_calls
 from .openai_protocol import (
     AssistantMessage,
     ChatChoice,
@@ -57,6 +55,8 @@ from .openai_protocol import (
     new_id,
     now,
 )
+from .request_limits import MAX_REQUEST_BYTES, BodyLimit, RequestTooLarge
+from .security import AccessPolicy, install_guard
 
 DISCONNECT_POLL_S = 0.1
 T = TypeVar("T")

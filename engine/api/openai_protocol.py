@@ -19,8 +19,15 @@ from ..errors import RequestError
 from ..messages import LogprobEntry
 from ..sampling_params import GrammarSpec, SamplingParams
 from ..workers.frontend import GenerateRequest
-from .request_limits import (MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, MAX_TOOLS, check_count, check_generated_tokens, check_grammar,
-                             check_stop)
+from .request_limits import (
+    MAX_LOGIT_BIAS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOOLS,
+    check_count,
+    check_generated_tokens,
+    check_grammar,
+    check_stop,
+)
 
 DEFAULT_MAX_TOKENS = 4096
 """Used when a request gives no max_tokens; the engine clamps it to what the context leaves."""

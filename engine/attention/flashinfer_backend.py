@@ -194,7 +194,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         import flashinfer
 
         if kind == "triton":
-            from ..kernels.triton_kernels import decode_attention_splits  # Triton only where it is used
+            from ..kernels.triton_kernels import (
+                decode_attention_splits,  # Triton only where it is used
+            )
 
             if batch_size not in self.triton_graphs:
                 sms = torch.cuda.get_device_properties(self.device).multi_processor_count

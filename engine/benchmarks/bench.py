@@ -23,7 +23,6 @@ from ..config import EngineConfig
 from ..errors import UserError
 from ..sampling_params import GrammarSpec, SamplingParams
 
-
 WARMUP_LEN = 20  # prompt + output tokens of the untimed first run
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # before any engine picks its own count
 
@@ -594,9 +593,9 @@ def run_offline_dp(args: argparse.Namespace, config: EngineConfig) -> list[dict]
 
 
 def _compare_llamacpp(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
-    from .bench_llamacpp import print_compare_table, run_compare_llamacpp
     from ..weights.gguf_tensors import GGUF_WEIGHTS
     from ..weights.source import resolve_model
+    from .bench_llamacpp import print_compare_table, run_compare_llamacpp
 
     if args.compare_hf or config.dummy_weights or config.tp > 1:
         raise UserError("--compare-llamacpp runs alone: without --compare-hf, --dummy-weights and --tp")
@@ -642,8 +641,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if config.tp > 1:
         import torch.multiprocessing as mp
 
-        from ..workers.launcher import free_port
         from ..api.server import prepare_model
+        from ..workers.launcher import free_port
 
         config, _, _ = prepare_model(config)  # resolves the model once for all ranks and checks --tp
         if getattr(args, "compare_hf", False):

@@ -125,7 +125,7 @@ def run_compare_llamacpp(args: argparse.Namespace, config: EngineConfig, gguf: P
                     else:
                         about[row["engine"]] = row
     out = []
-    for (engine, input_len), runs in sorted(collected.items(), key=lambda item: (item[0][1], item[0][0] != "minisgl-chat")):
+    for (engine, _input_len), runs in sorted(collected.items(), key=lambda item: (item[0][1], item[0][0] != "minisgl-chat")):
         best = max(runs, key=lambda r: r["decode_tok_s"])
         out.append({"bench": "decode-vs-llamacpp", "model": str(gguf), "busy_cores": args.busy_cores, **about.get(engine, {}),
                     **best, "ttft_ms": min(r["ttft_ms"] for r in runs), "runs": len(runs),

@@ -20,7 +20,6 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-import torch
 from filelock import FileLock
 
 log = logging.getLogger(__name__)

@@ -75,7 +75,11 @@ def jit_specs(dtype: torch.dtype, head_dim: int, decode_tensor_cores: bool = Tru
     SiLU-and-mul and sampling. ``kv_dtype``: the KV pool's, where it is not the model's (FP8:
     attention modules of their own, which widen K/V as they load them)."""
     kv_dtype = kv_dtype or dtype
-    from flashinfer.jit import gen_act_and_mul_module, gen_batch_decode_module, gen_batch_prefill_module
+    from flashinfer.jit import (
+        gen_act_and_mul_module,
+        gen_batch_decode_module,
+        gen_batch_prefill_module,
+    )
     from flashinfer.jit.norm import gen_norm_module
     from flashinfer.jit.rope import gen_rope_module
     from flashinfer.jit.sampling import gen_sampling_module

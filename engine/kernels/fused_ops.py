@@ -16,7 +16,6 @@ start while the kernel before them finishes (programmatic dependent launch).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 import torch

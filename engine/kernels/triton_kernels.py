@@ -90,8 +90,11 @@ class MatmulTiles(NamedTuple):
     stages: int = 4
 
 
+DEFAULT_TILES = MatmulTiles()
+
+
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-           tiles: MatmulTiles = MatmulTiles()) -> torch.Tensor:
+           tiles: MatmulTiles = DEFAULT_TILES) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` tiled as ``tiles`` says; with ``silu_mul`` the weight is a merged
     [gate; up] matrix and the result is ``silu(x @ gate.T) * (x @ up.T)`` (SwiGLU's activation
     kernel and its [rows, 2 * inter] intermediate never exist)."""

@@ -96,7 +96,7 @@ class Linear(nn.Module):
 
     # CPU, quantized weights (layers/quantized.py): the packed matrix; ``weight`` is then a
     # meta tensor that keeps only its shape
-    quant: "PackedWeight | None" = None
+    quant: PackedWeight | None = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()

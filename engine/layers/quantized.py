@@ -71,7 +71,7 @@ class Planes:
             w = w + self.codes[p].float() * per_weight(self.scales[p])
         return w
 
-    def with_planes(self, num_planes: int) -> "Planes":
+    def with_planes(self, num_planes: int) -> Planes:
         """The same weight with zero planes appended (parts of one merged matrix must agree)."""
         extra = num_planes - self.num_planes
         if extra <= 0:
@@ -319,7 +319,7 @@ class NativeRows:
         return out.to(dtype).reshape(*ids.shape, self.head.in_features)
 
 
-def pack_weight(planes: Planes) -> "NativeWeight | PackedWeight":
+def pack_weight(planes: Planes) -> NativeWeight | PackedWeight:
     """The fastest CPU form of these planes: our C kernels where they are built and take the
     shape, else torch's packed 4-bit kernel."""
     from ..kernels.cpu_native import native_kernels

@@ -15,8 +15,8 @@ import ctypes
 import torch
 
 from ..distributed import get_tp
-from ..kvcache.kv_pool import KVPool
 from ..kernels.cpu_native import LayerStruct, ModelStruct, native_kernels
+from ..kvcache.kv_pool import KVPool
 from ..layers.quantized import NativeWeight
 
 

@@ -15,16 +15,33 @@ from torch import nn
 from ..attention.base import AttentionBackend
 from ..batch import ForwardBatch
 from ..config import ModelConfig
+from ..distributed import all_gather_last_dim, get_tp
 from ..errors import WeightsError
 from ..layers.activation import silu_and_mul
 from ..layers.attention import SelfAttention
-from ..distributed import all_gather_last_dim, get_tp
 from ..layers.embedding import Embedding, split_by_vocab, vocab_block
-from ..layers.linear import Linear, MergedLinear, RowParallelLinear, default_weight_loader, float32_logits
+from ..layers.linear import (
+    Linear,
+    MergedLinear,
+    RowParallelLinear,
+    default_weight_loader,
+    float32_logits,
+)
 from ..layers.norm import RMSNorm
-from ..layers.quantized import GROUP, NativeRows, NativeWeight, PackedWeight, QuantizedRows, drop_weight, pack_weight, planes_of, quantize_float, stack_rows
-from ..weights.gguf_tensors import GGUFTensor
+from ..layers.quantized import (
+    GROUP,
+    NativeRows,
+    NativeWeight,
+    PackedWeight,
+    QuantizedRows,
+    drop_weight,
+    pack_weight,
+    planes_of,
+    quantize_float,
+    stack_rows,
+)
 from ..layers.rotary import RopeInputs, RotaryEmbedding
+from ..weights.gguf_tensors import GGUFTensor
 
 # logits per row that torch's packed LM head recomputes in float32 (CausalLM._refine_top_logits;
 # our C kernels' head writes float32 from 16-bit activations and needs none)
@@ -213,7 +230,7 @@ class CausalLM(nn.Module):
         exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, top, exact)
 
-    def load_weights(self, weights: Iterable[tuple[str, "torch.Tensor | GGUFTensor"]], keep_quantized: bool = False) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | GGUFTensor]], keep_quantized: bool = False) -> None:
         """Copy checkpoint tensors into our parameters (casting dtype); every parameter must be
         filled exactly once, so a truncated or mismatched checkpoint fails loudly.
 

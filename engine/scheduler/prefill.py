@@ -9,7 +9,6 @@ from ..batch import Batch
 from ..kvcache import CacheManager, PageTable, PrefixMatch
 from ..request import Req
 
-
 PROMPT_LOGPROB_CHUNK = 1024
 """Prompt tokens a request that asks for prompt logprobs computes per step: each one's logits
 over the whole vocabulary are kept for the step (1024 x 151,936 float32 is 0.6 GB)."""

@@ -25,11 +25,10 @@ from functools import partial
 
 import torch
 
-from ..engine import Engine
+from ..engine import Engine, StepResult
 from ..errors import RequestError, UserError, check_prompt_length
-from ..kvcache import CacheManager, NaiveCacheManager, PageAllocator, RadixCacheManager
-from ..engine import StepResult
 from ..grammar import GrammarCompiler, GrammarState
+from ..kvcache import CacheManager, NaiveCacheManager, PageAllocator, RadixCacheManager
 from ..logits_processor import TokenMasks
 from ..messages import StatsMsg
 from ..request import PLACEHOLDER, FinishReason, Req, TokenLogprobs

@@ -60,7 +60,7 @@ class GGUFTensor:
     def dequantize(self) -> torch.Tensor:
         return dequantize_gguf(self.raw, self.qtype, self.shape)
 
-    def narrow(self, dim: int, start: int, length: int) -> "GGUFTensor":
+    def narrow(self, dim: int, start: int, length: int) -> GGUFTensor:
         """Rows ``start`` to ``start + length`` (only whole rows can be cut from blocks)."""
         if dim != 0:
             raise WeightsError("a quantized GGUF tensor can only be split by rows; use --quantization none")
@@ -95,7 +95,7 @@ def _unpermute_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
     return rows.reshape(heads, half, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
 
 
-def iter_gguf(path: Path) -> Iterator[tuple[str, "torch.Tensor | GGUFTensor"]]:
+def iter_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor | GGUFTensor]]:
     """``(hf_name, tensor)`` for every weight of the file, in file order."""
     from gguf import GGUFReader
 

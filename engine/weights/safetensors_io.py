@@ -72,7 +72,7 @@ class LazySlice:
     def dim(self) -> int:
         return len(self.shape)
 
-    def narrow(self, dim: int, start: int, length: int) -> "LazySlice":
+    def narrow(self, dim: int, start: int, length: int) -> LazySlice:
         index = list(self._index)
         base = index[dim].start
         index[dim] = slice(base + start, base + start + length)
@@ -80,7 +80,7 @@ class LazySlice:
         shape[dim] = length
         return LazySlice(self.file, self._handle, tuple(shape), tuple(index))
 
-    def __getitem__(self, rows: slice) -> "LazySlice":
+    def __getitem__(self, rows: slice) -> LazySlice:
         start, stop, _ = rows.indices(self.shape[0])
         return self.narrow(0, start, max(stop - start, 0))
 
@@ -91,11 +91,11 @@ class LazySlice:
             raise _corrupt(self.file, exc) from exc
 
 
-def read_tensor(loaded: "torch.Tensor | LazySlice") -> torch.Tensor:
+def read_tensor(loaded: torch.Tensor | LazySlice) -> torch.Tensor:
     return loaded.read() if isinstance(loaded, LazySlice) else loaded
 
 
-def iter_safetensors(model_dir: Path, lazy: bool = False) -> Iterator[tuple[str, "torch.Tensor | LazySlice"]]:
+def iter_safetensors(model_dir: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor | LazySlice]]:
     """Yield ``(name, tensor)`` for every stored tensor, opening each shard once; ``lazy``
     yields :class:`LazySlice` handles instead, valid until the next item."""
     for file in weight_files(model_dir):

@@ -43,8 +43,11 @@ def _from_folder(folder: Path, model: str) -> Path:
 
 @contextmanager
 def _hub_progress(enabled: bool):
-    from huggingface_hub.utils import (are_progress_bars_disabled, disable_progress_bars,
-                                       enable_progress_bars)
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
 
     was_disabled = are_progress_bars_disabled()
     if not enabled and not was_disabled:
@@ -74,9 +77,15 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 
 def _from_hub(repo_id: str, progress: bool, bars: type | None) -> Path:
     from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, HFValidationError, HfHubHTTPError,
-                                        IncompleteSnapshotError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     cache = constants.HF_HUB_CACHE
     try:

@@ -10,7 +10,16 @@ from dataclasses import dataclass
 import zmq
 
 from ..detokenize import DecodeState, TokenBytes
-from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, LogprobEntry, ReadyMsg, UserReply
+from ..messages import (
+    AbortBackendMsg,
+    BackendBatch,
+    DetokenizeMsg,
+    DetokenizerBatch,
+    FrontendBatch,
+    LogprobEntry,
+    ReadyMsg,
+    UserReply,
+)
 from .ipc import DETOKENIZER_NAME, Receiver, Sender, SocketPaths, reporting_startup
 from .process import init_worker
 

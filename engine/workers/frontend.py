@@ -23,7 +23,19 @@ import zmq
 import zmq.asyncio
 
 from ..errors import RequestError, check_prompt_chars, prompt_chars
-from ..messages import AbortMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode, sum_stats
+from ..messages import (
+    AbortMsg,
+    FrontendBatch,
+    ReadyMsg,
+    StartupMsg,
+    StatsMsg,
+    TokenizeMsg,
+    TokenizerBatch,
+    UserReply,
+    decoder,
+    encode,
+    sum_stats,
+)
 from ..sampling_params import SamplingParams
 from .ipc import SocketPaths, scheduler_name
 from .router import ReplicaRouter, prompt_blocks

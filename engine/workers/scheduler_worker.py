@@ -30,7 +30,19 @@ import zmq
 from ..config import EngineConfig
 from ..distributed import broadcast_bytes, get_tp, init_tp
 from ..errors import UserError
-from ..messages import AbortBackendMsg, BackendBatch, DetokenizerBatch, DetokenizeMsg, FrontendBatch, ReadyMsg, StartupMsg, StatsMsg, UserMsg, decoder, encode
+from ..messages import (
+    AbortBackendMsg,
+    BackendBatch,
+    DetokenizeMsg,
+    DetokenizerBatch,
+    FrontendBatch,
+    ReadyMsg,
+    StartupMsg,
+    StatsMsg,
+    UserMsg,
+    decoder,
+    encode,
+)
 from ..request import FinishReason
 from ..scheduler.scheduler import Scheduler, TokenOutput
 from .ipc import Receiver, Sender, SocketPaths, reporting_startup, scheduler_name

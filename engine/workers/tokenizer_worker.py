@@ -13,8 +13,18 @@ from dataclasses import dataclass
 import zmq
 
 from ..errors import UserError, check_prompt_chars, check_prompt_length, prompt_chars
+from ..messages import (
+    AbortBackendMsg,
+    AbortMsg,
+    BackendBatch,
+    FrontendBatch,
+    ReadyMsg,
+    TokenizeMsg,
+    TokenizerBatch,
+    UserMsg,
+    UserReply,
+)
 from ..tokenizer import chat_prompt_ids
-from ..messages import AbortBackendMsg, AbortMsg, BackendBatch, FrontendBatch, ReadyMsg, TokenizeMsg, TokenizerBatch, UserMsg, UserReply
 from .ipc import Receiver, Sender, SocketPaths, reporting_startup, tokenizer_name
 from .process import init_worker
 

@@ -15,5 +15,4 @@ import torch  # noqa: E402, F401
 from transformers import AutoConfig, AutoTokenizer  # noqa: E402, F401 (transformers loads these lazily: here, once)
 
 from .. import engine, tokenizer  # noqa: E402, F401
-from . import detokenizer_worker, scheduler_worker
-from ..server import tokenizer_worker  # noqa: E402, F401
+from . import detokenizer_worker, scheduler_worker, tokenizer_worker  # noqa: E402, F401

@@ -27,11 +27,23 @@ def engine_imports(path: Path) -> list[tuple[int, str, list[str]]]:
 
 def test_the_app_imports_only_the_engines_public_names():
     wrong = []
-    for path in sorted(APP.glob("*.py")):
+    for path in sorted(APP.rglob("*.py")):
         for line, module, names in engine_imports(path):
             if module != "minisgl_engine" or not names or not set(names) <= set(minisgl_engine.__all__):
-                wrong.append(f"{path.name}:{line}: {module} {names}")
+                wrong.append(f"{path.relative_to(APP)}:{line}: {module} {names}")
     assert not wrong, "app/ must import the engine as `from minisgl_engine import NAME` (engine/__init__.py):\n" + "\n".join(wrong)
+
+
+def test_every_module_of_the_app_and_the_engine_imports():
+    """Each module imports on its own, in a fresh interpreter: a broken import in a module that
+    is only loaded by a worker (the fork server's preload) would otherwise show up as a slower
+    start, not a failure."""
+    code = ("import importlib, pkgutil, minisgl_app, minisgl_engine\n"
+            "for package in (minisgl_engine, minisgl_app):\n"
+            "    for module in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+            "        importlib.import_module(module.name)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_the_check_sees_a_deep_import(tmp_path):
