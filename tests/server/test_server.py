@@ -59,7 +59,7 @@ def test_process_titles(server):
 
 
 def test_seed_request_streams_then_done(server):
-    """The curl of DESIGN.md: several SSE chunks, then [DONE]; the text equals the non-stream reply."""
+    """The curl of docs/architecture.md ("The reference request"): several SSE chunks, then [DONE]; the text equals the non-stream reply."""
     body = chat_body(SEED_PROMPT, max_tokens=128)
     chunks, raw = stream_chat(server.url, body)
     assert raw[-1] == "[DONE]"
