@@ -23,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, contextmanager
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 
 from minisgl_engine import UserError
 
@@ -43,22 +44,41 @@ def add_page_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY"), help="the app's API key, if it has one")
 
 
+@dataclass
+class StartedApp:
+    """A `minisgl-chat` this bench started: the page's link (…/?token=KEY; the server's address
+    for `serve`), its process, and how long it took from the command to /health 200."""
+
+    link: str
+    proc: subprocess.Popen
+    ready_s: float
+
+
 @contextmanager
-def started_app(app_args: str) -> Iterator[str]:
-    """`minisgl-chat chat` on a free port with its own data folder; yields its URL."""
+def started_app(app_args: str, command: str = "chat", pythonpath: str | None = None) -> Iterator[StartedApp]:
+    """`minisgl-chat chat` (or ``command``) on a free port with its own data folder.
+    ``pythonpath``: a folder holding another checkout's packages (``minisgl_app``,
+    ``minisgl_engine``), put first on the app's path: the same bench run against another commit."""
     from minisgl_engine import free_port
 
-    with tempfile.TemporaryDirectory(prefix="minisgl-bench-page-") as data:
+    with tempfile.TemporaryDirectory(prefix="minisgl-bench-app-") as data:
         port = free_port()
-        cmd = [sys.executable, "-m", "minisgl_app.cli", "chat", "--no-browser", "--port", str(port), *shlex.split(app_args)]
-        log = open(os.path.join(data, "app.log"), "w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MINISGL_DATA_DIR": data})
+        extra = ["--no-browser"] if command == "chat" else []
+        cmd = [sys.executable, "-m", "minisgl_app.cli", command, *extra, "--port", str(port), *shlex.split(app_args)]
+        env = {**os.environ, "MINISGL_DATA_DIR": data}
+        if pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
+        log_path = os.path.join(data, "app.log")
+        log = open(log_path, "w")
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_healthy(url, proc, os.path.join(data, "app.log"))
-            with open(os.path.join(data, "app.log")) as f:
+            wait_healthy(url, proc, log_path)
+            ready_s = time.perf_counter() - start
+            with open(log_path) as f:
                 found = re.search(r"open (http://\S+) in your browser", f.read())
-            yield found.group(1) if found else f"{url}/"
+            yield StartedApp(found.group(1) if found else f"{url}/", proc, ready_s)
         finally:
             proc.terminate()
             try:
@@ -80,7 +100,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, log_path: str, timeout: float
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise UserError(f"the app was not ready after {timeout:.0f} s; its log: {log_path}")
 
 
@@ -145,7 +165,7 @@ def run_page_bench(args: argparse.Namespace) -> int:
         raise UserError(f"no browser at {args.chromium}: apt-get install chromium, or pass --chromium PATH")
     rows = []
     with ExitStack() as stack:
-        link = args.url or stack.enter_context(started_app(args.app_args))  # the page's link (…/?token=KEY)
+        link = args.url or stack.enter_context(started_app(args.app_args)).link  # the page's link (…/?token=KEY)
         url = server_url(link)
         p = stack.enter_context(sync_playwright())
         browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu"])

@@ -11,6 +11,7 @@ import sys
 
 from minisgl_engine import UserError, add_bench_args, add_engine_args, engine_config_from_args, is_loopback
 
+from .bench_footprint import add_footprint_bench_args
 from .bench_page import add_page_bench_args
 
 
@@ -105,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     benches = add_bench_args(bench, ArgumentParser)
     page = benches.add_parser("page", help="a reply's tok/s in the chat page against the same reply through the API (Chromium)")
     add_page_bench_args(page)
+    footprint = benches.add_parser("footprint", help="the app's memory (RSS/PSS per process) idle and in a long chat, "
+                                   "and its time to ready")
+    add_footprint_bench_args(footprint)
     return parser
 
 
@@ -270,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             from .bench_page import run_page_bench
 
             return run_page_bench(args)
+        if args.command == "bench" and args.bench == "footprint":
+            from .bench_footprint import run_footprint_bench
+
+            return run_footprint_bench(args)
         if args.command == "bench":
             from minisgl_engine import run_bench
 
