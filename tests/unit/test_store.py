@@ -1181,3 +1181,43 @@ def test_a_version_4_file_gains_revisions_and_keeps_its_chats(tmp_path):
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# ---- the package's shape
+
+# Each of the store's modules imports only modules on a lower floor: plain records at the bottom,
+# the composed ConversationStore at the top.
+STORE_FLOORS = {
+    "records": 0, "database": 0,
+    "schema": 1, "rows": 1, "import_file": 1,
+    "base": 2, "tree": 2,
+    "conversations": 3, "messages": 3, "search": 3, "import_export": 3,
+    "conversation_store": 4, "__init__": 5,
+}
+
+
+def store_imports(path: Path) -> set[str]:
+    """The store's modules that ``path`` imports (``from .x import ...`` and ``from . import x``)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module} if node.module else {a.name for a in node.names}
+    return found
+
+
+def test_the_store_modules_import_only_downward():
+    from minisgl_app.chat import store as store_package
+
+    folder = Path(store_package.__file__).parent
+    assert {p.stem for p in folder.glob("*.py")} == set(STORE_FLOORS), "give a new module its floor here"
+    upward = [f"{p.stem} imports {name}" for p in sorted(folder.glob("*.py")) for name in sorted(store_imports(p))
+              if STORE_FLOORS[name] >= STORE_FLOORS[p.stem]]
+    assert not upward, upward
+
+
+def test_every_name_the_package_exports_resolves():
+    from minisgl_app.chat import store as store_package
+
+    assert all(getattr(store_package, name) is not None for name in store_package.__all__)

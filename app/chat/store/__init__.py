@@ -14,6 +14,8 @@ leaf (schema.py says how the tables hold it). The package, from the bottom up:
   checks a file before anything is stored): the store's methods by concern, one mixin each.
 - ``conversation_store``: ConversationStore, composed of those mixins.
 
+Each module imports only those above it in this list (tests/unit/test_store.py checks it).
+
 The names other modules use are exported here.
 """
 

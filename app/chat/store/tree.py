@@ -1,8 +1,9 @@
 """Queries on a conversation's tree of messages, each inside a transaction the caller holds.
 
 The chat shown is the path from a root message to the conversation's selected leaf; a message's
-versions are its siblings (the children of its parent), oldest first. The store's methods call
-these through the module (``tree.add``), so one function serves every caller.
+versions are its siblings (the children of its parent), oldest first. The store's mixins call
+these through the module (``tree.add``, not a bare ``add``): the call says where the query lives,
+and a test that replaces one (a write that fails) replaces it for every caller.
 """
 
 from __future__ import annotations
