@@ -1027,7 +1027,7 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     message in one transaction (a failed store left an empty chat in the sidebar)."""
     import sqlite3
 
-    from minisgl_app.chat import store as store_module
+    from minisgl_app.chat.store import tree as tree_module
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)
@@ -1041,18 +1041,18 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
         return [m.content for m in store.get(conv_id).messages if m.stats is not None and m.stats.unanswered]
 
     assert marked() == []
-    real_add = store_module._add
+    real_add = tree_module.add
 
     def failing_add(*args, **kwargs):
         raise sqlite3.OperationalError("disk I/O error")
 
     await page.attach([uploaded(page, notes)], request)
-    monkeypatch.setattr(store_module, "_add", failing_add)
+    monkeypatch.setattr(tree_module, "add", failing_add)
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a new question", *SETTINGS, None, request)
     assert marked() == [], "marks stored without the message"
     assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")], "the file was dropped"
-    monkeypatch.setattr(store_module, "_add", real_add)
+    monkeypatch.setattr(tree_module, "add", real_add)
     await page.send("a new question", *SETTINGS, None, request)
     assert marked() == ["second question", "third question"]
     assert "plum" in [m for m in store.get(conv_id).messages if m.role == "user"][-1].content
@@ -1062,12 +1062,12 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     chats = [c.id for c in store.list()]
     await page.new_chat(None, request)
     await page.attach([uploaded(page, notes)], request)
-    monkeypatch.setattr(store_module, "_add", failing_add)
+    monkeypatch.setattr(tree_module, "add", failing_add)
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a first question", *SETTINGS, None, request)
     assert [c.id for c in store.list()] == chats, "an empty chat was left"
     assert page.tab(request).conv_id is None and page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
-    monkeypatch.setattr(store_module, "_add", real_add)
+    monkeypatch.setattr(tree_module, "add", real_add)
     await page.send("a first question", *SETTINGS, None, request)
     new = store.get(page.tab(request).conv_id)
     assert new.id not in chats and new.messages[0].content.startswith("a first question") and "plum" in new.messages[0].content

@@ -237,7 +237,7 @@ def test_marking_questions_unanswered_reads_no_messages_text(store):
     """append(leave_unanswered=True) runs on every send, inside the write lock: it read every
     message of the shown path, text included (SELECT m.*), to mark the few questions at its end.
     It reads only the ids, roles, parents and stats, walking up from the leaf through questions only."""
-    from minisgl_app.chat import store as store_module
+    from minisgl_app.chat.store import tree as tree_module
 
     c = store.create().id
     for i in range(5):
@@ -254,7 +254,7 @@ def test_marking_questions_unanswered_reads_no_messages_text(store):
     with store._write() as conn:
         conn.set_authorizer(authorize)
         try:
-            store_module._mark_unanswered(conn, waiting[-1].id)
+            tree_module.mark_unanswered(conn, waiting[-1].id)
         finally:
             conn.set_authorizer(None)
     assert read and ("messages", "content") not in read, sorted(read)
@@ -620,7 +620,7 @@ def test_a_bad_import_file_is_refused_with_a_message_a_user_can_act_on(store, te
 
 def test_an_import_that_fails_while_storing_leaves_nothing(store, monkeypatch):
     """A failure once the messages are written (they go in one batch) rolls the whole import back."""
-    from minisgl_app.chat import store as store_module
+    from minisgl_app.chat.store import tree as tree_module
 
     calls = []
 
@@ -628,7 +628,7 @@ def test_an_import_that_fails_while_storing_leaves_nothing(store, monkeypatch):
         calls.append(args)
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(store_module, "_set_leaf", failing_set_leaf)
+    monkeypatch.setattr(tree_module, "set_leaf", failing_set_leaf)
     turns = [{"role": "user", "content": f"m{i}"} for i in range(5)]
     with pytest.raises(sqlite3.OperationalError):
         store.import_conversation(json.dumps(turns))
@@ -913,7 +913,7 @@ def test_the_previous_releases_v2_file_becomes_one_branch_trees(tmp_path):
 
 
 def test_a_failing_v3_migration_leaves_the_v2_file_as_it_was(tmp_path, monkeypatch):
-    from minisgl_app.chat import store as store_module
+    from minisgl_app.chat.store import schema as schema_module
 
     path = tmp_path / DB_NAME
     shutil.copyfile(V2_FILE, path)
@@ -921,7 +921,7 @@ def test_a_failing_v3_migration_leaves_the_v2_file_as_it_was(tmp_path, monkeypat
     def broken(*args):
         raise sqlite3.OperationalError("no such module: fts5")
 
-    monkeypatch.setattr(store_module, "_v3_search_index", broken)  # after the trees are linked
+    monkeypatch.setattr(schema_module, "_v3_search_index", broken)  # after the trees are linked
     with pytest.raises(sqlite3.OperationalError, match="fts5"):
         ConversationStore(path)
     with sqlite3.connect(path) as raw:
@@ -974,7 +974,7 @@ def test_a_version_0_database_gets_the_whole_schema(tmp_path):
 
 
 def test_a_failing_migration_leaves_the_old_database_untouched(tmp_path, monkeypatch):
-    from minisgl_app.chat import store as store_module
+    from minisgl_app.chat.store import schema as schema_module
 
     path = tmp_path / DB_NAME
     with sqlite3.connect(path) as raw:
@@ -984,7 +984,7 @@ def test_a_failing_migration_leaves_the_old_database_untouched(tmp_path, monkeyp
         conn.execute("CREATE TABLE half_done (x)")
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(store_module, "MIGRATIONS", [store_module.MIGRATIONS[0], broken])
+    monkeypatch.setattr(schema_module, "MIGRATIONS", [schema_module.MIGRATIONS[0], broken])
     with pytest.raises(RuntimeError, match="disk on fire"):
         ConversationStore(path)
     with sqlite3.connect(path) as raw:
@@ -1181,3 +1181,43 @@ def test_a_version_4_file_gains_revisions_and_keeps_its_chats(tmp_path):
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# ---- the package's shape
+
+# Each of the store's modules imports only modules on a lower floor: plain records at the bottom,
+# the composed ConversationStore at the top.
+STORE_FLOORS = {
+    "records": 0, "database": 0,
+    "schema": 1, "rows": 1, "import_file": 1,
+    "base": 2, "tree": 2,
+    "conversations": 3, "messages": 3, "search": 3, "import_export": 3,
+    "conversation_store": 4, "__init__": 5,
+}
+
+
+def store_imports(path: Path) -> set[str]:
+    """The store's modules that ``path`` imports (``from .x import ...`` and ``from . import x``)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module} if node.module else {a.name for a in node.names}
+    return found
+
+
+def test_the_store_modules_import_only_downward():
+    from minisgl_app.chat import store as store_package
+
+    folder = Path(store_package.__file__).parent
+    assert {p.stem for p in folder.glob("*.py")} == set(STORE_FLOORS), "give a new module its floor here"
+    upward = [f"{p.stem} imports {name}" for p in sorted(folder.glob("*.py")) for name in sorted(store_imports(p))
+              if STORE_FLOORS[name] >= STORE_FLOORS[p.stem]]
+    assert not upward, upward
+
+
+def test_every_name_the_package_exports_resolves():
+    from minisgl_app.chat import store as store_package
+
+    assert all(getattr(store_package, name) is not None for name in store_package.__all__)
