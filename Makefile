@@ -3,7 +3,7 @@
 VENV := .venv
 PROMPT ?= What is the capital of France?
 
-.PHONY: setup run ask test test-fast
+.PHONY: setup run ask test test-fast lint-static
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
@@ -26,3 +26,14 @@ test: setup
 test-fast: setup
 	$(VENV)/bin/minisgl-chat pull
 	$(VENV)/bin/python -m pytest tests/unit -q $(PYTEST_ARGS)
+
+# The page's JavaScript and CSS (app/static) through ESLint and Stylelint, at the versions pinned in
+# tools/lint/package-lock.json (npm ci puts them in tools/lint/node_modules; needs node and npm).
+LINT := tools/lint
+lint-static: $(LINT)/node_modules/.installed
+	$(LINT)/node_modules/.bin/eslint --max-warnings 0 --config $(LINT)/eslint.config.mjs app/static
+	$(LINT)/node_modules/.bin/stylelint --max-warnings 0 --config $(LINT)/stylelint.config.mjs "app/static/*.css"
+
+$(LINT)/node_modules/.installed: $(LINT)/package.json $(LINT)/package-lock.json
+	cd $(LINT) && npm ci --no-audit --no-fund --ignore-scripts
+	touch $@

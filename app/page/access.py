@@ -29,6 +29,7 @@ import os
 import secrets
 import time
 from collections import deque
+from importlib.resources import files
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
@@ -235,6 +236,10 @@ def safe_next(where: str) -> str:
     return where
 
 
+# The login page's CSS (static/login.css), written into the page: a browser without the key is served no other file
+LOGIN_CSS = (files("minisgl_app") / "static" / "login.css").read_text(encoding="utf-8")
+
+
 def login_page(problem: str, next_path: str, takes_api_key: bool) -> str:
     """The page a browser without the key gets: what this is and how to get in. (Its referrer
     policy: under the server's ``no-referrer`` a browser posts the form with ``Origin: null``,
@@ -246,14 +251,7 @@ def login_page(problem: str, next_path: str, takes_api_key: bool) -> str:
 <meta name="referrer" content="same-origin">
 <title>minisgl-chat: open the chat with its key</title>
 <style>
-body {{ font-family: system-ui, sans-serif; max-width: 32rem; margin: 12vh auto; padding: 0 1rem; color: #1f2937; }}
-@media (prefers-color-scheme: dark) {{ body {{ background: #111827; color: #e5e7eb; }} input {{ background: #1f2937; color: inherit; }} }}
-h1 {{ font-size: 1.4rem; }} code {{ font-size: 0.95em; }}
-form {{ display: flex; gap: 0.5rem; margin-top: 1.2rem; }}
-input {{ flex: 1; padding: 0.6rem; font-size: 1rem; border: 1px solid #9ca3af; border-radius: 6px; }}
-button {{ padding: 0.6rem 1.1rem; font-size: 1rem; border: 0; border-radius: 6px; background: #2563eb; color: white; cursor: pointer; }}
-.error {{ color: #dc2626; font-weight: 600; }}
-</style></head>
+{LOGIN_CSS}</style></head>
 <body><main>
 <h1>This chat is private to the person who started it</h1>
 <p>Open the link that <code>minisgl-chat</code> printed in its terminal when it started

@@ -1,506 +1,77 @@
-"""The chat page's JavaScript: the page script loaded once with the page (``PAGE_JS``) and the
-small functions Gradio events run in the browser before or after their handler (``*_JS``).
+"""The chat page's JavaScript: the page script (static/page.js), run once as the page is set up
+(``PAGE_JS``), and the small functions Gradio events run in the browser before or after their
+handler (``*_JS``), each one call of a ``window.minisgl*`` function that the page script defines.
 
-The page script sets ``window.minisgl*`` functions that the small ones call."""
+The page script takes its configuration as one JSON object, ``PAGE_CONFIG``."""
 
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 
 from .css import NARROW_QUERY
+
+ANSWER_WAIT_S = 15.0  # how long an event that takes the box waits for the answer of the one before
+# The title box, the settings and the backend, in the order of ChatPage.fields (the page's tab_fields)
+FIELD_IDS = ("title-input", "system-prompt", "temperature", "top-p", "max-tokens", "thinking", "top-k", "seed", "stop-strings",
+             "repetition-penalty", "backend")
+DRAFT_KEY_PREFIX = "minisgl-chat:draft:"  # + the chat's id ('' for a new chat): its unsent text in the browser's storage
+SHOWN_CHAT_KEY = "minisgl-chat:shown"  # the chat the tab showed last, in the browser's storage (ChatPage.load_page)
+
+# What page.js reads as `config` (its header says what each is for).
+PAGE_CONFIG = {
+    "narrowQuery": NARROW_QUERY,
+    "answerWaitMs": round(ANSWER_WAIT_S * 1000),
+    "fieldIds": list(FIELD_IDS),
+    "draftKeyPrefix": DRAFT_KEY_PREFIX,
+    "shownChatKey": SHOWN_CHAT_KEY,
+}
+PAGE_SCRIPT = (files("minisgl_app") / "static" / "page.js").read_text(encoding="utf-8")
+# Gradio 6 runs a `js` that is not one function expression as the body of a function, at once:
+# the window.minisgl* functions exist before the page's load events run their own js (MARK_LOADED_JS,
+# ASKED_CHATS_JS, REMEMBER_SHOWN_CHAT_JS). A function expression would be called a step later.
+PAGE_JS = f"{PAGE_SCRIPT}\nminisglStartPage({json.dumps(PAGE_CONFIG)});\n"
+
+
+def page_call(name: str) -> str:
+    """An event's ``js``: its inputs handed to the page script's ``window.<name>``, whose answer is the event's."""
+    return f"(...inputs) => window.{name}(...inputs)"
+
 
 # Stop pressed just after Enter can reach the server before the message does (two events of one
 # tab may start in either order). Both carry the browser's click time (STAMP_JS), so a Stop that
 # found nothing to stop also stops a message clicked before it, and never one clicked after it.
 # So do a settings box's save and the clicks that show another chat (ChatPage.settings_changed).
-STAMP_JS = "(...inputs) => [...inputs.slice(0, -1), Date.now()]"  # the stamp is an event's last input
-# The events that take the message box's text: the clicks that show another chat (a chat in the
-# list, New chat, Delete, Import: the text is the draft of the chat left) and Send. Each empties
-# the box at once (window.minisglTakeBox, in PAGE_JS), and its answer says what to put back
-# before whatever was typed since: the draft of the chat shown, a message refused, or nothing
-# (ChatPage.draft_for_box, as JSON with the event's stamp in a hidden box; APPLY_DRAFT_JS). An
-# answer used to set the box itself, wiping what had been typed meanwhile (on a busy machine:
-# New chat, a question typed at once, Enter: the message was lost). These events take turns,
-# first come first served: each starts once the one before has been answered (or failed: its
-# text goes back, RESTORE_DRAFT_JS), so it reads the box as that answer left it and the server
-# gets them in the order they were made (Enter just after New chat went to the chat before).
-LEAVE_CHAT_SELECT_JS = "async (chat) => [chat, ...(await window.minisglLeaveChat())]"  # the chat, the stamp, the box
-LEAVE_CHAT_IMPORT_JS = "async (file) => [file, ...(await window.minisglLeaveChat())]"  # the file, the stamp, the box
-LEAVE_CHAT_NEW_JS = "async (...inputs) => [...(await window.minisglLeaveChat()), ...inputs.slice(2)]"  # + the settings boxes
-APPLY_DRAFT_JS = """(answer) => {
-  const shown = answer ? JSON.parse(answer) : null;
-  if (shown) window.minisglGiveBack(shown.at, shown.draft || '');
-}"""
-RESTORE_DRAFT_JS = "() => { window.minisglGiveBack(null, null); }"  # the event failed: its text goes back
-# Send: the box's text (taken once the answers before it have come: after New chat, the new
-# chat's draft and what was typed), the settings boxes, its stamp, and whether it followed a
-# click that showed another chat: its settings boxes, read at Enter, were then still those of the
-# chat before, and are not saved (ChatPage.send). Enter on an empty box takes nothing, so after
-# such a click it sends nothing, the draft coming included.
-SEND_JS = """async (...inputs) => {
-  const turn = await window.minisglTakeBox(String(inputs[0] || '').trim() ? 'send' : 'send-empty');
-  return [turn.text, ...inputs.slice(1, -2), turn.stamp, turn.afterClick ? 1 : 0];
-}"""
-ANSWER_WAIT_S = 15.0  # how long an event that takes the box waits for the answer of the one before
-# whether a message's edit box (✎) is open: the tick leaves the chat alone then
-EDITING_JS = "() => [!!document.querySelector('#chatbot textarea.edit-textarea')]"
-# The title box, the settings and the backend, in the order of ChatPage.fields (the page's tab_fields)
-FIELD_IDS = ("title-input", "system-prompt", "temperature", "top-p", "max-tokens", "thinking", "top-k", "seed", "stop-strings",
-             "repetition-penalty", "backend")
-# A redraw of them (after a change elsewhere) is asked now, with its number n, and answered
-# later. Asked: which box has the keyboard's focus (''), which the redraw leaves, and how often
-# the user had changed each box (window.minisglFieldsAsked, PAGE_JS).
-FOCUSED_FIELD_JS = f"""(n, focused) => {{
-  const ids = {list(FIELD_IDS)};
-  window.minisglFieldsAsked?.(n);
-  return [n, ids.find((id) => document.getElementById(id)?.contains(document.activeElement)) || ''];
-}}"""
-# Answered (ChatPage.redraw_boxes: JSON with the redraw's number and the boxes' new values, in a
-# hidden box): each value goes into its box only if the user has not changed that box since the
-# redraw was asked. Written by Gradio, the answer overwrote what was typed in that moment: a
-# title typed just after the ask went back to the old one, and Rename renamed the chat to it (a
-# CI failure of test_a_long_chat_title_is_cut_...); the same for a settings box clicked into
-# after the ask. {__type__: 'update'} is Gradio's skip: the box is left as it is.
-APPLY_REDRAWN_FIELDS_JS = f"""(answer) => {{
-  const ids = {list(FIELD_IDS)}, keep = {{__type__: 'update'}};
-  if (!answer) return [...ids.map(() => keep), keep];
-  const {{n, values}} = JSON.parse(answer);
-  const changed = (id) => window.minisglFieldChangedSince?.(n, id);
-  return [...ids.map((id) => id in values && !changed(id) ? values[id] : keep), ''];
-}}"""
-DRAFT_KEY_PREFIX = "minisgl-chat:draft:"  # + the chat's id ('' for a new chat): its unsent text in the browser's storage (PAGE_JS)
-# Escape stops the reply, as in other chat apps (in the search box it clears the search instead);
-# Enter on an empty box does nothing (Send is disabled then). In a
-# message's edit box (✎) Enter saves and Shift+Enter starts a new line, as in the message box, and
-# Escape cancels the edit. Enter in a settings number box saves it (it is left, as a click
-# elsewhere does). Toasts open under the status line (page/css.py): its bottom edge is kept in
-# --status-bottom.
-PAGE_JS = """
-() => {
-  // The events that take the message box's text take turns (LEAVE_CHAT_*_JS, SEND_JS): each
-  // waits for the answer to the one before (__ANSWER_WAIT_MS__ ms at most), takes the text, empties
-  // the box, and its answer gives back what goes before what was typed since (minisglGiveBack).
-  // kind: 'click' (one that shows another chat), 'send', or 'send-empty' (takes nothing).
-  const turns = {last: Promise.resolve(), stamp: 0, clicks: 0, taken: new Map(), open: 0};
-  window.minisglTakeBox = async (kind) => {
-    const stamp = turns.stamp = Math.max(Date.now(), turns.stamp + 1);  // unique: an answer names its event by it
-    const before = turns.last, afterClick = turns.clicks > 0;
-    let answered;
-    turns.last = new Promise((done) => { answered = done; });
-    if (kind === 'click') turns.clicks += 1;
-    turns.open += 1;
-    let over = false;
-    const end = () => { if (!over) { over = true; turns.open -= 1; if (kind === 'click') turns.clicks -= 1; answered(); } };
-    await Promise.race([before, new Promise((done) => setTimeout(done, __ANSWER_WAIT_MS__))]);
-    const box = document.querySelector('#msg-input textarea');
-    const text = kind !== 'send-empty' && box ? box.value : '';
-    if (text) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
-    if (kind === 'send' && text) window.minisglSaveDraft('');  // sent: no longer a draft (a refusal gives it back)
-    turns.taken.set(stamp, {text, end, kind});
-    setTimeout(end, __ANSWER_WAIT_MS__);  // an answer that never comes holds up the next no longer (a late one still gives back)
-    return {stamp, text, afterClick};
-  };
-  // the answer to the event stamped `at` (null: the oldest one waiting, whose event failed):
-  // `draft` (null: the text it took) goes before what was typed since. Written into the box
-  // here, not returned for Gradio to write: the next event's turn starts at turn.end() and reads
-  // the box at once, before Gradio would have written it (the text was then taken twice).
-  window.minisglGiveBack = (at, draft) => {
-    if (at === null) at = turns.taken.keys().next().value;
-    const turn = turns.taken.get(at);
-    if (!turn) return;  // an answer given back already, or an event that took nothing
-    turns.taken.delete(at);
-    const before = draft === null ? turn.text : draft;
-    const box = document.querySelector('#msg-input textarea');
-    if (box && before.trim()) {
-      box.value = box.value.trim() ? `${before.trimEnd()}\n\n${box.value}` : before;
-      box.dispatchEvent(new Event('input', {bubbles: true}));
-      if (turn.kind === 'send') window.minisglSaveDraft(box.value);  // a message refused is a draft again
-    }
-    turn.end();
-  };
-  // The unsent text of each chat is also kept in the browser's storage (by the chat the address
-  // names: '' for a new chat), so that a reload, or a tab closed and opened again, finds it: the
-  // server keeps a tab's drafts only while the tab lives. What the user types is saved (events the
-  // page makes itself are not trusted: its own moves of text between chats are not saved); a
-  // message sent is forgotten. When the tab shows a chat (REMEMBER_SHOWN_CHAT_JS: the load, a
-  // click, New chat) and the box is empty once every answer that gives text back has come, that
-  // chat's stored draft goes into the box.
-  const draftKey = (chat) => `__DRAFT_KEY__${chat ?? (new URLSearchParams(location.search).get('chat') || '')}`;
-  window.minisglSaveDraft = (text) => {
-    try {
-      if (text.trim()) localStorage.setItem(draftKey(), text); else localStorage.removeItem(draftKey());
-    } catch (e) { /* storage full or blocked: the tab still keeps its drafts */ }
-  };
-  document.addEventListener('input', (e) => {
-    if (e.isTrusted && e.target instanceof Element && e.target.closest('#msg-input')) window.minisglSaveDraft(e.target.value);
-  }, true);
-  // Send is disabled while there is nothing to send, as in other chat apps: a box empty or blank
-  // and no file attached (✕ Remove attachments shows while there are: files alone are a message).
-  // Set at each input, when Gradio writes the box (SYNC_SEND_JS) and when the page is redrawn.
-  window.minisglSyncSend = () => {
-    const send = document.querySelector('#send-btn'), box = document.querySelector('#msg-input textarea');
-    if (!send || !box) return;
-    const attached = !!document.querySelector('#remove-attachments-btn')?.getClientRects().length;
-    const nothing = !box.value.trim() && !attached;
-    if (send.disabled !== nothing) send.disabled = nothing;
-  };
-  document.addEventListener('input', (e) => {
-    if (e.target instanceof Element && e.target.closest('#msg-input')) window.minisglSyncSend();
-  }, true);
-  window.minisglRestoreDraft = async (chat) => {
-    // a click on a chat changes the address before its event takes the box: let that start first
-    await new Promise((done) => setTimeout(done, 300));
-    for (let waited = 0; turns.open && waited < __ANSWER_WAIT_MS__; waited += 100) await new Promise((done) => setTimeout(done, 100));
-    const box = document.querySelector('#msg-input textarea');
-    const saved = localStorage.getItem(draftKey(chat));  // `chat`: the one REMEMBER_SHOWN_CHAT_JS put in the address
-    if (!box || !saved || box.value.trim() || turns.open) return;
-    if (draftKey(chat) !== draftKey()) return;  // another chat is shown by now
-    box.value = saved;
-    box.dispatchEvent(new Event('input', {bubbles: true}));
-  };
-  // a click that shows another chat: its stamp and the text it took (the draft of the chat left)
-  window.minisglLeaveChat = async () => {
-    const turn = await window.minisglTakeBox('click');
-    return [turn.stamp, turn.text];
-  };
-  // the title and settings boxes: how often the user changed each (typing, pasting, a click or a
-  // pick; Rename counts for the title), as each redraw of them was asked (FOCUSED_FIELD_JS, by
-  // the redraw's number; the first ask of a number counts: Gradio may send one change twice); a
-  // redraw answered after such a change leaves that box to the user (APPLY_REDRAWN_FIELDS_JS)
-  const fieldIds = __FIELD_IDS__, fieldChanges = {counts: new Map(), asked: new Map()};
-  const countFieldChange = (e) => {
-    if (!(e.target instanceof Element)) return;
-    // a pick in the backend's list is a click (Gradio's dropdown sends no input event)
-    const id = e.type !== 'click' ? fieldIds.find((id) => e.target.closest(`#${id}`))
-      : e.target.closest('#rename-btn') ? 'title-input' : e.target.closest('#backend') ? 'backend' : null;
-    if (id) fieldChanges.counts.set(id, (fieldChanges.counts.get(id) ?? 0) + 1);
-  };
-  for (const type of ['input', 'change', 'click']) document.addEventListener(type, countFieldChange, true);
-  window.minisglFieldsAsked = (n) => {
-    if (!fieldChanges.asked.has(Number(n))) fieldChanges.asked.set(Number(n), new Map(fieldChanges.counts));
-    for (const old of fieldChanges.asked.keys()) if (old < Number(n) - 100) fieldChanges.asked.delete(old);  // long answered
-  };
-  window.minisglFieldChangedSince = (n, id) => {
-    const asked = fieldChanges.asked.get(Number(n));
-    return asked !== undefined && (fieldChanges.counts.get(id) ?? 0) > (asked.get(id) ?? 0);
-  };
-  document.addEventListener('keydown', (e) => {
-    if (e.target instanceof Element && e.target.matches('#chatbot textarea.edit-textarea')) {
-      const button = (label) => document.querySelector(`#chatbot button[aria-label="${label}"]`);
-      const save = e.key === 'Enter' && !e.shiftKey && !e.isComposing && button('Submit');
-      const cancel = e.key === 'Escape' && button('Cancel');
-      if (save || cancel) { e.preventDefault(); e.stopPropagation(); (save || cancel).click(); }
-      return;
-    }
-    // Escape in the search box clears the search (the reply goes on); anywhere else it stops the reply
-    if (e.key === 'Escape' && e.target instanceof Element && e.target.matches('#search textarea, #search input')) {
-      if (e.target.value) { e.preventDefault(); e.target.value = ''; e.target.dispatchEvent(new Event('input', {bubbles: true})); }
-      return;
-    }
-    if (e.key === 'Escape') { const b = document.querySelector('#stop-btn'); if (b) b.click(); }
-    // a settings box is saved when left: Enter in a number box leaves it (a slider's too)
-    if (e.key === 'Enter' && e.target instanceof Element && e.target.matches('#settings input[type=number]')) {
-      e.preventDefault(); e.target.blur();
-    }
-  }, true);
-  // a settings number box shows the number it holds (the value saved): "1e3" is saved as 1000
-  // and showed "1e3" (the page's value did not change, so Gradio left the text as typed)
-  document.addEventListener('change', (e) => {
-    const box = e.target;
-    if (box instanceof HTMLInputElement && box.matches('#settings input[type=number]') && box.value !== ''
-        && Number.isFinite(box.valueAsNumber) && String(box.valueAsNumber) !== box.value) box.value = String(box.valueAsNumber);
-  }, true);
-  // a slider moved with the keyboard is saved when the key is let go, as a drag is (Gradio
-  // sends a slider's release on pointerup only)
-  document.addEventListener('keyup', (e) => {
-    if (e.target instanceof Element && e.target.matches('#settings input[type=range]')
-        && ['ArrowLeft', 'ArrowRight', 'ArrowUp', 'ArrowDown', 'PageUp', 'PageDown', 'Home', 'End'].includes(e.key)) {
-      e.target.dispatchEvent(new PointerEvent('pointerup'));
-    }
-  }, true);
-  // HTML in a message is shown as text by a mark after its "<" (view.shown_literally), an image
-  // as a link whose alt text is between two marks (U+2062): what is copied (Copy, a code block's
-  // copy, a selection) is the text as typed, without the marks (view.typed_text)
-  const unmark = (text) => String(text).replace(/\\[🖼 \\u2062([^\\u2062]*)\\u2062[^\\]\\u2062]*\\]\\(/g, '![$1](')
-    .replace(/([<&!])\\u2060/g, '$1');
-  if (navigator.clipboard && navigator.clipboard.writeText) {
-    const write = navigator.clipboard.writeText.bind(navigator.clipboard);
-    navigator.clipboard.writeText = (text) => write(unmark(text));
-  }
-  document.addEventListener('copy', (e) => {
-    const box = document.activeElement;
-    const text = box && 'selectionStart' in box && typeof box.value === 'string'
-      ? box.value.slice(box.selectionStart, box.selectionEnd) : String(getSelection());
-    if (/[<&!]\\u2060|\\u2062/.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
-  }, true);
-  // the ▸ of a line under a message (a reply's figures, a version, its thinking) opens its
-  // details; Gradio draws it as a button with an empty name: it is named, and its line says
-  // whether it is open
-  const nameToggles = () => {
-    for (const b of document.querySelectorAll('#chatbot .thought-group .title .arrow button')) {
-      const open = (b.closest('.arrow').style.transform || '').includes('180');
-      const name = open ? 'Hide details' : 'Show details';
-      if (b.getAttribute('aria-label') !== name) { b.setAttribute('aria-label', name); b.setAttribute('title', name); }
-      const title = b.closest('.title');
-      if (title.getAttribute('aria-expanded') !== String(open)) title.setAttribute('aria-expanded', String(open));
-    }
-  };
-  // ✓ (or Enter) in an edit box: Gradio shows the edited text as Markdown at once, before the
-  // page's answer redraws it as typed, and an <img src=x> typed there was fetched (issue 45). The
-  // box's text is marked first as the page shows it (view.shown_literally's marks: ✎ saves the
-  // text as typed, view.typed_text)
-  const markTyped = (text) => String(text).replace(/<(?=[A-Za-z\\/!?])|&(?=#?[A-Za-z0-9]+;)/g, '$&\\u2060')
-    .replace(/!\\[/g, '!\\u2060[');
-  document.addEventListener('click', (e) => {
-    if (!(e.target instanceof Element) || !e.target.closest('#chatbot button[aria-label="Submit"]')) return;
-    for (const box of document.querySelectorAll('#chatbot textarea.edit-textarea')) {
-      const marked = markTyped(box.value);
-      if (marked !== box.value) { box.value = marked; box.dispatchEvent(new Event('input', {bubbles: true})); }
-    }
-  }, true);
-  // a message's edit box (✎) holds the text as typed: Gradio fills it with the text as shown, marks
-  // and all, where each took a key press of its own to cross (invisible), and a "<" deleted left its
-  // mark in the message saved
-  const unmarkEditBoxes = () => {
-    for (const box of document.querySelectorAll('#chatbot textarea.edit-textarea')) {
-      if (!/[<&!]\u2060|\u2062/.test(box.value)) continue;
-      box.value = unmark(box.value);
-      box.dispatchEvent(new Event('input', {bubbles: true}));  // Gradio's copy of the box's text follows
-    }
-  };
-  const watchChat = () => {
-    const chat = document.querySelector('#chatbot');
-    if (!chat) return setTimeout(watchChat, 200);
-    new MutationObserver(() => { nameToggles(); unmarkEditBoxes(); }).observe(chat, {subtree: true, childList: true, attributes: true,
-                                                                                 attributeFilter: ['style', 'aria-label']});
-    nameToggles();
-  };
-  watchChat();
-  // under the status line while it is in the screen's upper half; else (scrolled away, or a phone's
-  // open ☰ Chats pushing it ~1,300 px down) at the screen's top: a refusal opened off the screen.
-  // A value left from before a panel moved the line is in the upper half too: on the screen
-  const place = () => {
-    const line = document.querySelector('#status-line');
-    if (!line) return;
-    const bottom = line.getBoundingClientRect().bottom;
-    document.documentElement.style.setProperty('--status-bottom', (bottom > 0 && bottom < innerHeight / 2 ? bottom : 0) + 'px');
-  };
-  const watch = () => {
-    const line = document.querySelector('#status-line');
-    if (!line) return setTimeout(watch, 200);
-    new ResizeObserver(place).observe(line);
-    addEventListener('resize', place);
-    addEventListener('scroll', place, true);
-    place();
-  };
-  watch();
-  // the chat list by keyboard: Gradio hides each chat's radio, and a label takes no focus. Each
-  // chat takes focus (Tab), Enter or Space opens it, ↑ ↓ move between chats; the label says
-  // whether it is the chat shown (its radio, hidden, says nothing to a screen reader)
-  const keyboardList = () => {
-    const list = document.querySelector('#conv-list');
-    if (!list) return setTimeout(keyboardList, 200);
-    // a long title is cut with "…" before its time, which stays in view (page_css.CHAT_LIST_TIME),
-    // and in its middle: its last words stay in view too, so chats whose titles start alike
-    // ("Can you explain how the Python…") do not look the same. Gradio writes the label, "title ·
-    // time", into one text node of its span. That node (Gradio writes a changed label into it
-    // again) is kept and moved into .chat-head, in .chat-title; the time goes into .chat-when:
-    // the label's text stays "title · time"
-    const splitTime = (label) => {
-      const span = label.querySelector(':scope > span');
-      const text = span && (span.querySelector(':scope > .chat-title > .chat-head') || span).firstChild;
-      if (!text || text.nodeType !== Node.TEXT_NODE || (text.nodeValue === span.dataset.head && span.querySelector('.chat-when'))) return;
-      const full = text.nodeValue, at = full.lastIndexOf(' · ');
-      if (at < 0) return;
-      let title = span.querySelector(':scope > .chat-title'), when = span.querySelector(':scope > .chat-when');
-      if (!title) {
-        title = document.createElement('span'); title.className = 'chat-title'; span.insertBefore(title, text);
-        const head = document.createElement('span'); head.className = 'chat-head'; title.appendChild(head); head.appendChild(text);
-        const tail = document.createElement('span'); tail.className = 'chat-tail'; title.appendChild(tail);
-      }
-      if (!when) { when = document.createElement('span'); when.className = 'chat-when'; span.appendChild(when); }
-      span.dataset.title = span.dataset.head = text.nodeValue = full.slice(0, at);
-      title.querySelector(':scope > .chat-tail').textContent = '';
-      delete span.dataset.fitted;
-      when.textContent = full.slice(at);
-      label.style.setProperty('--when', `${full.length - at + 1}ch`);
-      label.title = full.slice(0, at).replace(/^● /, '');
-    };
-    // a title too long for its row keeps in view, in .chat-tail after the "…" of .chat-head, what
-    // tells it from the other titles: from the word where it stops sharing its beginning with any
-    // of them, when that lies beyond what the head shows ("Can you explain h… case 7 of…"), else
-    // its last words ("… weak references?"); at most 45% of the row's room for the title, cut with
-    // "…" beyond. Fitted once the list is shown (☰ Chats on a phone), and again when its width, its
-    // font (the chat shown is bold) or the other titles change. Each row's room and font are read
-    // first, for all rows at once, and text is measured on a canvas: measured in the page, row by
-    // row, 300 chats took 7 s to fit (a layout for each width tried)
-    const ruler = document.createElement('canvas').getContext('2d');
-    const unmarked = (title) => title.replace(/^● /, '');  // a replying chat's ● is no part of its title
-    // for each title, how many of its first characters it shares with another title of the list
-    const sharedBeginnings = (titles) => {
-      const order = titles.map((title, i) => [unmarked(title), i]).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-      const shared = titles.map(() => 0);
-      for (let k = 1; k < order.length; k++) {
-        const [a, i] = order[k - 1], [b, j] = order[k];
-        let n = 0;
-        while (n < a.length && n < b.length && a[n] === b[n]) n++;
-        shared[i] = Math.max(shared[i], n); shared[j] = Math.max(shared[j], n);
-      }
-      return shared;
-    };
-    const lastWords = (title, room, widthOf) => {
-      for (let at = title.indexOf(' ', 1); at > 0; at = title.indexOf(' ', at + 1))
-        if (widthOf(title.slice(at)) <= room) return title.slice(at);
-      let end = '';
-      for (const char of [...title].reverse()) {
-        if (widthOf(char + end) > room) break;
-        end = char + end;
-      }
-      return end;
-    };
-    const tailOf = (whole, shared, room, widthOf) => {
-      const differs = whole.length - unmarked(whole).length + shared;  // the first character no other title has there
-      if (differs >= whole.length || widthOf(whole.slice(0, differs + 1) + '…') <= 0.55 * room)
-        return lastWords(whole, 0.45 * room, widthOf);  // shown by the head, or no title shares its beginning
-      const word = whole.lastIndexOf(' ', differs);
-      return whole.slice(word > 0 ? word : differs);
-    };
-    const fitTitles = (labels) => {
-      const shared = sharedBeginnings([...labels].map((label) => label.querySelector(':scope > span')?.dataset.title || ''));
-      const unfitted = [];
-      labels.forEach((label, i) => {
-        const span = label.querySelector(':scope > span'), head = span?.querySelector(':scope > .chat-title > .chat-head');
-        const tail = head?.nextElementSibling, when = span?.querySelector(':scope > .chat-when');
-        if (!tail || !when || !span.clientWidth) return;
-        const whenWidth = Math.ceil(when.getBoundingClientRect().width), room = span.clientWidth - whenWidth;
-        const font = getComputedStyle(head).font, fitted = `${room} ${shared[i]} ${font} ${span.dataset.title}`;
-        if (span.dataset.fitted !== fitted) unfitted.push({label, span, head, tail, whenWidth, room, font, fitted, shared: shared[i]});
-      });
-      for (const {label, span, head, tail, whenWidth, room, font, fitted, shared} of unfitted) {
-        ruler.font = font;
-        const widthOf = (text) => ruler.measureText(text).width, whole = span.dataset.title;
-        const end = widthOf(whole) > room ? tailOf(whole, shared, room, widthOf) : '';
-        span.dataset.head = head.firstChild.nodeValue = whole.slice(0, whole.length - end.length);
-        tail.textContent = end;
-        label.style.setProperty('--when', `${whenWidth}px`);  // measured: in ch it was a guess
-        // none: the title fits whole; cut beyond 45% of the room
-        label.style.setProperty('--tail', end ? `${Math.ceil(Math.min(widthOf(end) + 1, 0.45 * room))}px` : '0px');
-        span.dataset.fitted = fitted;
-      }
-    };
-    // the list scrolls on its own (page_css.CHAT_LIST_SCROLLS): when the chat shown changes (a
-    // click, a reload, another chat opened by its address) it is brought into the list's view, once
-    // the list is shown (a phone's closed list has no size yet); the user's own scrolling is left alone
-    let inView = null;
-    const keepShownInView = () => {
-      const input = list.querySelector('input:checked'), box = list.querySelector(':scope > .wrap:has(> label)');
-      if (!input || !box || !box.clientHeight || input.value === inView) return;
-      inView = input.value;
-      const row = input.closest('label').getBoundingClientRect(), view = box.getBoundingClientRect();
-      if (row.top < view.top) box.scrollTop -= view.top - row.top;
-      else if (row.bottom > view.bottom) box.scrollTop += row.bottom - view.bottom;
-    };
-    const mark = () => {
-      const labels = list.querySelectorAll('label');
-      for (const label of labels) {
-        splitTime(label);
-        if (label.tabIndex !== 0) label.tabIndex = 0;
-        const shown = String(!!label.querySelector('input:checked'));
-        if (label.getAttribute('role') !== 'radio') label.setAttribute('role', 'radio');
-        if (label.getAttribute('aria-checked') !== shown) label.setAttribute('aria-checked', shown);
-      }
-      fitTitles(labels);
-      keepShownInView();
-    };
-    new MutationObserver(mark).observe(list, {subtree: true, childList: true, characterData: true, attributes: true,
-                                              attributeFilter: ['class']});
-    new ResizeObserver(mark).observe(list);  // shown (☰ Chats on a phone) or resized: the titles are fitted again
-    const refit = () => { for (const span of list.querySelectorAll('label > span')) delete span.dataset.fitted; mark(); };
-    document.fonts.addEventListener('loadingdone', refit);  // a font loaded later (the bold one) changed every width
-    document.fonts.ready.then(refit);
-    list.addEventListener('transitionend', mark);  // the chat shown turns bold gradually: its widths are final at the end
-    mark();
-    list.addEventListener('keydown', (e) => {
-      const label = e.target instanceof Element && e.target.closest('#conv-list label');
-      if (!label) return;
-      if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); label.click(); return; }
-      const step = {ArrowDown: 1, ArrowUp: -1}[e.key];
-      const labels = [...list.querySelectorAll('label')];
-      const next = step && labels[labels.indexOf(label) + step];
-      if (next) { e.preventDefault(); next.focus(); }
-    });
-  };
-  keyboardList();
-  // on a narrow screen the sidebar is a bar above the chat (page_css.NARROW): ☰ Chats opens the
-  // chat list, the settings and the models under it; a chat picked there (or New chat) closes
-  // them, and the page shows the chat from the top
-  // (its aria-expanded says whether they are open; the page's CSS reads it). A pick made by
-  // keyboard (a click of detail 0) that hid the focused label moves the focus to the message box,
-  // a tap's to ☰ Chats (a message box focused would open a phone's keyboard): not to <body>.
-  const toggle = () => document.querySelector('#chats-toggle');
-  let chatsOpen = false;
-  const markChatsToggle = () => {
-    const t = toggle();
-    if (!t) return;
-    for (const [name, value] of [['aria-expanded', String(chatsOpen)], ['aria-controls', 'sidebar-body'], ['aria-label', 'Chats']])
-      if (t.getAttribute(name) !== value) t.setAttribute(name, value);
-  };
-  const setOpen = (open) => { chatsOpen = open; markChatsToggle(); };
-  document.addEventListener('click', (e) => {
-    const target = e.target instanceof Element ? e.target : null;
-    if (target?.closest('#chats-toggle')) { setOpen(!chatsOpen); return; }
-    const picked = target?.closest('#conv-list label, #new-chat-btn');
-    if (!picked || !matchMedia('__NARROW_QUERY__').matches) return;
-    setOpen(false);
-    scrollTo({top: 0, behavior: 'instant'});
-    if (document.querySelector('#sidebar-body')?.contains(document.activeElement))
-      (e.detail === 0 ? document.querySelector('#msg-input textarea') : toggle())?.focus({preventScroll: true});
-  });
-  // set again whenever Gradio draws the button anew (a new button has none of them); so is Send's state
-  new MutationObserver(() => { markChatsToggle(); window.minisglSyncSend(); }).observe(document.body, {childList: true, subtree: true});
-  markChatsToggle();
-  window.minisglSyncSend();
-}
-""".replace("__NARROW_QUERY__", NARROW_QUERY).replace("__ANSWER_WAIT_MS__", str(round(ANSWER_WAIT_S * 1000))) \
-    .replace("__FIELD_IDS__", json.dumps(FIELD_IDS)).replace("__DRAFT_KEY__", DRAFT_KEY_PREFIX)
-# Set once the page's load has been answered and drawn (the chat list, the shown chat's settings):
-# a value typed before then is overwritten by the load's. Tests wait for it; people never notice.
-MARK_LOADED_JS = "() => { document.body.dataset.chatLoaded = '1'; }"
-# A reload opens the chat the tab showed: the chat shown is kept in the page's address (?chat=ID,
-# replaced in place, so Back is not filled with chats) and in the browser's storage (a new tab
-# opens the chat last shown); the page's load asks for the one the address names, else the stored
-# one (ChatPage.load_page: the newest when neither exists any more; a chat the address names that
-# is not there is said, and the address then names the chat shown).
-SHOWN_CHAT_KEY = "minisgl-chat:shown"
-ASKED_CHATS_JS = f"""() => {{
-  const id = (text) => /^\\d+$/.test(text || '') ? Number(text) : null;
-  const asked = new URLSearchParams(location.search).get('chat');  // -1: the address names something that is no chat id
-  return [asked === null ? null : id(asked) ?? -1, id(localStorage.getItem('{SHOWN_CHAT_KEY}'))];
-}}"""
-REMEMBER_SHOWN_CHAT_JS = f"""(id) => {{
-  const url = new URL(location.href);
-  if (id !== null && id !== '' && Number.isInteger(Number(id))) {{
-    url.searchParams.set('chat', String(id)); localStorage.setItem('{SHOWN_CHAT_KEY}', String(id));
-  }}
-  else {{ url.searchParams.delete('chat'); localStorage.removeItem('{SHOWN_CHAT_KEY}'); }}
-  if (url.href !== location.href) history.replaceState(history.state, '', url);
-  window.minisglRestoreDraft?.(new URLSearchParams(url.search).get('chat') || '');  // its unsent text, if the box has none
-  return [];
-}}"""
-SYNC_SEND_JS = "() => { window.minisglSyncSend?.(); }"  # the message box written by Gradio (a refused edit's text)
-CLICK_DOWNLOAD_JS = "() => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); }"
+STAMP_JS = page_call("minisglStamp")  # the stamp is an event's last input
+# The events that take the message box's text (the clicks that show another chat, Send) take
+# turns and empty the box at once; each answer gives back what goes before what was typed since
+# (ChatPage.draft_for_box). page.js's takeTurnsAtTheMessageBox says how.
+LEAVE_CHAT_SELECT_JS = page_call("minisglLeaveChatSelect")  # the chat, the stamp, the box
+LEAVE_CHAT_IMPORT_JS = page_call("minisglLeaveChatImport")  # the file, the stamp, the box
+LEAVE_CHAT_NEW_JS = page_call("minisglLeaveChatNew")  # the stamp, the box, the settings boxes
+APPLY_DRAFT_JS = page_call("minisglApplyDraft")  # the answer (ChatPage.draft_for_box) gives back
+RESTORE_DRAFT_JS = page_call("minisglGiveBackOnFailure")  # the event failed: its text goes back
+# Send: the box's text, the settings boxes, its stamp, and whether it followed a click that showed
+# another chat (ChatPage.send does not save the settings boxes then)
+SEND_JS = page_call("minisglSend")
+EDITING_JS = page_call("minisglEditing")  # whether a message's edit box (✎) is open: the tick leaves the chat alone then
+# A redraw of the title and settings boxes (after a change elsewhere) is asked, with its number,
+# and answered later (ChatPage.redraw_boxes): a box the user changed in between keeps the user's value.
+FOCUSED_FIELD_JS = page_call("minisglFocusedField")  # asked: the box with the keyboard's focus
+APPLY_REDRAWN_FIELDS_JS = page_call("minisglApplyRedrawnFields")  # answered: the values for the boxes left alone
+# Set once the page's load has been answered and drawn: tests wait for it.
+MARK_LOADED_JS = page_call("minisglMarkLoaded")
+# A reload opens the chat the tab showed (its address, else the browser's storage: ChatPage.load_page)
+ASKED_CHATS_JS = page_call("minisglAskedChats")
+REMEMBER_SHOWN_CHAT_JS = page_call("minisglRememberShownChat")
+SYNC_SEND_JS = page_call("minisglSyncSend")  # the message box written by Gradio (a refused edit's text)
+CLICK_DOWNLOAD_JS = page_call("minisglClickDownload")
 
 
 def confirm_js(question: str) -> str:
     """Ask in the browser first; the handler gets the answer as its input."""
-    return f"(x) => [confirm({question + ' This cannot be undone.'!r})]"
+    return f"() => window.minisglConfirm({json.dumps(question)})"
 
 
-# Delete chat names the chat: the selected sidebar entry's title, without its ● and time; the
-# click is its own (window.minisglLeaveChat: the stamp and the message box, emptied) when confirmed
-CONFIRM_DELETE_CHAT_JS = """async (x, stamp, draft) => {
-  const label = document.querySelector('#conv-list input:checked')?.closest('label');
-  const title = label ? label.innerText.trim().replace(/^● /, '').replace(/ · [^·]*$/, '') : '';
-  const yes = confirm((title ? `Delete the chat “${title}”?` : 'Delete this chat?') + ' This cannot be undone.');
-  return yes ? [yes, ...(await window.minisglLeaveChat())] : [yes, Date.now(), draft];  // the chat shown changes
-}"""
+# Delete chat names the chat in its question; confirmed, the click is its own (a stamp, the box emptied)
+CONFIRM_DELETE_CHAT_JS = page_call("minisglConfirmDeleteChat")

@@ -1826,8 +1826,8 @@ def test_every_screen_width_gets_either_the_narrow_or_the_wide_layout_and_the_pa
     window between 640 and 641 px wide (a zoomed or high-density screen) got neither, ☰ Chats
     shown and the sidebar open. The two are complements, and the page's script, which closes the
     chat list after a pick on a narrow screen, asks the narrow one's query."""
-    from minisgl_app.page.css import NARROW, NARROW_QUERY
-    from minisgl_app.page.ui import PAGE_JS
+    from minisgl_app.page.css import NARROW_QUERY, PAGE_CSS
+    from minisgl_app.page.scripts import PAGE_CONFIG, PAGE_JS, PAGE_SCRIPT
 
     def matches(query: str, width: float) -> bool:
         query = query.strip()
@@ -1837,11 +1837,13 @@ def test_every_screen_width_gets_either_the_narrow_or_the_wide_layout_and_the_pa
         assert found, query
         return width >= float(found[2]) if found[1] == "min" else width <= float(found[2])
 
-    [wide, narrow] = re.findall(r"@media ([^{]+)\{", NARROW)
-    assert "#chats-toggle { display: none" in NARROW.split(wide, 1)[1].split("@media", 1)[0], "the first query is not the wide one"
+    [wide, narrow] = re.findall(r"@media ([^{]+)\{", PAGE_CSS)
+    assert "#chats-toggle { display: none" in PAGE_CSS.split(wide, 1)[1].split("@media", 1)[0], "the first query is not the wide one"
     for width in (320, 640, 640.25, 640.5, 640.99, 641, 1280):
         assert matches(wide, width) != matches(narrow, width), width
-    assert narrow.strip() == NARROW_QUERY and f"matchMedia('{NARROW_QUERY}')" in PAGE_JS
+    assert narrow.strip() == NARROW_QUERY and PAGE_CONFIG["narrowQuery"] == NARROW_QUERY
+    assert "matchMedia(config.narrowQuery)" in PAGE_SCRIPT and PAGE_JS.startswith(PAGE_SCRIPT)
+    assert json.dumps(NARROW_QUERY) in PAGE_JS.removeprefix(PAGE_SCRIPT), "the page script is not started with the query"
 
 
 @pytest.mark.anyio

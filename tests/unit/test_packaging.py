@@ -110,5 +110,8 @@ def test_built_wheel_holds_exactly_the_prefixed_packages(tmp_path) -> None:
     # every source file and every package-data file made it in
     for folder, pkg in FOLDERS.items():
         for path in (ROOT / folder).rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".json", ".css", ".png"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".json", ".css", ".js", ".png"):
                 assert f"{pkg}/{path.relative_to(ROOT / folder).as_posix()}" in names, path
+    # the pages read their script and CSS from the installed package (app/page/scripts.py, css.py, access.py)
+    for static in ("page.js", "page.css", "theme.css", "login.css", "favicon.png"):
+        assert f"minisgl_app/static/{static}" in names, static
