@@ -27,41 +27,28 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from minisgl_engine import GenerateRequest, SamplingParams, UserError
+from minisgl_engine import GenerateRequest, SamplingParams
 
 from ..chat.live import ReplyManager, Turn
 from ..model_pull import ModelPuller, PullError, PullProgress
-from .css import PAGE_CSS
-from .scripts import (APPLY_DRAFT_JS, APPLY_REDRAWN_FIELDS_JS, ASKED_CHATS_JS, CLICK_DOWNLOAD_JS, CONFIRM_DELETE_CHAT_JS, EDITING_JS, FIELD_IDS, FOCUSED_FIELD_JS, LEAVE_CHAT_IMPORT_JS, LEAVE_CHAT_NEW_JS, LEAVE_CHAT_SELECT_JS, MARK_LOADED_JS, PAGE_JS, REMEMBER_SHOWN_CHAT_JS, RESTORE_DRAFT_JS, SEND_JS, STAMP_JS, SYNC_SEND_JS, confirm_js)
+from .scripts import (APPLY_DRAFT_JS, APPLY_REDRAWN_FIELDS_JS, ASKED_CHATS_JS, CLICK_DOWNLOAD_JS, CONFIRM_DELETE_CHAT_JS, EDITING_JS, FIELD_IDS, FOCUSED_FIELD_JS, LEAVE_CHAT_IMPORT_JS, LEAVE_CHAT_NEW_JS, LEAVE_CHAT_SELECT_JS, MARK_LOADED_JS, REMEMBER_SHOWN_CHAT_JS, RESTORE_DRAFT_JS, SEND_JS, STAMP_JS, SYNC_SEND_JS, confirm_js)
 from ..chat.store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, MAX_TOKENS_LIMIT, REPETITION_PENALTY_MAX, BadImportFile,
                     ChatSettings, ConversationStore, NotFoundError, plural, shown_value, title_from)
 from ..chat.reply_source import ModelEntry, ModelError, ReplySource
 from ..chat.uploads import NotUploaded, Uploads
+from .gradio_patches import check_uploads_as_launched, let_sliders_take_typed_values
+from .page_view import SENT_AS_UPDATES, VIEW_SIZE, PageView, Sidebar, as_update
 from ..chat.view import (WINDOW, can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices,
                    typed_text, version_steps, versions_label, view_messages, while_replying)
 
-STATIC = Path(__file__).resolve().parents[1] / "static"  # the page's theme and favicon, inside the package (and its wheel)
 RENDER_EVERY_S = 0.25  # a page re-renders a streaming reply at most this often
 FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces to end
 # A follow that took over from another one (running, or ended less than RACE_S before) has the
 # tick send the whole view once more, RECHECK_AFTER_S after it ends (see ChatPage.tick).
 RACE_S = 2.0
 RECHECK_AFTER_S = 1.0
-# chat, status line, sidebar, versions bar, its label, Continue, Stop, ‹, ›, Manage's actions on the chat, and the
-# line said instead of them (ChatPage.render)
-VIEW_SIZE = 11
-# The view's outputs sent as gr.update dicts (ChatPage.as_update). Within one follow these are
-# never turned into gr.skip(): Gradio streams a generator's outputs as diffs, and its browser
-# client applies a diff in place to the object an earlier, maybe not yet drawn, message holds:
-# a dict -> skip diff deletes that message's keys, and the sidebar it carried is never drawn
-# (tests/unit/test_chat_logic.py pins this). Unchanged, they are sent again whole (an empty diff).
-UPDATE_OUTPUTS = (2, 3, 5, 6, 7, 8, 9, 10)
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 PULL_SHOW_S = 0.5  # a pull's progress line is shown at most this often
-# Gradio's queue looks for new events every 1 ms while it has none: ~7% of a core for an idle
-# app (measured with psutil, 2-core VM), CPU the engine then lacks. Every 20 ms costs a click at
-# most 20 ms before its handler starts.
-QUEUE_POLL_S = 0.02
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
 # since (ChatPage.shows_current); an idle tab redraws a chat changed elsewhere (ChatPage.tick).
@@ -80,20 +67,6 @@ ATTACH_LIMIT_BYTES = 1_000_000
 # Import and Attach take any file and say what is wrong with one they refuse: with Gradio's
 # file_types a file of another type was refused by Gradio first, in a red "Error" toast.
 IMPORTABLE = "a chat exported here as JSON (Export JSON) or an OpenAI-style JSON file ({\"messages\": [...]})"
-
-def _slider_value_as_typed(self: gr.Slider, payload: float | None) -> float | None:
-    return payload
-
-
-def let_sliders_take_typed_values() -> None:
-    """A slider's number box hands a typed value to the handler as typed. Gradio's own range
-    check raises before any handler runs: a bare "Error" toast, a traceback in the log, and Send
-    (whose inputs include the settings) failing. The chat's checks (``form_settings``) refuse it
-    with a sentence instead and put the value in force back. Set on the class: a subclass makes
-    Gradio write a .pyi stub beside this module, and Gradio re-creates a session's components,
-    dropping an instance's own method. (The page's only sliders are temperature and top-p.)"""
-    gr.Slider.preprocess = _slider_value_as_typed
-
 
 @dataclass(frozen=True)
 class Seen:
@@ -280,8 +253,8 @@ class ChatPage:
         tab = self.tab(request)
         session = request.session_hash if request is not None else None
         tab.follower += 1
-        me, last, version = tab.follower, [None] * VIEW_SIZE, -1
-        ended = rendered = False
+        me, last, version = tab.follower, None, -1
+        ended = False
         previous, tab.following = tab.following, asyncio.Event()
         done = tab.following
         raced = previous is not None and (not previous.is_set() or time.monotonic() - tab.ended_at < RACE_S)
@@ -299,11 +272,10 @@ class ChatPage:
                 busy = self.replies.is_busy(tab.conv_id)
                 now = self.render(tab)
                 if now != last:
-                    yield tuple(self.as_update(i, new) if new != old or i in UPDATE_OUTPUTS else gr.skip()
-                                for i, (new, old) in enumerate(zip(now, last)))
+                    changed = {name for name, new, old in zip(PageView._fields, now, last or (None,) * VIEW_SIZE) if new != old}
+                    yield now.outputs(changed | SENT_AS_UPDATES)
                     last = now
-                    rendered = True
-                    tab.status, tab.sidebar = now[1], now[2]
+                    tab.status, tab.sidebar = now.status, now.sidebar
                 if not busy:
                     break
                 version = await self.replies.changes(version, IDLE_CHECK_S)
@@ -318,8 +290,8 @@ class ChatPage:
             # handle_streaming_diffs(final=True); a generator that never yielded sends None for
             # each output, which blanks them), and the browser may apply that after a newer
             # follow's render: the last output of every follow leaves the chat as it is (the
-            # update dicts, see UPDATE_OUTPUTS, stay as rendered; a newer follow ends on its own).
-            yield tuple(self.as_update(i, last[i]) if rendered and i in UPDATE_OUTPUTS else gr.skip() for i in range(VIEW_SIZE))
+            # update dicts, see SENT_AS_UPDATES, stay as rendered; a newer follow ends on its own).
+            yield last.outputs(SENT_AS_UPDATES) if last is not None else (gr.skip(),) * VIEW_SIZE
             ended = True
         finally:
             done.set()
@@ -351,8 +323,8 @@ class ChatPage:
         if tab.recheck_at is not None and not following and time.monotonic() >= tab.recheck_at:
             tab.recheck_at = None
             now = self.render(tab)
-            tab.status, tab.sidebar = now[1], now[2]
-            return (*(self.as_update(i, value) for i, value in enumerate(now)), gr.skip(), gr.skip())
+            tab.status, tab.sidebar = now.status, now.sidebar
+            return (*now.outputs(), gr.skip(), gr.skip())
         self.said_deleted(tab, say=inform)  # news, refusing nothing: an Info toast, not a Warning
         redraw_chat = refresh = gr.skip()
         if not following and not editing:
@@ -365,9 +337,10 @@ class ChatPage:
                 refresh = tab.refreshes
         status, side = self.status_of(tab), self.render_sidebar(tab)
         # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
-        updates = (status if status != tab.status else gr.skip(), self.as_update(2, side) if side != tab.sidebar else gr.skip())
+        view = {"status": status if status != tab.status else gr.skip(),
+                "sidebar": as_update("sidebar", side) if side != tab.sidebar else gr.skip()}
         tab.status, tab.sidebar = status, side
-        return (gr.skip(), *updates, *(gr.skip(),) * (VIEW_SIZE - 3), redraw_chat, refresh)
+        return (*(view.get(name, gr.skip()) for name in PageView._fields), redraw_chat, refresh)
 
     async def redraw_fields(self, refreshes: float | None, focused: str | None, request: gr.Request) -> tuple:
         """The chat changed elsewhere (the tick's redraw): its title box and settings show it as
@@ -396,20 +369,20 @@ class ChatPage:
         self.replies.page_gone(session)
         self.tabs.pop(session or "-", None)
 
-    def render_sidebar(self, tab: Tab) -> tuple:
-        """The chats listed (choices), the one shown, and a line under the list when it is empty."""
+    def render_sidebar(self, tab: Tab) -> Sidebar:
+        """The chats listed, the one shown, and a line under the list when it is empty."""
         choices = tuple(sidebar_choices(self.conversations(tab), self.replies.busy_conversations()))
         note = ""
         if not choices:
             note = f"No chat matches “{tab.search}”." if tab.search else "No chats yet: your first message starts one."
-        return choices, tab.conv_id, note
+        return Sidebar(choices, tab.conv_id, note)
 
     def view_of(self, conv, tab: Tab) -> list:
         """The shown conversation's messages as the page lists them (its click and edit indexes):
         its last ``tab.window`` messages, under a line that shows earlier ones (``focus``)."""
         return view_messages(conv, self.replies.live.get(tab.conv_id), self.replies.is_busy(tab.conv_id), tab.window)
 
-    def render(self, tab: Tab) -> list:
+    def render(self, tab: Tab) -> PageView:
         """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue,
         whether Stop has a reply to stop (it looks pressable only then; it stays clickable, so
         that a Stop clicked before the page has drawn the reply still stops it), whether ‹
@@ -427,8 +400,10 @@ class ChatPage:
         busy = self.replies.is_busy(tab.conv_id)
         continuable = can_continue(conv) and not busy
         status = self.backend_of(self.settings_of(tab, conv))[1].status_line()
-        return [chat, while_replying(status) if busy else status, side, focus is not None, label, continuable, busy,
-                *version_steps(focus), conv is not None, conv is None]
+        previous, next_ = version_steps(focus)
+        return PageView(chat=chat, status=while_replying(status) if busy else status, sidebar=side,
+                        versions_bar=focus is not None, versions_label=label, can_continue=continuable, replying=busy,
+                        previous=previous, next=next_, chat_actions=conv is not None, no_chat_actions=conv is None)
 
     def status_of(self, tab: Tab) -> str:
         """The status line of where the shown chat's replies come from (the tick's: the chat is
@@ -439,18 +414,6 @@ class ChatPage:
         else:
             status = self.backend_of(self.settings_in_force(tab))[1].status_line()
         return while_replying(status) if self.replies.is_busy(tab.conv_id) else status
-
-    @staticmethod
-    def as_update(index: int, value):
-        if index == 2:  # the sidebar: choices, the selected one, the line under it
-            return gr.update(choices=list(value[0]), value=value[1], info=value[2])
-        if index in (3, 5, 9, 10):  # shown or hidden
-            return gr.update(visible=value)
-        if index == 6:  # Stop: red while the shown chat replies
-            return gr.update(variant="stop" if value else "secondary")
-        if index in (7, 8):  # ‹ ›: shown for a message with other versions, pressable towards one
-            return gr.update(visible=value is not None, interactive=bool(value))
-        return value
 
     # ---- conversations
 
@@ -567,7 +530,7 @@ class ChatPage:
         conv = self.shown(tab)  # the box shows the title the chat has (a refused one is put back)
         if conv is not None:
             self.note_fields(tab, conv.id, title=conv.title)
-        return self.as_update(2, tab.sidebar), conv.title if conv is not None else ""
+        return as_update("sidebar", tab.sidebar), conv.title if conv is not None else ""
 
     async def delete(self, confirmed: bool, clicked_at: float | None, request: gr.Request, text: str | None = None):
         tab = self.tab(request)
@@ -1096,7 +1059,7 @@ class ChatPage:
         tab = self.tab(request)
         tab.search = (query or "").strip()
         tab.sidebar = self.render_sidebar(tab)
-        return self.as_update(2, tab.sidebar)
+        return as_update("sidebar", tab.sidebar)
 
     async def attach(self, paths: list[str] | None, request: gr.Request):
         """Text files go into the next message, each under its name: several may be picked at once
@@ -1155,11 +1118,7 @@ class ChatPage:
                     main = self._chat_column()
             self._wire(demo, chats, settings, models, main)
         self.uploads.stored = getattr(demo, "upload_file_set", set())  # filled by Gradio's upload route
-        # Gradio checks that an event's file lies in its upload folder only once it has launched
-        # the Blocks itself; mounted (gr.mount_gradio_app), it would read any path an event names
-        # and copy it into its cache before a handler runs (a forged "/dev/zero" hung the server):
-        # the check is switched on (app/chat/uploads.py's is the second, stricter one)
-        demo.has_launched = True
+        check_uploads_as_launched(demo)
         return demo
 
     def _chats_panel(self, new_btn: gr.Button) -> SimpleNamespace:
@@ -1560,104 +1519,3 @@ def form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k
     for name, text in settings.problems().items():
         problems.setdefault(name, text)
     return settings, problems
-
-
-def quiet_queue(demo: gr.Blocks) -> None:
-    """Poll Gradio's event queue every QUEUE_POLL_S instead of every millisecond (its attributes
-    are not public API: tests/unit/test_chat_logic.py fails if a Gradio upgrade renames them)."""
-    queue = getattr(demo, "_queue", None)
-    if not hasattr(queue, "sleep_when_free") or not hasattr(queue, "progress_update_sleep_when_free"):
-        return  # a Gradio without them: the page works, its queue just polls as Gradio likes
-    queue.sleep_when_free = QUEUE_POLL_S
-    queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, QUEUE_POLL_S)
-
-
-def keep_session_queues(demo: gr.Blocks) -> None:
-    """Keep a session's message queue when the browser closes one of its event streams. Gradio
-    (6.31) drops it then, even while another stream of that session is open: that stream fails
-    with a 404 inside its response (a Traceback in the log), and the page says Connection Lost
-    and reloads itself (CI saw the Traceback; tests/browser/test_chat_page.py reproduces it with two
-    streams). The queues stay in Gradio's own bounded cache (its oldest sessions make room);
-    a closed session's events are still ended by Gradio. Not public API: without the attribute,
-    Gradio's behaviour is kept."""
-    queue = getattr(demo, "_queue", None)
-    queues = getattr(queue, "pending_messages_per_session", None)
-    if not isinstance(queues, dict):
-        return
-    kept = type("KeptSessionQueues", (type(queues),), {"__delitem__": lambda self, session: None})
-    replacement = kept.__new__(kept)
-    replacement.__dict__.update(queues.__dict__)  # its bound (max_size)
-    replacement.update(queues)
-    queue.pending_messages_per_session = replacement
-
-
-def theme_css() -> str:
-    """The page's look (static/theme.css) and the CSS it needs to behave (page/css.py)."""
-    return (STATIC / "theme.css").read_text() + PAGE_CSS
-
-
-class StreamOfGoneSession:
-    """Answers 404 at once to a page's event stream (``GET .../queue/data``) for a session with
-    nothing pending, as Gradio does, but before the response has started: Gradio (6.x) finds that
-    out inside the stream, after sending 200, and the server logs a Traceback ("response already
-    started"): a stream for a session never seen, or one that Gradio's bounded cache let go
-    (keep_session_queues). ``queue``: the Blocks' queue (not public API: without it, no check)."""
-
-    def __init__(self, app, queue) -> None:
-        self.app, self.queue = app, queue
-
-    async def __call__(self, scope, receive, send) -> None:
-        pending = getattr(self.queue, "pending_messages_per_session", None)
-        if scope["type"] == "http" and scope["path"].endswith("/queue/data") and pending is not None:
-            from urllib.parse import parse_qs
-
-            session = (parse_qs(scope.get("query_string", b"").decode()).get("session_hash") or [""])[0]
-            if session not in pending:
-                await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"application/json")]})
-                await send({"type": "http.response.body", "body": b'{"detail":"Not Found"}'})
-                return
-        await self.app(scope, receive, send)
-
-
-def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | None, puller: ModelPuller | None = None,
-             page_key: str | None = None) -> None:
-    """Serve the chat at ``/`` of ``app`` (the engine's FastAPI app, or the remote mode's own).
-    With ``page_key`` (page_access.py) every page route needs it (its cookie, or a login with it or
-    with ``api_key``); None (``--no-auth``) leaves the page open to whoever reaches the server."""
-    from .access import PageGuard
-    from .csp import page_csp
-    from ..chat.uploads import UPLOAD_LIMIT_BYTES
-
-    demo = build_ui(source, store, puller)
-    demo.queue(default_concurrency_limit=None)
-    quiet_queue(demo)
-    keep_session_queues(demo)
-    # The page's events are its internals, not an API (docs/security.md): none is listed by
-    # /gradio_api/info, and the routes that call them by name are refused (server/security.py).
-    for fn in demo.fns.values():
-        fn.api_visibility = "private"
-    favicon = STATIC / "favicon.png"
-    gr.mount_gradio_app(
-        app,
-        demo,
-        path="/",
-        favicon_path=str(favicon) if favicon.exists() else None,
-        footer_links=[],
-        run_history=False,  # Gradio would keep a copy of each event's output (the chats) in the browser
-        css=theme_css(),
-        js=PAGE_JS,
-        theme=gr.themes.Soft(),
-        ssr_mode=False,
-        max_file_size=UPLOAD_LIMIT_BYTES,  # the largest file the page takes (an import); larger uploads are refused as they come
-    )
-    # inside the server's own guards (server/security.py: a foreign Host is refused first)
-    from starlette.routing import Mount
-
-    page = next(route for route in reversed(app.routes) if isinstance(route, Mount))
-    page.app = StreamOfGoneSession(page.app, getattr(demo, "_queue", None))
-    if page_key is not None:
-        page.app = PageGuard(page.app, page_key, api_key)
-    page.app = page_csp(page.app)  # outermost of the page's: its login form too
-
-
-__all__ = ["build_ui", "mount_ui"]

@@ -353,7 +353,7 @@ def test_gradio_queue_polls_every_20_ms_not_every_millisecond() -> None:
     import gradio as gr
     from fastapi import FastAPI
 
-    from minisgl_app.page.ui import QUEUE_POLL_S, quiet_queue
+    from minisgl_app.page.gradio_patches import QUEUE_POLL_S, quiet_queue
 
     with gr.Blocks() as demo:
         gr.Markdown("x")
@@ -684,9 +684,9 @@ async def test_the_status_line_says_generating_as_soon_as_a_reply_starts_in_the_
     box, status = await page.send("one two three four five", *SETTINGS, None, request)
     tab = page.tab(request)
     assert draft_in(box) == "" and status == "**Generating** · fake", status
-    assert page.render(tab)[1] == "**Generating** · fake" and page.status_of(tab) == "**Generating** · fake"
+    assert page.render(tab).status == "**Generating** · fake" and page.status_of(tab) == "**Generating** · fake"
     await until_idle(page.replies)
-    assert page.render(tab)[1] == "**Ready** · fake" and page.status_of(tab) == "**Ready** · fake"
+    assert page.render(tab).status == "**Ready** · fake" and page.status_of(tab) == "**Ready** · fake"
 
 
 # ---- the view after a view change: two follow events of one tab
@@ -742,7 +742,8 @@ async def test_a_follow_ends_on_an_output_that_changes_nothing(store) -> None:
 async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_changes_nothing(store) -> None:
     """A follow that never rendered would end on Gradio's None for every output (an empty chat,
     no chat selected) if it yielded nothing."""
-    from minisgl_app.page.ui import VIEW_SIZE, ChatPage
+    from minisgl_app.page.page_view import VIEW_SIZE
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
@@ -809,7 +810,7 @@ async def test_new_chat_clicked_before_the_page_load_is_answered_is_kept(store) 
 
 
 def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_update_into_a_skip(store) -> None:
-    """Why UPDATE_OUTPUTS (app/page/ui.py): Gradio streams a generator's later outputs as diffs, and a
+    """Why SENT_AS_UPDATES (app/page/page_view.py): Gradio streams a generator's later outputs as diffs, and a
     dict -> skip diff is "delete each key"; its browser client applies diffs in place, to the
     object an earlier message still holds, so a sidebar sent then skipped can vanish before the
     page draws it (seen: an empty sidebar after a reload). A follow's consecutive outputs must
@@ -817,10 +818,11 @@ def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_upda
     import gradio as gr
     from gradio.utils import diff
 
-    from minisgl_app.page.ui import UPDATE_OUTPUTS, ChatPage
+    from minisgl_app.page.page_view import SENT_AS_UPDATES, PageView
+    from minisgl_app.page.ui import ChatPage
 
     sidebar = gr.update(choices=[("chat A", 1)], value=1)
-    assert any(op == "delete" for op, *_ in diff(sidebar, gr.skip())), "Gradio no longer diffs this way: revisit UPDATE_OUTPUTS"
+    assert any(op == "delete" for op, *_ in diff(sidebar, gr.skip())), "Gradio no longer diffs this way: revisit SENT_AS_UPDATES"
 
     async def outputs_of_a_follow() -> list[tuple]:
         page = ChatPage(FakeClient(FakeEngine(step_s=0.02)), store)
@@ -831,7 +833,7 @@ def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_upda
     outputs = asyncio.run(outputs_of_a_follow())
     assert len(outputs) >= 3, outputs
     updates = {i for o in outputs for i, value in enumerate(o) if isinstance(value, dict) and set(value) - {"__type__"}}
-    assert updates <= set(UPDATE_OUTPUTS), updates
+    assert updates <= {PageView._fields.index(name) for name in SENT_AS_UPDATES}, updates
     for before, after in zip(outputs, outputs[1:]):
         for i in updates:
             edits = diff(before[i], after[i]) if isinstance(before[i], dict) and isinstance(after[i], dict) else []
@@ -1355,7 +1357,7 @@ async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_
         await until_idle(page.replies)
 
     def bar() -> str:
-        return page.render(tab)[4]  # the versions bar's label
+        return page.render(tab).versions_label
 
     capsys.readouterr()
     await edit("first question", "first question, again")
@@ -1674,24 +1676,30 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
 
 
 
+def manage_shown(view) -> tuple[bool, bool]:
+    """Whether Manage shows its actions on the chat, and whether it shows the line said instead."""
+    return view.chat_actions, view.no_chat_actions
+
+
 @pytest.mark.anyio
 async def test_manage_offers_rename_delete_and_export_only_once_the_chat_is_stored(store) -> None:
     """Manage offered Rename, Delete and Export for a new chat not stored yet: they did nothing
     (Delete asked to confirm first). They are shown once the chat is stored, and a line says so
     in their place before; the view sends both as shown-or-hidden updates."""
+    from minisgl_app.page.page_view import as_update
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     tab = page.tab(request)
     await page.new_chat(None, request)
-    assert page.render(tab)[9:] == [False, True]
-    assert [page.as_update(i, v)["visible"] for i, v in ((9, False), (10, True))] == [False, True]
+    assert manage_shown(page.render(tab)) == (False, True)
+    assert [as_update(name, v)["visible"] for name, v in (("chat_actions", False), ("no_chat_actions", True))] == [False, True]
     await page.send("store me", *SETTINGS, None, request)
-    assert page.render(tab)[9:] == [True, False]
+    assert manage_shown(page.render(tab)) == (True, False)
     await until_idle(page.replies)
     await page.new_chat(None, request)
-    assert page.render(tab)[9:] == [False, True]
+    assert manage_shown(page.render(tab)) == (False, True)
 
 
 @pytest.mark.anyio
@@ -1730,7 +1738,7 @@ async def test_manage_actions_start_hidden_and_the_first_render_shows_them_for_a
     store.append(store.create(title="stored").id, "user", "hello")
     request = FakeRequest()
     await page.load_page(request)
-    assert page.render(page.tab(request))[9:] == [True, False]
+    assert manage_shown(page.render(page.tab(request))) == (True, False)
 
 
 @pytest.mark.anyio
@@ -1827,7 +1835,7 @@ def test_every_screen_width_gets_either_the_narrow_or_the_wide_layout_and_the_pa
     shown and the sidebar open. The two are complements, and the page's script, which closes the
     chat list after a pick on a narrow screen, asks the narrow one's query."""
     from minisgl_app.page.css import NARROW, NARROW_QUERY
-    from minisgl_app.page.ui import PAGE_JS
+    from minisgl_app.page.scripts import PAGE_JS
 
     def matches(query: str, width: float) -> bool:
         query = query.strip()
@@ -1860,7 +1868,7 @@ async def test_a_stored_chat_whose_messages_were_all_deleted_has_nothing_to_expo
     store.append(conv_id, "assistant", "hi")
     store.delete_message(conv_id, first.id)
     await page.select(conv_id, None, request)
-    assert page.render(page.tab(request))[9:] == [True, False], "Manage offers no export for the stored chat"
+    assert manage_shown(page.render(page.tab(request))) == (True, False), "Manage offers no export for the stored chat"
     for kind in ("md", "json"):
         assert page.export(kind, request) == SKIP
     assert said == ["Nothing to export yet: this chat has no messages."] * 2, said
@@ -2037,13 +2045,13 @@ async def test_a_click_on_the_earlier_messages_line_shows_more_and_another_chat_
     other = store.create(title="other").id
     await page.select(conv.id, 1000.0, request)
     tab = page.tab(request)
-    chat = page.render(tab)[0]
+    chat = page.render(tab).chat
     assert len([m for m in chat if "metadata" not in m]) == view.WINDOW + 1 and "Show 50 earlier" in chat[0]["content"]
     await page.focus(SimpleNamespace(index=0), request)
-    chat = page.render(tab)[0]
+    chat = page.render(tab).chat
     assert chat[0]["content"] == "message 0" and tab.focus is None
     await page.focus(SimpleNamespace(index=3), request)  # a click on a message: the versions bar acts on it
     assert tab.focus == store.get(conv.id).messages[3].id
     await page.select(other, 2000.0, request)
     await page.select(conv.id, 3000.0, request)
-    assert "Show 50 earlier" in page.render(tab)[0][0]["content"]
+    assert "Show 50 earlier" in page.render(tab).chat[0]["content"]
