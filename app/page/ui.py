@@ -32,11 +32,13 @@ from minisgl_engine import GenerateRequest, SamplingParams
 from ..chat.live import ReplyManager, Turn
 from ..model_pull import ModelPuller, PullError, PullProgress
 from .scripts import (APPLY_DRAFT_JS, APPLY_REDRAWN_FIELDS_JS, ASKED_CHATS_JS, CLICK_DOWNLOAD_JS, CONFIRM_DELETE_CHAT_JS, EDITING_JS, FIELD_IDS, FOCUSED_FIELD_JS, LEAVE_CHAT_IMPORT_JS, LEAVE_CHAT_NEW_JS, LEAVE_CHAT_SELECT_JS, MARK_LOADED_JS, REMEMBER_SHOWN_CHAT_JS, RESTORE_DRAFT_JS, SEND_JS, STAMP_JS, SYNC_SEND_JS, confirm_js)
-from ..chat.store import (DEFAULT_REPETITION_PENALTY, IMPORT_LIMIT_BYTES, MAX_TOKENS_LIMIT, REPETITION_PENALTY_MAX, BadImportFile,
-                    ChatSettings, ConversationStore, NotFoundError, plural, shown_value, title_from)
+from ..chat.store import (IMPORT_LIMIT_BYTES, REPETITION_PENALTY_MAX, BadImportFile,
+                    ChatSettings, ConversationStore, NotFoundError, plural, title_from)
 from ..chat.reply_source import ModelEntry, ModelError, ReplySource
 from ..chat.uploads import NotUploaded, Uploads
 from .gradio_patches import check_uploads_as_launched, let_sliders_take_typed_values
+from ..chat.settings_form import (REFILLED_WHEN_EMPTY, RESET_FIELDS, SETTING_FIELDS, SettingsForm, form_settings,
+                                  max_tokens_problem, with_backend_of)
 from .page_view import SENT_AS_UPDATES, VIEW_SIZE, PageView, Sidebar, as_update
 from ..chat.view import (WINDOW, can_continue, engine_messages, focus_of, markdown_literal, model_choices, sidebar_choices,
                    typed_text, version_steps, versions_label, view_messages, while_replying)
@@ -107,9 +109,9 @@ class Tab:
     # browser time (ms) of the newest settings save applied: each save carries every box, so an
     # older one taken after it (Gradio runs them at once) would put back the values it replaced
     settings_stamp: float = 0.0
-    # the settings boxes (SETTING_FIELDS' order) whose save was last refused with a toast (None:
-    # the last save was not refused): New chat, clicked as that box was left, does not say it again
-    refused_form: tuple | None = None
+    # the settings form whose save was last refused with a toast (None: the last save was not
+    # refused): New chat, clicked as that box was left, does not say it again
+    refused_form: SettingsForm | None = None
     # the last message sent: (chat, text, browser time in ms of its click or Enter), to drop the
     # second send of a double click or a double Enter (the box empties only when the first is done)
     last_send: tuple[int, str, float] | None = None
@@ -225,8 +227,7 @@ class ChatPage:
 
     def field_values(self, title: str, s: ChatSettings) -> tuple:
         """What the title box, the settings boxes and the backend show for a chat (FIELD_IDS' order)."""
-        return (title, s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.thinking, s.top_k, s.seed, "\n".join(s.stop),
-                s.repetition_penalty, self.backend_of(s)[0])
+        return (title, *SettingsForm.showing(s).values(), self.backend_of(s)[0])
 
     def note_fields(self, tab: Tab, conv_id: int | None, title: str | None = None, settings: ChatSettings | None = None) -> None:
         """This tab wrote ``conv_id``'s title or settings as its boxes show them: those boxes are
@@ -498,17 +499,18 @@ class ChatPage:
         box = self.show(tab, conv_id, clicked_at, text)
         return (box, *self.fields(tab))
 
-    async def new_chat(self, clicked_at: float | None, request: gr.Request, text: str | None = None, *form):
+    async def new_chat(self, clicked_at: float | None, request: gr.Request, text: str | None = None,
+                       form: SettingsForm | None = None):
         """New chat starts from the settings of the chat shown (its backend too), as in peer apps:
         a user who changed them need not set them again for every chat. ``form``: the settings
-        boxes as the click found them (SETTING_FIELDS' order), so a value just typed counts even
+        boxes as the click found them, so a value just typed counts even
         when its box's save comes after the click (the new chat started from the value before
         it); a value the checks refuse is the one in force (its save says why)."""
         tab = self.tab(request)
         start_with = self.settings_in_force(tab)
-        if form:
+        if form is not None:
             settings, problems = self.checked_form(form, start_with)
-            if tuple(form) != tab.refused_form:  # else the box's own save said why, just before the click
+            if form != tab.refused_form:  # else the box's own save said why, just before the click
                 self.settings_refused(problems)  # the box left by this click may save nothing (settings_changed)
             start_with = with_backend_of(replace(settings, **{name: getattr(start_with, name) for name in problems}), start_with)
         tab.new_chat_settings, tab.refused_form = start_with, None
@@ -563,15 +565,13 @@ class ChatPage:
         path.write_text(text, encoding="utf-8")
         return str(path)
 
-    async def settings_changed(self, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
-                               repetition_penalty, clicked_at: float | None, request: gr.Request) -> tuple:
+    async def settings_changed(self, form: SettingsForm, clicked_at: float | None, request: gr.Request) -> tuple:
         """Save the fields when one is committed (a box left or Enter, a slider let go: ``_wire``),
         not on every key: a value typed digit by digit is never saved by its prefixes. A refused
         value is not saved; one toast says why and the box shows the value in force again, as an
         emptied box does (it saves nothing). A box left by a click on another chat
         (``clicked_at``, browser ms, no later than that click's) holds the settings of the chat
         shown before: they go there, whichever event the server takes first."""
-        values = (system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty)
         keep = (gr.skip(),) * len(SETTING_FIELDS)
         tab = self.tab(request)
         if clicked_at is not None and clicked_at <= tab.shown_since:  # the boxes show another chat now
@@ -581,19 +581,19 @@ class ChatPage:
                 before = None
             if before is None:  # a new chat left unsent (or a chat deleted): nothing to keep
                 return keep
-            settings, problems = self.checked_form(values, before)
+            settings, problems = self.checked_form(form, before)
             if not self.settings_refused(problems):
                 self.store_settings(tab, tab.shown_before, settings)
             return keep
         if clicked_at is not None and clicked_at < tab.settings_stamp:
             return keep  # a newer save (of another box) carried this box's value too, and is applied
-        settings, problems = self.checked_form(values, self.settings_in_force(tab))
+        settings, problems = self.checked_form(form, self.settings_in_force(tab))
         if self.save_settings(tab, settings, problems) and clicked_at is not None:
             tab.settings_stamp = clicked_at
-        tab.refused_form = values if problems else None
+        tab.refused_form = form if problems else None
         in_force = self.settings_in_force(tab)
         # only boxes that must change are sent: another box may be being typed into meanwhile
-        back = set(problems) | {name for name, value in zip(SETTING_FIELDS, values) if name in REFILLED_WHEN_EMPTY and value in (None, "")}
+        back = set(problems) | {name for name in REFILLED_WHEN_EMPTY if getattr(form, name) in (None, "")}
         return tuple(getattr(in_force, name) if name in back and name in RESET_FIELDS else gr.skip() for name in SETTING_FIELDS)
 
     async def backend_changed(self, backend: str | None, request: gr.Request) -> None:
@@ -611,13 +611,13 @@ class ChatPage:
     async def export_json(self, request: gr.Request):
         return self.export("json", request)
 
-    def checked_form(self, values: tuple, in_force: ChatSettings) -> tuple[ChatSettings, dict[str, str]]:
-        """``form_settings`` of the form's ``values``, and one check it cannot make alone: max
+    def checked_form(self, form: SettingsForm, in_force: ChatSettings) -> tuple[ChatSettings, dict[str, str]]:
+        """``form_settings`` of ``form``, and one check it cannot make alone: max
         tokens no larger than the context of the model serving the chat (the store's limit,
         32,768, let 32,768 through for a model of 8,192). A bad max tokens, too small, too large
         or not whole, is said in one message naming one range (0 said "1 to 32768" and 9,000
         "at most 8,192": max_tokens_problem)."""
-        settings, problems = form_settings(*values, in_force=in_force)
+        settings, problems = form_settings(form, in_force=in_force)
         source = self.backend_of(with_backend_of(settings, in_force))[1]
         context = getattr(source, "context_len", None)  # None: a source that does not know it
         n = settings.max_tokens
@@ -702,8 +702,8 @@ class ChatPage:
             tab.early_stop = 0.0
             self.replies.stop(conv_id)
 
-    async def send(self, text: str, system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty,
-                   clicked_at: float | None, request: gr.Request, after_click: float | None = None):
+    async def send(self, text: str, form: SettingsForm, clicked_at: float | None, request: gr.Request,
+                   after_click: float | None = None):
         """Store the message (starting a chat if needed) and ask for its reply; a message sent
         while the chat replies is shown at once and answered next. Returns the answer for the
         message box (``draft_for_box``: the page emptied it at Enter; a message not sent goes
@@ -731,9 +731,8 @@ class ChatPage:
             return kept, gr.skip()  # the message goes back to the box; the page shows the chat as it is now
         # the settings boxes as Enter found them, saved first; after a click whose answer had not
         # come (``after_click``), they were still those of the chat shown before: that chat's, not saved here
-        form = self.checked_form((system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty),
-                                 self.settings_of(tab, conv))
-        if not after_click and not self.save_settings(tab, *form):
+        checked = self.checked_form(form, self.settings_of(tab, conv))
+        if not after_click and not self.save_settings(tab, *checked):
             return kept, gr.skip()  # the toast says which setting; the message goes back to the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
             warn("The model is still loading; send your message once it has loaded (the status line stops saying Loading).")
@@ -1173,8 +1172,8 @@ class ChatPage:
         stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
         gr.Markdown("Settings apply to this chat once you leave a box (or press Enter) or let go of a slider.", elem_classes="hint")
         # the form's order is SETTING_FIELDS'; the penalty shows beside the other sampling settings
-        return SimpleNamespace(fields=[system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty],
-                               thinking=thinking, backend=backend)
+        fields = [system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty]
+        return SimpleNamespace(fields=fields, boxes=dict(zip(SETTING_FIELDS, fields)), thinking=thinking, backend=backend)
 
     def _models_panel(self) -> SimpleNamespace:
         model_list = gr.Radio(choices=[], label="Pick one, then Switch", elem_id="model-list", interactive=True)
@@ -1301,8 +1300,9 @@ class ChatPage:
         # each of these shows another chat: the message box's text stays with the chat left, and
         # the box shows the draft of the chat shown (ChatPage.swap_draft, LEAVE_CHAT_*_JS)
         shown_fields = [c.shown_draft, *tab_fields]
-        then_redraw(c.new_btn.click(self.new_chat, inputs=[c.clicked_at, m.msg, *settings], outputs=shown_fields, js=LEAVE_CHAT_NEW_JS,
-                                    **quick), draft=True)
+        with_form = self._form_handlers(c, m, settings_panel.boxes)
+        then_redraw(c.new_btn.click(with_form.new_chat, inputs={c.clicked_at, m.msg, *settings}, outputs=shown_fields,
+                                    js=LEAVE_CHAT_NEW_JS, **quick), draft=True)
         then_redraw(c.conv_list.input(self.select, inputs=[c.conv_list, c.clicked_at, m.msg], outputs=shown_fields,
                                       js=LEAVE_CHAT_SELECT_JS, **quick), draft=True)
         # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
@@ -1318,10 +1318,10 @@ class ChatPage:
                                         outputs=[*shown_fields, c.search, c.import_note], js=LEAVE_CHAT_IMPORT_JS, **quick), draft=True)
         for item in settings:  # saved when committed, not on every key: a box when left (PAGE_JS: or on Enter), a slider let go
             committed = item.release if isinstance(item, gr.Slider) else item.input if isinstance(item, gr.Checkbox) else item.blur
-            committed(self.settings_changed, inputs=[*settings, c.clicked_at], outputs=settings, js=STAMP_JS, **quick)
+            committed(with_form.settings_changed, inputs={*settings, c.clicked_at}, outputs=settings, js=STAMP_JS, **quick)
         settings_panel.backend.input(self.backend_changed, inputs=settings_panel.backend, **quick).then(**follow)
         for trigger in (m.msg.submit, m.send_btn.click):
-            then_redraw(trigger(self.send, inputs=[m.msg, *settings, c.clicked_at, c.after_click], outputs=[c.shown_draft, m.status],
+            then_redraw(trigger(with_form.send, inputs={m.msg, *settings, c.clicked_at, c.after_click}, outputs=[c.shown_draft, m.status],
                                 js=SEND_JS, **quick), draft=True)
         m.msg.change(None, js=SYNC_SEND_JS)
         m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **quick)
@@ -1335,6 +1335,25 @@ class ChatPage:
                                js=confirm_js("Delete this message and what follows it?"), **quick).then(**follow)
         m.continue_btn.click(self.continue_reply, **quick).then(**follow)
         m.stop_btn.click(self.stop, inputs=c.clicked_at, js=STAMP_JS, **quick)
+
+    def _form_handlers(self, chats: SimpleNamespace, main: SimpleNamespace, boxes: dict[str, gr.components.Component]
+                       ) -> SimpleNamespace:
+        """New chat, a settings box's save and Send as the page calls them: Gradio gives a handler
+        whose inputs are a set one dict of their values by component; the settings boxes' values
+        become one SettingsForm."""
+        def form_of(values: dict) -> SettingsForm:
+            return SettingsForm(**{name: values[box] for name, box in boxes.items()})
+
+        async def new_chat(values: dict, request: gr.Request):
+            return await self.new_chat(values[chats.clicked_at], request, values[main.msg], form_of(values))
+
+        async def settings_changed(values: dict, request: gr.Request) -> tuple:
+            return await self.settings_changed(form_of(values), values[chats.clicked_at], request)
+
+        async def send(values: dict, request: gr.Request):
+            return await self.send(values[main.msg], form_of(values), values[chats.clicked_at], request, values[chats.after_click])
+
+        return SimpleNamespace(new_chat=new_chat, settings_changed=settings_changed, send=send)
 
     def _wire_models(self, models: SimpleNamespace, thinking: gr.Checkbox, quick: dict) -> None:
         """The models panel's events: list, switch, and pull when this app can pull."""
@@ -1355,11 +1374,6 @@ def build_ui(source: ReplySource, store: ConversationStore, puller: ModelPuller 
     its models panel when given a ``puller``."""
     let_sliders_take_typed_values()
     return ChatPage(source, store, puller).build()
-
-
-def with_backend_of(settings: ChatSettings, in_force: ChatSettings) -> ChatSettings:
-    """The form's settings with the chat's backend (the form's fields do not hold it)."""
-    return settings if settings.backend is not None else replace(settings, backend=in_force.backend)
 
 
 def edit_text(value) -> str:
@@ -1402,16 +1416,6 @@ def branch_note(later: int) -> str:
     return f"new branch: the earlier version and {after} are kept (‹ shows them)"
 
 
-def max_tokens_problem(value, context: int | None, model: str | None) -> str:
-    """What is wrong with max tokens ``value``, naming the one range it must lie in: 1 to the
-    context of the model serving the chat (``context``, None: not known), within the store's
-    limit."""
-    limit = min(context, MAX_TOKENS_LIMIT) if context else MAX_TOKENS_LIMIT
-    why = f", the context of {model or 'the model'}, which serves this chat" if limit == context else ""
-    got = "" if value is None or value == "" else f" (got {shown_value(value)})"
-    return f"max tokens must be a whole number from 1 to {limit:,}{why}{got}"
-
-
 # A word of an export's file name: letters and digits of any script, with the "-", "_", "." or
 # "'" inside it kept (gpt-4, my_notes, v1.2, don't)
 _NAME_WORD = re.compile(r"[^\W_]+(?:[-_.'][^\W_]+)*")
@@ -1438,10 +1442,6 @@ def export_stem(title: str) -> str:
             break
         stem = longer
     return stem or "chat"
-
-
-def stop_strings(text: str | None) -> tuple[str, ...]:
-    return tuple(line for line in (text or "").splitlines() if line.strip())
 
 
 def with_attachments(text: str, attachments: list[tuple[str, str]]) -> str:
@@ -1477,45 +1477,3 @@ def attachments_line(attachments: list[tuple[str, str]]) -> str:
         return ""
     files = (f"`{name}` ({len(body):,} {plural('character', len(body))})" for name, body in attachments)
     return "Attached to your next message: " + ", ".join(files)
-
-
-SETTING_FIELDS = ("system_prompt", "temperature", "top_p", "max_tokens", "thinking", "top_k", "seed", "stop",
-                  "repetition_penalty")  # the form's order
-# a refused value, or an emptied box, shows the value in force again (an empty seed is a value: a random one)
-RESET_FIELDS = ("temperature", "top_p", "max_tokens", "top_k", "seed", "repetition_penalty")
-REFILLED_WHEN_EMPTY = ("temperature", "top_p", "max_tokens", "top_k", "repetition_penalty")
-
-
-def form_settings(system_prompt, temperature, top_p, max_tokens, thinking, top_k, seed, stop,
-                  repetition_penalty=DEFAULT_REPETITION_PENALTY, in_force: ChatSettings | None = None
-                  ) -> tuple[ChatSettings, dict[str, str]]:
-    """The settings as the form holds them (its numbers coerced) and, by field name, what is wrong
-    with each invalid one (the store's own checks after the form's). An emptied number box keeps
-    the value ``in_force`` (without one it is a problem; an empty top-k is off); an empty seed is
-    a random one."""
-    problems: dict[str, str] = {}
-
-    def number(name: str, label: str, value, whole: bool):
-        if value is None or value == "":
-            if name == "seed":  # an empty seed means a random one
-                return None
-            if in_force is not None:
-                return getattr(in_force, name)
-            if name == "top_k":  # empty top-k: off, as 0
-                return 0
-            problems[name] = f"{label} must be a number"
-            return None
-        try:
-            x = float(value)
-        except (TypeError, ValueError):
-            problems[name] = f"{label} must be a number (got {value!r})"
-            return value
-        return int(x) if whole and x.is_integer() else x
-
-    settings = ChatSettings(system_prompt or "", number("temperature", "temperature", temperature, False),
-                            number("top_p", "top-p", top_p, False), number("max_tokens", "max tokens", max_tokens, True),
-                            bool(thinking), number("top_k", "top-k", top_k, True), number("seed", "seed", seed, True),
-                            stop_strings(stop), number("repetition_penalty", "repetition penalty", repetition_penalty, False))
-    for name, text in settings.problems().items():
-        problems.setdefault(name, text)
-    return settings, problems
