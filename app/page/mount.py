@@ -61,7 +61,7 @@ def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | 
     quiet_queue(demo)
     keep_session_queues(demo)
     # The page's events are its internals, not an API (docs/security.md): none is listed by
-    # /gradio_api/info, and the routes that call them by name are refused (server/security.py).
+    # /gradio_api/info, and the routes that call them by name are refused (engine/api/security.py).
     for fn in demo.fns.values():
         fn.api_visibility = "private"
     favicon = STATIC / "favicon.png"
@@ -78,7 +78,7 @@ def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | 
         ssr_mode=False,
         max_file_size=UPLOAD_LIMIT_BYTES,  # the largest file the page takes (an import); larger uploads are refused as they come
     )
-    # inside the server's own guards (server/security.py: a foreign Host is refused first)
+    # inside the server's own guards (engine/api/security.py: a foreign Host is refused first)
     page = next(route for route in reversed(app.routes) if isinstance(route, Mount))
     page.app = StreamOfGoneSession(page.app, getattr(demo, "_queue", None))
     if page_key is not None:

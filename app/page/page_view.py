@@ -17,8 +17,8 @@ class Sidebar(NamedTuple):
 
 
 class PageView(NamedTuple):
-    """One render of a tab (ChatPage.render), in the order of the components that show it
-    (``view_outputs`` in panels/layout)."""
+    """One render of a tab (ViewEvents.render), in the order of the components that show it
+    (Wiring.view)."""
 
     chat: list  # the messages as the chatbot lists them
     status: str  # the status line

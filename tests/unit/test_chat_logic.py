@@ -285,7 +285,7 @@ def test_the_versions_bar_offers_only_the_steps_there_are(store):
 
 def test_one_token_message_and_character_are_said_in_the_singular(store):
     """The line under a one-token reply read "1 tokens"; so did an import's and an attachment's counts."""
-    from minisgl_app.page.ui import attachments_line
+    from minisgl_app.chat.composing import attachments_line
 
     c = store.create().id
     store.append(c, "user", "question")
@@ -324,7 +324,7 @@ def test_html_in_a_message_is_marked_to_show_as_typed_and_edits_come_back_unmark
     """The page renders messages as Markdown, which lets HTML through: a word joiner after each
     "<" that would open a tag (or "&" an entity) shows it as text; code and $$ math are left as
     they are (Markdown shows them literally); the text the model sees and an edit are unmarked."""
-    from minisgl_app.page.ui import edit_text
+    from minisgl_app.chat.composing import edit_text
     from minisgl_app.chat.view import MARK, shown_literally, typed_text
 
     question = "<div>hello</div> and a <b> c, AT&amp;T, a < b"
@@ -567,14 +567,14 @@ async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draf
     click first, A's message was stored in B, answered with B's context, and B's settings were
     overwritten by A's boxes. The send carries its browser time: a send from before the click
     sends nothing, saves no setting; its text and files stay A's draft, and a toast says so."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     engine = FakeEngine()
     page = ChatPage(FakeClient(engine), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     notes = tmp_path / "notes.txt"
     notes.write_text("the code is plum\n", encoding="utf-8")
     a, b = store.create(title="chat A").id, store.create(title="chat B").id
@@ -768,7 +768,7 @@ async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_chang
 async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(store, monkeypatch) -> None:
     """The browser may apply an older follow's message after the newer one's render: once the
     newer one has ended, the tick sets the view again (once), whatever the browser last got."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import following
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
@@ -789,10 +789,10 @@ async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(store
     chat, *rest = await page.tick(False, request)
     assert "hello A" in str(chat), chat
     assert (await page.tick(False, request))[0] == SKIP, "once"
-    monkeypatch.setattr(ui, "RACE_S", 0.0)  # no follow ended just before this one: nothing to set again
+    monkeypatch.setattr(following, "RACE_S", 0.0)  # no follow ended just before this one: nothing to set again
     alone = page.follow(request)
     [o async for o in alone]
-    monkeypatch.setattr(ui, "RECHECK_AFTER_S", 0.0)
+    monkeypatch.setattr(following, "RECHECK_AFTER_S", 0.0)
     assert (await page.tick(False, request))[0] == SKIP
 
 
@@ -912,7 +912,7 @@ async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_wh
     """Continue on a stopped reply whose model ends at once (EOS first): the reply's text and its
     time to first token and tok/s stay (they were blanked: this run has no first token), its
     tokens count the new run's, and the page says in a toast why nothing changed."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     engine = FakeEngine(step_s=0.02)
@@ -926,7 +926,7 @@ async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_wh
     before = store.get(tab.conv_id).messages[-1]
     assert before.stats.stopped and before.stats.ttft_ms is not None and before.stats.tok_s is not None, before.stats
     said: list[str] = []
-    monkeypatch.setattr(ui.gr, "Info", said.append)
+    monkeypatch.setattr(toasts.gr, "Info", said.append)
     engine.ends_at_once = True
     [o async for o in page.follow(request)]  # the tab has seen the chat as it is
     await page.continue_reply(request)
@@ -1300,13 +1300,15 @@ async def test_an_edit_refused_in_a_tab_behind_the_chat_keeps_its_text_in_the_me
     (after a draft there) and the toast says so; so does an edit refused while the chat replies."""
     import gradio as gr
 
-    from minisgl_app.page import ui
-    from minisgl_app.page.ui import CHANGED_ELSEWHERE, EDIT_KEPT, ChatPage
+    from minisgl_app.page import toasts
+    from minisgl_app.page.composer import EDIT_KEPT
+    from minisgl_app.page.tabs import CHANGED_ELSEWHERE
+    from minisgl_app.page.ui import ChatPage
 
     engine = FakeEngine(step_s=0.03)
     page = ChatPage(FakeClient(engine), store)
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     a, b = FakeRequest(), FakeRequest()
     b.session_hash = "tab-2"
     await page.send("What is the capital of France?", SETTINGS, None, a)
@@ -1345,7 +1347,8 @@ async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_
     (Outside a page, Gradio prints a toast: none is printed.)"""
     import gradio as gr
 
-    from minisgl_app.page.ui import ChatPage, branch_note
+    from minisgl_app.chat.composing import branch_note
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
@@ -1381,7 +1384,7 @@ async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_
 async def a_chat_on_an_8k_model(store, monkeypatch):
     """A page whose model has 8,192 tokens of context, showing a stored chat; its toasts go to
     ``said``. Returns the page, its client, the tab's request, ``said`` and the chat's id."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     client = FakeClient(FakeEngine())
@@ -1389,7 +1392,7 @@ async def a_chat_on_an_8k_model(store, monkeypatch):
     page = ChatPage(client, store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     conv_id = store.create(title="a").id
     await page.select(conv_id, None, request)
     return page, client, request, said, conv_id
@@ -1477,7 +1480,8 @@ async def test_a_tab_redraws_the_title_and_settings_a_change_elsewhere_gave_its_
     change first, and the redraw leaves the field with the keyboard's focus."""
     from dataclasses import replace as replaced
 
-    from minisgl_app.page.ui import FIELD_IDS, ChatPage
+    from minisgl_app.page.scripts import FIELD_IDS
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
@@ -1510,7 +1514,8 @@ async def test_a_tabs_own_writes_never_redraw_its_boxes_and_a_redraw_sends_only_
     what it wrote, and a redraw sends only the boxes another tab changed."""
     from dataclasses import replace as replaced
 
-    from minisgl_app.page.ui import FIELD_IDS, ChatPage
+    from minisgl_app.page.scripts import FIELD_IDS
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
@@ -1550,13 +1555,13 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     of whatever chat the tab showed next. ✕ removes the files attached. Showing another chat
     dropped them with a warning (the draft's text was kept): they stay with their chat, as its
     unsent text does, and are attached again when the tab shows it again; a deleted chat's go."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     notes = tmp_path / "notes.txt"
     notes.write_text("the code is plum\n", encoding="utf-8")
     a, b = store.create(title="a").id, store.create(title="b").id
@@ -1612,13 +1617,13 @@ async def test_text_taken_from_a_message_shown_is_sent_as_typed_without_the_mark
 async def test_the_same_file_attached_twice_goes_into_the_message_once(store, tmp_path, monkeypatch) -> None:
     """Attaching a file again put it into the message twice: it is attached once, and a toast
     says so; another file, or the same name with other text, is a file of its own."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "inform", said.append)
+    monkeypatch.setattr(toasts, "inform", said.append)
     notes, other = tmp_path / "notes.txt", tmp_path / "other" / "notes.txt"
     notes.write_text("the code is plum\n", encoding="utf-8")
     other.parent.mkdir()
@@ -1711,11 +1716,12 @@ async def test_manage_offers_rename_delete_and_export_only_once_the_chat_is_stor
 async def test_a_title_longer_than_rename_keeps_is_cut_and_the_page_says_so(store, monkeypatch) -> None:
     """Rename kept a 500-letter title's first 200 characters and said nothing (a new user's tour):
     the title box shows the title kept and a toast says why; a title that fits says nothing."""
-    from minisgl_app.page import ui
-    from minisgl_app.page.ui import TITLE_LIMIT, ChatPage
+    from minisgl_app.page import toasts
+    from minisgl_app.page.chats_panel import TITLE_LIMIT
+    from minisgl_app.page.ui import ChatPage
 
     said: list[str] = []
-    monkeypatch.setattr(ui, "inform", said.append)
+    monkeypatch.setattr(toasts, "inform", said.append)
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     await page.send("title me", SETTINGS, None, request)
@@ -1753,7 +1759,8 @@ async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_ch
     settings of the chat shown when New chat is pressed (a stored chat or a new one not sent yet),
     the boxes show them, and the chat its first message stores keeps them; the chat they came
     from keeps its own."""
-    from minisgl_app.page.ui import FIELD_IDS, ChatPage
+    from minisgl_app.page.scripts import FIELD_IDS
+    from minisgl_app.page.ui import ChatPage
 
     engine = FakeEngine()
     page = ChatPage(FakeClient(engine), store)
@@ -1789,7 +1796,8 @@ async def test_new_chat_starts_from_the_settings_boxes_as_the_click_found_them(s
     """A settings box edited, then New chat clicked at once: the box's save may reach the server
     after the click, and the new chat started from the value before the edit. New chat takes the
     boxes' values with the click; a value the checks refuse is the one in force."""
-    from minisgl_app.page.ui import FIELD_IDS, ChatPage
+    from minisgl_app.page.scripts import FIELD_IDS
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
@@ -1814,13 +1822,14 @@ async def test_new_chat_says_why_a_value_typed_in_a_settings_box_was_not_kept(st
     in force again and nothing said why (the box's own save, left by the click, is dropped when
     it comes after it). New chat says it, in the words a refused save uses; once, when the
     box's save came first and said it already."""
-    from minisgl_app.page import ui
-    from minisgl_app.page.ui import FIELD_IDS, ChatPage
+    from minisgl_app.page import toasts
+    from minisgl_app.page.scripts import FIELD_IDS
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     await page.new_chat(1000.0, request)
     in_force = page.settings_in_force(page.tab(request)).max_tokens
     typed = SettingsForm("", 0.0, 1.0, 2.5, False, 0, None, "", 1.15)
@@ -1861,13 +1870,13 @@ def test_every_screen_width_gets_either_the_narrow_or_the_wide_layout_and_the_pa
 async def test_a_stored_chat_whose_messages_were_all_deleted_has_nothing_to_export(store, monkeypatch) -> None:
     """Export of a stored chat (Manage offers it) whose messages were all deleted: a toast says
     there is nothing to export, and no file is written."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     conv_id = store.create(title="emptied").id
     first = store.append(conv_id, "user", "hello")
     store.append(conv_id, "assistant", "hi")
@@ -1911,7 +1920,8 @@ async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title
     names ("<b>Plan</b>" gave "b Plan b", a new user's tour); a tag alone stays a word."""
     from pathlib import Path
 
-    from minisgl_app.page.ui import EXPORT_NAME_LENGTH, ChatPage, export_stem
+    from minisgl_app.chat.export_name import EXPORT_NAME_LENGTH, export_stem
+    from minisgl_app.page.ui import ChatPage
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))  # where the app writes its exports (app/cli.py)
     page = ChatPage(FakeClient(FakeEngine()), store)
@@ -1938,14 +1948,14 @@ async def test_attach_and_import_read_only_files_uploaded_from_the_page(store, t
     is read; any other path is refused with a message, nothing is attached or imported, and a
     copy Gradio made of it in the upload folder is deleted. A file read is deleted too (its text
     is kept in the tab)."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
     from minisgl_app.chat.uploads import NOT_UPLOADED
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     secret = tmp_path / "secret.txt"
     secret.write_text("the PIN is 4321\n", encoding="utf-8")
     notes = tmp_path / "notes.txt"
