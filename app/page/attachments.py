@@ -56,21 +56,21 @@ class Attachments(TabState):
             self.uploads.discard(str(uploaded))  # read (or refused): its text is kept in the tab
             if file is None:
                 continue
-            if file in tab.attachments:  # the same file again: it goes into the message once
+            if file in tab.draft.attachments:  # the same file again: it goes into the message once
                 toasts.inform(f"{file[0]} is already attached: it goes into your message once.")
             else:
-                tab.attachments.append(file)
+                tab.draft.attachments.append(file)
         return await self.attachments_note(request)
 
     async def unattach(self, request: gr.Request):
         """✕ Remove attachments: the files attached are not sent after all."""
-        self.tab(request).attachments = []
+        self.tab(request).draft.attachments = []
         return await self.attachments_note(request)
 
     async def attachments_note(self, request: gr.Request):
         """The line naming the files attached to the next message, and ✕ to remove them (shown
         only while there are some)."""
-        attachments = self.tab(request).attachments
+        attachments = self.tab(request).draft.attachments
         return attachments_line(attachments), gr.update(visible=bool(attachments))
 
     @staticmethod

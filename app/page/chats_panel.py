@@ -42,7 +42,7 @@ class ChatsPanel(TabState):
         show now, for the page (``draft_for_box``; the files: ``swap_attachments``)."""
         box = self.swap_draft(tab, conv_id, text)
         self.swap_attachments(tab, conv_id)
-        tab.shown_before, tab.shown_since = tab.conv_id, clicked_at or 0.0
+        tab.events.shown_before, tab.events.shown_since = tab.conv_id, clicked_at or 0.0
         tab.conv_id, tab.focus, tab.picked, tab.bar_note = conv_id, None, True, None
         tab.window = WINDOW
         self.replies.notify()
@@ -67,11 +67,11 @@ class ChatsPanel(TabState):
         has to attach them again on coming back)."""
         if conv_id == tab.conv_id:
             return
-        if tab.attachments:
-            tab.unsent_files[tab.conv_id] = tab.attachments
+        if tab.draft.attachments:
+            tab.draft.unsent_files[tab.conv_id] = tab.draft.attachments
         else:
-            tab.unsent_files.pop(tab.conv_id, None)
-        tab.attachments = tab.unsent_files.pop(conv_id, [])
+            tab.draft.unsent_files.pop(tab.conv_id, None)
+        tab.draft.attachments = tab.draft.unsent_files.pop(conv_id, [])
 
     @staticmethod
     def swap_draft(tab: Tab, conv_id: int | None, text: str | None) -> str | None:
@@ -82,12 +82,12 @@ class ChatsPanel(TabState):
         box still shows it)."""
         if text is None or conv_id == tab.conv_id:
             return None
-        sent = tab.last_send is not None and tab.last_send[:2] == (tab.conv_id, text.strip())
+        sent = tab.draft.last_send is not None and tab.draft.last_send[:2] == (tab.conv_id, text.strip())
         if text.strip() and not sent:
-            tab.unsent[tab.conv_id] = text
+            tab.draft.unsent[tab.conv_id] = text
         else:
-            tab.unsent.pop(tab.conv_id, None)
-        return tab.unsent.pop(conv_id, "")
+            tab.draft.unsent.pop(tab.conv_id, None)
+        return tab.draft.unsent.pop(conv_id, "")
 
     async def select(self, conv_id: int | None, clicked_at: float | None, request: gr.Request, text: str | None = None):
         """A click on a chat in the sidebar: the tab shows it (its draft in the message box)."""
@@ -106,10 +106,10 @@ class ChatsPanel(TabState):
         start_with = self.settings_in_force(tab)
         if form is not None:
             settings, problems = self.checked_form(form, start_with)
-            if form != tab.refused_form:  # else the box's own save said why, just before the click
+            if form != tab.events.refused_form:  # else the box's own save said why, just before the click
                 self.settings_refused(problems)  # the box left by this click may save nothing (settings_changed)
             start_with = with_backend_of(replace(settings, **{name: getattr(start_with, name) for name in problems}), start_with)
-        tab.new_chat_settings, tab.refused_form = start_with, None
+        tab.new_chat_settings, tab.events.refused_form = start_with, None
         box = self.show(tab, None, clicked_at, text)
         return (box, *self.fields(tab))
 
@@ -124,11 +124,11 @@ class ChatsPanel(TabState):
             if len(title) > TITLE_LIMIT:  # said, not done silently: the end of a long title would go unseen
                 toasts.inform(f"The title keeps its first {TITLE_LIMIT} characters.")
             self.store.rename(tab.conv_id, title[:TITLE_LIMIT])
-        tab.sidebar = self.render_sidebar(tab)
+        tab.drawn.sidebar = self.render_sidebar(tab)
         conv = self.shown(tab)  # the box shows the title the chat has (a refused one is put back)
         if conv is not None:
             self.note_fields(tab, conv.id, title=conv.title)
-        return as_update("sidebar", tab.sidebar), conv.title if conv is not None else ""
+        return as_update("sidebar", tab.drawn.sidebar), conv.title if conv is not None else ""
 
     async def delete(self, confirmed: bool, clicked_at: float | None, request: gr.Request, text: str | None = None):
         tab = self.tab(request)
@@ -144,8 +144,8 @@ class ChatsPanel(TabState):
         # no toast: the page asked first (CONFIRM_DELETE_CHAT_JS) and the chat leaves the sidebar;
         # a toast opened over the top of the chat shown next, on its first message's buttons
         box = self.show(tab, convs[0].id if convs else None, clicked_at, text)
-        tab.unsent.pop(deleted, None)  # the deleted chat's draft goes with it, its files too
-        tab.unsent_files.pop(deleted, None)
+        tab.draft.unsent.pop(deleted, None)  # the deleted chat's draft goes with it, its files too
+        tab.draft.unsent_files.pop(deleted, None)
         return (box, *self.fields(tab))
 
     def export(self, kind: str, request: gr.Request):
@@ -202,8 +202,8 @@ class ChatsPanel(TabState):
     async def search(self, query: str, request: gr.Request):
         tab = self.tab(request)
         tab.search = (query or "").strip()
-        tab.sidebar = self.render_sidebar(tab)
-        return as_update("sidebar", tab.sidebar)
+        tab.drawn.sidebar = self.render_sidebar(tab)
+        return as_update("sidebar", tab.drawn.sidebar)
 
     @staticmethod
     def chats_layout(new_btn: gr.Button) -> SimpleNamespace:

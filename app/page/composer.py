@@ -78,8 +78,8 @@ class Composer(TabState):
         """Start (or queue) a reply of ``conv_id`` for this tab; stopped at once if the tab's Stop
         was clicked after it (``clicked_at``, browser ms) but handled before it."""
         self.replies.submit(conv_id, request.session_hash if request is not None else None, make_turn)
-        if clicked_at is not None and tab.early_stop > clicked_at:
-            tab.early_stop = 0.0
+        if clicked_at is not None and tab.events.early_stop > clicked_at:
+            tab.events.early_stop = 0.0
             self.replies.stop(conv_id)
 
     async def send(self, text: str, form: SettingsForm, clicked_at: float | None, request: gr.Request,
@@ -96,13 +96,13 @@ class Composer(TabState):
         # as typed: text taken from a message shown here other than by Copy (dragged, or pasted
         # with a middle click on Linux) brings the marks that show its HTML (view.shown_literally)
         text = typed_text(typed).strip()
-        if clicked_at is not None and clicked_at <= tab.shown_since:
+        if clicked_at is not None and clicked_at <= tab.events.shown_since:
             self.keep_unsent(tab, text)  # sent from the chat shown before a click handled first
             return sent, gr.skip()  # (kept as that chat's draft, not put back here)
-        if not text and (after_click or not tab.attachments):
+        if not text and (after_click or not tab.draft.attachments):
             return sent, gr.skip()  # Enter on an empty box: nothing happens (nor after a click: not its files)
         sent_at = clicked_at if clicked_at is not None else time.time() * 1000
-        last = tab.last_send
+        last = tab.draft.last_send
         # either order: Gradio may start the second send of a double click before the first
         if last is not None and last[:2] == (tab.conv_id, text) and abs(sent_at - last[2]) < DOUBLE_SEND_MS:
             return sent, gr.skip()  # the same message again at once: a double click or Enter, sent once
@@ -117,7 +117,7 @@ class Composer(TabState):
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
             toasts.warn("The model is still loading; send your message once it has loaded (the status line stops saying Loading).")
             return kept, gr.skip()
-        raw_text, text = text, with_attachments(text, tab.attachments)
+        raw_text, text = text, with_attachments(text, tab.draft.attachments)
         # A message sent to a chat that is not replying is answered on its own: the questions at
         # the chat's end that nothing answers (the chat stopped before their turn: Stop, a closed
         # tab, the app stopped) are marked as left unanswered, in the transaction that stores it,
@@ -128,33 +128,33 @@ class Composer(TabState):
         if tab.conv_id is None:  # the chat and its first message: one transaction, so a failure leaves no empty chat
             tab.conv_id = self.store.create(title=title_from(text), settings=tab.new_chat_settings, first_message=text).id
             tab.picked = True
-            if tab.fields_shown is not None and tab.fields_shown[0] is None:  # the boxes show its settings: its title
-                tab.fields_shown = (tab.conv_id, tab.fields_shown[1])       # box (empty) is redrawn, alone
+            if tab.drawn.fields_shown is not None and tab.drawn.fields_shown[0] is None:  # the boxes show its settings: its title
+                tab.drawn.fields_shown = (tab.conv_id, tab.drawn.fields_shown[1])       # box (empty) is redrawn, alone
         else:
             self.store.append(tab.conv_id, "user", text, leave_unanswered=leave_unanswered)
-        tab.attachments = []  # sent with the message: only now (a failed store keeps them attached)
-        tab.last_send = (tab.conv_id, raw_text, sent_at)
+        tab.draft.attachments = []  # sent with the message: only now (a failed store keeps them attached)
+        tab.draft.last_send = (tab.conv_id, raw_text, sent_at)
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
-        tab.status = self.status_of(tab)
-        return sent, tab.status
+        tab.drawn.status = self.status_of(tab)
+        return sent, tab.drawn.status
 
     def keep_unsent(self, tab: Tab, text: str) -> None:
         """A message sent (Enter) just before a click that showed another chat, and reached by
-        the server after that click: it was typed in the chat shown before (``tab.shown_before``),
+        the server after that click: it was typed in the chat shown before (``tab.events.shown_before``),
         so it is neither sent into the chat shown now nor are its settings boxes saved there. Its
         text stays that chat's draft (``show`` kept its files there), and a toast says so."""
-        chat = tab.shown_before
+        chat = tab.events.shown_before
         if text:
-            kept = tab.unsent.get(chat, "")
+            kept = tab.draft.unsent.get(chat, "")
             if text not in kept:  # the click usually carried the box's text already (swap_draft)
-                tab.unsent[chat] = f"{kept.rstrip()}\n\n{text}" if kept.strip() else text
-        if not text and not tab.unsent_files.get(chat):
+                tab.draft.unsent[chat] = f"{kept.rstrip()}\n\n{text}" if kept.strip() else text
+        if not text and not tab.draft.unsent_files.get(chat):
             return  # an empty box, no files: nothing was sent
         try:
             title = self.store.get(chat).title if chat is not None else "your new chat"
         except NotFoundError:
-            tab.unsent.pop(chat, None)
+            tab.draft.unsent.pop(chat, None)
             toasts.warn(f"Not sent: the chat it was typed in was deleted. Your message was: {text}" if text else
                  "Not sent: the chat it was typed in was deleted, and its files with it.")
             return
@@ -243,7 +243,7 @@ class Composer(TabState):
         sent instead is answered on its own (``send``: the questions waiting are left unanswered)."""
         tab = self.tab(request)
         if not self.replies.stop(tab.conv_id) and clicked_at is not None:
-            tab.early_stop = clicked_at  # a message clicked before it may not have arrived yet
+            tab.events.early_stop = clicked_at  # a message clicked before it may not have arrived yet
 
     @staticmethod
     def continue_layout() -> SimpleNamespace:
@@ -271,9 +271,10 @@ class Composer(TabState):
                                  **form: Any):
             return await self.send(text, SettingsForm(**form), clicked_at, request, after_click)
 
+        stamps = w.form_then(clicked_at=c.clicked_at, after_click=c.after_click)  # SEND_JS: the box, the form, the stamps
         for trigger in (m.msg.submit, m.send_btn.click):
-            w.then_redraw(trigger(send_from_page, inputs=[m.msg], inputs_kwargs=w.form_then(clicked_at=c.clicked_at, after_click=c.after_click),
-                                  outputs=[c.shown_draft, m.status], js=SEND_JS, api_name="send", **QUICK), draft=True)
+            w.then_redraw(trigger(send_from_page, inputs=[m.msg], inputs_kwargs=stamps, outputs=[c.shown_draft, m.status],
+                                  js=SEND_JS, api_name="send", **QUICK), draft=True)
         m.msg.change(None, js=SYNC_SEND_JS)
         m.chatbot.retry(self.regenerate, **QUICK).then(**w.follow)
         m.chatbot.edit(self.edit, inputs=m.msg, outputs=[c.title_box, m.msg], **QUICK).then(**w.follow)

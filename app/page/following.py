@@ -54,12 +54,12 @@ class ViewEvents(TabState):
         disables a chat's ↻ and ✎ while an event that writes it is running.)"""
         tab = self.tab(request)
         session = request.session_hash if request is not None else None
-        tab.follower += 1
-        me, last, version = tab.follower, None, -1
+        tab.follows.follower += 1
+        me, last, version = tab.follows.follower, None, -1
         ended = False
-        previous, tab.following = tab.following, asyncio.Event()
-        done = tab.following
-        raced = previous is not None and (not previous.is_set() or time.monotonic() - tab.ended_at < RACE_S)
+        previous, tab.follows.following = tab.follows.following, asyncio.Event()
+        done = tab.follows.following
+        raced = previous is not None and (not previous.is_set() or time.monotonic() - tab.follows.ended_at < RACE_S)
         try:
             if previous is not None and not previous.is_set():
                 # Let the follow this one replaces end first: a render it already made (of the chat
@@ -67,7 +67,7 @@ class ViewEvents(TabState):
                 self.replies.notify()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(previous.wait(), FOLLOW_HANDOVER_S)
-            while tab.follower == me:
+            while tab.follows.follower == me:
                 self.replies.page_seen(session, tab.conv_id)
                 # read before rendering: a reply that ends while the render is being sent is
                 # rendered once more, finished, before this loop stops
@@ -77,12 +77,12 @@ class ViewEvents(TabState):
                     changed = {name for name, new, old in zip(PageView._fields, now, last or (None,) * VIEW_SIZE) if new != old}
                     yield now.outputs(changed | SENT_AS_UPDATES)
                     last = now
-                    tab.status, tab.sidebar = now.status, now.sidebar
+                    tab.drawn.status, tab.drawn.sidebar = now.status, now.sidebar
                 if not busy:
                     break
                 version = await self.replies.changes(version, IDLE_CHECK_S)
                 await asyncio.sleep(RENDER_EVERY_S)  # coalesce a burst of tokens into one render
-            if tab.follower == me:
+            if tab.follows.follower == me:
                 # what the reply just ended has to say ("nothing to add"), with the action that
                 # started it: left to the once-a-second tick, a tick lost or cut short under load
                 # took the notice with it
@@ -99,10 +99,10 @@ class ViewEvents(TabState):
             done.set()
             if not ended:  # cancelled: the tab closed or reloaded mid-reply
                 self.replies.page_gone(session)
-            elif tab.follower == me:
-                tab.ended_at = time.monotonic()
+            elif tab.follows.follower == me:
+                tab.follows.ended_at = time.monotonic()
                 if raced:
-                    tab.recheck_at = tab.ended_at + RECHECK_AFTER_S
+                    tab.follows.recheck_at = tab.follows.ended_at + RECHECK_AFTER_S
 
     async def tick(self, editing: bool, request: gr.Request):
         """Every second: the status line, the sidebar when another chat starts or ends replying,
@@ -121,27 +121,27 @@ class ViewEvents(TabState):
         self.replies.page_seen(session, tab.conv_id)
         for notice in self.replies.take_notices(session):
             toasts.inform(notice)
-        following = tab.following is not None and not tab.following.is_set()
-        if tab.recheck_at is not None and not following and time.monotonic() >= tab.recheck_at:
-            tab.recheck_at = None
+        following = tab.follows.following is not None and not tab.follows.following.is_set()
+        if tab.follows.recheck_at is not None and not following and time.monotonic() >= tab.follows.recheck_at:
+            tab.follows.recheck_at = None
             now = self.render(tab)
-            tab.status, tab.sidebar = now.status, now.sidebar
+            tab.drawn.status, tab.drawn.sidebar = now.status, now.sidebar
             return (*now.outputs(), gr.skip(), gr.skip())
         self.said_deleted(tab, say=toasts.inform)  # news, refusing nothing: an Info toast, not a Warning
         redraw_chat = refresh = gr.skip()
         if not following and not editing:
             chat_behind, fields_behind = self.behind(tab)
             if chat_behind:
-                tab.chat_redraws += 1
-                redraw_chat = tab.chat_redraws
+                tab.drawn.chat_redraws += 1
+                redraw_chat = tab.drawn.chat_redraws
             if fields_behind:
-                tab.refreshes += 1
-                refresh = tab.refreshes
+                tab.drawn.refreshes += 1
+                refresh = tab.drawn.refreshes
         status, side = self.status_of(tab), self.render_sidebar(tab)
         # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
-        view = {"status": status if status != tab.status else gr.skip(),
-                "sidebar": as_update("sidebar", side) if side != tab.sidebar else gr.skip()}
-        tab.status, tab.sidebar = status, side
+        view = {"status": status if status != tab.drawn.status else gr.skip(),
+                "sidebar": as_update("sidebar", side) if side != tab.drawn.sidebar else gr.skip()}
+        tab.drawn.status, tab.drawn.sidebar = status, side
         return (*(view.get(name, gr.skip()) for name in PageView._fields), redraw_chat, refresh)
 
     async def redraw_fields(self, refreshes: float | None, focused: str | None, request: gr.Request) -> tuple:
@@ -152,9 +152,9 @@ class ViewEvents(TabState):
         when the redraw was asked for (a redraw of every box would put back the stored value of a
         box typed in meanwhile: a max tokens typed just before Send would be lost)."""
         tab = self.tab(request)
-        before = tab.fields_shown
+        before = tab.drawn.fields_shown
         values = self.fields(tab)
-        old = before[1] if before is not None and before[0] == tab.fields_shown[0] else None
+        old = before[1] if before is not None and before[0] == tab.drawn.fields_shown[0] else None
         return tuple(gr.skip() if field_id == focused or (old is not None and value == old[i]) else value
                      for i, (field_id, value) in enumerate(zip(FIELD_IDS, values)))
 
@@ -193,7 +193,7 @@ class ViewEvents(TabState):
         do nothing, Delete after asking to confirm)."""
         conv = self.shown(tab)
         chat = [v.shown for v in self.view_of(conv, tab)]
-        tab.seen = Seen(conv.id, tuple(m.id for m in conv.messages), conv.revision) if conv is not None else Seen(None)
+        tab.drawn.seen = Seen(conv.id, tuple(m.id for m in conv.messages), conv.revision) if conv is not None else Seen(None)
         side = self.render_sidebar(tab)
         focus = focus_of(conv, tab.focus)
         label = versions_label(conv, focus) if focus is not None else ""

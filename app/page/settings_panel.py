@@ -31,23 +31,23 @@ class SettingsPanel(TabState):
         shown before: they go there, whichever event the server takes first."""
         keep = (gr.skip(),) * len(SETTING_FIELDS)
         tab = self.tab(request)
-        if clicked_at is not None and clicked_at <= tab.shown_since:  # the boxes show another chat now
+        if clicked_at is not None and clicked_at <= tab.events.shown_since:  # the boxes show another chat now
             try:
-                before = self.store.get(tab.shown_before).settings if tab.shown_before is not None else None
+                before = self.store.get(tab.events.shown_before).settings if tab.events.shown_before is not None else None
             except NotFoundError:
                 before = None
             if before is None:  # a new chat left unsent (or a chat deleted): nothing to keep
                 return keep
             settings, problems = self.checked_form(form, before)
             if not self.settings_refused(problems):
-                self.store_settings(tab, tab.shown_before, settings)
+                self.store_settings(tab, tab.events.shown_before, settings)
             return keep
-        if clicked_at is not None and clicked_at < tab.settings_stamp:
+        if clicked_at is not None and clicked_at < tab.events.settings_stamp:
             return keep  # a newer save (of another box) carried this box's value too, and is applied
         settings, problems = self.checked_form(form, self.settings_in_force(tab))
         if self.save_settings(tab, settings, problems) and clicked_at is not None:
-            tab.settings_stamp = clicked_at
-        tab.refused_form = form if problems else None
+            tab.events.settings_stamp = clicked_at
+        tab.events.refused_form = form if problems else None
         in_force = self.settings_in_force(tab)
         # only boxes that must change are sent: another box may be being typed into meanwhile
         back = set(problems) | {name for name in REFILLED_WHEN_EMPTY if getattr(form, name) in (None, "")}

@@ -16,6 +16,7 @@ from ..chat.store import ChatSettings, ConversationStore, NotFoundError
 from ..chat.uploads import Uploads
 from ..chat.view import WINDOW
 from . import toasts
+from .page_view import Sidebar
 
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
@@ -38,27 +39,50 @@ class Seen:
 
 
 @dataclass
-class Tab:
-    """What one browser tab shows: a conversation, or (None) a new chat not stored yet, with
-    the settings it will start with."""
+class Follows:
+    """The tab's follow events (ViewEvents.follow): which one renders it now, and when one ended."""
 
-    conv_id: int | None = None
-    new_chat_settings: ChatSettings | None = None  # the settings its new chat (conv_id None) starts with
-    focus: int | None = None  # the message the versions bar acts on (None: view.focus_of's choice)
-    # (message, note) the versions bar adds to its label while it acts on that message: where the
-    # messages after an edited one went (Composer.edit; a toast there would cover the edited message)
-    bar_note: tuple[int, str] | None = None
-    search: str = ""  # what the sidebar is filtered by
-    window: int = WINDOW  # how many of the shown chat's last messages the chat shows (view.windowed)
-    attachments: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) for the next message
     follower: int = 0  # which follow event renders the tab now
-    sidebar: tuple | None = None  # the sidebar as last sent
-    status: str | None = None  # the status line as last sent
     following: asyncio.Event | None = None  # set when the tab's latest follow event has ended
     ended_at: float = 0.0  # when (monotonic s) a follow of the tab last ended
     recheck_at: float | None = None  # when the tick sends the whole view once more (monotonic s)
-    early_stop: float = 0.0  # browser time (ms) of the tab's last Stop that found no reply to stop
-    picked: bool = False  # the user has chosen what the tab shows (the page's load keeps it then)
+
+
+@dataclass
+class Drawn:
+    """What the tab's renders last sent the browser: the tick sends only what changed since, and
+    an action on the chat is refused when the chat changed since the tab drew it."""
+
+    seen: Seen | None = None  # what the tab's last render showed
+    sidebar: Sidebar | None = None  # the sidebar as last sent
+    status: str | None = None  # the status line as last sent
+    # the chat whose title and settings the page's boxes show, and their values (FIELD_IDS' order)
+    # as this tab last sent or saved them: a redraw sends only the boxes changed elsewhere since
+    fields_shown: tuple[int | None, tuple] | None = None
+    # the tick's counts of redraws asked for: of the chat (a change of it starts a follow) and of
+    # its title and settings boxes (a change of it starts redraw_boxes)
+    chat_redraws: int = 0
+    refreshes: int = 0
+
+
+@dataclass
+class Draft:
+    """What the tab is writing: the files attached to its next message, and what it left unsent
+    in each chat, put back when the tab shows that chat again (ChatsPanel.swap_draft)."""
+
+    attachments: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) for the next message
+    unsent: dict[int | None, str] = field(default_factory=dict)  # by chat (None: its new chat)
+    unsent_files: dict[int | None, list[tuple[str, str]]] = field(default_factory=dict)  # and the files attached there
+    # the last message sent: (chat, text, browser time in ms of its click or Enter), to drop the
+    # second send of a double click or a double Enter (the box empties only when the first is done)
+    last_send: tuple[int, str, float] | None = None
+
+
+@dataclass
+class Events:
+    """What the tab's events leave for the next ones, which Gradio may run in another order than
+    the clicks that made them: browser times (ms) of clicks and saves, and the last save refused."""
+
     # the chat shown before the last click that changed it (None: a new chat), and that click's
     # browser time (ms): a settings box left by that click belongs to the chat shown before
     shown_before: int | None = None
@@ -69,22 +93,28 @@ class Tab:
     # the settings form whose save was last refused with a toast (None: the last save was not
     # refused): New chat, clicked as that box was left, does not say it again
     refused_form: SettingsForm | None = None
-    # the last message sent: (chat, text, browser time in ms of its click or Enter), to drop the
-    # second send of a double click or a double Enter (the box empties only when the first is done)
-    last_send: tuple[int, str, float] | None = None
-    seen: Seen | None = None  # what the tab's last render showed
+    early_stop: float = 0.0  # browser time (ms) of the tab's last Stop that found no reply to stop
+
+
+@dataclass
+class Tab:
+    """What one browser tab shows: a conversation, or (None) a new chat not stored yet, with
+    the settings it will start with; and, in parts, how the tab's events and renders went."""
+
+    conv_id: int | None = None
+    new_chat_settings: ChatSettings | None = None  # the settings its new chat (conv_id None) starts with
+    picked: bool = False  # the user has chosen what the tab shows (the page's load keeps it then)
     lost: bool = False  # the chat it showed was found deleted (by another tab): not said yet
-    # the tick's counts of redraws asked for: of the chat (a change of it starts a follow) and of
-    # its title and settings boxes (a change of it starts redraw_boxes)
-    chat_redraws: int = 0
-    refreshes: int = 0
-    # the chat whose title and settings the page's boxes show, and their values (FIELD_IDS' order)
-    # as this tab last sent or saved them: a redraw sends only the boxes changed elsewhere since
-    fields_shown: tuple[int | None, tuple] | None = None
-    # what the message box held when the tab left each chat (None: its new chat), unsent: put back
-    # when the tab shows that chat again (ChatsPanel.swap_draft)
-    unsent: dict[int | None, str] = field(default_factory=dict)
-    unsent_files: dict[int | None, list[tuple[str, str]]] = field(default_factory=dict)  # and the files attached there
+    focus: int | None = None  # the message the versions bar acts on (None: view.focus_of's choice)
+    # (message, note) the versions bar adds to its label while it acts on that message: where the
+    # messages after an edited one went (Composer.edit; a toast there would cover the edited message)
+    bar_note: tuple[int, str] | None = None
+    search: str = ""  # what the sidebar is filtered by
+    window: int = WINDOW  # how many of the shown chat's last messages the chat shows (view.windowed)
+    follows: Follows = field(default_factory=Follows)
+    drawn: Drawn = field(default_factory=Drawn)
+    draft: Draft = field(default_factory=Draft)
+    events: Events = field(default_factory=Events)
 
 
 class TabState:
@@ -118,7 +148,7 @@ class TabState:
         or deleted the chat: a toast says so (then ``note``) and the page shows the chat as it is now."""
         if self.said_deleted(tab, SEND_DELETED_ELSEWHERE if appending else f"{DELETED_ELSEWHERE} {note}".strip()):
             return False
-        seen = tab.seen
+        seen = tab.drawn.seen
         if conv is None or seen is None or seen.conv_id != conv.id:
             return True  # nothing shown of this chat yet (a click that showed it is being answered)
         path = tuple(m.id for m in conv.messages)
@@ -145,15 +175,15 @@ class TabState:
         after its first reply, a click on ✎ in that moment would do nothing. (A
         render may find the change first, a deleted chat too: the fields still show it as it was.)"""
         if tab.conv_id is None:
-            return False, tab.fields_shown is not None and tab.fields_shown[0] is not None  # they show a chat deleted since
+            return False, tab.drawn.fields_shown is not None and tab.drawn.fields_shown[0] is not None  # they show a chat deleted since
         try:
             heading = self.store.heading(tab.conv_id)
         except NotFoundError:
             return True, True
-        seen = tab.seen
+        seen = tab.drawn.seen
         chat_behind = seen is not None and seen.conv_id == tab.conv_id and seen.revision != heading.revision
         fields = (tab.conv_id, self.field_values(heading.title, heading.settings))
-        fields_behind = tab.fields_shown is not None and tab.fields_shown != fields
+        fields_behind = tab.drawn.fields_shown is not None and tab.drawn.fields_shown != fields
         return chat_behind, fields_behind
 
     def settings_in_force(self, tab: Tab) -> ChatSettings:
@@ -175,7 +205,7 @@ class TabState:
         tab remembers which chat, with which values, they show)."""
         conv = self.shown(tab)
         values = self.field_values(conv.title if conv is not None else "", self.settings_of(tab, conv))
-        tab.fields_shown = (conv.id if conv is not None else None, values)
+        tab.drawn.fields_shown = (conv.id if conv is not None else None, values)
         return values
 
     def field_values(self, title: str, s: ChatSettings) -> tuple:
@@ -186,14 +216,14 @@ class TabState:
         """This tab wrote ``conv_id``'s title or settings as its boxes show them: those boxes are
         not behind (a redraw would send them back, over a value typed meanwhile). Only what it
         wrote: another tab's change to the rest is still redrawn."""
-        if tab.fields_shown is None or tab.fields_shown[0] != conv_id:
+        if tab.drawn.fields_shown is None or tab.drawn.fields_shown[0] != conv_id:
             return
-        values = tab.fields_shown[1]
+        values = tab.drawn.fields_shown[1]
         if title is not None:
             values = (title, *values[1:])
         if settings is not None:
             values = (values[0], *self.field_values("", settings)[1:])
-        tab.fields_shown = (conv_id, values)
+        tab.drawn.fields_shown = (conv_id, values)
 
     def conversations(self, tab: Tab):
         return self.store.search(tab.search) if tab.search else self.store.list()

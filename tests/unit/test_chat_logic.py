@@ -557,7 +557,7 @@ async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_
     await page.select(a, 6000.0, request, "")
     assert await page.send("", a_form, 6100.0, request, 6000.0) == (json.dumps({"at": 6100.0, "draft": ""}), SKIP)
     await until_idle(page.replies)
-    assert texts(store, a) == [] and page.tab(request).attachments == [("notes.txt", "kept with A's draft\n")]
+    assert texts(store, a) == [] and page.tab(request).draft.attachments == [("notes.txt", "kept with A's draft\n")]
 
 
 @pytest.mark.anyio
@@ -590,13 +590,13 @@ async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draf
     assert store.get(b).settings == b_settings, "A's settings boxes were saved to B"
     assert said == ["Not sent: you switched chats; your message is kept as the draft of «chat A»."], said
     assert draft_in((await page.select(a, 3000.0, request, ""))[0]) == "hello from A"
-    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")]
     # a click that did not carry the box's text, on New chat: the text is kept all the same
     await page.new_chat(4000.0, request)
     assert draft_in((await page.send("second try", a_form, 3990.0, request))[0]) == ""
     assert [c.id for c in store.list()] == [b, a], "a chat was stored for the message"
     assert draft_in((await page.select(a, 5000.0, request, ""))[0]) == "second try"
-    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")]
     # sent after the click (a later Enter): sent into the chat shown
     await page.send("second try", a_form, 5500.0, request)
     await until_idle(page.replies)
@@ -785,7 +785,7 @@ async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(store
     [o async for o in second]
     chat, *rest = await page.tick(False, request)
     assert chat == SKIP, "the view is sent again only a while after the follow ended"
-    monkeypatch.setattr(page.tab(request), "recheck_at", 0.0)
+    monkeypatch.setattr(page.tab(request).follows, "recheck_at", 0.0)
     chat, *rest = await page.tick(False, request)
     assert "hello A" in str(chat), chat
     assert (await page.tick(False, request))[0] == SKIP, "once"
@@ -1058,12 +1058,12 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a new question", SETTINGS, None, request)
     assert marked() == [], "marks stored without the message"
-    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")], "the file was dropped"
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")], "the file was dropped"
     monkeypatch.setattr(store_module, "_add", real_add)
     await page.send("a new question", SETTINGS, None, request)
     assert marked() == ["second question", "third question"]
     assert "plum" in [m for m in store.get(conv_id).messages if m.role == "user"][-1].content
-    assert page.tab(request).attachments == []
+    assert page.tab(request).draft.attachments == []
     await until_idle(page.replies)
     # a new chat's first message: the chat and the message are one transaction too
     chats = [c.id for c in store.list()]
@@ -1073,7 +1073,7 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a first question", SETTINGS, None, request)
     assert [c.id for c in store.list()] == chats, "an empty chat was left"
-    assert page.tab(request).conv_id is None and page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
+    assert page.tab(request).conv_id is None and page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")]
     monkeypatch.setattr(store_module, "_add", real_add)
     await page.send("a first question", SETTINGS, None, request)
     new = store.get(page.tab(request).conv_id)
@@ -1571,17 +1571,17 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     assert await page.unattach(request) == ("", {"__type__": "update", "visible": False})
     await page.attach([uploaded(page, notes)], request)
     await page.select(b, None, request)
-    assert page.tab(request).attachments == [] and said == [], said
+    assert page.tab(request).draft.attachments == [] and said == [], said
     assert await page.attachments_note(request) == ("", {"__type__": "update", "visible": False})
     await page.new_chat(None, request)
-    assert page.tab(request).attachments == []
+    assert page.tab(request).draft.attachments == []
     await page.select(a, None, request)
-    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")] and said == [], said
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")] and said == [], said
     assert "notes.txt" in (await page.attachments_note(request))[0]
     await page.unattach(request)  # removed in A: nothing comes back to A
     await page.select(b, None, request)
     await page.select(a, None, request)
-    assert page.tab(request).attachments == []
+    assert page.tab(request).draft.attachments == []
     [o async for o in page.follow(request)]
     await page.send("hello", SETTINGS, None, request)
     await until_idle(page.replies)
@@ -1591,7 +1591,7 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     await page.select(a, None, request)
     await page.select(b, None, request)
     await page.delete(True, None, request)
-    assert page.tab(request).attachments == [] and page.tab(request).unsent_files == {}
+    assert page.tab(request).draft.attachments == [] and page.tab(request).draft.unsent_files == {}
 
 
 @pytest.mark.anyio
@@ -1633,7 +1633,7 @@ async def test_the_same_file_attached_twice_goes_into_the_message_once(store, tm
     assert again == first and first.count("notes.txt") == 1, again
     assert said == ["notes.txt is already attached: it goes into your message once."], said
     await page.attach([uploaded(page, other)], request)
-    assert len(page.tab(request).attachments) == 2 and len(said) == 1
+    assert len(page.tab(request).draft.attachments) == 2 and len(said) == 1
     await page.send("read these", SETTINGS, None, request)
     await until_idle(page.replies)
     question = texts(store, page.tab(request).conv_id)[0][1]
@@ -1675,7 +1675,7 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
     await page.select(a, None, request)
     assert await box_after(page.select, b, text="for A, kept") == ""  # B's box was emptied above
     assert draft_in((await page.delete(True, None, request, "doomed draft"))[0]) == "for A, kept"  # A: the newest chat
-    assert b not in page.tab(request).unsent and page.tab(request).conv_id == a
+    assert b not in page.tab(request).draft.unsent and page.tab(request).conv_id == a
     # the page empties the box at each of these clicks (window.minisglTakeBox), and an answer is
     # applied once, for the click its stamp names; a click that shows no other chat gives the text back
     assert await box_after(page.select, a, text="still typing in A") == "still typing in A"
@@ -1907,8 +1907,8 @@ async def test_an_imported_chat_is_shown_as_a_click_on_it_shows_it(store, tmp_pa
     tab = page.tab(request)
     tab.bar_note = (question.id, "the messages after it are in version 1")  # what an edit in B leaves
     box, *_ = await page.import_chat(uploaded(page, file), None, request, "B's draft")
-    assert tab.conv_id not in (a, b) and draft_in(box) == "" and tab.unsent[b] == "B's draft"
-    assert (tab.shown_before, tab.shown_since, tab.bar_note, tab.focus) == (b, 0.0, None, None)
+    assert tab.conv_id not in (a, b) and draft_in(box) == "" and tab.draft.unsent[b] == "B's draft"
+    assert (tab.events.shown_before, tab.events.shown_since, tab.bar_note, tab.focus) == (b, 0.0, None, None)
 
 
 @pytest.mark.anyio
@@ -1961,13 +1961,13 @@ async def test_attach_and_import_read_only_files_uploaded_from_the_page(store, t
     notes = tmp_path / "notes.txt"
     notes.write_text("the code is plum\n", encoding="utf-8")
     line, _ = await page.attach([str(secret)], request)  # a forged FileData: the path as sent
-    assert page.tab(request).attachments == [] and "secret" not in line, page.tab(request).attachments
+    assert page.tab(request).draft.attachments == [] and "secret" not in line, page.tab(request).draft.attachments
     good = uploaded(page, notes)
     copied = page.uploads.folder / "0123abcd" / "secret.txt"  # where Gradio copies a forged path before the handler
     copied.parent.mkdir()
     copied.write_text(secret.read_text())
     line, _ = await page.attach([str(copied), good], request)
-    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")], page.tab(request).attachments
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")], page.tab(request).draft.attachments
     assert "secret" not in line and said == [f"Not attached: {NOT_UPLOADED}."] * 2, said
     assert secret.exists(), "a file outside the upload folder is left alone"
     assert not copied.exists() and not Path(good).exists(), "the forged copy and the file read are deleted"
