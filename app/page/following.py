@@ -41,7 +41,7 @@ class ViewEvents(TabState):
             asked = next((int(c) for c in (in_address, remembered) if c is not None and self.exists(int(c))), None)
             convs = self.store.list() if asked is None else []
             tab.conv_id = asked if asked is not None else convs[0].id if convs else None
-            if in_address is not None and asked != int(in_address):  # a link to a deleted chat showed another, unsaid
+            if in_address is not None and asked != int(in_address):  # a link to a deleted chat: another is shown, and said
                 named = f"chat {int(in_address)}" if in_address >= 0 else "no chat"
                 shown = f"“{self.store.get(tab.conv_id).title}”" if tab.conv_id is not None else "a new chat"
                 toasts.warn(f"The address (?chat=) names {named}, which is not here (deleted?): showing {shown}.")
@@ -85,7 +85,7 @@ class ViewEvents(TabState):
             if tab.follows.follower == me:
                 # what the reply just ended has to say ("nothing to add"), with the action that
                 # started it: left to the once-a-second tick, a tick lost or cut short under load
-                # took the notice with it
+                # would take the notice with it
                 for notice in self.replies.take_notices(session):
                     toasts.inform(notice)
             # Gradio sends a generator's last output once more with its end (blocks.py,

@@ -23,8 +23,9 @@ class SettingsPanel(TabState):
     """The settings of the chat a tab shows, or of its new chat."""
 
     async def settings_changed(self, form: SettingsForm, clicked_at: float | None, request: gr.Request) -> tuple:
-        """Save the fields when one is committed (a box left or Enter, a slider let go: ``_wire``),
-        not on every key: a value typed digit by digit is never saved by its prefixes. A refused
+        """Save the fields when one is committed (a box left or Enter, a slider let go:
+        ``wire_settings``), not on every key: a value typed digit by digit is never saved by its
+        prefixes. A refused
         value is not saved; one toast says why and the box shows the value in force again, as an
         emptied box does (it saves nothing). A box left by a click on another chat
         (``clicked_at``, browser ms, no later than that click's) holds the settings of the chat
@@ -109,7 +110,7 @@ class SettingsPanel(TabState):
                 tab.conv_id = None
 
     def settings_layout(self) -> SimpleNamespace:
-        """The chat's settings, in SETTING_FIELDS' order (``fields``)."""
+        """The chat's settings: ``fields`` in SETTING_FIELDS' order, ``boxes`` by field name."""
         d = self.store.default_settings()
         backends = self.source.backends
         # shown when the app has a local engine and a remote (--remote URL --local)
