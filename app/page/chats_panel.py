@@ -21,7 +21,13 @@ from ..chat.uploads import NotUploaded
 from ..chat.view import WINDOW, markdown_literal
 from . import toasts
 from .page_view import as_update
-from .scripts import CLICK_DOWNLOAD_JS, CONFIRM_DELETE_CHAT_JS, LEAVE_CHAT_IMPORT_JS, LEAVE_CHAT_NEW_JS, LEAVE_CHAT_SELECT_JS
+from .scripts import (
+    CLICK_DOWNLOAD_JS,
+    CONFIRM_DELETE_CHAT_JS,
+    LEAVE_CHAT_IMPORT_JS,
+    LEAVE_CHAT_NEW_JS,
+    LEAVE_CHAT_SELECT_JS,
+)
 from .tabs import Tab, TabState
 from .wiring import QUICK, Wiring
 

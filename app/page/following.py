@@ -13,11 +13,26 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from ..chat.view import can_continue, focus_of, sidebar_choices, version_steps, versions_label, view_messages, while_replying
+from ..chat.view import (
+    can_continue,
+    focus_of,
+    sidebar_choices,
+    version_steps,
+    versions_label,
+    view_messages,
+    while_replying,
+)
 from . import toasts
 from .page_view import SENT_AS_UPDATES, VIEW_SIZE, PageView, Sidebar, as_update
-from .scripts import (APPLY_REDRAWN_FIELDS_JS, ASKED_CHATS_JS, EDITING_JS, FIELD_IDS, FOCUSED_FIELD_JS, MARK_LOADED_JS,
-                      REMEMBER_SHOWN_CHAT_JS)
+from .scripts import (
+    APPLY_REDRAWN_FIELDS_JS,
+    ASKED_CHATS_JS,
+    EDITING_JS,
+    FIELD_IDS,
+    FOCUSED_FIELD_JS,
+    MARK_LOADED_JS,
+    REMEMBER_SHOWN_CHAT_JS,
+)
 from .tabs import Seen, Tab, TabState
 from .wiring import QUICK, Wiring
 
@@ -244,7 +259,7 @@ class ViewEvents(TabState):
 
     def wire_view(self, demo: gr.Blocks, w: Wiring) -> None:
         """The page's load and unload, the tick, and the redraws it asks for."""
-        c, m = w.chats, w.main
+        c = w.chats
         loaded = demo.load(self.load_page, inputs=[c.in_address, c.remembered], outputs=[*w.tab_fields, w.settings.thinking],
                            js=ASKED_CHATS_JS, **QUICK)
         # the chat shown, whoever chose it (a click, the load, a delete, a first message), goes to the address

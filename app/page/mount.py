@@ -14,8 +14,8 @@ from ..chat.store import ConversationStore
 from ..chat.uploads import UPLOAD_LIMIT_BYTES
 from ..model_pull import ModelPuller
 from .access import PageGuard
-from .css import PAGE_CSS
 from .csp import page_csp
+from .css import PAGE_CSS
 from .gradio_patches import keep_session_queues, quiet_queue
 from .scripts import PAGE_JS
 from .ui import build_ui

@@ -10,8 +10,15 @@ from typing import Any
 
 import gradio as gr
 
-from ..chat.settings_form import (REFILLED_WHEN_EMPTY, RESET_FIELDS, SETTING_FIELDS, SettingsForm, form_settings,
-                                  max_tokens_problem, with_backend_of)
+from ..chat.settings_form import (
+    REFILLED_WHEN_EMPTY,
+    RESET_FIELDS,
+    SETTING_FIELDS,
+    SettingsForm,
+    form_settings,
+    max_tokens_problem,
+    with_backend_of,
+)
 from ..chat.store import REPETITION_PENALTY_MAX, ChatSettings, NotFoundError
 from . import toasts
 from .scripts import STAMP_JS

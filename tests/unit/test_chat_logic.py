@@ -464,8 +464,8 @@ async def test_a_double_click_sends_once_whichever_of_its_two_sends_starts_first
 async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_engine(store) -> None:
     """The page's default penalty (the demo model loops without one) goes with every reply; a
     chat's own value replaces it; the OpenAI API's default stays 1 (off)."""
-    from minisgl_app.chat.store import DEFAULT_REPETITION_PENALTY, ChatSettings
     from minisgl_app.chat.settings_form import form_settings
+    from minisgl_app.chat.store import DEFAULT_REPETITION_PENALTY, ChatSettings
     from minisgl_app.page.ui import ChatPage
 
     assert DEFAULT_REPETITION_PENALTY > 1.0 and SamplingParams().repetition_penalty == 1.0
