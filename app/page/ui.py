@@ -32,7 +32,7 @@ from .models_panel import ModelsPanel
 from .settings_panel import SettingsPanel
 from .tabs import Tab
 from .versions_panel import VersionsPanel
-from .wiring import QUICK, Wiring
+from .wiring import Wiring
 
 
 class ChatPage(ViewEvents, ChatsPanel, SettingsPanel, Composer, Attachments, VersionsPanel, ModelsPanel):
@@ -80,9 +80,8 @@ class ChatPage(ViewEvents, ChatsPanel, SettingsPanel, Composer, Attachments, Ver
     def _wire(self, demo: gr.Blocks, chats: SimpleNamespace, settings: SimpleNamespace, models: SimpleNamespace,
               main: SimpleNamespace) -> None:
         """Every event of the page: what each control calls, and the follow that renders after it."""
-        w = Wiring(chats=chats, settings=settings, models=models, main=main, follow={},
-                   attachments_note=dict(fn=self.attachments_note, outputs=[main.attached, main.unattach_btn], **QUICK))
-        w.follow = dict(fn=self.follow, outputs=w.view, show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
+        w = Wiring(chats=chats, settings=settings, models=models, main=main, follow_fn=self.follow,
+                   attachments_note_fn=self.attachments_note)
         self.wire_view(demo, w)
         self.wire_models(w)
         self.wire_chats(w)

@@ -3,6 +3,7 @@ and the follow that renders the tab after one (ViewEvents.follow)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -27,8 +28,19 @@ class Wiring:
     settings: SimpleNamespace
     models: SimpleNamespace
     main: SimpleNamespace
-    follow: dict[str, Any]  # the arguments of a follow event (``.then(**wiring.follow)``)
-    attachments_note: dict[str, Any]  # the arguments of an event that redraws the attachment note
+    follow_fn: Callable[..., Any]  # ViewEvents.follow
+    attachments_note_fn: Callable[..., Any]  # Attachments.attachments_note
+
+    @property
+    def follow(self) -> dict[str, Any]:
+        """The arguments of a follow event (``.then(**wiring.follow)``), which renders the tab."""
+        return dict(fn=self.follow_fn, outputs=self.view, show_progress="hidden", concurrency_limit=None,
+                    trigger_mode="multiple")
+
+    @property
+    def attachments_note(self) -> dict[str, Any]:
+        """The arguments of an event that redraws the line naming the files attached."""
+        return dict(fn=self.attachments_note_fn, outputs=[self.main.attached, self.main.unattach_btn], **QUICK)
 
     @property
     def view(self) -> list:
