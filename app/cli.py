@@ -190,7 +190,7 @@ def run_chat(args: argparse.Namespace) -> int:
     from .page.access import load_page_key, page_link, write_open_file
     from .chat.reply_source import LocalEngine, RemoteEngine, SideBySide
     from .chat.store import ConversationStore
-    from .page.ui import mount_ui
+    from .page import mount_ui
 
     logging.getLogger("minisgl").setLevel(logging.INFO)
     store = ConversationStore()

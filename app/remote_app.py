@@ -26,7 +26,7 @@ def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: Conversat
 
     from minisgl_engine import install_guard
 
-    from .page.ui import mount_ui
+    from .page import mount_ui
 
     check_server_config(server)
     listen_socket = bind_listen_socket(server.host, server.port)

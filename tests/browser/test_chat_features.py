@@ -19,7 +19,7 @@ import pytest
 from chat_page_utils import (ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, below, browser, empty_button_boxes,  # noqa: F401 (browser: fixture)
                              open_chat_list, open_new_chat, put_setting, send, wait_page_loaded, whole_on_screen)
 from server_utils import wait_until
-from minisgl_app.page.ui import branch_note
+from minisgl_app.chat.composing import branch_note
 
 pytestmark = BROWSER_MARKS
 
@@ -347,7 +347,7 @@ def test_editing_an_earlier_question_answers_it_again_and_keeps_the_old_branch(p
     assert any("version 2/2" in x for x in lines(page)), lines(page)
     version_line_looks_like_a_line(page)
     # where the question's old reply and the turn after it went: in the versions bar, which acts
-    # on the edited question (ui.branch_note), not in a toast over the edited message
+    # on the edited question (chat/composing.py: branch_note), not in a toast over the edited message
     assert versions_label(page) == f"Your message 1: version 2 of 2 — {branch_note(3)}", versions_label(page)
     # the long label wraps: Delete message stays on screen, beside it at 1280 px, on a phone
     # with the label on a line of its own under it (it pushed the button off / wrapped to 8 lines)

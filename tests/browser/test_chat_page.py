@@ -1682,7 +1682,7 @@ def test_bench_page_times_the_same_reply_in_the_page_and_through_the_api(app):
 def test_an_event_stream_of_a_session_gone_is_a_404_with_no_traceback(app):
     """Gradio answered a page's event stream for a session with nothing pending 200, then failed
     inside it: a Traceback in the log (seen when a tab's stream reconnected as its session was
-    cleaned up). The check comes before the response starts (ui.StreamOfGoneSession)."""
+    cleaned up). The check comes before the response starts (page/mount.py: StreamOfGoneSession)."""
     import requests
 
     before = log_text(app)
@@ -1697,7 +1697,7 @@ def test_a_closed_event_stream_leaves_the_other_streams_of_its_session_working(a
     by the browser, while another stream of that session was open: that one then failed with a
     404 inside its response (a Traceback in the log: CI runs 77 and the last on record), and the
     page said Connection Lost and reloaded. Two streams of one session here, the first closed; the
-    second must still carry the answer of an event sent after it (ui.keep_session_queues)."""
+    second must still carry the answer of an event sent after it (page/gradio_patches.py: keep_session_queues)."""
     import threading
 
     import requests

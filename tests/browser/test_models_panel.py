@@ -128,6 +128,7 @@ class SwitchingSource:
 
 @pytest.mark.anyio
 async def test_a_switch_stops_replies_in_flight_marked_and_a_refused_model_stops_nothing(tmp_path) -> None:
+    from minisgl_app.chat.settings_form import SettingsForm
     from minisgl_app.chat.store import ConversationStore
     from minisgl_app.page.ui import ChatPage
 
@@ -137,8 +138,9 @@ async def test_a_switch_stops_replies_in_flight_marked_and_a_refused_model_stops
     store = ConversationStore(tmp_path / "chats.sqlite3")
     source = SwitchingSource()
     page = ChatPage(source, store)
-    settings = ("", 0.0, 1.0, 64, False, 0, None, "", 1.15)  # ..., stop strings, repetition penalty
-    await page.send("hello", *settings, None, Request())
+    settings = SettingsForm(system_prompt="", temperature=0.0, top_p=1.0, max_tokens=64, thinking=False, top_k=0, seed=None, stop="",
+                            repetition_penalty=1.15)
+    await page.send("hello", settings, None, Request())
     conv_id = page.tab(Request()).conv_id
     await asyncio.sleep(0.1)
     messages = [m async for m in page.switch_model("bad", Request())]
@@ -150,7 +152,7 @@ async def test_a_switch_stops_replies_in_flight_marked_and_a_refused_model_stops
         await asyncio.sleep(0.01)
     reply = store.get(conv_id).messages[-1]
     assert reply.model == "first" and reply.stats.stopped and reply.stats.stopped_by == "switch to second"
-    await page.send("again", *settings, None, Request())
+    await page.send("again", settings, None, Request())
     await asyncio.sleep(0.05)
     page.replies.stop(conv_id)
     while page.replies.is_busy(conv_id):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from minisgl_app.chat import live, view
 from minisgl_app.chat.live import ReplyManager, Turn
+from minisgl_app.chat.settings_form import SettingsForm
 from minisgl_app.chat.store import ConversationStore
 from minisgl_app.chat.view import (can_continue, engine_messages, focus_of, sidebar_choices, split_thinking, versions_label,
                               view_messages)
@@ -283,7 +285,7 @@ def test_the_versions_bar_offers_only_the_steps_there_are(store):
 
 def test_one_token_message_and_character_are_said_in_the_singular(store):
     """The line under a one-token reply read "1 tokens"; so did an import's and an attachment's counts."""
-    from minisgl_app.page.ui import attachments_line
+    from minisgl_app.chat.composing import attachments_line
 
     c = store.create().id
     store.append(c, "user", "question")
@@ -322,7 +324,7 @@ def test_html_in_a_message_is_marked_to_show_as_typed_and_edits_come_back_unmark
     """The page renders messages as Markdown, which lets HTML through: a word joiner after each
     "<" that would open a tag (or "&" an entity) shows it as text; code and $$ math are left as
     they are (Markdown shows them literally); the text the model sees and an edit are unmarked."""
-    from minisgl_app.page.ui import edit_text
+    from minisgl_app.chat.composing import edit_text
     from minisgl_app.chat.view import MARK, shown_literally, typed_text
 
     question = "<div>hello</div> and a <b> c, AT&amp;T, a < b"
@@ -353,7 +355,7 @@ def test_gradio_queue_polls_every_20_ms_not_every_millisecond() -> None:
     import gradio as gr
     from fastapi import FastAPI
 
-    from minisgl_app.page.ui import QUEUE_POLL_S, quiet_queue
+    from minisgl_app.page.gradio_patches import QUEUE_POLL_S, quiet_queue
 
     with gr.Blocks() as demo:
         gr.Markdown("x")
@@ -389,7 +391,8 @@ class FakeRequest:
 
 
 # system prompt, temperature, top-p, max tokens, thinking, top-k, seed, stop, repetition penalty (the page's default)
-SETTINGS = ("", 0.0, 1.0, 64, False, 0, None, "", 1.15)
+SETTINGS = SettingsForm(system_prompt="", temperature=0.0, top_p=1.0, max_tokens=64, thinking=False, top_k=0, seed=None, stop="",
+                        repetition_penalty=1.15)
 
 
 def uploaded(page, file) -> str:
@@ -419,21 +422,21 @@ async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(
     engine = FakeEngine(step_s=0.05)
     page = ChatPage(FakeClient(engine), store)
     await page.stop(2000.0, FakeRequest())  # nothing to stop yet: the message clicked at 1000 is on its way
-    await page.send("one two three four five six seven eight", *SETTINGS, 1000.0, FakeRequest())
+    await page.send("one two three four five six seven eight", SETTINGS, 1000.0, FakeRequest())
     conv_id = page.tab(FakeRequest()).conv_id
     await until_idle(page.replies)
     [_, reply] = store.get(conv_id).messages
     assert reply.stats.stopped and reply.content == "", reply  # stopped before its first word
     # Stop clicked when nothing replies (the reply had just ended), then a message: answered
     await page.stop(3000.0, FakeRequest())
-    await page.send("alpha beta", *SETTINGS, 3500.0, FakeRequest())
+    await page.send("alpha beta", SETTINGS, 3500.0, FakeRequest())
     await until_idle(page.replies)
     assert store.get(conv_id).messages[-1].content == "echo: alpha beta"
     # a Stop that stopped a reply: the message after it is answered in full
-    await page.send("gamma delta epsilon zeta eta theta", *SETTINGS, 4000.0, FakeRequest())
+    await page.send("gamma delta epsilon zeta eta theta", SETTINGS, 4000.0, FakeRequest())
     await asyncio.sleep(0.06)
     await page.stop(4500.0, FakeRequest())
-    await page.send("again", *SETTINGS, 5000.0, FakeRequest())
+    await page.send("again", SETTINGS, 5000.0, FakeRequest())
     await until_idle(page.replies)
     assert store.get(conv_id).messages[-1].content == "echo: again"
 
@@ -447,12 +450,12 @@ async def test_a_double_click_sends_once_whichever_of_its_two_sends_starts_first
 
     engine = FakeEngine()
     page = ChatPage(FakeClient(engine), store)
-    await page.send("numbat note", *SETTINGS, 1250.0, FakeRequest())  # the second click, started first
-    await page.send("numbat note", *SETTINGS, 1000.0, FakeRequest())
+    await page.send("numbat note", SETTINGS, 1250.0, FakeRequest())  # the second click, started first
+    await page.send("numbat note", SETTINGS, 1000.0, FakeRequest())
     await until_idle(page.replies)
     conv_id = page.tab(FakeRequest()).conv_id
     assert [m.content for m in store.get(conv_id).messages if m.role == "user"] == ["numbat note"]
-    await page.send("numbat note", *SETTINGS, 2500.0, FakeRequest())  # sent again on purpose
+    await page.send("numbat note", SETTINGS, 2500.0, FakeRequest())  # sent again on purpose
     await until_idle(page.replies)
     assert [m.content for m in store.get(conv_id).messages if m.role == "user"] == ["numbat note"] * 2
 
@@ -461,25 +464,26 @@ async def test_a_double_click_sends_once_whichever_of_its_two_sends_starts_first
 async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_engine(store) -> None:
     """The page's default penalty (the demo model loops without one) goes with every reply; a
     chat's own value replaces it; the OpenAI API's default stays 1 (off)."""
+    from minisgl_app.chat.settings_form import form_settings
     from minisgl_app.chat.store import DEFAULT_REPETITION_PENALTY, ChatSettings
-    from minisgl_app.page.ui import ChatPage, form_settings
+    from minisgl_app.page.ui import ChatPage
 
     assert DEFAULT_REPETITION_PENALTY > 1.0 and SamplingParams().repetition_penalty == 1.0
     engine = FakeEngine()
     page = ChatPage(FakeClient(engine), store)
-    assert SETTINGS[-1] == DEFAULT_REPETITION_PENALTY
-    await page.send("hello there", *SETTINGS, None, FakeRequest())
+    assert SETTINGS.repetition_penalty == DEFAULT_REPETITION_PENALTY
+    await page.send("hello there", SETTINGS, None, FakeRequest())
     await until_idle(page.replies)
     assert engine.requests[-1].params.repetition_penalty == DEFAULT_REPETITION_PENALTY
     conv_id = page.tab(FakeRequest()).conv_id
-    await page.settings_changed(*SETTINGS[:-1], 1.3, None, FakeRequest())
+    await page.settings_changed(replace(SETTINGS, repetition_penalty=1.3), None, FakeRequest())
     assert store.get(conv_id).settings.repetition_penalty == 1.3 and page.fields(page.tab(FakeRequest()))[-2] == 1.3
-    await page.send("again", *SETTINGS[:-1], 1.3, None, FakeRequest())
+    await page.send("again", replace(SETTINGS, repetition_penalty=1.3), None, FakeRequest())
     await until_idle(page.replies)
     assert engine.requests[-1].params.repetition_penalty == 1.3
     # out of the page's range: refused with a sentence, the value in force put back
-    assert "between 1 (off) and 2" in form_settings(*SETTINGS[:-1], 0.5)[1]["repetition_penalty"]
-    assert (await page.settings_changed(*SETTINGS[:-1], 3, None, FakeRequest()))[-1] == 1.3
+    assert "between 1 (off) and 2" in form_settings(replace(SETTINGS, repetition_penalty=0.5))[1]["repetition_penalty"]
+    assert (await page.settings_changed(replace(SETTINGS, repetition_penalty=3), None, FakeRequest()))[-1] == 1.3
     # a chat stored before the setting existed takes the page's default
     assert ChatSettings.from_dict({"temperature": 0.5}).repetition_penalty == DEFAULT_REPETITION_PENALTY
 
@@ -496,26 +500,26 @@ async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_ch
     a, b = store.create(title="a").id, store.create(title="b").id
     default = store.get(b).settings.max_tokens
 
-    def form(max_tokens: int) -> tuple:
-        return ("", 0.0, 1.0, max_tokens, False, 0, None, "", 1.0)
+    def form(max_tokens: int) -> SettingsForm:
+        return SettingsForm("", 0.0, 1.0, max_tokens, False, 0, None, "", 1.0)
 
     await page.select(a, 1000.0, request)
     await page.select(b, 2000.0, request)  # the click on chat B, handled first
-    assert await page.settings_changed(*form(77), 1990.0, request) == (SKIP,) * 9  # A's box, left by that click
+    assert await page.settings_changed(form(77), 1990.0, request) == (SKIP,) * 9  # A's box, left by that click
     assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, default)
-    await page.settings_changed(*form(88), 2500.0, request)  # a box of B, left later
+    await page.settings_changed(form(88), 2500.0, request)  # a box of B, left later
     assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, 88)
     # a refused value in a box left by the click: not saved anywhere (the toast says why)
     await page.select(a, 3000.0, request)
-    await page.settings_changed(*form(0), 3000.0, request)
+    await page.settings_changed(form(0), 3000.0, request)
     assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, 88)
     # a new chat's box left by a click on a chat: the new chat was never sent, nothing is kept
     await page.new_chat(4000.0, request)
     await page.select(b, 5000.0, request)
-    await page.settings_changed(*form(99), 4999.0, request)
+    await page.settings_changed(form(99), 4999.0, request)
     assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, 88)
     # a stamp-less caller saves into the chat shown
-    await page.settings_changed(*form(111), None, request)
+    await page.settings_changed(form(111), None, request)
     assert store.get(b).settings.max_tokens == 111
 
 
@@ -530,18 +534,18 @@ async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_
     page = ChatPage(FakeClient(engine), store)
     request = FakeRequest()
     a, b = store.create(title="chat A").id, store.create(title="chat B").id
-    a_form = ("Answer as a pirate.", 0.5, 1.0, 99, False, 0, None, "", 1.15)
+    a_form = SettingsForm("Answer as a pirate.", 0.5, 1.0, 99, False, 0, None, "", 1.15)
     await page.select(a, 1000.0, request, "")
-    await page.settings_changed(*a_form, 1100.0, request)
+    await page.settings_changed(a_form, 1100.0, request)
     assert store.get(a).settings.system_prompt == "Answer as a pirate."
     b_settings = store.get(b).settings
     await page.select(b, 2000.0, request, "")
-    await page.send("hello B", *a_form, 2100.0, request, 2000.0)  # A's boxes, read before the answer drew B's
+    await page.send("hello B", a_form, 2100.0, request, 2000.0)  # A's boxes, read before the answer drew B's
     await until_idle(page.replies)
     assert texts(store, b)[0] == ("user", "hello B")
     assert store.get(b).settings == b_settings, "A's settings boxes were saved to B"
     assert engine.requests[-1].messages[0] != {"role": "system", "content": "Answer as a pirate."}
-    await page.send("hello again", *a_form, 3000.0, request)  # the boxes as the page shows them: saved, as before
+    await page.send("hello again", a_form, 3000.0, request)  # the boxes as the page shows them: saved, as before
     await until_idle(page.replies)
     assert store.get(b).settings.system_prompt == "Answer as a pirate."
     # Enter on the box such a click emptied sends nothing, not even the files kept with the chat shown
@@ -551,9 +555,9 @@ async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_
     await page.attach([uploaded(page, notes)], request)
     await page.select(b, 5000.0, request, "")
     await page.select(a, 6000.0, request, "")
-    assert await page.send("", *a_form, 6100.0, request, 6000.0) == (json.dumps({"at": 6100.0, "draft": ""}), SKIP)
+    assert await page.send("", a_form, 6100.0, request, 6000.0) == (json.dumps({"at": 6100.0, "draft": ""}), SKIP)
     await until_idle(page.replies)
-    assert texts(store, a) == [] and page.tab(request).attachments == [("notes.txt", "kept with A's draft\n")]
+    assert texts(store, a) == [] and page.tab(request).draft.attachments == [("notes.txt", "kept with A's draft\n")]
 
 
 @pytest.mark.anyio
@@ -563,38 +567,38 @@ async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draf
     click first, A's message was stored in B, answered with B's context, and B's settings were
     overwritten by A's boxes. The send carries its browser time: a send from before the click
     sends nothing, saves no setting; its text and files stay A's draft, and a toast says so."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     engine = FakeEngine()
     page = ChatPage(FakeClient(engine), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     notes = tmp_path / "notes.txt"
     notes.write_text("the code is plum\n", encoding="utf-8")
     a, b = store.create(title="chat A").id, store.create(title="chat B").id
     b_settings = store.get(b).settings
-    a_form = ("Answer as a pirate.", 0.5, 1.0, 99, False, 0, None, "", 1.15)
+    a_form = SettingsForm("Answer as a pirate.", 0.5, 1.0, 99, False, 0, None, "", 1.15)
     await page.select(a, 1000.0, request)
     await page.attach([uploaded(page, notes)], request)
     await page.select(b, 2000.0, request, "hello from A")  # the click, handled first
-    answer = await page.send("hello from A", *a_form, 1990.0, request)  # A's Enter
+    answer = await page.send("hello from A", a_form, 1990.0, request)  # A's Enter
     assert answer == (json.dumps({"at": 1990.0, "draft": ""}), SKIP), "A's message came back to B's box"
     await until_idle(page.replies)
     assert texts(store, a) == [] and texts(store, b) == [] and engine.requests == []
     assert store.get(b).settings == b_settings, "A's settings boxes were saved to B"
     assert said == ["Not sent: you switched chats; your message is kept as the draft of «chat A»."], said
     assert draft_in((await page.select(a, 3000.0, request, ""))[0]) == "hello from A"
-    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")]
     # a click that did not carry the box's text, on New chat: the text is kept all the same
     await page.new_chat(4000.0, request)
-    assert draft_in((await page.send("second try", *a_form, 3990.0, request))[0]) == ""
+    assert draft_in((await page.send("second try", a_form, 3990.0, request))[0]) == ""
     assert [c.id for c in store.list()] == [b, a], "a chat was stored for the message"
     assert draft_in((await page.select(a, 5000.0, request, ""))[0]) == "second try"
-    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")]
     # sent after the click (a later Enter): sent into the chat shown
-    await page.send("second try", *a_form, 5500.0, request)
+    await page.send("second try", a_form, 5500.0, request)
     await until_idle(page.replies)
     [(_, question), (role, _)] = texts(store, a)
     assert question.startswith("second try") and "plum" in question and role == "assistant", question
@@ -605,7 +609,8 @@ async def test_an_emptied_settings_box_saves_nothing_and_shows_the_saved_value_a
     """An emptied number box, once left, saved 0 or the slider's lowest value (temperature 0, the
     repetition penalty 1). It saves nothing: the box gets the value in force back, and a message
     sent meanwhile uses that value. An empty seed stays a random one."""
-    from minisgl_app.page.ui import ChatPage, form_settings
+    from minisgl_app.chat.settings_form import form_settings
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
@@ -616,13 +621,13 @@ async def test_an_emptied_settings_box_saves_nothing_and_shows_the_saved_value_a
         form = list(page.fields(page.tab(request))[1:10])  # the boxes as the page shows them
         for empty in (None, ""):
             form[index] = empty
-            assert (await page.settings_changed(*form, None, request))[index] == getattr(saved, name), name
+            assert (await page.settings_changed(SettingsForm(*form), None, request))[index] == getattr(saved, name), name
             assert store.get(conv_id).settings == saved, name
-            assert form_settings(*form, in_force=saved) == (saved, {}), name
+            assert form_settings(SettingsForm(*form), in_force=saved) == (saved, {}), name
     form = list(page.fields(page.tab(request))[1:10])
     for seed in (7, None):
         form[6] = seed
-        assert await page.settings_changed(*form, None, request) == (SKIP,) * 9  # no box is touched (one may be typed into)
+        assert await page.settings_changed(SettingsForm(*form), None, request) == (SKIP,) * 9  # no box is touched (one may be typed into)
         assert store.get(conv_id).settings.seed == seed
 
 
@@ -681,12 +686,12 @@ async def test_the_status_line_says_generating_as_soon_as_a_reply_starts_in_the_
 
     page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)  # its line says Ready: the engine has not reported yet
     request = FakeRequest()
-    box, status = await page.send("one two three four five", *SETTINGS, None, request)
+    box, status = await page.send("one two three four five", SETTINGS, None, request)
     tab = page.tab(request)
     assert draft_in(box) == "" and status == "**Generating** · fake", status
-    assert page.render(tab)[1] == "**Generating** · fake" and page.status_of(tab) == "**Generating** · fake"
+    assert page.render(tab).status == "**Generating** · fake" and page.status_of(tab) == "**Generating** · fake"
     await until_idle(page.replies)
-    assert page.render(tab)[1] == "**Ready** · fake" and page.status_of(tab) == "**Ready** · fake"
+    assert page.render(tab).status == "**Ready** · fake" and page.status_of(tab) == "**Ready** · fake"
 
 
 # ---- the view after a view change: two follow events of one tab
@@ -719,7 +724,7 @@ async def test_a_follow_ends_on_an_output_that_changes_nothing(store) -> None:
     engine = FakeEngine(step_s=0.05)
     page = ChatPage(FakeClient(engine), store)
     request = FakeRequest()
-    await page.send(" ".join(f"w{i}" for i in range(60)), *SETTINGS, None, request)
+    await page.send(" ".join(f"w{i}" for i in range(60)), SETTINGS, None, request)
     old = page.follow(request)
     rendered = await anext(old)
     assert rendered[0] and "w0" in str(rendered[0][0]), rendered
@@ -742,7 +747,8 @@ async def test_a_follow_ends_on_an_output_that_changes_nothing(store) -> None:
 async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_changes_nothing(store) -> None:
     """A follow that never rendered would end on Gradio's None for every output (an empty chat,
     no chat selected) if it yielded nothing."""
-    from minisgl_app.page.ui import VIEW_SIZE, ChatPage
+    from minisgl_app.page.page_view import VIEW_SIZE
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
@@ -762,7 +768,7 @@ async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_chang
 async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(store, monkeypatch) -> None:
     """The browser may apply an older follow's message after the newer one's render: once the
     newer one has ended, the tick sets the view again (once), whatever the browser last got."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import following
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
@@ -779,14 +785,14 @@ async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(store
     [o async for o in second]
     chat, *rest = await page.tick(False, request)
     assert chat == SKIP, "the view is sent again only a while after the follow ended"
-    monkeypatch.setattr(page.tab(request), "recheck_at", 0.0)
+    monkeypatch.setattr(page.tab(request).follows, "recheck_at", 0.0)
     chat, *rest = await page.tick(False, request)
     assert "hello A" in str(chat), chat
     assert (await page.tick(False, request))[0] == SKIP, "once"
-    monkeypatch.setattr(ui, "RACE_S", 0.0)  # no follow ended just before this one: nothing to set again
+    monkeypatch.setattr(following, "RACE_S", 0.0)  # no follow ended just before this one: nothing to set again
     alone = page.follow(request)
     [o async for o in alone]
-    monkeypatch.setattr(ui, "RECHECK_AFTER_S", 0.0)
+    monkeypatch.setattr(following, "RECHECK_AFTER_S", 0.0)
     assert (await page.tick(False, request))[0] == SKIP
 
 
@@ -809,7 +815,7 @@ async def test_new_chat_clicked_before_the_page_load_is_answered_is_kept(store) 
 
 
 def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_update_into_a_skip(store) -> None:
-    """Why UPDATE_OUTPUTS (app/page/ui.py): Gradio streams a generator's later outputs as diffs, and a
+    """Why SENT_AS_UPDATES (app/page/page_view.py): Gradio streams a generator's later outputs as diffs, and a
     dict -> skip diff is "delete each key"; its browser client applies diffs in place, to the
     object an earlier message still holds, so a sidebar sent then skipped can vanish before the
     page draws it (seen: an empty sidebar after a reload). A follow's consecutive outputs must
@@ -817,21 +823,22 @@ def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_upda
     import gradio as gr
     from gradio.utils import diff
 
-    from minisgl_app.page.ui import UPDATE_OUTPUTS, ChatPage
+    from minisgl_app.page.page_view import SENT_AS_UPDATES, PageView
+    from minisgl_app.page.ui import ChatPage
 
     sidebar = gr.update(choices=[("chat A", 1)], value=1)
-    assert any(op == "delete" for op, *_ in diff(sidebar, gr.skip())), "Gradio no longer diffs this way: revisit UPDATE_OUTPUTS"
+    assert any(op == "delete" for op, *_ in diff(sidebar, gr.skip())), "Gradio no longer diffs this way: revisit SENT_AS_UPDATES"
 
     async def outputs_of_a_follow() -> list[tuple]:
         page = ChatPage(FakeClient(FakeEngine(step_s=0.02)), store)
         request = FakeRequest()
-        await page.send(" ".join(f"w{i}" for i in range(20)), *SETTINGS, None, request)
+        await page.send(" ".join(f"w{i}" for i in range(20)), SETTINGS, None, request)
         return [o async for o in page.follow(request)]
 
     outputs = asyncio.run(outputs_of_a_follow())
     assert len(outputs) >= 3, outputs
     updates = {i for o in outputs for i, value in enumerate(o) if isinstance(value, dict) and set(value) - {"__type__"}}
-    assert updates <= set(UPDATE_OUTPUTS), updates
+    assert updates <= {PageView._fields.index(name) for name in SENT_AS_UPDATES}, updates
     for before, after in zip(outputs, outputs[1:]):
         for i in updates:
             edits = diff(before[i], after[i]) if isinstance(before[i], dict) and isinstance(after[i], dict) else []
@@ -841,16 +848,16 @@ def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_upda
 def test_a_refused_setting_is_named_alone_in_words_that_fit_it() -> None:
     """Each wrong field gets its own message (not "temperature, top-p and max tokens must be
     numbers" for an empty max tokens); an empty seed is a random one, not a problem."""
-    from minisgl_app.page.ui import form_settings
+    from minisgl_app.chat.settings_form import form_settings
 
     ok = ("", 0.7, 0.9, 256, False, 0, None, "")
-    settings, problems = form_settings(*ok)
+    settings, problems = form_settings(SettingsForm(*ok))
     assert problems == {} and settings.max_tokens == 256 and settings.seed is None
-    assert form_settings("", 0.7, 0.9, None, False, 0, "", "")[1] == {"max_tokens": "max tokens must be a number"}
-    assert "whole number" in form_settings("", 0.7, 0.9, 3.7, False, 0, None, "")[1]["max_tokens"]
-    assert set(form_settings("", 0.7, 0.9, 0, False, -3, -1, "")[1]) == {"max_tokens", "top_k", "seed"}
-    assert form_settings("", 0.7, 0.9, 40.0, False, 5.0, 7.0, "")[0].max_tokens == 40
-    assert form_settings("", 0.7, 0.9, 40, False, None, None, "")[0].top_k == 0, "an empty top-k is off, as before"
+    assert form_settings(SettingsForm("", 0.7, 0.9, None, False, 0, "", ""))[1] == {"max_tokens": "max tokens must be a number"}
+    assert "whole number" in form_settings(SettingsForm("", 0.7, 0.9, 3.7, False, 0, None, ""))[1]["max_tokens"]
+    assert set(form_settings(SettingsForm("", 0.7, 0.9, 0, False, -3, -1, ""))[1]) == {"max_tokens", "top_k", "seed"}
+    assert form_settings(SettingsForm("", 0.7, 0.9, 40.0, False, 5.0, 7.0, ""))[0].max_tokens == 40
+    assert form_settings(SettingsForm("", 0.7, 0.9, 40, False, None, None, ""))[0].top_k == 0, "an empty top-k is off, as before"
 
 
 def test_waiting_and_not_answered_lines_sit_on_one_side_where_the_reply_goes(store) -> None:
@@ -880,9 +887,9 @@ async def test_a_message_sent_during_a_reply_says_it_waits_until_its_reply_start
 
     page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)
     request = FakeRequest()
-    await page.send(" ".join(f"w{i}" for i in range(20)), *SETTINGS, None, request)
+    await page.send(" ".join(f"w{i}" for i in range(20)), SETTINGS, None, request)
     await asyncio.sleep(0.1)
-    await page.send("second question", *SETTINGS, None, request)
+    await page.send("second question", SETTINGS, None, request)
     tab = page.tab(request)
     titles = [v.shown.get("metadata", {}).get("title") for v in page.view_of(page.shown(tab), tab)]
     assert titles[-1] == WAITING_LINE and titles.count(WAITING_LINE) == 1, titles
@@ -905,13 +912,13 @@ async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_wh
     """Continue on a stopped reply whose model ends at once (EOS first): the reply's text and its
     time to first token and tok/s stay (they were blanked: this run has no first token), its
     tokens count the new run's, and the page says in a toast why nothing changed."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     engine = FakeEngine(step_s=0.02)
     page = ChatPage(FakeClient(engine), store)
     request = FakeRequest()
-    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await page.send(" ".join(f"w{i}" for i in range(40)), SETTINGS, None, request)
     await asyncio.sleep(0.15)
     await page.stop(None, request)
     await until_idle(page.replies)
@@ -919,7 +926,7 @@ async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_wh
     before = store.get(tab.conv_id).messages[-1]
     assert before.stats.stopped and before.stats.ttft_ms is not None and before.stats.tok_s is not None, before.stats
     said: list[str] = []
-    monkeypatch.setattr(ui.gr, "Info", said.append)
+    monkeypatch.setattr(toasts.gr, "Info", said.append)
     engine.ends_at_once = True
     [o async for o in page.follow(request)]  # the tab has seen the chat as it is
     await page.continue_reply(request)
@@ -946,9 +953,9 @@ async def test_stop_with_a_message_waiting_stops_the_chat_and_leaves_the_questio
     engine = FakeEngine(step_s=0.03)
     page = ChatPage(FakeClient(engine), store)
     request = FakeRequest()
-    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await page.send(" ".join(f"w{i}" for i in range(40)), SETTINGS, None, request)
     await asyncio.sleep(0.1)
-    await page.send("second question", *SETTINGS, None, request)
+    await page.send("second question", SETTINGS, None, request)
     tab = page.tab(request)
     assert page.replies.queued.get(tab.conv_id)
     await page.stop(None, request)
@@ -968,10 +975,10 @@ async def test_stop_with_a_message_waiting_stops_the_chat_and_leaves_the_questio
 async def stop_with_questions_waiting(page, request, *questions: str) -> None:
     """A long reply streams, ``questions`` are sent meanwhile (they wait), then Stop: the chat
     ends with them unanswered, and the tab has seen it so."""
-    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await page.send(" ".join(f"w{i}" for i in range(40)), SETTINGS, None, request)
     await asyncio.sleep(0.1)
     for question in questions:
-        await page.send(question, *SETTINGS, None, request)
+        await page.send(question, SETTINGS, None, request)
     await page.stop(None, request)
     await until_idle(page.replies)
     [o async for o in page.follow(request)]
@@ -991,7 +998,7 @@ async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_o
     request = FakeRequest()
     await stop_with_questions_waiting(page, request, "second question", "third question")
     tab = page.tab(request)
-    await page.send("fourth question", *SETTINGS, None, request)
+    await page.send("fourth question", SETTINGS, None, request)
     await until_idle(page.replies)
     assert texts(store, tab.conv_id)[2:] == [("user", "second question"), ("user", "third question"), ("user", "fourth question"),
                                              ("assistant", "echo: fourth question")]
@@ -1002,15 +1009,15 @@ async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_o
     assert marks == [("second question", view.LEFT_LINE), ("third question", view.LEFT_LINE)], marks
     # a later turn leaves them out too
     [o async for o in page.follow(request)]
-    await page.send("fifth", *SETTINGS, None, request)
+    await page.send("fifth", SETTINGS, None, request)
     await until_idle(page.replies)
     seen = [m["content"] for m in engine.requests[-1].messages]
     assert seen[-3:] == ["fourth question", "echo: fourth question", "fifth"] and "second question" not in seen, seen
     # sent while it replies: answered together, nothing marked
-    await page.send(" ".join(f"v{i}" for i in range(30)), *SETTINGS, None, request)
+    await page.send(" ".join(f"v{i}" for i in range(30)), SETTINGS, None, request)
     await asyncio.sleep(0.1)
-    await page.send("sixth", *SETTINGS, None, request)
-    await page.send("seventh", *SETTINGS, None, request)
+    await page.send("sixth", SETTINGS, None, request)
+    await page.send("seventh", SETTINGS, None, request)
     await until_idle(page.replies)
     assert [m["content"] for m in engine.requests[-1].messages][-2:] == ["sixth", "seventh"]
     assert texts(store, tab.conv_id)[-1] == ("assistant", "echo: seventh")
@@ -1049,14 +1056,14 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     await page.attach([uploaded(page, notes)], request)
     monkeypatch.setattr(tree_module, "add", failing_add)
     with pytest.raises(sqlite3.OperationalError):
-        await page.send("a new question", *SETTINGS, None, request)
+        await page.send("a new question", SETTINGS, None, request)
     assert marked() == [], "marks stored without the message"
-    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")], "the file was dropped"
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")], "the file was dropped"
     monkeypatch.setattr(tree_module, "add", real_add)
-    await page.send("a new question", *SETTINGS, None, request)
+    await page.send("a new question", SETTINGS, None, request)
     assert marked() == ["second question", "third question"]
     assert "plum" in [m for m in store.get(conv_id).messages if m.role == "user"][-1].content
-    assert page.tab(request).attachments == []
+    assert page.tab(request).draft.attachments == []
     await until_idle(page.replies)
     # a new chat's first message: the chat and the message are one transaction too
     chats = [c.id for c in store.list()]
@@ -1064,11 +1071,11 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     await page.attach([uploaded(page, notes)], request)
     monkeypatch.setattr(tree_module, "add", failing_add)
     with pytest.raises(sqlite3.OperationalError):
-        await page.send("a first question", *SETTINGS, None, request)
+        await page.send("a first question", SETTINGS, None, request)
     assert [c.id for c in store.list()] == chats, "an empty chat was left"
-    assert page.tab(request).conv_id is None and page.tab(request).attachments == [("notes.txt", "the code is plum\n")]
+    assert page.tab(request).conv_id is None and page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")]
     monkeypatch.setattr(tree_module, "add", real_add)
-    await page.send("a first question", *SETTINGS, None, request)
+    await page.send("a first question", SETTINGS, None, request)
     new = store.get(page.tab(request).conv_id)
     assert new.id not in chats and new.messages[0].content.startswith("a first question") and "plum" in new.messages[0].content
     await until_idle(page.replies)
@@ -1097,13 +1104,13 @@ async def test_a_question_stopped_before_its_first_word_is_not_sent_with_the_nex
     engine = FirstReplyWaitsForStop()
     page = ChatPage(FakeClient(engine), store)
     request = FakeRequest()
-    await page.send("first question", *SETTINGS, None, request)
+    await page.send("first question", SETTINGS, None, request)
     await asyncio.sleep(0.05)
     await page.stop(None, request)
     await until_idle(page.replies)
     tab = page.tab(request)
     assert texts(store, tab.conv_id) == [("user", "first question"), ("assistant", "")]
-    await page.send("second question", *SETTINGS, None, request)
+    await page.send("second question", SETTINGS, None, request)
     await until_idle(page.replies)
     seen = [m["content"] for m in engine.requests[-1].messages]
     assert seen[-1] == "second question" and "first question" not in seen, seen
@@ -1121,13 +1128,13 @@ async def test_a_message_sent_while_a_stopped_reply_winds_down_is_answered_on_it
     engine = FakeEngine(step_s=0.05)
     page = ChatPage(FakeClient(engine), store)
     request = FakeRequest()
-    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await page.send(" ".join(f"w{i}" for i in range(40)), SETTINGS, None, request)
     await asyncio.sleep(0.12)
-    await page.send("waiting question", *SETTINGS, None, request)
+    await page.send("waiting question", SETTINGS, None, request)
     tab = page.tab(request)
     await page.stop(None, request)
     assert page.replies.is_busy(tab.conv_id)  # the stopped reply has not wound down yet
-    await page.send("new question", *SETTINGS, None, request)
+    await page.send("new question", SETTINGS, None, request)
     await until_idle(page.replies)
     seen = [m["content"] for m in engine.requests[-1].messages]
     assert seen[-1] == "new question" and "waiting question" not in seen, seen
@@ -1144,10 +1151,10 @@ async def test_every_question_left_waiting_by_stop_says_it_was_not_answered(stor
 
     page = ChatPage(FakeClient(FakeEngine(step_s=0.03)), store)
     request = FakeRequest()
-    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, request)
+    await page.send(" ".join(f"w{i}" for i in range(40)), SETTINGS, None, request)
     await asyncio.sleep(0.1)
-    await page.send("second question", *SETTINGS, None, request)
-    await page.send("third question", *SETTINGS, None, request)
+    await page.send("second question", SETTINGS, None, request)
+    await page.send("third question", SETTINGS, None, request)
     tab = page.tab(request)
     waiting = [(v.source.content, v.shown["metadata"]["title"]) for v in page.view_of(page.shown(tab), tab)
                if v.is_line and v.source.role == "user"]
@@ -1171,7 +1178,7 @@ async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
-    await page.send("What is the capital of France?", *SETTINGS, None, request)
+    await page.send("What is the capital of France?", SETTINGS, None, request)
     await until_idle(page.replies)
     tab = page.tab(request)
     assert store.get(tab.conv_id).title == title_from("What is the capital of France?")
@@ -1185,7 +1192,7 @@ async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(
     assert await edit(0, "What is the capital of France?", "And the capital of Spain?") == "And the capital of Spain?"
     assert store.get(tab.conv_id).title == "And the capital of Spain?"
     [o async for o in page.follow(request)]
-    await page.send("Its river?", *SETTINGS, None, request)
+    await page.send("Its river?", SETTINGS, None, request)
     await until_idle(page.replies)
     shown = page.view_of(page.shown(tab), tab)
     later = next(i for i, v in enumerate(shown) if v.source is not None and v.source.content == "Its river?")
@@ -1205,7 +1212,7 @@ async def chat_with_its_first_message_edited(store):
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
-    await page.send("What is the capital of France?", *SETTINGS, None, request)
+    await page.send("What is the capital of France?", SETTINGS, None, request)
     await until_idle(page.replies)
     tab = page.tab(request)
     [o async for o in page.follow(request)]
@@ -1242,7 +1249,7 @@ async def test_a_question_left_unanswered_then_answered_by_regenerate_loses_its_
     request = FakeRequest()
     await stop_with_questions_waiting(page, request, "second question", "third question")
     tab = page.tab(request)
-    await page.send("fourth question", *SETTINGS, None, request)
+    await page.send("fourth question", SETTINGS, None, request)
     await until_idle(page.replies)
     [o async for o in page.follow(request)]
     tab.focus = next(m.id for m in store.get(tab.conv_id).messages if m.content == "fourth question")
@@ -1293,22 +1300,24 @@ async def test_an_edit_refused_in_a_tab_behind_the_chat_keeps_its_text_in_the_me
     (after a draft there) and the toast says so; so does an edit refused while the chat replies."""
     import gradio as gr
 
-    from minisgl_app.page import ui
-    from minisgl_app.page.ui import CHANGED_ELSEWHERE, EDIT_KEPT, ChatPage
+    from minisgl_app.page import toasts
+    from minisgl_app.page.composer import EDIT_KEPT
+    from minisgl_app.page.tabs import CHANGED_ELSEWHERE
+    from minisgl_app.page.ui import ChatPage
 
     engine = FakeEngine(step_s=0.03)
     page = ChatPage(FakeClient(engine), store)
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     a, b = FakeRequest(), FakeRequest()
     b.session_hash = "tab-2"
-    await page.send("What is the capital of France?", *SETTINGS, None, a)
+    await page.send("What is the capital of France?", SETTINGS, None, a)
     await until_idle(page.replies)
     conv_id = page.tab(a).conv_id
     await page.select(conv_id, None, b)
     [o async for o in page.follow(b)]  # tab B shows the chat...
     [o async for o in page.follow(a)]
-    await page.send("And of Spain?", *SETTINGS, None, a)  # ...and tab A changes it
+    await page.send("And of Spain?", SETTINGS, None, a)  # ...and tab A changes it
     await until_idle(page.replies)
 
     def edit_of(text: str) -> gr.EditData:
@@ -1320,7 +1329,7 @@ async def test_an_edit_refused_in_a_tab_behind_the_chat_keeps_its_text_in_the_me
     assert title == SKIP and [m.content for m in store.get(conv_id).messages if m.role == "user"] == [
         "What is the capital of France?", "And of Spain?"], "the refused edit was saved"
     [o async for o in page.follow(b)]
-    await page.send(" ".join(f"w{i}" for i in range(40)), *SETTINGS, None, a)  # the chat replies
+    await page.send(" ".join(f"w{i}" for i in range(40)), SETTINGS, None, a)  # the chat replies
     page.render(page.tab(b))  # tab B draws it (a follow would last as long as the reply)
     _, box = await page.edit(edit_of("What is the capital of Peru?"), b, "my draft")
     assert box == "my draft\n\nWhat is the capital of Peru?", "the draft in the box was lost"
@@ -1338,12 +1347,13 @@ async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_
     (Outside a page, Gradio prints a toast: none is printed.)"""
     import gradio as gr
 
-    from minisgl_app.page.ui import ChatPage, branch_note
+    from minisgl_app.chat.composing import branch_note
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     for question in ("first question", "second question"):
-        await page.send(question, *SETTINGS, None, request)
+        await page.send(question, SETTINGS, None, request)
         await until_idle(page.replies)
     tab = page.tab(request)
 
@@ -1355,7 +1365,7 @@ async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_
         await until_idle(page.replies)
 
     def bar() -> str:
-        return page.render(tab)[4]  # the versions bar's label
+        return page.render(tab).versions_label
 
     capsys.readouterr()
     await edit("first question", "first question, again")
@@ -1374,7 +1384,7 @@ async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_
 async def a_chat_on_an_8k_model(store, monkeypatch):
     """A page whose model has 8,192 tokens of context, showing a stored chat; its toasts go to
     ``said``. Returns the page, its client, the tab's request, ``said`` and the chat's id."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     client = FakeClient(FakeEngine())
@@ -1382,7 +1392,7 @@ async def a_chat_on_an_8k_model(store, monkeypatch):
     page = ChatPage(client, store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     conv_id = store.create(title="a").id
     await page.select(conv_id, None, request)
     return page, client, request, said, conv_id
@@ -1398,13 +1408,13 @@ async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the
     in_force = store.get(conv_id).settings.max_tokens
     form = list(page.fields(page.tab(request))[1:10])
     form[3] = 32768
-    assert (await page.settings_changed(*form, None, request))[3] == in_force
+    assert (await page.settings_changed(SettingsForm(*form), None, request))[3] == in_force
     assert store.get(conv_id).settings.max_tokens == in_force
     assert said and "8,192" in said[-1] and "fake" in said[-1] and "32,768" in said[-1], said
-    assert await page.send("hello", *form, None, request) == (json.dumps({"at": None, "draft": "hello"}), SKIP)  # back to the box
+    assert await page.send("hello", SettingsForm(*form), None, request) == (json.dumps({"at": None, "draft": "hello"}), SKIP)  # back to the box
     assert len(store.get(conv_id).messages) == 0 and "8,192" in said[-1]
     form[3] = 8192
-    await page.settings_changed(*form, None, request)
+    await page.settings_changed(SettingsForm(*form), None, request)
     assert store.get(conv_id).settings.max_tokens == 8192
 
 
@@ -1425,16 +1435,16 @@ async def test_settings_saved_in_quick_succession_keep_the_newest_values_whichev
     older, newer = list(form), list(form)
     older[1] = newer[1] = 0.9  # temperature, committed first
     newer[3] = 33  # max tokens, committed next
-    await page.settings_changed(*newer, 2000.0, request)
-    await page.settings_changed(*older, 1000.0, request)  # the older save, taken last
+    await page.settings_changed(SettingsForm(*newer), 2000.0, request)
+    await page.settings_changed(SettingsForm(*older), 1000.0, request)  # the older save, taken last
     settings = store.get(conv_id).settings
     assert (settings.temperature, settings.max_tokens) == (0.9, 33), settings
     refused = list(newer)
     refused[3] = 0
     later = list(newer)
     later[1] = 0.4
-    await page.settings_changed(*refused, 4000.0, request)  # refused: nothing saved, the stamp stays
-    await page.settings_changed(*later, 3000.0, request)
+    await page.settings_changed(SettingsForm(*refused), 4000.0, request)  # refused: nothing saved, the stamp stays
+    await page.settings_changed(SettingsForm(*later), 3000.0, request)
     assert store.get(conv_id).settings.temperature == 0.4
 
 
@@ -1449,16 +1459,16 @@ async def test_a_bad_max_tokens_is_refused_naming_one_range_from_1_to_the_servin
     for typed, got in ((0, "0"), (-5, "-5"), (2.5, "2.5"), (9000, "9,000"), (40000, "40,000"), (10 ** 300, "1e+300")):
         form = list(page.fields(page.tab(request))[1:10])
         form[3] = typed
-        assert (await page.settings_changed(*form, None, request))[3] == in_force, typed
+        assert (await page.settings_changed(SettingsForm(*form), None, request))[3] == in_force, typed
         assert said[-1] == f"Settings not saved: {one_range} (got {got})", said[-1]
     assert store.get(conv_id).settings.max_tokens == in_force
     client.context_len = None  # a source that does not know its model's context: the store's limit
     form[3] = 0
-    await page.settings_changed(*form, None, request)
+    await page.settings_changed(SettingsForm(*form), None, request)
     assert said[-1] == "Settings not saved: max tokens must be a whole number from 1 to 32,768 (got 0)", said[-1]
     client.context_len = 131072  # a model whose context is larger than the store's limit
     form[3] = 40000
-    await page.settings_changed(*form, None, request)
+    await page.settings_changed(SettingsForm(*form), None, request)
     assert said[-1] == "Settings not saved: max tokens must be a whole number from 1 to 32,768 (got 40,000)", said[-1]
 
 
@@ -1470,7 +1480,8 @@ async def test_a_tab_redraws_the_title_and_settings_a_change_elsewhere_gave_its_
     change first, and the redraw leaves the field with the keyboard's focus."""
     from dataclasses import replace as replaced
 
-    from minisgl_app.page.ui import FIELD_IDS, ChatPage
+    from minisgl_app.page.scripts import FIELD_IDS
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
@@ -1503,12 +1514,13 @@ async def test_a_tabs_own_writes_never_redraw_its_boxes_and_a_redraw_sends_only_
     what it wrote, and a redraw sends only the boxes another tab changed."""
     from dataclasses import replace as replaced
 
-    from minisgl_app.page.ui import FIELD_IDS, ChatPage
+    from minisgl_app.page.scripts import FIELD_IDS
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     await page.load_page(request)  # a new chat
-    await page.send("hello there", *SETTINGS, None, request)
+    await page.send("hello there", SETTINGS, None, request)
     await until_idle(page.replies)
     [o async for o in page.follow(request)]
     conv_id = page.tab(request).conv_id
@@ -1517,9 +1529,9 @@ async def test_a_tabs_own_writes_never_redraw_its_boxes_and_a_redraw_sends_only_
     assert redraw_chat == SKIP, "the chat itself is not: a redraw of it (a follow) disables ✎ while it runs"
     fields = await page.redraw_fields(1, "", request)
     assert fields == ("hello there", *(SKIP,) * (len(FIELD_IDS) - 1)), "the title alone: the settings are the boxes'"
-    await page.settings_changed(*SETTINGS[:3], 5, *SETTINGS[4:], None, request)
+    await page.settings_changed(replace(SETTINGS, max_tokens=5), None, request)
     await page.rename("Greetings", request)
-    await page.send("again", *SETTINGS[:3], 5, *SETTINGS[4:], None, request)
+    await page.send("again", replace(SETTINGS, max_tokens=5), None, request)
     await until_idle(page.replies)
     [o async for o in page.follow(request)]
     assert store.get(conv_id).settings.max_tokens == 5 and store.get(conv_id).title == "Greetings"
@@ -1543,13 +1555,13 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     of whatever chat the tab showed next. ✕ removes the files attached. Showing another chat
     dropped them with a warning (the draft's text was kept): they stay with their chat, as its
     unsent text does, and are attached again when the tab shows it again; a deleted chat's go."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     notes = tmp_path / "notes.txt"
     notes.write_text("the code is plum\n", encoding="utf-8")
     a, b = store.create(title="a").id, store.create(title="b").id
@@ -1559,19 +1571,19 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     assert await page.unattach(request) == ("", {"__type__": "update", "visible": False})
     await page.attach([uploaded(page, notes)], request)
     await page.select(b, None, request)
-    assert page.tab(request).attachments == [] and said == [], said
+    assert page.tab(request).draft.attachments == [] and said == [], said
     assert await page.attachments_note(request) == ("", {"__type__": "update", "visible": False})
     await page.new_chat(None, request)
-    assert page.tab(request).attachments == []
+    assert page.tab(request).draft.attachments == []
     await page.select(a, None, request)
-    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")] and said == [], said
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")] and said == [], said
     assert "notes.txt" in (await page.attachments_note(request))[0]
     await page.unattach(request)  # removed in A: nothing comes back to A
     await page.select(b, None, request)
     await page.select(a, None, request)
-    assert page.tab(request).attachments == []
+    assert page.tab(request).draft.attachments == []
     [o async for o in page.follow(request)]
-    await page.send("hello", *SETTINGS, None, request)
+    await page.send("hello", SETTINGS, None, request)
     await until_idle(page.replies)
     assert texts(store, a)[0] == ("user", "hello"), "the removed file went with the message"
     await page.select(b, None, request)  # B's files, then B deleted: they go with it
@@ -1579,7 +1591,7 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     await page.select(a, None, request)
     await page.select(b, None, request)
     await page.delete(True, None, request)
-    assert page.tab(request).attachments == [] and page.tab(request).unsent_files == {}
+    assert page.tab(request).draft.attachments == [] and page.tab(request).draft.unsent_files == {}
 
 
 @pytest.mark.anyio
@@ -1594,7 +1606,7 @@ async def test_text_taken_from_a_message_shown_is_sent_as_typed_without_the_mark
     request = FakeRequest()
     shown = view.shown_literally("Explain <b>bold</b> & AT&amp;T")
     assert "\u2060" in shown
-    await page.send(shown, *SETTINGS, None, request)
+    await page.send(shown, SETTINGS, None, request)
     await until_idle(page.replies)
     conv_id = page.tab(request).conv_id
     assert texts(store, conv_id)[0] == ("user", "Explain <b>bold</b> & AT&amp;T")
@@ -1605,13 +1617,13 @@ async def test_text_taken_from_a_message_shown_is_sent_as_typed_without_the_mark
 async def test_the_same_file_attached_twice_goes_into_the_message_once(store, tmp_path, monkeypatch) -> None:
     """Attaching a file again put it into the message twice: it is attached once, and a toast
     says so; another file, or the same name with other text, is a file of its own."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "inform", said.append)
+    monkeypatch.setattr(toasts, "inform", said.append)
     notes, other = tmp_path / "notes.txt", tmp_path / "other" / "notes.txt"
     notes.write_text("the code is plum\n", encoding="utf-8")
     other.parent.mkdir()
@@ -1621,8 +1633,8 @@ async def test_the_same_file_attached_twice_goes_into_the_message_once(store, tm
     assert again == first and first.count("notes.txt") == 1, again
     assert said == ["notes.txt is already attached: it goes into your message once."], said
     await page.attach([uploaded(page, other)], request)
-    assert len(page.tab(request).attachments) == 2 and len(said) == 1
-    await page.send("read these", *SETTINGS, None, request)
+    assert len(page.tab(request).draft.attachments) == 2 and len(said) == 1
+    await page.send("read these", SETTINGS, None, request)
     await until_idle(page.replies)
     question = texts(store, page.tab(request).conv_id)[0][1]
     assert question.count("plum") == 1 and question.count("pear") == 1, question
@@ -1654,7 +1666,7 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
     assert await box_after(page.select, a, text="") == "half a question for A, longer"
     # sent: the box empties, and a click that reaches the server while it still shows the message keeps no draft
     [o async for o in page.follow(request)]
-    await page.send("half a question for A, longer", *SETTINGS, None, request)
+    await page.send("half a question for A, longer", SETTINGS, None, request)
     await until_idle(page.replies)
     assert await box_after(page.select, b, text="half a question for A, longer") == "B's own draft"
     assert await box_after(page.select, a, text="") == "", "the message sent came back as A's draft"
@@ -1663,7 +1675,7 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
     await page.select(a, None, request)
     assert await box_after(page.select, b, text="for A, kept") == ""  # B's box was emptied above
     assert draft_in((await page.delete(True, None, request, "doomed draft"))[0]) == "for A, kept"  # A: the newest chat
-    assert b not in page.tab(request).unsent and page.tab(request).conv_id == a
+    assert b not in page.tab(request).draft.unsent and page.tab(request).conv_id == a
     # the page empties the box at each of these clicks (window.minisglTakeBox), and an answer is
     # applied once, for the click its stamp names; a click that shows no other chat gives the text back
     assert await box_after(page.select, a, text="still typing in A") == "still typing in A"
@@ -1674,38 +1686,45 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
 
 
 
+def manage_shown(view) -> tuple[bool, bool]:
+    """Whether Manage shows its actions on the chat, and whether it shows the line said instead."""
+    return view.chat_actions, view.no_chat_actions
+
+
 @pytest.mark.anyio
 async def test_manage_offers_rename_delete_and_export_only_once_the_chat_is_stored(store) -> None:
     """Manage offered Rename, Delete and Export for a new chat not stored yet: they did nothing
     (Delete asked to confirm first). They are shown once the chat is stored, and a line says so
     in their place before; the view sends both as shown-or-hidden updates."""
+    from minisgl_app.page.page_view import as_update
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     tab = page.tab(request)
     await page.new_chat(None, request)
-    assert page.render(tab)[9:] == [False, True]
-    assert [page.as_update(i, v)["visible"] for i, v in ((9, False), (10, True))] == [False, True]
-    await page.send("store me", *SETTINGS, None, request)
-    assert page.render(tab)[9:] == [True, False]
+    assert manage_shown(page.render(tab)) == (False, True)
+    assert [as_update(name, v)["visible"] for name, v in (("chat_actions", False), ("no_chat_actions", True))] == [False, True]
+    await page.send("store me", SETTINGS, None, request)
+    assert manage_shown(page.render(tab)) == (True, False)
     await until_idle(page.replies)
     await page.new_chat(None, request)
-    assert page.render(tab)[9:] == [False, True]
+    assert manage_shown(page.render(tab)) == (False, True)
 
 
 @pytest.mark.anyio
 async def test_a_title_longer_than_rename_keeps_is_cut_and_the_page_says_so(store, monkeypatch) -> None:
     """Rename kept a 500-letter title's first 200 characters and said nothing (a new user's tour):
     the title box shows the title kept and a toast says why; a title that fits says nothing."""
-    from minisgl_app.page import ui
-    from minisgl_app.page.ui import TITLE_LIMIT, ChatPage
+    from minisgl_app.page import toasts
+    from minisgl_app.page.chats_panel import TITLE_LIMIT
+    from minisgl_app.page.ui import ChatPage
 
     said: list[str] = []
-    monkeypatch.setattr(ui, "inform", said.append)
+    monkeypatch.setattr(toasts, "inform", said.append)
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
-    await page.send("title me", *SETTINGS, None, request)
+    await page.send("title me", SETTINGS, None, request)
     await until_idle(page.replies)
     conv_id = page.tab(request).conv_id
     _, shown = await page.rename("Capybara " * 60, request)
@@ -1730,7 +1749,7 @@ async def test_manage_actions_start_hidden_and_the_first_render_shows_them_for_a
     store.append(store.create(title="stored").id, "user", "hello")
     request = FakeRequest()
     await page.load_page(request)
-    assert page.render(page.tab(request))[9:] == [True, False]
+    assert manage_shown(page.render(page.tab(request))) == (True, False)
 
 
 @pytest.mark.anyio
@@ -1740,24 +1759,25 @@ async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_ch
     settings of the chat shown when New chat is pressed (a stored chat or a new one not sent yet),
     the boxes show them, and the chat its first message stores keeps them; the chat they came
     from keeps its own."""
-    from minisgl_app.page.ui import FIELD_IDS, ChatPage
+    from minisgl_app.page.scripts import FIELD_IDS
+    from minisgl_app.page.ui import ChatPage
 
     engine = FakeEngine()
     page = ChatPage(FakeClient(engine), store)
     request = FakeRequest()
-    mine = ("Answer as a pirate.", 0.7, 0.8, 48, False, 5, 42, "END", 1.2)
-    await page.send("first chat", *SETTINGS, None, request)
+    mine = SettingsForm("Answer as a pirate.", 0.7, 0.8, 48, False, 5, 42, "END", 1.2)
+    await page.send("first chat", SETTINGS, None, request)
     await until_idle(page.replies)
     first = page.tab(request).conv_id
-    await page.settings_changed(*mine, None, request)
+    await page.settings_changed(mine, None, request)
     box, *fields = await page.new_chat(None, request)
     shown = dict(zip(FIELD_IDS, fields))
     assert (shown["title-input"], shown["system-prompt"], shown["temperature"], shown["max-tokens"], shown["seed"]) == \
         ("", "Answer as a pirate.", 0.7, 48, 42), shown
     # New chat again before sending: the new chat's own settings go on to the next one
-    await page.settings_changed(*mine[:3], 33, *mine[4:], None, request)
+    await page.settings_changed(replace(mine, max_tokens=33), None, request)
     _, *fields = await page.new_chat(None, request)
-    await page.send("second chat", *fields[1:10], None, request)  # the form as the page shows it
+    await page.send("second chat", SettingsForm(*fields[1:10]), None, request)  # the form as the page shows it
     await until_idle(page.replies)
     second = store.get(page.tab(request).conv_id)
     assert second.id != first and second.settings.system_prompt == "Answer as a pirate.", second.settings
@@ -1776,20 +1796,21 @@ async def test_new_chat_starts_from_the_settings_boxes_as_the_click_found_them(s
     """A settings box edited, then New chat clicked at once: the box's save may reach the server
     after the click, and the new chat started from the value before the edit. New chat takes the
     boxes' values with the click; a value the checks refuse is the one in force."""
-    from minisgl_app.page.ui import FIELD_IDS, ChatPage
+    from minisgl_app.page.scripts import FIELD_IDS
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
-    await page.send("first chat", *SETTINGS, None, request)
+    await page.send("first chat", SETTINGS, None, request)
     await until_idle(page.replies)
     first = page.tab(request).conv_id
-    typed = ("Be brief.", 0.4, 1.0, 37, False, 0, None, "", 1.15)  # max tokens 37 typed, its save not yet run
-    box, *fields = await page.new_chat(None, request, "", *typed)
+    typed = SettingsForm("Be brief.", 0.4, 1.0, 37, False, 0, None, "", 1.15)  # max tokens 37 typed, its save not yet run
+    box, *fields = await page.new_chat(None, request, "", typed)
     shown = dict(zip(FIELD_IDS, fields))
     assert (shown["system-prompt"], shown["temperature"], shown["max-tokens"]) == ("Be brief.", 0.4, 37), shown
     assert page.settings_in_force(page.tab(request)).max_tokens == 37 == page.tab(request).new_chat_settings.max_tokens
-    refused = ("Be brief.", "warm", 1.0, 41, False, 0, None, "", 1.15)
-    _, *fields = await page.new_chat(None, request, "", *refused)
+    refused = SettingsForm("Be brief.", "warm", 1.0, 41, False, 0, None, "", 1.15)
+    _, *fields = await page.new_chat(None, request, "", refused)
     shown = dict(zip(FIELD_IDS, fields))
     assert (shown["temperature"], shown["max-tokens"]) == (0.4, 41), shown
     assert store.get(first).settings.max_tokens == 64, "the chat shown before keeps its own"
@@ -1801,23 +1822,24 @@ async def test_new_chat_says_why_a_value_typed_in_a_settings_box_was_not_kept(st
     in force again and nothing said why (the box's own save, left by the click, is dropped when
     it comes after it). New chat says it, in the words a refused save uses; once, when the
     box's save came first and said it already."""
-    from minisgl_app.page import ui
-    from minisgl_app.page.ui import FIELD_IDS, ChatPage
+    from minisgl_app.page import toasts
+    from minisgl_app.page.scripts import FIELD_IDS
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     await page.new_chat(1000.0, request)
     in_force = page.settings_in_force(page.tab(request)).max_tokens
-    typed = ("", 0.0, 1.0, 2.5, False, 0, None, "", 1.15)
-    _, *fields = await page.new_chat(2000.0, request, "", *typed)
+    typed = SettingsForm("", 0.0, 1.0, 2.5, False, 0, None, "", 1.15)
+    _, *fields = await page.new_chat(2000.0, request, "", typed)
     assert dict(zip(FIELD_IDS, fields))["max-tokens"] == in_force
-    assert await page.settings_changed(*typed, 1990.0, request) == (SKIP,) * 9  # the box's save, after the click
+    assert await page.settings_changed(typed, 1990.0, request) == (SKIP,) * 9  # the box's save, after the click
     assert len(said) == 1 and said[0].startswith("Settings not saved:") and "max tokens" in said[0].lower(), said
     # the box's save first: it says why; New chat does not say it again
-    await page.settings_changed(*typed, 2990.0, request)
-    await page.new_chat(3000.0, request, "", *typed)
+    await page.settings_changed(typed, 2990.0, request)
+    await page.new_chat(3000.0, request, "", typed)
     assert len(said) == 2 and said[1] == said[0], said
 
 
@@ -1850,19 +1872,19 @@ def test_every_screen_width_gets_either_the_narrow_or_the_wide_layout_and_the_pa
 async def test_a_stored_chat_whose_messages_were_all_deleted_has_nothing_to_export(store, monkeypatch) -> None:
     """Export of a stored chat (Manage offers it) whose messages were all deleted: a toast says
     there is nothing to export, and no file is written."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     conv_id = store.create(title="emptied").id
     first = store.append(conv_id, "user", "hello")
     store.append(conv_id, "assistant", "hi")
     store.delete_message(conv_id, first.id)
     await page.select(conv_id, None, request)
-    assert page.render(page.tab(request))[9:] == [True, False], "Manage offers no export for the stored chat"
+    assert manage_shown(page.render(page.tab(request))) == (True, False), "Manage offers no export for the stored chat"
     for kind in ("md", "json"):
         assert page.export(kind, request) == SKIP
     assert said == ["Nothing to export yet: this chat has no messages."] * 2, said
@@ -1887,8 +1909,8 @@ async def test_an_imported_chat_is_shown_as_a_click_on_it_shows_it(store, tmp_pa
     tab = page.tab(request)
     tab.bar_note = (question.id, "the messages after it are in version 1")  # what an edit in B leaves
     box, *_ = await page.import_chat(uploaded(page, file), None, request, "B's draft")
-    assert tab.conv_id not in (a, b) and draft_in(box) == "" and tab.unsent[b] == "B's draft"
-    assert (tab.shown_before, tab.shown_since, tab.bar_note, tab.focus) == (b, 0.0, None, None)
+    assert tab.conv_id not in (a, b) and draft_in(box) == "" and tab.draft.unsent[b] == "B's draft"
+    assert (tab.events.shown_before, tab.events.shown_since, tab.bar_note, tab.focus) == (b, 0.0, None, None)
 
 
 @pytest.mark.anyio
@@ -1900,7 +1922,8 @@ async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title
     names ("<b>Plan</b>" gave "b Plan b", a new user's tour); a tag alone stays a word."""
     from pathlib import Path
 
-    from minisgl_app.page.ui import EXPORT_NAME_LENGTH, ChatPage, export_stem
+    from minisgl_app.chat.export_name import EXPORT_NAME_LENGTH, export_stem
+    from minisgl_app.page.ui import ChatPage
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))  # where the app writes its exports (app/cli.py)
     page = ChatPage(FakeClient(FakeEngine()), store)
@@ -1927,26 +1950,26 @@ async def test_attach_and_import_read_only_files_uploaded_from_the_page(store, t
     is read; any other path is refused with a message, nothing is attached or imported, and a
     copy Gradio made of it in the upload folder is deleted. A file read is deleted too (its text
     is kept in the tab)."""
-    from minisgl_app.page import ui
+    from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
     from minisgl_app.chat.uploads import NOT_UPLOADED
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
     said: list[str] = []
-    monkeypatch.setattr(ui, "warn", said.append)
+    monkeypatch.setattr(toasts, "warn", said.append)
     secret = tmp_path / "secret.txt"
     secret.write_text("the PIN is 4321\n", encoding="utf-8")
     notes = tmp_path / "notes.txt"
     notes.write_text("the code is plum\n", encoding="utf-8")
     line, _ = await page.attach([str(secret)], request)  # a forged FileData: the path as sent
-    assert page.tab(request).attachments == [] and "secret" not in line, page.tab(request).attachments
+    assert page.tab(request).draft.attachments == [] and "secret" not in line, page.tab(request).draft.attachments
     good = uploaded(page, notes)
     copied = page.uploads.folder / "0123abcd" / "secret.txt"  # where Gradio copies a forged path before the handler
     copied.parent.mkdir()
     copied.write_text(secret.read_text())
     line, _ = await page.attach([str(copied), good], request)
-    assert page.tab(request).attachments == [("notes.txt", "the code is plum\n")], page.tab(request).attachments
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")], page.tab(request).draft.attachments
     assert "secret" not in line and said == [f"Not attached: {NOT_UPLOADED}."] * 2, said
     assert secret.exists(), "a file outside the upload folder is left alone"
     assert not copied.exists() and not Path(good).exists(), "the forged copy and the file read are deleted"
@@ -2039,13 +2062,13 @@ async def test_a_click_on_the_earlier_messages_line_shows_more_and_another_chat_
     other = store.create(title="other").id
     await page.select(conv.id, 1000.0, request)
     tab = page.tab(request)
-    chat = page.render(tab)[0]
+    chat = page.render(tab).chat
     assert len([m for m in chat if "metadata" not in m]) == view.WINDOW + 1 and "Show 50 earlier" in chat[0]["content"]
     await page.focus(SimpleNamespace(index=0), request)
-    chat = page.render(tab)[0]
+    chat = page.render(tab).chat
     assert chat[0]["content"] == "message 0" and tab.focus is None
     await page.focus(SimpleNamespace(index=3), request)  # a click on a message: the versions bar acts on it
     assert tab.focus == store.get(conv.id).messages[3].id
     await page.select(other, 2000.0, request)
     await page.select(conv.id, 3000.0, request)
-    assert "Show 50 earlier" in page.render(tab)[0][0]["content"]
+    assert "Show 50 earlier" in page.render(tab).chat[0]["content"]

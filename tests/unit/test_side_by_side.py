@@ -6,16 +6,19 @@ real thing in Chromium."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from minisgl_app.chat.reply_source import ModelEntry, ModelError, SideBySide
+from minisgl_app.chat.settings_form import SettingsForm
 from minisgl_app.chat.store import ConversationStore
 from minisgl_app.chat.view import markdown_literal
 from minisgl_engine.messages import UserReply
 
 # system prompt, temperature, top-p, max tokens, thinking, top-k, seed, stop, repetition penalty
-SETTINGS = ("", 0.0, 1.0, 64, False, 0, None, "", 1.15)
+SETTINGS = SettingsForm(system_prompt="", temperature=0.0, top_p=1.0, max_tokens=64, thinking=False, top_k=0, seed=None, stop="",
+                        repetition_penalty=1.15)
 
 
 @pytest.fixture
@@ -88,12 +91,12 @@ async def test_each_chat_gets_its_replies_from_the_backend_it_picked(store) -> N
     tab = Request("tab-1")
     assert list(page.source.backends) == ["local", "remote"] and page.fields(page.tab(tab))[-1] == "local"
     # a chat on this machine (the default), then one on the remote, replying at once
-    await page.send("hello", *SETTINGS, None, tab)
+    await page.send("hello", SETTINGS, None, tab)
     on_local = page.tab(tab).conv_id
     await page.new_chat(None, tab)
     await page.backend_changed("remote", tab)
     assert page.status_of(page.tab(tab)) == "**Ready** · big on the remote box"
-    await page.send("hello", *SETTINGS, None, tab)
+    await page.send("hello", SETTINGS, None, tab)
     on_remote = page.tab(tab).conv_id
     await idle(page, on_local, on_remote)
     first, second = store.get(on_local).messages[-1], store.get(on_remote).messages[-1]
@@ -101,13 +104,13 @@ async def test_each_chat_gets_its_replies_from_the_backend_it_picked(store) -> N
     assert second.content.startswith("remote0") and second.model == "big", second
     assert (local.asked, remote.asked) == (1, 1)
     # the chat keeps its backend through a change of its other settings, and New chat keeps the one shown
-    await page.settings_changed("", 0.5, *SETTINGS[2:], None, tab)
+    await page.settings_changed(replace(SETTINGS, temperature=0.5), None, tab)
     assert store.get(on_remote).settings.backend == "remote" and store.get(on_remote).settings.temperature == 0.5
     assert (await page.new_chat(None, tab))[-1] == "remote"
     # a chat shown again shows its own backend and status line
     assert (await page.select(on_local, None, tab))[-1] == "local"
     assert page.status_of(page.tab(tab)) == "**Ready** · tiny on the local box"
-    await page.send("again", *SETTINGS, None, tab)
+    await page.send("again", SETTINGS, None, tab)
     await idle(page, on_local)
     assert store.get(on_local).messages[-1].content.startswith("local0") and (local.asked, remote.asked) == (2, 1)
 
@@ -119,11 +122,11 @@ async def test_a_switch_stops_only_the_replies_of_the_backend_it_switches(store)
     local, remote = Source("local", ["tiny", "small"], words=1000), Source("remote", ["big", "huge"], words=1000)
     page = ChatPage(SideBySide(local, remote), store)
     tab = Request("tab-1")
-    await page.send("hello", *SETTINGS, None, tab)
+    await page.send("hello", SETTINGS, None, tab)
     on_local = page.tab(tab).conv_id
     await page.new_chat(None, tab)
     await page.backend_changed("remote", tab)
-    await page.send("hello", *SETTINGS, None, tab)
+    await page.send("hello", SETTINGS, None, tab)
     on_remote = page.tab(tab).conv_id
     await asyncio.sleep(0.1)
     names = [e.name for e in await page.source.list_models()]
@@ -169,12 +172,12 @@ async def test_a_reply_stores_the_model_that_answered_it_even_when_learnt_with_t
     page = ChatPage(SideBySide(local, remote), store)
     tab = Request("tab-1")
     await page.backend_changed("remote", tab)
-    await page.send("hello", *SETTINGS, None, tab)
+    await page.send("hello", SETTINGS, None, tab)
     conv = page.tab(tab).conv_id
     await idle(page, conv)
     assert store.get(conv).messages[-1].model == "big"
     # the remote moves to another model while the next reply streams: that reply was big's
-    await page.send("again", *SETTINGS, None, tab)
+    await page.send("again", SETTINGS, None, tab)
     while not store.get(conv).messages[-1].content:
         await asyncio.sleep(0.01)
     remote.model_name = "other"
