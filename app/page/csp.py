@@ -1,5 +1,5 @@
 """The chat page's Content-Security-Policy: the page loads no image or media named by a message
-from another origin (issue 41, item 6).
+from another origin.
 
 A model's reply is shown as Markdown: "![x](http://host/p.png?secret=PIN)" made the browser fetch
 that URL as soon as the chat opened, carrying what a prompt injection put in it to any host. The

@@ -296,7 +296,7 @@ function keepTypedTextTyped() {
     if (/[<&!]\u2060|\u2062/.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
   }, true);
   // ✓ (or Enter) in an edit box: Gradio shows the edited text as Markdown at once, before the
-  // page's answer redraws it as typed, and an <img src=x> typed there was fetched (issue 45). The
+  // page's answer redraws it as typed, so an <img src=x> typed there would be fetched. The
   // box's text is marked first as the page shows it (view.shown_literally's marks: ✎ saves the
   // text as typed, view.typed_text)
   const markTyped = (text) => String(text).replace(/<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)/g, '$&\u2060')
