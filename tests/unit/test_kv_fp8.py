@@ -88,5 +88,5 @@ def test_fp8_pool_holds_twice_the_tokens_in_the_same_memory(tiny_model):
 
 def test_an_unknown_kv_dtype_is_a_clear_error(tiny_model):
     folder, _ = tiny_model("qwen3")
-    with pytest.raises(UserError, match="--kv-dtype 'int4': choose auto or fp8"):
+    with pytest.raises(UserError, match="--kv-dtype 'int4': choose auto, fp8, float16, bfloat16, float32"):
         LLM(str(folder), device="cpu", max_kv_tokens=256, kv_dtype="int4")
