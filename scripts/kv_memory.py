@@ -1,10 +1,11 @@
 """The scheduler process's memory over a chat's life (docs: issue 44, KV memory that grows with use).
 
 Starts ``minisgl-chat serve`` on CPU with the demo model, and reads the scheduler's RSS and PSS
-(/proc/PID/smaps_rollup): idle after start, the peak while a long chat runs, just after it, and
-after ``--idle`` seconds of idleness (when the scheduler has given free KV pages back).
+(/proc/PID/smaps_rollup): idle after start, the peak while a long chat runs, just after it, after
+``--idle`` seconds of idleness (when the scheduler has given free KV pages back) and, with
+``--long-idle``, after that many (past IDLE_CACHE_EVICT_S: the prefix cache's pages too).
 
-    PYTHONPATH=.pkgs .venv/bin/python scripts/kv_memory.py [--prompt-tokens 8000] [--idle 15] [-- serve flags]
+    PYTHONPATH=.pkgs .venv/bin/python scripts/kv_memory.py [--prompt-tokens 8000] [--idle 15] [--long-idle 610] [-- serve flags]
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-tokens", type=int, default=8000)
     parser.add_argument("--idle", type=float, default=15.0)
+    parser.add_argument("--long-idle", type=float, default=0.0,
+                        help="then read again after this many seconds idle in all (610: past the prefix cache's eviction)")
     parser.add_argument("--port", type=int, default=19391)
     parser.add_argument("serve_args", nargs="*")
     args = parser.parse_args()
@@ -99,6 +102,9 @@ def main() -> None:
         rows["just_after_chat"] = memory_kb(pid)
         time.sleep(args.idle)
         rows[f"after_{args.idle:g}s_idle"] = memory_kb(pid)
+        if args.long_idle > args.idle:
+            time.sleep(args.long_idle - args.idle)
+            rows[f"after_{args.long_idle:g}s_idle"] = memory_kb(pid)
         rows["usage"] = reply["usage"]
         print(json.dumps(rows, indent=1))
     finally:
