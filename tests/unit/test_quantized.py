@@ -4,13 +4,12 @@ ops, and the demo model served from its GGUF against the float32 reference of th
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from minisgl_engine.layers.quantized import (
