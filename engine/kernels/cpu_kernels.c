@@ -50,8 +50,14 @@ int kernel_path(void) {
 #endif
 }
 
+/* F16C converts float16 in hardware, except in the plain-C build, whose portable conversions the
+ * tests check against torch's (both round to nearest, ties to even). */
+#if defined(__F16C__) && !defined(MINISGL_NO_AVX2)
+#define HAVE_F16C 1
+#endif
+
 static inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
+#if defined(HAVE_F16C)
     return _cvtsh_ss(h);
 #else
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
@@ -66,33 +72,13 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
-/* The KV cache's 16-bit values. F16C converts in hardware except in the plain-C build, which
- * the tests use to check the portable conversions against torch's (both round to nearest even). */
-#if defined(__F16C__) && !defined(MINISGL_NO_AVX2)
-#define HAVE_KV_F16C 1
-#endif
+/* ---------------------------------------------------------------- the KV cache's 16-bit values */
 
 /* How the KV cache stores its values: attention widens them to float32 as it reads them. */
 enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
 
-static inline float kv_half_to_float(uint16_t h) {
-#if defined(HAVE_KV_F16C)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (exp == 0) {
-        float f = ldexpf((float)man, -24);
-        return sign ? -f : f;
-    }
-    u = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
 static inline uint16_t float_to_half(float f) {
-#if defined(HAVE_KV_F16C)
+#if defined(HAVE_F16C)
     return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 #else
     uint32_t u;
@@ -138,7 +124,7 @@ static void kv_store(void *dst, const float *x, int n, int kv_type) {
 void kv_round_trip(const float *x, int n, int kv_type, uint16_t *stored, float *widened) {
     for (int i = 0; i < n; i++) {
         kv_store(stored + i, x + i, 1, kv_type);
-        widened[i] = kv_type == KV_F16 ? kv_half_to_float(stored[i]) : bf16_to_float(stored[i]);
+        widened[i] = kv_type == KV_F16 ? half_to_float(stored[i]) : bf16_to_float(stored[i]);
     }
 }
 
@@ -525,13 +511,13 @@ static inline float hsum16(vf16 v) {
 /* 16 float16 values widened */
 static inline vf16 load16_half(const uint16_t *p) {
     vf16 v;
-#if defined(HAVE_KV_F16C)
+#if defined(HAVE_F16C)
     __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
     memcpy(&v, &lo, sizeof lo);
     memcpy((char *)&v + sizeof lo, &hi, sizeof hi);
 #else
-    for (int i = 0; i < 16; i++) v[i] = kv_half_to_float(p[i]);
+    for (int i = 0; i < 16; i++) v[i] = half_to_float(p[i]);
 #endif
     return v;
 }
