@@ -98,7 +98,9 @@ class EngineConfig:
     dummy_weights: bool = False  # random weights, never downloads anything
     config: str | None = None  # built-in config name for --dummy-weights (e.g. qwen3-0.6b)
     page_size: int = 0  # tokens per KV page; 0 = by device (engine.default_page_size)
-    kv_dtype: str = "auto"  # auto (the model's dtype) | fp8 (e4m3: half the bytes, less precise; kvcache/kv_pool.py)
+    # auto (float16 on CPU, the model's dtype on a GPU) | fp8 (e4m3: half of 16 bits, less precise) |
+    # float16 | bfloat16 | float32 (CPU); kvcache/kv_pool.py
+    kv_dtype: str = "auto"
     max_kv_tokens: int | None = None  # None = sized from free memory
     mem_fraction: float = 0.85  # share of free memory the KV pool may take when sized from memory
     max_running_requests: int = 64

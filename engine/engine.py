@@ -171,7 +171,7 @@ class Engine:
         self.device = loaded.device
         self.dtype = loaded.dtype
         self.quantization = loaded.quantization  # gguf | int4 | int8 | none (model_loader.choose_quantization)
-        self.kv_dtype = resolve_kv_dtype(config.kv_dtype, self.dtype)  # the KV pool's (--kv-dtype)
+        self.kv_dtype = resolve_kv_dtype(config.kv_dtype, self.dtype, self.device.type)  # the KV pool's (--kv-dtype)
         # CPU: the cores other processes leave free (a browser beside the chat app is the common
         # case), shared among the tensor-parallel ranks of this machine
         self.cpu_threads = CpuThreads(config.cpu_threads, share=self.tp.size) if self.device.type == "cpu" else None

@@ -139,9 +139,10 @@ def transpose_cpu_weights(model: CausalLM) -> None:
         store_transposed(model.model.embed_tokens.weight)
 
 
-def _return_freed_memory() -> None:
-    """Repacking leaves ~150 MB of freed buffers (file copies, decoded codes) in the C allocator's
-    arenas, still counted as resident; glibc's malloc_trim gives them back to the OS."""
+def return_freed_memory() -> None:
+    """Freed buffers stay in the C allocator's arenas, still counted as resident (repacking the
+    weights leaves ~150 MB of file copies and decoded codes; a long prefill, its activations);
+    glibc's malloc_trim gives them back to the OS."""
     import ctypes
     import ctypes.util
 
@@ -202,7 +203,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         weight_bytes = weights_nbytes(model_dir, dtype, keep_gguf_blocks=quantization == "gguf")
     from .kvcache.kv_pool import KVPool, resolve_kv_dtype
 
-    kv_dtype = resolve_kv_dtype(config.kv_dtype, dtype)
+    kv_dtype = resolve_kv_dtype(config.kv_dtype, dtype, device.type)
     per_token = KVPool.bytes_per_token(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, kv_dtype)
     tp = get_tp().size  # each rank holds about 1/tp of the weights and of the KV heads
     check_fits(name, weight_bytes, per_token * min(model_config.max_context_len, 4096), device, dtype, tp)
@@ -226,7 +227,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     if quantization in ("int4", "int8"):
         model.quantize(quantization)
     if quantization != "none":
-        _return_freed_memory()
+        return_freed_memory()
     model.eval()
     if device.type == "cpu" and dtype == torch.float32:
         transpose_cpu_weights(model)

@@ -7,7 +7,11 @@
 2. Greedy continuations of chat prompts: how many tokens the packed engine, the float32 engine
    and llama.cpp (llama-cpp-python, if installed) produce before the first difference.
 
-    .venv/bin/python scripts/cpu_agreement.py [--model X.gguf] [--tokens 64]
+With ``--kv-dtype float16`` (or bfloat16) instead: the packed engine with that KV cache against
+the same engine with a float32 KV cache, in the same two ways (the one-row pass runs the C decode
+step's attention over the 16-bit cache).
+
+    .venv/bin/python scripts/cpu_agreement.py [--model X.gguf] [--tokens 64] [--kv-dtype float16]
 """
 
 from __future__ import annotations
@@ -104,13 +108,34 @@ def same_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def kv_dtype_agreement(model: str | None, kv_dtype: str, tokens: int) -> None:
+    """The packed engine with a ``kv_dtype`` KV cache against itself with a float32 one."""
+    narrow = LLM(model, device="cpu", max_kv_tokens=4096, kv_dtype=kv_dtype)
+    wide = LLM(model, device="cpu", max_kv_tokens=4096, kv_dtype="float32")
+    ids = narrow.encode(TEXT)
+    for one_row in (False, True):
+        name = "teacher_forced_one_row" if one_row else "teacher_forced_batched"
+        ours, ref = teacher_forced_logits(narrow, ids, one_row), teacher_forced_logits(wide, ids, one_row)
+        print(json.dumps({name: agreement(ours, ref), "kv_dtype": kv_dtype}))
+    for prompt in PROMPTS:
+        ids = narrow.encode(prompt, chat=True)
+        ours, ref = greedy(narrow, ids, tokens), greedy(wide, ids, tokens)
+        print(json.dumps({"prompt": prompt, f"{kv_dtype}_vs_float32_kv": same_prefix(ours, ref), "tokens": tokens,
+                          "reply": narrow.decode(ours)[:80]}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--kv-dtype", default=None, choices=["float16", "bfloat16"],
+                        help="compare this KV cache with a float32 one instead")
     args = parser.parse_args()
-    packed = LLM(args.model, device="cpu", max_kv_tokens=4096)
-    reference = LLM(args.model, device="cpu", max_kv_tokens=4096, quantization="none")
+    if args.kv_dtype is not None:
+        kv_dtype_agreement(args.model, args.kv_dtype, args.tokens)
+        return
+    packed = LLM(args.model, device="cpu", max_kv_tokens=4096, kv_dtype="float32")
+    reference = LLM(args.model, device="cpu", max_kv_tokens=4096, quantization="none", kv_dtype="float32")
     gguf = str(packed.engine.model_dir / GGUF_WEIGHTS)
     ids = packed.encode(TEXT)
     ref = teacher_forced_logits(reference, ids, one_row=False)

@@ -48,19 +48,23 @@ def demo_server(tmp_path_factory):
     small prefill budget: server_utils.MAX_PREFILL_TOKENS), shared by every test file that needs
     real text from a real server, the soak suite's included: a start costs ~20 s on CI.
 
-    Its weights are widened to float32 (``--quantization none``): these tests compare replies and
-    log-probabilities across batch compositions (under load, with cached prefixes, echo against
-    generation), which the float32 path reproduces to ~1e-6. The packed path rounds activations
-    to bf16 before each product, so a path that sums in another order moves a log-probability by
-    up to a few hundredths and flips greedy choices at near-ties; tests/unit/test_quantized.py checks
-    that path against this one, and every other server test runs it (the default)."""
+    Its weights are widened to float32 (``--quantization none``) and its KV cache is float32
+    (``--kv-dtype float32``): these tests compare replies and log-probabilities across batch
+    compositions (under load, with cached prefixes, echo against generation), which the float32
+    path reproduces to ~1e-6. A float16 cache (the CPU's default) rounds a K or V value that
+    float32 noise moves across a rounding step one way in one batch and the other way in another
+    (a seeded choice of n=3 drew other tokens than the same request alone). The packed path
+    rounds activations to bf16 before each product, so a path that sums in another order moves a
+    log-probability by up to a few hundredths and flips greedy choices at near-ties;
+    tests/unit/test_quantized.py checks that path against this one, and every other server test
+    runs it (the default)."""
     from minisgl_engine.weights.demo import demo_model_dir
     from minisgl_engine.weights.gguf_convert import is_complete
     from server_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, ServerProcess
 
     if not is_complete(demo_model_dir()):
         pytest.skip("demo model not pulled: run `minisgl-chat pull`")
-    srv = ServerProcess("--num-tokenizer", "2", "--quantization", "none", "--max-kv-tokens", str(MAX_KV_TOKENS), "--max-prefill-tokens", str(MAX_PREFILL_TOKENS),
+    srv = ServerProcess("--num-tokenizer", "2", "--quantization", "none", "--kv-dtype", "float32", "--max-kv-tokens", str(MAX_KV_TOKENS), "--max-prefill-tokens", str(MAX_PREFILL_TOKENS),
                         "--max-running-requests", "64", log_path=tmp_path_factory.mktemp("demo-server") / "serve.log")
     yield srv
     srv.stop()

@@ -50,8 +50,14 @@ int kernel_path(void) {
 #endif
 }
 
+/* F16C converts float16 in hardware, except in the plain-C build, whose portable conversions the
+ * tests check against torch's (both round to nearest, ties to even). */
+#if defined(__F16C__) && !defined(MINISGL_NO_AVX2)
+#define HAVE_F16C 1
+#endif
+
 static inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
+#if defined(HAVE_F16C)
     return _cvtsh_ss(h);
 #else
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
@@ -64,6 +70,62 @@ static inline float half_to_float(uint16_t h) {
     memcpy(&f, &u, 4);
     return f;
 #endif
+}
+
+/* ---------------------------------------------------------------- the KV cache's 16-bit values */
+
+/* How the KV cache stores its values: attention widens them to float32 as it reads them. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+
+static inline uint16_t float_to_half(float f) {
+#if defined(HAVE_F16C)
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000, mag = u & 0x7fffffff;
+    if (mag > 0x7f800000) return (uint16_t)(sign | 0x7e00); /* NaN */
+    if (mag >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* rounds past 65504: infinity */
+    if (mag < 0x38800000) { /* below 2^-14: a subnormal half, in units of 2^-24 (exact scaling) */
+        float a;
+        memcpy(&a, &mag, 4);
+        return (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.f));
+    }
+    /* round the 23-bit mantissa to 10 bits, ties to even, then rebias the exponent (127 -> 15) */
+    return (uint16_t)(sign | ((mag + 0xfff + ((mag >> 13) & 1) - 0x38000000u) >> 13));
+#endif
+}
+
+static inline float bf16_to_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* n float32 values into the cache at ``dst`` in its type */
+static void kv_store(void *dst, const float *x, int n, int kv_type) {
+    if (kv_type == KV_F16)
+        for (int i = 0; i < n; i++) ((uint16_t *)dst)[i] = float_to_half(x[i]);
+    else if (kv_type == KV_BF16)
+        for (int i = 0; i < n; i++) ((uint16_t *)dst)[i] = float_to_bf16(x[i]);
+    else
+        memcpy(dst, x, sizeof(float) * n);
+}
+
+/* Tests: the conversions of this build, n values each way (kv_type 1 float16, 2 bfloat16). */
+void kv_round_trip(const float *x, int n, int kv_type, uint16_t *stored, float *widened) {
+    for (int i = 0; i < n; i++) {
+        kv_store(stored + i, x + i, 1, kv_type);
+        widened[i] = kv_type == KV_F16 ? half_to_float(stored[i]) : bf16_to_float(stored[i]);
+    }
 }
 
 /* ---------------------------------------------------------------- threads
@@ -352,7 +414,7 @@ size_t qmatmul_work_bytes(int m, int cols) {
 typedef struct {
     const float *input_norm, *post_norm, *q_norm, *k_norm; /* q/k norms NULL unless Qwen3 */
     QWeight qkv, o, gate_up, down;
-    float *k_cache, *v_cache; /* [slots][kv_heads][head_dim] float32 */
+    void *k_cache, *v_cache; /* [slots][kv_heads][head_dim] of the model's kv_type */
 } Layer;
 
 typedef struct {
@@ -361,6 +423,7 @@ typedef struct {
     Layer *layer;
     const float *final_norm;
     float *work; /* decode_work_floats() floats */
+    int kv_type;
 } Model;
 
 static int max_int(int a, int b) { return a > b ? a : b; }
@@ -405,7 +468,8 @@ static void rope(float *x, const float *cos_row, const float *sin_row, int head_
  * share keeps its own maximum, sum and weighted values per head; the caller merges them). */
 typedef struct {
     const Model *m;
-    const float *q, *k_cache, *v_cache;
+    const float *q;
+    const void *k_cache, *v_cache;
     const int64_t *slots;
     int len;
     float *scores, *partial;
@@ -444,8 +508,39 @@ static inline float hsum16(vf16 v) {
     return total;
 }
 
-static void attend_share(void *arg, int ith, int nth) {
-    const AttendTask *t = arg;
+/* 16 float16 values widened */
+static inline vf16 load16_half(const uint16_t *p) {
+    vf16 v;
+#if defined(HAVE_F16C)
+    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+    memcpy(&v, &lo, sizeof lo);
+    memcpy((char *)&v + sizeof lo, &hi, sizeof hi);
+#else
+    for (int i = 0; i < 16; i++) v[i] = half_to_float(p[i]);
+#endif
+    return v;
+}
+
+/* 16 bfloat16 values widened: each the high half of a float32 */
+static inline vf16 load16_bf16(const uint16_t *p) {
+    typedef uint32_t vu16 __attribute__((vector_size(64)));
+    vu16 u;
+    for (int i = 0; i < 16; i++) u[i] = (uint32_t)p[i] << 16;
+    vf16 v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* 16 cached values from element ``index`` of a cache of ``kv_type``, as float32 */
+static inline __attribute__((always_inline)) vf16 load16_kv(const void *cache, size_t index, int kv_type) {
+    if (kv_type == KV_F16) return load16_half((const uint16_t *)cache + index);
+    if (kv_type == KV_BF16) return load16_bf16((const uint16_t *)cache + index);
+    return load16((const float *)cache + index);
+}
+
+/* attend_share for one cache type (a constant where it is inlined, so each type gets its own loops) */
+static inline __attribute__((always_inline)) void attend_typed(const AttendTask *t, int ith, int nth, int kv_type) {
     const Model *m = t->m;
     int hd = m->head_dim, group = m->heads / m->kv_heads, chunks = hd / 16, start, end;
     size_t row = (size_t)m->kv_heads * hd;
@@ -453,11 +548,12 @@ static void attend_share(void *arg, int ith, int nth) {
     /* Token by token, each cached row read whole and in order (the cache outgrows the CPU's
      * caches at long contexts: the reads must stream), each key once for its query heads. */
     for (int s = start; s < end; s++) {
-        const float *k = t->k_cache + t->slots[s] * row;
+        size_t k = (size_t)t->slots[s] * row;
         for (int h = 0; h < m->heads; h++) {
-            const float *kh = k + (size_t)(h / group) * hd, *qh = t->q + (size_t)h * hd;
-            vf16 acc = load16(qh) * load16(kh);
-            for (int c = 1; c < chunks; c++) acc += load16(qh + 16 * c) * load16(kh + 16 * c);
+            size_t kh = k + (size_t)(h / group) * hd;
+            const float *qh = t->q + (size_t)h * hd;
+            vf16 acc = load16(qh) * load16_kv(t->k_cache, kh, kv_type);
+            for (int c = 1; c < chunks; c++) acc += load16(qh + 16 * c) * load16_kv(t->k_cache, kh + 16 * c, kv_type);
             t->scores[(size_t)h * m->max_len + s] = hsum16(acc) * m->scale;
         }
     }
@@ -473,16 +569,26 @@ static void attend_share(void *arg, int ith, int nth) {
         memset(part + 2, 0, sizeof(float) * hd);
     }
     for (int s = start; s < end; s++) {
-        const float *v = t->v_cache + t->slots[s] * row;
+        size_t v = (size_t)t->slots[s] * row;
         for (int h = 0; h < m->heads; h++) {
-            const float *vh = v + (size_t)(h / group) * hd;
+            size_t vh = v + (size_t)(h / group) * hd;
             float p = t->scores[(size_t)h * m->max_len + s], *acc = t->partial + ((size_t)ith * m->heads + h) * (hd + 2) + 2;
             for (int c = 0; c < chunks; c++) {
-                vf16 sum = load16(acc + 16 * c) + p * load16(vh + 16 * c);
+                vf16 sum = load16(acc + 16 * c) + p * load16_kv(t->v_cache, vh + 16 * c, kv_type);
                 memcpy(acc + 16 * c, &sum, sizeof sum);
             }
         }
     }
+}
+
+static void attend_share(void *arg, int ith, int nth) {
+    const AttendTask *t = arg;
+    if (t->m->kv_type == KV_F16)
+        attend_typed(t, ith, nth, KV_F16);
+    else if (t->m->kv_type == KV_BF16)
+        attend_typed(t, ith, nth, KV_BF16);
+    else
+        attend_typed(t, ith, nth, KV_F32);
 }
 
 static void attend(const Model *m, const Layer *layer, const float *q, const int64_t *slots, int len, float *scores,
@@ -537,17 +643,18 @@ void decode_step(const Model *m, float *hidden, const int64_t *slots, int len, c
         const Layer *layer = &m->layer[l];
         add_rmsnorm(residual, l == 0 ? NULL : hidden, layer->input_norm, m->eps, dim, normed);
         product(&layer->qkv, normed, qkv, q16, as);
-        float *qh = qkv, *k_new = layer->k_cache + slot * kv_size, *v_new = layer->v_cache + slot * kv_size;
+        float *qh = qkv, *k_new = qkv + q_size, *v_new = k_new + kv_size;
         for (int h = 0; h < m->heads; h++) {
             head_norm(qh + h * hd, layer->q_norm, m->eps, hd);
             rope(qh + h * hd, cos_row, sin_row, hd);
         }
-        memcpy(k_new, qkv + q_size, sizeof(float) * kv_size);
-        memcpy(v_new, qkv + q_size + kv_size, sizeof(float) * kv_size);
         for (int h = 0; h < m->kv_heads; h++) {
             head_norm(k_new + h * hd, layer->k_norm, m->eps, hd);
             rope(k_new + h * hd, cos_row, sin_row, hd);
         }
+        size_t at = (size_t)slot * kv_size * (m->kv_type == KV_F32 ? 4 : 2); /* the slot's byte offset */
+        kv_store((char *)layer->k_cache + at, k_new, kv_size, m->kv_type);
+        kv_store((char *)layer->v_cache + at, v_new, kv_size, m->kv_type);
         attend(m, layer, qh, slots, len, scores, partial, attended);
         product(&layer->o, attended, out, q16, as);
         add_rmsnorm(residual, out, layer->post_norm, m->eps, dim, normed);

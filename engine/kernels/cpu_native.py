@@ -53,7 +53,10 @@ class ModelStruct(ctypes.Structure):
 
     _fields_ = [("layers", _I), ("dim", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
                 ("max_len", _I), ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("layer", ctypes.POINTER(LayerStruct)),
-                ("final_norm", _P), ("work", _P)]
+                ("final_norm", _P), ("work", _P), ("kv_type", _I)]
+
+
+KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2}  # cpu_kernels.c's KV_F32, KV_F16, KV_BF16
 
 
 _SIGNATURES = {
@@ -65,6 +68,7 @@ _SIGNATURES = {
     "round_activations": ([_P, _I, _I], None),
     "decode_work_floats": ([ctypes.POINTER(ModelStruct)], ctypes.c_size_t),
     "decode_step": ([ctypes.POINTER(ModelStruct), _P, _P, _I, _P, _P], None),
+    "kv_round_trip": ([_P, _I, _I, _P, _P], None),
 }
 
 

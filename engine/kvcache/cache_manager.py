@@ -58,6 +58,10 @@ class CacheManager(ABC):
     @abstractmethod
     def stats(self) -> KVStats: ...
 
+    def evict_unused(self) -> int:
+        """Free every page that no live request holds; returns how many (none: nothing cached)."""
+        return 0
+
 
 class NaiveCacheManager(CacheManager):
     """No prefix sharing: every request computes its whole prompt, every page goes back free."""

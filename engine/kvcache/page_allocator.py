@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy
+
 
 class PageAllocator:
     """A free list with an in-use mark per page, so a double allocation or double free is caught
@@ -43,3 +45,9 @@ class PageAllocator:
         for p in pages:
             in_use[p] = 0
         self._free.extend(reversed(pages))
+
+    def free_runs(self) -> list[tuple[int, int]]:
+        """The free pages as runs [start, end), lowest first."""
+        marks = numpy.concatenate(([1], numpy.frombuffer(self._in_use, dtype=numpy.uint8), [1])).astype(numpy.int8)
+        steps = numpy.diff(marks)  # -1 where a free run starts, +1 just past its end
+        return list(zip(numpy.flatnonzero(steps == -1).tolist(), numpy.flatnonzero(steps == 1).tolist()))

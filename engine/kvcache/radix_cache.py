@@ -89,6 +89,9 @@ class RadixCacheManager(CacheManager):
 
     # ---- eviction ----------------------------------------------------------------------------
 
+    def evict_unused(self) -> int:
+        return self.evict(self.evictable_pages)
+
     def evict(self, n: int) -> int:
         """Give at least ``n`` pages back to the allocator (fewer if not that many are
         evictable), removing unlocked leaves least recently used first. Returns pages freed."""

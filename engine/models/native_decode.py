@@ -4,8 +4,8 @@ At batch 1 a small model's step is ~15 small operations a layer; as torch ops ea
 dispatch that outweighs its arithmetic (the demo model spent more time between its products than
 in them). The C step runs the same layer (RMSNorm, the QKV product, q/k norms and RoPE, the KV
 write, attention, the output product, the MLP) over the weights in our kernels' layout, on torch's
-OpenMP threads; it is used when every projection is a ``NativeWeight``, the KV cache is float32
-and one rank runs the model.
+OpenMP threads; it is used when every projection is a ``NativeWeight``, the KV cache is float32,
+float16 or bfloat16 (widened to float32 as attention reads it) and one rank runs the model.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ctypes
 import torch
 
 from ..distributed import get_tp
-from ..kernels.cpu_native import LayerStruct, ModelStruct, native_kernels
+from ..kernels.cpu_native import KV_TYPES, LayerStruct, ModelStruct, native_kernels
 from ..kvcache.kv_pool import KVPool
 from ..layers.quantized import NativeWeight
 
@@ -42,7 +42,8 @@ class NativeDecoder:
         self.model = ModelStruct(len(decoder.layers), config.hidden_size, first.num_heads, first.num_kv_heads,
                                  first.head_dim, config.intermediate_size, config.max_context_len + 1,
                                  decoder.norm.eps, first.head_dim ** -0.5,
-                                 self.layers, decoder.norm.weight.data_ptr(), None)
+                                 self.layers, decoder.norm.weight.data_ptr(), None,
+                                 KV_TYPES[str(kv_pool.dtype).removeprefix("torch.")])
         self.work = torch.empty(lib.decode_work_floats(ctypes.byref(self.model)))
         self.model.work = self.work.data_ptr()
         self.cos, self.sin = decoder.rotary.cos, decoder.rotary.sin  # [positions, head_dim] float32
@@ -74,14 +75,14 @@ class NativeDecoder:
 
 def enable_native_decode(model, kv_pool: KVPool) -> bool:
     """Give the model a NativeDecoder where every layer can take it: C-kernel weights, float32
-    activations and KV cache, heads of a multiple of 16 values, one rank. False: batch-1 decode
-    stays torch ops."""
+    activations, a float32 or 16-bit KV cache, heads of a multiple of 16 values, one rank. False:
+    batch-1 decode stays torch ops."""
     lib = native_kernels()
     decoder = model.model
     projections = [p for layer in decoder.layers for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                              layer.mlp.gate_up_proj, layer.mlp.down_proj)]
     if (lib is None or get_tp().size > 1 or not all(isinstance(p.quant, NativeWeight) for p in projections)
-            or kv_pool.k_cache.dtype != torch.float32 or decoder.norm.weight.dtype != torch.float32
+            or str(kv_pool.dtype).removeprefix("torch.") not in KV_TYPES or decoder.norm.weight.dtype != torch.float32
             or decoder.rotary.cos.dtype != torch.float32 or decoder.layers[0].self_attn.head_dim % 16):
         return False
     decoder.native_decoder = NativeDecoder(model, kv_pool, lib)

@@ -31,6 +31,7 @@ from ..grammar import GrammarCompiler, GrammarState
 from ..kvcache import CacheManager, NaiveCacheManager, PageAllocator, RadixCacheManager
 from ..logits_processor import TokenMasks
 from ..messages import StatsMsg
+from ..model_loader import return_freed_memory
 from ..request import PLACEHOLDER, FinishReason, Req, TokenLogprobs
 from ..sampling_params import SamplingParams
 from .decode import DecodeManager
@@ -44,6 +45,16 @@ GRAMMAR_COMPILE_TIMEOUT_S = 30.0
 """How long a request waits for its grammar (queued behind others' and compiled) before it fails.
 The front end bounds what may be compiled (server/request_limits.py) so that none takes near
 this long; the limit is the last guard, and the compile itself runs on (it cannot be stopped)."""
+IDLE_RELEASE_S = 5.0
+"""After this long with nothing to do, the memory of free KV pages goes back to the OS (a CPU
+pool). Between the steps of a reply there is no pause near this long, so only a finished spell of
+work pays: the next prompt writes its pages again, and a page the OS zero-fills on first touch
+costs microseconds against a CPU prefill's milliseconds per token."""
+IDLE_CACHE_EVICT_S = 600.0
+"""After this long idle, the prefix cache's pages are freed and released too. Kept until then: a
+person reads a reply and types the next turn within minutes, and finding the conversation cached
+spares recomputing all of it (an 8,000-token chat is tens of seconds of CPU prefill); a chat left
+alone for ten minutes gives its memory back to the rest of the machine."""
 CACHE_MANAGERS: dict[str, type[CacheManager]] = {"radix": RadixCacheManager, "naive": NaiveCacheManager}
 Receive = Callable[[bool], None]
 """How a loop takes in new requests and aborts: ``receive(blocking)``."""
@@ -236,6 +247,20 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.reqs) or self.in_flight is not None or bool(self.ready_outputs)
+
+    def release_idle_memory(self, evict_cache: bool) -> int:
+        """While idle: give the memory of free KV pages (and, with ``evict_cache``, of the prefix
+        cache's) back to the OS, with the C allocator's freed buffers. Returns the KV bytes
+        released; 0 with work in hand or a pool that keeps its memory (a GPU's)."""
+        pool = self.engine.kv_pool
+        if self.has_work or not pool.releasable:
+            return 0
+        if evict_cache:
+            self.cache_manager.evict_unused()
+        released = pool.release(self.cache_manager.allocator.free_runs())
+        return_freed_memory()
+        logger.debug("idle: %d MB of free KV pages released", released >> 20)
+        return released
 
     def _preempt(self, req: Req) -> None:
         """Out of KV pages while decoding: send ``req`` back to the queue; it will recompute its

@@ -44,7 +44,7 @@ from ..messages import (
     encode,
 )
 from ..request import FinishReason
-from ..scheduler.scheduler import Scheduler, TokenOutput
+from ..scheduler.scheduler import IDLE_CACHE_EVICT_S, IDLE_RELEASE_S, Scheduler, TokenOutput
 from .ipc import Receiver, Sender, SocketPaths, reporting_startup, scheduler_name
 from .process import init_worker
 
@@ -124,9 +124,25 @@ class SchedulerWorker:
     # ---- the rank's I/O ------------------------------------------------------------------------
 
     def _receive_alone(self, blocking: bool) -> list[BackendBatch]:
-        if blocking:
-            self.push_stats()  # the front end sees the final state before we block
-        return self.receiver.recv_all(block=blocking)
+        if not blocking:
+            return self.receiver.recv_all(block=False)
+        self.push_stats()  # the front end sees the final state before we block
+        return self._wait_idle()
+
+    def _wait_idle(self) -> list[BackendBatch]:
+        """Block until messages come; a long enough wait gives KV memory back in two stages
+        (free pages, then the prefix cache's: scheduler.IDLE_RELEASE_S, IDLE_CACHE_EVICT_S)."""
+        if not self.scheduler.engine.kv_pool.releasable:
+            return self.receiver.recv_all(block=True)
+        waited_s = 0.0
+        for after_s, evict_cache in ((IDLE_RELEASE_S, False), (IDLE_CACHE_EVICT_S, True)):
+            batches = self.receiver.recv_all(block=True, timeout_ms=int((after_s - waited_s) * 1000))
+            if batches:
+                return batches
+            waited_s = after_s
+            self.scheduler.release_idle_memory(evict_cache)
+            self.push_stats()  # an eviction moved pages from cached to free
+        return self.receiver.recv_all(block=True)
 
     def _receive_and_forward(self, blocking: bool) -> list[BackendBatch]:
         """Rank 0 of a group: while idle it forwards an empty turn every second, so the other

@@ -229,7 +229,7 @@ def check_bench_json(proc: subprocess.CompletedProcess, tiny_dir: Path, input_le
     assert row["bench"] == "decode"
     assert (row["batch_size"], row["input_len"], row["output_len"]) == (1, input_len, output_len)
     assert row["model"] == str(tiny_dir)
-    assert (row["dtype"], row["kv_dtype"], row["tp"], row["cache"], row["page_size"]) == ("float32", "float32", 1, "radix", 1)
+    assert (row["dtype"], row["kv_dtype"], row["tp"], row["cache"], row["page_size"]) == ("float32", "float16", 1, "radix", 1)
     assert isinstance(row["device"], str) and row["device"]
     for key in ("engine_tok_s", "hf_tok_s", "ttft_ms"):  # measured: positive, whatever their values
         assert isinstance(row[key], (int, float)) and row[key] > 0, key

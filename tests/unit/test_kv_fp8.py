@@ -88,5 +88,21 @@ def test_fp8_pool_holds_twice_the_tokens_in_the_same_memory(tiny_model):
 
 def test_an_unknown_kv_dtype_is_a_clear_error(tiny_model):
     folder, _ = tiny_model("qwen3")
-    with pytest.raises(UserError, match="--kv-dtype 'int4': choose auto or fp8"):
+    with pytest.raises(UserError, match="--kv-dtype 'int4': choose auto, fp8, float16, bfloat16, float32"):
         LLM(str(folder), device="cpu", max_kv_tokens=256, kv_dtype="int4")
+
+
+def test_kv_dtype_choices_by_device():
+    """``auto``: float16 for a float32 model on CPU, the model's dtype elsewhere; a GPU takes
+    its model's dtype or FP8, any 16- or 32-bit type only on CPU."""
+    from minisgl_engine.kvcache.kv_pool import resolve_kv_dtype
+
+    assert resolve_kv_dtype("auto", torch.float32, "cpu") == torch.float16
+    assert resolve_kv_dtype("auto", torch.bfloat16, "cpu") == torch.bfloat16
+    assert resolve_kv_dtype("auto", torch.bfloat16, "cuda") == torch.bfloat16
+    assert resolve_kv_dtype("fp8", torch.bfloat16, "cuda") == FP8
+    assert resolve_kv_dtype("bfloat16", torch.float32, "cpu") == torch.bfloat16
+    assert resolve_kv_dtype("float32", torch.float32, "cpu") == torch.float32
+    assert resolve_kv_dtype("bfloat16", torch.bfloat16, "cuda") == torch.bfloat16
+    with pytest.raises(UserError, match="--kv-dtype float16 on a GPU: choose auto"):
+        resolve_kv_dtype("float16", torch.bfloat16, "cuda")

@@ -1,4 +1,5 @@
-"""Per-request logits edits and logprobs in the engine (CPU, float32), against Hugging Face
+"""Per-request logits edits and logprobs in the engine (CPU, float32 weights and KV cache: the
+float16 cache's own agreement is test_model_parity's), against Hugging Face
 transformers on the same tiny random checkpoint: repetition / frequency / presence penalties,
 logit_bias and min_tokens give transformers' greedy tokens under the same rule; logprobs are the
 model's own log-softmax; min_p; and requests that ask for nothing come out the same in a batch
@@ -19,7 +20,7 @@ EOS = 1  # tiny_models.TINY
 @pytest.fixture(scope="module")
 def qwen3(tiny_model):
     folder, hf = tiny_model("qwen3")
-    llm = LLM(str(folder), device="cpu", dtype="float32", max_kv_tokens=4096, max_running_requests=16)
+    llm = LLM(str(folder), device="cpu", dtype="float32", kv_dtype="float32", max_kv_tokens=4096, max_running_requests=16)
     return llm, hf
 
 

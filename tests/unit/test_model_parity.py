@@ -1,5 +1,8 @@
 """Our model implementations against Hugging Face transformers on the same random weights
-(float32, CPU): logits within 1e-4 * max|logit| + 1e-5, greedy tokens identical."""
+(float32, CPU): logits within 1e-4 * max|logit| + 1e-5, greedy tokens identical. Each with a
+float32 KV cache and with the CPU's default float16 one; against the latter, transformers attends
+to K and V rounded to float16 (after RoPE, as the pool holds them): the only difference the
+16-bit cache may make."""
 
 from __future__ import annotations
 
@@ -24,12 +27,34 @@ def random_ids(n: int, seed: int) -> list[int]:
     return [rng.randrange(2, TINY["vocab_size"]) for _ in range(n)]
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+F16_KV_ATTENTION = "f16_kv_sdpa"
+
+
+def register_f16_kv_attention() -> None:
+    """transformers' SDPA attention with K and V rounded to float16 first."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def f16_kv_sdpa(module, query, key, value, *args, **kwargs):
+        return sdpa_attention_forward(module, query, key.half().to(key.dtype), value.half().to(value.dtype), *args, **kwargs)
+
+    AttentionInterface.register(F16_KV_ATTENTION, f16_kv_sdpa)
+
+
+@pytest.fixture(scope="module", params=[(arch, kv) for arch in ARCHS for kv in ("float32", "float16")],
+                ids=lambda p: "-".join(p))
 def arch_pair(request, tiny_model):
-    folder, hf = tiny_model(request.param)
+    arch, kv_dtype = request.param
+    folder, hf = tiny_model(arch)
     # a small prefill budget so that long prompts are chunked
-    llm = LLM(str(folder), device="cpu", max_kv_tokens=8192, max_prefill_tokens=48, max_running_requests=8)
-    return llm, hf
+    llm = LLM(str(folder), device="cpu", max_kv_tokens=8192, max_prefill_tokens=48, max_running_requests=8, kv_dtype=kv_dtype)
+    assert llm.engine.kv_pool.dtype == getattr(torch, kv_dtype)
+    implementation = hf.config._attn_implementation
+    if kv_dtype == "float16":
+        register_f16_kv_attention()
+        hf.set_attn_implementation(F16_KV_ATTENTION)
+    yield llm, hf
+    hf.set_attn_implementation(implementation)
 
 
 @pytest.mark.parametrize("prefill_len", [100, 30, 1])

@@ -4,13 +4,12 @@ ops, and the demo model served from its GGUF against the float32 reference of th
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from minisgl_engine.layers.quantized import (
@@ -224,6 +223,14 @@ def demo_engines():
     return packed, reference
 
 
+@pytest.fixture(scope="module")
+def demo_float32_kv(demo_engines):
+    """The packed demo engine with a float32 KV cache (demo_engines' have the default float16)."""
+    from minisgl_engine.llm import LLM
+
+    return LLM(device="cpu", max_kv_tokens=2048, kv_dtype="float32")
+
+
 TEXT = ("The city of Paris is the capital of France. It lies on the Seine river, in the north of the country. "
         "Paris is known for its museums, such as the Louvre, and for the Eiffel Tower, which was built in 1889 "
         "for a world's fair. Millions of people visit the city every year.")
@@ -294,30 +301,99 @@ def _assert_same_tokens_and_logprobs(native, torch_ops, min_same: int, tolerance
     assert max(diffs) < tolerance, diffs
 
 
-def test_native_decode_equals_the_torch_ops_path(demo_engines) -> None:
+# Tolerances of the log-probabilities per KV cache type: float32 noise alone, and with a 16-bit
+# cache the K/V values that float32 noise moves across a rounding boundary (one float16 step is
+# 2^-11 of the value, one bfloat16 step 2^-8); a wrong slot, head or widening is off by > 0.1.
+KV_TOLERANCES = {"float32": 1e-3, "float16": 4e-3, "bfloat16": 3e-2}
+
+
+def test_demo_model_with_a_float16_kv_cache_agrees_with_a_float32_one(demo_engines, demo_float32_kv) -> None:
+    """The CPU's default KV cache: teacher-forced over real text, each position computed alone
+    over its prefix read back from the cache, the same next token at >= 99% of positions
+    (measured: all 250 of scripts/cpu_agreement.py's text) and KL < 1e-4; greedy replies (the C
+    decode step over the cache) identical for 48 tokens (measured: 64 of 64 on six chat prompts)."""
+    from minisgl_engine.sampling_params import SamplingParams
+
+    narrow, wide = demo_engines[0], demo_float32_kv
+    assert narrow.engine.kv_pool.dtype == torch.float16 and narrow.engine.native_decode
+    ids = narrow.encode(TEXT)
+    logits = []
+    for llm in (narrow, wide):
+        captured = []
+        hook = llm.engine.model.register_forward_hook(lambda mod, inp, out: captured.append(out.detach().clone()))
+        llm.generate([ids[:8]], SamplingParams(max_tokens=1))  # each longer prompt then prefills one new token
+        captured.clear()
+        for n in range(9, len(ids)):
+            llm.generate([ids[:n]], SamplingParams(max_tokens=1, temperature=0))
+        hook.remove()
+        logits.append(torch.cat(captured))
+    ours, ref = logits
+    agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    kl = F.kl_div(ours.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="batchmean").item()
+    assert agree >= 0.99 and kl < 1e-4, (agree, kl)
+    greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    for prompt in ("What is the capital of France?", "Write a short poem about the sea."):
+        chat = narrow.encode(prompt, chat=True)
+        assert narrow.generate([chat], greedy)[0].token_ids == wide.generate([chat], greedy)[0].token_ids, prompt
+
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+def test_native_decode_equals_the_torch_ops_path(demo_engines, demo_float32_kv, kv_dtype: str) -> None:
     """The demo model over a prompt long enough for the threads to split attention (>= 64
     cached tokens); then a second turn whose prefix comes from the radix cache (its slots are not
-    one run)."""
-    packed, _ = demo_engines
+    one run). float16 is the CPU's default KV cache."""
+    packed = demo_engines[0] if kv_dtype == "float16" else demo_float32_kv
+    assert packed.engine.kv_pool.dtype == getattr(torch, kv_dtype)
+    tolerance = KV_TOLERANCES[kv_dtype]
     first = packed.encode(TEXT + " Tell me more about it.", chat=True)
     for native, torch_ops in _native_against_torch_ops(packed, [first], 24):
-        _assert_same_tokens_and_logprobs(native, torch_ops, 6, 1e-3)
+        _assert_same_tokens_and_logprobs(native, torch_ops, 6, tolerance)
     second = first + packed.encode(" And what about the Seine?")
     for native, torch_ops in _native_against_torch_ops(packed, [second], 16):
-        _assert_same_tokens_and_logprobs(native, torch_ops, 6, 1e-3)
+        _assert_same_tokens_and_logprobs(native, torch_ops, 6, tolerance)
 
 
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
-def test_native_decode_of_each_architecture(tiny_model, arch: str) -> None:
+def test_native_decode_of_each_architecture(tiny_model, arch: str, kv_dtype: str) -> None:
     """QKV bias (Qwen2), q/k norms (Qwen3), a head size other than hidden / heads (Mistral):
     the C step against the torch layers on the same 8-bit weights, past 64 cached tokens."""
     from minisgl_engine.llm import LLM
 
     folder, _ = tiny_model(arch)
-    llm = LLM(str(folder), device="cpu", quantization="int8", max_kv_tokens=512)
+    llm = LLM(str(folder), device="cpu", quantization="int8", max_kv_tokens=512, kv_dtype=kv_dtype)
     prompt = [(7 * i) % 300 + 3 for i in range(80)]
     for native, torch_ops in _native_against_torch_ops(llm, [prompt], 12):
-        _assert_same_tokens_and_logprobs(native, torch_ops, 4, 1e-3)
+        _assert_same_tokens_and_logprobs(native, torch_ops, 4, KV_TOLERANCES[kv_dtype])
+
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16"])
+def test_every_c_path_decodes_over_a_16_bit_kv_cache(tiny_model, kernels, kv_dtype: str) -> None:
+    """The C step of each build (VNNI, AVX2 and F16C, plain C: its own float16 conversions) over a
+    16-bit cache, against the torch layers that widen the same cache."""
+    from minisgl_engine.llm import LLM
+    from minisgl_engine.models.native_decode import NativeDecoder
+
+    folder, _ = tiny_model("qwen3")
+    llm = LLM(str(folder), device="cpu", quantization="int8", max_kv_tokens=512, kv_dtype=kv_dtype)
+    model = llm.engine.model
+    model.model.native_decoder = NativeDecoder(model, llm.engine.kv_pool, kernels)
+    prompt = [(5 * i) % 300 + 3 for i in range(90)]
+    for native, torch_ops in _native_against_torch_ops(llm, [prompt], 12):
+        _assert_same_tokens_and_logprobs(native, torch_ops, 4, KV_TOLERANCES[kv_dtype])
+
+
+def test_every_c_path_rounds_kv_values_as_torch_does(kernels) -> None:
+    """The C step stores each new token's K and V as torch's conversion would (nearest, ties to
+    even; overflow to infinity), so the C and torch steps write the same bits into the cache."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.cat([torch.randn(20_000, generator=gen) * scale for scale in (1e-7, 1e-5, 1e-2, 1.0, 300.0, 3e4)]
+                  + [torch.tensor([65504.0, 65519.0, 65520.0, -7e4, 0.0, -0.0, 6e-8, 2.98e-8, float("inf"), -float("inf")])])
+    for kv_type, dtype in ((1, torch.float16), (2, torch.bfloat16)):
+        stored, widened = torch.empty(x.numel(), dtype=torch.int16), torch.empty_like(x)
+        kernels.kv_round_trip(x.data_ptr(), x.numel(), kv_type, stored.data_ptr(), widened.data_ptr())
+        assert torch.equal(stored, x.to(dtype).view(torch.int16)), dtype
+        assert torch.equal(widened, x.to(dtype).float()), dtype
 
 
 def test_packed_product_and_lookup_of_no_rows() -> None:
