@@ -26,7 +26,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-dtype", default=d.kv_dtype, choices=["auto", "fp8", "float16", "bfloat16", "float32"],
                    help="KV cache storage: auto = float16 on CPU (half of float32's memory, the same greedy replies), the "
                         "model's dtype on a GPU; fp8 = e4m3, half the memory of 16 bits per token (twice the tokens fit), "
-                        "less precise (docs/benchmarks.md, eleventh round); float16 | bfloat16 | float32 on CPU "
+                        "less precise (docs/benchmarks.md); float16 | bfloat16 | float32 on CPU "
                         "(default: %(default)s)")
     g.add_argument("--max-kv-tokens", type=int, default=None, help="KV cache size in tokens (default: from free memory)")
     g.add_argument("--mem-fraction", type=float, default=d.mem_fraction, help="share of free memory for the KV cache (default: %(default)s)")
