@@ -13,6 +13,9 @@ The page talks to one interface, :class:`ReplySource`, and has no branch on whic
   ``backends`` in its settings.
 
 Both yield the engine's :class:`UserReply` messages, which :class:`~.live.ReplyManager` reads.
+
+The interface lives in reply_protocol.py, :class:`SideBySide` in side_by_side.py and the OpenAI
+stream's details in remote_wire.py; every one of those names is importable from here too.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@
 Both completion routes go through one path, :func:`_serve`: a request's reply stream is closed
 whenever the HTTP side stops wanting it (finished, refused, client gone), and closing it is what
 aborts the request in the engine and gives its KV pages back.
+
+Beside it: the request bodies (openai_protocol.py) and response bodies (openai_responses.py),
+errors in OpenAI's shape (error_responses.py), the API key check (api_key.py), and what
+/v1/completions spells differently from chat (completions.py).
 """
 
 from __future__ import annotations
