@@ -13,6 +13,14 @@ MAX_TOP_LOGPROBS = 20
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "tool_call")
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is an int to Python, not to a request
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class GrammarSpec:
     """Structured output: the text must match this grammar (compiled by xgrammar in the
@@ -58,41 +66,53 @@ class SamplingParams:
     grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        self._check_sampling()
+        self._check_logit_edits()
+        self._check_outputs()
+        self.temperature = float(self.temperature)
+        self.top_p = float(self.top_p)
+
+    def _check_sampling(self) -> None:
+        """The length and how a token is drawn."""
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+        if not _is_number(self.temperature) or not self.temperature >= 0:
             raise RequestError(f"temperature must be a number >= 0, got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+        if not _is_int(self.top_k):
             raise RequestError(f"top_k must be an integer, got {self.top_k!r}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise RequestError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        if self.seed is not None and not _is_int(self.seed):
             raise RequestError(f"seed must be an integer, got {self.seed!r}")
+
+    def _check_logit_edits(self) -> None:
+        """Penalties, min_p, min_tokens and logit_bias; the penalties are stored as floats."""
         for name, low, high in (("frequency_penalty", -2, 2), ("presence_penalty", -2, 2), ("min_p", 0, 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            if not _is_number(value) or not low <= value <= high:
                 raise RequestError(f"{name} must be a number in [{low}, {high}], got {value!r}")
             setattr(self, name, float(value))
         rp = self.repetition_penalty
-        if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0 < rp <= 10:
+        if not _is_number(rp) or not 0 < rp <= 10:
             raise RequestError(f"repetition_penalty must be a number in (0, 10], got {rp!r}")
         self.repetition_penalty = float(rp)
-        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise RequestError(f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}), got {self.min_tokens!r}")
         for token, bias in self.logit_bias.items():
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            if not _is_int(token) or token < 0:
                 raise RequestError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
-            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            if not _is_number(bias) or not -100 <= bias <= 100:
                 raise RequestError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
-        if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+
+    def _check_outputs(self) -> None:
+        """What comes back besides the tokens (logprobs), and the grammar the text must match."""
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.top_logprobs!r}")
         pl = self.prompt_logprobs
-        if pl is not None and (isinstance(pl, bool) or not isinstance(pl, int) or not 0 <= pl <= MAX_TOP_LOGPROBS):
+        if pl is not None and (not _is_int(pl) or not 0 <= pl <= MAX_TOP_LOGPROBS):
             raise RequestError(f"prompt_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {pl!r}")
         if self.grammar is not None and self.grammar.kind not in GRAMMAR_KINDS:
             raise RequestError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.grammar.kind!r}")
-        self.temperature = float(self.temperature)
-        self.top_p = float(self.top_p)
 
     @cached_property  # read for every request of every step: computed once (replace() makes a new object)
     def has_penalties(self) -> bool:

@@ -36,7 +36,8 @@ from unittest import mock
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minisgl_engine.benchmarks.bench import copy_bandwidth, offline_workload, random_prompts
+from minisgl_engine.benchmarks.common import random_prompts
+from minisgl_engine.benchmarks.offline_bench import copy_bandwidth, offline_workload
 from minisgl_engine.config import EngineConfig
 from minisgl_engine.llm import LLM
 from minisgl_engine.sampling_params import SamplingParams

@@ -13,6 +13,9 @@ The page talks to one interface, :class:`ReplySource`, and has no branch on whic
   ``backends`` in its settings.
 
 Both yield the engine's :class:`UserReply` messages, which :class:`~.live.ReplyManager` reads.
+
+The interface lives in reply_protocol.py, :class:`SideBySide` in side_by_side.py and the OpenAI
+stream's details in remote_wire.py; every one of those names is importable from here too.
 """
 
 from __future__ import annotations
@@ -23,13 +26,29 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
 from minisgl_engine import GenerateRequest, UserError, UserReply
 
+from .remote_wire import (
+    FINISHED,
+    ReasoningJoiner,
+    ReplyTally,
+    chat_body,
+    remote_message,
+    until_stopped,
+    without_credentials,
+)
+from .reply_protocol import ModelEntry, ModelError, ReplySource
+from .side_by_side import SideBySide
 from .view import status_line
+
+# the page, the CLI and the tests import these from here, whichever module defines them
+__all__ = [
+    "FINISHED", "LocalEngine", "ModelEntry", "ModelError", "ReasoningJoiner", "RemoteEngine", "ReplySource",
+    "SideBySide", "chat_body", "chat_template_supports_thinking", "remote_message", "until_stopped",
+    "without_credentials",
+]
 
 logger = logging.getLogger("minisgl.app")
 
@@ -37,71 +56,6 @@ REMOTE_CHECK_S = 5.0  # how often the remote's /v1/models is asked while a page 
 REMOTE_CONNECT_TIMEOUT_S = 5.0
 REMOTE_READ_TIMEOUT_S = 300.0  # the longest wait for the next chunk (a long prefill on a busy server)
 REMOTE_CHECK_TIMEOUT_S = 10.0  # the longest wait for /v1/models
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    """One model the models panel lists; what is not known is None."""
-
-    name: str  # what switch_model takes, and what the reply's store row remembers
-    where: str  # "demo", "hub" (Hugging Face cache), "gguf" (converted), "serving", or "remote"
-    size_bytes: int | None = None
-    architecture: str | None = None
-    context_len: int | None = None
-    backend: str | None = None  # which of the source's backends serves it (a switch stops that one's replies)
-    serving: bool = False  # the model its backend serves now (marked ● in the panel)
-
-
-class ModelError(Exception):
-    """A model cannot be served: the message says why, in words for the page."""
-
-
-class ReplySource(Protocol):
-    """What the chat page needs from whatever writes its replies."""
-
-    @property
-    def label(self) -> str:
-        """Where its replies come from, in words ("This machine", "Remote · host:port")."""
-
-    @property
-    def backends(self) -> dict[str, ReplySource]:
-        """The sources a chat can pick, by name: a chat's settings name one (``backend``; None or
-        a name not here: the first). A plain source is its only backend."""
-
-    @property
-    def model_name(self) -> str | None:
-        """The model replies come from now (None: not known yet)."""
-
-    async def list_models(self) -> list[ModelEntry]:
-        """The models the panel offers (never raises: a source that cannot list says so in
-        ``ModelError`` from switch_model instead)."""
-
-    async def check_model(self, name: str) -> None:
-        """Raise ``ModelError`` if ``name`` cannot be switched to, checked while the current
-        model keeps serving."""
-
-    async def switch_model(self, name: str) -> None:
-        """Serve ``name`` from now on; returns once it is ready. ``ModelError`` when it failed,
-        after the previous model serves again."""
-
-    @property
-    def ready(self) -> bool:
-        """Whether a message sent now is taken (else the page says the model is loading and
-        keeps it in the box)."""
-
-    @property
-    def supports_thinking(self) -> bool:
-        """Whether the model's chat template reads ``enable_thinking`` (the page shows the toggle)."""
-
-    @property
-    def context_len(self) -> int | None:
-        """The serving model's context in tokens (None: not known), the most a reply can be."""
-
-    def status_line(self) -> str:
-        """The one line under the chat: the model, where it runs, its load or what is wrong."""
-
-    def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
-        """The reply, piece by piece; ends early, unfinished, once ``stop`` is set."""
 
 
 class LocalEngine:
@@ -317,215 +271,55 @@ class RemoteEngine:
     async def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
         import openai
 
+        where = f"the remote at {self.shown_url}"
         stream = None
         stopper = asyncio.ensure_future(stop.wait())
-        pieces = ReasoningJoiner()
-        tokens, finish_reason, started = 0, None, False
+        tally = ReplyTally()
         try:
             if self.model_name is None:
                 await until_stopped(self.check(), stopper)
             if self.model_name is None:
                 if not stop.is_set():
-                    yield UserReply(0, "", finished=True, error=f"the remote at {self.shown_url}: {self.error or 'no model'}")
+                    yield UserReply(0, "", finished=True, error=f"{where}: {self.error or 'no model'}")
                 return
             stream = await until_stopped(self.client.chat.completions.create(**chat_body(request, self.model_name)), stopper)
             if stream is None:
                 return  # stopped before the remote answered: the request was cancelled with its connection
-            chunks = aiter(stream)
-            while True:
-                try:
-                    chunk = await until_stopped(anext(chunks), stopper)
-                except StopAsyncIteration:
-                    break
-                if chunk is None:  # Stop: closing the stream (below) makes the remote abort the request
-                    if pieces.thinking:
-                        yield UserReply(0, pieces.close(), completion_tokens=tokens)
-                    return
-                started = True
-                if not chunk.choices:  # the last chunk of a stream with include_usage
-                    tokens = chunk.usage.completion_tokens if chunk.usage is not None else tokens
-                    continue
-                delta = chunk.choices[0].delta
-                # SGLang's and older vLLM's reasoning_content; vLLM now calls it reasoning
-                reasoning = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
-                text = pieces.push(delta.content, reasoning)
-                if chunk.usage is not None:  # vLLM's continuous usage stats: the count so far
-                    tokens = chunk.usage.completion_tokens or tokens
-                elif text:
-                    tokens += 1  # a chunk per token from SGLang, vLLM and this engine; `usage` corrects it at the end
-                finish_reason = chunk.choices[0].finish_reason or finish_reason
-                if text:
-                    yield UserReply(0, text, completion_tokens=tokens)
-            if finish_reason in FINISHED:
-                yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True, finish_reason=FINISHED[finish_reason])
-                return
-            why = f"it ended the reply ({finish_reason})" if finish_reason else "it ended the reply without finishing it"
-            yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True, error=f"the remote at {self.shown_url}: {why}")
+            async with contextlib.aclosing(self._replies(stream, stopper, tally, where)) as replies:
+                async for reply in replies:
+                    yield reply
         except Exception as exc:  # noqa: BLE001 (a remote's failure is a sentence in the chat, never a traceback)
             if not isinstance(exc, openai.APIError):
                 logger.exception("the reply from %s failed", self.shown_url)
-            reason = self.describe(exc, mid_reply=started)
+            reason = self.describe(exc, mid_reply=tally.started)
             if isinstance(exc, (openai.APIConnectionError, openai.AuthenticationError)):
                 self.error, self.checked_at = reason, time.monotonic()  # the status line says so at once
-            yield UserReply(0, pieces.close(), completion_tokens=tokens, finished=True, error=f"the remote at {self.shown_url}: {reason}")
+            yield tally.failed(f"{where}: {reason}")
         finally:
             stopper.cancel()
             if stream is not None:
                 with contextlib.suppress(Exception):
                     await stream.close()
 
+    @staticmethod
+    async def _replies(stream, stopper: asyncio.Future, tally: ReplyTally, where: str) -> AsyncIterator[UserReply]:
+        """The replies of an open stream, the last one finished; none more after Stop."""
+        chunks = aiter(stream)
+        while True:
+            try:
+                chunk = await until_stopped(anext(chunks), stopper)
+            except StopAsyncIteration:
+                break
+            if chunk is None:  # Stop: closing the stream (in generate) makes the remote abort the request
+                if (last := tally.stopped()) is not None:
+                    yield last
+                return
+            text = tally.add(chunk)
+            if text:
+                yield UserReply(0, text, completion_tokens=tally.tokens)
+        yield tally.ended(where)
+
     async def close(self) -> None:
         await self.client.close()
 
 
-# a remote's finish reasons that end a reply well, as the page knows them; any other ("abort",
-# "error", ...) is shown as a failure
-FINISHED = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop", "content_filter": "stop"}
-
-
-class SideBySide:
-    """This machine's engine and a remote server at once (``--remote URL --local``). Each chat
-    picks one in its settings (``backends``); the models panel lists the models of both, and a
-    switch goes to the one that lists the model (remote names are prefixed ``REMOTE_PREFIX``, so
-    that a model both have stays two entries). What the page asks of the app as a whole (the
-    status line of a new chat, Pull) is the local engine's."""
-
-    REMOTE_PREFIX = "remote: "
-
-    def __init__(self, local: LocalEngine, remote: RemoteEngine) -> None:
-        self.local, self.remote = local, remote
-
-    @property
-    def label(self) -> str:
-        return f"{self.local.label} and {self.remote.label}"
-
-    @property
-    def backends(self) -> dict[str, ReplySource]:
-        return {"local": self.local, "remote": self.remote}
-
-    @property
-    def model_name(self) -> str | None:
-        return self.local.model_name
-
-    async def list_models(self) -> list[ModelEntry]:
-        remote = [replace(e, name=self.REMOTE_PREFIX + e.name) for e in await self.remote.list_models()]
-        return [*await self.local.list_models(), *remote]
-
-    def _owner(self, name: str) -> tuple[ReplySource, str]:
-        if name.startswith(self.REMOTE_PREFIX):
-            return self.remote, name.removeprefix(self.REMOTE_PREFIX)
-        return self.local, name
-
-    async def check_model(self, name: str) -> None:
-        source, own = self._owner(name)
-        await source.check_model(own)
-
-    async def switch_model(self, name: str) -> None:
-        source, own = self._owner(name)
-        await source.switch_model(own)
-
-    @property
-    def ready(self) -> bool:
-        return self.local.ready
-
-    @property
-    def supports_thinking(self) -> bool:
-        return self.local.supports_thinking
-
-    @property
-    def context_len(self) -> int | None:
-        return self.local.context_len
-
-    def status_line(self) -> str:
-        return self.local.status_line()
-
-    def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
-        return self.local.generate(request, stop)
-
-
-def without_credentials(url: str) -> str:
-    """``url`` without a ``user:password@`` part (the page and the log show the address only)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-async def until_stopped(step, stopper: asyncio.Future):
-    """``await step``, unless ``stopper`` finishes first: then ``step`` is cancelled and the
-    result is None. ``step`` never outlives this call (cancelled here too, it is cancelled)."""
-    task = asyncio.ensure_future(step)
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        return None
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-
-class ReasoningJoiner:
-    """A remote sends a thinking model's reasoning apart (``reasoning_content``, SGLang's and
-    vLLM's field); the page shows replies as the model wrote them, with a <think> block, so
-    the two are put back together."""
-
-    def __init__(self) -> None:
-        self.thinking = False
-
-    def push(self, content: str | None, reasoning: str | None) -> str:
-        out = ""
-        if reasoning:
-            out += "" if self.thinking else "<think>"
-            self.thinking = True
-            out += reasoning
-        if content:
-            out += self.close() + content
-        return out
-
-    def close(self) -> str:
-        if not self.thinking:
-            return ""
-        self.thinking = False
-        return "</think>"
-
-
-def chat_body(request: GenerateRequest, model: str) -> dict:
-    """The chat turn as an OpenAI streamed request; top_k and the template's options are the
-    extensions SGLang, vLLM and this engine read."""
-    p = request.params
-    body: dict = {"model": model, "messages": request.messages, "stream": True, "stream_options": {"include_usage": True},
-                  "max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
-    if p.seed is not None:
-        body["seed"] = p.seed
-    if p.stop:
-        body["stop"] = list(p.stop)
-    extra: dict = {}
-    if p.top_k is not None and p.top_k > 0:
-        extra["top_k"] = p.top_k
-    if p.repetition_penalty != 1.0:
-        extra["repetition_penalty"] = p.repetition_penalty
-    kwargs = dict(request.chat_template_kwargs or {})
-    if kwargs.pop("continue_final_message", False):  # Continue: as vLLM and SGLang (and this engine) take it
-        extra.update(continue_final_message=True, add_generation_prompt=False)
-    if kwargs:
-        extra["chat_template_kwargs"] = kwargs
-    if extra:
-        body["extra_body"] = extra
-    return body
-
-
-def remote_message(exc) -> str:
-    """The error message a remote put in its body (OpenAI's shape), shortened."""
-    body = getattr(exc, "body", None)
-    message = body.get("message") if isinstance(body, dict) else None
-    if message is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
-        message = body["error"].get("message")
-    text = str(message or getattr(exc, "message", "") or exc)
-    return text if len(text) <= 300 else text[:297] + "…"

@@ -5,57 +5,53 @@
 Both completion routes go through one path, :func:`_serve`: a request's reply stream is closed
 whenever the HTTP side stops wanting it (finished, refused, client gone), and closing it is what
 aborts the request in the engine and gives its KV pages back.
+
+Beside it: the request bodies (openai_protocol.py) and response bodies (openai_responses.py),
+errors in OpenAI's shape (error_responses.py), the API key check (api_key.py), and what
+/v1/completions spells differently from chat (completions.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import hmac
-from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BaseModel
-from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from ..errors import RequestError
 from ..messages import LogprobEntry, UserReply
 from ..reasoning import ReasoningSplitter, split_reasoning
 from ..sampling_params import SamplingParams
 from ..tool_calls import ToolCall, ToolCallParser, parse_tool_calls
 from ..workers.frontend import GenerateRequest
+from .api_key import RequireApiKey
+from .completions import CompletionFormat, prompt_texts
+from .error_responses import APIError, ClientGone, install_error_handlers, send_too_large
 from .metrics import StatsSource, metrics_router
-from .openai_protocol import (
+from .openai_protocol import ChatCompletionRequest, CompletionRequest
+from .openai_responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatCompletionResponse,
-    CompletionChoice,
-    CompletionRequest,
-    CompletionResponse,
     ErrorInfo,
     ErrorResponse,
     ModelCard,
     ModelList,
     UsageInfo,
     chat_logprobs,
-    completion_logprobs,
     new_id,
     now,
 )
-from .request_limits import MAX_REQUEST_BYTES, BodyLimit, RequestTooLarge
+from .request_limits import MAX_REQUEST_BYTES, BodyLimit
+from .response_format import ChoiceResult, ResponseFormat
 from .security import AccessPolicy, install_guard
 
 DISCONNECT_POLL_S = 0.1
@@ -80,131 +76,6 @@ class FrontendClient(StatsSource, Protocol):
     def route(self, req: GenerateRequest) -> int:
         """The replica (--dp) that requests sharing ``req``'s prompt should all go to."""
         ...
-
-
-# --- errors ---------------------------------------------------------------------------------
-
-
-class APIError(Exception):
-    """An error to send in OpenAI's shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.info = ErrorInfo(message=message, type=type, param=param, code=code)
-        self.headers = headers
-
-
-class ClientGone(Exception):
-    """The HTTP client left before its response was ready; nobody will read what we send."""
-
-
-def _error_json(status: int, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(ErrorResponse(error=info).model_dump(mode="json"), status_code=status, headers=headers)
-
-
-def _is_union_tag(part: str | int) -> bool:
-    """pydantic names the union member in an error's location ("list[int]", "str"); drop it."""
-    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool"))
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """One line for the first problem, and the field it concerns (OpenAI's ``param``)."""
-    # A value failing a union gets one error per member; our own checks and the deepest
-    # location say the most (content parts: "type 'image_url' is not supported", not "not a str").
-    error = max(exc.errors(), key=lambda e: (e["type"] == "value_error", len(e["loc"])))
-    path = ".".join(str(part) for part in error["loc"][1:] if not _is_union_tag(part)) or None
-    if error["type"] == "json_invalid":
-        return f"invalid JSON body: {error.get('ctx', {}).get('error', error['msg'])}", None
-    if error["type"] == "value_error":  # our own validators: their text alone reads best
-        message = str(error.get("ctx", {}).get("error", error["msg"]))
-    else:
-        message = error["msg"]
-    return f"{path or 'request body'}: {message}", path
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves in OpenAI's shape; FastAPI's 422 becomes OpenAI's 400."""
-
-    @app.exception_handler(APIError)
-    async def on_api_error(request: Request, exc: APIError) -> Response:
-        return _error_json(exc.status, exc.info, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
-        message, param = _validation_message(exc)
-        return _error_json(400, ErrorInfo(message=message, param=param))
-
-    @app.exception_handler(RequestError)
-    async def on_request_error(request: Request, exc: RequestError) -> Response:
-        return _error_json(400, ErrorInfo(message=str(exc), param=getattr(exc, "param", None)))
-
-    @app.exception_handler(RequestTooLarge)
-    async def on_too_large(request: Request, exc: RequestTooLarge) -> Response:
-        return _too_large_response(exc)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return _error_json(exc.status_code, ErrorInfo(message=str(exc.detail), code=str(exc.status_code)), exc.headers)
-
-    @app.exception_handler(ClientGone)
-    async def on_client_gone(request: Request, exc: ClientGone) -> Response:
-        return Response(status_code=499)  # nginx's "client closed request"; never read
-
-    @app.exception_handler(Exception)
-    async def on_unexpected(request: Request, exc: Exception) -> Response:
-        # Starlette re-raises after this, so the server logs the traceback; the client gets none.
-        info = ErrorInfo(message="internal server error", type="server_error", code="500")
-        return _error_json(500, info)
-
-
-def _too_large_response(exc: RequestTooLarge) -> Response:
-    return _error_json(413, ErrorInfo(message=str(exc.detail), code="request_too_large"))
-
-
-async def _send_too_large(scope: Scope, receive: Receive, send: Send, exc: RequestTooLarge) -> None:
-    await _too_large_response(exc)(scope, receive, send)
-
-
-class _RequireApiKey:
-    """ASGI middleware: /v1/* (and /openapi.json, which describes it) needs ``Authorization:
-    Bearer <key>`` before anything else is looked at, so a client without the key learns
-    nothing, not even whether its JSON parses.
-    compare_digest, so the time taken reveals nothing about the key either."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = api_key.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self._guarded(scope) and not self._authorized(scope):
-            info = ErrorInfo(message="invalid or missing API key (send 'Authorization: Bearer <key>')",
-                             code="invalid_api_key")
-            response = _error_json(401, info, headers={"WWW-Authenticate": "Bearer"})
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-    @staticmethod
-    def _guarded(scope: Scope) -> bool:
-        path, root = scope["path"], scope.get("root_path", "")
-        if root and path.startswith(root):  # mounted under a prefix
-            path = path[len(root):]
-        return path in ("/v1", "/openapi.json") or path.startswith("/v1/")
-
-    def _authorized(self, scope: Scope) -> bool:
-        scheme, key = get_authorization_scheme_param(Headers(scope=scope).get("authorization"))
-        given = key.encode() if scheme.lower() == "bearer" else b""
-        return hmac.compare_digest(given, self.expected)
 
 
 # --- the one path both completion routes take -----------------------------------------------
@@ -279,17 +150,6 @@ async def _merge(upstreams: list[AsyncGenerator[UserReply, None]]) -> AsyncGener
             await upstream.aclose()
 
 
-@dataclass
-class ChoiceResult:
-    """One choice, whole: its text, its final reply, its tokens' logprobs (None: not asked) and
-    its prompt tokens' (echo)."""
-
-    text: str
-    final: UserReply
-    logprobs: list[LogprobEntry] | None = None
-    prompt_logprobs: list[LogprobEntry] | None = None
-
-
 async def _collect(merged: AsyncGenerator[tuple[int, UserReply], None], count: int) -> list[ChoiceResult]:
     """Each choice's whole text, final reply and logprobs."""
     parts: list[list[str]] = [[] for _ in range(count)]
@@ -340,49 +200,7 @@ async def _prefill_once(client: FrontendClient, req: GenerateRequest) -> None:
         await upstream.aclose()
 
 
-class _Format(ABC):
-    """How one route spells its response and its stream chunks; ``index`` is the choice's."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.created = now()
-        self.pending_logprobs: dict[int, list[LogprobEntry]] = {}  # choice -> logprobs not sent yet
-
-    def add_logprobs(self, index: int, reply: UserReply) -> None:
-        """Logprobs of tokens just out; they go with the choice's next chunk that carries text
-        (a token may add no text yet: half a character, a held-back stop string or tag)."""
-        entries = self.shown_logprobs(reply)
-        if entries:
-            self.pending_logprobs.setdefault(index, []).extend(entries)
-
-    def shown_logprobs(self, reply: UserReply) -> list[LogprobEntry] | None:
-        """What of a reply's logprobs this route shows."""
-        return reply.logprobs
-
-    def take_logprobs(self, index: int) -> list[LogprobEntry] | None:
-        return self.pending_logprobs.pop(index, None)
-
-    def opening(self, index: int) -> list[BaseModel]:
-        return []
-
-    @abstractmethod
-    def text_chunks(self, index: int, text: str) -> list[BaseModel]:
-        ...
-
-    @abstractmethod
-    def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]:
-        ...
-
-    @abstractmethod
-    def usage_chunk(self, usage: UsageInfo) -> BaseModel:
-        ...
-
-    @abstractmethod
-    def response(self, choices: list[ChoiceResult], usage: UsageInfo) -> BaseModel:
-        """``choices`` in index order."""
-
-
-class _ChatFormat(_Format):
+class _ChatFormat(ResponseFormat):
     """Chat replies: text as ``content``; a thinking model's <think> block as ``reasoning_content``
     (``split_reasoning``); with tools, the calls the model writes in ``tool_format`` as
     ``tool_calls`` (and finish reason "tool_calls")."""
@@ -464,71 +282,6 @@ class _ChatFormat(_Format):
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=out, usage=usage)
 
 
-class _CompletionFormat(_Format):
-    """Completions: text as ``text``. With ``echo`` (the text of each prompt, choice i showing
-    prompt i // n), a choice's text and logprobs begin with its prompt's; ``prompt_only`` (echo
-    with max_tokens 0) shows the prompt alone."""
-
-    def __init__(self, model: str, echo: list[str] | None = None, n: int = 1, prompt_only: bool = False) -> None:
-        super().__init__(model)
-        self.id = new_id("cmpl")
-        self.text_len: dict[int, int] = {}  # choice -> characters streamed so far (text_offset)
-        self.echo, self.n, self.prompt_only = echo, n, prompt_only
-        self.echoed: set[int] = set()  # choices whose prompt has been streamed
-
-    def _make(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> CompletionResponse:
-        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
-
-    def shown_logprobs(self, reply: UserReply) -> list[LogprobEntry] | None:
-        return self._with_prompt(reply.prompt_logprobs, reply.logprobs)
-
-    def _with_prompt(self, prompt: list[LogprobEntry] | None, generated: list[LogprobEntry] | None) -> list[LogprobEntry] | None:
-        """A choice's logprobs: its prompt's (with echo) before its generated tokens' (none with
-        ``prompt_only``)."""
-        generated = None if self.prompt_only else generated
-        return generated if prompt is None else prompt + (generated or [])
-
-    def _logprobs(self, index: int) -> dict | None:
-        entries = self.take_logprobs(index)
-        return completion_logprobs(entries, self.text_len.get(index, 0)) if entries else None
-
-    def _prompt_text(self, index: int) -> str:
-        """The prompt, the first time a choice sends anything (with echo)."""
-        if self.echo is None or index in self.echoed:
-            return ""
-        self.echoed.add(index)
-        return self.echo[index // self.n]
-
-    def text_chunks(self, index: int, text: str) -> list[BaseModel]:
-        text = self._prompt_text(index) + ("" if self.prompt_only else text)
-        if not text:
-            return []
-        chunk = CompletionChoice(index=index, text=text, logprobs=self._logprobs(index))
-        self.text_len[index] = self.text_len.get(index, 0) + len(text)
-        return [self._make([chunk])]
-
-    def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]:
-        text = self._prompt_text(index)
-        reason = "length" if self.prompt_only else finish_reason
-        return [self._make([CompletionChoice(index=index, text=text, logprobs=self._logprobs(index), finish_reason=reason)])]
-
-    def _usage(self, usage: UsageInfo) -> UsageInfo:
-        return UsageInfo.of(usage.prompt_tokens, 0) if self.prompt_only else usage
-
-    def usage_chunk(self, usage: UsageInfo) -> BaseModel:
-        return self._make([], self._usage(usage))
-
-    def _choice(self, index: int, c: ChoiceResult) -> CompletionChoice:
-        text = "" if self.prompt_only else c.text
-        if self.echo is not None:
-            text = self.echo[index // self.n] + text
-        logprobs = self._with_prompt(c.prompt_logprobs if self.echo is not None else None, c.logprobs)
-        return CompletionChoice(index=index, text=text, finish_reason="length" if self.prompt_only else c.final.finish_reason,
-                                logprobs=completion_logprobs(logprobs) if logprobs is not None else None)
-
-    def response(self, choices: list[ChoiceResult], usage: UsageInfo) -> BaseModel:
-        return self._make([self._choice(i, c) for i, c in enumerate(choices)], self._usage(usage))
-
 
 def _usage(finals: list[UserReply], n: int) -> UsageInfo:
     """A prompt counts once however many choices it has (choices i*n .. i*n+n-1 share prompt i);
@@ -542,7 +295,7 @@ def _sse(payload: BaseModel | str) -> str:
 
 
 async def _event_stream(merged: AsyncGenerator[tuple[int, UserReply], None], first: list[tuple[int, UserReply]],
-                        fmt: _Format, count: int, n: int, include_usage: bool) -> AsyncGenerator[str, None]:
+                        fmt: ResponseFormat, count: int, n: int, include_usage: bool) -> AsyncGenerator[str, None]:
     """SSE events: each choice's opening chunk, text chunks, one finish chunk per choice, usage if
     asked, [DONE]."""
     try:
@@ -594,7 +347,7 @@ class _EventStreamResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
-async def _serve(request: Request, client: FrontendClient, body: ChatCompletionRequest | CompletionRequest, fmt: _Format) -> Response:
+async def _serve(request: Request, client: FrontendClient, body: ChatCompletionRequest | CompletionRequest, fmt: ResponseFormat) -> Response:
     """One HTTP request: its prompts × n choices as engine requests, answered as one response
     (or one stream), choice i*n + j being prompt i's j-th."""
     per_prompt = body.generate_requests()
@@ -625,33 +378,35 @@ async def _serve(request: Request, client: FrontendClient, body: ChatCompletionR
 # --- the app --------------------------------------------------------------------------------
 
 
-async def _prompt_texts(client: FrontendClient, prompts: list[str | list[int]]) -> list[str]:
-    """The prompts as text, to echo: a text prompt as given, token ids decoded by the model's
-    tokenizer (loaded here the first time a request needs it)."""
-    if all(isinstance(p, str) for p in prompts):
-        return list(prompts)
-    tokenizer = await asyncio.to_thread(_tokenizer, client.tokenizer_path) if client.tokenizer_path else None
-    if tokenizer is None:
-        raise APIError(400, "echo of a prompt given as token ids needs the model's tokenizer, and this model has none", param="echo")
-    try:
-        return [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
-    except Exception:  # an id outside the vocabulary (the engine would refuse it too)
-        raise APIError(400, "prompt token ids must be ids of the model's vocabulary", param="prompt") from None
-
-
-@functools.lru_cache(maxsize=2)
-def _tokenizer(path: str):
-    from ..tokenizer import load_tokenizer
-
-    return load_tokenizer(path)
-
-
 def _model_served(requested: str | None, names: tuple[str, ...]) -> str:
     """The name a reply carries: the first of ``names``, when the request names one of them or
     none; any other model is a 404, as OpenAI answers it."""
     if requested is not None and requested not in names:
         raise APIError(404, f"The model `{requested}` does not exist.", param="model", code="model_not_found")
     return names[0]
+
+
+def _chat_format(body: ChatCompletionRequest, client: FrontendClient, model: str,
+                 trust_request_chat_template: bool) -> _ChatFormat:
+    """How a chat request's reply is spelled: its think block split off or not, its tool calls
+    parsed in the model's format. A request the server will not take as asked is a 400."""
+    template_field = body.request_chat_template()
+    if template_field is not None and not trust_request_chat_template:
+        raise APIError(400, f"{template_field}: this server does not take chat templates from requests (a template is code "
+                       "its tokenizer runs); start it with --trust-request-chat-template to allow them",
+                       param=template_field, code="chat_template_not_allowed")
+    # a reply held to a grammar (JSON, a forced tool call) has no think block to split off,
+    # even where the template opens one in the prompt
+    constrained = (body.response_format or {}).get("type", "text") != "text" or body.regex is not None or body.ebnf is not None \
+        or body.tool_choice == "required" or isinstance(body.tool_choice, dict)
+    split = client.thinks if body.separate_reasoning and not constrained else None
+    tool_format = None
+    if body.uses_tools:
+        tool_format = client.tool_format
+        if tool_format is None:
+            raise APIError(400, "this model's chat template has no tool calls; send the request without tools", param="tools")
+        body.use_tool_format(tool_format)
+    return _ChatFormat(model, split, tool_format)
 
 
 def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...], trust_request_chat_template: bool = False) -> APIRouter:
@@ -669,29 +424,14 @@ def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...], trus
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         model = _model_served(body.model, served())
-        template_field = body.request_chat_template()
-        if template_field is not None and not trust_request_chat_template:
-            raise APIError(400, f"{template_field}: this server does not take chat templates from requests (a template is code "
-                           "its tokenizer runs); start it with --trust-request-chat-template to allow them",
-                           param=template_field, code="chat_template_not_allowed")
-        # a reply held to a grammar (JSON, a forced tool call) has no think block to split off,
-        # even where the template opens one in the prompt
-        constrained = (body.response_format or {}).get("type", "text") != "text" or body.regex is not None or body.ebnf is not None \
-            or body.tool_choice == "required" or isinstance(body.tool_choice, dict)
-        split = client.thinks if body.separate_reasoning and not constrained else None
-        tool_format = None
-        if body.uses_tools:
-            tool_format = client.tool_format
-            if tool_format is None:
-                raise APIError(400, "this model's chat template has no tool calls; send the request without tools", param="tools")
-            body.use_tool_format(tool_format)
-        return await _serve(request, client, body, _ChatFormat(model, split, tool_format))
+        fmt = _chat_format(body, client, model, trust_request_chat_template)
+        return await _serve(request, client, body, fmt)
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         model = _model_served(body.model, served())
-        echo = await _prompt_texts(client, body.prompts) if body.echo else None
-        return await _serve(request, client, body, _CompletionFormat(model, echo, body.n, body.prompt_only))
+        echo = await prompt_texts(client.tokenizer_path, body.prompts) if body.echo else None
+        return await _serve(request, client, body, CompletionFormat(model, echo, body.n, body.prompt_only))
 
     @router.get("/models")
     async def models() -> ModelList:
@@ -713,10 +453,10 @@ def create_app(client: FrontendClient, api_key: str | None = None, access: Acces
     one that does is a 400. A /v1 body over ``max_request_bytes`` (--max-request-bytes) is a 413,
     said before it is read (request_limits.BodyLimit)."""
     app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None)
-    _install_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=max_request_bytes, on_too_large=_send_too_large)  # inside the key check
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=max_request_bytes, on_too_large=send_too_large)  # inside the key check
     if api_key:
-        app.add_middleware(_RequireApiKey, api_key=api_key)
+        app.add_middleware(RequireApiKey, api_key=api_key)
     install_guard(app, access or AccessPolicy.for_bind("127.0.0.1"))  # outermost: before the key check
     app.include_router(_v1_router(client, tuple(served_model_names), trust_request_chat_template))
     app.include_router(metrics_router(client))

@@ -101,7 +101,7 @@ def _in_child(target, *args) -> list[dict]:
 def run_compare_llamacpp(args: argparse.Namespace, config: EngineConfig, gguf: Path,
                          prompts: list[list[int]], busy_cores) -> list[dict]:
     """Alternating runs (ours, llama.cpp, ours, ...), ``args.repeat`` of each; every prompt in
-    every run, the first a warm-up. ``busy_cores``: bench.busy_cores. Returns one row per engine
+    every run, the first a warm-up. ``busy_cores``: common.busy_cores. Returns one row per engine
     and input length: the best decode rate and the best TTFT of its runs."""
     try:
         import llama_cpp  # noqa: F401

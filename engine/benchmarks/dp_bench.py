@@ -1,10 +1,10 @@
 """``bench multiturn --dp N``: chat turns through the real front end and its replica router, with
 prefix-aware routing and with round-robin, each on a fresh set of engine processes.
 
-The in-process multiturn bench (bench.py) compares caches on one engine; here the question is
-where a turn lands: a chat whose next turn reaches the replica that served its last one finds
-its history in that replica's radix cache, one that lands elsewhere prefills it again. No HTTP:
-the bench drives ``FrontendClient`` over the same ZeroMQ sockets the server uses.
+The in-process multiturn bench (multiturn_bench.py) compares caches on one engine; here the
+question is where a turn lands: a chat whose next turn reaches the replica that served its last
+one finds its history in that replica's radix cache, one that lands elsewhere prefills it again.
+No HTTP: the bench drives ``FrontendClient`` over the same ZeroMQ sockets the server uses.
 """
 
 from __future__ import annotations
@@ -54,20 +54,25 @@ async def _one_routing(args: argparse.Namespace, config: EngineConfig, max_conte
         ttft_ms, sent = await _play(args, client, vocab_size)
         # the replicas' last figures, pushed as each request ends
         await client.wait_for_stats(lambda s: s.requests_finished_total + s.requests_aborted_total >= sent, 10)
-        per_replica = [client.replica_stats[i].prefix_cache_hit_tokens_total for i in range(config.dp)]
-        info = client.scheduler_info
-        return {
-            "bench": "multiturn", "device": info.get("device"), "model": client.model_name, "dtype": info.get("dtype"),
-            "tp": config.tp, "dp": config.dp, "routing": config.dp_routing, "cache": config.cache,
-            "conversations": args.conversations, "turns": args.turns, "system_len": args.system_len,
-            "user_len": args.user_len, "reply_len": args.reply_len,
-            "ttft_ms_per_turn": ttft_ms, "last_turn_ttft_ms": ttft_ms[-1],
-            "prefix_cache_hit_tokens": sum(per_replica), "replica_prefix_cache_hit_tokens": per_replica,
-        }
+        return _routed_row(args, config, client, ttft_ms)
     finally:
         procs.stop()
         client.close()
         remove_runtime_dir(runtime_dir)
+
+
+def _routed_row(args: argparse.Namespace, config: EngineConfig, client: FrontendClient, ttft_ms: list[float]) -> dict:
+    """One routing's JSON line, from the replicas' last figures."""
+    per_replica = [client.replica_stats[i].prefix_cache_hit_tokens_total for i in range(config.dp)]
+    info = client.scheduler_info
+    return {
+        "bench": "multiturn", "device": info.get("device"), "model": client.model_name, "dtype": info.get("dtype"),
+        "tp": config.tp, "dp": config.dp, "routing": config.dp_routing, "cache": config.cache,
+        "conversations": args.conversations, "turns": args.turns, "system_len": args.system_len,
+        "user_len": args.user_len, "reply_len": args.reply_len,
+        "ttft_ms_per_turn": ttft_ms, "last_turn_ttft_ms": ttft_ms[-1],
+        "prefix_cache_hit_tokens": sum(per_replica), "replica_prefix_cache_hit_tokens": per_replica,
+    }
 
 
 async def _play(args: argparse.Namespace, client: FrontendClient, vocab_size: int) -> tuple[list[float], int]:
@@ -107,3 +112,14 @@ async def _first_token_s(client: FrontendClient, prompt: list[int], params: Samp
         if first is None:
             first = time.perf_counter() - start
     return first if first is not None else time.perf_counter() - start
+
+
+def print_routed_table(rows: list[dict]) -> None:
+    by_routing = {r["routing"]: r for r in rows}
+    names = list(by_routing)
+    print(f"{'turn':>4} " + " ".join(f"{name + ' TTFT ms':>22}" for name in names))
+    for turn in range(len(rows[0]["ttft_ms_per_turn"])):
+        print(f"{turn + 1:>4} " + " ".join(f"{by_routing[name]['ttft_ms_per_turn'][turn]:>22.1f}" for name in names))
+    for name, r in by_routing.items():
+        print(f"{name}: prefix-cache hits {r['prefix_cache_hit_tokens']:,} tokens, per replica {r['replica_prefix_cache_hit_tokens']}")
+    print()

@@ -140,6 +140,57 @@ def choose_gemv(linear, silu_mul: bool, pdl: bool, best_us: float, norm=None) ->
     return best_plan, timings
 
 
+class _KernelChoices:
+    """Which kernels run each linear layer, measured once per distinct shape and kind (every
+    decoder layer shares them); each measurement also goes into ``report``."""
+
+    def __init__(self, mode: str, pdl: bool, norm_us: float, report: dict[str, object]) -> None:
+        self.mode, self.pdl, self.norm_us, self.report = mode, pdl, norm_us, report
+        self.chosen: dict[tuple, tuple[int, tuple[int, int], tuple[int, int]]] = {}
+
+    def decide(self, label: str, linear, silu_mul: bool = False, norm=None) -> tuple[int, tuple[int, int], tuple[int, int]]:
+        """(rows up to which the skinny kernel runs, the one-row kernel's plan or (0, 0), the
+        same where the layer's norm moves into the product: timed with the norm inside against
+        the norm's kernel plus the fastest product without it)."""
+        key = (label, tuple(linear.weight.shape), linear.bias is not None)
+        if key not in self.chosen:
+            self.chosen[key] = self._measure(label, key, linear, silu_mul, norm)
+        return self.chosen[key]
+
+    def _measure(self, label: str, key: tuple, linear, silu_mul: bool, norm) -> tuple[int, tuple[int, int], tuple[int, int]]:
+        rows, timings = choose(linear, silu_mul)
+        plan, gemv_timings, with_norm, norm_timings = (0, 0), [], (0, 0), []
+        if self.mode != "off":
+            best = min(timings[0][1:]) if timings else gpu_time_us(cublas(linear, silu_mul, 1))
+            plan, gemv_timings = choose_gemv(linear, silu_mul, self.pdl, best)
+            if norm is not None and self.mode == "on":
+                separate = self.norm_us + min([best] + [us for _, us in gemv_timings])
+                with_norm, norm_timings = choose_gemv(linear, silu_mul, self.pdl, separate, norm=norm)
+        self.report[label] = {"max_rows": rows, "timings_us": timings, "gemv_plan": tuple(plan), "gemv_timings_us": gemv_timings,
+                              "gemv_plan_with_norm": tuple(with_norm), "gemv_with_norm_timings_us": norm_timings}
+        logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s); one row: %s (plan, us: %s)%s",
+                    label, key[1], rows, timings, f"gemv plan {tuple(plan)}" if plan[0] else "as above", gemv_timings,
+                    f"; with the norm inside: gemv plan {tuple(with_norm)} (plan, us: {norm_timings})" if norm is not None else "")
+        return rows, tuple(plan), tuple(with_norm)
+
+
+def _use_choices(layer: nn.Module, choices: _KernelChoices) -> None:
+    """Set one decoder layer's products to the kernels chosen for their shapes."""
+    decide, pdl = choices.decide, choices.pdl
+    attn, mlp = layer.self_attn, layer.mlp
+    attn.fused_qk, attn.qk_pdl = True, pdl
+    qkv, o, down, gate_up = (decide("qkv_proj", attn.qkv_proj, norm=layer.input_layernorm), decide("o_proj", attn.o_proj),
+                             decide("down_proj", mlp.down_proj),
+                             decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True, norm=layer.post_attention_layernorm))
+    for linear, (rows, plan) in ((attn.qkv_proj, qkv[:2]), (attn.o_proj, o[:2]), (mlp.down_proj, down[:2])):
+        linear.skinny_max_rows, linear.gemv_plan, linear.gemv_pdl = rows, plan, pdl
+    mlp.fused_max_rows, mlp.gemv_plan, mlp.gemv_pdl = gate_up[0], gate_up[1], pdl
+    # the norms ride inside both one-row products where both can take them (the
+    # tensor-parallel fused all-reduce takes them back out: enable_fused_all_reduce_norm)
+    layer.gemv_plans = {False: (qkv[1], gate_up[1]), True: (qkv[2], gate_up[2])}
+    place_norms(layer, choices.mode == "on" and qkv[2][0] > 0 and gate_up[2][0] > 0)
+
+
 def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | None = None) -> dict[str, object]:
     """Switch ``model`` (on CUDA, FlashInfer ops already on) to the Triton kernels where they
     help. Returns what was chosen, for the start-up log and the benchmarks."""
@@ -154,7 +205,6 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
     if on_phase is not None:
         on_phase(message)
     report: dict[str, object] = {"triton": True}
-    chosen: dict[tuple, tuple[int, int, int]] = {}  # one measurement per distinct shape and kind
     mode = gemv_mode()
     pdl = pdl_wanted(next(model.parameters()).device)
     report["gemv"] = mode if mode == "off" else ("pdl" if pdl else "plain launches")
@@ -165,43 +215,10 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
         report["residual_norm_us"] = round(norm_us, 2)
         logger.info("the residual add + RMSNorm at one row: %.2f us (what a product with the norm inside saves)", norm_us)
 
-    def decide(label: str, linear, silu_mul: bool = False, norm=None) -> tuple[int, tuple[int, int], tuple[int, int]]:
-        """(rows up to which the skinny kernel runs, the one-row kernel's plan or (0, 0), the
-        same where the layer's norm moves into the product: timed with the norm inside against
-        the norm's kernel plus the fastest product without it)."""
-        key = (label, tuple(linear.weight.shape), linear.bias is not None)
-        if key not in chosen:
-            rows, timings = choose(linear, silu_mul)
-            plan, gemv_timings, with_norm, norm_timings = (0, 0), [], (0, 0), []
-            if mode != "off":
-                best = min(timings[0][1:]) if timings else gpu_time_us(cublas(linear, silu_mul, 1))
-                plan, gemv_timings = choose_gemv(linear, silu_mul, pdl, best)
-                if norm is not None and mode == "on":
-                    separate = norm_us + min([best] + [us for _, us in gemv_timings])
-                    with_norm, norm_timings = choose_gemv(linear, silu_mul, pdl, separate, norm=norm)
-            chosen[key] = (rows, tuple(plan), tuple(with_norm))
-            report[label] = {"max_rows": rows, "timings_us": timings, "gemv_plan": tuple(plan), "gemv_timings_us": gemv_timings,
-                             "gemv_plan_with_norm": tuple(with_norm), "gemv_with_norm_timings_us": norm_timings}
-            logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s); one row: %s (plan, us: %s)%s",
-                        label, key[1], rows, timings, f"gemv plan {tuple(plan)}" if plan[0] else "as above", gemv_timings,
-                        f"; with the norm inside: gemv plan {tuple(with_norm)} (plan, us: {norm_timings})" if norm is not None else "")
-        return chosen[key]
-
+    choices = _KernelChoices(mode, pdl, norm_us, report)
     for layer in model.modules():
-        if not isinstance(layer, DecoderLayer):
-            continue
-        attn, mlp = layer.self_attn, layer.mlp
-        attn.fused_qk, attn.qk_pdl = True, pdl
-        qkv, o, down, gate_up = (decide("qkv_proj", attn.qkv_proj, norm=layer.input_layernorm), decide("o_proj", attn.o_proj),
-                                 decide("down_proj", mlp.down_proj),
-                                 decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True, norm=layer.post_attention_layernorm))
-        for linear, (rows, plan) in ((attn.qkv_proj, qkv[:2]), (attn.o_proj, o[:2]), (mlp.down_proj, down[:2])):
-            linear.skinny_max_rows, linear.gemv_plan, linear.gemv_pdl = rows, plan, pdl
-        mlp.fused_max_rows, mlp.gemv_plan, mlp.gemv_pdl = gate_up[0], gate_up[1], pdl
-        # the norms ride inside both one-row products where both can take them (the
-        # tensor-parallel fused all-reduce takes them back out: enable_fused_all_reduce_norm)
-        layer.gemv_plans = {False: (qkv[1], gate_up[1]), True: (qkv[2], gate_up[2])}
-        place_norms(layer, mode == "on" and qkv[2][0] > 0 and gate_up[2][0] > 0)
+        if isinstance(layer, DecoderLayer):
+            _use_choices(layer, choices)
     torch.cuda.synchronize()
     return report
 

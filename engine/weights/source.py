@@ -75,7 +75,9 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _from_hub(repo_id: str, progress: bool, bars: type | None) -> Path:
+def _download(repo_id: str, progress: bool, bars: type | None) -> Path:
+    """The hub's snapshot of ``repo_id`` (from the cache when it is there); each way the download
+    can fail is a sentence saying what to do."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -90,7 +92,7 @@ def _from_hub(repo_id: str, progress: bool, bars: type | None) -> Path:
     cache = constants.HF_HUB_CACHE
     try:
         with _hub_progress(progress):
-            folder = Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, tqdm_class=bars))
+            return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, tqdm_class=bars))
     except HFValidationError as exc:
         raise ModelSourceError(f"{repo_id!r} is neither an existing path nor a valid Hugging Face "
                                "model id (org/name); check the spelling") from exc
@@ -115,6 +117,10 @@ def _from_hub(repo_id: str, progress: bool, bars: type | None) -> Path:
         raise ModelSourceError(f"downloading model {repo_id!r} from the Hugging Face Hub failed "
                                f"({type(exc).__name__}: {_first_line(exc)}); check the network "
                                "and disk space, or pass a local folder") from exc
+
+
+def _from_hub(repo_id: str, progress: bool, bars: type | None) -> Path:
+    folder = _download(repo_id, progress, bars)
     if not (folder / "config.json").is_file():
         raise ModelSourceError(f"model {repo_id!r} has no config.json (a GGUF-only repository?); "
                                "download its .gguf file and pass that path instead")

@@ -255,6 +255,14 @@ class FrontendClient:
         for uid, queue in list(self.pending.items()):
             queue.put_nowait(UserReply(uid, "", finished=True, finish_reason="error", error=message))
 
+    def _replica_for(self, req: GenerateRequest) -> int:
+        """The replica a request goes to: the one it names, or the router's choice."""
+        if req.replica is None:
+            return self.router.choose(prompt_blocks(req.text, req.messages, req.input_ids))
+        if 0 <= req.replica < self.router.num_replicas:
+            return req.replica
+        raise RequestError(f"replica {req.replica} does not exist (this server runs {self.router.num_replicas})")
+
     async def generate(self, req: GenerateRequest, stop: asyncio.Event | None = None) -> AsyncIterator[UserReply]:
         """Yield the request's replies until it finishes. Setting ``stop`` (the chat's Stop
         button) ends the stream at once, even mid-prefill when no reply is due yet, and aborts
@@ -264,20 +272,8 @@ class FrontendClient:
         if self.switching:  # the workers are restarting: nothing would answer
             yield UserReply(uid, "", finished=True, finish_reason="error", error=f"{self.switch_reason}; send it again once it is ready")
             return
-        if req.replica is None:
-            replica = self.router.choose(prompt_blocks(req.text, req.messages, req.input_ids))
-        elif 0 <= req.replica < self.router.num_replicas:
-            replica = req.replica
-        else:
-            raise RequestError(f"replica {req.replica} does not exist (this server runs {self.router.num_replicas})")
-        msg = TokenizeMsg(uid, req.params, text=req.text, messages=req.messages, input_ids=req.input_ids,
-                          chat_template_kwargs=req.chat_template_kwargs, replica=replica)
-        try:  # JSON may carry lone surrogates ("\ud800") or integers beyond 64 bits: no message holds them
-            data = encode(TokenizerBatch([msg]))
-        except UnicodeEncodeError:
-            raise RequestError("the request holds text that is not valid Unicode (a lone surrogate such as \\ud800)") from None
-        except OverflowError:
-            raise RequestError("the request holds an integer outside the 64-bit range (seed, top_k or a token id)") from None
+        replica = self._replica_for(req)
+        data = _encoded_tokenize(uid, req, replica)
         queue: asyncio.Queue[UserReply | None] = asyncio.Queue()
         self.pending[uid] = queue
         finished = False
@@ -307,6 +303,18 @@ class FrontendClient:
             sock.close()
         self._recv_ctx.term()
         self._send_ctx.term()
+
+
+def _encoded_tokenize(uid: int, req: GenerateRequest, replica: int) -> bytes:
+    """The request as the tokenizer's message, encoded; a request no message can hold is refused."""
+    msg = TokenizeMsg(uid, req.params, text=req.text, messages=req.messages, input_ids=req.input_ids,
+                      chat_template_kwargs=req.chat_template_kwargs, replica=replica)
+    try:  # JSON may carry lone surrogates ("\ud800") or integers beyond 64 bits: no message holds them
+        return encode(TokenizerBatch([msg]))
+    except UnicodeEncodeError:
+        raise RequestError("the request holds text that is not valid Unicode (a lone surrogate such as \\ud800)") from None
+    except OverflowError:
+        raise RequestError("the request holds an integer outside the 64-bit range (seed, top_k or a token id)") from None
 
 
 async def _put_none_when_set(event: asyncio.Event, queue: asyncio.Queue) -> None:
