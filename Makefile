@@ -3,7 +3,7 @@
 VENV := .venv
 PROMPT ?= What is the capital of France?
 
-.PHONY: setup run ask test test-fast lint-static
+.PHONY: setup run ask test test-fast lint lint-python lint-static
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
@@ -37,3 +37,10 @@ lint-static: $(LINT)/node_modules/.installed
 $(LINT)/node_modules/.installed: $(LINT)/package.json $(LINT)/package-lock.json
 	cd $(LINT) && npm ci --no-audit --no-fund --ignore-scripts
 	touch $@
+
+# The Python through Ruff (pyproject.toml: lint rules, import order, format at 100 columns).
+lint-python: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+lint: lint-python lint-static

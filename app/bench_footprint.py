@@ -26,20 +26,56 @@ from minisgl_engine import UserError
 from .bench_page import StartedApp, server_url, started_app
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank. "
-TOKENS_PER_SENTENCE = 14  # SmolLM2's and Llama 3's tokenizers; the reply's usage says the true count
+TOKENS_PER_SENTENCE = (
+    14  # SmolLM2's and Llama 3's tokenizers; the reply's usage says the true count
+)
 SAMPLE_EVERY_S = 0.25
 
 
 def add_footprint_bench_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--app", dest="app_command", choices=("chat", "serve"), default="chat", help="what to start (default: %(default)s)")
-    parser.add_argument("--app-args", default="--device cpu", help="its arguments (default: %(default)r)")
-    parser.add_argument("--starts", type=int, default=2, help="starts, one after another; memory is read on the last (default: %(default)s)")
-    parser.add_argument("--settle", type=float, default=5.0, help="seconds idle after the start before memory is read (default: %(default)s)")
-    parser.add_argument("--chat-tokens", type=int, default=8000, help="prompt tokens of the long chat; 0: none (default: %(default)s)")
-    parser.add_argument("--page", action="store_true", help="also time the chat page's first load in Chromium")
-    parser.add_argument("--chromium", default="/usr/bin/chromium", help="the browser for --page (default: %(default)s)")
-    parser.add_argument("--pythonpath", help="a folder with another checkout's minisgl_app and minisgl_engine, run instead")
-    parser.add_argument("--label", default="", help="a name for this run in the JSON line (e.g. a commit)")
+    parser.add_argument(
+        "--app",
+        dest="app_command",
+        choices=("chat", "serve"),
+        default="chat",
+        help="what to start (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--app-args", default="--device cpu", help="its arguments (default: %(default)r)"
+    )
+    parser.add_argument(
+        "--starts",
+        type=int,
+        default=2,
+        help="starts, one after another; memory is read on the last (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=5.0,
+        help="seconds idle after the start before memory is read (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--chat-tokens",
+        type=int,
+        default=8000,
+        help="prompt tokens of the long chat; 0: none (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--page", action="store_true", help="also time the chat page's first load in Chromium"
+    )
+    parser.add_argument(
+        "--chromium",
+        default="/usr/bin/chromium",
+        help="the browser for --page (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--pythonpath",
+        help="a folder with another checkout's minisgl_app and minisgl_engine, run instead",
+    )
+    parser.add_argument(
+        "--label", default="", help="a name for this run in the JSON line (e.g. a commit)"
+    )
 
 
 def process_memory(app: StartedApp) -> dict[str, dict[str, float]]:
@@ -71,8 +107,11 @@ def long_chat(url: str, tokens: int) -> tuple[dict, Callable[[], None]]:
     import httpx
 
     text = SENTENCE * max(1, tokens // TOKENS_PER_SENTENCE)
-    body = {"messages": [{"role": "user", "content": text + "\nSummarize this in one line."}], "max_tokens": 16,
-            "temperature": 0}
+    body = {
+        "messages": [{"role": "user", "content": text + "\nSummarize this in one line."}],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
     result: dict = {}
 
     def send() -> None:
@@ -100,11 +139,15 @@ def sample_while(app: StartedApp, work: Callable[[], None]) -> dict[str, dict[st
 def page_load_s(link: str, chromium: str) -> float:
     """Seconds from opening the page's link to its chat list drawn (the page marks itself loaded)."""
     if not os.path.exists(chromium):
-        raise UserError(f"no browser at {chromium}: apt-get install chromium, or pass --chromium PATH")
+        raise UserError(
+            f"no browser at {chromium}: apt-get install chromium, or pass --chromium PATH"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(
+            executable_path=chromium, args=["--no-sandbox", "--disable-gpu"]
+        )
         try:
             page = browser.new_page()
             start = time.perf_counter()
@@ -119,7 +162,12 @@ def run_footprint_bench(args: argparse.Namespace) -> int:
     if args.starts < 1:
         raise UserError("--starts must be 1 or more")
     ready: list[float] = []
-    row: dict = {"bench": "footprint", "label": args.label, "app": args.app_command, "app_args": args.app_args}
+    row: dict = {
+        "bench": "footprint",
+        "label": args.label,
+        "app": args.app_command,
+        "app_args": args.app_args,
+    }
     for start in range(args.starts):
         with started_app(args.app_args, args.app_command, args.pythonpath) as app:
             ready.append(round(app.ready_s, 2))
@@ -134,10 +182,17 @@ def run_footprint_bench(args: argparse.Namespace) -> int:
                 result, send = long_chat(server_url(app.link), args.chat_tokens)
                 peak = sample_while(app, send)
                 if result.get("status") != 200:
-                    raise UserError(f"the long chat was answered {result.get('status')}: {str(result.get('answer'))[:300]}")
+                    raise UserError(
+                        f"the long chat was answered {result.get('status')}: {str(result.get('answer'))[:300]}"
+                    )
                 after = process_memory(app)
-                row.update(chat_prompt_tokens=result["answer"]["usage"]["prompt_tokens"], chat_peak_pss_mb=total_pss(peak),
-                           chat_peak=peak, after_chat_pss_mb=total_pss(after), after_chat=after)
+                row.update(
+                    chat_prompt_tokens=result["answer"]["usage"]["prompt_tokens"],
+                    chat_peak_pss_mb=total_pss(peak),
+                    chat_peak=peak,
+                    after_chat_pss_mb=total_pss(after),
+                    after_chat=after,
+                )
     row["ready_s"] = ready
     print(json.dumps(row), flush=True)
     return 0

@@ -34,14 +34,33 @@ STATS_LINE = re.compile(r"([\d.]+) tok/s · (\d+) tokens")
 
 
 def add_page_bench_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", help="a running app: the link it printed, with its ?token= (default: start one with --app-args)")
-    parser.add_argument("--app-args", default="--device cpu",
-                        help="arguments of the `minisgl-chat chat` this bench starts (default: %(default)r)")
-    parser.add_argument("--replies", type=int, default=3, help="replies per path, alternating (default: %(default)s)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="tokens per reply (default: %(default)s)")
+    parser.add_argument(
+        "--url",
+        help="a running app: the link it printed, with its ?token= (default: start one with --app-args)",
+    )
+    parser.add_argument(
+        "--app-args",
+        default="--device cpu",
+        help="arguments of the `minisgl-chat chat` this bench starts (default: %(default)r)",
+    )
+    parser.add_argument(
+        "--replies",
+        type=int,
+        default=3,
+        help="replies per path, alternating (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=256, help="tokens per reply (default: %(default)s)"
+    )
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
-    parser.add_argument("--chromium", default="/usr/bin/chromium", help="the browser (default: %(default)s)")
-    parser.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY"), help="the app's API key, if it has one")
+    parser.add_argument(
+        "--chromium", default="/usr/bin/chromium", help="the browser (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("MINISGL_API_KEY"),
+        help="the app's API key, if it has one",
+    )
 
 
 @dataclass
@@ -55,7 +74,9 @@ class StartedApp:
 
 
 @contextmanager
-def started_app(app_args: str, command: str = "chat", pythonpath: str | None = None) -> Iterator[StartedApp]:
+def started_app(
+    app_args: str, command: str = "chat", pythonpath: str | None = None
+) -> Iterator[StartedApp]:
     """`minisgl-chat chat` (or ``command``) on a free port with its own data folder.
     ``pythonpath``: a folder holding another checkout's packages (``minisgl_app``,
     ``minisgl_engine``), put first on the app's path: the same bench run against another commit."""
@@ -64,7 +85,16 @@ def started_app(app_args: str, command: str = "chat", pythonpath: str | None = N
     with tempfile.TemporaryDirectory(prefix="minisgl-bench-app-") as data:
         port = free_port()
         extra = ["--no-browser"] if command == "chat" else []
-        cmd = [sys.executable, "-m", "minisgl_app.cli", command, *extra, "--port", str(port), *shlex.split(app_args)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "minisgl_app.cli",
+            command,
+            *extra,
+            "--port",
+            str(port),
+            *shlex.split(app_args),
+        ]
         env = {**os.environ, "MINISGL_DATA_DIR": data}
         if pythonpath:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
@@ -94,7 +124,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, log_path: str, timeout: float
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise UserError(f"the app exited ({proc.returncode}) before it was ready; its log: {log_path}")
+            raise UserError(
+                f"the app exited ({proc.returncode}) before it was ready; its log: {log_path}"
+            )
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
@@ -108,14 +140,23 @@ def api_reply(url: str, prompt: str, max_tokens: int, api_key: str | None) -> di
     """One streamed chat completion; tok/s from this side of the socket."""
     import httpx
 
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     first = last = None
     tokens = 0
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600) as resp:
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600
+    ) as resp:
         if resp.status_code != 200:
-            raise UserError(f"the API answered {resp.status_code}: {resp.read().decode(errors='replace')[:300]}")
+            raise UserError(
+                f"the API answered {resp.status_code}: {resp.read().decode(errors='replace')[:300]}"
+            )
         for line in resp.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -136,12 +177,16 @@ class PageDriver:
         self.page = browser.new_page(viewport={"width": 1280, "height": 860})
         self.page.goto(link)
         self.page.wait_for_selector("#msg-input textarea", timeout=120_000)
-        self.page.wait_for_function("document.querySelector('#status-line')?.innerText.includes('running')", timeout=60_000)
+        self.page.wait_for_function(
+            "document.querySelector('#status-line')?.innerText.includes('running')", timeout=60_000
+        )
 
     def reply(self, prompt: str, max_tokens: int) -> dict:
         page = self.page
         page.click("#new-chat-btn")
-        page.wait_for_function("!document.querySelector('#chatbot [data-testid=\"user\"]')", timeout=30_000)
+        page.wait_for_function(
+            "!document.querySelector('#chatbot [data-testid=\"user\"]')", timeout=30_000
+        )
         if not page.locator("#max-tokens input").is_visible():
             page.get_by_text("Settings", exact=True).first.click()
         page.fill("#temperature input[type=number]", "0")
@@ -150,7 +195,10 @@ class PageDriver:
         page.wait_for_timeout(500)  # the settings are saved as they change
         page.fill("#msg-input textarea", prompt)
         page.press("#msg-input textarea", "Enter")
-        page.wait_for_function("/tok\\/s · \\d+ tokens/.test(document.querySelector('#chatbot').innerText)", timeout=600_000)
+        page.wait_for_function(
+            "/tok\\/s · \\d+ tokens/.test(document.querySelector('#chatbot').innerText)",
+            timeout=600_000,
+        )
         found = STATS_LINE.search(page.inner_text("#chatbot"))
         assert found is not None
         return {"path": "page", "tokens": int(found.group(2)), "tok_s": float(found.group(1))}
@@ -160,17 +208,27 @@ def run_page_bench(args: argparse.Namespace) -> int:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        raise UserError("bench page drives a browser: pip install playwright (and apt-get install chromium)") from None
+        raise UserError(
+            "bench page drives a browser: pip install playwright (and apt-get install chromium)"
+        ) from None
     if not os.path.exists(args.chromium):
-        raise UserError(f"no browser at {args.chromium}: apt-get install chromium, or pass --chromium PATH")
+        raise UserError(
+            f"no browser at {args.chromium}: apt-get install chromium, or pass --chromium PATH"
+        )
     rows = []
     with ExitStack() as stack:
-        link = args.url or stack.enter_context(started_app(args.app_args)).link  # the page's link (…/?token=KEY)
+        link = (
+            args.url or stack.enter_context(started_app(args.app_args)).link
+        )  # the page's link (…/?token=KEY)
         url = server_url(link)
         p = stack.enter_context(sync_playwright())
-        browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(
+            executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu"]
+        )
         stack.callback(browser.close)
-        api_reply(url, "Say hello.", 8, args.api_key)  # warm-up: first-call costs stay out of the figures
+        api_reply(
+            url, "Say hello.", 8, args.api_key
+        )  # warm-up: first-call costs stay out of the figures
 
         def record(row: dict, run: int) -> None:
             row["run"] = run
@@ -178,15 +236,22 @@ def run_page_bench(args: argparse.Namespace) -> int:
             print(json.dumps(row), flush=True)
 
         for i in range(args.replies):  # the API with no page open
-            record(api_reply(url, args.prompt, args.max_tokens, args.api_key) | {"path": "api_alone"}, i)
+            record(
+                api_reply(url, args.prompt, args.max_tokens, args.api_key) | {"path": "api_alone"},
+                i,
+            )
         page = PageDriver(browser, link)
-        for i in range(args.replies):  # then the page open: the API while it idles, and the page itself
+        for i in range(
+            args.replies
+        ):  # then the page open: the API while it idles, and the page itself
             record(api_reply(url, args.prompt, args.max_tokens, args.api_key), i)
             record(page.reply(args.prompt, args.max_tokens), i)
     summary = summarize(rows)
     print(json.dumps(summary))
-    print(f"median tok/s: API {summary['api_alone_tok_s']:.1f} with no page open, {summary['api_tok_s']:.1f} with the page "
-          f"open; the page {summary['page_tok_s']:.1f} ({summary['page_vs_api']:.0%} of the API)")
+    print(
+        f"median tok/s: API {summary['api_alone_tok_s']:.1f} with no page open, {summary['api_tok_s']:.1f} with the page "
+        f"open; the page {summary['page_tok_s']:.1f} ({summary['page_vs_api']:.0%} of the API)"
+    )
     return 0
 
 
@@ -206,6 +271,12 @@ def summarize(rows: list[dict]) -> dict:
         return statistics.median(rates)
 
     alone, api, page = median("api_alone"), median("api"), median("page")
-    return {"bench": "page", "api_alone_tok_s": round(alone, 1), "api_tok_s": round(api, 1), "page_tok_s": round(page, 1),
-            "page_vs_api": round(page / api, 3), "page_vs_api_alone": round(page / alone, 3),
-            "tokens": sorted({r["tokens"] for r in rows})}
+    return {
+        "bench": "page",
+        "api_alone_tok_s": round(alone, 1),
+        "api_tok_s": round(api, 1),
+        "page_tok_s": round(page, 1),
+        "page_vs_api": round(page / api, 3),
+        "page_vs_api_alone": round(page / alone, 3),
+        "tokens": sorted({r["tokens"] for r in rows}),
+    }

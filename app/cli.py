@@ -9,7 +9,13 @@ import os
 import shutil
 import sys
 
-from minisgl_engine import UserError, add_bench_args, add_engine_args, engine_config_from_args, is_loopback
+from minisgl_engine import (
+    UserError,
+    add_bench_args,
+    add_engine_args,
+    engine_config_from_args,
+    is_loopback,
+)
 
 from .bench_footprint import add_footprint_bench_args
 from .bench_page import add_page_bench_args
@@ -26,26 +32,77 @@ def comma_list(value: str) -> tuple[str, ...]:
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; any other needs --api-key)")
+    g.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: %(default)s; any other needs --api-key)",
+    )
     g.add_argument("--port", type=int, default=1919, help="default: %(default)s")
-    g.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/* (env MINISGL_API_KEY)")
-    g.add_argument("--num-tokenizer", type=int, default=1, help="tokenizer processes (default: %(default)s)")
-    g.add_argument("--allowed-hosts", type=comma_list, default=(), metavar="NAME,...",
-                   help="more Host names to answer to (e.g. a LAN name or a reverse proxy's); loopback names and --host always are")
-    g.add_argument("--allowed-origins", type=comma_list, default=(), metavar="ORIGIN,...",
-                   help="web pages allowed to call the API from the browser, e.g. http://localhost:3000 (CORS for exactly those)")
-    g.add_argument("--served-model-name", nargs="+", action="extend", default=[], metavar="NAME",
-                   help="the names requests' `model` may give (repeatable or comma-separated; the first is listed by /v1/models "
-                        "and echoed in replies; any other model is a 404). Default: the name of --model")
-    g.add_argument("--trust-request-chat-template", action="store_true",
-                   help="let chat requests bring their own chat template (chat_template, chat_template_kwargs.chat_template): "
-                        "a template is code the tokenizer runs; without this flag such a request is a 400")
-    g.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, metavar="N",
-                   help="the largest request body /v1 reads; a larger one is a 413 (default: %(default)s, 8 MiB)")
-    d = parser.add_argument_group("several machines (trusted network only: the rendezvous port is unauthenticated)")
-    d.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks are spread over (default: %(default)s)")
-    d.add_argument("--node-rank", type=int, default=0, help="this machine's index; 0 runs the front end (default: %(default)s)")
-    d.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT", help="where rank 0 (on node 0) meets the other ranks")
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` on /v1/* (env MINISGL_API_KEY)",
+    )
+    g.add_argument(
+        "--num-tokenizer", type=int, default=1, help="tokenizer processes (default: %(default)s)"
+    )
+    g.add_argument(
+        "--allowed-hosts",
+        type=comma_list,
+        default=(),
+        metavar="NAME,...",
+        help="more Host names to answer to (e.g. a LAN name or a reverse proxy's); loopback names and --host always are",
+    )
+    g.add_argument(
+        "--allowed-origins",
+        type=comma_list,
+        default=(),
+        metavar="ORIGIN,...",
+        help="web pages allowed to call the API from the browser, e.g. http://localhost:3000 (CORS for exactly those)",
+    )
+    g.add_argument(
+        "--served-model-name",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME",
+        help="the names requests' `model` may give (repeatable or comma-separated; the first is listed by /v1/models "
+        "and echoed in replies; any other model is a 404). Default: the name of --model",
+    )
+    g.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let chat requests bring their own chat template (chat_template, chat_template_kwargs.chat_template): "
+        "a template is code the tokenizer runs; without this flag such a request is a 400",
+    )
+    g.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        metavar="N",
+        help="the largest request body /v1 reads; a larger one is a 413 (default: %(default)s, 8 MiB)",
+    )
+    d = parser.add_argument_group(
+        "several machines (trusted network only: the rendezvous port is unauthenticated)"
+    )
+    d.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="machines the --tp ranks are spread over (default: %(default)s)",
+    )
+    d.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        help="this machine's index; 0 runs the front end (default: %(default)s)",
+    )
+    d.add_argument(
+        "--dist-init-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="where rank 0 (on node 0) meets the other ranks",
+    )
 
 
 def server_config_from_args(args: argparse.Namespace):
@@ -53,17 +110,30 @@ def server_config_from_args(args: argparse.Namespace):
 
     from minisgl_engine import ServerConfig, check_server_config
 
-    names = dict.fromkeys(name for value in args.served_model_name for name in comma_list(value))  # in order, once each
-    server = ServerConfig(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("MINISGL_API_KEY") or None,
-                          num_tokenizers=args.num_tokenizer, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins,
-                          served_model_names=tuple(names), trust_request_chat_template=args.trust_request_chat_template,
-                          max_request_bytes=args.max_request_bytes)
-    check_server_config(server)  # a wrong flag is said at once, before the engine's and the page's imports
+    names = dict.fromkeys(
+        name for value in args.served_model_name for name in comma_list(value)
+    )  # in order, once each
+    server = ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get("MINISGL_API_KEY") or None,
+        num_tokenizers=args.num_tokenizer,
+        allowed_hosts=args.allowed_hosts,
+        allowed_origins=args.allowed_origins,
+        served_model_names=tuple(names),
+        trust_request_chat_template=args.trust_request_chat_template,
+        max_request_bytes=args.max_request_bytes,
+    )
+    check_server_config(
+        server
+    )  # a wrong flag is said at once, before the engine's and the page's imports
     return server
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="minisgl-chat", description="A local chat app with its own LLM serving engine.")
+    parser = ArgumentParser(
+        prog="minisgl-chat", description="A local chat app with its own LLM serving engine."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine progress")
     sub = parser.add_subparsers(dest="command", parser_class=ArgumentParser)
 
@@ -74,23 +144,55 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=-1)
     # the sampling seed; not EngineConfig.seed (the seed of --dummy-weights), which it would set through vars(args)
-    gen.add_argument("--seed", dest="sample_seed", type=int, default=None, help="seed of the sampling (default: random)")
-    gen.add_argument("--no-chat-template", action="store_true", help="send the prompt as plain text")
+    gen.add_argument(
+        "--seed",
+        dest="sample_seed",
+        type=int,
+        default=None,
+        help="seed of the sampling (default: random)",
+    )
+    gen.add_argument(
+        "--no-chat-template", action="store_true", help="send the prompt as plain text"
+    )
     add_engine_args(gen)
 
-    chat = sub.add_parser("chat", help="the chat app (the default command): engine + chat page + OpenAI routes")
+    chat = sub.add_parser(
+        "chat", help="the chat app (the default command): engine + chat page + OpenAI routes"
+    )
     chat.add_argument("--no-browser", action="store_true", help="do not open the browser")
-    chat.add_argument("--no-auth", action="store_true",
-                      help="serve the chat page without its key: every user and program on this machine can then read, "
-                           "change and delete your chats (loopback only; docs/security.md)")
-    remote = chat.add_argument_group("remote engine (no local engine: replies come from an OpenAI-compatible server)")
-    remote.add_argument("--remote", default=None, metavar="URL",
-                        help="e.g. http://gpu-box:30000 (SGLang, vLLM or another minisgl-chat serve); docs/scale-out.md")
-    remote.add_argument("--remote-api-key", default=None, metavar="KEY", help="the remote's API key (env MINISGL_REMOTE_API_KEY)")
-    remote.add_argument("--remote-model", default=None, metavar="NAME", help="the remote model to ask (default: the first it lists)")
-    remote.add_argument("--local", action="store_true",
-                        help="with --remote: run this machine's engine too (the engine flags apply to it); "
-                             "each chat picks where its replies come from (Settings > Replies from)")
+    chat.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve the chat page without its key: every user and program on this machine can then read, "
+        "change and delete your chats (loopback only; docs/security.md)",
+    )
+    remote = chat.add_argument_group(
+        "remote engine (no local engine: replies come from an OpenAI-compatible server)"
+    )
+    remote.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="e.g. http://gpu-box:30000 (SGLang, vLLM or another minisgl-chat serve); docs/scale-out.md",
+    )
+    remote.add_argument(
+        "--remote-api-key",
+        default=None,
+        metavar="KEY",
+        help="the remote's API key (env MINISGL_REMOTE_API_KEY)",
+    )
+    remote.add_argument(
+        "--remote-model",
+        default=None,
+        metavar="NAME",
+        help="the remote model to ask (default: the first it lists)",
+    )
+    remote.add_argument(
+        "--local",
+        action="store_true",
+        help="with --remote: run this machine's engine too (the engine flags apply to it); "
+        "each chat picks where its replies come from (Settings > Replies from)",
+    )
     add_server_args(chat)
     add_engine_args(chat)
 
@@ -98,16 +200,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_args(serve)
     add_engine_args(serve)
 
-    pull = sub.add_parser("pull", help="download and convert a model once (default: the demo model)")
+    pull = sub.add_parser(
+        "pull", help="download and convert a model once (default: the demo model)"
+    )
     pull.add_argument("model", nargs="?", default="demo")
-    pull.add_argument("--json-progress", action="store_true", help="progress and outcome as JSON lines on stdout (the chat page's pull reads them)")
+    pull.add_argument(
+        "--json-progress",
+        action="store_true",
+        help="progress and outcome as JSON lines on stdout (the chat page's pull reads them)",
+    )
 
     bench = sub.add_parser("bench", help="benchmarks, side by side with Hugging Face transformers")
     benches = add_bench_args(bench, ArgumentParser)
-    page = benches.add_parser("page", help="a reply's tok/s in the chat page against the same reply through the API (Chromium)")
+    page = benches.add_parser(
+        "page",
+        help="a reply's tok/s in the chat page against the same reply through the API (Chromium)",
+    )
     add_page_bench_args(page)
-    footprint = benches.add_parser("footprint", help="the app's memory (RSS/PSS per process) idle and in a long chat, "
-                                   "and its time to ready")
+    footprint = benches.add_parser(
+        "footprint",
+        help="the app's memory (RSS/PSS per process) idle and in a long chat, "
+        "and its time to ready",
+    )
     add_footprint_bench_args(footprint)
     return parser
 
@@ -116,7 +230,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from minisgl_engine import LLM, SamplingParams
 
     config = engine_config_from_args(args)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed)
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.sample_seed,
+    )
     llm = LLM(config=config)
     if llm.tokenizer is None:
         raise UserError("this model has no tokenizer; pass --tokenizer PATH")
@@ -145,13 +265,18 @@ def engine_flags_given(args: argparse.Namespace) -> list[str]:
     """The engine flags (``add_engine_args``) set to something other than their defaults."""
     probe = argparse.ArgumentParser(add_help=False)
     add_engine_args(probe)
-    return [a.option_strings[0] for a in probe._actions
-            if a.option_strings and a.dest != "help" and getattr(args, a.dest, a.default) != a.default]
+    return [
+        a.option_strings[0]
+        for a in probe._actions
+        if a.option_strings and a.dest != "help" and getattr(args, a.dest, a.default) != a.default
+    ]
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     """The app: engine + chat page + OpenAI routes on one server, opened in the browser."""
-    files = private_files_dir()  # before Gradio is imported: some of its modules read the folder then
+    files = (
+        private_files_dir()
+    )  # before Gradio is imported: some of its modules read the folder then
     try:
         return run_chat(args)
     finally:
@@ -163,54 +288,82 @@ def check_remote_flags(args: argparse.Namespace) -> None:
     imports: Gradio's alone takes seconds)."""
     if args.remote is None:
         if args.local:
-            raise UserError("--local goes with --remote URL (this machine's engine runs anyway without --remote); drop --local")
+            raise UserError(
+                "--local goes with --remote URL (this machine's engine runs anyway without --remote); drop --local"
+            )
         return
     if not args.remote.strip().lower().startswith(("http://", "https://")):
         from .chat.reply_source import without_credentials
 
-        raise UserError(f"--remote must be an http:// or https:// URL, got {without_credentials(args.remote)!r}")
+        raise UserError(
+            f"--remote must be an http:// or https:// URL, got {without_credentials(args.remote)!r}"
+        )
     given = engine_flags_given(args)
     if given and not args.local:
-        raise UserError(f"--remote runs no local engine, so {', '.join(given)} would do nothing; drop "
-                        f"{'it' if len(given) == 1 else 'them'} (the remote server chooses its own model and settings), "
-                        "or add --local to run this machine's engine beside the remote")
+        raise UserError(
+            f"--remote runs no local engine, so {', '.join(given)} would do nothing; drop "
+            f"{'it' if len(given) == 1 else 'them'} (the remote server chooses its own model and settings), "
+            "or add --local to run this machine's engine beside the remote"
+        )
 
 
 def run_chat(args: argparse.Namespace) -> int:
     check_remote_flags(args)
     server = server_config_from_args(args)
     if args.no_auth and not is_loopback(server.host):
-        raise UserError(f"--no-auth is for a page on this machine only (--host 127.0.0.1); on {server.host} the page "
-                        "needs its key: drop --no-auth")
+        raise UserError(
+            f"--no-auth is for a page on this machine only (--host 127.0.0.1); on {server.host} the page "
+            "needs its key: drop --no-auth"
+        )
     import webbrowser
 
     from minisgl_engine import run_server
 
-    from .model_pull import ModelPuller
-    from .page.access import load_page_key, page_link, write_open_file
     from .chat.reply_source import LocalEngine, RemoteEngine, SideBySide
     from .chat.store import ConversationStore
+    from .model_pull import ModelPuller
     from .page import mount_ui
+    from .page.access import load_page_key, page_link, write_open_file
 
     logging.getLogger("minisgl").setLevel(logging.INFO)
     store = ConversationStore()
     page_key = None if args.no_auth else load_page_key(store.path.parent)
     if args.no_auth:
-        print("minisgl-chat: WARNING: --no-auth: the chat page needs no key; every user and program on this machine "
-              "can read, change and delete your chats", file=sys.stderr, flush=True)
+        print(
+            "minisgl-chat: WARNING: --no-auth: the chat page needs no key; every user and program on this machine "
+            "can read, change and delete your chats",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def on_listen(url: str) -> None:
         link = page_link(url, page_key)
-        print(f"minisgl-chat: open {link} in your browser (Ctrl+C quits)", file=sys.stderr, flush=True)
-        if not args.no_browser:  # through a private file: a link on the browser's command line is readable by every user
+        print(
+            f"minisgl-chat: open {link} in your browser (Ctrl+C quits)", file=sys.stderr, flush=True
+        )
+        if (
+            not args.no_browser
+        ):  # through a private file: a link on the browser's command line is readable by every user
             webbrowser.open(write_open_file(store.path.parent, link).as_uri() if page_key else link)
 
-    def on_ready(url: str) -> None:  # the last line a person reads names the link that opens the page, not the bare address
-        print(f"minisgl-chat: the chat is ready: open {page_link(url, page_key)} in your browser", file=sys.stderr, flush=True)
+    def on_ready(
+        url: str,
+    ) -> (
+        None
+    ):  # the last line a person reads names the link that opens the page, not the bare address
+        print(
+            f"minisgl-chat: the chat is ready: open {page_link(url, page_key)} in your browser",
+            file=sys.stderr,
+            flush=True,
+        )
 
     remote = None
     if args.remote is not None:
-        remote = RemoteEngine(args.remote, args.remote_api_key or os.environ.get("MINISGL_REMOTE_API_KEY"), args.remote_model)
+        remote = RemoteEngine(
+            args.remote,
+            args.remote_api_key or os.environ.get("MINISGL_REMOTE_API_KEY"),
+            args.remote_model,
+        )
         if not args.local:  # no engine here: the page's replies come from that server
             from .remote_app import run_remote_chat
 
@@ -218,9 +371,18 @@ def run_chat(args: argparse.Namespace) -> int:
 
     def mount(app, client, engine) -> None:
         local = LocalEngine(client, engine)
-        mount_ui(app, local if remote is None else SideBySide(local, remote), store, server.api_key, ModelPuller(), page_key)
+        mount_ui(
+            app,
+            local if remote is None else SideBySide(local, remote),
+            store,
+            server.api_key,
+            ModelPuller(),
+            page_key,
+        )
 
-    return run_server(engine_config_from_args(args), server, mount=mount, on_listen=on_listen, on_ready=on_ready)
+    return run_server(
+        engine_config_from_args(args), server, mount=mount, on_listen=on_listen, on_ready=on_ready
+    )
 
 
 def private_files_dir() -> str:
@@ -256,7 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     if not any(a in COMMANDS for a in argv[lead : lead + 1]) and not set(argv) & {"-h", "--help"}:
         argv.insert(lead, "chat")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s: %(message)s",
+    )
     logging.getLogger("minisgl").setLevel(logging.INFO if args.verbose else logging.WARNING)
     if not args.verbose:  # transformers' config warnings would bury our one-line errors
         logging.getLogger("transformers").setLevel(logging.ERROR)

@@ -31,6 +31,7 @@ CANCEL_WAIT_S = 5.0  # after SIGTERM, before SIGKILL
 
 # ---- in the child: progress as JSON lines
 
+
 class JsonLinesBar(tqdm):
     """A tqdm bar that prints its state as one JSON line on stdout at each refresh (at most every
     0.5 s) instead of drawing itself: huggingface_hub's download bars and transformers' GGUF
@@ -45,8 +46,18 @@ class JsonLinesBar(tqdm):
 
     def display(self, msg=None, pos=None) -> bool:
         info = self.format_dict
-        print(json.dumps({"bar": id(self), "desc": self.desc or "", "n": info["n"], "total": info["total"],
-                          "unit": info["unit"]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "bar": id(self),
+                    "desc": self.desc or "",
+                    "n": info["n"],
+                    "total": info["total"],
+                    "unit": info["unit"],
+                }
+            ),
+            flush=True,
+        )
         return True
 
 
@@ -60,8 +71,12 @@ PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")  # as the engine's resolv
 def names_a_path(model: str) -> bool:
     """Whether the engine's resolve_model takes ``model`` as a local path (else a hub id)."""
     model = model.strip()
-    return (model.lower().endswith(".gguf") or model.startswith(PATH_PREFIXES) or model in (".", "..")
-            or Path(model).expanduser().exists())
+    return (
+        model.lower().endswith(".gguf")
+        or model.startswith(PATH_PREFIXES)
+        or model in (".", "..")
+        or Path(model).expanduser().exists()
+    )
 
 
 def disclosed_roots() -> list[Path]:
@@ -103,12 +118,15 @@ def run_pull(model: str) -> int:
             raise
         print(json.dumps({"error": said}), flush=True)
         return 2
-    name = next((m.name for m in local_models() if Path(m.folder).resolve() == Path(folder).resolve()), None)
+    name = next(
+        (m.name for m in local_models() if Path(m.folder).resolve() == Path(folder).resolve()), None
+    )
     print(json.dumps({"done": str(folder), "name": name}), flush=True)
     return 0
 
 
 # ---- in the app: the child and what the page shows of it
+
 
 @dataclass
 class PullProgress:
@@ -116,7 +134,9 @@ class PullProgress:
 
     model: str
     state: str = "starting"  # starting → running → done | failed | cancelled
-    bars: dict[int, dict] = field(default_factory=dict)  # the child's bars by id: desc, n, total, unit
+    bars: dict[int, dict] = field(
+        default_factory=dict
+    )  # the child's bars by id: desc, n, total, unit
     folder: str | None = None  # where the model is, once done
     name: str | None = None  # its name in the models panel, once done
     error: str = ""
@@ -148,9 +168,15 @@ class PullProgress:
             return f"Pulling {name}… (looking it up){seconds}"
         n, total, unit = bar["n"], bar.get("total"), bar.get("unit")
         if unit == "B":
-            done = size_text(n) + (f" of {size_text(total)} ({100 * n / total:.0f}%)" if total else "")
+            done = size_text(n) + (
+                f" of {size_text(total)} ({100 * n / total:.0f}%)" if total else ""
+            )
         else:
-            done = f"{n:,.0f}" + (f" of {total:,.0f}" if total else "") + (f" {unit}" if unit and unit != "it" else "")
+            done = (
+                f"{n:,.0f}"
+                + (f" of {total:,.0f}" if total else "")
+                + (f" {unit}" if unit and unit != "it" else "")
+            )
         what = "downloading" if unit == "B" else (bar.get("desc", "").rstrip(".: ") or "working")
         return f"Pulling {name}… {what}: {done}{seconds}"
 
@@ -168,7 +194,9 @@ class ModelPuller:
         self.progress: PullProgress | None = None
         self.proc: asyncio.subprocess.Process | None = None
         self.changed = asyncio.Event()
-        self.output: deque[str] = deque(maxlen=20)  # the child's lines that are not progress, for a failure
+        self.output: deque[str] = deque(
+            maxlen=20
+        )  # the child's lines that are not progress, for a failure
 
     @property
     def busy(self) -> bool:
@@ -179,12 +207,21 @@ class ModelPuller:
         if not model:
             raise PullError("Type a Hugging Face id (org/name) or the path of a .gguf file first.")
         if self.busy:
-            raise PullError(f"{self.progress.model} is being pulled; wait for it or cancel it first.")
+            raise PullError(
+                f"{self.progress.model} is being pulled; wait for it or cancel it first."
+            )
         self.progress, self.output = PullProgress(model), deque(maxlen=20)
         # its own session: Ctrl+C in the terminal reaches the app, which ends the pull in order
         self.proc = await asyncio.create_subprocess_exec(
-            *self.command, "--json-progress", "--", model, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            *self.command,
+            "--json-progress",
+            "--",
+            model,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
         asyncio.get_running_loop().create_task(self._follow(self.proc, self.progress))
         self._notify()
         return self.progress

@@ -17,8 +17,13 @@ from .chat.reply_source import RemoteEngine
 from .chat.store import ConversationStore
 
 
-def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: ConversationStore,
-                    on_listen: Callable[[str], None], page_key: str | None) -> int:
+def run_remote_chat(
+    remote: RemoteEngine,
+    server: ServerConfig,
+    store: ConversationStore,
+    on_listen: Callable[[str], None],
+    page_key: str | None,
+) -> int:
     """Serve the page until SIGINT/SIGTERM (exit 0: an orderly stop)."""
     import uvicorn
     from fastapi import FastAPI
@@ -35,16 +40,24 @@ def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: Conversat
 
     @app.get("/health", include_in_schema=False)
     async def health() -> JSONResponse:
-        return JSONResponse({"status": "ok"})  # not the remote's address: /health is outside the login wall
+        return JSONResponse(
+            {"status": "ok"}
+        )  # not the remote's address: /health is outside the login wall
 
     mount_ui(app, remote, store, server.api_key, page_key=page_key)
     host = f"[{server.host}]" if ":" in server.host else server.host
     url = f"http://{host}:{listen_socket.getsockname()[1]}"
-    http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
+    http = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
+    )
 
     async def main() -> None:
         await remote.check()  # the first status line already says whether the remote answers
-        print(f"minisgl-chat: ready at {url} ({remote.status_line().replace('**', '')})", file=sys.stderr, flush=True)
+        print(
+            f"minisgl-chat: ready at {url} ({remote.status_line().replace('**', '')})",
+            file=sys.stderr,
+            flush=True,
+        )
         on_listen(url)
         try:
             await http.serve(sockets=[listen_socket])
@@ -53,7 +66,9 @@ def run_remote_chat(remote: RemoteEngine, server: ServerConfig, store: Conversat
 
     import asyncio
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # uvicorn installs its own once serving
+    signal.signal(
+        signal.SIGTERM, signal.default_int_handler
+    )  # uvicorn installs its own once serving
     try:
         asyncio.run(main())
     except KeyboardInterrupt:

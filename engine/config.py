@@ -39,7 +39,9 @@ class ModelConfig:
         model_type = getattr(hf_config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             supported = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
-            raise ModelSourceError(f"unsupported model architecture {model_type!r}; supported: {supported}")
+            raise ModelSourceError(
+                f"unsupported model architecture {model_type!r}; supported: {supported}"
+            )
         num_heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
         # transformers 5 keeps theta and scaling in `rope_parameters`; 4.x in two attributes.
@@ -49,7 +51,9 @@ class ModelConfig:
             rope.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "llama3"):
-            raise ModelSourceError(f"unsupported RoPE scaling {rope_type!r} (supported: default, llama3)")
+            raise ModelSourceError(
+                f"unsupported RoPE scaling {rope_type!r} (supported: default, llama3)"
+            )
         max_context = hf_config.max_position_embeddings
         # We attend to the whole sequence; a sliding-window model is exact only within its window.
         window = getattr(hf_config, "sliding_window", None)
@@ -57,7 +61,11 @@ class ModelConfig:
             max_context = min(max_context, window)
         eos = getattr(hf_config, "eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-        dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32"
+        dtype = (
+            getattr(hf_config, "dtype", None)
+            or getattr(hf_config, "torch_dtype", None)
+            or "float32"
+        )
         dtype = str(dtype).removeprefix("torch.")
         return cls(
             model_type=model_type,
@@ -73,7 +81,8 @@ class ModelConfig:
             rope_scaling=rope if rope_type == "llama3" else None,
             max_context_len=max_context,
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-            attention_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+            attention_bias=model_type == "qwen2"
+            or bool(getattr(hf_config, "attention_bias", False)),
             qk_norm=model_type == "qwen3",
             eos_token_ids=eos_ids,
             dtype=dtype,
@@ -104,7 +113,9 @@ class EngineConfig:
     max_kv_tokens: int | None = None  # None = sized from free memory
     mem_fraction: float = 0.85  # share of free memory the KV pool may take when sized from memory
     max_running_requests: int = 64
-    max_prefill_tokens: int | None = None  # token budget of one prefill batch (longer prompts are chunked); None = by device
+    max_prefill_tokens: int | None = (
+        None  # token budget of one prefill batch (longer prompts are chunked); None = by device
+    )
     cache: str = "radix"  # radix (prefix cache) | naive (no sharing)
     attn: str = "auto"  # auto | flashinfer | torch
     cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0 = never
@@ -114,13 +125,17 @@ class EngineConfig:
     cpu_threads: int = 0  # CPU path: compute threads; 0 = the cores other processes leave free (re-checked while running)
     tp: int = 1  # tensor-parallel ranks (all machines together)
     dp: int = 1  # data-parallel replicas of the whole engine, tp GPUs each, behind one front end
-    dp_routing: str = "prefix"  # prefix (the replica holding the longest cached prefix) | round-robin
+    dp_routing: str = (
+        "prefix"  # prefix (the replica holding the longest cached prefix) | round-robin
+    )
     nnodes: int = 1  # machines the ranks are spread over (serve / chat only)
     node_rank: int = 0  # which of them this is; 0 runs the front end
     dist_init_addr: str | None = None  # HOST:PORT where rank 0 meets the others (nnodes > 1)
 
 
-def check_parallel(tp: int, dp: int = 1, nnodes: int = 1, node_rank: int = 0, dist_init_addr: str | None = None) -> None:
+def check_parallel(
+    tp: int, dp: int = 1, nnodes: int = 1, node_rank: int = 0, dist_init_addr: str | None = None
+) -> None:
     """The --tp, --dp and multi-machine flags must describe one consistent group. (Here, away
     from torch: a wrong flag is said in a moment, before the engine's imports.)"""
     from .errors import UserError
@@ -128,13 +143,19 @@ def check_parallel(tp: int, dp: int = 1, nnodes: int = 1, node_rank: int = 0, di
     if tp < 1 or dp < 1:
         raise UserError(f"--tp and --dp must be at least 1 (got --tp {tp}, --dp {dp})")
     if dp > 1 and (nnodes > 1 or dist_init_addr):
-        raise UserError("--dp runs its replicas on this machine only (each picks its own rendezvous); use it without --nnodes "
-                        "and --dist-init-addr")
+        raise UserError(
+            "--dp runs its replicas on this machine only (each picks its own rendezvous); use it without --nnodes "
+            "and --dist-init-addr"
+        )
     if nnodes < 1 or not 0 <= node_rank < nnodes:
-        raise UserError(f"--node-rank must be in [0, --nnodes) and --nnodes >= 1 (got {node_rank} of {nnodes})")
+        raise UserError(
+            f"--node-rank must be in [0, --nnodes) and --nnodes >= 1 (got {node_rank} of {nnodes})"
+        )
     if tp % nnodes:
         raise UserError(f"--tp {tp} ranks cannot be spread evenly over --nnodes {nnodes} machines")
     if nnodes > 1:
         host, _, port = (dist_init_addr or "").rpartition(":")
         if not host or not port.isdigit():
-            raise UserError(f"--nnodes {nnodes} needs --dist-init-addr HOST:PORT (an address of node 0 the others can reach)")
+            raise UserError(
+                f"--nnodes {nnodes} needs --dist-init-addr HOST:PORT (an address of node 0 the others can reach)"
+            )

@@ -88,7 +88,9 @@ def group_cpu_seconds() -> float:
                 data = stat.read()
         except OSError:  # ended meanwhile
             continue
-        fields = data[data.rindex(b")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, ...
+        fields = data[
+            data.rindex(b")") + 2 :
+        ].split()  # after "pid (comm) ": state, ppid, pgrp, ...
         if int(fields[2]) == group:
             ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
@@ -112,6 +114,7 @@ def threads_for(others: float, num_cpus: int, max_threads: int, current: int | N
     """Threads to compute with when other processes keep ``others`` cores busy: one per core they
     leave free. From ``current``, a core is given up past TAKEN_SHARE and taken back only below
     FREED_SHARE."""
+
     def clamp(n: int) -> int:
         return max(1, min(max_threads, n))
 
@@ -142,14 +145,23 @@ class CpuThreads:
         self.cpus = allowed_cpus()
         fixed = fixed_thread_count(requested)
         self.max_threads = fixed or max(1, len(self.cpus) // share)
-        self.adaptive = fixed is None and share == 1 and len(self.cpus) > 1 and read_sample(self.cpus) is not None
+        self.adaptive = (
+            fixed is None
+            and share == 1
+            and len(self.cpus) > 1
+            and read_sample(self.cpus) is not None
+        )
         self.wanted = self.max_threads
         self.applied = 0
         self.others = 0.0  # the last measured load of other processes, in cores
         self._stop = threading.Event()
         if self.adaptive:
-            threading.Thread(target=_sample_loop, args=(weakref.ref(self), self._stop, self.cpus), name="cpu-threads",
-                             daemon=True).start()
+            threading.Thread(
+                target=_sample_loop,
+                args=(weakref.ref(self), self._stop, self.cpus),
+                name="cpu-threads",
+                daemon=True,
+            ).start()
         self.apply()
 
     def apply(self) -> int:
@@ -157,8 +169,13 @@ class CpuThreads:
         wanted = self.wanted
         if wanted != self.applied:
             if self.applied:
-                logger.info("CPU threads %d -> %d (other processes keep %.1f of %d cores busy)",
-                            self.applied, wanted, self.others, len(self.cpus))
+                logger.info(
+                    "CPU threads %d -> %d (other processes keep %.1f of %d cores busy)",
+                    self.applied,
+                    wanted,
+                    self.others,
+                    len(self.cpus),
+                )
             torch.set_num_threads(wanted)
             self.applied = wanted
         return wanted
@@ -186,5 +203,7 @@ def _sample_loop(owner: weakref.ref, stop: threading.Event, cpus: list[int]) -> 
             samples.popleft()
         if sample.at - samples[0].at >= WINDOW_S / 2:
             threads.others = others_busy_cores(samples[0], sample)
-            threads.wanted = threads_for(threads.others, len(cpus), threads.max_threads, threads.wanted)
+            threads.wanted = threads_for(
+                threads.others, len(cpus), threads.max_threads, threads.wanted
+            )
         del threads

@@ -25,7 +25,9 @@ class DecodeState:
         self.ids.append(token)
         if tokenizer is None:
             return ""
-        before = tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        before = tokenizer.decode(
+            self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True
+        )
         after = tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""  # nothing new, or half of a multi-byte character
@@ -36,7 +38,9 @@ class DecodeState:
         """At the end: whatever is still pending, even an incomplete character."""
         if tokenizer is None or self.read_offset == len(self.ids):
             return ""
-        before = tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        before = tokenizer.decode(
+            self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True
+        )
         after = tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
         self.read_offset = len(self.ids)
         return after[len(before) :]
@@ -93,8 +97,12 @@ class TokenBytes:
         if isinstance(piece, str):
             if self.byte_of_char is not None and all(c in self.byte_of_char for c in piece):
                 return bytes(self.byte_of_char[c] for c in piece)
-            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # SentencePiece byte fallback
+            if (
+                len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+            ):  # SentencePiece byte fallback
                 return bytes([int(piece[3:5], 16)])
-            if "\u2581" in piece:  # SentencePiece / Metaspace: "▁" is the space decode() would drop at the start
+            if (
+                "\u2581" in piece
+            ):  # SentencePiece / Metaspace: "▁" is the space decode() would drop at the start
                 return piece.replace("\u2581", " ").encode()
         return self.tokenizer.decode([token_id]).encode()

@@ -35,16 +35,24 @@ class TPInfo:
         if n % self.size:
             from .errors import UserError
 
-            raise UserError(f"--tp {self.size} does not divide the model's {n} {what}; choose a --tp that does")
+            raise UserError(
+                f"--tp {self.size} does not divide the model's {n} {what}; choose a --tp that does"
+            )
         return n // self.size
 
 
 _tp = TPInfo()
 _cpu_group = None  # gloo group for the scheduler's messages (CPU tensors)
-_one_shot: OneShotAllReduce | None = None  # small all-reduces between GPUs, when the machine allows it
+_one_shot: OneShotAllReduce | None = (
+    None  # small all-reduces between GPUs, when the machine allows it
+)
 ONE_SHOT_MAX_BYTES = 1 << 20  # larger messages (prefill) go through NCCL
-_fused_norm: FusedAllReduceNorm | None = None  # all-reduce + residual add + RMSNorm in one kernel, on GPUs
-FUSED_NORM_MAX_TOKENS = 128  # decode batches; longer inputs (prefill) take the all-reduce, then the norm
+_fused_norm: FusedAllReduceNorm | None = (
+    None  # all-reduce + residual add + RMSNorm in one kernel, on GPUs
+)
+FUSED_NORM_MAX_TOKENS = (
+    128  # decode batches; longer inputs (prefill) take the all-reduce, then the norm
+)
 
 
 class OneShotAllReduce:
@@ -63,7 +71,9 @@ class OneShotAllReduce:
 
         self.group = dist.group.WORLD.group_name
         self.max_numel = max_bytes // 2
-        self.buffers = [symm_mem.empty(self.max_numel, dtype=torch.bfloat16, device=device) for _ in range(2)]
+        self.buffers = [
+            symm_mem.empty(self.max_numel, dtype=torch.bfloat16, device=device) for _ in range(2)
+        ]
         for buf in self.buffers:
             symm_mem.rendezvous(buf, self.group)
 
@@ -88,7 +98,10 @@ def enable_one_shot_all_reduce(device: torch.device) -> bool:
     try:
         _one_shot = OneShotAllReduce(device)
     except Exception as exc:
-        logger.info("one-shot all-reduce unavailable (%s); NCCL does every all-reduce", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        logger.info(
+            "one-shot all-reduce unavailable (%s); NCCL does every all-reduce",
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
         _one_shot = None
     return _one_shot is not None
 
@@ -105,7 +118,9 @@ class FusedAllReduceNorm:
     (which maps the peers' allocations into this process), so nothing but device pointers is
     exchanged, and never a pickled object."""
 
-    def __init__(self, device: torch.device, hidden_size: int, max_tokens: int = FUSED_NORM_MAX_TOKENS) -> None:
+    def __init__(
+        self, device: torch.device, hidden_size: int, max_tokens: int = FUSED_NORM_MAX_TOKENS
+    ) -> None:
         import torch.distributed._symmetric_memory as symm_mem
         from flashinfer.comm import trtllm_ar
 
@@ -136,22 +151,47 @@ class FusedAllReduceNorm:
         pointers.append(self.counters.data_ptr())
         self.workspace = torch.tensor(pointers, dtype=torch.int64, device=device)
         torch.cuda.synchronize(device)
-        dist.barrier(group=_cpu_group)  # every rank's buffers are ready before any kernel writes to them
+        dist.barrier(
+            group=_cpu_group
+        )  # every rank's buffers are ready before any kernel writes to them
 
     def fits(self, x: torch.Tensor) -> bool:
-        return x.dim() == 2 and x.shape[0] <= self.max_tokens and x.shape[1] == self.hidden_size and x.dtype == torch.bfloat16
+        return (
+            x.dim() == 2
+            and x.shape[0] <= self.max_tokens
+            and x.shape[1] == self.hidden_size
+            and x.dtype == torch.bfloat16
+        )
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(norm(sum of x over ranks + residual), sum + residual)``, like RMSNorm(x, residual)
         after an all-reduce of ``x``."""
         norm_out, residual_out = torch.empty_like(x), torch.empty_like(residual)
         self.ar.trtllm_allreduce_fusion(
-            allreduce_in=x.contiguous(), world_size=_tp.size, world_rank=_tp.rank, token_num=x.shape[0],
-            hidden_dim=self.hidden_size, workspace_ptrs=self.workspace, launch_with_pdl=False,
-            trigger_completion_at_end=True, fp32_acc=True,
-            pattern_code=self.ar.AllReduceFusionPattern.kARResidualRMSNorm, use_oneshot=True,
-            allreduce_out=None, residual_in=residual.contiguous(), residual_out=residual_out, norm_out=norm_out,
-            quant_out=None, scale_out=None, rms_gamma=weight, rms_eps=eps, scale_factor=None, layout_code=None)
+            allreduce_in=x.contiguous(),
+            world_size=_tp.size,
+            world_rank=_tp.rank,
+            token_num=x.shape[0],
+            hidden_dim=self.hidden_size,
+            workspace_ptrs=self.workspace,
+            launch_with_pdl=False,
+            trigger_completion_at_end=True,
+            fp32_acc=True,
+            pattern_code=self.ar.AllReduceFusionPattern.kARResidualRMSNorm,
+            use_oneshot=True,
+            allreduce_out=None,
+            residual_in=residual.contiguous(),
+            residual_out=residual_out,
+            norm_out=norm_out,
+            quant_out=None,
+            scale_out=None,
+            rms_gamma=weight,
+            rms_eps=eps,
+            scale_factor=None,
+            layout_code=None,
+        )
         return norm_out, residual_out
 
 
@@ -185,12 +225,18 @@ def set_up_fused_all_reduce_norm(device: torch.device, hidden_size: int) -> bool
     except Exception as exc:
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if not _all_ranks_agree(not reason):
-        logger.info("fused all-reduce + RMSNorm unavailable (%s); separate kernels", reason or "another rank failed")
+        logger.info(
+            "fused all-reduce + RMSNorm unavailable (%s); separate kernels",
+            reason or "another rank failed",
+        )
         return False
     fused = FusedAllReduceNorm(device, hidden_size)
     error = _check_fused_norm(fused, device)
     if not _all_ranks_agree(error < 0.05):
-        logger.warning("fused all-reduce + RMSNorm disagrees with the plain ops (max error %.3g); separate kernels", error)
+        logger.warning(
+            "fused all-reduce + RMSNorm disagrees with the plain ops (max error %.3g); separate kernels",
+            error,
+        )
         return False
     _fused_norm = fused
     return True
@@ -203,15 +249,27 @@ def _check_fused_norm(fused: FusedAllReduceNorm, device: torch.device) -> float:
     gen = torch.Generator(device=device).manual_seed(1234 + _tp.rank)
     for rows in (1, 3, fused.max_tokens):
         x = torch.randn(rows, fused.hidden_size, device=device, generator=gen).to(torch.bfloat16)
-        residual = torch.randn(rows, fused.hidden_size, device=device, generator=gen).to(torch.bfloat16)
-        weight = (1 + 0.1 * torch.randn(fused.hidden_size, device=device, generator=gen)).to(torch.bfloat16)
+        residual = torch.randn(rows, fused.hidden_size, device=device, generator=gen).to(
+            torch.bfloat16
+        )
+        weight = (1 + 0.1 * torch.randn(fused.hidden_size, device=device, generator=gen)).to(
+            torch.bfloat16
+        )
         for _ in range(4):  # the Lamport buffers rotate: check more than one turn
             normed, summed = fused(x, residual, weight, 1e-6)
         total = x.float()
         dist.all_reduce(total)
         expect_sum = total + residual.float()
-        expect = expect_sum * torch.rsqrt(expect_sum.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()
-        worst = max(worst, (summed.float() - expect_sum).abs().max().item(), (normed.float() - expect).abs().max().item())
+        expect = (
+            expect_sum
+            * torch.rsqrt(expect_sum.pow(2).mean(-1, keepdim=True) + 1e-6)
+            * weight.float()
+        )
+        worst = max(
+            worst,
+            (summed.float() - expect_sum).abs().max().item(),
+            (normed.float() - expect).abs().max().item(),
+        )
     return worst
 
 
@@ -229,7 +287,9 @@ def local_head_counts(num_heads: int, num_kv_heads: int) -> tuple[int, int, int]
     if tp.size % num_kv_heads:
         from .errors import UserError
 
-        raise UserError(f"--tp {tp.size} is not a multiple of the model's {num_kv_heads} KV heads; choose a --tp that divides or is a multiple of it")
+        raise UserError(
+            f"--tp {tp.size} is not a multiple of the model's {num_kv_heads} KV heads; choose a --tp that divides or is a multiple of it"
+        )
     return heads, 1, tp.rank // (tp.size // num_kv_heads)
 
 
@@ -252,16 +312,27 @@ def check_tp(model_config: ModelConfig, tp: int, device_name: str, dp: int = 1) 
         _tp = saved
     gpus = tp * dp
     if gpus > 1 and device_name.startswith("cuda:"):
-        raise UserError(f"--device {device_name} names one GPU but --tp {tp} × --dp {dp} needs {gpus}; use --device cuda "
-                        "(CUDA_VISIBLE_DEVICES chooses which GPUs)")
-    if gpus > 1 and device_name != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < gpus:
+        raise UserError(
+            f"--device {device_name} names one GPU but --tp {tp} × --dp {dp} needs {gpus}; use --device cuda "
+            "(CUDA_VISIBLE_DEVICES chooses which GPUs)"
+        )
+    if (
+        gpus > 1
+        and device_name != "cpu"
+        and torch.cuda.is_available()
+        and torch.cuda.device_count() < gpus
+    ):
         have = torch.cuda.device_count()
         if dp == 1:
             raise UserError(f"--tp {tp} needs {tp} GPUs but this machine has {have}; lower --tp")
-        raise UserError(f"--dp {dp} × --tp {tp} needs {gpus} GPUs but this machine has {have}; lower --dp or --tp (--dp × --tp ≤ {have})")
+        raise UserError(
+            f"--dp {dp} × --tp {tp} needs {gpus} GPUs but this machine has {have}; lower --dp or --tp (--dp × --tp ≤ {have})"
+        )
 
 
-def init_tp(rank: int, size: int, init_method: str, device: torch.device, timeout_s: float = 120.0) -> TPInfo:
+def init_tp(
+    rank: int, size: int, init_method: str, device: torch.device, timeout_s: float = 120.0
+) -> TPInfo:
     """Join the tensor-parallel group (``init_method`` like ``tcp://127.0.0.1:PORT``).
 
     On a GPU the rank makes its device current first: Triton and FlashInfer launch on the
@@ -275,8 +346,14 @@ def init_tp(rank: int, size: int, init_method: str, device: torch.device, timeou
 
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
-                                timeout=timedelta(seconds=timeout_s), **kwargs)
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=size,
+            timeout=timedelta(seconds=timeout_s),
+            **kwargs,
+        )
     _tp = TPInfo(rank, size)
     global _cpu_group
     if size > 1:  # the scheduler's messages travel over gloo even when tensors use NCCL
@@ -311,8 +388,11 @@ def shutdown_tp(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
 
         threading.Thread(target=leave, name="tp-shutdown", daemon=True).start()
         if not done.wait(timeout_s):
-            logger.warning("rank %d: the tensor-parallel group did not come down within %.0f s; exiting without it",
-                           _tp.rank, timeout_s)
+            logger.warning(
+                "rank %d: the tensor-parallel group did not come down within %.0f s; exiting without it",
+                _tp.rank,
+                timeout_s,
+            )
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)

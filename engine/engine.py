@@ -46,7 +46,9 @@ DEFAULT_PREFILL_TOKENS_GPU = 8192
 # most 63 prompt tokens, well under a millisecond of prefill). A CPU keeps 1: exact reuse.
 DEFAULT_PAGE_SIZE_GPU = 64
 DEFAULT_PAGE_SIZE_CPU = 1
-CPU_KV_MAX_BYTES = 1 << 30  # a laptop shares its RAM (and zeroing a big pool is slow): cap the default
+CPU_KV_MAX_BYTES = (
+    1 << 30
+)  # a laptop shares its RAM (and zeroing a big pool is slow): cap the default
 
 
 def _check_config(config: EngineConfig, tp_size: int) -> None:
@@ -56,7 +58,9 @@ def _check_config(config: EngineConfig, tp_size: int) -> None:
     if config.cpu_threads < 0:
         raise UserError(f"--cpu-threads must be >= 0 (0: the free cores), got {config.cpu_threads}")
     if config.tp != tp_size:
-        raise UserError(f"--tp {config.tp} needs {config.tp} scheduler processes in one group; start it with `minisgl-chat serve --tp {config.tp}`")
+        raise UserError(
+            f"--tp {config.tp} needs {config.tp} scheduler processes in one group; start it with `minisgl-chat serve --tp {config.tp}`"
+        )
     if config.cuda_graph_max_bs < 0:
         raise UserError(f"--cuda-graph-max-bs must be >= 0, got {config.cuda_graph_max_bs}")
 
@@ -70,19 +74,32 @@ class StepResult:
     """The tokens one step sampled (and the logprobs some requests asked for), copied to the CPU
     without blocking; ``tokens()`` waits for them."""
 
-    def __init__(self, next_ids: torch.Tensor | None, logprobs: Logprobs | None = None, prompt: PromptLogprobs | None = None) -> None:
+    def __init__(
+        self,
+        next_ids: torch.Tensor | None,
+        logprobs: Logprobs | None = None,
+        prompt: PromptLogprobs | None = None,
+    ) -> None:
         self._event = None
         self._logprobs = logprobs
         self._prompt = prompt
         self._tokens: list[int] | None = None
         tensors = {"next_ids": next_ids}
         if logprobs is not None:
-            tensors.update(chosen=logprobs.chosen, top_ids=logprobs.top_ids, top_logprobs=logprobs.top_logprobs)
+            tensors.update(
+                chosen=logprobs.chosen, top_ids=logprobs.top_ids, top_logprobs=logprobs.top_logprobs
+            )
         if prompt is not None:
-            tensors.update(prompt_chosen=prompt.chosen, prompt_top_ids=prompt.top_ids, prompt_top_logprobs=prompt.top_logprobs)
+            tensors.update(
+                prompt_chosen=prompt.chosen,
+                prompt_top_ids=prompt.top_ids,
+                prompt_top_logprobs=prompt.top_logprobs,
+            )
         tensors = {name: t for name, t in tensors.items() if t is not None}
         if any(t.is_cuda for t in tensors.values()):
-            self._cpu = {name: t.to("cpu", non_blocking=True) for name, t in tensors.items()}  # into pinned memory
+            self._cpu = {
+                name: t.to("cpu", non_blocking=True) for name, t in tensors.items()
+            }  # into pinned memory
             self._event = torch.cuda.Event()
             self._event.record()
         else:
@@ -104,8 +121,13 @@ class StepResult:
         result: list[TokenLogprobs | None] = [None] * len(self.tokens())
         if self._logprobs is None:
             return result
-        entries = _token_logprobs(self._read("chosen"), self._read("top_ids"), self._read("top_logprobs"),
-                                  [1] * len(self._logprobs.rows), self._logprobs.counts)
+        entries = _token_logprobs(
+            self._read("chosen"),
+            self._read("top_ids"),
+            self._read("top_logprobs"),
+            [1] * len(self._logprobs.rows),
+            self._logprobs.counts,
+        )
         for row, (entry,) in zip(self._logprobs.rows, entries):
             result[row] = entry
         return result
@@ -116,18 +138,38 @@ class StepResult:
         if self._prompt is None:
             return []
         p = self._prompt
-        entries = _token_logprobs(self._read("prompt_chosen"), self._read("prompt_top_ids"), self._read("prompt_top_logprobs"), p.rows, p.counts)
+        entries = _token_logprobs(
+            self._read("prompt_chosen"),
+            self._read("prompt_top_ids"),
+            self._read("prompt_top_logprobs"),
+            p.rows,
+            p.counts,
+        )
         return list(zip(p.uids, entries))
 
 
-def _token_logprobs(chosen: list[float], top_ids: list | None, top_lps: list | None,
-                    rows: list[int], counts: list[int]) -> list[list[TokenLogprobs]]:
+def _token_logprobs(
+    chosen: list[float],
+    top_ids: list | None,
+    top_lps: list | None,
+    rows: list[int],
+    counts: list[int],
+) -> list[list[TokenLogprobs]]:
     """Cut flat per-row lists into one list of entries per request (``rows[i]`` rows each),
     keeping each request's own number of alternatives."""
     out, start = [], 0
     for n, count in zip(rows, counts):
-        out.append([TokenLogprobs(chosen[j], list(zip(top_ids[j][:count], top_lps[j][:count])) if top_ids is not None else [])
-                    for j in range(start, start + n)])
+        out.append(
+            [
+                TokenLogprobs(
+                    chosen[j],
+                    list(zip(top_ids[j][:count], top_lps[j][:count]))
+                    if top_ids is not None
+                    else [],
+                )
+                for j in range(start, start + n)
+            ]
+        )
         start += n
     return out
 
@@ -148,12 +190,26 @@ class Engine:
         self.fused_kernels = self._enable_fast_ops(on_phase)
         self._allocate_kv_cache()
         # CPU, weights in the C kernels' layout: batch-1 decode as one C call for every layer
-        self.native_decode = self.device.type == "cpu" and self.attn_name == "torch" and enable_native_decode(self.model, self.kv_pool)
-        self.sampler = Sampler(use_flashinfer=self.attn_name == "flashinfer", seed=config.seed if self.tp.size > 1 else None)
+        self.native_decode = (
+            self.device.type == "cpu"
+            and self.attn_name == "torch"
+            and enable_native_decode(self.model, self.kv_pool)
+        )
+        self.sampler = Sampler(
+            use_flashinfer=self.attn_name == "flashinfer",
+            seed=config.seed if self.tp.size > 1 else None,
+        )
         self.eos_token_ids = self._eos_token_ids()
-        self.logits_processor = LogitsProcessor(self.model_config.vocab_size, config.max_running_requests, self.device, self.eos_token_ids)
+        self.logits_processor = LogitsProcessor(
+            self.model_config.vocab_size,
+            config.max_running_requests,
+            self.device,
+            self.eos_token_ids,
+        )
         # the newest sampled token of each page-table row: the next decode step's input
-        self.last_token = torch.zeros(config.max_running_requests, dtype=torch.int64, device=self.device)
+        self.last_token = torch.zeros(
+            config.max_running_requests, dtype=torch.int64, device=self.device
+        )
         self.graph_runner = None
         max_graph_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
         if self.attn_name == "flashinfer" and max_graph_bs > 0:
@@ -170,16 +226,26 @@ class Engine:
         self.model_dir = loaded.model_dir
         self.device = loaded.device
         self.dtype = loaded.dtype
-        self.quantization = loaded.quantization  # gguf | int4 | int8 | none (model_loader.choose_quantization)
-        self.kv_dtype = resolve_kv_dtype(config.kv_dtype, self.dtype, self.device.type)  # the KV pool's (--kv-dtype)
+        self.quantization = (
+            loaded.quantization
+        )  # gguf | int4 | int8 | none (model_loader.choose_quantization)
+        self.kv_dtype = resolve_kv_dtype(
+            config.kv_dtype, self.dtype, self.device.type
+        )  # the KV pool's (--kv-dtype)
         # CPU: the cores other processes leave free (a browser beside the chat app is the common
         # case), shared among the tensor-parallel ranks of this machine
-        self.cpu_threads = CpuThreads(config.cpu_threads, share=self.tp.size) if self.device.type == "cpu" else None
+        self.cpu_threads = (
+            CpuThreads(config.cpu_threads, share=self.tp.size)
+            if self.device.type == "cpu"
+            else None
+        )
         self.max_context_len = mc.max_context_len
         # a GPU computes a big prefill batch about as fast per token as a small one and each step
         # launches the same kernels, so fewer, larger chunks win; a CPU keeps chunks short so that
         # running replies are not stalled for long
-        self.max_prefill_tokens = config.max_prefill_tokens or (DEFAULT_PREFILL_TOKENS_GPU if self.device.type == "cuda" else DEFAULT_PREFILL_TOKENS_CPU)
+        self.max_prefill_tokens = config.max_prefill_tokens or (
+            DEFAULT_PREFILL_TOKENS_GPU if self.device.type == "cuda" else DEFAULT_PREFILL_TOKENS_CPU
+        )
         self.page_size = config.page_size or default_page_size(self.device.type)
         # this rank's share of the heads: the KV pool and attention hold only those
         self.num_heads, self.num_kv_heads, _ = local_head_counts(mc.num_heads, mc.num_kv_heads)
@@ -189,8 +255,18 @@ class Engine:
         attention backend that reads them."""
         mc = self.model_config
         self.num_pages = self._num_kv_pages()
-        self.kv_pool = KVPool(mc.num_layers, self.num_pages, self.page_size, self.num_kv_heads, mc.head_dim, self.kv_dtype, self.device)
-        self.page_table = PageTable(self.config.max_running_requests, self.max_context_len, self.device, self.page_size)
+        self.kv_pool = KVPool(
+            mc.num_layers,
+            self.num_pages,
+            self.page_size,
+            self.num_kv_heads,
+            mc.head_dim,
+            self.kv_dtype,
+            self.device,
+        )
+        self.page_table = PageTable(
+            self.config.max_running_requests, self.max_context_len, self.device, self.page_size
+        )
         self.attn_backend = create_attention_backend(
             self.attn_name,
             dtype=self.dtype,
@@ -204,8 +280,12 @@ class Engine:
         )
         logger.info(
             "KV cache: %d tokens (%d pages of %d) on %s in %s; attention: %s",
-            self.num_pages * self.page_size, self.num_pages, self.page_size, self.device,
-            str(self.kv_dtype).removeprefix("torch."), self.attn_name,
+            self.num_pages * self.page_size,
+            self.num_pages,
+            self.page_size,
+            self.device,
+            str(self.kv_dtype).removeprefix("torch."),
+            self.attn_name,
         )
 
     def _enable_fast_ops(self, on_phase: Callable[[str], None] | None) -> dict[str, object]:
@@ -220,10 +300,14 @@ class Engine:
         from .kernels.fused_ops import enable_fused_kernels
 
         chosen = enable_fused_kernels(self.model, on_phase)
-        if self.tp.size > 1 and self.dtype == torch.bfloat16 and fused_all_reduce_norm_wanted():  # every rank alike
+        if (
+            self.tp.size > 1 and self.dtype == torch.bfloat16 and fused_all_reduce_norm_wanted()
+        ):  # every rank alike
             from .kernels.fused_ops import enable_fused_all_reduce_norm
 
-            chosen["all_reduce_norm"] = enable_fused_all_reduce_norm(self.model, self.device, self.model_config.hidden_size, on_phase)
+            chosen["all_reduce_norm"] = enable_fused_all_reduce_norm(
+                self.model, self.device, self.model_config.hidden_size, on_phase
+            )
         return chosen
 
     @property
@@ -243,8 +327,12 @@ class Engine:
             try:
                 from .attention.flashinfer_backend import decode_uses_tensor_cores
 
-                tensor_cores = decode_uses_tensor_cores(self.num_heads, self.num_kv_heads, self.kv_dtype)  # this rank's heads
-                flashinfer_kernels.build_kernels(self.dtype, self.model_config.head_dim, on_phase, tensor_cores, self.kv_dtype)
+                tensor_cores = decode_uses_tensor_cores(
+                    self.num_heads, self.num_kv_heads, self.kv_dtype
+                )  # this rank's heads
+                flashinfer_kernels.build_kernels(
+                    self.dtype, self.model_config.head_dim, on_phase, tensor_cores, self.kv_dtype
+                )
             except Exception as exc:  # no nvcc, a compiler error, ...
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 reason = f"its kernels could not be built ({first[:200]})"
@@ -269,7 +357,9 @@ class Engine:
         """From --max-kv-tokens, else --mem-fraction of the memory free after the weights (the
         rest stays for activations, CUDA graphs and FlashInfer's workspace)."""
         mc = self.model_config
-        per_token = KVPool.bytes_per_token(mc.num_layers, self.num_kv_heads, mc.head_dim, self.kv_dtype)
+        per_token = KVPool.bytes_per_token(
+            mc.num_layers, self.num_kv_heads, mc.head_dim, self.kv_dtype
+        )
         if self.config.max_kv_tokens is not None:
             tokens = self.config.max_kv_tokens
         else:
@@ -278,11 +368,15 @@ class Engine:
             budget = free_memory_bytes(self.device) * self.config.mem_fraction
             if self.device.type == "cpu":
                 budget = min(budget, CPU_KV_MAX_BYTES)
-            tokens = min(int(budget // per_token), self.config.max_running_requests * self.max_context_len)
+            tokens = min(
+                int(budget // per_token), self.config.max_running_requests * self.max_context_len
+            )
             # every rank must hold the same pages: size them to the rank with the least memory
             tokens = min_over_ranks(tokens, self.device)
         if tokens < self.page_size:
-            raise UserError(f"the KV cache would hold only {tokens} tokens; raise --max-kv-tokens or free memory")
+            raise UserError(
+                f"the KV cache would hold only {tokens} tokens; raise --max-kv-tokens or free memory"
+            )
         return math.ceil(tokens / self.page_size)
 
     def graph_size(self, batch: Batch) -> int | None:
@@ -297,17 +391,39 @@ class Engine:
         reqs = batch.reqs
         cached_lens = [req.cached_len for req in reqs]
         rows = [req.table_slot for req in reqs]
-        assert pad_to is None or batch.is_decode, "only a decode batch is padded (to a CUDA graph's size)"
-        layout = _decode_layout(batch, cached_lens, rows, pad_to) if batch.is_decode else _prefill_layout(batch)
+        assert pad_to is None or batch.is_decode, (
+            "only a decode batch is padded (to a CUDA graph's size)"
+        )
+        layout = (
+            _decode_layout(batch, cached_lens, rows, pad_to)
+            if batch.is_decode
+            else _prefill_layout(batch)
+        )
         input_ids, positions, token_rows = layout.input_ids, layout.positions, layout.token_rows
-        logits_indices, prompt_targets, num_padding = layout.logits_indices, layout.prompt_targets, layout.num_padding
+        logits_indices, prompt_targets, num_padding = (
+            layout.logits_indices,
+            layout.prompt_targets,
+            layout.num_padding,
+        )
         n_tok, n_req = len(input_ids), len(reqs)
         # the pages the scheduler handed out since the last step travel in the same copy
         pt_rows, pt_cols, pt_pages = self.page_table.take_pending()
         n_pt = len(pt_rows)
-        packed = to_device(input_ids + positions + token_rows + rows + logits_indices + prompt_targets + pt_rows + pt_cols + pt_pages, self.device)
+        packed = to_device(
+            input_ids
+            + positions
+            + token_rows
+            + rows
+            + logits_indices
+            + prompt_targets
+            + pt_rows
+            + pt_cols
+            + pt_pages,
+            self.device,
+        )
         ids_t, pos_t, token_rows_t, rows_t, logits_t, targets_t, pt = packed.split(
-            [n_tok, n_tok, n_tok, n_req, len(logits_indices), len(prompt_targets), 3 * n_pt])
+            [n_tok, n_tok, n_tok, n_req, len(logits_indices), len(prompt_targets), 3 * n_pt]
+        )
         if n_pt:
             self.page_table.apply(*pt.view(3, n_pt))
         if PLACEHOLDER in input_ids:  # tokens still on the GPU (overlap): take them from there
@@ -331,7 +447,9 @@ class Engine:
             token_rows=token_rows_t,
         )
 
-    def _forward(self, batch: Batch, use_graph: bool | None = None, pad_to: int | None = None) -> tuple[ForwardBatch, torch.Tensor]:
+    def _forward(
+        self, batch: Batch, use_graph: bool | None = None, pad_to: int | None = None
+    ) -> tuple[ForwardBatch, torch.Tensor]:
         if self.cpu_threads is not None:
             self.cpu_threads.apply()
         graph_size = self.graph_size(batch)
@@ -348,7 +466,9 @@ class Engine:
         return fb, logits[: logits.shape[0] - fb.num_padding]
 
     @torch.inference_mode()
-    def forward_logits(self, batch: Batch, use_graph: bool | None = None, pad_to: int | None = None) -> torch.Tensor:
+    def forward_logits(
+        self, batch: Batch, use_graph: bool | None = None, pad_to: int | None = None
+    ) -> torch.Tensor:
         """float32 logits [requests that sample (or every token, with all_logits), vocab].
 
         ``use_graph``: None = a CUDA graph when one fits, False = eager (``pad_to`` pads the
@@ -358,7 +478,9 @@ class Engine:
         return logits.clone() if fb.use_graph else logits
 
     @torch.inference_mode()
-    def forward_batch(self, batch: Batch, token_masks: Callable[[list[int]], TokenMasks | None] | None = None) -> StepResult:
+    def forward_batch(
+        self, batch: Batch, token_masks: Callable[[list[int]], TokenMasks | None] | None = None
+    ) -> StepResult:
         """Queue the batch and its sampling; the result holds one token per request that
         samples, in order. The sampled tokens also become their rows' next decode input.
 
@@ -369,7 +491,12 @@ class Engine:
         prompt = None
         if fb.scored_prompts:  # the rows after the sampling ones
             scored_reqs = [batch.reqs[i] for i, _ in fb.scored_prompts]
-            prompt = self.logits_processor.prompt_logprobs(logits[len(sampling):], fb.prompt_targets, scored_reqs, [n for _, n in fb.scored_prompts])
+            prompt = self.logits_processor.prompt_logprobs(
+                logits[len(sampling) :],
+                fb.prompt_targets,
+                scored_reqs,
+                [n for _, n in fb.scored_prompts],
+            )
             logits = logits[: len(sampling)]
         if not sampling:
             return StepResult(None, prompt=prompt)
@@ -378,14 +505,20 @@ class Engine:
         raw_logprobs = self.logits_processor.raw_logprobs(logits, reqs)
         masks = token_masks(sampling) if token_masks is not None else None
         self.logits_processor.apply(logits, reqs, table_rows, masks)
-        next_ids = self.sampler.sample(logits, [r.params for r in reqs], [r.generator for r in reqs]).long()
+        next_ids = self.sampler.sample(
+            logits, [r.params for r in reqs], [r.generator for r in reqs]
+        ).long()
         self.logits_processor.record(reqs, table_rows, next_ids)
         if len(sampling) == batch.size:
             rows = fb.table_rows
         else:
             rows = fb.table_rows[to_device(sampling, self.device)]
         self.last_token.index_copy_(0, rows, next_ids)
-        logprobs = self.logits_processor.gather_logprobs(raw_logprobs, reqs, next_ids) if raw_logprobs is not None else None
+        logprobs = (
+            self.logits_processor.gather_logprobs(raw_logprobs, reqs, next_ids)
+            if raw_logprobs is not None
+            else None
+        )
         return StepResult(next_ids, logprobs, prompt)
 
 
@@ -403,12 +536,18 @@ class _HostLayout:
     scored_prompts: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _decode_layout(batch: Batch, cached_lens: list[int], rows: list[int], pad_to: int | None) -> _HostLayout:
+def _decode_layout(
+    batch: Batch, cached_lens: list[int], rows: list[int], pad_to: int | None
+) -> _HostLayout:
     """One token per request (its newest, at position ``cached_lens[i]``, in table row
     ``rows[i]``), plus padding rows up to a CUDA graph's size."""
     reqs = batch.reqs
-    layout = _HostLayout([req.token_ids[c] for req, c in zip(reqs, cached_lens)], list(cached_lens), list(rows),
-                         list(range(len(reqs))))
+    layout = _HostLayout(
+        [req.token_ids[c] for req, c in zip(reqs, cached_lens)],
+        list(cached_lens),
+        list(rows),
+        list(range(len(reqs))),
+    )
     if pad_to is not None:
         assert pad_to >= len(reqs)
         layout.num_padding = n = pad_to - len(reqs)

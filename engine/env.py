@@ -24,5 +24,7 @@ def env_ints(name: str, fields: tuple[str, ...], default: tuple[int, ...]) -> tu
         return default
     parts = [p.strip() for p in value.split(",")]
     if len(parts) != len(fields) or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"{name}={value!r}: use {len(fields)} positive integers, {','.join(fields)}")
+        raise ValueError(
+            f"{name}={value!r}: use {len(fields)} positive integers, {','.join(fields)}"
+        )
     return tuple(int(p) for p in parts)

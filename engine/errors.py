@@ -32,8 +32,10 @@ def check_prompt_length(num_tokens: int, max_context_len: int) -> None:
     if num_tokens == 0:
         raise RequestError("the prompt is empty")
     if num_tokens >= max_context_len:
-        raise RequestError(f"the prompt is {num_tokens} tokens long but the model's context is {max_context_len} tokens; "
-                           "shorten it (or start a new conversation)")
+        raise RequestError(
+            f"the prompt is {num_tokens} tokens long but the model's context is {max_context_len} tokens; "
+            "shorten it (or start a new conversation)"
+        )
 
 
 def prompt_chars(text: str | None, messages: list[dict] | None) -> int:
@@ -43,11 +45,16 @@ def prompt_chars(text: str | None, messages: list[dict] | None) -> int:
     return sum(len(m["content"]) for m in messages or () if isinstance(m.get("content"), str))
 
 
-def check_prompt_chars(chars: int, max_context_len: int, max_token_chars: int, param: str | None = None) -> None:
+def check_prompt_chars(
+    chars: int, max_context_len: int, max_token_chars: int, param: str | None = None
+) -> None:
     """Refuse, before tokenizing it, a prompt of more characters than the context could ever
     hold: no token of the vocabulary spells more than ``max_token_chars`` (a byte-level BPE
     token's string has a character per byte, a character at least a byte). Tokenizing a 10 MB
     message took the tokenizer 39 s, during which everyone else waited."""
     if chars > max_context_len * max_token_chars:
-        raise RequestError(f"the prompt has {chars:,} characters, more than the model's context of {max_context_len} tokens can "
-                           f"hold (a token of this model spells at most {max_token_chars} characters); shorten it", param=param)
+        raise RequestError(
+            f"the prompt has {chars:,} characters, more than the model's context of {max_context_len} tokens can "
+            f"hold (a token of this model spells at most {max_token_chars} characters); shorten it",
+            param=param,
+        )

@@ -39,7 +39,9 @@ from .transfer import to_device
 logger = logging.getLogger(__name__)
 
 FILL_THREADS = 4  # threads that fill one step's bitmask rows
-GRAMMAR_CACHE_BYTES = 256 * 1024 * 1024  # compiled grammars kept for reuse (xgrammar's default keeps all, without end)
+GRAMMAR_CACHE_BYTES = (
+    256 * 1024 * 1024
+)  # compiled grammars kept for reuse (xgrammar's default keeps all, without end)
 
 
 def _readable(exc: Exception) -> str:
@@ -61,13 +63,21 @@ class GrammarCompiler:
         if not stop and tokenizer.eos_token_id is not None:
             stop = [tokenizer.eos_token_id]
         self.stop_token_ids = frozenset(stop)
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop
+        )
         self.vocab_size = vocab_size
-        self.compiler = xgrammar.GrammarCompiler(info, max_threads=2, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
+        self.compiler = xgrammar.GrammarCompiler(
+            info, max_threads=2, cache_limit_bytes=GRAMMAR_CACHE_BYTES
+        )
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
-        self.batch_matcher = xgrammar.BatchGrammarMatcher(max_threads=FILL_THREADS)  # fills rows in parallel, in C++
+        self.batch_matcher = xgrammar.BatchGrammarMatcher(
+            max_threads=FILL_THREADS
+        )  # fills rows in parallel, in C++
         self.words = (vocab_size + 31) // 32
-        self.buffers: list[torch.Tensor] = []  # two bitmask buffers, used in turn (one may still be copying)
+        self.buffers: list[
+            torch.Tensor
+        ] = []  # two bitmask buffers, used in turn (one may still be copying)
         self.turn = 0
 
     def submit(self, spec: GrammarSpec) -> Future:
@@ -84,7 +94,9 @@ class GrammarCompiler:
                 except ValueError as exc:
                     raise RequestError(f"the JSON schema is not valid JSON: {exc}") from None
                 # compact JSON: a small model given free whitespace may never stop emitting it
-                return self.compiler.compile_json_schema(spec.spec, any_whitespace=False, strict_mode=True)
+                return self.compiler.compile_json_schema(
+                    spec.spec, any_whitespace=False, strict_mode=True
+                )
             if spec.kind == "regex":
                 return self.compiler.compile_regex(spec.spec)
             if spec.kind == "tool_call":
@@ -103,19 +115,35 @@ class GrammarCompiler:
         info = json.loads(spec)
         hermes = info["format"] == "hermes"
         key = "arguments" if hermes else "parameters"
-        calls = [{"type": "object", "properties": {"name": {"const": tool["name"]}, key: tool["parameters"]},
-                  "required": ["name", key], "additionalProperties": False} for tool in info["tools"]]
-        call = xgr.Grammar.from_json_schema(json.dumps({"anyOf": calls} if len(calls) > 1 else calls[0]), any_whitespace=False)
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool["name"]}, key: tool["parameters"]},
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+            for tool in info["tools"]
+        ]
+        call = xgr.Grammar.from_json_schema(
+            json.dumps({"anyOf": calls} if len(calls) > 1 else calls[0]), any_whitespace=False
+        )
         if not hermes:
             return call
-        return xgr.Grammar.concat(xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'), call, xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"'))
+        return xgr.Grammar.concat(
+            xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'),
+            call,
+            xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"'),
+        )
 
     def fill_bitmask(self, states: list[GrammarState], rows: int, pinned: bool) -> torch.Tensor:
         """The next-token bitmask of each state, a [len(states), vocab/32] int32 tensor (one bit
         per token, set = allowed) in a reused buffer; ``rows`` bounds how many a step can have."""
         if not self.buffers or self.buffers[0].shape[0] < len(states):
             size = max(rows, len(states))
-            self.buffers = [torch.empty(size, self.words, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+            self.buffers = [
+                torch.empty(size, self.words, dtype=torch.int32, pin_memory=pinned)
+                for _ in range(2)
+            ]
         self.turn ^= 1
         bitmask = self.buffers[self.turn][: len(states)]
         bitmask.fill_(-1)
@@ -126,7 +154,9 @@ class GrammarCompiler:
         """Set to -inf, in place, the logits of ``rows`` (bitmask row j for ``rows[j]``) that the
         bitmask forbids."""
         if logits.is_cuda:
-            bitmask = bitmask.to(logits.device, non_blocking=True)  # from pinned memory: queued, not waited for
+            bitmask = bitmask.to(
+                logits.device, non_blocking=True
+            )  # from pinned memory: queued, not waited for
         if len(rows) == logits.shape[0]:
             self.xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size)
             return
@@ -151,7 +181,11 @@ class GrammarState:
         for token in new_tokens:
             if not self.broken and not self.matcher.is_terminated():
                 if not self.matcher.accept_token(token):
-                    logger.warning("request %d: the grammar refused token %d; its output is no longer constrained", uid, token)
+                    logger.warning(
+                        "request %d: the grammar refused token %d; its output is no longer constrained",
+                        uid,
+                        token,
+                    )
                     self.broken = True
             self.accepted += 1
 

@@ -30,7 +30,9 @@ class GenerationResult:
 class LLM:
     """An engine, a scheduler and (when the model has one) a tokenizer, in this process."""
 
-    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **engine_kwargs) -> None:
+    def __init__(
+        self, model: str | None = None, *, config: EngineConfig | None = None, **engine_kwargs
+    ) -> None:
         self.config = config if config is not None else EngineConfig(model=model, **engine_kwargs)
         self.engine = Engine(self.config)
         self.scheduler = Scheduler(self.engine)
@@ -42,18 +44,28 @@ class LLM:
         if not isinstance(prompt, str):
             return list(prompt)
         if self.tokenizer is None:
-            raise UserError("this model has no tokenizer (dummy weights): pass token ids or --tokenizer PATH")
+            raise UserError(
+                "this model has no tokenizer (dummy weights): pass token ids or --tokenizer PATH"
+            )
         if chat:
             return chat_prompt_ids(self.tokenizer, [{"role": "user", "content": prompt}])
         return self.tokenizer.encode(prompt)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+        return (
+            self.tokenizer.decode(token_ids, skip_special_tokens=True)
+            if self.tokenizer is not None
+            else ""
+        )
 
     def _submit(self, prompts, sampling_params, chat: bool) -> dict[int, GenerationResult]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params_list = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
+        params_list = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params or SamplingParams()] * len(prompts)
+        )
         if len(params_list) != len(prompts):
             raise UserError("give one SamplingParams per prompt, or one for all")
         results: dict[int, GenerationResult] = {}
@@ -69,7 +81,9 @@ class LLM:
             raise
         return results
 
-    def stream(self, prompts, sampling_params=None, chat: bool = False) -> Iterator[tuple[int, int | None, str | None]]:
+    def stream(
+        self, prompts, sampling_params=None, chat: bool = False
+    ) -> Iterator[tuple[int, int | None, str | None]]:
         """Yield ``(index, token_id, finish_reason)`` as the scheduler produces them."""
         results = self._submit(prompts, sampling_params, chat)
         index = {uid: i for i, uid in enumerate(results)}
@@ -77,7 +91,11 @@ class LLM:
         try:
             while pending:
                 for out in self.scheduler.step():
-                    yield index[out.uid], out.token_id, out.finish_reason.value if out.finish_reason else None
+                    yield (
+                        index[out.uid],
+                        out.token_id,
+                        out.finish_reason.value if out.finish_reason else None,
+                    )
                     if out.finished:
                         pending.discard(out.uid)
         finally:
@@ -95,7 +113,9 @@ class LLM:
         """``score`` for many sequences at once, decoded as one batch (the scheduler's
         teacher forcing, :meth:`Scheduler.score_batch`). Returns one logits tensor per sequence."""
         prefill_lens = [len(s) for s in sequences] if prefill_lens is None else prefill_lens
-        return self.scheduler.score_batch([(next(self._uids), tokens, n) for tokens, n in zip(sequences, prefill_lens)])
+        return self.scheduler.score_batch(
+            [(next(self._uids), tokens, n) for tokens, n in zip(sequences, prefill_lens)]
+        )
 
     def generate(self, prompts, sampling_params=None, chat: bool = False) -> list[GenerationResult]:
         results = self._submit(prompts, sampling_params, chat)

@@ -40,7 +40,9 @@ class Logprobs:
 
     rows: list[int]
     chosen: torch.Tensor  # [len(rows)] the sampled token's logprob
-    top_ids: torch.Tensor | None  # [len(rows), k] the k likeliest tokens (k = the most any row asked)
+    top_ids: (
+        torch.Tensor | None
+    )  # [len(rows), k] the k likeliest tokens (k = the most any row asked)
     top_logprobs: torch.Tensor | None
     counts: list[int]  # how many alternatives each row asked for (its share of the k)
 
@@ -53,17 +55,23 @@ class PromptLogprobs:
     uids: list[int]
     rows: list[int]  # how many rows each of ``uids`` has, in order
     chosen: torch.Tensor  # [sum(rows)] each prompt token's logprob
-    top_ids: torch.Tensor | None  # [sum(rows), k] the k likeliest tokens (k = the most any request asked)
+    top_ids: (
+        torch.Tensor | None
+    )  # [sum(rows), k] the k likeliest tokens (k = the most any request asked)
     top_logprobs: torch.Tensor | None
     counts: list[int]  # how many alternatives each of ``uids`` asked for
 
 
 class LogitsProcessor:
-    def __init__(self, vocab_size: int, max_rows: int, device: torch.device, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self, vocab_size: int, max_rows: int, device: torch.device, eos_token_ids: tuple[int, ...]
+    ) -> None:
         self.vocab_size = vocab_size
         self.max_rows = max_rows
         self.device = device
-        self.eos_token_ids = [t for t in eos_token_ids if 0 <= t < vocab_size]  # a config may name one outside
+        self.eos_token_ids = [
+            t for t in eos_token_ids if 0 <= t < vocab_size
+        ]  # a config may name one outside
         self.counts: torch.Tensor | None = None  # [max_rows, vocab] float32: generated tokens seen
         self.in_prompt: torch.Tensor | None = None  # [max_rows, vocab] bool: the prompt's tokens
         self.row_owner: dict[int, int] = {}  # page-table row -> uid whose counts it holds
@@ -71,7 +79,9 @@ class LogitsProcessor:
     # ---- logprobs ------------------------------------------------------------------------------
 
     @staticmethod
-    def raw_logprobs(logits: torch.Tensor, reqs: list[Req]) -> tuple[list[int], torch.Tensor] | None:
+    def raw_logprobs(
+        logits: torch.Tensor, reqs: list[Req]
+    ) -> tuple[list[int], torch.Tensor] | None:
         """The model's own log-softmax for the rows that want logprobs (OpenAI and vLLM report
         these, before penalties, bias, grammar or temperature). Taken before any edit."""
         rows = [i for i, r in enumerate(reqs) if r.params.logprobs]
@@ -81,7 +91,9 @@ class LogitsProcessor:
         return rows, picked.log_softmax(dim=-1)
 
     @staticmethod
-    def gather_logprobs(raw: tuple[list[int], torch.Tensor], reqs: list[Req], next_ids: torch.Tensor) -> Logprobs:
+    def gather_logprobs(
+        raw: tuple[list[int], torch.Tensor], reqs: list[Req], next_ids: torch.Tensor
+    ) -> Logprobs:
         rows, logprobs = raw
         ids = next_ids if len(rows) == len(reqs) else next_ids[to_device(rows, next_ids.device)]
         chosen = logprobs.gather(1, ids.view(-1, 1)).squeeze(1)
@@ -92,7 +104,9 @@ class LogitsProcessor:
         return Logprobs(rows, chosen, top.indices, top.values, counts)
 
     @staticmethod
-    def prompt_logprobs(logits: torch.Tensor, targets: torch.Tensor, reqs: list[Req], rows: list[int]) -> PromptLogprobs:
+    def prompt_logprobs(
+        logits: torch.Tensor, targets: torch.Tensor, reqs: list[Req], rows: list[int]
+    ) -> PromptLogprobs:
         """``logits`` [sum(rows), vocab] at the prompt positions of ``reqs`` scored this step,
         ``targets`` the prompt token after each position: their logprobs (the model's own)."""
         logprobs = logits.log_softmax(dim=-1)
@@ -106,7 +120,9 @@ class LogitsProcessor:
 
     # ---- edits ---------------------------------------------------------------------------------
 
-    def apply(self, logits: torch.Tensor, reqs: list[Req], table_rows: list[int], masks: TokenMasks | None) -> None:
+    def apply(
+        self, logits: torch.Tensor, reqs: list[Req], table_rows: list[int], masks: TokenMasks | None
+    ) -> None:
         """Edit ``logits`` ([len(reqs), vocab], one row per sampling request) in place."""
         if masks is not None and masks.rows:
             masks.apply(logits, masks.bitmask, masks.rows)
@@ -126,7 +142,11 @@ class LogitsProcessor:
                 biases.append(bias)
         if rows:
             index = to_device(rows + tokens, logits.device).view(2, -1)
-            logits.index_put_((index[0], index[1]), to_device(biases, logits.device, logits.dtype), accumulate=True)
+            logits.index_put_(
+                (index[0], index[1]),
+                to_device(biases, logits.device, logits.dtype),
+                accumulate=True,
+            )
 
     def _ban_eos_before_min_tokens(self, logits: torch.Tensor, reqs: list[Req]) -> None:
         rows, tokens = [], []
@@ -134,7 +154,9 @@ class LogitsProcessor:
             # output_len counts the tokens out so far; the one sampled now is number output_len + 1.
             # A grammar decides its own end (banning it there would leave no token at all).
             if req.output_len < req.params.min_tokens and req.grammar is None:
-                banned = set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else set(self.eos_token_ids))
+                banned = set(req.params.stop_token_ids) | (
+                    set() if req.params.ignore_eos else set(self.eos_token_ids)
+                )
                 rows.extend([i] * len(banned))
                 tokens.extend(banned)
         if rows:
@@ -147,11 +169,14 @@ class LogitsProcessor:
             return
         self._admit(reqs, rows, table_rows)
         params = [reqs[i].params for i in rows]
-        packed = to_device(
-            rows + [table_rows[i] for i in rows], logits.device
-        ).view(2, -1)
-        factors = to_device([p.frequency_penalty for p in params] + [p.presence_penalty for p in params] + [p.repetition_penalty for p in params],
-                            logits.device, logits.dtype).view(3, -1, 1)
+        packed = to_device(rows + [table_rows[i] for i in rows], logits.device).view(2, -1)
+        factors = to_device(
+            [p.frequency_penalty for p in params]
+            + [p.presence_penalty for p in params]
+            + [p.repetition_penalty for p in params],
+            logits.device,
+            logits.dtype,
+        ).view(3, -1, 1)
         index, slots = packed[0], packed[1]
         counts = self.counts[slots]
         picked = logits[index]
@@ -159,7 +184,9 @@ class LogitsProcessor:
         # vLLM's repetition penalty: every token of the prompt or the output so far is made
         # less likely (a positive logit divided, a negative one multiplied)
         repeated = seen | self.in_prompt[slots]
-        picked = torch.where(repeated, torch.where(picked > 0, picked / factors[2], picked * factors[2]), picked)
+        picked = torch.where(
+            repeated, torch.where(picked > 0, picked / factors[2], picked * factors[2]), picked
+        )
         # OpenAI's: frequency by how often a token was generated, presence once it was
         picked = picked - factors[0] * counts - factors[1] * seen.to(picked.dtype)
         logits[index] = picked
@@ -167,8 +194,12 @@ class LogitsProcessor:
     def _admit(self, reqs: list[Req], rows: list[int], table_rows: list[int]) -> None:
         """Set the counts of rows whose request is new to its page-table row."""
         if self.counts is None:
-            self.counts = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.float32, device=self.device)
-            self.in_prompt = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.bool, device=self.device)
+            self.counts = torch.zeros(
+                self.max_rows, self.vocab_size, dtype=torch.float32, device=self.device
+            )
+            self.in_prompt = torch.zeros(
+                self.max_rows, self.vocab_size, dtype=torch.bool, device=self.device
+            )
         for i in rows:
             req, slot = reqs[i], table_rows[i]
             if self.row_owner.get(slot) == req.uid:
@@ -181,7 +212,9 @@ class LogitsProcessor:
             self.in_prompt[slot].zero_()
             self.in_prompt[slot, ids[: len(prompt)]] = True
             if output:
-                self.counts[slot].index_add_(0, ids[len(prompt) :], torch.ones(len(output), device=self.device))
+                self.counts[slot].index_add_(
+                    0, ids[len(prompt) :], torch.ones(len(output), device=self.device)
+                )
 
     def record(self, reqs: list[Req], table_rows: list[int], next_ids: torch.Tensor) -> None:
         """Count each penalized request's sampled token (on the device, after sampling)."""
@@ -199,7 +232,11 @@ class LogitsProcessor:
         rows = [i for i, r in enumerate(reqs) if r.params.min_p > 0 and not r.params.is_greedy]
         if not rows:
             return
-        packed = to_device([reqs[i].params.temperature for i in rows] + [reqs[i].params.min_p for i in rows], logits.device, torch.float32).view(2, -1, 1)
+        packed = to_device(
+            [reqs[i].params.temperature for i in rows] + [reqs[i].params.min_p for i in rows],
+            logits.device,
+            torch.float32,
+        ).view(2, -1, 1)
         index = to_device(rows, logits.device)
         picked = logits[index]
         probs = (picked / packed[0]).softmax(dim=-1)

@@ -87,7 +87,9 @@ class UserReply(msgspec.Struct, tag=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     logprobs: list[LogprobEntry] | None = None  # one per token this reply adds, when asked for
-    prompt_logprobs: list[LogprobEntry] | None = None  # one per prompt token, with the first reply, when asked for
+    prompt_logprobs: list[LogprobEntry] | None = (
+        None  # one per prompt token, with the first reply, when asked for
+    )
 
 
 @dataclass(frozen=True)
@@ -104,29 +106,69 @@ class StatsMsg(msgspec.Struct, tag=True):
     """One replica's load and totals (``replica`` is 0 without --dp). Each figure is declared
     once, here, with its /metrics name and help; ``Scheduler.stats`` fills it in."""
 
-    running: Annotated[int, Metric("minisgl_running_requests", "gauge", "Requests in the decode batch.")]
-    waiting: Annotated[int, Metric("minisgl_waiting_requests", "gauge", "Requests waiting for prefill.")]
-    kv_pages_total: Annotated[int, Metric("minisgl_kv_pages_total", "gauge", "KV cache pages in the pool.")]
-    kv_pages_used: Annotated[int, Metric("minisgl_kv_pages_used", "gauge",
-                                         "KV cache pages held by live requests (a cached prefix in use counts).")]
-    kv_pages_cached: Annotated[int, Metric("minisgl_kv_pages_cached", "gauge",
-                                           "KV cache pages held only by the radix prefix cache (evictable).")]
+    running: Annotated[
+        int, Metric("minisgl_running_requests", "gauge", "Requests in the decode batch.")
+    ]
+    waiting: Annotated[
+        int, Metric("minisgl_waiting_requests", "gauge", "Requests waiting for prefill.")
+    ]
+    kv_pages_total: Annotated[
+        int, Metric("minisgl_kv_pages_total", "gauge", "KV cache pages in the pool.")
+    ]
+    kv_pages_used: Annotated[
+        int,
+        Metric(
+            "minisgl_kv_pages_used",
+            "gauge",
+            "KV cache pages held by live requests (a cached prefix in use counts).",
+        ),
+    ]
+    kv_pages_cached: Annotated[
+        int,
+        Metric(
+            "minisgl_kv_pages_cached",
+            "gauge",
+            "KV cache pages held only by the radix prefix cache (evictable).",
+        ),
+    ]
     kv_pages_free: Annotated[int, Metric("minisgl_kv_pages_free", "gauge", "Free KV cache pages.")]
-    prompt_tokens_total: Annotated[int, Metric("minisgl_prompt_tokens_total", "counter",
-                                               "Prompt tokens of the requests taken in, those read from the prefix cache included.")]
-    generation_tokens_total: Annotated[int, Metric("minisgl_generation_tokens_total", "counter", "Tokens generated.")]
-    requests_finished_total: Annotated[int, Metric("minisgl_requests_finished_total", "counter", "Requests finished (any reason).")]
-    requests_aborted_total: Annotated[int, Metric("minisgl_requests_aborted_total", "counter", "Requests aborted.")]
-    prefix_cache_hit_tokens_total: Annotated[int, Metric("minisgl_prefix_cache_hit_tokens_total", "counter",
-                                                         "Prompt tokens whose KV came from the prefix cache.")]
+    prompt_tokens_total: Annotated[
+        int,
+        Metric(
+            "minisgl_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of the requests taken in, those read from the prefix cache included.",
+        ),
+    ]
+    generation_tokens_total: Annotated[
+        int, Metric("minisgl_generation_tokens_total", "counter", "Tokens generated.")
+    ]
+    requests_finished_total: Annotated[
+        int, Metric("minisgl_requests_finished_total", "counter", "Requests finished (any reason).")
+    ]
+    requests_aborted_total: Annotated[
+        int, Metric("minisgl_requests_aborted_total", "counter", "Requests aborted.")
+    ]
+    prefix_cache_hit_tokens_total: Annotated[
+        int,
+        Metric(
+            "minisgl_prefix_cache_hit_tokens_total",
+            "counter",
+            "Prompt tokens whose KV came from the prefix cache.",
+        ),
+    ]
     replica: int = 0
 
 
 def stats_metrics() -> list[tuple[str, Metric]]:
     """(field, its Metric) for each figure of StatsMsg, in the order declared."""
     hints = get_type_hints(StatsMsg, include_extras=True)
-    return [(name, meta) for name in StatsMsg.__struct_fields__ for meta in getattr(hints[name], "__metadata__", ())
-            if isinstance(meta, Metric)]
+    return [
+        (name, meta)
+        for name in StatsMsg.__struct_fields__
+        for meta in getattr(hints[name], "__metadata__", ())
+        if isinstance(meta, Metric)
+    ]
 
 
 def sum_stats(stats: list[StatsMsg]) -> StatsMsg:

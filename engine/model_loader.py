@@ -23,7 +23,11 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def builtin_config_names() -> list[str]:
-    return sorted(p.name.removesuffix(".json") for p in resources.files("minisgl_engine.configs").iterdir() if p.name.endswith(".json"))
+    return sorted(
+        p.name.removesuffix(".json")
+        for p in resources.files("minisgl_engine.configs").iterdir()
+        if p.name.endswith(".json")
+    )
 
 
 def load_hf_config(config: EngineConfig, model_dir: Path | None):
@@ -34,15 +38,21 @@ def load_hf_config(config: EngineConfig, model_dir: Path | None):
     if config.config is not None:
         names = builtin_config_names()
         if config.config not in names:
-            raise UserError(f"unknown --config {config.config!r}; built-in configs: {', '.join(names)}")
-        data = json.loads(resources.files("minisgl_engine.configs").joinpath(f"{config.config}.json").read_text())
+            raise UserError(
+                f"unknown --config {config.config!r}; built-in configs: {', '.join(names)}"
+            )
+        data = json.loads(
+            resources.files("minisgl_engine.configs").joinpath(f"{config.config}.json").read_text()
+        )
         cls = AutoConfig.for_model(data["model_type"]).__class__
         return cls.from_dict(data)
     assert model_dir is not None
     try:
         return AutoConfig.from_pretrained(model_dir)
     except (ValueError, KeyError) as exc:
-        raise ModelSourceError(f"cannot read {model_dir / 'config.json'}: {str(exc).splitlines()[0]}") from None
+        raise ModelSourceError(
+            f"cannot read {model_dir / 'config.json'}: {str(exc).splitlines()[0]}"
+        ) from None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -60,7 +70,11 @@ def resolve_dtype(name: str, device: torch.device, model_config: ModelConfig) ->
     if name == "auto":
         if device.type == "cpu":
             return torch.float32
-        return DTYPES[model_config.dtype] if model_config.dtype in ("bfloat16", "float16") else torch.bfloat16
+        return (
+            DTYPES[model_config.dtype]
+            if model_config.dtype in ("bfloat16", "float16")
+            else torch.bfloat16
+        )
     if name not in DTYPES:
         raise UserError(f"unsupported --dtype {name!r}; use auto, bfloat16, float16 or float32")
     return DTYPES[name]
@@ -77,13 +91,23 @@ def param_bytes(model_config: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes our model's parameters take, computed from the config alone."""
     c = model_config
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
-    total = c.num_layers * per_layer + c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    per_layer = (
+        c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    )
+    total = c.num_layers * per_layer + c.vocab_size * c.hidden_size * (
+        1 if c.tie_word_embeddings else 2
+    )
     return total * torch.empty((), dtype=dtype).element_size()
 
 
-def check_fits(model_name: str, weight_bytes: int, kv_bytes_min: int, device: torch.device, dtype: torch.dtype,
-               tp: int = 1) -> None:
+def check_fits(
+    model_name: str,
+    weight_bytes: int,
+    kv_bytes_min: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    tp: int = 1,
+) -> None:
     """Refuse a model whose share of weights and a minimal KV cache (``weight_bytes`` and
     ``kv_bytes_min`` are the whole model's; each of ``tp`` ranks holds about 1/tp) does not fit
     the device's free memory. On GPUs the message says which --tp would fit."""
@@ -94,7 +118,10 @@ def check_fits(model_name: str, weight_bytes: int, kv_bytes_min: int, device: to
     share = "" if tp == 1 else f" (its 1/{tp} share with --tp {tp})"
     advice = "pick a smaller model or a smaller --dtype"
     if device.type == "cuda":
-        fits = next((n for n in (2, 4, 8, 16) if n > tp and (weight_bytes + kv_bytes_min) // n <= free), None)
+        fits = next(
+            (n for n in (2, 4, 8, 16) if n > tp and (weight_bytes + kv_bytes_min) // n <= free),
+            None,
+        )
         if fits is not None:
             gpus = torch.cuda.device_count()
             have = f"this machine has {gpus}" if gpus < fits else "this machine has them"
@@ -119,7 +146,9 @@ class LoadedModel:
 
 def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
     """Random weights of the right shape: the same compute as the real model, no download."""
-    device = next(model.parameters()).device  # drawn where they live: an 8B model in seconds on a GPU
+    device = next(
+        model.parameters()
+    ).device  # drawn where they live: an 8B model in seconds on a GPU
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
         values = torch.randn(param.shape, generator=gen, device=device) * 0.02
@@ -163,11 +192,15 @@ def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: b
     cpu_packed = device.type == "cpu" and get_tp().size == 1 and packed_kernels_available()
     if kind in ("int4", "int8"):
         if not cpu_packed:
-            raise UserError(f"--quantization {kind} runs on CPU with one rank (this torch build or device has no packed "
-                            "4-bit kernel); use --quantization none")
+            raise UserError(
+                f"--quantization {kind} runs on CPU with one rank (this torch build or device has no packed "
+                "4-bit kernel); use --quantization none"
+            )
         if from_gguf:
-            raise UserError(f"--quantization {kind} quantizes a float checkpoint; a GGUF file is already quantized "
-                            "(use --quantization auto to keep its blocks, or none)")
+            raise UserError(
+                f"--quantization {kind} quantizes a float checkpoint; a GGUF file is already quantized "
+                "(use --quantization auto to keep its blocks, or none)"
+            )
         return kind
     return "gguf" if kind == "auto" and from_gguf and cpu_packed else "none"
 
@@ -179,21 +212,27 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     model_dir = None
     if not (config.dummy_weights and config.config is not None):
         if config.dummy_weights and config.model is None:
-            raise UserError("--dummy-weights needs --config NAME (or a --model folder for its config.json)")
+            raise UserError(
+                "--dummy-weights needs --config NAME (or a --model folder for its config.json)"
+            )
         from .weights.source import resolve_model
 
         model_dir = resolve_model(config.model)
     hf_config = load_hf_config(config, model_dir)
     model_config = ModelConfig.from_hf(hf_config)
     device = resolve_device(config.device)
-    if device.type == "cuda" and device.index is not None:  # plain "cuda": the current device already
+    if (
+        device.type == "cuda" and device.index is not None
+    ):  # plain "cuda": the current device already
         # Triton and FlashInfer launch on the current device, cuda:0 until set: an engine on
         # cuda:1 (a --dp replica, a tensor-parallel rank, LLM(device="cuda:1")) would run its
         # kernels on GPU 0 with pointers into GPU 1
         torch.cuda.set_device(device)
     dtype = resolve_dtype(config.dtype, device, model_config)
     name = config.config or str(config.model or "the demo model")
-    gguf_file = model_dir / GGUF_WEIGHTS if model_dir is not None and not config.dummy_weights else None
+    gguf_file = (
+        model_dir / GGUF_WEIGHTS if model_dir is not None and not config.dummy_weights else None
+    )
     if gguf_file is not None and not gguf_file.is_file():
         gguf_file = None
     quantization = choose_quantization(config, device, gguf_file is not None)
@@ -204,9 +243,13 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     from .kvcache.kv_pool import KVPool, resolve_kv_dtype
 
     kv_dtype = resolve_kv_dtype(config.kv_dtype, dtype, device.type)
-    per_token = KVPool.bytes_per_token(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, kv_dtype)
+    per_token = KVPool.bytes_per_token(
+        model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, kv_dtype
+    )
     tp = get_tp().size  # each rank holds about 1/tp of the weights and of the KV heads
-    check_fits(name, weight_bytes, per_token * min(model_config.max_context_len, 4096), device, dtype, tp)
+    check_fits(
+        name, weight_bytes, per_token * min(model_config.max_context_len, 4096), device, dtype, tp
+    )
 
     with torch.device(device):
         default_dtype = torch.get_default_dtype()

@@ -28,7 +28,9 @@ def thinking_mode(tokenizer) -> str | None:
     if tokenizer is None or not template_thinks(getattr(tokenizer, "chat_template", None)):
         return None
     try:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+        )
     except Exception:  # a template that needs more than one user message: the common case
         return "model"
     return "template" if str(prompt).rstrip().endswith(THINK_START) else "model"
@@ -50,7 +52,7 @@ class ReasoningSplitter:
             if self.state == "opening":
                 head = self.pending.lstrip()
                 if head.startswith(THINK_START):
-                    self.pending, self.state = head[len(THINK_START):], "thinking"
+                    self.pending, self.state = head[len(THINK_START) :], "thinking"
                     continue
                 if THINK_START.startswith(head):  # nothing yet, or a piece of the tag
                     return reasoning, answer
@@ -60,11 +62,11 @@ class ReasoningSplitter:
                 end = self.pending.find(THINK_END)
                 if end >= 0:
                     reasoning += self.pending[:end]
-                    self.pending, self.state = self.pending[end + len(THINK_END):], "after"
+                    self.pending, self.state = self.pending[end + len(THINK_END) :], "after"
                     continue
                 keep = partial_tag_at_end(self.pending, THINK_END)
-                reasoning += self.pending[:len(self.pending) - keep]
-                self.pending = self.pending[len(self.pending) - keep:]
+                reasoning += self.pending[: len(self.pending) - keep]
+                self.pending = self.pending[len(self.pending) - keep :]
                 return reasoning, answer
             if self.state == "after":  # the blank lines between </think> and the answer
                 self.pending = self.pending.lstrip()

@@ -50,7 +50,9 @@ class Req:
     cached_len: int = 0
     pages: list[int] = field(default_factory=list)  # KV pages held, in position order
     generator: torch.Generator | None = None  # per-request RNG when a seed is given
-    use_prefix_cache: bool = True  # False for teacher-forced scoring, which needs every token's logits
+    use_prefix_cache: bool = (
+        True  # False for teacher-forced scoring, which needs every token's logits
+    )
     finish_reason: FinishReason | None = None
     grammar: GrammarState | None = None  # structured output: where the request is in its grammar
     # params.prompt_logprobs: the logprobs of prompt tokens 1, 2, ... as prefill computes them

@@ -16,7 +16,9 @@ from .sampling_params import SamplingParams
 from .transfer import to_device
 
 
-def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def filter_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """Set to -inf every logit outside each row's top-k and its top-p nucleus.
 
     logits: [batch, vocab] (already divided by temperature); top_k: [batch] ints (<= 0 or >=
@@ -43,7 +45,9 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
 CANDIDATES = 256
 
 
-def sampling_distribution(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+def sampling_distribution(
+    scaled: torch.Tensor, top_k: list[int], top_p: list[float]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(probabilities [rows, n], their token ids [rows, n]) of each row's top-k / top-p
     distribution over logits already divided by the temperature; the same distribution as
     ``filter_top_k_top_p(...).softmax()``, over n <= vocab candidates."""
@@ -52,7 +56,9 @@ def sampling_distribution(scaled: torch.Tensor, top_k: list[int], top_p: list[fl
     if all(k == vocab for k in k_eff) and all(p >= 1 for p in top_p):  # no filter: every token
         return scaled.softmax(dim=-1), torch.arange(vocab, device=scaled.device).expand(rows, vocab)
     count = min(vocab, max(CANDIDATES, *[k for k in k_eff if k < vocab], 0))
-    if count < vocab and scaled.is_cpu:  # (a GPU sorts fast, and checking the candidates would wait for it)
+    if (
+        count < vocab and scaled.is_cpu
+    ):  # (a GPU sorts fast, and checking the candidates would wait for it)
         values, tokens = scaled.topk(count, dim=-1)  # sorted, best first
         k = torch.tensor(k_eff, device=scaled.device).unsqueeze(1)
         ranks = torch.arange(count, device=scaled.device)
@@ -62,14 +68,18 @@ def sampling_distribution(scaled: torch.Tensor, top_k: list[int], top_p: list[fl
         normalizer = torch.where(k <= count, within, scaled.logsumexp(dim=-1, keepdim=True))
         probs = (values - normalizer).exp().masked_fill(~in_k, 0.0)
         p = torch.tensor(top_p, device=scaled.device, dtype=scaled.dtype).unsqueeze(1)
-        held = (k <= count) | (probs.sum(dim=-1, keepdim=True) >= p)  # the nucleus lies in the candidates
+        held = (k <= count) | (
+            probs.sum(dim=-1, keepdim=True) >= p
+        )  # the nucleus lies in the candidates
         if bool(held.all()):
             drop = ~in_k | ((probs.cumsum(dim=-1) - probs >= p) & (p < 1))
             drop[:, 0] = False
             return values.masked_fill(drop, float("-inf")).softmax(dim=-1), tokens
     k_t = torch.tensor(top_k, device=scaled.device)
     p_t = torch.tensor(top_p, device=scaled.device, dtype=scaled.dtype)
-    return filter_top_k_top_p(scaled, k_t, p_t).softmax(dim=-1), torch.arange(vocab, device=scaled.device).expand(rows, vocab)
+    return filter_top_k_top_p(scaled, k_t, p_t).softmax(dim=-1), torch.arange(
+        vocab, device=scaled.device
+    ).expand(rows, vocab)
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -92,14 +102,21 @@ class Sampler:
         else:
             self.draw_seeds.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:
         """logits: [batch, vocab] float32. Returns [batch] token ids (on the logits' device).
 
         Nothing here waits for the GPU (every index and parameter is copied without blocking),
         so the scheduler can prepare the next step while this one runs."""
         rows = [i for i, p in enumerate(params) if not p.is_greedy]
         unseeded = [i for i in rows if generators[i] is None] if self.use_flashinfer else []
-        if unseeded and len(unseeded) == len(params):  # all sampled, none seeded: one draw, no argmax pass
+        if unseeded and len(unseeded) == len(
+            params
+        ):  # all sampled, none seeded: one draw, no argmax pass
             return self._gpu_sample(logits, params).long()
         next_ids = logits.argmax(dim=-1)
         if not rows:
@@ -107,7 +124,9 @@ class Sampler:
         if self.use_flashinfer:
             if unseeded:
                 index = to_device(unseeded, logits.device)
-                next_ids[index] = self._gpu_sample(logits[index], [params[i] for i in unseeded]).long()
+                next_ids[index] = self._gpu_sample(
+                    logits[index], [params[i] for i in unseeded]
+                ).long()
             rows = [i for i in rows if generators[i] is not None]
             if not rows:
                 return next_ids
@@ -124,21 +143,34 @@ class Sampler:
             from .kernels.triton_kernels import gumbel_sample
 
             seed = int(torch.randint(2**31 - 1, (), generator=self.draw_seeds))
-            return gumbel_sample(logits, to_device([p.temperature for p in params], device, torch.float32), seed)
+            return gumbel_sample(
+                logits, to_device([p.temperature for p in params], device, torch.float32), seed
+            )
         import flashinfer
 
         # one copy for all three parameters (top-k values are exact in float32: below 2**24)
-        packed = to_device([p.temperature for p in params] + top_k + top_p, device, torch.float32).view(3, -1)
+        packed = to_device(
+            [p.temperature for p in params] + top_k + top_p, device, torch.float32
+        ).view(3, -1)
         scaled = logits / packed[0].unsqueeze(1)
-        return flashinfer.sampling.top_k_top_p_sampling_from_logits(scaled, packed[1].int(), packed[2])
+        return flashinfer.sampling.top_k_top_p_sampling_from_logits(
+            scaled, packed[1].int(), packed[2]
+        )
 
     @staticmethod
-    def _torch_sample(logits, params, generators, rows: list[int], next_ids: torch.Tensor) -> torch.Tensor:
+    def _torch_sample(
+        logits, params, generators, rows: list[int], next_ids: torch.Tensor
+    ) -> torch.Tensor:
         device = logits.device
         idx = to_device(rows, device)
-        temps = to_device([params[i].temperature for i in rows], device, torch.float64).to(logits.dtype)
-        probs, tokens = sampling_distribution(logits[idx] / temps.unsqueeze(1), [params[i].top_k for i in rows],
-                                              [params[i].top_p for i in rows])
+        temps = to_device([params[i].temperature for i in rows], device, torch.float64).to(
+            logits.dtype
+        )
+        probs, tokens = sampling_distribution(
+            logits[idx] / temps.unsqueeze(1),
+            [params[i].top_k for i in rows],
+            [params[i].top_p for i in rows],
+        )
         # a row with inf/NaN logits (a broken model output) has no distribution to draw from:
         # such a row keeps its argmax
         broken = ~torch.isfinite(probs).all(dim=-1) | (probs.sum(dim=-1) <= 0)

@@ -14,7 +14,9 @@ GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "tool_call")
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # True is an int to Python, not to a request
+    return isinstance(value, int) and not isinstance(
+        value, bool
+    )  # True is an int to Python, not to a request
 
 
 def _is_number(value: object) -> bool:
@@ -87,7 +89,11 @@ class SamplingParams:
 
     def _check_logit_edits(self) -> None:
         """Penalties, min_p, min_tokens and logit_bias; the penalties are stored as floats."""
-        for name, low, high in (("frequency_penalty", -2, 2), ("presence_penalty", -2, 2), ("min_p", 0, 1)):
+        for name, low, high in (
+            ("frequency_penalty", -2, 2),
+            ("presence_penalty", -2, 2),
+            ("min_p", 0, 1),
+        ):
             value = getattr(self, name)
             if not _is_number(value) or not low <= value <= high:
                 raise RequestError(f"{name} must be a number in [{low}, {high}], got {value!r}")
@@ -97,32 +103,54 @@ class SamplingParams:
             raise RequestError(f"repetition_penalty must be a number in (0, 10], got {rp!r}")
         self.repetition_penalty = float(rp)
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise RequestError(f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}), got {self.min_tokens!r}")
+            raise RequestError(
+                f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}), got {self.min_tokens!r}"
+            )
         for token, bias in self.logit_bias.items():
             if not _is_int(token) or token < 0:
-                raise RequestError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+                raise RequestError(
+                    f"logit_bias keys must be token ids (integers >= 0), got {token!r}"
+                )
             if not _is_number(bias) or not -100 <= bias <= 100:
-                raise RequestError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
+                raise RequestError(
+                    f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}"
+                )
 
     def _check_outputs(self) -> None:
         """What comes back besides the tokens (logprobs), and the grammar the text must match."""
         if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise RequestError(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.top_logprobs!r}")
+            raise RequestError(
+                f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.top_logprobs!r}"
+            )
         pl = self.prompt_logprobs
         if pl is not None and (not _is_int(pl) or not 0 <= pl <= MAX_TOP_LOGPROBS):
-            raise RequestError(f"prompt_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {pl!r}")
+            raise RequestError(
+                f"prompt_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {pl!r}"
+            )
         if self.grammar is not None and self.grammar.kind not in GRAMMAR_KINDS:
-            raise RequestError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.grammar.kind!r}")
+            raise RequestError(
+                f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.grammar.kind!r}"
+            )
 
     @cached_property  # read for every request of every step: computed once (replace() makes a new object)
     def has_penalties(self) -> bool:
         """Needs the counts of the tokens seen so far (kept on the device, per request)."""
-        return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
+        return (
+            self.frequency_penalty != 0
+            or self.presence_penalty != 0
+            or self.repetition_penalty != 1
+        )
 
     @cached_property
     def changes_logits(self) -> bool:
         """Anything besides temperature / top-k / top-p that edits this request's logits."""
-        return self.has_penalties or self.min_p > 0 or self.min_tokens > 0 or bool(self.logit_bias) or self.grammar is not None
+        return (
+            self.has_penalties
+            or self.min_p > 0
+            or self.min_tokens > 0
+            or bool(self.logit_bias)
+            or self.grammar is not None
+        )
 
     @property
     def is_greedy(self) -> bool:

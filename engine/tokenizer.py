@@ -48,8 +48,12 @@ def template_deadline(seconds: float) -> Iterator[None]:
         sys.settrace(previous)
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict], kwargs: dict | None = None,
-                    time_limit: float = CHAT_TEMPLATE_TIME_LIMIT_S) -> list[int]:
+def chat_prompt_ids(
+    tokenizer,
+    messages: list[dict],
+    kwargs: dict | None = None,
+    time_limit: float = CHAT_TEMPLATE_TIME_LIMIT_S,
+) -> list[int]:
     """The token ids of ``messages`` in the model's chat template, with its generation prompt (the
     one way a chat becomes a prompt, for the server and the offline ``LLM``). A model without a
     template, messages its template refuses, or a template that renders for longer than
@@ -58,17 +62,29 @@ def chat_prompt_ids(tokenizer, messages: list[dict], kwargs: dict | None = None,
 
     kwargs = kwargs or {}
     if not getattr(tokenizer, "chat_template", None):
-        raise RequestError("this model has no chat template; use /v1/completions with a plain prompt")
+        raise RequestError(
+            "this model has no chat template; use /v1/completions with a plain prompt"
+        )
     # continue_final_message: the last (assistant) message is left open so the model goes on
     # writing it (the chat's Continue), instead of starting a new turn
     add_generation_prompt = not kwargs.get("continue_final_message", False)
     try:
         with template_deadline(time_limit):
-            out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False, **kwargs)
+            out = tokenizer.apply_chat_template(
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                return_dict=False,
+                **kwargs,
+            )
     except TemplateTimeout as exc:
         raise RequestError(f"{exc}; it was stopped (simplify the template)") from None
-    except Exception as exc:  # jinja2's TemplateError and friends: the messages don't fit the template
-        raise RequestError(f"the chat template rejected these messages: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    except (
+        Exception
+    ) as exc:  # jinja2's TemplateError and friends: the messages don't fit the template
+        raise RequestError(
+            f"the chat template rejected these messages: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
     return list(out)
 
 

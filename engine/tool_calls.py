@@ -43,7 +43,11 @@ class ToolCall:
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
     def to_openai(self, index: int | None = None) -> dict[str, Any]:
-        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        call = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
         return call if index is None else {"index": index, **call}
 
 
@@ -56,7 +60,9 @@ def parse_call(text: str, arguments_key: str = "arguments") -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get(arguments_key, obj.get("arguments", obj.get("parameters", {})))
-    return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+    return ToolCall(
+        obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    )
 
 
 class ToolCallParser:
@@ -64,7 +70,9 @@ class ToolCallParser:
 
     def __init__(self, tool_format: str) -> None:
         self.format = tool_format
-        self.state = "opening"  # opening -> text | call | after (whitespace after a call) | json (llama3)
+        self.state = (
+            "opening"  # opening -> text | call | after (whitespace after a call) | json (llama3)
+        )
         self.pending = ""
 
     def push(self, text: str) -> tuple[str, list[ToolCall]]:
@@ -89,9 +97,13 @@ class ToolCallParser:
             if self.state == "text":
                 start = self.pending.find(CALL_START) if self.format == "hermes" else -1
                 if start < 0:
-                    keep = partial_tag_at_end(self.pending, CALL_START) if self.format == "hermes" else 0
-                    content += self.pending[:len(self.pending) - keep]
-                    self.pending = self.pending[len(self.pending) - keep:]
+                    keep = (
+                        partial_tag_at_end(self.pending, CALL_START)
+                        if self.format == "hermes"
+                        else 0
+                    )
+                    content += self.pending[: len(self.pending) - keep]
+                    self.pending = self.pending[len(self.pending) - keep :]
                     return content, calls
                 content += self.pending[:start]
                 self.pending, self.state = self.pending[start:], "call"
@@ -99,14 +111,17 @@ class ToolCallParser:
                 end = self.pending.find(CALL_END)
                 if end < 0:
                     return content, calls
-                block = self.pending[:end + len(CALL_END)]
-                call = parse_call(block[len(CALL_START):-len(CALL_END)].strip())
+                block = self.pending[: end + len(CALL_END)]
+                call = parse_call(block[len(CALL_START) : -len(CALL_END)].strip())
                 if call is None:
                     content += block
                 else:
                     calls.append(call)
                 # after a call, the blank lines before the next are not content
-                self.pending, self.state = self.pending[end + len(CALL_END):], "after" if call is not None else "text"
+                self.pending, self.state = (
+                    self.pending[end + len(CALL_END) :],
+                    "after" if call is not None else "text",
+                )
 
     def flush(self) -> tuple[str, list[ToolCall]]:
         """The reply ended: a whole llama3 reply is parsed now; unfinished blocks stay content."""

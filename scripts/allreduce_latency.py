@@ -57,9 +57,17 @@ def in_graph(op, x: torch.Tensor) -> float:
 def rank_main(rank: int, world: int, port: int) -> None:
     device = torch.device(f"cuda:{rank}")
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=device)
-    row: dict = {"bench": "allreduce", "gpus": world, "device": torch.cuda.get_device_name(device), "bytes": HIDDEN * 2,
-                 "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=device
+    )
+    row: dict = {
+        "bench": "allreduce",
+        "gpus": world,
+        "device": torch.cuda.get_device_name(device),
+        "bytes": HIDDEN * 2,
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+    }
     x = torch.randn(HIDDEN, dtype=torch.bfloat16, device=device) * 0.01
 
     def nccl(t: torch.Tensor) -> None:
@@ -78,7 +86,11 @@ def rank_main(rank: int, world: int, port: int) -> None:
         def one_shot(t: torch.Tensor) -> None:
             torch.ops.symm_mem.one_shot_all_reduce_out(buf, "sum", group, out)
 
-        ref = torch.arange(HIDDEN, device=device, dtype=torch.float32).to(torch.bfloat16) * (rank + 1) / 1000
+        ref = (
+            torch.arange(HIDDEN, device=device, dtype=torch.float32).to(torch.bfloat16)
+            * (rank + 1)
+            / 1000
+        )
         buf.copy_(ref)
         expected = ref.clone()
         dist.all_reduce(expected)
@@ -90,14 +102,20 @@ def rank_main(rank: int, world: int, port: int) -> None:
         row["one_shot_eager_us"] = round(timed(lambda: one_shot(buf), REPEAT), 2)
         row["one_shot_graph_us"] = round(in_graph(one_shot, buf), 2)
     except Exception as exc:  # not in this build, or not on this machine: say why
-        row["one_shot_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        row["one_shot_error"] = (
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        )
     if rank == 0:
         row["per_token_ms_nccl_graph"] = round(row["nccl_graph_us"] * PER_TOKEN / 1000, 3)
         if "one_shot_graph_us" in row:
-            row["per_token_ms_one_shot_graph"] = round(row["one_shot_graph_us"] * PER_TOKEN / 1000, 3)
+            row["per_token_ms_one_shot_graph"] = round(
+                row["one_shot_graph_us"] * PER_TOKEN / 1000, 3
+            )
         print(json.dumps(row), flush=True)
     sys.stdout.flush()
-    os._exit(0)  # NCCL's teardown after graph capture can hang (pytorch#115388); nothing is left to do
+    os._exit(
+        0
+    )  # NCCL's teardown after graph capture can hang (pytorch#115388); nothing is left to do
 
 
 if __name__ == "__main__":

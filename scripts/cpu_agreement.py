@@ -56,15 +56,19 @@ def teacher_forced_logits(llm: LLM, ids: list[int], one_row: bool, start: int = 
     activations); else all positions in batched prefills (many rows: the products widen the
     weights to float32). Batched first: it fills the prefix cache for the one-row pass."""
     captured: list[torch.Tensor] = []
-    hook = llm.engine.model.register_forward_hook(lambda mod, inp, out: captured.append(out.detach().clone()))
+    hook = llm.engine.model.register_forward_hook(
+        lambda mod, inp, out: captured.append(out.detach().clone())
+    )
     prompts = [ids[:n] for n in range(start, len(ids))]
-    for batch in ([[p] for p in prompts] if one_row else [prompts]):
+    for batch in [[p] for p in prompts] if one_row else [prompts]:
         llm.generate(batch, SamplingParams(max_tokens=1, temperature=0))
     hook.remove()
     return torch.cat(captured)
 
 
-def llamacpp_teacher_forced_logits(gguf: str, ids: list[int], start: int = 8) -> torch.Tensor | None:
+def llamacpp_teacher_forced_logits(
+    gguf: str, ids: list[int], start: int = 8
+) -> torch.Tensor | None:
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -77,14 +81,22 @@ def llamacpp_teacher_forced_logits(gguf: str, ids: list[int], start: int = 8) ->
 
 def agreement(ours: torch.Tensor, ref: torch.Tensor) -> dict:
     """Top-1 agreement and KL(reference || ours) per position."""
-    kl = F.kl_div(ours.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="none").sum(-1)
-    return {"positions": ours.shape[0], "top1_agreement": round((ours.argmax(-1) == ref.argmax(-1)).float().mean().item(), 4),
-            "mean_kl": round(kl.mean().item(), 5), "max_kl": round(kl.max().item(), 4),
-            "logit_rel_error": round(((ours - ref).norm() / ref.norm()).item(), 4)}
+    kl = F.kl_div(ours.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="none").sum(
+        -1
+    )
+    return {
+        "positions": ours.shape[0],
+        "top1_agreement": round((ours.argmax(-1) == ref.argmax(-1)).float().mean().item(), 4),
+        "mean_kl": round(kl.mean().item(), 5),
+        "max_kl": round(kl.max().item(), 4),
+        "logit_rel_error": round(((ours - ref).norm() / ref.norm()).item(), 4),
+    }
 
 
 def greedy(llm: LLM, prompt_ids: list[int], tokens: int) -> list[int]:
-    [res] = llm.generate([prompt_ids], SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+    [res] = llm.generate(
+        [prompt_ids], SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    )
     return res.token_ids
 
 
@@ -115,32 +127,65 @@ def kv_dtype_agreement(model: str | None, kv_dtype: str, tokens: int) -> None:
     ids = narrow.encode(TEXT)
     for one_row in (False, True):
         name = "teacher_forced_one_row" if one_row else "teacher_forced_batched"
-        ours, ref = teacher_forced_logits(narrow, ids, one_row), teacher_forced_logits(wide, ids, one_row)
+        ours, ref = (
+            teacher_forced_logits(narrow, ids, one_row),
+            teacher_forced_logits(wide, ids, one_row),
+        )
         print(json.dumps({name: agreement(ours, ref), "kv_dtype": kv_dtype}))
     for prompt in PROMPTS:
         ids = narrow.encode(prompt, chat=True)
         ours, ref = greedy(narrow, ids, tokens), greedy(wide, ids, tokens)
-        print(json.dumps({"prompt": prompt, f"{kv_dtype}_vs_float32_kv": same_prefix(ours, ref), "tokens": tokens,
-                          "reply": narrow.decode(ours)[:80]}))
+        print(
+            json.dumps(
+                {
+                    "prompt": prompt,
+                    f"{kv_dtype}_vs_float32_kv": same_prefix(ours, ref),
+                    "tokens": tokens,
+                    "reply": narrow.decode(ours)[:80],
+                }
+            )
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--kv-dtype", default=None, choices=["float16", "bfloat16"],
-                        help="compare this KV cache with a float32 one instead")
+    parser.add_argument(
+        "--kv-dtype",
+        default=None,
+        choices=["float16", "bfloat16"],
+        help="compare this KV cache with a float32 one instead",
+    )
     args = parser.parse_args()
     if args.kv_dtype is not None:
         kv_dtype_agreement(args.model, args.kv_dtype, args.tokens)
         return
     packed = LLM(args.model, device="cpu", max_kv_tokens=4096, kv_dtype="float32")
-    reference = LLM(args.model, device="cpu", max_kv_tokens=4096, quantization="none", kv_dtype="float32")
+    reference = LLM(
+        args.model, device="cpu", max_kv_tokens=4096, quantization="none", kv_dtype="float32"
+    )
     gguf = str(packed.engine.model_dir / GGUF_WEIGHTS)
     ids = packed.encode(TEXT)
     ref = teacher_forced_logits(reference, ids, one_row=False)
-    print(json.dumps({"teacher_forced_batched": agreement(teacher_forced_logits(packed, ids, one_row=False), ref)}))
-    print(json.dumps({"teacher_forced_one_row": agreement(teacher_forced_logits(packed, ids, one_row=True), ref)}))
+    print(
+        json.dumps(
+            {
+                "teacher_forced_batched": agreement(
+                    teacher_forced_logits(packed, ids, one_row=False), ref
+                )
+            }
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "teacher_forced_one_row": agreement(
+                    teacher_forced_logits(packed, ids, one_row=True), ref
+                )
+            }
+        )
+    )
     llama = llamacpp_teacher_forced_logits(gguf, ids)
     if llama is not None:
         print(json.dumps({"teacher_forced_llamacpp": agreement(llama, ref)}))

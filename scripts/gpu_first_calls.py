@@ -34,13 +34,24 @@ q = torch.randn(8, 16, 128, dtype=torch.bfloat16, device="cuda")
 k = torch.randn(8, 8, 128, dtype=torch.bfloat16, device="cuda")
 cache = torch.randn(4096, 128, device="cuda")
 pos = torch.arange(8, device="cuda")
-flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(pos, q.view(8, -1), k.view(8, -1), 128, cache, is_neox=True)
+flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
+    pos, q.view(8, -1), k.view(8, -1), 128, cache, is_neox=True
+)
 lap("rope first call")
 ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
 dec = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
 kv = torch.randn(64, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
-dec.plan(torch.tensor([0, 8], dtype=torch.int32), torch.arange(8, dtype=torch.int32, device="cuda"), torch.tensor([1], dtype=torch.int32),
-         16, 8, 128, 1, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+dec.plan(
+    torch.tensor([0, 8], dtype=torch.int32),
+    torch.arange(8, dtype=torch.int32, device="cuda"),
+    torch.tensor([1], dtype=torch.int32),
+    16,
+    8,
+    128,
+    1,
+    q_data_type=torch.bfloat16,
+    kv_data_type=torch.bfloat16,
+)
 lap("decode plan (attention module load)")
 dec.run(q[:1], (kv, kv))
 lap("decode run")

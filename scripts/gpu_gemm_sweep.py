@@ -27,18 +27,27 @@ from minisgl_engine.layers.activation import silu_and_mul
 DEV = torch.device("cuda")
 HIDDEN, INTER, QKV, ATTN_OUT = 1024, 3072, 4096, 2048
 # name: (output features, reduction, SwiGLU fused in)
-PRODUCTS = {"qkv": (QKV, HIDDEN, False), "o": (HIDDEN, ATTN_OUT, False), "gate_up": (2 * INTER, HIDDEN, True), "down": (HIDDEN, INTER, False)}
+PRODUCTS = {
+    "qkv": (QKV, HIDDEN, False),
+    "o": (HIDDEN, ATTN_OUT, False),
+    "gate_up": (2 * INTER, HIDDEN, True),
+    "down": (HIDDEN, INTER, False),
+}
 DECODE_ROWS = (16, 32, 64, 96, 128, 192, 256)
 PREFILL_ROWS = 8192
-GRID = [MatmulTiles(m, n, k, w, s) for m, n, k, (w, s) in
-        itertools.product((16, 32, 64, 128), (32, 64, 128), (64, 128), ((4, 3), (8, 4)))]
+GRID = [
+    MatmulTiles(m, n, k, w, s)
+    for m, n, k, (w, s) in itertools.product(
+        (16, 32, 64, 128), (32, 64, 128), (64, 128), ((4, 3), (8, 4))
+    )
+]
 
 
 def inputs(name: str, rows: int):
     n, k, _ = PRODUCTS[name]
     gen = torch.Generator(device=DEV).manual_seed(rows + n + k)
     x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=gen) / k ** 0.5
+    w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=gen) / k**0.5
     return x, w
 
 
@@ -50,7 +59,9 @@ def compile_one(job) -> str:
         matmul(x, w, silu_mul=PRODUCTS[name][2], tiles=tiles)
         torch.cuda.synchronize()
         return ""
-    except Exception as exc:  # a tiling that does not fit (shared memory, registers): left out later too
+    except (
+        Exception
+    ) as exc:  # a tiling that does not fit (shared memory, registers): left out later too
         return f"{name} {tuple(tiles)}: {type(exc).__name__}: {str(exc)[:100]}"
 
 
@@ -62,7 +73,9 @@ def cublas(name: str, x, w):
 
 def main() -> None:
     jobs = [(name, tiles) for name in PRODUCTS for tiles in GRID]
-    with ProcessPoolExecutor(min(14, os.cpu_count() or 4), mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        min(14, os.cpu_count() or 4), mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
         failed = [msg for msg in pool.map(compile_one, jobs) if msg]
     for msg in failed:
         print("  not compiled:", msg)
@@ -85,30 +98,41 @@ def main() -> None:
                     torch.cuda.synchronize()
                     continue
                 if err > 2e-2:
-                    print(f"  {name} rows {rows} {tuple(tiles)}: differs from cuBLAS by {err:.3g}; left out")
+                    print(
+                        f"  {name} rows {rows} {tuple(tiles)}: differs from cuBLAS by {err:.3g}; left out"
+                    )
                     continue
                 times[tiles] = graph_us(call, calls=20, replays=10)
             best = min(times, key=times.get)
             flops = 2 * rows * n * k
-            print(f"{name:8s} rows {rows:5d}: cuBLAS {base:8.2f} us ({flops / base / 1e6:6.1f} TFLOP/s), cuBLASLt {lt:8.2f}, "
-                  f"Triton best {times[best]:8.2f} {tuple(best)} ({base / times[best]:4.2f}x)", flush=True)
+            print(
+                f"{name:8s} rows {rows:5d}: cuBLAS {base:8.2f} us ({flops / base / 1e6:6.1f} TFLOP/s), cuBLASLt {lt:8.2f}, "
+                f"Triton best {times[best]:8.2f} {tuple(best)} ({base / times[best]:4.2f}x)",
+                flush=True,
+            )
             if rows != PREFILL_ROWS:
-                per_layer[rows].update({f"{name} cublas": base, f"{name} lt": lt, f"{name} triton": times[best]})
+                per_layer[rows].update(
+                    {f"{name} cublas": base, f"{name} lt": lt, f"{name} triton": times[best]}
+                )
                 for tiles, us in times.items():
                     ranking[name].setdefault(tiles, []).append(us / base)
     for rows, t in per_layer.items():
         cub = sum(v for key, v in t.items() if key.endswith("cublas"))
         lt = sum(v for key, v in t.items() if key.endswith(" lt"))
         tri = sum(min(t[f"{name} cublas"], t[f"{name} triton"]) for name in PRODUCTS)
-        print(f"rows {rows:4d}: a layer's products (gate/up with SwiGLU) cuBLAS {cub:7.2f} us, cuBLASLt {lt:7.2f}, "
-              f"the faster of cuBLAS / Triton's best per product {tri:7.2f} us: {28 * (cub - tri):6.1f} us less per 28-layer step")
+        print(
+            f"rows {rows:4d}: a layer's products (gate/up with SwiGLU) cuBLAS {cub:7.2f} us, cuBLASLt {lt:7.2f}, "
+            f"the faster of cuBLAS / Triton's best per product {tri:7.2f} us: {28 * (cub - tri):6.1f} us less per 28-layer step"
+        )
     # one tiling per product for every decode row count: the least mean time relative to cuBLAS
     for name, per_tiles in ranking.items():
         full = {t: v for t, v in per_tiles.items() if len(v) == len(DECODE_ROWS)}
         ranked = sorted(full, key=lambda t: sum(full[t]))
         for tiles in ranked[:4]:
-            print(f"{name:8s} tiling {tuple(tiles)}: relative to cuBLAS at rows {DECODE_ROWS}: "
-                  + " ".join(f"{v:.2f}" for v in full[tiles]))
+            print(
+                f"{name:8s} tiling {tuple(tiles)}: relative to cuBLAS at rows {DECODE_ROWS}: "
+                + " ".join(f"{v:.2f}" for v in full[tiles])
+            )
         if ranked:
             print(f"BEST {name} " + ",".join(str(v) for v in ranked[0]))
     sys.stdout.flush()

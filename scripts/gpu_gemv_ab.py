@@ -34,9 +34,24 @@ DT = torch.bfloat16
 
 @triton.jit
 def _gemv_variant_kernel(
-    x_ptr, w_ptr, y_ptr, r_ptr, h_ptr, g_ptr, eps, N, stride_wn, up_offset,
-    K: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, REDUCE: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    r_ptr,
+    h_ptr,
+    g_ptr,
+    eps,
+    N,
+    stride_wn,
+    up_offset,
+    K: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    NORM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    REDUCE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -106,7 +121,9 @@ def _read_kernel(w_ptr, out_ptr, total, BLOCK: tl.constexpr, PER_PROGRAM: tl.con
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     base = pid * PER_PROGRAM
     for i in range(0, PER_PROGRAM, BLOCK):
-        acc += tl.load(w_ptr + base + i + offs, mask=base + i + offs < total, other=0.0).to(tl.float32)
+        acc += tl.load(w_ptr + base + i + offs, mask=base + i + offs < total, other=0.0).to(
+            tl.float32
+        )
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
@@ -116,7 +133,7 @@ class Product:
     def __init__(self, name: str, n: int, k: int, silu: bool, norm: bool) -> None:
         self.name, self.n, self.k, self.silu, self.norm = name, n, k, silu, norm
         rows = 2 * n if silu else n
-        self.w = torch.randn(rows, k, device=DEV, dtype=DT) * k ** -0.5
+        self.w = torch.randn(rows, k, device=DEV, dtype=DT) * k**-0.5
         self.x = torch.randn(1, k, device=DEV, dtype=DT)
         self.r = torch.randn(1, k, device=DEV, dtype=DT)
         self.g = torch.randn(k, device=DEV, dtype=DT)
@@ -127,7 +144,9 @@ class Product:
     def engine(self, block_n: int):
         """The engine's kernel as it runs today (``add_norm_gemv`` / ``gemv``)."""
         if self.norm:
-            return lambda: tk.add_norm_gemv(self.x, self.r, self.g, 1e-6, self.w, silu_mul=self.silu, block_n=block_n, pdl=PDL)[0]
+            return lambda: tk.add_norm_gemv(
+                self.x, self.r, self.g, 1e-6, self.w, silu_mul=self.silu, block_n=block_n, pdl=PDL
+            )[0]
         return lambda: tk.gemv(self.x, self.w, silu_mul=self.silu, block_n=block_n, pdl=PDL)
 
     def engine_tiled(self, block_n: int, block_k: int, warps: int, norm: bool | None = None):
@@ -140,10 +159,30 @@ class Product:
 
         def run():
             tk._gemv_kernel[(triton.cdiv(self.n, block_n),)](
-                x, w, w, self.y, r, h, g, 1e-6, self.n, w.stride(0), w.stride(1), self.n,
-                K=self.k, HAS_BIAS=False, SILU_MUL=self.silu, NORM=norm, BLOCK_N=block_n, BLOCK_K=block_k,
-                USE_PDL=PDL, num_warps=warps, **extra)
+                x,
+                w,
+                w,
+                self.y,
+                r,
+                h,
+                g,
+                1e-6,
+                self.n,
+                w.stride(0),
+                w.stride(1),
+                self.n,
+                K=self.k,
+                HAS_BIAS=False,
+                SILU_MUL=self.silu,
+                NORM=norm,
+                BLOCK_N=block_n,
+                BLOCK_K=block_k,
+                USE_PDL=PDL,
+                num_warps=warps,
+                **extra,
+            )
             return self.y
+
         return run
 
     def variant(self, block_n: int, block_k: int, warps: int, prefetch: bool, reduce: bool):
@@ -153,18 +192,48 @@ class Product:
 
         def run():
             _gemv_variant_kernel[(triton.cdiv(self.n, block_n),)](
-                x, w, self.y, r, h, g, 1e-6, self.n, w.stride(0), self.n,
-                K=self.k, SILU_MUL=self.silu, NORM=self.norm, BLOCK_N=block_n, BLOCK_K=block_k,
-                USE_PDL=PDL, PREFETCH=prefetch, REDUCE=reduce, num_warps=warps, **extra)
+                x,
+                w,
+                self.y,
+                r,
+                h,
+                g,
+                1e-6,
+                self.n,
+                w.stride(0),
+                self.n,
+                K=self.k,
+                SILU_MUL=self.silu,
+                NORM=self.norm,
+                BLOCK_N=block_n,
+                BLOCK_K=block_k,
+                USE_PDL=PDL,
+                PREFETCH=prefetch,
+                REDUCE=reduce,
+                num_warps=warps,
+                **extra,
+            )
             return self.y
+
         return run
 
     def rows(self, block_n: int, per_sm: int):
         """The engine's row-walking plan (``GemvPlan(block_n, per_sm)``)."""
         if self.norm:
-            return lambda: tk.add_norm_gemv(self.x, self.r, self.g, 1e-6, self.w, silu_mul=self.silu, block_n=block_n,
-                                            per_sm=per_sm, pdl=PDL)[0]
-        return lambda: tk.gemv(self.x, self.w, silu_mul=self.silu, block_n=block_n, per_sm=per_sm, pdl=PDL)
+            return lambda: tk.add_norm_gemv(
+                self.x,
+                self.r,
+                self.g,
+                1e-6,
+                self.w,
+                silu_mul=self.silu,
+                block_n=block_n,
+                per_sm=per_sm,
+                pdl=PDL,
+            )[0]
+        return lambda: tk.gemv(
+            self.x, self.w, silu_mul=self.silu, block_n=block_n, per_sm=per_sm, pdl=PDL
+        )
 
     def cublas(self):
         return lambda: F.linear(self.x, self.w)
@@ -176,39 +245,61 @@ class Product:
             x = hh * torch.rsqrt(hh.pow(2).mean(-1, keepdim=True) + 1e-6) * self.g.float()
         y = x @ self.w.float().t()
         if self.silu:
-            gate, up = y[:, :self.n], y[:, self.n:]
+            gate, up = y[:, : self.n], y[:, self.n :]
             y = F.silu(gate) * up
         return y
 
 
 def shapes(config: str) -> list[Product]:
     if config == "8b":
-        return [Product("qkv+norm", 6144, 4096, False, True), Product("o", 4096, 4096, False, False),
-                Product("gate_up+norm+silu", 12288, 4096, True, True), Product("down", 4096, 12288, False, False)]
-    return [Product("qkv+norm", 4096, 1024, False, True), Product("o", 1024, 2048, False, False),
-            Product("gate_up+norm+silu", 3072, 1024, True, True), Product("down", 1024, 3072, False, False)]
+        return [
+            Product("qkv+norm", 6144, 4096, False, True),
+            Product("o", 4096, 4096, False, False),
+            Product("gate_up+norm+silu", 12288, 4096, True, True),
+            Product("down", 4096, 12288, False, False),
+        ]
+    return [
+        Product("qkv+norm", 4096, 1024, False, True),
+        Product("o", 1024, 2048, False, False),
+        Product("gate_up+norm+silu", 3072, 1024, True, True),
+        Product("down", 1024, 3072, False, False),
+    ]
 
 
 def candidates(p: Product) -> dict[str, object]:
     runs: dict[str, object] = {"cuBLAS (no norm, no SiLU)": p.cublas()}
     for block in (4, 8):
         if tk.gemv_block_k(p.k, block):
-            runs[f"engine block {block} (bk {tk.gemv_block_k(p.k, block)}, 4 warps)"] = p.engine(block)
+            runs[f"engine block {block} (bk {tk.gemv_block_k(p.k, block)}, 4 warps)"] = p.engine(
+                block
+            )
     for bn, bk, warps in ((4, 1024, 4), (8, 512, 4), (16, 512, 4), (8, 1024, 8)):
         if p.k % bk == 0:
             runs[f"engine kernel bn {bn} bk {bk} w{warps}"] = p.engine_tiled(bn, bk, warps)
     if p.norm:  # the same tiles without the norm inside: what the norm costs in the product
         for bn in (4, 8):
             if tk.gemv_block_k(p.k, bn):
-                runs[f"engine kernel bn {bn} bk {tk.gemv_block_k(p.k, bn)} w4 WITHOUT the norm"] = p.engine_tiled(bn, tk.gemv_block_k(p.k, bn), 4, norm=False)
+                runs[f"engine kernel bn {bn} bk {tk.gemv_block_k(p.k, bn)} w4 WITHOUT the norm"] = (
+                    p.engine_tiled(bn, tk.gemv_block_k(p.k, bn), 4, norm=False)
+                )
     for prefetch, reduce in ((False, True), (True, True)):
         tag = "+".join(t for t, on in (("prefetch", prefetch), ("reduce", reduce)) if on)
-        for bn, bk, warps in ((4, 1024, 4), (4, 2048, 4), (8, 1024, 4), (16, 512, 8), (4, 512, 2), (4, 2048, 2), (2, 1024, 1)):
+        for bn, bk, warps in (
+            (4, 1024, 4),
+            (4, 2048, 4),
+            (8, 1024, 4),
+            (16, 512, 8),
+            (4, 512, 2),
+            (4, 2048, 2),
+            (2, 1024, 1),
+        ):
             if p.k % bk == 0 and (reduce or bn * bk <= 8192 * warps // 4):
                 runs[f"{tag} bn {bn} bk {bk} w{warps}"] = p.variant(bn, bk, warps, prefetch, reduce)
     for bn in (1, 2, 4):
         for per_sm in (2, 4, 8):
-            runs[f"rows bn {bn} {per_sm}/SM w{tk.gemv_rows_warps(p.k, bn, p.silu)}"] = p.rows(bn, per_sm)
+            runs[f"rows bn {bn} {per_sm}/SM w{tk.gemv_rows_warps(p.k, bn, p.silu)}"] = p.rows(
+                bn, per_sm
+            )
     return runs
 
 
@@ -219,7 +310,11 @@ def read_roof(nbytes: int) -> float:
     for block, per in ((1024, 65536), (2048, 131072), (4096, 262144), (1024, 16384)):
         out = torch.empty(triton.cdiv(w.numel(), per), device=DEV, dtype=torch.float32)
         for warps in (4, 8):
-            us = gpu_time_us(lambda: _read_kernel[(out.numel(),)](w, out, w.numel(), BLOCK=block, PER_PROGRAM=per, num_warps=warps))
+            us = gpu_time_us(
+                lambda: _read_kernel[(out.numel(),)](
+                    w, out, w.numel(), BLOCK=block, PER_PROGRAM=per, num_warps=warps
+                )
+            )
             best = min(best, us)
     return best
 
@@ -232,15 +327,22 @@ def main(config: str) -> None:
     products = shapes(config)
     for p in products:
         roof = read_roof(p.bytes)
-        print(f"-- {p.name} [{p.n}{'x2' if p.silu else ''} x {p.k}] {p.bytes / 1e6:.1f} MB: read-only roof {roof:.2f} us "
-              f"= {p.bytes / roof / 1e6:.2f} TB/s", flush=True)
+        print(
+            f"-- {p.name} [{p.n}{'x2' if p.silu else ''} x {p.k}] {p.bytes / 1e6:.1f} MB: read-only roof {roof:.2f} us "
+            f"= {p.bytes / roof / 1e6:.2f} TB/s",
+            flush=True,
+        )
         ref = p.reference()
         results = []
         for label, fn in candidates(p).items():
             try:
                 out = fn()
                 torch.cuda.synchronize()
-                err = "" if label.startswith("cuBLAS") else f" err {((out.float() - ref).abs().max() / ref.abs().max()).item():.1e}"
+                err = (
+                    ""
+                    if label.startswith("cuBLAS")
+                    else f" err {((out.float() - ref).abs().max() / ref.abs().max()).item():.1e}"
+                )
                 us = gpu_time_us(fn)
             except Exception as exc:  # a variant that does not compile here: report and go on
                 print(f"   {label}: failed: {str(exc).splitlines()[0][:160]}", flush=True)
@@ -251,16 +353,24 @@ def main(config: str) -> None:
         if not engine_runs:
             continue
         best_engine[p.name] = min(engine_runs)[2]
-        best_any[p.name] = min(r for r in results if not r[1].startswith("cuBLAS") and "WITHOUT" not in r[1])[2]
-        print(f"   fastest: {min(results)[1]} ({min(results)[0]:.2f} us); engine's own best {min(engine_runs)[0]:.2f} us", flush=True)
+        best_any[p.name] = min(
+            r for r in results if not r[1].startswith("cuBLAS") and "WITHOUT" not in r[1]
+        )[2]
+        print(
+            f"   fastest: {min(results)[1]} ({min(results)[0]:.2f} us); engine's own best {min(engine_runs)[0]:.2f} us",
+            flush=True,
+        )
     total = sum(p.bytes for p in products)
     if len(best_engine) < len(products):
         return
     for label, chosen in (("engine's choice", best_engine), ("fastest variant of each", best_any)):
         fns = [chosen[p.name] for p in products]
         us = gpu_time_us(lambda: [f() for f in fns], reps=10)
-        print(f"== a layer's four products back to back, {label}: {us:.2f} us = {total / us / 1e6:.2f} TB/s "
-              f"(read-only roof of {total / 1e6:.0f} MB: see above)", flush=True)
+        print(
+            f"== a layer's four products back to back, {label}: {us:.2f} us = {total / us / 1e6:.2f} TB/s "
+            f"(read-only roof of {total / 1e6:.0f} MB: see above)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,14 @@ OUT = os.environ.get("OUT", "/tmp/gpu-check")
 
 
 def make_llm(**overrides) -> LLM:
-    base = dict(dummy_weights=True, config="qwen3-0.6b", device="cuda", dtype="bfloat16",
-                max_kv_tokens=400_000, max_running_requests=256)
+    base = dict(
+        dummy_weights=True,
+        config="qwen3-0.6b",
+        device="cuda",
+        dtype="bfloat16",
+        max_kv_tokens=400_000,
+        max_running_requests=256,
+    )
     return LLM(config=EngineConfig(**{**base, **overrides}))
 
 
@@ -65,7 +71,9 @@ def kernel_table(prof, steps: int, limit: int = 30) -> None:
             rows.append((t, evt.count, evt.key))
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
-    print(f"  GPU time per step {total / steps:.1f} us in {sum(r[1] for r in rows) / steps:.0f} kernels/copies")
+    print(
+        f"  GPU time per step {total / steps:.1f} us in {sum(r[1] for r in rows) / steps:.0f} kernels/copies"
+    )
     for t, n, key in rows[:limit]:
         print(f"  {t / steps:9.1f} us  {n / steps:6.1f}x  {key[:110]}")
 
@@ -77,8 +85,10 @@ def kernel_sequence(graph, first: int) -> None:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.replay()
         torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
     if not kernels:
         return
     busy = sum(e.time_range.elapsed_us() for e in kernels)
@@ -86,16 +96,22 @@ def kernel_sequence(graph, first: int) -> None:
     print(f"  one replay: {len(kernels)} kernels, {busy:.1f} us busy in a {span:.1f} us span")
     previous_end = kernels[0].time_range.start
     for e in kernels[:first]:
-        print(f"  {e.time_range.elapsed_us():7.1f} us (gap {e.time_range.start - previous_end:5.1f})  {e.name[:100]}")
+        print(
+            f"  {e.time_range.elapsed_us():7.1f} us (gap {e.time_range.start - previous_end:5.1f})  {e.name[:100]}"
+        )
         previous_end = e.time_range.end
-    print(f"  ... last kernel: {kernels[-1].time_range.elapsed_us():.1f} us {kernels[-1].name[:100]}")
+    print(
+        f"  ... last kernel: {kernels[-1].time_range.elapsed_us():.1f} us {kernels[-1].name[:100]}"
+    )
 
 
 def decode_until(llm: LLM, bs: int, ctx: int, steps: int):
     """Start ``bs`` requests and run until ``steps`` decode steps of them are done; returns
     the suspended stream (close it to abort them)."""
     vocab = llm.engine.model_config.vocab_size
-    stream = llm.stream(random_prompts(bs, ctx, vocab, seed=bs), SamplingParams(max_tokens=4096, ignore_eos=True))
+    stream = llm.stream(
+        random_prompts(bs, ctx, vocab, seed=bs), SamplingParams(max_tokens=4096, ignore_eos=True)
+    )
     got = 0
     for _ in stream:
         got += 1
@@ -104,7 +120,9 @@ def decode_until(llm: LLM, bs: int, ctx: int, steps: int):
     return stream
 
 
-def graph_replays(llm: LLM, sizes: list[int], ctx: int, label: str, profile_sizes=(1, 256), sequence: int = 0) -> None:
+def graph_replays(
+    llm: LLM, sizes: list[int], ctx: int, label: str, profile_sizes=(1, 256), sequence: int = 0
+) -> None:
     print(f"\n== 1. [{label}] CUDA-graph replay of a decode step, context {ctx} tokens per request")
     runner = llm.engine.graph_runner
     for bs in sizes:
@@ -123,7 +141,9 @@ def graph_replays(llm: LLM, sizes: list[int], ctx: int, label: str, profile_size
         end.record()
         end.synchronize()
         ms = start.elapsed_time(end) / n
-        print(f"[{label}] bs {bs:4d} (graph {size}, {kind} attention): {ms * 1000:8.1f} us per replay")
+        print(
+            f"[{label}] bs {bs:4d} (graph {size}, {kind} attention): {ms * 1000:8.1f} us per replay"
+        )
         if bs in profile_sizes:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(10):
@@ -181,14 +201,25 @@ class Timers:
 
     def report(self, steps: int) -> None:
         for label, t in sorted(self.total.items(), key=lambda kv: -kv[1]):
-            print(f"  {label:28s} {1e6 * t / steps:8.1f} us/step ({self.calls[label] / steps:.1f} calls)")
+            print(
+                f"  {label:28s} {1e6 * t / steps:8.1f} us/step ({self.calls[label] / steps:.1f} calls)"
+            )
 
 
 def host_stages(overlap: bool, trace: str | None = None, **overrides) -> None:
     """Host time per stage of batch-1 decode (``overrides``: other EngineConfig fields, such as
     another model shape); ``trace`` names a Chrome trace of a few steps to write under $OUT."""
-    print(f"\n== 3. host time per stage, batch 1, 128 in, overlap {'on' if overlap else 'off'} {overrides or ''}")
-    llm = make_llm(**{**dict(overlap=overlap, max_kv_tokens=20_000, max_running_requests=16, cuda_graph_max_bs=16), **overrides})
+    print(
+        f"\n== 3. host time per stage, batch 1, 128 in, overlap {'on' if overlap else 'off'} {overrides or ''}"
+    )
+    llm = make_llm(
+        **{
+            **dict(
+                overlap=overlap, max_kv_tokens=20_000, max_running_requests=16, cuda_graph_max_bs=16
+            ),
+            **overrides,
+        }
+    )
     eng, sched = llm.engine, llm.scheduler
     timers = Timers()
     for name in ("schedule", "launch", "collect", "_grow_decode_pages"):
@@ -225,7 +256,9 @@ def host_stages(overlap: bool, trace: str | None = None, **overrides) -> None:
     llm.generate([random_prompts(1, 128, vocab, seed=2)[0]], params)
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
-    print(f"  wall {wall * 1000:.1f} ms for 256 tokens: {wall / 256 * 1e6:.1f} us/token, {256 / wall:.1f} tok/s")
+    print(
+        f"  wall {wall * 1000:.1f} ms for 256 tokens: {wall / 256 * 1e6:.1f} us/token, {256 / wall:.1f} tok/s"
+    )
     timers.report(256)
     engine_module.StepResult.tokens = original_tokens
     prof = cProfile.Profile()
@@ -270,7 +303,17 @@ def offline_split(max_prefill_tokens: int) -> None:
         start.record()
         result = forward(batch, *args, **kwargs)
         end.record()
-        records.append((batch.phase, batch.size, batch.num_tokens, start, end, time.perf_counter() - t0, kv_tokens))
+        records.append(
+            (
+                batch.phase,
+                batch.size,
+                batch.num_tokens,
+                start,
+                end,
+                time.perf_counter() - t0,
+                kv_tokens,
+            )
+        )
         return result
 
     eng.forward_batch = timed_forward
@@ -296,18 +339,25 @@ def offline_split(max_prefill_tokens: int) -> None:
         key = phase if phase == "prefill" else f"decode bs {top - 31:3d}-{top}"
         groups[key].append((s.elapsed_time(e), host, ntok, bs, kv_tokens))
     gpu_total = 0.0
-    for key in sorted(groups, key=lambda k: (k == "prefill", int(k.split()[2].split("-")[0]) if k != "prefill" else 0)):
+    for key in sorted(
+        groups,
+        key=lambda k: (k == "prefill", int(k.split()[2].split("-")[0]) if k != "prefill" else 0),
+    ):
         rows = groups[key]
         gpu = sum(r[0] for r in rows)
         gpu_total += gpu
         host = sum(r[1] for r in rows)
         kv = sum(r[4] for r in rows)
         floor_ms = 1000 * (len(rows) * weights + kv * kv_per_token) / bandwidth
-        print(f"  {key:18s} {len(rows):5d} steps  GPU {gpu / 1000:6.2f} s ({gpu / len(rows):6.2f} ms/step)  "
-              f"host in forward_batch {host:6.2f} s ({1000 * host / len(rows):6.2f} ms/step)  tokens {sum(r[2] for r in rows)}  "
-              f"K/V read {kv * kv_per_token / 1e9:6.1f} GB, context {kv / sum(r[3] for r in rows):6.0f} per request  "
-              f"floor {floor_ms / 1000:5.2f} s ({100 * floor_ms / gpu:3.0f}% reached)")
-    print(f"  GPU busy in steps {gpu_total / 1000:.2f} s of {wall:.2f} s wall ({100 * gpu_total / 1000 / wall:.0f}%)")
+        print(
+            f"  {key:18s} {len(rows):5d} steps  GPU {gpu / 1000:6.2f} s ({gpu / len(rows):6.2f} ms/step)  "
+            f"host in forward_batch {host:6.2f} s ({1000 * host / len(rows):6.2f} ms/step)  tokens {sum(r[2] for r in rows)}  "
+            f"K/V read {kv * kv_per_token / 1e9:6.1f} GB, context {kv / sum(r[3] for r in rows):6.0f} per request  "
+            f"floor {floor_ms / 1000:5.2f} s ({100 * floor_ms / gpu:3.0f}% reached)"
+        )
+    print(
+        f"  GPU busy in steps {gpu_total / 1000:.2f} s of {wall:.2f} s wall ({100 * gpu_total / 1000 / wall:.0f}%)"
+    )
     llm = None
     cleanup()
 
@@ -315,8 +365,11 @@ def offline_split(max_prefill_tokens: int) -> None:
 def busy_and_span(prof) -> tuple[float, float, int]:
     """GPU time covered by at least one kernel or copy, the span from the first one's start to
     the last one's end (both us), and how many there were: the rest of the span the GPU idled."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
     if not spans:
         return 0.0, 0.0, 0
     busy, (start, end) = 0.0, spans[0]
@@ -354,11 +407,24 @@ def offline_idle(max_prefill_tokens: int = 8192, window: int = 20, kernels: int 
     llm, prompts, params = offline_engine(max_prefill_tokens)
     eng = llm.engine
     targets = [256, 192, 128, 64, 16]
-    state = {"prof": None, "steps": 0, "sizes": [], "t0": 0.0, "phase": "decode", "prefill_traced": not kernels}
+    state = {
+        "prof": None,
+        "steps": 0,
+        "sizes": [],
+        "t0": 0.0,
+        "phase": "decode",
+        "prefill_traced": not kernels,
+    }
     forward = eng.forward_batch
 
     def start(phase: str) -> None:
-        state.update(prof=profile(activities=[ProfilerActivity.CUDA]), steps=0, sizes=[], t0=time.perf_counter(), phase=phase)
+        state.update(
+            prof=profile(activities=[ProfilerActivity.CUDA]),
+            steps=0,
+            sizes=[],
+            t0=time.perf_counter(),
+            phase=phase,
+        )
         state["prof"].start()
 
     def traced_forward(batch, *args, **kwargs):
@@ -381,15 +447,24 @@ def offline_idle(max_prefill_tokens: int = 8192, window: int = 20, kernels: int 
                 wall = time.perf_counter() - state["t0"]
                 busy, span, count = busy_and_span(prof)
                 sizes = state["sizes"]
-                what = f"prefill of {sum(sizes)} tokens" if batch.phase == "prefill" else f"decode batch {max(sizes):3d}-{min(sizes):3d}"
-                print(f"  {what}: {steps} steps, GPU span {span / steps / 1000:6.2f} ms/step, "
-                      f"busy {busy / steps / 1000:6.2f} ms/step ({100 * busy / span:3.0f}%), {count / steps:.0f} kernels/step; "
-                      f"CPU wall {1000 * wall / steps:6.2f} ms/step (with the tracer's stop)", flush=True)
+                what = (
+                    f"prefill of {sum(sizes)} tokens"
+                    if batch.phase == "prefill"
+                    else f"decode batch {max(sizes):3d}-{min(sizes):3d}"
+                )
+                print(
+                    f"  {what}: {steps} steps, GPU span {span / steps / 1000:6.2f} ms/step, "
+                    f"busy {busy / steps / 1000:6.2f} ms/step ({100 * busy / span:3.0f}%), {count / steps:.0f} kernels/step; "
+                    f"CPU wall {1000 * wall / steps:6.2f} ms/step (with the tracer's stop)",
+                    flush=True,
+                )
                 if kernels:
                     kernel_table(prof, steps, limit=kernels)
         return result
 
-    print(f"  wall {generate_through(llm, traced_forward, prompts, params):.2f} s (with the traces)")
+    print(
+        f"  wall {generate_through(llm, traced_forward, prompts, params):.2f} s (with the traces)"
+    )
     llm.scheduler.drain()
     llm = None
     cleanup()
@@ -401,7 +476,9 @@ def offline_prefill_host(max_prefill_tokens: int = 8192, with_cprofile: bool = F
     GPU time (CUDA events), the prefill phase's wall time (first prefill step to first decode
     step); ``with_cprofile``: a cProfile of the host over the prefill phase too (first step apart:
     it meets the 8,192-token shapes first), which slows the host it measures."""
-    print(f"\n== 6. offline workload, host side of the prefill steps (--max-prefill-tokens {max_prefill_tokens})")
+    print(
+        f"\n== 6. offline workload, host side of the prefill steps (--max-prefill-tokens {max_prefill_tokens})"
+    )
     llm, prompts, params = offline_engine(max_prefill_tokens)
     eng = llm.engine
     forward = eng.forward_batch
@@ -433,18 +510,31 @@ def offline_prefill_host(max_prefill_tokens: int = 8192, with_cprofile: bool = F
         start.record()
         result = forward(batch, *args, **kwargs)
         end.record()
-        records.append((batch.num_tokens, batch.size, now - state["prev"] if state["prev"] else 0.0, time.perf_counter() - now, start, end))
+        records.append(
+            (
+                batch.num_tokens,
+                batch.size,
+                now - state["prev"] if state["prev"] else 0.0,
+                time.perf_counter() - now,
+                start,
+                end,
+            )
+        )
         state["prev"] = now
         return result
 
     print(f"  wall {generate_through(llm, traced_forward, prompts, params):.2f} s")
     for i, (ntok, bs, since, host, s, e) in enumerate(records):
-        print(f"  prefill step {i:2d}: {ntok:5d} tokens of {bs:3d} requests  since previous {1000 * since:7.2f} ms  "
-              f"host in forward_batch {1000 * host:6.2f} ms  GPU {s.elapsed_time(e):6.2f} ms")
+        print(
+            f"  prefill step {i:2d}: {ntok:5d} tokens of {bs:3d} requests  since previous {1000 * since:7.2f} ms  "
+            f"host in forward_batch {1000 * host:6.2f} ms  GPU {s.elapsed_time(e):6.2f} ms"
+        )
     rest = records[1:]
-    print(f"  prefill phase: {len(records)} steps in {1000 * (state['phase_end'] - state['first']):.1f} ms (first prefill step to "
-          f"first decode step); steps after the first: host in forward_batch {1000 * sum(r[3] for r in rest) / len(rest):.2f} ms, "
-          f"GPU {sum(r[4].elapsed_time(r[5]) for r in rest) / len(rest):.2f} ms, apart {1000 * sum(r[2] for r in rest) / len(rest):.2f} ms a step")
+    print(
+        f"  prefill phase: {len(records)} steps in {1000 * (state['phase_end'] - state['first']):.1f} ms (first prefill step to "
+        f"first decode step); steps after the first: host in forward_batch {1000 * sum(r[3] for r in rest) / len(rest):.2f} ms, "
+        f"GPU {sum(r[4].elapsed_time(r[5]) for r in rest) / len(rest):.2f} ms, apart {1000 * sum(r[2] for r in rest) / len(rest):.2f} ms a step"
+    )
     for name, prof in profiles.items() if with_cprofile else ():
         text = io.StringIO()
         print(f"  -- cProfile, {name} prefill step(s), by own time")
@@ -465,7 +555,9 @@ def cleanup() -> None:
     torch.cuda.empty_cache()
 
 
-def replays(sizes: list[int], ctx: int, label: str, profile_sizes=(), sequence: int = 0, **overrides) -> None:
+def replays(
+    sizes: list[int], ctx: int, label: str, profile_sizes=(), sequence: int = 0, **overrides
+) -> None:
     """:func:`graph_replays` on an engine of its own (``overrides``: EngineConfig fields), freed after."""
     llm = make_llm(**overrides)
     graph_replays(llm, sizes, ctx=ctx, label=label, profile_sizes=profile_sizes, sequence=sequence)
@@ -486,7 +578,13 @@ def tensor_core_decode():
         backend.decode_uses_tensor_cores = rule
 
 
-ATTENTION_KERNELS = ("BatchDecode", "BatchPrefill", "MergeStates", "merge_state", "_decode_attention")
+ATTENTION_KERNELS = (
+    "BatchDecode",
+    "BatchPrefill",
+    "MergeStates",
+    "merge_state",
+    "_decode_attention",
+)
 
 
 def attention_bandwidth(sizes: list[int], ctx: int, label: str, **overrides) -> None:
@@ -497,7 +595,9 @@ def attention_bandwidth(sizes: list[int], ctx: int, label: str, **overrides) -> 
 
     llm = make_llm(**overrides)
     mc, runner = llm.engine.model_config, llm.engine.graph_runner
-    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, llm.engine.kv_dtype)
+    kv_per_token = KVPool.bytes_per_token(
+        mc.num_layers, mc.num_kv_heads, mc.head_dim, llm.engine.kv_dtype
+    )
     for bs in sizes:
         stream = decode_until(llm, bs, ctx, 4)
         size, kind = runner.last_graph
@@ -520,8 +620,10 @@ def attention_bandwidth(sizes: list[int], ctx: int, label: str, **overrides) -> 
                 names.add(evt.key[:40])
         total, attention = total / steps, attention / steps
         kv_bytes = bs * (ctx + 5) * kv_per_token  # the prompt, the decoded tokens and this step's
-        print(f"[{label}] bs {bs:4d} ctx {ctx:5d} ({kind} graph {size}): step {total:7.1f} us, attention {attention:7.1f} us "
-              f"= {kv_bytes / attention / 1e6:5.2f} TB/s of K/V, the rest {total - attention:6.1f} us  {sorted(names)}")
+        print(
+            f"[{label}] bs {bs:4d} ctx {ctx:5d} ({kind} graph {size}): step {total:7.1f} us, attention {attention:7.1f} us "
+            f"= {kv_bytes / attention / 1e6:5.2f} TB/s of K/V, the rest {total - attention:6.1f} us  {sorted(names)}"
+        )
         stream.close()
     llm = None
     cleanup()
@@ -534,7 +636,9 @@ def offline_levers() -> None:
     offline_idle(8192)
     sizes, ctx = [16, 64, 128, 256], 1024  # the workload's mean context is about 1,000 tokens
     attention_bandwidth(sizes, ctx, "flashinfer", max_kv_tokens=300_000)
-    with mock.patch.dict(os.environ, MINISGL_DECODE_ATTENTION="triton"):  # read when an engine starts
+    with mock.patch.dict(
+        os.environ, MINISGL_DECODE_ATTENTION="triton"
+    ):  # read when an engine starts
         attention_bandwidth(sizes, ctx, "triton", max_kv_tokens=300_000)
     with tensor_core_decode():
         attention_bandwidth(sizes, ctx, "flashinfer tensor cores", max_kv_tokens=300_000)
@@ -542,24 +646,45 @@ def offline_levers() -> None:
 
 def step_8b() -> None:
     """The 8B shape's batch-1 decode step, kernel by kernel."""
-    replays([1], 128, "8b", profile_sizes=(1,), sequence=24, config="qwen3-8b", max_kv_tokens=20_000,
-            max_running_requests=16, cuda_graph_max_bs=16)
+    replays(
+        [1],
+        128,
+        "8b",
+        profile_sizes=(1,),
+        sequence=24,
+        config="qwen3-8b",
+        max_kv_tokens=20_000,
+        max_running_requests=16,
+        cuda_graph_max_bs=16,
+    )
 
 
 def step_06b() -> None:
     """The 0.6B shape's batch-1 decode step, kernel by kernel, at 128 and 2,048 tokens of context."""
     for ctx in (128, 2048):
-        replays([1], ctx, f"0.6b ctx {ctx}", profile_sizes=(1,), sequence=16, max_kv_tokens=20_000,
-                max_running_requests=16, cuda_graph_max_bs=16)
+        replays(
+            [1],
+            ctx,
+            f"0.6b ctx {ctx}",
+            profile_sizes=(1,),
+            sequence=16,
+            max_kv_tokens=20_000,
+            max_running_requests=16,
+            cuda_graph_max_bs=16,
+        )
 
 
 def throughput() -> None:
     """The large batches of the offline workload and the 8B shape's batch-1 step."""
-    replays([64, 128, 256], 512, "0.6b", profile_sizes=(64, 256), sequence=16, max_kv_tokens=300_000)
+    replays(
+        [64, 128, 256], 512, "0.6b", profile_sizes=(64, 256), sequence=16, max_kv_tokens=300_000
+    )
     replays([256], 1024, "0.6b", max_kv_tokens=300_000)
     offline_split(8192)
     with tensor_core_decode():
-        replays([64, 256], 512, "0.6b tensor-core decode", profile_sizes=(256,), max_kv_tokens=300_000)
+        replays(
+            [64, 256], 512, "0.6b tensor-core decode", profile_sizes=(256,), max_kv_tokens=300_000
+        )
     step_8b()
 
 
@@ -567,18 +692,42 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="the default configuration only: graph replays and host stages")
-    parser.add_argument("--throughput", action="store_true",
-                        help="what issue 18's open goals need: large-batch replays, the offline split, the 8B's batch-1 step")
-    parser.add_argument("--offline", action="store_true",
-                        help="goal 2: the offline workload's steps against their floors, and each decode attention's K/V bandwidth")
-    parser.add_argument("--offline-kernels", action="store_true",
-                        help="goal 2: the offline workload's prefill and decode windows kernel by kernel (the sampler's included)")
-    parser.add_argument("--prefill-host", action="store_true",
-                        help="goal 2: the host side of the offline workload's prefill steps (per-step times)")
-    parser.add_argument("--prefill-host-cprofile", action="store_true", help="--prefill-host with a cProfile of the prefill phase")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the default configuration only: graph replays and host stages",
+    )
+    parser.add_argument(
+        "--throughput",
+        action="store_true",
+        help="what issue 18's open goals need: large-batch replays, the offline split, the 8B's batch-1 step",
+    )
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="goal 2: the offline workload's steps against their floors, and each decode attention's K/V bandwidth",
+    )
+    parser.add_argument(
+        "--offline-kernels",
+        action="store_true",
+        help="goal 2: the offline workload's prefill and decode windows kernel by kernel (the sampler's included)",
+    )
+    parser.add_argument(
+        "--prefill-host",
+        action="store_true",
+        help="goal 2: the host side of the offline workload's prefill steps (per-step times)",
+    )
+    parser.add_argument(
+        "--prefill-host-cprofile",
+        action="store_true",
+        help="--prefill-host with a cProfile of the prefill phase",
+    )
     parser.add_argument("--step-8b", action="store_true", help="the 8B shape's batch-1 step alone")
-    parser.add_argument("--step-06b", action="store_true", help="the 0.6B shape's batch-1 step alone (128 and 2,048 tokens)")
+    parser.add_argument(
+        "--step-06b",
+        action="store_true",
+        help="the 0.6B shape's batch-1 step alone (128 and 2,048 tokens)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     if args.step_8b or args.step_06b:
@@ -605,9 +754,17 @@ def main() -> None:
     llm = None
     cleanup()
     if not args.quick:
-        replays([1, 8, 64, 256], 512, "no fused kernels", max_kv_tokens=150_000, fused_kernels=False)
+        replays(
+            [1, 8, 64, 256], 512, "no fused kernels", max_kv_tokens=150_000, fused_kernels=False
+        )
         with tensor_core_decode():
-            replays([1, 8, 64, 256], 512, "tensor-core decode", profile_sizes=(256,), max_kv_tokens=150_000)
+            replays(
+                [1, 8, 64, 256],
+                512,
+                "tensor-core decode",
+                profile_sizes=(256,),
+                max_kv_tokens=150_000,
+            )
     host_stages(overlap=True)
     cleanup()
     if not args.quick:

@@ -36,13 +36,24 @@ def profile_rank(rank: int, tp: int, addr: str, shape: str) -> None:
     out = open(os.devnull, "w") if rank else contextlib.nullcontext(sys.stdout)
     with out as stream, contextlib.redirect_stdout(stream):
         label = f"{shape} tp {tp}"
-        llm = gpu_profile.make_llm(config=shape, tp=tp, device=str(device), max_kv_tokens=50_000,
-                                   max_running_requests=16, cuda_graph_max_bs=16)
+        llm = gpu_profile.make_llm(
+            config=shape,
+            tp=tp,
+            device=str(device),
+            max_kv_tokens=50_000,
+            max_running_requests=16,
+            cuda_graph_max_bs=16,
+        )
         gpu_profile.graph_replays(llm, [1, 8], ctx=512, label=label, profile_sizes=(1,))
         llm = None
         gpu_profile.cleanup()
-        gpu_profile.host_stages(overlap=True, trace="trace_tp2.json" if tp > 1 and rank == 0 else None,
-                                config=shape, tp=tp, device=str(device))
+        gpu_profile.host_stages(
+            overlap=True,
+            trace="trace_tp2.json" if tp > 1 and rank == 0 else None,
+            config=shape,
+            tp=tp,
+            device=str(device),
+        )
         gpu_profile.cleanup()
     shutdown_tp()
 
@@ -60,8 +71,13 @@ def main() -> None:
     args = parser.parse_args()
     for tp in args.tp:
         print(f"\n######## --tp {tp}", flush=True)
-        mp.start_processes(profile_rank, args=(tp, f"127.0.0.1:{free_port()}", args.config), nprocs=tp,
-                           join=True, start_method="spawn")
+        mp.start_processes(
+            profile_rank,
+            args=(tp, f"127.0.0.1:{free_port()}", args.config),
+            nprocs=tp,
+            join=True,
+            start_method="spawn",
+        )
 
 
 if __name__ == "__main__":

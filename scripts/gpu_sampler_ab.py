@@ -20,5 +20,8 @@ for rows in (16, 64, 128, 256):
     gumbel = graph_us(lambda: gumbel_sample(logits, temps, 1234))
     before = graph_us(lambda: flashinfer.sampling.sampling_from_logits(logits / temps.unsqueeze(1)))
     read_us = rows * VOCAB * 4 / 4.24e6  # the logits read once at the copy bandwidth
-    print(f"rows {rows:3d}: Gumbel-max kernel {gumbel:7.1f} us, divide + FlashInfer {before:7.1f} us, "
-          f"one read of the logits at 4.24 TB/s {read_us:6.1f} us", flush=True)
+    print(
+        f"rows {rows:3d}: Gumbel-max kernel {gumbel:7.1f} us, divide + FlashInfer {before:7.1f} us, "
+        f"one read of the logits at 4.24 TB/s {read_us:6.1f} us",
+        flush=True,
+    )

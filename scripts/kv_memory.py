@@ -23,8 +23,10 @@ from pathlib import Path
 
 import psutil
 
-WORDS = ("the river runs past the old mill where the miller keeps his grain and the children play by the water "
-         "while the town sleeps under a grey sky ").split()
+WORDS = (
+    "the river runs past the old mill where the miller keeps his grain and the children play by the water "
+    "while the town sleeps under a grey sky "
+).split()
 
 
 def memory_kb(pid: int) -> dict[str, int]:
@@ -50,7 +52,9 @@ def wait_ready(port: int) -> str:
     for _ in range(1200):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-            return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read())["data"][0]["id"]
+            return json.loads(
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+            )["data"][0]["id"]
         except OSError:  # not listening yet, or 503 while starting
             time.sleep(0.5)
     raise RuntimeError("the server did not come up")
@@ -58,10 +62,17 @@ def wait_ready(port: int) -> str:
 
 def chat(port: int, model: str, prompt_tokens: int) -> dict:
     text = " ".join(WORDS[i % len(WORDS)] for i in range(int(prompt_tokens * 0.95)))
-    body = {"model": model, "messages": [{"role": "user", "content": text + "\nSummarise this."}],
-            "max_tokens": 64, "temperature": 0}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": text + "\nSummarise this."}],
+        "max_tokens": 64,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
     return json.loads(urllib.request.urlopen(request, timeout=1200).read())
 
 
@@ -69,15 +80,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-tokens", type=int, default=8000)
     parser.add_argument("--idle", type=float, default=15.0)
-    parser.add_argument("--long-idle", type=float, default=0.0,
-                        help="then read again after this many seconds idle in all (610: past the prefix cache's eviction)")
+    parser.add_argument(
+        "--long-idle",
+        type=float,
+        default=0.0,
+        help="then read again after this many seconds idle in all (610: past the prefix cache's eviction)",
+    )
     parser.add_argument("--port", type=int, default=19391)
     parser.add_argument("serve_args", nargs="*")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so that the server is stopped too
-    command = [sys.executable, "-c", "from minisgl_app.cli import main; main()", "serve", "--port", str(args.port),
-               "--device", "cpu", *args.serve_args]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    command = [
+        sys.executable,
+        "-c",
+        "from minisgl_app.cli import main; main()",
+        "serve",
+        "--port",
+        str(args.port),
+        "--device",
+        "cpu",
+        *args.serve_args,
+    ]
+    server = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy()
+    )
     try:
         model = wait_ready(args.port)
         pid = scheduler_pid(server)

@@ -35,8 +35,10 @@ def send(page, text: str) -> None:
 
 def main(url: str) -> None:
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
         page = browser.new_page(viewport={"width": 1280, "height": 820})
         page.goto(f"{url}/")
         page.wait_for_selector("#msg-input textarea", timeout=60_000)
@@ -45,7 +47,9 @@ def main(url: str) -> None:
         page.click("#new-chat-btn")
         send(page, "What is the capital of France?")
         wait_for_stats(page, 1)
-        page.locator("#chatbot .message-row").last.hover()  # Retry sits under the reply's stats line
+        page.locator(
+            "#chatbot .message-row"
+        ).last.hover()  # Retry sits under the reply's stats line
         page.click("#chatbot button[aria-label='Retry']")
         time.sleep(1)
         wait_for_stats(page, 1)

@@ -16,14 +16,28 @@ from minisgl_engine.weights.demo import demo_model_dir
 from minisgl_engine.weights.gguf_convert import is_complete
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 BROWSER_MARKS = [
     pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
-    pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason="Debian's chromium is not installed (apt-get install chromium)",
+    ),
+    pytest.mark.skipif(
+        not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`"
+    ),
 ]
-ARTIFACTS = Path(os.environ.get("MINISGL_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+ARTIFACTS = Path(
+    os.environ.get("MINISGL_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts")
+)
 
 # A message's own text: a reply's stats line and the versions line under a message are messages
 # of their own, shown as a collapsed `.thought-group` (so is a reasoning model's thinking).
@@ -54,7 +68,9 @@ def wait_page_loaded(page, status: str = "running", timeout: float = 60) -> None
     line says ``status``. Not the status line alone: the once-a-second tick draws it too, sometimes
     before the load's answer, whose settings then overwrite what a test typed first."""
     page.wait_for_selector("body[data-chat-loaded='1']", state="attached", timeout=timeout * 1000)
-    assert wait_until(lambda: status in page.inner_text("#status-line"), timeout), page.inner_text("#status-line")
+    assert wait_until(lambda: status in page.inner_text("#status-line"), timeout), page.inner_text(
+        "#status-line"
+    )
 
 
 def open_new_chat(page, timeout: float = 30) -> None:
@@ -62,8 +78,13 @@ def open_new_chat(page, timeout: float = 30) -> None:
     in the window. (The click's answer comes back a moment later; a setting typed or a count taken
     before then would belong to the chat shown before.)"""
     page.click("#new-chat-btn")
-    assert wait_until(lambda: page.locator("#conv-list input:checked").count() == 0 and page.locator(USER).count() == 0,
-                      timeout), f"New chat not shown {timeout} s after the click: {page.inner_text('#chatbot')[:200]!r}"
+    assert wait_until(
+        lambda: (
+            page.locator("#conv-list input:checked").count() == 0
+            and page.locator(USER).count() == 0
+        ),
+        timeout,
+    ), f"New chat not shown {timeout} s after the click: {page.inner_text('#chatbot')[:200]!r}"
 
 
 def open_chat_list(page) -> None:
@@ -150,11 +171,17 @@ def miss_checks(page) -> None:
     test's page calls: wait with them, not with time.sleep.)"""
     import json
 
-    tick = page.evaluate("() => window.gradio_config.dependencies.find(d => d.targets.some(t => t[1] === 'tick')).id")
+    tick = page.evaluate(
+        "() => window.gradio_config.dependencies.find(d => d.targets.some(t => t[1] === 'tick')).id"
+    )
 
     def hold(route) -> None:
         if (route.request.post_data_json or {}).get("fn_index") == tick:
-            route.fulfill(status=200, content_type="application/json", body=json.dumps({"event_id": "never-run"}))
+            route.fulfill(
+                status=200,
+                content_type="application/json",
+                body=json.dumps({"event_id": "never-run"}),
+            )
         else:
             route.continue_()
 

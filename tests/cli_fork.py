@@ -61,24 +61,39 @@ class ForkedCLI:
 
     @classmethod
     def start(cls, folder: Path) -> ForkedCLI:
-        proc = subprocess.Popen([sys.executable, "-c", RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         return cls(proc, folder)
 
-    def run(self, *args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, cwd: Path | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
         self.runs += 1
         out, err = self.folder / f"{self.runs}.out", self.folder / f"{self.runs}.err"
-        request = {"argv": list(args), "cwd": str(cwd) if cwd else None, "stdout": str(out), "stderr": str(err)}
+        request = {
+            "argv": list(args),
+            "cwd": str(cwd) if cwd else None,
+            "stdout": str(out),
+            "stderr": str(err),
+        }
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         answer: list[str] = []
-        reader = threading.Thread(target=lambda: answer.append(self.proc.stdout.readline()), daemon=True)
+        reader = threading.Thread(
+            target=lambda: answer.append(self.proc.stdout.readline()), daemon=True
+        )
         reader.start()
         reader.join(timeout)
         if not answer or not answer[0]:
             self.close()
-            raise TimeoutError(f"minisgl-chat {' '.join(args)} did not end within {timeout} s (or the forking process died)")
+            raise TimeoutError(
+                f"minisgl-chat {' '.join(args)} did not end within {timeout} s (or the forking process died)"
+            )
         code = json.loads(answer[0])["returncode"]
-        return subprocess.CompletedProcess(["minisgl-chat", *args], code, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(
+            ["minisgl-chat", *args], code, out.read_text(), err.read_text()
+        )
 
     def close(self) -> None:
         self.proc.kill()

@@ -38,8 +38,12 @@ def tiny_model(tmp_path_factory):
 def pytest_addoption(parser):
     # Here rather than in tests/soak/conftest.py so that the option is known however pytest is
     # started (a conftest below the root one is not an "initial" conftest for `pytest tests/x.py`).
-    parser.addoption("--soak-scale", choices=("short", "full"), default="short",
-                     help="size of the soak suite under tests/soak: short (CI, default) or full")
+    parser.addoption(
+        "--soak-scale",
+        choices=("short", "full"),
+        default="short",
+        help="size of the soak suite under tests/soak: short (CI, default) or full",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -58,14 +62,28 @@ def demo_server(tmp_path_factory):
     log-probability by up to a few hundredths and flips greedy choices at near-ties;
     tests/unit/test_quantized.py checks that path against this one, and every other server test
     runs it (the default)."""
+    from server_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, ServerProcess
+
     from minisgl_engine.weights.demo import demo_model_dir
     from minisgl_engine.weights.gguf_convert import is_complete
-    from server_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, ServerProcess
 
     if not is_complete(demo_model_dir()):
         pytest.skip("demo model not pulled: run `minisgl-chat pull`")
-    srv = ServerProcess("--num-tokenizer", "2", "--quantization", "none", "--kv-dtype", "float32", "--max-kv-tokens", str(MAX_KV_TOKENS), "--max-prefill-tokens", str(MAX_PREFILL_TOKENS),
-                        "--max-running-requests", "64", log_path=tmp_path_factory.mktemp("demo-server") / "serve.log")
+    srv = ServerProcess(
+        "--num-tokenizer",
+        "2",
+        "--quantization",
+        "none",
+        "--kv-dtype",
+        "float32",
+        "--max-kv-tokens",
+        str(MAX_KV_TOKENS),
+        "--max-prefill-tokens",
+        str(MAX_PREFILL_TOKENS),
+        "--max-running-requests",
+        "64",
+        log_path=tmp_path_factory.mktemp("demo-server") / "serve.log",
+    )
     yield srv
     srv.stop()
 
@@ -84,8 +102,15 @@ class ChatApp:
         from server_utils import ServerProcess
 
         self.starts += 1
-        return ServerProcess("--no-browser", "--max-kv-tokens", "16384", command="chat", log_path=self.logs / f"app-{self.starts}.log",
-                             env={"MINISGL_DATA_DIR": str(self.data_dir)}, port=port)
+        return ServerProcess(
+            "--no-browser",
+            "--max-kv-tokens",
+            "16384",
+            command="chat",
+            log_path=self.logs / f"app-{self.starts}.log",
+            env={"MINISGL_DATA_DIR": str(self.data_dir)},
+            port=port,
+        )
 
     def __getattr__(self, name: str):
         return getattr(self.srv, name)
@@ -112,7 +137,9 @@ def chat_app(tmp_path_factory):
     app = ChatApp(tmp_path_factory.mktemp("chat-app-data"), tmp_path_factory.mktemp("chat-app"))
     yield app
     app.stop()
-    assert not [str(f) for f in app.files_seen if f.exists()], "the app left its files folder behind"
+    assert not [str(f) for f in app.files_seen if f.exists()], (
+        "the app left its files folder behind"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -120,10 +147,16 @@ def tiny_qwen3_server(tiny_model, tmp_path_factory):
     """The tiny random Qwen3 served on one rank and one replica, with the demo model's tokenizer:
     the reference that test_tensor_parallel's --tp 2 and test_data_parallel's --dp 2 servers
     must match token for token."""
-    from minisgl_engine.weights.demo import demo_model_dir
     from server_utils import ServerProcess
 
-    srv = ServerProcess("--model", str(tiny_model("qwen3")[0]), "--tokenizer", str(demo_model_dir()),
-                        log_path=tmp_path_factory.mktemp("tiny-qwen3-server") / "serve.log")
+    from minisgl_engine.weights.demo import demo_model_dir
+
+    srv = ServerProcess(
+        "--model",
+        str(tiny_model("qwen3")[0]),
+        "--tokenizer",
+        str(demo_model_dir()),
+        log_path=tmp_path_factory.mktemp("tiny-qwen3-server") / "serve.log",
+    )
     yield srv
     srv.stop()

@@ -86,21 +86,50 @@ class FakeHub:
         repo_id = "/".join(rest[:2])
         found = self.snapshot(repo_id)
         if found is None:
-            return self.send(handler, 404, {"error": "Repository not found"}, headers={"X-Error-Code": "RepoNotFound"})
+            return self.send(
+                handler,
+                404,
+                {"error": "Repository not found"},
+                headers={"X-Error-Code": "RepoNotFound"},
+            )
         commit, folder = found
         kind = rest[2] if len(rest) > 2 else "revision"
         if kind == "tree":
-            listing = [{"type": "file", "oid": self.etag(f), "size": f.stat().st_size, "path": str(f.relative_to(folder))}
-                       for f in self.files(folder)]
+            listing = [
+                {
+                    "type": "file",
+                    "oid": self.etag(f),
+                    "size": f.stat().st_size,
+                    "path": str(f.relative_to(folder)),
+                }
+                for f in self.files(folder)
+            ]
             return self.send(handler, 200, listing)
         siblings = [{"rfilename": str(f.relative_to(folder))} for f in self.files(folder)]
-        self.send(handler, 200, {"id": repo_id, "modelId": repo_id, "sha": commit, "siblings": siblings, "private": False})
+        self.send(
+            handler,
+            200,
+            {
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": commit,
+                "siblings": siblings,
+                "private": False,
+            },
+        )
 
-    def resolve(self, handler: BaseHTTPRequestHandler, repo_id: str, filename: str, body: bool) -> None:
+    def resolve(
+        self, handler: BaseHTTPRequestHandler, repo_id: str, filename: str, body: bool
+    ) -> None:
         found = self.snapshot(repo_id)
         path = found[1] / filename if found else None
         if path is None or not path.is_file():
-            return self.send(handler, 404, {"error": "Entry not found"}, headers={"X-Error-Code": "EntryNotFound"})
+            return self.send(
+                handler,
+                404,
+                {"error": "Entry not found"},
+                headers={"X-Error-Code": "EntryNotFound"},
+            )
         data = path.read_bytes()
         handler.send_response(200)
         handler.send_header("Content-Length", str(len(data)))
@@ -112,14 +141,16 @@ class FakeHub:
             return
         try:
             for start in range(0, len(data), CHUNK):
-                handler.wfile.write(data[start:start + CHUNK])
+                handler.wfile.write(data[start : start + CHUNK])
                 if self.bytes_per_s:
                     time.sleep(CHUNK / self.bytes_per_s)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away (a cancelled pull)
 
     @staticmethod
-    def send(handler: BaseHTTPRequestHandler, status: int, payload, headers: dict[str, str] | None = None) -> None:
+    def send(
+        handler: BaseHTTPRequestHandler, status: int, payload, headers: dict[str, str] | None = None
+    ) -> None:
         data = json.dumps(payload).encode()
         handler.send_response(status)
         for key, value in (headers or {}).items():

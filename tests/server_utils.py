@@ -30,8 +30,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *args: str, log_path: Path | None = None, timeout: float = 180.0, command: str = "serve",
-                 env: dict[str, str] | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        log_path: Path | None = None,
+        timeout: float = 180.0,
+        command: str = "serve",
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
         # port 0: the server picks one and says which in its "ready at" line (needs log_path)
         self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
@@ -67,7 +74,9 @@ class ServerProcess:
     @property
     def page_url(self) -> str:
         """The link the chat app prints for its page (…/?token=KEY): what opens it logged in."""
-        found = re.search(r"open (http://\S+) in your browser", self.log_path.read_text(errors="replace"))
+        found = re.search(
+            r"open (http://\S+) in your browser", self.log_path.read_text(errors="replace")
+        )
         assert found, f"the app printed no link to its page: {self.output()}"
         return found.group(1)
 
@@ -130,7 +139,7 @@ def titles(procs: list[psutil.Process]) -> list[str]:
     return out
 
 
-def kill_worker_and_expect_the_app_to_end(srv: "ServerProcess", title: str, message: str) -> None:
+def kill_worker_and_expect_the_app_to_end(srv: ServerProcess, title: str, message: str) -> None:
     """SIGKILL the worker titled ``title``: the app must exit non-zero within 5 s with ``message``
     in its log, and every worker must be gone 5 s later."""
     import signal
@@ -142,7 +151,9 @@ def kill_worker_and_expect_the_app_to_end(srv: "ServerProcess", title: str, mess
     assert srv.proc.wait(5) != 0
     print(f"the app exited {time.monotonic() - start:.2f} s after {title} was killed")
     assert message in srv.output()
-    assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0)
+    assert wait_until(
+        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), 5.0
+    )
 
 
 def group_gone(procs: list[psutil.Process]) -> bool:

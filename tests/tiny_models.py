@@ -32,7 +32,13 @@ def tiny_config(arch: str):
         kw = {**TINY, "tie_word_embeddings": True}
         return LlamaConfig(
             **kw,
-            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64),
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
             rope_theta=500000.0,
         )
     if arch == "mistral":
@@ -40,7 +46,9 @@ def tiny_config(arch: str):
     if arch == "qwen2":
         return Qwen2Config(**TINY)
     if arch == "qwen3":
-        return Qwen3Config(**{**TINY, "num_key_value_heads": 1}, head_dim=32)  # head_dim != hidden/heads
+        return Qwen3Config(
+            **{**TINY, "num_key_value_heads": 1}, head_dim=32
+        )  # head_dim != hidden/heads
     raise ValueError(arch)
 
 
@@ -63,7 +71,13 @@ def make_tiny_model(arch: str, folder: Path, seed: int = 0):
     return model
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
 def hub_snapshot_dir(hub_cache: Path, repo_id: str) -> Path:
@@ -78,7 +92,9 @@ def hub_snapshot_dir(hub_cache: Path, repo_id: str) -> Path:
     return snapshot
 
 
-def make_tiny_chat_model(hub_cache: Path, repo_id: str, tokenizer_dir: Path, drop: str | None = None) -> Path:
+def make_tiny_chat_model(
+    hub_cache: Path, repo_id: str, tokenizer_dir: Path, drop: str | None = None
+) -> Path:
     """A tiny random Llama model that speaks the demo model's tokenizer (same vocabulary, chat
     template and end token), written into a Hugging Face cache as ``repo_id``; ``drop`` leaves
     that tensor out of its weights (a model that fails to load)."""
@@ -88,13 +104,26 @@ def make_tiny_chat_model(hub_cache: Path, repo_id: str, tokenizer_dir: Path, dro
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     folder = hub_snapshot_dir(hub_cache, repo_id)
-    config = LlamaConfig(**{**TINY, "vocab_size": 49152, "eos_token_id": 2, "bos_token_id": 1, "max_position_embeddings": 2048,
-                            "tie_word_embeddings": True}, rope_theta=10000.0)
+    config = LlamaConfig(
+        **{
+            **TINY,
+            "vocab_size": 49152,
+            "eos_token_id": 2,
+            "bos_token_id": 1,
+            "max_position_embeddings": 2048,
+            "tie_word_embeddings": True,
+        },
+        rope_theta=10000.0,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     config.architectures = ["LlamaForCausalLM"]  # as a checkpoint's config.json says
     config.save_pretrained(folder)
-    tensors = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight" and k != drop}
+    tensors = {
+        k: v.contiguous()
+        for k, v in model.state_dict().items()
+        if k != "lm_head.weight" and k != drop
+    }
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).exists():
@@ -104,12 +133,22 @@ def make_tiny_chat_model(hub_cache: Path, repo_id: str, tokenizer_dir: Path, dro
 
 def make_unsupported_model(hub_cache: Path, repo_id: str) -> Path:
     """A model folder of an architecture the engine does not implement (GPT-2), in the cache."""
+    from safetensors.torch import save_file
     from transformers import GPT2Config
 
-    from safetensors.torch import save_file
-
     folder = hub_snapshot_dir(hub_cache, repo_id)
-    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=320, bos_token_id=0, eos_token_id=0,
-               architectures=["GPT2LMHeadModel"]).save_pretrained(folder)
-    save_file({"wte.weight": torch.zeros(320, 32)}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    GPT2Config(
+        n_layer=1,
+        n_embd=32,
+        n_head=2,
+        vocab_size=320,
+        bos_token_id=0,
+        eos_token_id=0,
+        architectures=["GPT2LMHeadModel"],
+    ).save_pretrained(folder)
+    save_file(
+        {"wte.weight": torch.zeros(320, 32)},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return folder

@@ -8,7 +8,9 @@ from pathlib import Path
 import torch
 
 
-def run_rank(rank: int, world: int, port: int, jobs: list[tuple[str, str, list[list[int]]]], out: str) -> None:
+def run_rank(
+    rank: int, world: int, port: int, jobs: list[tuple[str, str, list[list[int]]]], out: str
+) -> None:
     from minisgl_engine.distributed import init_tp, shutdown_tp
     from minisgl_engine.llm import LLM
     from minisgl_engine.sampling_params import SamplingParams
@@ -17,7 +19,14 @@ def run_rank(rank: int, world: int, port: int, jobs: list[tuple[str, str, list[l
     init_tp(rank, world, f"tcp://127.0.0.1:{port}", torch.device("cpu"))
     results = {}
     for name, folder, prompts in jobs:
-        llm = LLM(folder, device="cpu", tp=world, max_kv_tokens=4096, max_prefill_tokens=48, max_running_requests=8)
+        llm = LLM(
+            folder,
+            device="cpu",
+            tp=world,
+            max_kv_tokens=4096,
+            max_prefill_tokens=48,
+            max_running_requests=8,
+        )
         outputs = [r.token_ids for r in llm.generate(prompts, SamplingParams(max_tokens=16))]
         logits = llm.score(prompts[0] + outputs[0], prefill_len=len(prompts[0]))
         results[name] = (outputs, logits)
@@ -25,7 +34,9 @@ def run_rank(rank: int, world: int, port: int, jobs: list[tuple[str, str, list[l
     shutdown_tp()
 
 
-def score_rank(rank: int, world: int, port: int, folder: str, seqs: list[list[int]], positions: int, out: str) -> None:
+def score_rank(
+    rank: int, world: int, port: int, folder: str, seqs: list[list[int]], positions: int, out: str
+) -> None:
     """Teacher-forced logits of ``seqs`` from one rank of a --tp ``world`` GPU engine."""
     from minisgl_engine.distributed import init_tp, shutdown_tp
     from minisgl_engine.llm import LLM
@@ -33,11 +44,21 @@ def score_rank(rank: int, world: int, port: int, folder: str, seqs: list[list[in
     device = torch.device(f"cuda:{rank}")
     torch.cuda.set_device(device)
     init_tp(rank, world, f"tcp://127.0.0.1:{port}", device)
-    llm = LLM(folder, device=f"cuda:{rank}", dtype="bfloat16", tp=world, max_kv_tokens=40_000, max_running_requests=64,
-              cuda_graph_max_bs=64)
+    llm = LLM(
+        folder,
+        device=f"cuda:{rank}",
+        dtype="bfloat16",
+        tp=world,
+        max_kv_tokens=40_000,
+        max_running_requests=64,
+        cuda_graph_max_bs=64,
+    )
     logits = llm.score_batch(seqs, [len(s) - positions for s in seqs])
     if rank == 0:
-        torch.save(torch.cat([rows[-positions - 1 : -1].cpu() for rows in logits]), Path(out) / "tp_logits.pt")
+        torch.save(
+            torch.cat([rows[-positions - 1 : -1].cpu() for rows in logits]),
+            Path(out) / "tp_logits.pt",
+        )
     shutdown_tp()
 
 
@@ -73,10 +94,14 @@ def all_reduce_rank(rank: int, world: int, port: int, out: str) -> None:
         return torch.randn(rows, 4096, generator=gen, device=device).to(torch.bfloat16)
 
     def same(a: torch.Tensor, b: torch.Tensor) -> str:
-        """"exact", "rounding" (within bf16's rounding of a sum) or the largest difference."""
+        """ "exact", "rounding" (within bf16's rounding of a sum) or the largest difference."""
         if torch.equal(a, b):
             return "exact"
-        return "rounding" if torch.allclose(a.float(), b.float(), rtol=2e-2, atol=1e-2) else f"off by {(a - b).abs().max().item()}"
+        return (
+            "rounding"
+            if torch.allclose(a.float(), b.float(), rtol=2e-2, atol=1e-2)
+            else f"off by {(a - b).abs().max().item()}"
+        )
 
     def nccl_sum(x: torch.Tensor) -> torch.Tensor:
         y = x.clone()
@@ -134,7 +159,13 @@ def fused_norm_rank(rank: int, world: int, port: int, out: str, hidden: int) -> 
     found: dict = {"fused": distributed.set_up_fused_all_reduce_norm(device, hidden)}
     fused = distributed.fused_all_reduce_norm()
     gen = torch.Generator(device=device).manual_seed(rank)
-    weight = (1 + 0.1 * torch.randn(hidden, generator=torch.Generator(device=device).manual_seed(7), device=device)).to(torch.bfloat16)
+    weight = (
+        1
+        + 0.1
+        * torch.randn(
+            hidden, generator=torch.Generator(device=device).manual_seed(7), device=device
+        )
+    ).to(torch.bfloat16)
 
     def sample(rows: int) -> torch.Tensor:
         return torch.randn(rows, hidden, generator=gen, device=device).to(torch.bfloat16)
@@ -148,12 +179,19 @@ def fused_norm_rank(rank: int, world: int, port: int, out: str, hidden: int) -> 
     def same(a: torch.Tensor, b: torch.Tensor) -> str:
         if torch.equal(a, b):
             return "exact"
-        return "rounding" if torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2) else f"off by {(a - b).abs().max().item()}"
+        return (
+            "rounding"
+            if torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+            else f"off by {(a - b).abs().max().item()}"
+        )
 
     if fused is not None:
         for rows in (1, 5, 64, 128):
             x, residual = sample(rows), sample(rows)
-            (normed, summed), (ref_normed, ref_summed) = fused(x, residual, weight, 1e-6), unfused(x, residual)
+            (normed, summed), (ref_normed, ref_summed) = (
+                fused(x, residual, weight, 1e-6),
+                unfused(x, residual),
+            )
             found[f"eager_{rows}"] = same(normed, ref_normed)
             found[f"eager_{rows}_residual"] = same(summed, ref_summed)
         # decode's pattern: each layer's input depends on the last norm's output

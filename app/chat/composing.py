@@ -31,7 +31,9 @@ def with_attachments(text: str, attachments: list[tuple[str, str]]) -> str:
 def attachments_line(attachments: list[tuple[str, str]]) -> str:
     if not attachments:
         return ""
-    files = (f"`{name}` ({len(body):,} {plural('character', len(body))})" for name, body in attachments)
+    files = (
+        f"`{name}` ({len(body):,} {plural('character', len(body))})" for name, body in attachments
+    )
     return "Attached to your next message: " + ", ".join(files)
 
 

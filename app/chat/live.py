@@ -29,7 +29,9 @@ logger = logging.getLogger("minisgl.app")
 STORE_EVERY_S = 0.5  # how often a growing reply is written to the database
 ORPHAN_GRACE_S = 2.0  # how long a reply outlives the last page that showed it
 TAB_CLOSED = "the tab closed"  # how a reply stopped because its page went away says so
-NOTHING_TO_ADD = "The model had nothing to add: the reply was already complete."  # a Continue that ended at once
+NOTHING_TO_ADD = (
+    "The model had nothing to add: the reply was already complete."  # a Continue that ended at once
+)
 
 # generate(request, stop) -> replies: the engine's client (FrontendClient.generate)
 Generate = Callable[[GenerateRequest, asyncio.Event], AsyncIterator[UserReply]]
@@ -50,8 +52,12 @@ class LiveReply:
     finish_reason: str | None = None
     error: str | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
-    stopped_by: str | None = None  # why it was stopped, when not by its own Stop (a model switch, its tab closed)
-    backend: str | None = None  # where it comes from, when the app has several (ReplySource.backends)
+    stopped_by: str | None = (
+        None  # why it was stopped, when not by its own Stop (a model switch, its tab closed)
+    )
+    backend: str | None = (
+        None  # where it comes from, when the app has several (ReplySource.backends)
+    )
     model_of: Callable[[], str | None] | None = None  # the backend's model now (Turn.model_of)
     model: str | None = None  # the model that answered, read at its first output (None: as stored)
     done: bool = False
@@ -63,19 +69,34 @@ class LiveReply:
     @property
     def added_nothing(self) -> bool:
         """A continued reply whose run ended on its own before any new text (EOS first)."""
-        return self.earlier is not None and self.first_token is None and self.finish_reason is not None and self.error is None
+        return (
+            self.earlier is not None
+            and self.first_token is None
+            and self.finish_reason is not None
+            and self.error is None
+        )
 
     def stats(self) -> dict:
         """The stats the store keeps for the reply (MessageStats' fields). A continued run with no
         text of its own keeps the reply's earlier figures: it has none to replace them with."""
         now = time.perf_counter()
         ttft = (self.first_token - self.started) * 1000 if self.first_token else None
-        rate = (self.tokens - 1) / (now - self.first_token) if self.first_token and self.tokens > 1 and now > self.first_token else None
+        rate = (
+            (self.tokens - 1) / (now - self.first_token)
+            if self.first_token and self.tokens > 1 and now > self.first_token
+            else None
+        )
         if self.first_token is None and self.earlier is not None:
             ttft, rate = self.earlier.ttft_ms, self.earlier.tok_s
         stopped = self.finish_reason is None and self.error is None
-        return {"ttft_ms": ttft, "tok_s": rate, "tokens": self.earlier_tokens + self.tokens, "finish_reason": self.finish_reason,
-                "stopped": stopped, "stopped_by": self.stopped_by if stopped else None}
+        return {
+            "ttft_ms": ttft,
+            "tok_s": rate,
+            "tokens": self.earlier_tokens + self.tokens,
+            "finish_reason": self.finish_reason,
+            "stopped": stopped,
+            "stopped_by": self.stopped_by if stopped else None,
+        }
 
 
 @dataclass
@@ -85,7 +106,9 @@ class Turn:
     request: GenerateRequest
     message_id: int
     text: str = ""  # Continue: the reply's text so far, which the new tokens extend
-    earlier: MessageStats | None = None  # Continue: the reply's figures so far (kept if nothing is added)
+    earlier: MessageStats | None = (
+        None  # Continue: the reply's figures so far (kept if nothing is added)
+    )
     backend: str | None = None  # the chat's backend, when the app has several
     generate: Generate | None = None  # that backend's; None: the manager's own
     # the backend's model name, read once the reply's first output comes: a remote whose
@@ -100,10 +123,14 @@ class ReplyManager:
         self.store = store
         self.generate = generate
         self.live: dict[int, LiveReply] = {}  # conv_id -> the reply streaming now
-        self.queued: dict[int, list[tuple[str | None, Callable[[], Turn | None]]]] = {}  # conv_id -> turns to answer after it
+        self.queued: dict[
+            int, list[tuple[str | None, Callable[[], Turn | None]]]
+        ] = {}  # conv_id -> turns to answer after it
         self.tasks: set[asyncio.Task] = set()
         self.watched: dict[str, float] = {}  # session -> when its page was last seen watching
-        self.notices: dict[str, list[str]] = {}  # session -> what its page is to say (a toast), once
+        self.notices: dict[
+            str, list[str]
+        ] = {}  # session -> what its page is to say (a toast), once
         self.version = 0
         self._changed = asyncio.Event()
 
@@ -144,7 +171,9 @@ class ReplyManager:
 
     # ---- starting and stopping
 
-    def submit(self, conv_id: int, session: str | None, make_turn: Callable[[], Turn | None]) -> None:
+    def submit(
+        self, conv_id: int, session: str | None, make_turn: Callable[[], Turn | None]
+    ) -> None:
         """Answer the conversation now, or after the reply streaming in it (a message sent while
         it replies waits its turn; it is stored and shown at once). ``make_turn`` is called when
         the turn starts, so the request holds everything stored by then."""
@@ -154,7 +183,9 @@ class ReplyManager:
             return
         self._start(conv_id, session, make_turn)
 
-    def _start(self, conv_id: int, session: str | None, make_turn: Callable[[], Turn | None]) -> None:
+    def _start(
+        self, conv_id: int, session: str | None, make_turn: Callable[[], Turn | None]
+    ) -> None:
         try:
             turn = make_turn()
         except NotFoundError:  # the conversation was deleted meanwhile
@@ -162,10 +193,19 @@ class ReplyManager:
         if turn is None:
             self._next(conv_id)
             return
-        reply = LiveReply(conv_id, turn.message_id, session, text=turn.text, earlier=turn.earlier, backend=turn.backend,
-                          model_of=turn.model_of)
+        reply = LiveReply(
+            conv_id,
+            turn.message_id,
+            session,
+            text=turn.text,
+            earlier=turn.earlier,
+            backend=turn.backend,
+            model_of=turn.model_of,
+        )
         self.live[conv_id] = reply
-        task = asyncio.get_running_loop().create_task(self._run(reply, turn.request, turn.generate or self.generate), name=f"reply-{conv_id}")
+        task = asyncio.get_running_loop().create_task(
+            self._run(reply, turn.request, turn.generate or self.generate), name=f"reply-{conv_id}"
+        )
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         self.notify()
@@ -196,7 +236,9 @@ class ReplyManager:
         """Stop every reply in flight (of ``backend`` only, when given), marked with ``reason``
         (its model is being switched); messages waiting in line are answered next. Returns how
         many were stopped."""
-        stopped = [reply for reply in self.live.values() if backend is None or reply.backend == backend]
+        stopped = [
+            reply for reply in self.live.values() if backend is None or reply.backend == backend
+        ]
         for reply in stopped:
             reply.stopped_by = reason
             reply.stop.set()
@@ -245,7 +287,9 @@ class ReplyManager:
             async for out in generate(request, reply.stop):
                 if reply.model is None and reply.model_of is not None:
                     reply.model = reply.model_of()
-                if out.incremental_output:  # an error reply may still close what came before (a <think> block)
+                if (
+                    out.incremental_output
+                ):  # an error reply may still close what came before (a <think> block)
                     reply.first_token = reply.first_token or time.perf_counter()
                     reply.text += out.incremental_output
                 if out.error:
@@ -265,7 +309,9 @@ class ReplyManager:
         finally:
             reply.done = True
             self._store(reply)
-            if reply.added_nothing and reply.session is not None:  # the reply looks unchanged: say why
+            if (
+                reply.added_nothing and reply.session is not None
+            ):  # the reply looks unchanged: say why
                 self.notices.setdefault(reply.session, []).append(NOTHING_TO_ADD)
             if self.live.get(reply.conv_id) is reply:
                 del self.live[reply.conv_id]

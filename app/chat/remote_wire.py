@@ -12,7 +12,13 @@ from minisgl_engine import GenerateRequest, UserReply
 
 # a remote's finish reasons that end a reply well, as the page knows them; any other ("abort",
 # "error", ...) is shown as a failure
-FINISHED = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop", "content_filter": "stop"}
+FINISHED = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "stop",
+    "function_call": "stop",
+    "content_filter": "stop",
+}
 
 
 def without_credentials(url: str) -> str:
@@ -72,8 +78,15 @@ def chat_body(request: GenerateRequest, model: str) -> dict:
     """The chat turn as an OpenAI streamed request; top_k and the template's options are the
     extensions SGLang, vLLM and this engine read."""
     p = request.params
-    body: dict = {"model": model, "messages": request.messages, "stream": True, "stream_options": {"include_usage": True},
-                  "max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
+    body: dict = {
+        "model": model,
+        "messages": request.messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": p.max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+    }
     if p.seed is not None:
         body["seed"] = p.seed
     if p.stop:
@@ -84,7 +97,9 @@ def chat_body(request: GenerateRequest, model: str) -> dict:
     if p.repetition_penalty != 1.0:
         extra["repetition_penalty"] = p.repetition_penalty
     kwargs = dict(request.chat_template_kwargs or {})
-    if kwargs.pop("continue_final_message", False):  # Continue: as vLLM and SGLang (and this engine) take it
+    if kwargs.pop(
+        "continue_final_message", False
+    ):  # Continue: as vLLM and SGLang (and this engine) take it
         extra.update(continue_final_message=True, add_generation_prompt=False)
     if kwargs:
         extra["chat_template_kwargs"] = kwargs
@@ -132,16 +147,31 @@ class ReplyTally:
 
     def stopped(self) -> UserReply | None:
         """What is left to send when Stop closes the stream: an open <think> block's end."""
-        return UserReply(0, self.pieces.close(), completion_tokens=self.tokens) if self.pieces.thinking else None
+        return (
+            UserReply(0, self.pieces.close(), completion_tokens=self.tokens)
+            if self.pieces.thinking
+            else None
+        )
 
     def ended(self, where: str) -> UserReply:
         """The last reply once the stream ends: finished, or an error when the remote's finish
         reason is not one that ends a reply well. ``where``: "the remote at URL"."""
         if self.finish_reason in FINISHED:
-            return UserReply(0, self.pieces.close(), completion_tokens=self.tokens, finished=True,
-                             finish_reason=FINISHED[self.finish_reason])
-        why = f"it ended the reply ({self.finish_reason})" if self.finish_reason else "it ended the reply without finishing it"
+            return UserReply(
+                0,
+                self.pieces.close(),
+                completion_tokens=self.tokens,
+                finished=True,
+                finish_reason=FINISHED[self.finish_reason],
+            )
+        why = (
+            f"it ended the reply ({self.finish_reason})"
+            if self.finish_reason
+            else "it ended the reply without finishing it"
+        )
         return self.failed(f"{where}: {why}")
 
     def failed(self, error: str) -> UserReply:
-        return UserReply(0, self.pieces.close(), completion_tokens=self.tokens, finished=True, error=error)
+        return UserReply(
+            0, self.pieces.close(), completion_tokens=self.tokens, finished=True, error=error
+        )

@@ -20,7 +20,9 @@ class ModelEntry:
     size_bytes: int | None = None
     architecture: str | None = None
     context_len: int | None = None
-    backend: str | None = None  # which of the source's backends serves it (a switch stops that one's replies)
+    backend: str | None = (
+        None  # which of the source's backends serves it (a switch stops that one's replies)
+    )
     serving: bool = False  # the model its backend serves now (marked ● in the panel)
 
 

@@ -45,8 +45,18 @@ from .view import status_line
 
 # the page, the CLI and the tests import these from here, whichever module defines them
 __all__ = [
-    "FINISHED", "LocalEngine", "ModelEntry", "ModelError", "ReasoningJoiner", "RemoteEngine", "ReplySource",
-    "SideBySide", "chat_body", "chat_template_supports_thinking", "remote_message", "until_stopped",
+    "FINISHED",
+    "LocalEngine",
+    "ModelEntry",
+    "ModelError",
+    "ReasoningJoiner",
+    "RemoteEngine",
+    "ReplySource",
+    "SideBySide",
+    "chat_body",
+    "chat_template_supports_thinking",
+    "remote_message",
+    "until_stopped",
     "without_credentials",
 ]
 
@@ -54,7 +64,9 @@ logger = logging.getLogger("minisgl.app")
 
 REMOTE_CHECK_S = 5.0  # how often the remote's /v1/models is asked while a page is open
 REMOTE_CONNECT_TIMEOUT_S = 5.0
-REMOTE_READ_TIMEOUT_S = 300.0  # the longest wait for the next chunk (a long prefill on a busy server)
+REMOTE_READ_TIMEOUT_S = (
+    300.0  # the longest wait for the next chunk (a long prefill on a busy server)
+)
 REMOTE_CHECK_TIMEOUT_S = 10.0  # the longest wait for /v1/models
 
 
@@ -67,7 +79,9 @@ class LocalEngine:
     def __init__(self, client, host=None) -> None:
         self.client = client
         self.host = host
-        self.known: dict[str, object] = {}  # name -> minisgl_engine.LocalModel, from the last listing
+        self.known: dict[
+            str, object
+        ] = {}  # name -> minisgl_engine.LocalModel, from the last listing
         self.checked: dict[str, object] = {}  # name -> the host's PreparedModel, from check_model
 
     @property
@@ -88,9 +102,29 @@ class LocalEngine:
             found = []
         self.known = {m.name: m for m in found}
         serving = self.client.model_name
-        entries = [ModelEntry(m.name, m.kind, m.size_bytes, m.architecture, m.context_len, "local", m.name == serving) for m in found]
+        entries = [
+            ModelEntry(
+                m.name,
+                m.kind,
+                m.size_bytes,
+                m.architecture,
+                m.context_len,
+                "local",
+                m.name == serving,
+            )
+            for m in found
+        ]
         if serving not in self.known:  # --model some/folder: served, though not in a cache
-            entries.insert(0, ModelEntry(serving, "serving", context_len=self.client.max_context_len, backend="local", serving=True))
+            entries.insert(
+                0,
+                ModelEntry(
+                    serving,
+                    "serving",
+                    context_len=self.client.max_context_len,
+                    backend="local",
+                    serving=True,
+                ),
+            )
         return entries
 
     async def check_model(self, name: str) -> None:
@@ -102,7 +136,9 @@ class LocalEngine:
             await self.list_models()
         entry = self.known.get(name)
         if entry is None:
-            raise ModelError(f"{name} is not on this machine (pull it first: minisgl-chat pull {name})")
+            raise ModelError(
+                f"{name} is not on this machine (pull it first: minisgl-chat pull {name})"
+            )
         try:
             self.checked[name] = await self.host.check(entry.model, name)
         except UserError as exc:
@@ -112,7 +148,9 @@ class LocalEngine:
         if name not in self.checked:
             await self.check_model(name)
         if self.host.switching or not self.client.ready:
-            raise ModelError("another model switch is under way, or the model is still loading; try again once it is ready")
+            raise ModelError(
+                "another model switch is under way, or the model is still loading; try again once it is ready"
+            )
         previous = self.client.model_name
         try:
             await self.host.switch(self.checked.pop(name))
@@ -145,7 +183,11 @@ def chat_template_supports_thinking(tokenizer_path: str | None) -> bool:
     if tokenizer_path is None:
         return False
     folder = Path(tokenizer_path)
-    texts = [p.read_text(errors="ignore") for p in (folder / "chat_template.jinja", folder / "tokenizer_config.json") if p.exists()]
+    texts = [
+        p.read_text(errors="ignore")
+        for p in (folder / "chat_template.jinja", folder / "tokenizer_config.json")
+        if p.exists()
+    ]
     return any("enable_thinking" in t for t in texts)
 
 
@@ -165,12 +207,18 @@ class RemoteEngine:
         self.chosen_model = model
         self.model_name: str | None = model
         self.models: list[str] = []
-        self.context_lens: dict[str, int] = {}  # max_model_len, where the remote says (vLLM, this engine)
+        self.context_lens: dict[
+            str, int
+        ] = {}  # max_model_len, where the remote says (vLLM, this engine)
         self.error: str | None = None
         self.checked_at = 0.0
         self._check: asyncio.Task | None = None
-        self.client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=api_key or "none", max_retries=0,
-                                         timeout=openai.Timeout(REMOTE_READ_TIMEOUT_S, connect=REMOTE_CONNECT_TIMEOUT_S))
+        self.client = openai.AsyncOpenAI(
+            base_url=f"{self.url}/v1",
+            api_key=api_key or "none",
+            max_retries=0,
+            timeout=openai.Timeout(REMOTE_READ_TIMEOUT_S, connect=REMOTE_CONNECT_TIMEOUT_S),
+        )
 
     # ---- what the page reads
 
@@ -184,15 +232,25 @@ class RemoteEngine:
 
     async def list_models(self) -> list[ModelEntry]:
         await self.check()
-        return [ModelEntry(name, "remote", context_len=self.context_lens.get(name), backend="remote", serving=name == self.model_name)
-                for name in self.models]
+        return [
+            ModelEntry(
+                name,
+                "remote",
+                context_len=self.context_lens.get(name),
+                backend="remote",
+                serving=name == self.model_name,
+            )
+            for name in self.models
+        ]
 
     async def check_model(self, name: str) -> None:
         await self.check()
         if self.error is not None and not self.models:
             raise ModelError(f"the remote at {self.shown_url}: {self.error}")
         if name not in self.models:
-            raise ModelError(f"the remote at {self.shown_url} does not serve `{name}` (it serves {', '.join(self.models) or 'nothing'})")
+            raise ModelError(
+                f"the remote at {self.shown_url} does not serve `{name}` (it serves {', '.join(self.models) or 'nothing'})"
+            )
 
     async def switch_model(self, name: str) -> None:
         await self.check_model(name)
@@ -209,7 +267,9 @@ class RemoteEngine:
 
     @property
     def context_len(self) -> int | None:
-        return self.context_lens.get(self.model_name) if self.model_name else None  # where the remote lists it
+        return (
+            self.context_lens.get(self.model_name) if self.model_name else None
+        )  # where the remote lists it
 
     def status_line(self) -> str:
         self._look_again()
@@ -235,7 +295,11 @@ class RemoteEngine:
         try:
             listed = await self.client.models.list(timeout=REMOTE_CHECK_TIMEOUT_S)
             models = [m.id for m in listed.data]
-            self.context_lens = {m.id: n for m in listed.data if isinstance(n := getattr(m, "max_model_len", None), int)}
+            self.context_lens = {
+                m.id: n
+                for m in listed.data
+                if isinstance(n := getattr(m, "max_model_len", None), int)
+            }
         except Exception as exc:  # noqa: BLE001 (an HTML page at the address, a 404, a refused connection: all said in words)
             self.error = self.describe(exc, listing=True)
             return
@@ -261,14 +325,18 @@ class RemoteEngine:
         if isinstance(exc, openai.APITimeoutError):
             return "it did not answer in time"
         if isinstance(exc, openai.APIConnectionError):
-            return "the connection broke mid-reply" if mid_reply else "cannot connect; is it running?"
+            return (
+                "the connection broke mid-reply" if mid_reply else "cannot connect; is it running?"
+            )
         if listing:
             return f"its /v1/models answer is not OpenAI's ({type(exc).__name__}): is this the right address?"
         return f"{type(exc).__name__}: {exc}"
 
     # ---- one reply
 
-    async def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
+    async def generate(
+        self, request: GenerateRequest, stop: asyncio.Event
+    ) -> AsyncIterator[UserReply]:
         import openai
 
         where = f"the remote at {self.shown_url}"
@@ -280,9 +348,13 @@ class RemoteEngine:
                 await until_stopped(self.check(), stopper)
             if self.model_name is None:
                 if not stop.is_set():
-                    yield UserReply(0, "", finished=True, error=f"{where}: {self.error or 'no model'}")
+                    yield UserReply(
+                        0, "", finished=True, error=f"{where}: {self.error or 'no model'}"
+                    )
                 return
-            stream = await until_stopped(self.client.chat.completions.create(**chat_body(request, self.model_name)), stopper)
+            stream = await until_stopped(
+                self.client.chat.completions.create(**chat_body(request, self.model_name)), stopper
+            )
             if stream is None:
                 return  # stopped before the remote answered: the request was cancelled with its connection
             async with contextlib.aclosing(self._replies(stream, stopper, tally, where)) as replies:
@@ -293,7 +365,10 @@ class RemoteEngine:
                 logger.exception("the reply from %s failed", self.shown_url)
             reason = self.describe(exc, mid_reply=tally.started)
             if isinstance(exc, (openai.APIConnectionError, openai.AuthenticationError)):
-                self.error, self.checked_at = reason, time.monotonic()  # the status line says so at once
+                self.error, self.checked_at = (
+                    reason,
+                    time.monotonic(),
+                )  # the status line says so at once
             yield tally.failed(f"{where}: {reason}")
         finally:
             stopper.cancel()
@@ -302,7 +377,9 @@ class RemoteEngine:
                     await stream.close()
 
     @staticmethod
-    async def _replies(stream, stopper: asyncio.Future, tally: ReplyTally, where: str) -> AsyncIterator[UserReply]:
+    async def _replies(
+        stream, stopper: asyncio.Future, tally: ReplyTally, where: str
+    ) -> AsyncIterator[UserReply]:
         """The replies of an open stream, the last one finished; none more after Stop."""
         chunks = aiter(stream)
         while True:
@@ -310,7 +387,9 @@ class RemoteEngine:
                 chunk = await until_stopped(anext(chunks), stopper)
             except StopAsyncIteration:
                 break
-            if chunk is None:  # Stop: closing the stream (in generate) makes the remote abort the request
+            if (
+                chunk is None
+            ):  # Stop: closing the stream (in generate) makes the remote abort the request
                 if (last := tally.stopped()) is not None:
                     yield last
                 return
@@ -321,5 +400,3 @@ class RemoteEngine:
 
     async def close(self) -> None:
         await self.client.close()
-
-

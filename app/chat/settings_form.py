@@ -12,8 +12,14 @@ from .store import DEFAULT_REPETITION_PENALTY, MAX_TOKENS_LIMIT, ChatSettings, s
 # a refused value, or an emptied box, shows the value in force again (an empty seed is a value: a random one)
 RESET_FIELDS = ("temperature", "top_p", "max_tokens", "top_k", "seed", "repetition_penalty")
 REFILLED_WHEN_EMPTY = ("temperature", "top_p", "max_tokens", "top_k", "repetition_penalty")
-_LABELS = {"temperature": "temperature", "top_p": "top-p", "max_tokens": "max tokens", "top_k": "top-k", "seed": "seed",
-           "repetition_penalty": "repetition penalty"}
+_LABELS = {
+    "temperature": "temperature",
+    "top_p": "top-p",
+    "max_tokens": "max tokens",
+    "top_k": "top-k",
+    "seed": "seed",
+    "repetition_penalty": "repetition penalty",
+}
 _WHOLE = ("max_tokens", "top_k", "seed")
 
 
@@ -71,15 +77,21 @@ def _number(name: str, value: Any, in_force: ChatSettings | None, problems: dict
     return int(x) if name in _WHOLE and x.is_integer() else x
 
 
-def form_settings(form: SettingsForm, in_force: ChatSettings | None = None) -> tuple[ChatSettings, dict[str, str]]:
+def form_settings(
+    form: SettingsForm, in_force: ChatSettings | None = None
+) -> tuple[ChatSettings, dict[str, str]]:
     """The settings as the form holds them (its numbers coerced) and, by field name, what is wrong
     with each invalid one (the store's own checks after the form's). An emptied number box keeps
     the value ``in_force`` (without one it is a problem; an empty top-k is off); an empty seed is
     a random one."""
     problems: dict[str, str] = {}
     numbers = {name: _number(name, getattr(form, name), in_force, problems) for name in _LABELS}
-    settings = ChatSettings(system_prompt=form.system_prompt or "", thinking=bool(form.thinking), stop=stop_strings(form.stop),
-                            **numbers)
+    settings = ChatSettings(
+        system_prompt=form.system_prompt or "",
+        thinking=bool(form.thinking),
+        stop=stop_strings(form.stop),
+        **numbers,
+    )
     for name, text in settings.problems().items():
         problems.setdefault(name, text)
     return settings, problems
@@ -95,6 +107,10 @@ def max_tokens_problem(value: Any, context: int | None, model: str | None) -> st
     context of the model serving the chat (``context``, None: not known), within the store's
     limit."""
     limit = min(context, MAX_TOKENS_LIMIT) if context else MAX_TOKENS_LIMIT
-    why = f", the context of {model or 'the model'}, which serves this chat" if limit == context else ""
+    why = (
+        f", the context of {model or 'the model'}, which serves this chat"
+        if limit == context
+        else ""
+    )
     got = "" if value is None or value == "" else f" (got {shown_value(value)})"
     return f"max tokens must be a whole number from 1 to {limit:,}{why}{got}"

@@ -11,7 +11,9 @@ from minisgl_engine import GenerateRequest, UserReply
 
 from .reply_protocol import ModelEntry, ReplySource
 
-if TYPE_CHECKING:  # reply_source.py re-exports SideBySide, so it is imported from there for types only
+if (
+    TYPE_CHECKING
+):  # reply_source.py re-exports SideBySide, so it is imported from there for types only
     from .reply_source import LocalEngine, RemoteEngine
 
 
@@ -40,7 +42,9 @@ class SideBySide:
         return self.local.model_name
 
     async def list_models(self) -> list[ModelEntry]:
-        remote = [replace(e, name=self.REMOTE_PREFIX + e.name) for e in await self.remote.list_models()]
+        remote = [
+            replace(e, name=self.REMOTE_PREFIX + e.name) for e in await self.remote.list_models()
+        ]
         return [*await self.local.list_models(), *remote]
 
     def _owner(self, name: str) -> tuple[ReplySource, str]:

@@ -26,7 +26,9 @@ from .store import IMPORT_LIMIT_BYTES
 # max_file_size): an import is the largest file the page reads (Attach takes 1 MB).
 UPLOAD_LIMIT_BYTES = IMPORT_LIMIT_BYTES
 
-NOT_UPLOADED = "it was not uploaded from this page (attach or import a file with the page's own button)"
+NOT_UPLOADED = (
+    "it was not uploaded from this page (attach or import a file with the page's own button)"
+)
 
 
 class NotUploaded(ValueError):
@@ -35,7 +37,9 @@ class NotUploaded(ValueError):
 
 def upload_folder() -> Path:
     """Where Gradio stores uploads (utils.get_upload_folder): app/cli.py's private per-run folder."""
-    return Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
+    return Path(
+        os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio"
+    ).resolve()
 
 
 class Uploads:

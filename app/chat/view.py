@@ -16,19 +16,23 @@ from datetime import datetime
 from .live import LiveReply
 from .store import ChatSettings, Conversation, ConversationSummary, Message, MessageStats
 
-
-
 VERSIONS_HINT = "Click a message, then ‹ › under the chat to see its other versions."
 WAITING_LINE = "waiting: answered when the reply above ends"
-WAITING_HINT = ("Sent while the chat was replying: it is answered next. Stop ends the reply above and leaves this "
-                "message unanswered (↻ then answers it).")
+WAITING_HINT = (
+    "Sent while the chat was replying: it is answered next. Stop ends the reply above and leaves this "
+    "message unanswered (↻ then answers it)."
+)
 UNANSWERED_LINE = "not answered: ↻ answers it"
-UNANSWERED_HINT = ("The chat stopped before this message's turn came (Stop was pressed while it waited, its tab was "
-                   "closed, or the app stopped). ↻ below asks for the reply.")
+UNANSWERED_HINT = (
+    "The chat stopped before this message's turn came (Stop was pressed while it waited, its tab was "
+    "closed, or the app stopped). ↻ below asks for the reply."
+)
 # a question left unanswered with a later question sent after it: the reply answers the later one
 LEFT_LINE = "not answered"
-LEFT_HINT = ("The chat stopped before this message's turn came, and a later message was sent: the reply answers that one, "
-             "and the model does not see this one. To ask it, send it again.")
+LEFT_HINT = (
+    "The chat stopped before this message's turn came, and a later message was sent: the reply answers that one, "
+    "and the model does not see this one. To ask it, send it again."
+)
 
 
 def left_unanswered(messages: list[Message], i: int) -> bool:
@@ -36,8 +40,13 @@ def left_unanswered(messages: list[Message], i: int) -> bool:
     question was sent after it (ChatPage.send) and still followed by another question (a reply
     right after it, as ↻ gives it once the later ones are deleted, answers it)."""
     m = messages[i]
-    return (m.role == "user" and m.stats is not None and m.stats.unanswered and i + 1 < len(messages)
-            and messages[i + 1].role == "user")
+    return (
+        m.role == "user"
+        and m.stats is not None
+        and m.stats.unanswered
+        and i + 1 < len(messages)
+        and messages[i + 1].role == "user"
+    )
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,9 @@ class ViewMessage:
 
     shown: dict
     source: Message | None
-    earlier: int = 0  # the "Show earlier messages" line: how many messages of the path are not shown
+    earlier: int = (
+        0  # the "Show earlier messages" line: how many messages of the path are not shown
+    )
 
     @property
     def is_line(self) -> bool:
@@ -65,14 +76,16 @@ def focus_of(conv: Conversation | None, chosen: int | None) -> Message | None:
     if chosen in by_id:
         return by_id[chosen]
     questions = [i for i, m in enumerate(conv.messages) if m.role == "user"]
-    last_turn = conv.messages[questions[-1]:] if questions else conv.messages
+    last_turn = conv.messages[questions[-1] :] if questions else conv.messages
     return next((m for m in reversed(last_turn) if m.sibling_count > 1), None)
 
 
 def versions_label(conv: Conversation, focus: Message) -> str:
     """The versions bar's label: which message it acts on and, if it has several, which version."""
     who = "Your message" if focus.role == "user" else "Reply"
-    turn = [m.id for m in conv.messages if m.role == focus.role].index(focus.id) + 1  # "Reply 1": the first reply
+    turn = [m.id for m in conv.messages if m.role == focus.role].index(
+        focus.id
+    ) + 1  # "Reply 1": the first reply
     if focus.sibling_count <= 1:  # only Delete message applies
         return f"{who} {turn}"
     return f"{who} {turn}: version {focus.sibling_index + 1} of {focus.sibling_count}"
@@ -89,13 +102,23 @@ def version_steps(focus: Message | None) -> tuple[bool | None, bool | None]:
 def can_continue(conv: Conversation | None) -> bool:
     """A reply that was stopped or cut at max tokens can be continued."""
     last = conv.messages[-1] if conv is not None and conv.messages else None
-    return (last is not None and last.role == "assistant" and bool(last.content) and last.stats is not None
-            and not is_failed(last) and (last.stats.stopped or last.stats.finish_reason == "length"))
+    return (
+        last is not None
+        and last.role == "assistant"
+        and bool(last.content)
+        and last.stats is not None
+        and not is_failed(last)
+        and (last.stats.stopped or last.stats.finish_reason == "length")
+    )
 
 
 def is_failed(message: Message) -> bool:
     """A reply the engine refused (its text is the reason, not the model's words)."""
-    return message.role == "assistant" and message.stats is not None and message.stats.finish_reason == "error"
+    return (
+        message.role == "assistant"
+        and message.stats is not None
+        and message.stats.finish_reason == "error"
+    )
 
 
 # A chat shows the last WINDOW messages of its path at first; a line above them, "Show N earlier
@@ -115,11 +138,19 @@ def earlier_line(hidden: int) -> ViewMessage:
     rest = f" (of {hidden:,} not shown)" if hidden > more else ""
     text = f"⤒ <strong>Show {more:,} earlier {'message' if more == 1 else 'messages'}</strong>{rest}: click here"
     # its class lets the page's CSS take away the Copy and ✎ that Gradio gives every message (page_css.NO_DOTS)
-    return ViewMessage({"role": "assistant", "content": f'<span class="earlier-line">{text}</span>'}, None, earlier=hidden)
+    return ViewMessage(
+        {"role": "assistant", "content": f'<span class="earlier-line">{text}</span>'},
+        None,
+        earlier=hidden,
+    )
 
 
-def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy: bool = False,
-                  window: int | None = None) -> list[ViewMessage]:
+def view_messages(
+    conv: Conversation | None,
+    live: LiveReply | None = None,
+    busy: bool = False,
+    window: int | None = None,
+) -> list[ViewMessage]:
     """The conversation as the chat shows it; the live reply's text replaces its stored copy
     (which is written only every half second); ``window``: show only the last so many messages
     (``windowed``), under ``earlier_line``. ``busy``: the chat has a reply running or queued,
@@ -135,7 +166,9 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
         conv, hidden = windowed(conv, window)
         if hidden:
             out.append(earlier_line(hidden))
-    trailing = set()  # the questions at the chat's end, after its last reply: waiting, or left unanswered
+    trailing = (
+        set()
+    )  # the questions at the chat's end, after its last reply: waiting, or left unanswered
     for j in range(len(conv.messages) - 1, -1, -1):
         if conv.messages[j].role != "user":
             break
@@ -149,35 +182,92 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
             for text, thinking, still_open in split_thinking(content):
                 if thinking:  # a collapsed line above the answer, as the stats line under it
                     title = "Thinking…" if still_open and streaming else "Thought"
-                    out.append(ViewMessage({"role": "assistant", "content": shown_literally(text),
-                                            "metadata": {"title": title, "status": "done"}}, m))
+                    out.append(
+                        ViewMessage(
+                            {
+                                "role": "assistant",
+                                "content": shown_literally(text),
+                                "metadata": {"title": title, "status": "done"},
+                            },
+                            m,
+                        )
+                    )
                 elif text:  # nothing yet (or stopped before its first word): only the line under it
-                    out.append(ViewMessage({"role": "assistant", "content": shown_literally(text)}, m))
+                    out.append(
+                        ViewMessage({"role": "assistant", "content": shown_literally(text)}, m)
+                    )
         else:
             out.append(ViewMessage({"role": m.role, "content": shown_literally(content)}, m))
         version = f"version {m.sibling_index + 1}/{m.sibling_count}" if m.sibling_count > 1 else ""
         if m.role == "user":
             if version:  # under your message: which of your versions this is
-                out.append(ViewMessage({"role": "user", "content": VERSIONS_HINT, "metadata": {"title": version, "status": "done"}}, m))
+                out.append(
+                    ViewMessage(
+                        {
+                            "role": "user",
+                            "content": VERSIONS_HINT,
+                            "metadata": {"title": version, "status": "done"},
+                        },
+                        m,
+                    )
+                )
             if left_unanswered(conv.messages, i):  # left, and a later question answered instead
-                out.append(ViewMessage({"role": "assistant", "content": LEFT_HINT,
-                                        "metadata": {"title": LEFT_LINE, "status": "done"}}, m))
-            elif busy and i in trailing:  # a question of a busy chat whose reply has not started yet
-                out.append(ViewMessage({"role": "assistant", "content": WAITING_HINT,
-                                        "metadata": {"title": WAITING_LINE, "status": "done"}}, m))
-            elif i in trailing:  # a question left without a reply: say so, under it (↻ answers the chat's last ones)
-                out.append(ViewMessage({"role": "assistant", "content": UNANSWERED_HINT,
-                                        "metadata": {"title": UNANSWERED_LINE, "status": "done"}}, m))
+                out.append(
+                    ViewMessage(
+                        {
+                            "role": "assistant",
+                            "content": LEFT_HINT,
+                            "metadata": {"title": LEFT_LINE, "status": "done"},
+                        },
+                        m,
+                    )
+                )
+            elif (
+                busy and i in trailing
+            ):  # a question of a busy chat whose reply has not started yet
+                out.append(
+                    ViewMessage(
+                        {
+                            "role": "assistant",
+                            "content": WAITING_HINT,
+                            "metadata": {"title": WAITING_LINE, "status": "done"},
+                        },
+                        m,
+                    )
+                )
+            elif (
+                i in trailing
+            ):  # a question left without a reply: say so, under it (↻ answers the chat's last ones)
+                out.append(
+                    ViewMessage(
+                        {
+                            "role": "assistant",
+                            "content": UNANSWERED_HINT,
+                            "metadata": {"title": UNANSWERED_LINE, "status": "done"},
+                        },
+                        m,
+                    )
+                )
             continue
         if is_failed(m):
             continue
         line = "replying…" if streaming else (shown_stats(m.stats).summary() if m.stats else "")
-        line = " · ".join(x for x in (version, line, markdown_literal(m.model) if line and m.model else None) if x)
+        line = " · ".join(
+            x for x in (version, line, markdown_literal(m.model) if line and m.model else None) if x
+        )
         if line:
             # status "done": collapsed, and no spinner (an animation costs a software-rendered
             # browser as much CPU as the engine gets)
-            out.append(ViewMessage({"role": "assistant", "content": ending(m, streaming),
-                                    "metadata": {"title": line, "status": "done"}}, m))
+            out.append(
+                ViewMessage(
+                    {
+                        "role": "assistant",
+                        "content": ending(m, streaming),
+                        "metadata": {"title": line, "status": "done"},
+                    },
+                    m,
+                )
+            )
     return out
 
 
@@ -190,7 +280,9 @@ def view_messages(conv: Conversation | None, live: LiveReply | None = None, busy
 # ``typed_text`` takes the marks out again (ui.edit_text; PAGE_JS for Copy and copies).
 MARK = "\u2060"
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_KEPT = re.compile(r"(`+)(?:.+?)(?<!`)\1(?!`)|\$\$.+?\$\$|<[A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>", re.S)  # code spans, math, autolinks
+_KEPT = re.compile(
+    r"(`+)(?:.+?)(?<!`)\1(?!`)|\$\$.+?\$\$|<[A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>", re.S
+)  # code spans, math, autolinks
 _OPENS_HTML = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)")
 
 
@@ -207,7 +299,12 @@ def shown_literally(text: str) -> str:
             out.append(line)
         elif fence is not None:
             out.append(line)
-            if opened and opened.group(1)[0] == fence[0] and len(opened.group(1)) >= len(fence) and not line.strip(" \t\r\n" + fence[0]):
+            if (
+                opened
+                and opened.group(1)[0] == fence[0]
+                and len(opened.group(1)) >= len(fence)
+                and not line.strip(" \t\r\n" + fence[0])
+            ):
                 fence = None
         else:
             prose.append(line)
@@ -217,7 +314,7 @@ def shown_literally(text: str) -> str:
 def _mark_prose(text: str) -> str:
     parts, at = [], 0
     for kept in _KEPT.finditer(text):
-        parts += [_mark_span(text[at:kept.start()]), kept.group(0)]
+        parts += [_mark_span(text[at : kept.start()]), kept.group(0)]
         at = kept.end()
     parts.append(_mark_span(text[at:]))
     return "".join(parts)
@@ -237,7 +334,9 @@ def _mark_span(text: str) -> str:
 # Content-Security-Policy (app/page/csp.py) is the second guard. Outside code, as the HTML marks.
 IMAGE_MARK = "\u2062"
 _IMAGE = re.compile(r"!\[((?:[^\[\]\\\n]|\\.){0,500})\]\(([^()\n]*)\)")
-_IMAGE_LINK = re.compile(r"\[🖼 \u2062([^\u2062]*)\u2062[^\]\u2062]*\]\(")  # what typed_text turns back
+_IMAGE_LINK = re.compile(
+    r"\[🖼 \u2062([^\u2062]*)\u2062[^\]\u2062]*\]\("
+)  # what typed_text turns back
 
 
 def images_as_links(text: str) -> str:
@@ -246,7 +345,7 @@ def images_as_links(text: str) -> str:
         return text
     parts, at = [], 0
     for m in _IMAGE.finditer(text):
-        before = text[at:m.start()].replace("![", "!" + MARK + "[")
+        before = text[at : m.start()].replace("![", "!" + MARK + "[")
         before += MARK if before.endswith("!") else ""  # "!" and the link would be an image again
         parts += [before, _image_link(m.group(1), m.group(2))]
         at = m.end()
@@ -315,7 +414,9 @@ def shown_stats(stats: MessageStats) -> MessageStats:
     """A reply's stats with their text escaped for the line under it (Markdown, which passes HTML
     on): ``stopped_by`` is ours ("switch to <model>") or, in an imported chat, the file's, like its
     ``model`` ("<img src=x onerror=...>**bold**" there must show as typed, not as HTML)."""
-    return replace(stats, stopped_by=markdown_literal(stats.stopped_by)) if stats.stopped_by else stats
+    return (
+        replace(stats, stopped_by=markdown_literal(stats.stopped_by)) if stats.stopped_by else stats
+    )
 
 
 def ending(m: Message, streaming: bool) -> str:
@@ -324,8 +425,15 @@ def ending(m: Message, streaming: bool) -> str:
         return "The reply is streaming; Stop (or Escape) ends it."
     reason = m.stats.finish_reason if m.stats else None
     if m.stats is not None and m.stats.stopped:
-        return f"Stopped before the end ({markdown_literal(m.stats.stopped_by)})." if m.stats.stopped_by else "Stopped before the end."
-    return {"stop": "The model finished its answer.", "length": "Cut at this chat's max tokens (Settings)."}.get(reason or "", "Ended.")
+        return (
+            f"Stopped before the end ({markdown_literal(m.stats.stopped_by)})."
+            if m.stats.stopped_by
+            else "Stopped before the end."
+        )
+    return {
+        "stop": "The model finished its answer.",
+        "length": "Cut at this chat's max tokens (Settings).",
+    }.get(reason or "", "Ended.")
 
 
 def engine_messages(conv: Conversation, settings: ChatSettings) -> list[dict]:
@@ -334,11 +442,18 @@ def engine_messages(conv: Conversation, settings: ChatSettings) -> list[dict]:
     with the chat gone on after it (stopped before its first word, or the model said nothing:
     the question would otherwise run into the next one), empty replies, and the questions left
     unanswered before a later one (``left_unanswered``: the reply answers that one)."""
-    msgs = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
+    msgs = (
+        [{"role": "system", "content": settings.system_prompt}]
+        if settings.system_prompt.strip()
+        else []
+    )
     turns = [m for m in conv.messages if m.role in ("user", "assistant")]
     for i, m in enumerate(turns):
         answer = turns[i + 1] if m.role == "user" and i + 1 < len(turns) else None
-        if answer is not None and (is_failed(answer) or (answer.role == "assistant" and not answer.content and i + 2 < len(turns))):
+        if answer is not None and (
+            is_failed(answer)
+            or (answer.role == "assistant" and not answer.content and i + 2 < len(turns))
+        ):
             continue
         if is_failed(m) or left_unanswered(turns, i):
             continue
@@ -348,7 +463,9 @@ def engine_messages(conv: Conversation, settings: ChatSettings) -> list[dict]:
     return msgs
 
 
-def sidebar_choices(summaries: list[ConversationSummary], busy: set[int], now: datetime | None = None) -> list[tuple[str, int]]:
+def sidebar_choices(
+    summaries: list[ConversationSummary], busy: set[int], now: datetime | None = None
+) -> list[tuple[str, int]]:
     """(label, id) per conversation: its title, when it was last used, and a mark while it replies."""
     now = now or datetime.now()
     out = []
@@ -399,12 +516,18 @@ def status_line(client) -> str:
         done = len(client.worker_info)
         total = len(client.expected_workers)
         if client.switching:
-            return (f"**Loading** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready); "
-                    "send your message once it has loaded")
+            return (
+                f"**Loading** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready); "
+                "send your message once it has loaded"
+            )
         return f"**Starting** {client.model_name}: {client.phase}… ({done}/{total} engine processes ready)"
     sched = client.scheduler_info
     # with --dp, every replica's device (each replica's rank 0 reports one)
-    devices = [info["device"] for name, info in sorted(client.worker_info.items()) if name.endswith("-scheduler") and "device" in info]
+    devices = [
+        info["device"]
+        for name, info in sorted(client.worker_info.items())
+        if name.endswith("-scheduler") and "device" in info
+    ]
     s = client.stats
     if s is None:
         load = ""
@@ -425,7 +548,7 @@ def while_replying(line: str) -> str:
     """The status line of a page whose chat has a reply running or queued: Generating at once.
     The engine's figures come a step after the request reaches it, and the line said Ready for
     up to a second after Send, beside a reply that said "replying…"."""
-    return GENERATING + line[len(READY):] if line.startswith(READY) else line
+    return GENERATING + line[len(READY) :] if line.startswith(READY) else line
 
 
 def wide_only(text: str) -> str:

@@ -40,9 +40,13 @@ PAGE_KEY_FILE = "page-key"  # in the app's data folder (0700), itself 0600
 OPEN_FILE = "open-page.html"  # the redirect file the browser is opened on
 TOKEN_PARAM = "token"
 LOGIN_PATH = "/page-login"
-COOKIE_MAX_AGE_S = 180 * 24 * 3600  # the key stays until its file is deleted; so may the browser's cookie
+COOKIE_MAX_AGE_S = (
+    180 * 24 * 3600
+)  # the key stays until its file is deleted; so may the browser's cookie
 MAX_LOGIN_BODY = 4096
-MAX_FAILED_LOGINS = 10  # wrong keys (form or link) within FAILED_LOGIN_WINDOW_S, then 429 until the window passes
+MAX_FAILED_LOGINS = (
+    10  # wrong keys (form or link) within FAILED_LOGIN_WINDOW_S, then 429 until the window passes
+)
 FAILED_LOGIN_WINDOW_S = 60.0
 
 
@@ -78,8 +82,10 @@ def write_open_file(folder: Path, link: str) -> Path:
     os.chmod(path, 0o600)
     target = html.escape(link, quote=True)
     with os.fdopen(fd, "w") as f:
-        f.write(f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0;url={target}">'
-                f'<title>minisgl-chat</title><p><a href="{target}">Open the chat</a></p>\n')
+        f.write(
+            f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0;url={target}">'
+            f'<title>minisgl-chat</title><p><a href="{target}">Open the chat</a></p>\n'
+        )
     return path
 
 
@@ -93,7 +99,9 @@ class FailedLogins:
     """Wrong keys within the last window, for the whole server (another local user may come from
     many addresses): past MAX_FAILED_LOGINS, keys are not even checked until the window moves on."""
 
-    def __init__(self, limit: int = MAX_FAILED_LOGINS, window_s: float = FAILED_LOGIN_WINDOW_S) -> None:
+    def __init__(
+        self, limit: int = MAX_FAILED_LOGINS, window_s: float = FAILED_LOGIN_WINDOW_S
+    ) -> None:
         self.limit, self.window_s = limit, window_s
         self.times: deque[float] = deque()
 
@@ -127,7 +135,9 @@ class PageGuard:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008, "reason": "the chat page needs its key"})
+            await send(
+                {"type": "websocket.close", "code": 1008, "reason": "the chat page needs its key"}
+            )
             return
         method, path = scope["method"], scope["path"]
         if path == LOGIN_PATH and method == "POST":
@@ -136,7 +146,9 @@ class PageGuard:
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         token = next((value for name, value in query if name == TOKEN_PARAM), None)
         if token is not None and method in ("GET", "HEAD"):
-            await self.login_link(scope, send, token, [(n, v) for n, v in query if n != TOKEN_PARAM])
+            await self.login_link(
+                scope, send, token, [(n, v) for n, v in query if n != TOKEN_PARAM]
+            )
             return
         await self.refuse(scope, send, "")
 
@@ -154,11 +166,19 @@ class PageGuard:
         given = key.strip().encode()
         if hmac.compare_digest(given, self.keys[0]):
             return True
-        return self.failed.wait_s() == 0 and any(hmac.compare_digest(given, k) for k in self.keys[1:])
+        return self.failed.wait_s() == 0 and any(
+            hmac.compare_digest(given, k) for k in self.keys[1:]
+        )
 
-    async def login_link(self, scope: Scope, send: Send, token: str, rest: list[tuple[str, str]]) -> None:
+    async def login_link(
+        self, scope: Scope, send: Send, token: str, rest: list[tuple[str, str]]
+    ) -> None:
         if not self.key_is_right(token):
-            await self.wrong_key(scope, send, "That link's key is not this app's: open the link the app printed when it started.")
+            await self.wrong_key(
+                scope,
+                send,
+                "That link's key is not this app's: open the link the app printed when it started.",
+            )
             return
         where = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(rest)}" if rest else "")
         await self.logged_in(scope, send, where)
@@ -179,7 +199,9 @@ class PageGuard:
             return
         await self.logged_in(scope, send, safe_next(form.get("next", "/")))
 
-    async def wrong_key(self, scope: Scope, send: Send, problem: str, next_path: str | None = None) -> None:
+    async def wrong_key(
+        self, scope: Scope, send: Send, problem: str, next_path: str | None = None
+    ) -> None:
         """401 with ``problem``, counted; 429 while too many wrong keys were tried (counted no more)."""
         wait = self.failed.wait_s()
         if not wait:
@@ -188,44 +210,102 @@ class PageGuard:
             return
         seconds = max(1, round(wait))
         problem = f"Too many wrong keys were tried: wait {seconds} s, or open the link the app printed (it always works)."
-        await self.refuse(scope, send, problem, next_path, status=429, headers=[(b"retry-after", str(seconds).encode())],
-                          code="too_many_logins")
+        await self.refuse(
+            scope,
+            send,
+            problem,
+            next_path,
+            status=429,
+            headers=[(b"retry-after", str(seconds).encode())],
+            code="too_many_logins",
+        )
 
     async def logged_in(self, scope: Scope, send: Send, where: str) -> None:
-        cookie = (f"{cookie_name(scope)}={self.page_key}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; "
-                  "SameSite=Lax")
-        await send({"type": "http.response.start", "status": 303,
-                    "headers": [(b"location", where.encode("latin-1", "replace")), (b"set-cookie", cookie.encode()),
-                                (b"cache-control", b"no-store"), (b"content-length", b"0")]})
+        cookie = (
+            f"{cookie_name(scope)}={self.page_key}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; "
+            "SameSite=Lax"
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 303,
+                "headers": [
+                    (b"location", where.encode("latin-1", "replace")),
+                    (b"set-cookie", cookie.encode()),
+                    (b"cache-control", b"no-store"),
+                    (b"content-length", b"0"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": b""})
 
-    async def refuse(self, scope: Scope, send: Send, problem: str, next_path: str | None = None, status: int = 401,
-                     headers: list[tuple[bytes, bytes]] | None = None, code: str = "page_key_required") -> None:
+    async def refuse(
+        self,
+        scope: Scope,
+        send: Send,
+        problem: str,
+        next_path: str | None = None,
+        status: int = 401,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        code: str = "page_key_required",
+    ) -> None:
         """401 (or ``status``): the login form for a browser asking for a page, saying ``problem``;
         one JSON line for anything else."""
-        accept = next((v for k, v in scope.get("headers", ()) if k == b"accept"), b"").decode("latin-1")
+        accept = next((v for k, v in scope.get("headers", ()) if k == b"accept"), b"").decode(
+            "latin-1"
+        )
         if scope["method"] in ("GET", "POST") and "text/html" in accept:
-            query = urlencode([(n, v) for n, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"),
-                                                             keep_blank_values=True) if n != TOKEN_PARAM])
-            where = next_path if next_path is not None else scope["path"] + (f"?{query}" if query else "")
+            query = urlencode(
+                [
+                    (n, v)
+                    for n, v in parse_qsl(
+                        scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+                    )
+                    if n != TOKEN_PARAM
+                ]
+            )
+            where = (
+                next_path
+                if next_path is not None
+                else scope["path"] + (f"?{query}" if query else "")
+            )
             page = login_page(problem, safe_next(where), self.says_api_key)
             await respond(send, status, "text/html; charset=utf-8", page.encode(), headers)
             return
-        message = problem or "this chat page belongs to the user who started minisgl-chat: open the link it printed (…/?token=…)"
+        message = (
+            problem
+            or "this chat page belongs to the user who started minisgl-chat: open the link it printed (…/?token=…)"
+        )
         kind = "rate_limited" if status == 429 else "unauthorized"
         await respond(send, status, "application/json", error_body(message, kind, code), headers)
 
 
 def error_body(message: str, kind: str, code: str) -> bytes:
     """One error in OpenAI's shape, as the server's other refusals."""
-    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    return json.dumps(
+        {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    ).encode()
 
 
-async def respond(send: Send, status: int, content_type: str, body: bytes,
-                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
-                            (b"cache-control", b"no-store"), *(headers or [])]})
+async def respond(
+    send: Send,
+    status: int,
+    content_type: str,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

@@ -77,11 +77,19 @@ class Attachments(TabState):
     def attachments_layout() -> SimpleNamespace:
         with gr.Row(elem_id="attached-row"):
             attached = gr.Markdown("", elem_id="attached")
-            unattach_btn = gr.Button("✕ Remove attachments", elem_id="remove-attachments-btn", size="sm", scale=0, min_width=170,
-                                     visible=False)  # shown while files wait for the next message
+            unattach_btn = gr.Button(
+                "✕ Remove attachments",
+                elem_id="remove-attachments-btn",
+                size="sm",
+                scale=0,
+                min_width=170,
+                visible=False,
+            )  # shown while files wait for the next message
         return SimpleNamespace(attached=attached, unattach_btn=unattach_btn)
 
     def wire_attachments(self, w: Wiring) -> None:
         m = w.main
-        m.attach_btn.upload(self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **QUICK)
+        m.attach_btn.upload(
+            self.attach, inputs=m.attach_btn, outputs=[m.attached, m.unattach_btn], **QUICK
+        )
         m.unattach_btn.click(self.unattach, outputs=[m.attached, m.unattach_btn], **QUICK)

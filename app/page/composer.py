@@ -22,10 +22,14 @@ from .scripts import SEND_JS, STAMP_JS, SYNC_SEND_JS
 from .tabs import BUSY_HINT, Tab, TabState
 from .wiring import QUICK, Wiring
 
-DOUBLE_SEND_MS = 1000  # the same text sent again within this is a double click or Enter, not a second message
+DOUBLE_SEND_MS = (
+    1000  # the same text sent again within this is a double click or Enter, not a second message
+)
 # an edit refused (✎'s box closes on Save) keeps its text in the message box (kept_edit)
-EDIT_KEPT = ("Your edit was not saved: its text is now in the message box, to copy into ✎ on the message once you have "
-             "looked the chat over.")
+EDIT_KEPT = (
+    "Your edit was not saved: its text is now in the message box, to copy into ✎ on the message once you have "
+    "looked the chat over."
+)
 
 
 def kept_edit(box: str | None, edited: str):
@@ -43,6 +47,7 @@ class Composer(TabState):
         """The next reply of ``conv_id``, made when it starts (after any reply before it): a new
         reply to the shown chat's last message, a new version of the reply to ``after`` (a user
         message on the path), or more of reply ``continue_id``."""
+
         def make_turn() -> Turn | None:
             conv = self.store.get(conv_id)
             path = conv.messages
@@ -56,34 +61,81 @@ class Composer(TabState):
                 return None  # nothing to answer (stopped, deleted or answered meanwhile)
             s = conv.settings
             backend, source = self.backend_of(s)
-            params = SamplingParams(max_tokens=int(s.max_tokens), temperature=float(s.temperature), top_p=float(s.top_p),
-                                    top_k=int(s.top_k) or -1, seed=s.seed, stop=list(s.stop),
-                                    repetition_penalty=float(s.repetition_penalty))
+            params = SamplingParams(
+                max_tokens=int(s.max_tokens),
+                temperature=float(s.temperature),
+                top_p=float(s.top_p),
+                top_k=int(s.top_k) or -1,
+                seed=s.seed,
+                stop=list(s.stop),
+                repetition_penalty=float(s.repetition_penalty),
+            )
             kwargs = {"enable_thinking": bool(s.thinking)} if source.supports_thinking else {}
             messages = engine_messages(replace(conv, messages=path), s)
             if continue_id is not None:
                 kwargs["continue_final_message"] = True
                 last = path[-1]
-                request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)
-                return Turn(request, last.id, text=last.content, earlier=last.stats, backend=backend, generate=source.generate)
-            request = GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs or None)
+                request = GenerateRequest(
+                    params=params, messages=messages, chat_template_kwargs=kwargs
+                )
+                return Turn(
+                    request,
+                    last.id,
+                    text=last.content,
+                    earlier=last.stats,
+                    backend=backend,
+                    generate=source.generate,
+                )
+            request = GenerateRequest(
+                params=params, messages=messages, chat_template_kwargs=kwargs or None
+            )
             question = path[-1]
-            if question.stats is not None and question.stats.unanswered:  # answered now (↻): its mark goes
-                self.store.update_message(question.id, question.content, replace(question.stats, unanswered=False).to_dict())
-            reply = self.store.add_message(conv_id, question.id, "assistant", "", stats={"tokens": 0}, model=source.model_name)
-            return Turn(request, reply.id, backend=backend, generate=source.generate, model_of=lambda: source.model_name)
+            if (
+                question.stats is not None and question.stats.unanswered
+            ):  # answered now (↻): its mark goes
+                self.store.update_message(
+                    question.id,
+                    question.content,
+                    replace(question.stats, unanswered=False).to_dict(),
+                )
+            reply = self.store.add_message(
+                conv_id, question.id, "assistant", "", stats={"tokens": 0}, model=source.model_name
+            )
+            return Turn(
+                request,
+                reply.id,
+                backend=backend,
+                generate=source.generate,
+                model_of=lambda: source.model_name,
+            )
+
         return make_turn
 
-    def submit(self, tab: Tab, conv_id: int, request: gr.Request, make_turn, clicked_at: float | None = None) -> None:
+    def submit(
+        self,
+        tab: Tab,
+        conv_id: int,
+        request: gr.Request,
+        make_turn,
+        clicked_at: float | None = None,
+    ) -> None:
         """Start (or queue) a reply of ``conv_id`` for this tab; stopped at once if the tab's Stop
         was clicked after it (``clicked_at``, browser ms) but handled before it."""
-        self.replies.submit(conv_id, request.session_hash if request is not None else None, make_turn)
+        self.replies.submit(
+            conv_id, request.session_hash if request is not None else None, make_turn
+        )
         if clicked_at is not None and tab.events.early_stop > clicked_at:
             tab.events.early_stop = 0.0
             self.replies.stop(conv_id)
 
-    async def send(self, text: str, form: SettingsForm, clicked_at: float | None, request: gr.Request,
-                   after_click: float | None = None):
+    async def send(
+        self,
+        text: str,
+        form: SettingsForm,
+        clicked_at: float | None,
+        request: gr.Request,
+        after_click: float | None = None,
+    ):
         """Store the message (starting a chat if needed) and ask for its reply; a message sent
         while the chat replies is shown at once and answered next. Returns the answer for the
         message box (``draft_for_box``: the page emptied it at Enter; a message not sent goes
@@ -92,7 +144,10 @@ class Composer(TabState):
         (SEND_JS; 0: not), so the settings boxes sent are those of the chat shown before."""
         tab = self.tab(request)
         typed = text or ""
-        kept, sent = self.draft_for_box(clicked_at, typed, None), self.draft_for_box(clicked_at, typed, "")
+        kept, sent = (
+            self.draft_for_box(clicked_at, typed, None),
+            self.draft_for_box(clicked_at, typed, ""),
+        )
         # as typed: text taken from a message shown here other than by Copy (dragged, or pasted
         # with a middle click on Linux) brings the marks that show its HTML (view.shown_literally)
         text = typed_text(typed).strip()
@@ -100,22 +155,37 @@ class Composer(TabState):
             self.keep_unsent(tab, text)  # sent from the chat shown before a click handled first
             return sent, gr.skip()  # (kept as that chat's draft, not put back here)
         if not text and (after_click or not tab.draft.attachments):
-            return sent, gr.skip()  # Enter on an empty box: nothing happens (nor after a click: not its files)
+            return (
+                sent,
+                gr.skip(),
+            )  # Enter on an empty box: nothing happens (nor after a click: not its files)
         sent_at = clicked_at if clicked_at is not None else time.time() * 1000
         last = tab.draft.last_send
         # either order: Gradio may start the second send of a double click before the first
-        if last is not None and last[:2] == (tab.conv_id, text) and abs(sent_at - last[2]) < DOUBLE_SEND_MS:
-            return sent, gr.skip()  # the same message again at once: a double click or Enter, sent once
+        if (
+            last is not None
+            and last[:2] == (tab.conv_id, text)
+            and abs(sent_at - last[2]) < DOUBLE_SEND_MS
+        ):
+            return (
+                sent,
+                gr.skip(),
+            )  # the same message again at once: a double click or Enter, sent once
         conv = self.shown(tab)
         if not self.shows_current(tab, conv, appending=True):
-            return kept, gr.skip()  # the message goes back to the box; the page shows the chat as it is now
+            return (
+                kept,
+                gr.skip(),
+            )  # the message goes back to the box; the page shows the chat as it is now
         # the settings boxes as Enter found them, saved first; after a click whose answer had not
         # come (``after_click``), they were still those of the chat shown before: that chat's, not saved here
         checked = self.checked_form(form, self.settings_of(tab, conv))
         if not after_click and not self.save_settings(tab, *checked):
             return kept, gr.skip()  # the toast says which setting; the message goes back to the box
         if not self.backend_of(self.settings_in_force(tab))[1].ready:
-            toasts.warn("The model is still loading; send your message once it has loaded (the status line stops saying Loading).")
+            toasts.warn(
+                "The model is still loading; send your message once it has loaded (the status line stops saying Loading)."
+            )
             return kept, gr.skip()
         raw_text, text = text, with_attachments(text, tab.draft.attachments)
         # A message sent to a chat that is not replying is answered on its own: the questions at
@@ -125,11 +195,20 @@ class Composer(TabState):
         # sent while it replies are answered together by the reply after the last of them. (A
         # reply being stopped answers nothing more: ReplyManager.answers_later.)
         leave_unanswered = tab.conv_id is not None and not self.replies.answers_later(tab.conv_id)
-        if tab.conv_id is None:  # the chat and its first message: one transaction, so a failure leaves no empty chat
-            tab.conv_id = self.store.create(title=title_from(text), settings=tab.new_chat_settings, first_message=text).id
+        if (
+            tab.conv_id is None
+        ):  # the chat and its first message: one transaction, so a failure leaves no empty chat
+            tab.conv_id = self.store.create(
+                title=title_from(text), settings=tab.new_chat_settings, first_message=text
+            ).id
             tab.picked = True
-            if tab.drawn.fields_shown is not None and tab.drawn.fields_shown[0] is None:  # the boxes show its settings: its title
-                tab.drawn.fields_shown = (tab.conv_id, tab.drawn.fields_shown[1])       # box (empty) is redrawn, alone
+            if (
+                tab.drawn.fields_shown is not None and tab.drawn.fields_shown[0] is None
+            ):  # the boxes show its settings: its title
+                tab.drawn.fields_shown = (
+                    tab.conv_id,
+                    tab.drawn.fields_shown[1],
+                )  # box (empty) is redrawn, alone
         else:
             self.store.append(tab.conv_id, "user", text, leave_unanswered=leave_unanswered)
         tab.draft.attachments = []  # sent with the message: only now (a failed store keeps them attached)
@@ -155,10 +234,15 @@ class Composer(TabState):
             title = self.store.get(chat).title if chat is not None else "your new chat"
         except NotFoundError:
             tab.draft.unsent.pop(chat, None)
-            toasts.warn(f"Not sent: the chat it was typed in was deleted. Your message was: {text}" if text else
-                 "Not sent: the chat it was typed in was deleted, and its files with it.")
+            toasts.warn(
+                f"Not sent: the chat it was typed in was deleted. Your message was: {text}"
+                if text
+                else "Not sent: the chat it was typed in was deleted, and its files with it."
+            )
             return
-        toasts.warn(f"Not sent: you switched chats; your message is kept as the draft of «{title}».")
+        toasts.warn(
+            f"Not sent: you switched chats; your message is kept as the draft of «{title}»."
+        )
 
     async def regenerate(self, request: gr.Request):
         """↻: a new version of the last reply (the old one stays, ‹ › shows it again)."""
@@ -186,7 +270,9 @@ class Composer(TabState):
         elif self.replies.is_busy(conv.id):
             toasts.warn(BUSY_HINT)
         else:
-            self.submit(tab, conv.id, request, self.turn_for(conv.id, continue_id=conv.messages[-1].id))
+            self.submit(
+                tab, conv.id, request, self.turn_for(conv.id, continue_id=conv.messages[-1].id)
+            )
 
     async def edit(self, edit: gr.EditData, request: gr.Request, text: str | None = None):
         """✎ on any message makes a new version of it (the old one stays). An edited question is
@@ -204,7 +290,9 @@ class Composer(TabState):
         if new_text == edit_text(edit.previous_value):
             pass  # unchanged (Gradio edits a reply and the line under it together: the line is no edit)
         elif not self.shows_current(tab, conv, note=EDIT_KEPT):
-            box = kept_edit(text, new_text)  # the edit's index is into the chat as the tab showed it
+            box = kept_edit(
+                text, new_text
+            )  # the edit's index is into the chat as the tab showed it
         elif item is None or item.is_line or item.source is None:
             toasts.warn("Edit the message's own text, not the line above or under it.")
         elif self.replies.is_busy(conv.id):
@@ -231,7 +319,11 @@ class Composer(TabState):
         of its versions is shown: ‹ ›) and the title is still the one made from it (the user never
         renamed the chat), the title follows the new text. Whether it was renamed."""
         first = edited.role == "user" and edited.parent_id is None
-        if not first or conv.title != title_from(edited.content) or conv.title == title_from(new_text):
+        if (
+            not first
+            or conv.title != title_from(edited.content)
+            or conv.title == title_from(new_text)
+        ):
             return False
         self.store.rename(conv.id, title_from(new_text))
         self.note_fields(tab, conv.id, title=title_from(new_text))  # the title box is sent it
@@ -243,40 +335,82 @@ class Composer(TabState):
         sent instead is answered on its own (``send``: the questions waiting are left unanswered)."""
         tab = self.tab(request)
         if not self.replies.stop(tab.conv_id) and clicked_at is not None:
-            tab.events.early_stop = clicked_at  # a message clicked before it may not have arrived yet
+            tab.events.early_stop = (
+                clicked_at  # a message clicked before it may not have arrived yet
+            )
 
     @staticmethod
     def continue_layout() -> SimpleNamespace:
         # Continue floats over the chat's bottom right corner, under the reply it extends
         # (css.py: CONTINUE_FLOATS): a fourth button in the composer's row would squeeze the message box
         with gr.Row(elem_id="continue-anchor"):
-            continue_btn = gr.Button("Continue", elem_id="continue-btn", size="sm", scale=0, min_width=90, visible=False)
+            continue_btn = gr.Button(
+                "Continue", elem_id="continue-btn", size="sm", scale=0, min_width=90, visible=False
+            )
         return SimpleNamespace(continue_btn=continue_btn)
 
     @staticmethod
     def composer_layout() -> SimpleNamespace:
         with gr.Row(elem_id="composer"):
-            attach_btn = gr.UploadButton("Attach", elem_id="attach-btn", size="sm", scale=0, min_width=70,
-                                         file_count="multiple")  # any text files, several at once
-            msg = gr.Textbox(label="Message", show_label=False, elem_id="msg-input", scale=8, lines=1, max_lines=8,
-                             autofocus=True, placeholder="Message (Enter sends, Shift+Enter for a new line)")
-            send_btn = gr.Button("Send", elem_id="send-btn", variant="primary", scale=1, min_width=80)
-            stop_btn = gr.Button("Stop", elem_id="stop-btn", variant="secondary", scale=1, min_width=80)
+            attach_btn = gr.UploadButton(
+                "Attach",
+                elem_id="attach-btn",
+                size="sm",
+                scale=0,
+                min_width=70,
+                file_count="multiple",
+            )  # any text files, several at once
+            msg = gr.Textbox(
+                label="Message",
+                show_label=False,
+                elem_id="msg-input",
+                scale=8,
+                lines=1,
+                max_lines=8,
+                autofocus=True,
+                placeholder="Message (Enter sends, Shift+Enter for a new line)",
+            )
+            send_btn = gr.Button(
+                "Send", elem_id="send-btn", variant="primary", scale=1, min_width=80
+            )
+            stop_btn = gr.Button(
+                "Stop", elem_id="stop-btn", variant="secondary", scale=1, min_width=80
+            )
         return SimpleNamespace(attach_btn=attach_btn, msg=msg, send_btn=send_btn, stop_btn=stop_btn)
 
     def wire_composer(self, w: Wiring) -> None:
         c, m = w.chats, w.main
 
-        async def send_from_page(text: str, request: gr.Request, *, clicked_at: float | None, after_click: float | None,
-                                 **form: Any):
+        async def send_from_page(
+            text: str,
+            request: gr.Request,
+            *,
+            clicked_at: float | None,
+            after_click: float | None,
+            **form: Any,
+        ):
             return await self.send(text, SettingsForm(**form), clicked_at, request, after_click)
 
-        stamps = w.form_then(clicked_at=c.clicked_at, after_click=c.after_click)  # SEND_JS: the box, the form, the stamps
+        stamps = w.form_then(
+            clicked_at=c.clicked_at, after_click=c.after_click
+        )  # SEND_JS: the box, the form, the stamps
         for trigger in (m.msg.submit, m.send_btn.click):
-            w.then_redraw(trigger(send_from_page, inputs=[m.msg], inputs_kwargs=stamps, outputs=[c.shown_draft, m.status],
-                                  js=SEND_JS, api_name="send", **QUICK), draft=True)
+            w.then_redraw(
+                trigger(
+                    send_from_page,
+                    inputs=[m.msg],
+                    inputs_kwargs=stamps,
+                    outputs=[c.shown_draft, m.status],
+                    js=SEND_JS,
+                    api_name="send",
+                    **QUICK,
+                ),
+                draft=True,
+            )
         m.msg.change(None, js=SYNC_SEND_JS)
         m.chatbot.retry(self.regenerate, **QUICK).then(**w.follow)
-        m.chatbot.edit(self.edit, inputs=m.msg, outputs=[c.title_box, m.msg], **QUICK).then(**w.follow)
+        m.chatbot.edit(self.edit, inputs=m.msg, outputs=[c.title_box, m.msg], **QUICK).then(
+            **w.follow
+        )
         m.continue_btn.click(self.continue_reply, **QUICK).then(**w.follow)
         m.stop_btn.click(self.stop, inputs=c.clicked_at, js=STAMP_JS, **QUICK)

@@ -29,10 +29,21 @@ def page_csp(app):
 
         async def send_with_policy(message) -> None:
             if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"content-security-policy"]
-                theirs = [v.decode("latin-1") for k, v in message.get("headers", []) if k.lower() == b"content-security-policy"]
+                headers = [
+                    (k, v)
+                    for k, v in message.get("headers", [])
+                    if k.lower() != b"content-security-policy"
+                ]
+                theirs = [
+                    v.decode("latin-1")
+                    for k, v in message.get("headers", [])
+                    if k.lower() == b"content-security-policy"
+                ]
                 policy = "; ".join([PAGE_CSP, *theirs])
-                message = {**message, "headers": [*headers, (b"content-security-policy", policy.encode("latin-1"))]}
+                message = {
+                    **message,
+                    "headers": [*headers, (b"content-security-policy", policy.encode("latin-1"))],
+                }
             await send(message)
 
         await app(scope, receive, send_with_policy)

@@ -48,18 +48,31 @@ IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 class ViewEvents(TabState):
     """Renders a tab: the follow, the tick, the redraw of boxes changed elsewhere, the load."""
 
-    async def load_page(self, request: gr.Request, in_address: float | None = None, remembered: float | None = None):
+    async def load_page(
+        self, request: gr.Request, in_address: float | None = None, remembered: float | None = None
+    ):
         """The tab opens the chat its address names (a reload), else the one the browser last
         showed (ASKED_CHATS_JS), else the newest."""
         tab = self.tab(request)
         if not tab.picked:  # a click that came first (New chat at once) is kept
-            asked = next((int(c) for c in (in_address, remembered) if c is not None and self.exists(int(c))), None)
+            asked = next(
+                (int(c) for c in (in_address, remembered) if c is not None and self.exists(int(c))),
+                None,
+            )
             convs = self.store.list() if asked is None else []
             tab.conv_id = asked if asked is not None else convs[0].id if convs else None
-            if in_address is not None and asked != int(in_address):  # a link to a deleted chat: another is shown, and said
+            if in_address is not None and asked != int(
+                in_address
+            ):  # a link to a deleted chat: another is shown, and said
                 named = f"chat {int(in_address)}" if in_address >= 0 else "no chat"
-                shown = f"“{self.store.get(tab.conv_id).title}”" if tab.conv_id is not None else "a new chat"
-                toasts.warn(f"The address (?chat=) names {named}, which is not here (deleted?): showing {shown}.")
+                shown = (
+                    f"“{self.store.get(tab.conv_id).title}”"
+                    if tab.conv_id is not None
+                    else "a new chat"
+                )
+                toasts.warn(
+                    f"The address (?chat=) names {named}, which is not here (deleted?): showing {shown}."
+                )
         thinking = gr.update(visible=self.source.supports_thinking)
         return (*self.fields(tab), thinking)
 
@@ -74,7 +87,9 @@ class ViewEvents(TabState):
         ended = False
         previous, tab.follows.following = tab.follows.following, asyncio.Event()
         done = tab.follows.following
-        raced = previous is not None and (not previous.is_set() or time.monotonic() - tab.follows.ended_at < RACE_S)
+        raced = previous is not None and (
+            not previous.is_set() or time.monotonic() - tab.follows.ended_at < RACE_S
+        )
         try:
             if previous is not None and not previous.is_set():
                 # Let the follow this one replaces end first: a render it already made (of the chat
@@ -89,7 +104,13 @@ class ViewEvents(TabState):
                 busy = self.replies.is_busy(tab.conv_id)
                 now = self.render(tab)
                 if now != last:
-                    changed = {name for name, new, old in zip(PageView._fields, now, last or (None,) * VIEW_SIZE) if new != old}
+                    changed = {
+                        name
+                        for name, new, old in zip(
+                            PageView._fields, now, last or (None,) * VIEW_SIZE
+                        )
+                        if new != old
+                    }
                     yield now.outputs(changed | SENT_AS_UPDATES)
                     last = now
                     tab.drawn.status, tab.drawn.sidebar = now.status, now.sidebar
@@ -137,12 +158,18 @@ class ViewEvents(TabState):
         for notice in self.replies.take_notices(session):
             toasts.inform(notice)
         following = tab.follows.following is not None and not tab.follows.following.is_set()
-        if tab.follows.recheck_at is not None and not following and time.monotonic() >= tab.follows.recheck_at:
+        if (
+            tab.follows.recheck_at is not None
+            and not following
+            and time.monotonic() >= tab.follows.recheck_at
+        ):
             tab.follows.recheck_at = None
             now = self.render(tab)
             tab.drawn.status, tab.drawn.sidebar = now.status, now.sidebar
             return (*now.outputs(), gr.skip(), gr.skip())
-        self.said_deleted(tab, say=toasts.inform)  # news, refusing nothing: an Info toast, not a Warning
+        self.said_deleted(
+            tab, say=toasts.inform
+        )  # news, refusing nothing: an Info toast, not a Warning
         redraw_chat = refresh = gr.skip()
         if not following and not editing:
             chat_behind, fields_behind = self.behind(tab)
@@ -154,12 +181,16 @@ class ViewEvents(TabState):
                 refresh = tab.drawn.refreshes
         status, side = self.status_of(tab), self.render_sidebar(tab)
         # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
-        view = {"status": status if status != tab.drawn.status else gr.skip(),
-                "sidebar": as_update("sidebar", side) if side != tab.drawn.sidebar else gr.skip()}
+        view = {
+            "status": status if status != tab.drawn.status else gr.skip(),
+            "sidebar": as_update("sidebar", side) if side != tab.drawn.sidebar else gr.skip(),
+        }
         tab.drawn.status, tab.drawn.sidebar = status, side
         return (*(view.get(name, gr.skip()) for name in PageView._fields), redraw_chat, refresh)
 
-    async def redraw_fields(self, refreshes: float | None, focused: str | None, request: gr.Request) -> tuple:
+    async def redraw_fields(
+        self, refreshes: float | None, focused: str | None, request: gr.Request
+    ) -> tuple:
         """The chat changed elsewhere (the tick's redraw): its title box and settings show it as
         it is now (a deleted chat: the new chat the tab turns to). Only the boxes whose value
         changed since this tab sent or saved it, and never the one with the keyboard's focus
@@ -170,10 +201,14 @@ class ViewEvents(TabState):
         before = tab.drawn.fields_shown
         values = self.fields(tab)
         old = before[1] if before is not None and before[0] == tab.drawn.fields_shown[0] else None
-        return tuple(gr.skip() if field_id == focused or (old is not None and value == old[i]) else value
-                     for i, (field_id, value) in enumerate(zip(FIELD_IDS, values)))
+        return tuple(
+            gr.skip() if field_id == focused or (old is not None and value == old[i]) else value
+            for i, (field_id, value) in enumerate(zip(FIELD_IDS, values))
+        )
 
-    async def redraw_boxes(self, refreshes: float | None, focused: str | None, request: gr.Request) -> str:
+    async def redraw_boxes(
+        self, refreshes: float | None, focused: str | None, request: gr.Request
+    ) -> str:
         """``redraw_fields`` as the page takes it: JSON with the redraw's number and the value of
         each box sent, for APPLY_REDRAWN_FIELDS_JS, which writes each into its box unless the user
         changed that box since the redraw was asked."""
@@ -191,13 +226,19 @@ class ViewEvents(TabState):
         choices = tuple(sidebar_choices(self.conversations(tab), self.replies.busy_conversations()))
         note = ""
         if not choices:
-            note = f"No chat matches “{tab.search}”." if tab.search else "No chats yet: your first message starts one."
+            note = (
+                f"No chat matches “{tab.search}”."
+                if tab.search
+                else "No chats yet: your first message starts one."
+            )
         return Sidebar(choices, tab.conv_id, note)
 
     def view_of(self, conv, tab: Tab) -> list:
         """The shown conversation's messages as the page lists them (its click and edit indexes):
         its last ``tab.window`` messages, under a line that shows earlier ones (``focus``)."""
-        return view_messages(conv, self.replies.live.get(tab.conv_id), self.replies.is_busy(tab.conv_id), tab.window)
+        return view_messages(
+            conv, self.replies.live.get(tab.conv_id), self.replies.is_busy(tab.conv_id), tab.window
+        )
 
     def render(self, tab: Tab) -> PageView:
         """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue,
@@ -208,7 +249,11 @@ class ViewEvents(TabState):
         do nothing, Delete after asking to confirm)."""
         conv = self.shown(tab)
         chat = [v.shown for v in self.view_of(conv, tab)]
-        tab.drawn.seen = Seen(conv.id, tuple(m.id for m in conv.messages), conv.revision) if conv is not None else Seen(None)
+        tab.drawn.seen = (
+            Seen(conv.id, tuple(m.id for m in conv.messages), conv.revision)
+            if conv is not None
+            else Seen(None)
+        )
         side = self.render_sidebar(tab)
         focus = focus_of(conv, tab.focus)
         label = versions_label(conv, focus) if focus is not None else ""
@@ -218,9 +263,19 @@ class ViewEvents(TabState):
         continuable = can_continue(conv) and not busy
         status = self.backend_of(self.settings_of(tab, conv))[1].status_line()
         previous, next_ = version_steps(focus)
-        return PageView(chat=chat, status=while_replying(status) if busy else status, sidebar=side,
-                        versions_bar=focus is not None, versions_label=label, can_continue=continuable, replying=busy,
-                        previous=previous, next=next_, chat_actions=conv is not None, no_chat_actions=conv is None)
+        return PageView(
+            chat=chat,
+            status=while_replying(status) if busy else status,
+            sidebar=side,
+            versions_bar=focus is not None,
+            versions_label=label,
+            can_continue=continuable,
+            replying=busy,
+            previous=previous,
+            next=next_,
+            chat_actions=conv is not None,
+            no_chat_actions=conv is None,
+        )
 
     def status_of(self, tab: Tab) -> str:
         """The status line of where the shown chat's replies come from (the tick's: the chat is
@@ -239,10 +294,14 @@ class ViewEvents(TabState):
         # ("Starting… 0/3") would be stale by then
         status = gr.Markdown("Connecting…", elem_id="status-line")
         chatbot = gr.Chatbot(
-            elem_id="chatbot", show_label=False, height="70vh", editable="all",
+            elem_id="chatbot",
+            show_label=False,
+            height="70vh",
+            editable="all",
             # one bubble per message: Copy copies one message (not the reply with its stats line)
             group_consecutive_messages=False,
-            buttons=["copy"], feedback_options=None,
+            buttons=["copy"],
+            feedback_options=None,
             placeholder="Ask anything. Replies stream in; **Stop** (or Escape) ends one at once.",
         )
         return SimpleNamespace(status=status, chatbot=chatbot)
@@ -250,18 +309,29 @@ class ViewEvents(TabState):
     @staticmethod
     def signals_layout() -> SimpleNamespace:
         """Hidden boxes that carry what the page's scripts read to the server, and the tick's asks."""
-        editing = gr.Checkbox(visible="hidden", elem_id="editing")  # EDITING_JS fills it for the tick
+        editing = gr.Checkbox(
+            visible="hidden", elem_id="editing"
+        )  # EDITING_JS fills it for the tick
         # the tick changes them to have the chat redrawn, and its title and settings boxes
         redraw_chat = gr.Number(0, visible="hidden", elem_id="redraw-chat")
         refresh = gr.Number(0, visible="hidden", elem_id="refresh")
-        focused = gr.Textbox(visible="hidden", elem_id="focused-field")  # FOCUSED_FIELD_JS fills it for the redraw
-        return SimpleNamespace(editing=editing, redraw_chat=redraw_chat, refresh=refresh, focused=focused)
+        focused = gr.Textbox(
+            visible="hidden", elem_id="focused-field"
+        )  # FOCUSED_FIELD_JS fills it for the redraw
+        return SimpleNamespace(
+            editing=editing, redraw_chat=redraw_chat, refresh=refresh, focused=focused
+        )
 
     def wire_view(self, demo: gr.Blocks, w: Wiring) -> None:
         """The page's load and unload, the tick, and the redraws it asks for."""
         c = w.chats
-        loaded = demo.load(self.load_page, inputs=[c.in_address, c.remembered], outputs=[*w.tab_fields, w.settings.thinking],
-                           js=ASKED_CHATS_JS, **QUICK)
+        loaded = demo.load(
+            self.load_page,
+            inputs=[c.in_address, c.remembered],
+            outputs=[*w.tab_fields, w.settings.thinking],
+            js=ASKED_CHATS_JS,
+            **QUICK,
+        )
         # the chat shown, whoever chose it (a click, the load, a delete, a first message), goes to the address
         c.conv_list.change(None, inputs=c.conv_list, js=REMEMBER_SHOWN_CHAT_JS, **QUICK)
         loaded.then(**w.follow)
@@ -286,13 +356,30 @@ class ViewEvents(TabState):
         # held messages: the page would stand still until the person did something. A tick does
         # not await, so two never overlap on the server.
         # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
-        gr.Timer(IDLE_CHECK_S).tick(self.tick, inputs=m.editing, outputs=[*w.view, m.redraw_chat, m.refresh], js=EDITING_JS,
-                                    show_progress="hidden", show_progress_on=[m.status], concurrency_limit=None,
-                                    trigger_mode="multiple")
+        gr.Timer(IDLE_CHECK_S).tick(
+            self.tick,
+            inputs=m.editing,
+            outputs=[*w.view, m.redraw_chat, m.refresh],
+            js=EDITING_JS,
+            show_progress="hidden",
+            show_progress_on=[m.status],
+            concurrency_limit=None,
+            trigger_mode="multiple",
+        )
         m.redraw_chat.change(**w.follow)  # the tick saw the chat changed elsewhere: redraw it
         # its title and settings boxes behind: redrawn through a hidden box, as a box changed by
         # the user since the redraw was asked keeps what the user put there
-        redraw = m.refresh.change(self.redraw_boxes, inputs=[m.refresh, m.focused], outputs=c.fields_redrawn,
-                                  js=FOCUSED_FIELD_JS, **QUICK)
-        redraw.then(None, inputs=c.fields_redrawn, outputs=[*w.tab_fields, c.fields_redrawn], js=APPLY_REDRAWN_FIELDS_JS,
-                    **QUICK)
+        redraw = m.refresh.change(
+            self.redraw_boxes,
+            inputs=[m.refresh, m.focused],
+            outputs=c.fields_redrawn,
+            js=FOCUSED_FIELD_JS,
+            **QUICK,
+        )
+        redraw.then(
+            None,
+            inputs=c.fields_redrawn,
+            outputs=[*w.tab_fields, c.fields_redrawn],
+            js=APPLY_REDRAWN_FIELDS_JS,
+            **QUICK,
+        )

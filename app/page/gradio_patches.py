@@ -29,7 +29,9 @@ def let_sliders_take_typed_values() -> None:
 def quiet_queue(demo: gr.Blocks) -> None:
     """Poll Gradio's event queue every QUEUE_POLL_S instead of every millisecond."""
     queue = getattr(demo, "_queue", None)
-    if not hasattr(queue, "sleep_when_free") or not hasattr(queue, "progress_update_sleep_when_free"):
+    if not hasattr(queue, "sleep_when_free") or not hasattr(
+        queue, "progress_update_sleep_when_free"
+    ):
         return  # a Gradio without them: the page works, its queue just polls as Gradio likes
     queue.sleep_when_free = QUEUE_POLL_S
     queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, QUEUE_POLL_S)

@@ -21,7 +21,9 @@ PULL_SHOW_S = 0.5  # a pull's progress line is shown at most this often
 class ModelsPanel(TabState):
     """List, switch and pull models."""
 
-    puller: ModelPuller | None  # pulls models onto this machine (None: a remote engine's models are the remote's)
+    puller: (
+        ModelPuller | None
+    )  # pulls models onto this machine (None: a remote engine's models are the remote's)
     listed: dict[str, ModelEntry]  # the panel's last listing, by model name
 
     async def list_models(self, pick: str | None = None):
@@ -29,8 +31,10 @@ class ModelsPanel(TabState):
         unless ``pick`` names another that is listed)."""
         entries = await self.source.list_models()
         self.listed = {e.name: e for e in entries}
-        return gr.update(choices=model_choices(entries),
-                         value=pick if pick in self.listed else self.source.model_name)
+        return gr.update(
+            choices=model_choices(entries),
+            value=pick if pick in self.listed else self.source.model_name,
+        )
 
     async def pull_model(self, model: str):
         """Pull: a hub id downloaded, or a .gguf file converted, by a child process while the
@@ -62,7 +66,9 @@ class ModelsPanel(TabState):
     async def cancel_pull(self):
         if not await self.puller.cancel():
             return "No pull is under way.", self.cancel_offered()
-        return self.puller.progress.line(), gr.update(interactive=False)  # the pull's own event says when it ended
+        return self.puller.progress.line(), gr.update(
+            interactive=False
+        )  # the pull's own event says when it ended
 
     def pull_status(self):
         """The pull under way, for a panel just opened (a reloaded tab), and whether it can be cancelled."""
@@ -80,7 +86,10 @@ class ModelsPanel(TabState):
             await self.list_models()
         backend = self.listed[name].backend if name in self.listed else None
         # what the same backend serves now
-        current = next((e.name for e in self.listed.values() if e.serving and e.backend == backend), self.source.model_name)
+        current = next(
+            (e.name for e in self.listed.values() if e.serving and e.backend == backend),
+            self.source.model_name,
+        )
         shown, shown_current = markdown_literal(name), markdown_literal(current)
         if name == current:
             yield f"**{shown}** is the model serving now.", gr.skip(), gr.skip()
@@ -90,8 +99,11 @@ class ModelsPanel(TabState):
             await self.source.check_model(name)
         except ModelError as exc:
             toasts.warn(f"{name} cannot be served: {exc}")
-            yield (f"⚠️ **{shown}** cannot be served: {markdown_literal(exc)}. {shown_current} keeps serving.",
-                   await self.list_models(), gr.skip())
+            yield (
+                f"⚠️ **{shown}** cannot be served: {markdown_literal(exc)}. {shown_current} keeps serving.",
+                await self.list_models(),
+                gr.skip(),
+            )
             return
         self.replies.stop_every(f"switch to {name}", backend=backend)
         yield f"Loading **{shown}**… (the status line shows its progress)", gr.skip(), gr.skip()
@@ -106,33 +118,64 @@ class ModelsPanel(TabState):
         yield message, await self.list_models(), gr.update(visible=self.source.supports_thinking)
 
     def models_layout(self) -> SimpleNamespace:
-        model_list = gr.Radio(choices=[], label="Pick one, then Switch", elem_id="model-list", interactive=True)
+        model_list = gr.Radio(
+            choices=[], label="Pick one, then Switch", elem_id="model-list", interactive=True
+        )
         with gr.Row():
-            switch_btn = gr.Button("Switch", elem_id="switch-model-btn", size="sm", variant="primary")
+            switch_btn = gr.Button(
+                "Switch", elem_id="switch-model-btn", size="sm", variant="primary"
+            )
             refresh_btn = gr.Button("Refresh", elem_id="refresh-models-btn", size="sm")
         model_message = gr.Markdown("", elem_id="model-message")
         pull = None
         if self.puller is not None:
-            pull_box = gr.Textbox(label="Pull a model", placeholder="Qwen/Qwen3-0.6B or /path/to/model.gguf", elem_id="pull-input",
-                                  info="A Hugging Face id (downloaded to its cache) or a .gguf file (converted once)")
+            pull_box = gr.Textbox(
+                label="Pull a model",
+                placeholder="Qwen/Qwen3-0.6B or /path/to/model.gguf",
+                elem_id="pull-input",
+                info="A Hugging Face id (downloaded to its cache) or a .gguf file (converted once)",
+            )
             with gr.Row():
                 pull_btn = gr.Button("Pull", elem_id="pull-btn", size="sm")
-                cancel_btn = gr.Button("Cancel pull", elem_id="cancel-pull-btn", size="sm", interactive=False)  # while a pull runs
-            pull = SimpleNamespace(box=pull_box, pull_btn=pull_btn, cancel_btn=cancel_btn,
-                                   message=gr.Markdown("", elem_id="pull-message"))
-        return SimpleNamespace(model_list=model_list, switch_btn=switch_btn, refresh_btn=refresh_btn,
-                               model_message=model_message, pull=pull)
+                cancel_btn = gr.Button(
+                    "Cancel pull", elem_id="cancel-pull-btn", size="sm", interactive=False
+                )  # while a pull runs
+            pull = SimpleNamespace(
+                box=pull_box,
+                pull_btn=pull_btn,
+                cancel_btn=cancel_btn,
+                message=gr.Markdown("", elem_id="pull-message"),
+            )
+        return SimpleNamespace(
+            model_list=model_list,
+            switch_btn=switch_btn,
+            refresh_btn=refresh_btn,
+            model_message=model_message,
+            pull=pull,
+        )
 
     def wire_models(self, w: Wiring) -> None:
         """The models panel's events: list, switch, and pull when this app can pull."""
         models, thinking = w.models, w.settings.thinking
         for trigger in (models.box.expand, models.refresh_btn.click):
             trigger(self.list_models, outputs=models.model_list, **QUICK)
-        models.switch_btn.click(self.switch_model, inputs=models.model_list,
-                                outputs=[models.model_message, models.model_list, thinking], **QUICK)
+        models.switch_btn.click(
+            self.switch_model,
+            inputs=models.model_list,
+            outputs=[models.model_message, models.model_list, thinking],
+            **QUICK,
+        )
         if models.pull is not None:
             for trigger in (models.pull.pull_btn.click, models.pull.box.submit):
-                trigger(self.pull_model, inputs=models.pull.box, outputs=[models.pull.message, models.model_list, models.pull.cancel_btn],
-                        **QUICK)
-            models.pull.cancel_btn.click(self.cancel_pull, outputs=[models.pull.message, models.pull.cancel_btn], **QUICK)
-            models.box.expand(self.pull_status, outputs=[models.pull.message, models.pull.cancel_btn], **QUICK)
+                trigger(
+                    self.pull_model,
+                    inputs=models.pull.box,
+                    outputs=[models.pull.message, models.model_list, models.pull.cancel_btn],
+                    **QUICK,
+                )
+            models.pull.cancel_btn.click(
+                self.cancel_pull, outputs=[models.pull.message, models.pull.cancel_btn], **QUICK
+            )
+            models.box.expand(
+                self.pull_status, outputs=[models.pull.message, models.pull.cancel_btn], **QUICK
+            )

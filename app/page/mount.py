@@ -20,7 +20,9 @@ from .gradio_patches import keep_session_queues, quiet_queue
 from .scripts import PAGE_JS
 from .ui import build_ui
 
-STATIC = Path(__file__).resolve().parents[1] / "static"  # the page's theme and favicon, inside the package (and its wheel)
+STATIC = (
+    Path(__file__).resolve().parents[1] / "static"
+)  # the page's theme and favicon, inside the package (and its wheel)
 
 
 def theme_css() -> str:
@@ -40,17 +42,35 @@ class StreamOfGoneSession:
 
     async def __call__(self, scope, receive, send) -> None:
         pending = getattr(self.queue, "pending_messages_per_session", None)
-        if scope["type"] == "http" and scope["path"].endswith("/queue/data") and pending is not None:
-            session = (parse_qs(scope.get("query_string", b"").decode()).get("session_hash") or [""])[0]
+        if (
+            scope["type"] == "http"
+            and scope["path"].endswith("/queue/data")
+            and pending is not None
+        ):
+            session = (
+                parse_qs(scope.get("query_string", b"").decode()).get("session_hash") or [""]
+            )[0]
             if session not in pending:
-                await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"application/json")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 404,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": b'{"detail":"Not Found"}'})
                 return
         await self.app(scope, receive, send)
 
 
-def mount_ui(app, source: ReplySource, store: ConversationStore, api_key: str | None, puller: ModelPuller | None = None,
-             page_key: str | None = None) -> None:
+def mount_ui(
+    app,
+    source: ReplySource,
+    store: ConversationStore,
+    api_key: str | None,
+    puller: ModelPuller | None = None,
+    page_key: str | None = None,
+) -> None:
     """Serve the chat at ``/`` of ``app`` (the engine's FastAPI app, or the remote mode's own).
     With ``page_key`` (access.py) every page route needs it (its cookie, or a login with it or
     with ``api_key``); None (``--no-auth``) leaves the page open to whoever reaches the server."""

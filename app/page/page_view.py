@@ -34,8 +34,10 @@ class PageView(NamedTuple):
 
     def outputs(self, sent: set[str] | frozenset[str] | None = None) -> tuple:
         """The view as Gradio outputs; the parts not in ``sent`` (None: all) are skipped."""
-        return tuple(as_update(name, value) if sent is None or name in sent else gr.skip()
-                     for name, value in zip(self._fields, self))
+        return tuple(
+            as_update(name, value) if sent is None or name in sent else gr.skip()
+            for name, value in zip(self._fields, self)
+        )
 
 
 VIEW_SIZE = len(PageView._fields)
@@ -44,8 +46,18 @@ VIEW_SIZE = len(PageView._fields)
 # diff in place to the object an earlier, maybe not yet drawn, message holds: a dict -> skip diff
 # deletes that message's keys, and the sidebar it carried is never drawn (tests/unit/
 # test_chat_logic.py pins this). Unchanged, they are sent again whole (an empty diff).
-SENT_AS_UPDATES = frozenset({"sidebar", "versions_bar", "can_continue", "replying", "previous", "next", "chat_actions",
-                             "no_chat_actions"})
+SENT_AS_UPDATES = frozenset(
+    {
+        "sidebar",
+        "versions_bar",
+        "can_continue",
+        "replying",
+        "previous",
+        "next",
+        "chat_actions",
+        "no_chat_actions",
+    }
+)
 SHOWN_OR_HIDDEN = frozenset({"versions_bar", "can_continue", "chat_actions", "no_chat_actions"})
 
 
@@ -57,6 +69,9 @@ def as_update(name: str, value: Any) -> Any:
         return gr.update(visible=value)
     if name == "replying":  # Stop: red while the shown chat replies
         return gr.update(variant="stop" if value else "secondary")
-    if name in ("previous", "next"):  # ‹ ›: shown for a message with other versions, pressable towards one
+    if name in (
+        "previous",
+        "next",
+    ):  # ‹ ›: shown for a message with other versions, pressable towards one
         return gr.update(visible=value is not None, interactive=bool(value))
     return value

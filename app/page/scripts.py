@@ -13,8 +13,19 @@ from .css import NARROW_QUERY
 
 ANSWER_WAIT_S = 15.0  # how long an event that takes the box waits for the answer of the one before
 # The title box, the settings and the backend, in the order of ChatPage.fields (the page's tab_fields)
-FIELD_IDS = ("title-input", "system-prompt", "temperature", "top-p", "max-tokens", "thinking", "top-k", "seed", "stop-strings",
-             "repetition-penalty", "backend")
+FIELD_IDS = (
+    "title-input",
+    "system-prompt",
+    "temperature",
+    "top-p",
+    "max-tokens",
+    "thinking",
+    "top-k",
+    "seed",
+    "stop-strings",
+    "repetition-penalty",
+    "backend",
+)
 DRAFT_KEY_PREFIX = "minisgl-chat:draft:"  # + the chat's id ('' for a new chat): its unsent text in the browser's storage
 SHOWN_CHAT_KEY = "minisgl-chat:shown"  # the chat the tab showed last, in the browser's storage (ChatPage.load_page)
 
@@ -54,17 +65,23 @@ RESTORE_DRAFT_JS = page_call("minisglGiveBackOnFailure")  # the event failed: it
 # Send: the box's text, the settings boxes, its stamp, and whether it followed a click that showed
 # another chat (ChatPage.send does not save the settings boxes then)
 SEND_JS = page_call("minisglSend")
-EDITING_JS = page_call("minisglEditing")  # whether a message's edit box (✎) is open: the tick leaves the chat alone then
+EDITING_JS = page_call(
+    "minisglEditing"
+)  # whether a message's edit box (✎) is open: the tick leaves the chat alone then
 # A redraw of the title and settings boxes (after a change elsewhere) is asked, with its number,
 # and answered later (ChatPage.redraw_boxes): a box the user changed in between keeps the user's value.
 FOCUSED_FIELD_JS = page_call("minisglFocusedField")  # asked: the box with the keyboard's focus
-APPLY_REDRAWN_FIELDS_JS = page_call("minisglApplyRedrawnFields")  # answered: the values for the boxes left alone
+APPLY_REDRAWN_FIELDS_JS = page_call(
+    "minisglApplyRedrawnFields"
+)  # answered: the values for the boxes left alone
 # Set once the page's load has been answered and drawn: tests wait for it.
 MARK_LOADED_JS = page_call("minisglMarkLoaded")
 # A reload opens the chat the tab showed (its address, else the browser's storage: ChatPage.load_page)
 ASKED_CHATS_JS = page_call("minisglAskedChats")
 REMEMBER_SHOWN_CHAT_JS = page_call("minisglRememberShownChat")
-SYNC_SEND_JS = page_call("minisglSyncSend")  # the message box written by Gradio (a refused edit's text)
+SYNC_SEND_JS = page_call(
+    "minisglSyncSend"
+)  # the message box written by Gradio (a refused edit's text)
 CLICK_DOWNLOAD_JS = page_call("minisglClickDownload")
 
 

@@ -29,7 +29,9 @@ from .wiring import QUICK, Wiring
 class SettingsPanel(TabState):
     """The settings of the chat a tab shows, or of its new chat."""
 
-    async def settings_changed(self, form: SettingsForm, clicked_at: float | None, request: gr.Request) -> tuple:
+    async def settings_changed(
+        self, form: SettingsForm, clicked_at: float | None, request: gr.Request
+    ) -> tuple:
         """Save the fields when one is committed (a box left or Enter, a slider let go:
         ``wire_settings``), not on every key: a value typed digit by digit is never saved by its
         prefixes. A refused
@@ -39,9 +41,15 @@ class SettingsPanel(TabState):
         shown before: they go there, whichever event the server takes first."""
         keep = (gr.skip(),) * len(SETTING_FIELDS)
         tab = self.tab(request)
-        if clicked_at is not None and clicked_at <= tab.events.shown_since:  # the boxes show another chat now
+        if (
+            clicked_at is not None and clicked_at <= tab.events.shown_since
+        ):  # the boxes show another chat now
             try:
-                before = self.store.get(tab.events.shown_before).settings if tab.events.shown_before is not None else None
+                before = (
+                    self.store.get(tab.events.shown_before).settings
+                    if tab.events.shown_before is not None
+                    else None
+                )
             except NotFoundError:
                 before = None
             if before is None:  # a new chat left unsent (or a chat deleted): nothing to keep
@@ -51,15 +59,22 @@ class SettingsPanel(TabState):
                 self.store_settings(tab, tab.events.shown_before, settings)
             return keep
         if clicked_at is not None and clicked_at < tab.events.settings_stamp:
-            return keep  # a newer save (of another box) carried this box's value too, and is applied
+            return (
+                keep  # a newer save (of another box) carried this box's value too, and is applied
+            )
         settings, problems = self.checked_form(form, self.settings_in_force(tab))
         if self.save_settings(tab, settings, problems) and clicked_at is not None:
             tab.events.settings_stamp = clicked_at
         tab.events.refused_form = form if problems else None
         in_force = self.settings_in_force(tab)
         # only boxes that must change are sent: another box may be being typed into meanwhile
-        back = set(problems) | {name for name in REFILLED_WHEN_EMPTY if getattr(form, name) in (None, "")}
-        return tuple(getattr(in_force, name) if name in back and name in RESET_FIELDS else gr.skip() for name in SETTING_FIELDS)
+        back = set(problems) | {
+            name for name in REFILLED_WHEN_EMPTY if getattr(form, name) in (None, "")
+        }
+        return tuple(
+            getattr(in_force, name) if name in back and name in RESET_FIELDS else gr.skip()
+            for name in SETTING_FIELDS
+        )
 
     async def backend_changed(self, backend: str | None, request: gr.Request) -> None:
         """Replies from: this chat's next replies come from ``backend`` (a reply streaming now
@@ -70,7 +85,9 @@ class SettingsPanel(TabState):
         self.save_settings(tab, replace(self.settings_in_force(tab), backend=backend), {})
         self.replies.notify()
 
-    def checked_form(self, form: SettingsForm, in_force: ChatSettings) -> tuple[ChatSettings, dict[str, str]]:
+    def checked_form(
+        self, form: SettingsForm, in_force: ChatSettings
+    ) -> tuple[ChatSettings, dict[str, str]]:
         """``form_settings`` of ``form``, and one check it cannot make alone: max
         tokens no larger than the context of the model serving the chat (the store's limit,
         32,768, lets 32,768 through for a model of 8,192). A bad max tokens, too small, too large
@@ -121,26 +138,68 @@ class SettingsPanel(TabState):
         d = self.store.default_settings()
         backends = self.source.backends
         # shown when the app has a local engine and a remote (--remote URL --local)
-        backend = gr.Radio(choices=[(source.label, name) for name, source in backends.items()], value=next(iter(backends)),
-                           label="Replies from (this chat)", elem_id="backend", visible=len(backends) > 1, interactive=True)
-        system_box = gr.Textbox(label="System prompt", value=d.system_prompt, lines=3, elem_id="system-prompt")
-        temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="Temperature (0 = greedy)",
-                                elem_id="temperature")
+        backend = gr.Radio(
+            choices=[(source.label, name) for name, source in backends.items()],
+            value=next(iter(backends)),
+            label="Replies from (this chat)",
+            elem_id="backend",
+            visible=len(backends) > 1,
+            interactive=True,
+        )
+        system_box = gr.Textbox(
+            label="System prompt", value=d.system_prompt, lines=3, elem_id="system-prompt"
+        )
+        temperature = gr.Slider(
+            0,
+            2,
+            value=d.temperature,
+            step=0.05,
+            label="Temperature (0 = greedy)",
+            elem_id="temperature",
+        )
         top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="Top-p", elem_id="top-p")
         # no precision=0: Gradio would round a typed 2.5 before form_settings sees it, and save
         # 2 while the box shows 2.5; form_settings refuses a fraction with a sentence instead
         max_tokens = gr.Number(label="Max tokens", value=d.max_tokens, step=1, elem_id="max-tokens")
-        repetition_penalty = gr.Slider(1, REPETITION_PENALTY_MAX, value=d.repetition_penalty, step=0.01,
-                                       label="Repetition penalty (1 = off)", elem_id="repetition-penalty",
-                                       info="Higher: the model repeats itself less (small models loop without one)")
-        thinking = gr.Checkbox(label="Thinking mode", value=d.thinking, visible=False, elem_id="thinking")
+        repetition_penalty = gr.Slider(
+            1,
+            REPETITION_PENALTY_MAX,
+            value=d.repetition_penalty,
+            step=0.01,
+            label="Repetition penalty (1 = off)",
+            elem_id="repetition-penalty",
+            info="Higher: the model repeats itself less (small models loop without one)",
+        )
+        thinking = gr.Checkbox(
+            label="Thinking mode", value=d.thinking, visible=False, elem_id="thinking"
+        )
         top_k = gr.Number(label="Top-k (0 = off)", value=d.top_k, step=1, elem_id="top-k")
         seed = gr.Number(label="Seed (empty = random)", value=d.seed, step=1, elem_id="seed")
-        stop = gr.Textbox(label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings")
-        gr.Markdown("Settings apply to this chat once you leave a box (or press Enter) or let go of a slider.", elem_classes="hint")
+        stop = gr.Textbox(
+            label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings"
+        )
+        gr.Markdown(
+            "Settings apply to this chat once you leave a box (or press Enter) or let go of a slider.",
+            elem_classes="hint",
+        )
         # the form's order is SETTING_FIELDS'; the penalty shows beside the other sampling settings
-        fields = [system_box, temperature, top_p, max_tokens, thinking, top_k, seed, stop, repetition_penalty]
-        return SimpleNamespace(fields=fields, boxes=dict(zip(SETTING_FIELDS, fields)), thinking=thinking, backend=backend)
+        fields = [
+            system_box,
+            temperature,
+            top_p,
+            max_tokens,
+            thinking,
+            top_k,
+            seed,
+            stop,
+            repetition_penalty,
+        ]
+        return SimpleNamespace(
+            fields=fields,
+            boxes=dict(zip(SETTING_FIELDS, fields)),
+            thinking=thinking,
+            backend=backend,
+        )
 
     def wire_settings(self, w: Wiring) -> None:
         """A box is saved when committed, not on every key: a box when left (PAGE_JS: or on
@@ -148,11 +207,25 @@ class SettingsPanel(TabState):
         saved to the chat shown before."""
         c, s = w.chats, w.settings
 
-        async def settings_from_page(request: gr.Request, *, clicked_at: float | None, **form: Any) -> tuple:
+        async def settings_from_page(
+            request: gr.Request, *, clicked_at: float | None, **form: Any
+        ) -> tuple:
             return await self.settings_changed(SettingsForm(**form), clicked_at, request)
 
         for box in s.fields:
-            committed = box.release if isinstance(box, gr.Slider) else box.input if isinstance(box, gr.Checkbox) else box.blur
-            committed(settings_from_page, inputs_kwargs=w.form_then(clicked_at=c.clicked_at), outputs=s.fields, js=STAMP_JS,
-                      api_name="settings_changed", **QUICK)
+            committed = (
+                box.release
+                if isinstance(box, gr.Slider)
+                else box.input
+                if isinstance(box, gr.Checkbox)
+                else box.blur
+            )
+            committed(
+                settings_from_page,
+                inputs_kwargs=w.form_then(clicked_at=c.clicked_at),
+                outputs=s.fields,
+                js=STAMP_JS,
+                api_name="settings_changed",
+                **QUICK,
+            )
         s.backend.input(self.backend_changed, inputs=s.backend, **QUICK).then(**w.follow)

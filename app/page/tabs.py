@@ -21,11 +21,18 @@ from .page_view import Sidebar
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
 # since (TabState.shows_current); an idle tab redraws a chat changed elsewhere (ViewEvents.tick).
-CHANGED_ELSEWHERE = "This chat changed in another tab — it has been reloaded. Look it over, then try again."
-SEND_CHANGED_ELSEWHERE = ("This chat changed in another tab — it has been reloaded. Your message is still in the box: "
-                          "send it again to add it to the chat as it is now.")
+CHANGED_ELSEWHERE = (
+    "This chat changed in another tab — it has been reloaded. Look it over, then try again."
+)
+SEND_CHANGED_ELSEWHERE = (
+    "This chat changed in another tab — it has been reloaded. Your message is still in the box: "
+    "send it again to add it to the chat as it is now."
+)
 DELETED_ELSEWHERE = "This chat was deleted in another tab."
-SEND_DELETED_ELSEWHERE = DELETED_ELSEWHERE + " Your message is still in the box: send it again to start a new chat with it."
+SEND_DELETED_ELSEWHERE = (
+    DELETED_ELSEWHERE
+    + " Your message is still in the box: send it again to start a new chat with it."
+)
 
 
 @dataclass(frozen=True)
@@ -70,9 +77,13 @@ class Draft:
     """What the tab is writing: the files attached to its next message, and what it left unsent
     in each chat, put back when the tab shows that chat again (ChatsPanel.swap_draft)."""
 
-    attachments: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) for the next message
+    attachments: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # (file name, text) for the next message
     unsent: dict[int | None, str] = field(default_factory=dict)  # by chat (None: its new chat)
-    unsent_files: dict[int | None, list[tuple[str, str]]] = field(default_factory=dict)  # and the files attached there
+    unsent_files: dict[int | None, list[tuple[str, str]]] = field(
+        default_factory=dict
+    )  # and the files attached there
     # the last message sent: (chat, text, browser time in ms of its click or Enter), to drop the
     # second send of a double click or a double Enter (the box empties only when the first is done)
     last_send: tuple[int, str, float] | None = None
@@ -102,7 +113,9 @@ class Tab:
     the settings it will start with; and, in parts, how the tab's events and renders went."""
 
     conv_id: int | None = None
-    new_chat_settings: ChatSettings | None = None  # the settings its new chat (conv_id None) starts with
+    new_chat_settings: ChatSettings | None = (
+        None  # the settings its new chat (conv_id None) starts with
+    )
     picked: bool = False  # the user has chosen what the tab shows (the page's load keeps it then)
     lost: bool = False  # the chat it showed was found deleted (by another tab): not said yet
     focus: int | None = None  # the message the versions bar acts on (None: view.focus_of's choice)
@@ -110,7 +123,9 @@ class Tab:
     # messages after an edited one went (Composer.edit; a toast there would cover the edited message)
     bar_note: tuple[int, str] | None = None
     search: str = ""  # what the sidebar is filtered by
-    window: int = WINDOW  # how many of the shown chat's last messages the chat shows (view.windowed)
+    window: int = (
+        WINDOW  # how many of the shown chat's last messages the chat shows (view.windowed)
+    )
     follows: Follows = field(default_factory=Follows)
     drawn: Drawn = field(default_factory=Drawn)
     draft: Draft = field(default_factory=Draft)
@@ -146,19 +161,23 @@ class TabState:
         showed, so that an action on them acts on what the user sees; ``appending`` (a new
         message goes at the end): the shown ones, maybe followed by more. Else another tab changed
         or deleted the chat: a toast says so (then ``note``) and the page shows the chat as it is now."""
-        if self.said_deleted(tab, SEND_DELETED_ELSEWHERE if appending else f"{DELETED_ELSEWHERE} {note}".strip()):
+        if self.said_deleted(
+            tab, SEND_DELETED_ELSEWHERE if appending else f"{DELETED_ELSEWHERE} {note}".strip()
+        ):
             return False
         seen = tab.drawn.seen
         if conv is None or seen is None or seen.conv_id != conv.id:
             return True  # nothing shown of this chat yet (a click that showed it is being answered)
         path = tuple(m.id for m in conv.messages)
-        if (path[:len(seen.path)] if appending else path) == seen.path:
+        if (path[: len(seen.path)] if appending else path) == seen.path:
             return True
         toasts.warn(SEND_CHANGED_ELSEWHERE if appending else f"{CHANGED_ELSEWHERE} {note}".strip())
         self.replies.notify()
         return False
 
-    def said_deleted(self, tab: Tab, message: str = DELETED_ELSEWHERE, say: Callable[[str], None] | None = None) -> bool:
+    def said_deleted(
+        self, tab: Tab, message: str = DELETED_ELSEWHERE, say: Callable[[str], None] | None = None
+    ) -> bool:
         """Say (once) that the chat the tab showed was deleted elsewhere; whether it was. ``say``:
         the toast (``warn`` by default: an action refused for it)."""
         if tab.lost:
@@ -175,13 +194,17 @@ class TabState:
         after its first reply, a click on ✎ in that moment would do nothing. (A
         render may find the change first, a deleted chat too: the fields still show it as it was.)"""
         if tab.conv_id is None:
-            return False, tab.drawn.fields_shown is not None and tab.drawn.fields_shown[0] is not None  # they show a chat deleted since
+            return False, tab.drawn.fields_shown is not None and tab.drawn.fields_shown[
+                0
+            ] is not None  # they show a chat deleted since
         try:
             heading = self.store.heading(tab.conv_id)
         except NotFoundError:
             return True, True
         seen = tab.drawn.seen
-        chat_behind = seen is not None and seen.conv_id == tab.conv_id and seen.revision != heading.revision
+        chat_behind = (
+            seen is not None and seen.conv_id == tab.conv_id and seen.revision != heading.revision
+        )
         fields = (tab.conv_id, self.field_values(heading.title, heading.settings))
         fields_behind = tab.drawn.fields_shown is not None and tab.drawn.fields_shown != fields
         return chat_behind, fields_behind
@@ -192,7 +215,11 @@ class TabState:
 
     def settings_of(self, tab: Tab, conv) -> ChatSettings:
         """The settings of ``conv`` (the tab's, already read), or of the tab's new chat."""
-        return conv.settings if conv is not None else (tab.new_chat_settings or self.store.default_settings())
+        return (
+            conv.settings
+            if conv is not None
+            else (tab.new_chat_settings or self.store.default_settings())
+        )
 
     def backend_of(self, settings: ChatSettings) -> tuple[str, ReplySource]:
         """Where a chat's replies come from: the backend its settings name, else the first."""
@@ -204,7 +231,9 @@ class TabState:
         """Title, settings fields and backend for the tab's conversation (sent to the page: the
         tab remembers which chat, with which values, they show)."""
         conv = self.shown(tab)
-        values = self.field_values(conv.title if conv is not None else "", self.settings_of(tab, conv))
+        values = self.field_values(
+            conv.title if conv is not None else "", self.settings_of(tab, conv)
+        )
         tab.drawn.fields_shown = (conv.id if conv is not None else None, values)
         return values
 
@@ -212,7 +241,13 @@ class TabState:
         """What the title box, the settings boxes and the backend show for a chat (FIELD_IDS' order)."""
         return (title, *SettingsForm.showing(s).values(), self.backend_of(s)[0])
 
-    def note_fields(self, tab: Tab, conv_id: int | None, title: str | None = None, settings: ChatSettings | None = None) -> None:
+    def note_fields(
+        self,
+        tab: Tab,
+        conv_id: int | None,
+        title: str | None = None,
+        settings: ChatSettings | None = None,
+    ) -> None:
         """This tab wrote ``conv_id``'s title or settings as its boxes show them: those boxes are
         not behind (a redraw would send them back, over a value typed meanwhile). Only what it
         wrote: another tab's change to the rest is still redrawn."""

@@ -35,17 +35,23 @@ from .versions_panel import VersionsPanel
 from .wiring import Wiring
 
 
-class ChatPage(ViewEvents, ChatsPanel, SettingsPanel, Composer, Attachments, VersionsPanel, ModelsPanel):
+class ChatPage(
+    ViewEvents, ChatsPanel, SettingsPanel, Composer, Attachments, VersionsPanel, ModelsPanel
+):
     """The page's state and event handlers, one panel each; ``build`` lays it out."""
 
-    def __init__(self, source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None) -> None:
+    def __init__(
+        self, source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None
+    ) -> None:
         self.source = source  # where replies come from: the local engine or a remote server
         self.store = store
         self.puller = puller  # pulls models onto this machine (None: a remote engine's models are the remote's)
         self.listed: dict[str, ModelEntry] = {}  # the models panel's last listing, by model name
         self.replies = ReplyManager(store, source.generate)
         self.tabs: dict[str, Tab] = {}
-        self.uploads = Uploads()  # the files Attach and Import may read (build: Gradio's upload list)
+        self.uploads = (
+            Uploads()
+        )  # the files Attach and Import may read (build: Gradio's upload list)
 
     def build(self) -> gr.Blocks:
         """The page: a sidebar (chats, settings, models) beside the chat, then its events."""
@@ -55,7 +61,9 @@ class ChatPage(ViewEvents, ChatsPanel, SettingsPanel, Composer, Attachments, Ver
                     # on a phone the sidebar is a bar above the chat: ☰ Chats opens the rest (PAGE_JS, css.NARROW)
                     with gr.Row(elem_id="sidebar-bar"):
                         gr.Button("☰ Chats", elem_id="chats-toggle", scale=0, min_width=110)
-                        new_btn = gr.Button("＋ New chat", elem_id="new-chat-btn", variant="secondary")
+                        new_btn = gr.Button(
+                            "＋ New chat", elem_id="new-chat-btn", variant="secondary"
+                        )
                     with gr.Column(elem_id="sidebar-body"):
                         chats = self.chats_layout(new_btn)
                         with gr.Accordion("Settings", open=False, elem_id="settings"):
@@ -67,21 +75,43 @@ class ChatPage(ViewEvents, ChatsPanel, SettingsPanel, Composer, Attachments, Ver
                 with gr.Column(scale=3, elem_id="main"):
                     main = self._chat_column()
             self._wire(demo, chats, settings, models, main)
-        self.uploads.stored = getattr(demo, "upload_file_set", set())  # filled by Gradio's upload route
+        self.uploads.stored = getattr(
+            demo, "upload_file_set", set()
+        )  # filled by Gradio's upload route
         check_uploads_as_launched(demo)
         return demo
 
     def _chat_column(self) -> SimpleNamespace:
         """The chat, the versions bar, the message box and the files attached to it."""
-        parts = (self.chat_layout(), self.continue_layout(), self.versions_layout(), self.composer_layout(),
-                 self.attachments_layout(), self.signals_layout())
-        return SimpleNamespace(**{name: component for part in parts for name, component in vars(part).items()})
+        parts = (
+            self.chat_layout(),
+            self.continue_layout(),
+            self.versions_layout(),
+            self.composer_layout(),
+            self.attachments_layout(),
+            self.signals_layout(),
+        )
+        return SimpleNamespace(
+            **{name: component for part in parts for name, component in vars(part).items()}
+        )
 
-    def _wire(self, demo: gr.Blocks, chats: SimpleNamespace, settings: SimpleNamespace, models: SimpleNamespace,
-              main: SimpleNamespace) -> None:
+    def _wire(
+        self,
+        demo: gr.Blocks,
+        chats: SimpleNamespace,
+        settings: SimpleNamespace,
+        models: SimpleNamespace,
+        main: SimpleNamespace,
+    ) -> None:
         """Every event of the page: what each control calls, and the follow that renders after it."""
-        w = Wiring(chats=chats, settings=settings, models=models, main=main, follow_fn=self.follow,
-                   attachments_note_fn=self.attachments_note)
+        w = Wiring(
+            chats=chats,
+            settings=settings,
+            models=models,
+            main=main,
+            follow_fn=self.follow,
+            attachments_note_fn=self.attachments_note,
+        )
         self.wire_view(demo, w)
         self.wire_models(w)
         self.wire_chats(w)
@@ -91,7 +121,9 @@ class ChatPage(ViewEvents, ChatsPanel, SettingsPanel, Composer, Attachments, Ver
         self.wire_versions(w)
 
 
-def build_ui(source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None) -> gr.Blocks:
+def build_ui(
+    source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None
+) -> gr.Blocks:
     """The whole page, its replies written by ``source`` (reply_source.py), with a Pull in
     its models panel when given a ``puller``."""
     let_sliders_take_typed_values()

@@ -54,7 +54,11 @@ class VersionsPanel(TabState):
         tab.focus = next((m.id for m in switched.messages if m.position == depth), None)
         shown = switched.messages[depth] if depth < len(switched.messages) else None
         title = gr.skip()
-        if shown is not None and shown.id != target.id and self.retitle(tab, conv, target, shown.content):
+        if (
+            shown is not None
+            and shown.id != target.id
+            and self.retitle(tab, conv, target, shown.content)
+        ):
             title = title_from(shown.content)
         self.replies.notify()
         return title
@@ -94,15 +98,26 @@ class VersionsPanel(TabState):
             prev_btn = gr.Button("‹", elem_id="prev-version-btn", size="sm", min_width=40, scale=0)
             versions_text = gr.Markdown("", elem_id="versions-label")
             next_btn = gr.Button("›", elem_id="next-version-btn", size="sm", min_width=40, scale=0)
-            delete_msg_btn = gr.Button("Delete message", elem_id="delete-message-btn", size="sm", scale=0,
-                                       min_width=120)
-        return SimpleNamespace(versions=versions, prev_btn=prev_btn, versions_text=versions_text, next_btn=next_btn,
-                               delete_msg_btn=delete_msg_btn)
+            delete_msg_btn = gr.Button(
+                "Delete message", elem_id="delete-message-btn", size="sm", scale=0, min_width=120
+            )
+        return SimpleNamespace(
+            versions=versions,
+            prev_btn=prev_btn,
+            versions_text=versions_text,
+            next_btn=next_btn,
+            delete_msg_btn=delete_msg_btn,
+        )
 
     def wire_versions(self, w: Wiring) -> None:
         c, m = w.chats, w.main
         m.chatbot.select(self.focus, **QUICK).then(**w.follow)
         m.prev_btn.click(self.previous_version, outputs=c.title_box, **QUICK).then(**w.follow)
         m.next_btn.click(self.next_version, outputs=c.title_box, **QUICK).then(**w.follow)
-        m.delete_msg_btn.click(self.delete_message, inputs=c.confirmed, outputs=c.title_box,
-                               js=confirm_js("Delete this message and what follows it?"), **QUICK).then(**w.follow)
+        m.delete_msg_btn.click(
+            self.delete_message,
+            inputs=c.confirmed,
+            outputs=c.title_box,
+            js=confirm_js("Delete this message and what follows it?"),
+            **QUICK,
+        ).then(**w.follow)

@@ -16,7 +16,9 @@ from .scripts import APPLY_DRAFT_JS, RESTORE_DRAFT_JS
 # Gradio's default trigger_mode "once" ignores an event while its previous run is pending, so a
 # message sent (or a follow started) while the last one still runs would be lost, and the page
 # would keep showing a stale chat.
-QUICK: dict[str, Any] = dict(show_progress="hidden", concurrency_limit=None, trigger_mode="multiple")
+QUICK: dict[str, Any] = dict(
+    show_progress="hidden", concurrency_limit=None, trigger_mode="multiple"
+)
 
 
 @dataclass
@@ -34,20 +36,40 @@ class Wiring:
     @property
     def follow(self) -> dict[str, Any]:
         """The arguments of a follow event (``.then(**wiring.follow)``), which renders the tab."""
-        return dict(fn=self.follow_fn, outputs=self.view, show_progress="hidden", concurrency_limit=None,
-                    trigger_mode="multiple")
+        return dict(
+            fn=self.follow_fn,
+            outputs=self.view,
+            show_progress="hidden",
+            concurrency_limit=None,
+            trigger_mode="multiple",
+        )
 
     @property
     def attachments_note(self) -> dict[str, Any]:
         """The arguments of an event that redraws the line naming the files attached."""
-        return dict(fn=self.attachments_note_fn, outputs=[self.main.attached, self.main.unattach_btn], **QUICK)
+        return dict(
+            fn=self.attachments_note_fn,
+            outputs=[self.main.attached, self.main.unattach_btn],
+            **QUICK,
+        )
 
     @property
     def view(self) -> list:
         """The components a render goes to, in PageView's order."""
         c, m = self.chats, self.main
-        return [m.chatbot, m.status, c.conv_list, m.versions, m.versions_text, m.continue_btn, m.stop_btn, m.prev_btn,
-                m.next_btn, c.actions, c.no_actions]
+        return [
+            m.chatbot,
+            m.status,
+            c.conv_list,
+            m.versions,
+            m.versions_text,
+            m.continue_btn,
+            m.stop_btn,
+            m.prev_btn,
+            m.next_btn,
+            c.actions,
+            c.no_actions,
+        ]
 
     @property
     def tab_fields(self) -> list:

@@ -24,8 +24,10 @@ class RequireApiKey:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self._guarded(scope) and not self._authorized(scope):
-            info = ErrorInfo(message="invalid or missing API key (send 'Authorization: Bearer <key>')",
-                             code="invalid_api_key")
+            info = ErrorInfo(
+                message="invalid or missing API key (send 'Authorization: Bearer <key>')",
+                code="invalid_api_key",
+            )
             response = error_json(401, info, headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
@@ -35,7 +37,7 @@ class RequireApiKey:
     def _guarded(scope: Scope) -> bool:
         path, root = scope["path"], scope.get("root_path", "")
         if root and path.startswith(root):  # mounted under a prefix
-            path = path[len(root):]
+            path = path[len(root) :]
         return path in ("/v1", "/openapi.json") or path.startswith("/v1/")
 
     def _authorized(self, scope: Scope) -> bool:

@@ -39,7 +39,9 @@ class ClientGone(Exception):
 
 
 def error_json(status: int, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(ErrorResponse(error=info).model_dump(mode="json"), status_code=status, headers=headers)
+    return JSONResponse(
+        ErrorResponse(error=info).model_dump(mode="json"), status_code=status, headers=headers
+    )
 
 
 def _is_union_tag(part: str | int) -> bool:
@@ -84,7 +86,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return error_json(exc.status_code, ErrorInfo(message=str(exc.detail), code=str(exc.status_code)), exc.headers)
+        return error_json(
+            exc.status_code,
+            ErrorInfo(message=str(exc.detail), code=str(exc.status_code)),
+            exc.headers,
+        )
 
     @app.exception_handler(ClientGone)
     async def on_client_gone(request: Request, exc: ClientGone) -> Response:

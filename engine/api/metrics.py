@@ -51,18 +51,28 @@ class StatsCollector(Collector):
         for name, field, doc in _COUNTERS:
             yield CounterMetricFamily(name, doc, value=getattr(stats, field))
         replicas = getattr(self._source, "replica_stats", {})
-        if len(replicas) > 1:  # --dp: the same figures per replica, under minisgl_replica_* with a label
+        if (
+            len(replicas) > 1
+        ):  # --dp: the same figures per replica, under minisgl_replica_* with a label
             yield from _per_replica(replicas)
 
 
 def _per_replica(replicas: dict[int, StatsMsg]) -> Iterator[Metric]:
     for name, field, doc in _GAUGES:
-        family = GaugeMetricFamily(name.replace("minisgl_", "minisgl_replica_", 1), f"{doc} Per data-parallel replica.", labels=["replica"])
+        family = GaugeMetricFamily(
+            name.replace("minisgl_", "minisgl_replica_", 1),
+            f"{doc} Per data-parallel replica.",
+            labels=["replica"],
+        )
         for replica, stats in sorted(replicas.items()):
             family.add_metric([str(replica)], getattr(stats, field))
         yield family
     for name, field, doc in _COUNTERS:
-        family = CounterMetricFamily(name.replace("minisgl_", "minisgl_replica_", 1), f"{doc} Per data-parallel replica.", labels=["replica"])
+        family = CounterMetricFamily(
+            name.replace("minisgl_", "minisgl_replica_", 1),
+            f"{doc} Per data-parallel replica.",
+            labels=["replica"],
+        )
         for replica, stats in sorted(replicas.items()):
             family.add_metric([str(replica)], getattr(stats, field))
         yield family

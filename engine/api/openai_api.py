@@ -63,12 +63,16 @@ class FrontendClient(StatsSource, Protocol):
 
     model_name: str  # the model's name (server.served_model_name): what /v1/models lists unless create_app gets others
     ready: bool
-    thinks: str | None  # the model writes <think> blocks ("model" opens them, "template": the prompt did), None: no
+    thinks: (
+        str | None
+    )  # the model writes <think> blocks ("model" opens them, "template": the prompt did), None: no
     tool_format: str | None  # how the model writes tool calls (tool_calls.py), None if it has none
     max_context_len: int | None  # the model's context in tokens, None until it is resolved
     tokenizer_path: str | None  # the model's tokenizer (to echo a prompt given as token ids)
 
-    def generate(self, req: GenerateRequest, stop: asyncio.Event | None = None) -> AsyncGenerator[UserReply, None]:
+    def generate(
+        self, req: GenerateRequest, stop: asyncio.Event | None = None
+    ) -> AsyncGenerator[UserReply, None]:
         """Replies for one request, the last with ``finished=True``; closing the generator
         early, or setting ``stop``, aborts the request."""
         ...
@@ -110,7 +114,9 @@ def _refusal(reply: UserReply, produced_text: bool) -> APIError:
 _ENDED_EARLY = "the engine ended the request without finishing it"
 
 
-async def _merge(upstreams: list[AsyncGenerator[UserReply, None]]) -> AsyncGenerator[tuple[int, UserReply], None]:
+async def _merge(
+    upstreams: list[AsyncGenerator[UserReply, None]],
+) -> AsyncGenerator[tuple[int, UserReply], None]:
     """The replies of a request's choices (prompts × n), each tagged with its choice's index, as
     they come. Closing this (the response is done, the client left, a choice failed) closes
     every choice's stream, which aborts those still running in the engine."""
@@ -150,7 +156,9 @@ async def _merge(upstreams: list[AsyncGenerator[UserReply, None]]) -> AsyncGener
             await upstream.aclose()
 
 
-async def _collect(merged: AsyncGenerator[tuple[int, UserReply], None], count: int) -> list[ChoiceResult]:
+async def _collect(
+    merged: AsyncGenerator[tuple[int, UserReply], None], count: int
+) -> list[ChoiceResult]:
     """Each choice's whole text, final reply and logprobs."""
     parts: list[list[str]] = [[] for _ in range(count)]
     logprobs: list[list[LogprobEntry] | None] = [None] * count
@@ -168,10 +176,15 @@ async def _collect(merged: AsyncGenerator[tuple[int, UserReply], None], count: i
             finals[index] = reply
     if any(final is None for final in finals):
         raise APIError(500, _ENDED_EARLY, type="server_error")
-    return [ChoiceResult("".join(p), final, lp, plp) for p, final, lp, plp in zip(parts, finals, logprobs, prompt_logprobs)]
+    return [
+        ChoiceResult("".join(p), final, lp, plp)
+        for p, final, lp, plp in zip(parts, finals, logprobs, prompt_logprobs)
+    ]
 
 
-async def _until_first_text(merged: AsyncGenerator[tuple[int, UserReply], None], count: int) -> list[tuple[int, UserReply]]:
+async def _until_first_text(
+    merged: AsyncGenerator[tuple[int, UserReply], None], count: int
+) -> list[tuple[int, UserReply]]:
     """Replies up to each choice's first with text (or its last): a refusal must become an HTTP
     error before the 200 of a stream is sent."""
     replies: list[tuple[int, UserReply]] = []
@@ -205,7 +218,9 @@ class _ChatFormat(ResponseFormat):
     (``split_reasoning``); with tools, the calls the model writes in ``tool_format`` as
     ``tool_calls`` (and finish reason "tool_calls")."""
 
-    def __init__(self, model: str, split_reasoning: str | None = None, tool_format: str | None = None) -> None:
+    def __init__(
+        self, model: str, split_reasoning: str | None = None, tool_format: str | None = None
+    ) -> None:
         """``split_reasoning``: None, or how the model thinks (``reasoning.thinking_mode``)."""
         super().__init__(model)
         self.id = new_id("chatcmpl")
@@ -215,13 +230,21 @@ class _ChatFormat(ResponseFormat):
         self.parsers: dict[int, ToolCallParser] = {}
         self.calls_sent: dict[int, int] = {}  # choice -> tool calls streamed so far
 
-    def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
+    def _chunk(
+        self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
 
     def opening(self, index: int) -> list[BaseModel]:
-        return [self._chunk([ChatChunkChoice(index=index, delta={"role": "assistant", "content": ""})])]
+        return [
+            self._chunk([ChatChunkChoice(index=index, delta={"role": "assistant", "content": ""})])
+        ]
 
-    def _deltas(self, index: int, reasoning: str, answer: str, calls: list[ToolCall]) -> list[BaseModel]:
+    def _deltas(
+        self, index: int, reasoning: str, answer: str, calls: list[ToolCall]
+    ) -> list[BaseModel]:
         deltas: list[dict] = [{"reasoning_content": reasoning}] if reasoning else []
         deltas += [{"content": answer}] if answer else []
         for call in calls:
@@ -249,7 +272,9 @@ class _ChatFormat(ResponseFormat):
 
     def text_chunks(self, index: int, text: str) -> list[BaseModel]:
         if self.split_reasoning:
-            reasoning, answer = self.splitters.setdefault(index, ReasoningSplitter(self.split_reasoning == "template")).push(text)
+            reasoning, answer = self.splitters.setdefault(
+                index, ReasoningSplitter(self.split_reasoning == "template")
+            ).push(text)
         else:
             reasoning, answer = "", text
         return self._deltas(index, reasoning, *self._answer(index, answer, final=False))
@@ -259,34 +284,55 @@ class _ChatFormat(ResponseFormat):
         held = self._deltas(index, reasoning, *self._answer(index, answer, final=True))
         if self.calls_sent.get(index) and finish_reason == "stop":
             finish_reason = "tool_calls"
-        last = ChatChunkChoice(index=index, delta={}, logprobs=self._logprobs(index), finish_reason=finish_reason)
+        last = ChatChunkChoice(
+            index=index, delta={}, logprobs=self._logprobs(index), finish_reason=finish_reason
+        )
         return held + [self._chunk([last])]
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:
         return self._chunk([], usage)
 
-    def _choice(self, index: int, text: str, finish_reason: str | None, logprobs: list[LogprobEntry] | None) -> ChatChoice:
-        reasoning, answer = split_reasoning(text, self.split_reasoning == "template") if self.split_reasoning else (None, text)
+    def _choice(
+        self, index: int, text: str, finish_reason: str | None, logprobs: list[LogprobEntry] | None
+    ) -> ChatChoice:
+        reasoning, answer = (
+            split_reasoning(text, self.split_reasoning == "template")
+            if self.split_reasoning
+            else (None, text)
+        )
         calls: list[ToolCall] = []
         if self.tool_format is not None:
             answer, calls = parse_tool_calls(answer, self.tool_format)
         if calls and finish_reason == "stop":
             finish_reason = "tool_calls"
-        message = AssistantMessage(content=answer if answer or not calls else None, reasoning_content=reasoning,
-                                   tool_calls=[call.to_openai() for call in calls] or None)
-        return ChatChoice(index=index, message=message, finish_reason=finish_reason,
-                          logprobs=chat_logprobs(logprobs) if logprobs is not None else None)
+        message = AssistantMessage(
+            content=answer if answer or not calls else None,
+            reasoning_content=reasoning,
+            tool_calls=[call.to_openai() for call in calls] or None,
+        )
+        return ChatChoice(
+            index=index,
+            message=message,
+            finish_reason=finish_reason,
+            logprobs=chat_logprobs(logprobs) if logprobs is not None else None,
+        )
 
     def response(self, choices: list[ChoiceResult], usage: UsageInfo) -> BaseModel:
-        out = [self._choice(i, c.text, c.final.finish_reason, c.logprobs) for i, c in enumerate(choices)]
-        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=out, usage=usage)
-
+        out = [
+            self._choice(i, c.text, c.final.finish_reason, c.logprobs)
+            for i, c in enumerate(choices)
+        ]
+        return ChatCompletionResponse(
+            id=self.id, created=self.created, model=self.model, choices=out, usage=usage
+        )
 
 
 def _usage(finals: list[UserReply], n: int) -> UsageInfo:
     """A prompt counts once however many choices it has (choices i*n .. i*n+n-1 share prompt i);
     every choice's tokens count."""
-    return UsageInfo.of(sum(r.prompt_tokens for r in finals[::n]), sum(r.completion_tokens for r in finals))
+    return UsageInfo.of(
+        sum(r.prompt_tokens for r in finals[::n]), sum(r.completion_tokens for r in finals)
+    )
 
 
 def _sse(payload: BaseModel | str) -> str:
@@ -294,8 +340,14 @@ def _sse(payload: BaseModel | str) -> str:
     return f"data: {data}\n\n"
 
 
-async def _event_stream(merged: AsyncGenerator[tuple[int, UserReply], None], first: list[tuple[int, UserReply]],
-                        fmt: ResponseFormat, count: int, n: int, include_usage: bool) -> AsyncGenerator[str, None]:
+async def _event_stream(
+    merged: AsyncGenerator[tuple[int, UserReply], None],
+    first: list[tuple[int, UserReply]],
+    fmt: ResponseFormat,
+    count: int,
+    n: int,
+    include_usage: bool,
+) -> AsyncGenerator[str, None]:
     """SSE events: each choice's opening chunk, text chunks, one finish chunk per choice, usage if
     asked, [DONE]."""
     try:
@@ -307,7 +359,9 @@ async def _event_stream(merged: AsyncGenerator[tuple[int, UserReply], None], fir
         while len(finals) < count:
             item = pending.popleft() if pending else await anext(merged, None)
             if item is None:
-                yield _sse(ErrorResponse(error=ErrorInfo(message=_ENDED_EARLY, type="server_error")))
+                yield _sse(
+                    ErrorResponse(error=ErrorInfo(message=_ENDED_EARLY, type="server_error"))
+                )
                 break
             index, reply = item
             fmt.add_logprobs(index, reply)
@@ -347,7 +401,12 @@ class _EventStreamResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
-async def _serve(request: Request, client: FrontendClient, body: ChatCompletionRequest | CompletionRequest, fmt: ResponseFormat) -> Response:
+async def _serve(
+    request: Request,
+    client: FrontendClient,
+    body: ChatCompletionRequest | CompletionRequest,
+    fmt: ResponseFormat,
+) -> Response:
     """One HTTP request: its prompts × n choices as engine requests, answered as one response
     (or one stream), choice i*n + j being prompt i's j-th."""
     per_prompt = body.generate_requests()
@@ -355,9 +414,15 @@ async def _serve(request: Request, client: FrontendClient, body: ChatCompletionR
     if body.n > 1 and per_prompt[0][0].params.prompt_logprobs is None:
         # a prompt's choices, and the prefill before them, on one replica (--dp): one cache
         # (choices that score their prompt compute it whole: nothing to prefill for them)
-        per_prompt = [[replace(req, replica=replica) for req in choices]
-                      for choices, replica in zip(per_prompt, [client.route(choices[0]) for choices in per_prompt])]
-        await _unless_disconnected(request, asyncio.gather(*(_prefill_once(client, choices[0]) for choices in per_prompt)))
+        per_prompt = [
+            [replace(req, replica=replica) for req in choices]
+            for choices, replica in zip(
+                per_prompt, [client.route(choices[0]) for choices in per_prompt]
+            )
+        ]
+        await _unless_disconnected(
+            request, asyncio.gather(*(_prefill_once(client, choices[0]) for choices in per_prompt))
+        )
     requests = [req for choices in per_prompt for req in choices]
     merged = _merge([client.generate(req) for req in requests])
     handed_over = False
@@ -369,7 +434,9 @@ async def _serve(request: Request, client: FrontendClient, body: ChatCompletionR
         first = await _unless_disconnected(request, _until_first_text(merged, len(requests)))
         events = _event_stream(merged, first, fmt, len(requests), body.n, body.include_usage)
         handed_over = True
-        return _EventStreamResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _EventStreamResponse(
+            events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
     finally:
         if not handed_over:
             await merged.aclose()
@@ -382,34 +449,57 @@ def _model_served(requested: str | None, names: tuple[str, ...]) -> str:
     """The name a reply carries: the first of ``names``, when the request names one of them or
     none; any other model is a 404, as OpenAI answers it."""
     if requested is not None and requested not in names:
-        raise APIError(404, f"The model `{requested}` does not exist.", param="model", code="model_not_found")
+        raise APIError(
+            404, f"The model `{requested}` does not exist.", param="model", code="model_not_found"
+        )
     return names[0]
 
 
-def _chat_format(body: ChatCompletionRequest, client: FrontendClient, model: str,
-                 trust_request_chat_template: bool) -> _ChatFormat:
+def _chat_format(
+    body: ChatCompletionRequest,
+    client: FrontendClient,
+    model: str,
+    trust_request_chat_template: bool,
+) -> _ChatFormat:
     """How a chat request's reply is spelled: its think block split off or not, its tool calls
     parsed in the model's format. A request the server will not take as asked is a 400."""
     template_field = body.request_chat_template()
     if template_field is not None and not trust_request_chat_template:
-        raise APIError(400, f"{template_field}: this server does not take chat templates from requests (a template is code "
-                       "its tokenizer runs); start it with --trust-request-chat-template to allow them",
-                       param=template_field, code="chat_template_not_allowed")
+        raise APIError(
+            400,
+            f"{template_field}: this server does not take chat templates from requests (a template is code "
+            "its tokenizer runs); start it with --trust-request-chat-template to allow them",
+            param=template_field,
+            code="chat_template_not_allowed",
+        )
     # a reply held to a grammar (JSON, a forced tool call) has no think block to split off,
     # even where the template opens one in the prompt
-    constrained = (body.response_format or {}).get("type", "text") != "text" or body.regex is not None or body.ebnf is not None \
-        or body.tool_choice == "required" or isinstance(body.tool_choice, dict)
+    constrained = (
+        (body.response_format or {}).get("type", "text") != "text"
+        or body.regex is not None
+        or body.ebnf is not None
+        or body.tool_choice == "required"
+        or isinstance(body.tool_choice, dict)
+    )
     split = client.thinks if body.separate_reasoning and not constrained else None
     tool_format = None
     if body.uses_tools:
         tool_format = client.tool_format
         if tool_format is None:
-            raise APIError(400, "this model's chat template has no tool calls; send the request without tools", param="tools")
+            raise APIError(
+                400,
+                "this model's chat template has no tool calls; send the request without tools",
+                param="tools",
+            )
         body.use_tool_format(tool_format)
     return _ChatFormat(model, split, tool_format)
 
 
-def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...], trust_request_chat_template: bool = False) -> APIRouter:
+def _v1_router(
+    client: FrontendClient,
+    served_model_names: tuple[str, ...],
+    trust_request_chat_template: bool = False,
+) -> APIRouter:
     router = APIRouter(prefix="/v1")
     created = now()
     startup_model = client.model_name
@@ -431,18 +521,27 @@ def _v1_router(client: FrontendClient, served_model_names: tuple[str, ...], trus
     async def completions(body: CompletionRequest, request: Request) -> Response:
         model = _model_served(body.model, served())
         echo = await prompt_texts(client.tokenizer_path, body.prompts) if body.echo else None
-        return await _serve(request, client, body, CompletionFormat(model, echo, body.n, body.prompt_only))
+        return await _serve(
+            request, client, body, CompletionFormat(model, echo, body.n, body.prompt_only)
+        )
 
     @router.get("/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=served()[0], created=created, max_model_len=client.max_context_len)])
+        return ModelList(
+            data=[ModelCard(id=served()[0], created=created, max_model_len=client.max_context_len)]
+        )
 
     return router
 
 
-def create_app(client: FrontendClient, api_key: str | None = None, access: AccessPolicy | None = None,
-               served_model_names: Sequence[str] = (), trust_request_chat_template: bool = False,
-               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
+def create_app(
+    client: FrontendClient,
+    api_key: str | None = None,
+    access: AccessPolicy | None = None,
+    served_model_names: Sequence[str] = (),
+    trust_request_chat_template: bool = False,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+) -> FastAPI:
     """The HTTP app over ``client``. With ``api_key``, /v1/* needs ``Authorization: Bearer <key>``;
     /health and /metrics stay open (they carry no prompt text). ``access`` says which Host names
     and foreign Origins are answered (security.py); by default those of a loopback server.
@@ -454,10 +553,14 @@ def create_app(client: FrontendClient, api_key: str | None = None, access: Acces
     said before it is read (request_limits.BodyLimit)."""
     app = FastAPI(title="minisgl-chat", docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=max_request_bytes, on_too_large=send_too_large)  # inside the key check
+    app.add_middleware(
+        BodyLimit, limit=max_request_bytes, on_too_large=send_too_large
+    )  # inside the key check
     if api_key:
         app.add_middleware(RequireApiKey, api_key=api_key)
-    install_guard(app, access or AccessPolicy.for_bind("127.0.0.1"))  # outermost: before the key check
+    install_guard(
+        app, access or AccessPolicy.for_bind("127.0.0.1")
+    )  # outermost: before the key check
     app.include_router(_v1_router(client, tuple(served_model_names), trust_request_chat_template))
     app.include_router(metrics_router(client))
 

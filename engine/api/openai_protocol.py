@@ -84,11 +84,22 @@ class ChatMessage(BaseModel):
             content = "".join(part.text or "" for part in self.content)
         else:
             content = self.content or ""
-        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": content,
+        }
         if self.tool_calls:
-            out["tool_calls"] = [{"id": call.id, "type": "function",
-                                  "function": {"name": call.function.name, "arguments": _json_or_text(call.function.arguments)}}
-                                 for call in self.tool_calls]
+            out["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": _json_or_text(call.function.arguments),
+                    },
+                }
+                for call in self.tool_calls
+            ]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
@@ -136,10 +147,14 @@ class _SamplingRequest(BaseModel):
     repetition_penalty: float | None = None  # extension (vLLM, SGLang)
     min_p: float | None = None  # extension (vLLM, SGLang)
     min_tokens: int | None = None  # extension (vLLM, SGLang)
-    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's JSON) -> bias in [-100, 100]
+    logit_bias: dict[str, float] | None = (
+        None  # token id (as a string, OpenAI's JSON) -> bias in [-100, 100]
+    )
     response_format: dict[str, Any] | None = None  # text | json_object | json_schema
     regex: str | None = None  # extension (SGLang): the output matches this regular expression
-    ebnf: str | None = None  # extension (SGLang): the output matches this EBNF grammar (its rule "root")
+    ebnf: str | None = (
+        None  # extension (SGLang): the output matches this EBNF grammar (its rule "root")
+    )
 
     @field_validator("stop")
     @classmethod
@@ -166,7 +181,15 @@ class _SamplingRequest(BaseModel):
         """What the output must match: response_format, or SGLang's regex / ebnf fields (one)."""
         fmt = self.response_format or {}
         kind = fmt.get("type", "text")
-        asked = [name for name, on in (("response_format", kind != "text"), ("regex", self.regex is not None), ("ebnf", self.ebnf is not None)) if on]
+        asked = [
+            name
+            for name, on in (
+                ("response_format", kind != "text"),
+                ("regex", self.regex is not None),
+                ("ebnf", self.ebnf is not None),
+            )
+            if on
+        ]
         if len(asked) > 1:
             raise RequestError(f"give one of {' and '.join(asked)}, not both")
         if self.regex is not None:
@@ -180,9 +203,13 @@ class _SamplingRequest(BaseModel):
         if kind == "json_schema":
             schema = (fmt.get("json_schema") or {}).get("schema")
             if not isinstance(schema, dict):
-                raise RequestError("response_format json_schema needs json_schema.schema, a JSON schema object")
+                raise RequestError(
+                    "response_format json_schema needs json_schema.schema, a JSON schema object"
+                )
             return GrammarSpec("json_schema", json.dumps(schema))
-        raise RequestError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
+        raise RequestError(
+            f"response_format type must be text, json_object or json_schema, got {kind!r}"
+        )
 
     @field_validator("n")
     @classmethod
@@ -195,7 +222,9 @@ class _SamplingRequest(BaseModel):
     @classmethod
     def _no_best_of(cls, value: int | None) -> int | None:
         if value not in (None, 1):
-            raise ValueError("best_of is not supported (it needs log-probabilities to rank choices); ask for n choices instead")
+            raise ValueError(
+                "best_of is not supported (it needs log-probabilities to rank choices); ask for n choices instead"
+            )
         return value
 
     @property
@@ -209,7 +238,9 @@ class _SamplingRequest(BaseModel):
         """One SamplingParams per choice: choice i of a seeded request samples with seed + i, so
         each choice is reproducible and differs from the others."""
         params = self.sampling_params()
-        if self.n > 1 and self.temperature is None:  # n greedy choices would all be the same: OpenAI's default
+        if (
+            self.n > 1 and self.temperature is None
+        ):  # n greedy choices would all be the same: OpenAI's default
             params = replace(params, temperature=1.0)
         if params.seed is None:
             return [params] + [replace(params) for _ in range(self.n - 1)]
@@ -249,7 +280,9 @@ class _SamplingRequest(BaseModel):
         """All choices × max_tokens within MAX_GENERATED_TOKENS (each choice's counted as at
         most ``context``, the model's, which the engine clamps it to)."""
         max_tokens = self._max_tokens()
-        check_generated_tokens(self.choices, DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, context)
+        check_generated_tokens(
+            self.choices, DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, context
+        )
 
     @property
     def choices(self) -> int:
@@ -268,13 +301,19 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     chat_template_kwargs: dict[str, Any] | None = None
-    chat_template: str | None = None  # extension (vLLM): the request's own template, only with --trust-request-chat-template
+    chat_template: str | None = (
+        None  # extension (vLLM): the request's own template, only with --trust-request-chat-template
+    )
     # extension (vLLM, SGLang): go on writing the last (assistant) message instead of starting a
     # new one; the same as chat_template_kwargs {"continue_final_message": true}
     continue_final_message: bool | None = None
-    separate_reasoning: bool = True  # extension (SGLang): a thinking model's <think> block as reasoning_content
+    separate_reasoning: bool = (
+        True  # extension (SGLang): a thinking model's <think> block as reasoning_content
+    )
     tools: list[ToolDefinition] | None = None
-    tool_choice: str | dict[str, Any] | None = None  # "auto" (default with tools), "none", "required" or a named function
+    tool_choice: str | dict[str, Any] | None = (
+        None  # "auto" (default with tools), "none", "required" or a named function
+    )
     logprobs: bool | None = None
     top_logprobs: int | None = None  # 0-20 alternatives per token; needs logprobs
 
@@ -283,7 +322,9 @@ class ChatCompletionRequest(_SamplingRequest):
             raise RequestError("top_logprobs needs logprobs: true")
         return bool(self.logprobs), self.top_logprobs or 0
 
-    _tool_format: str | None = PrivateAttr(default=None)  # the model's tool-call convention, set by the route
+    _tool_format: str | None = PrivateAttr(
+        default=None
+    )  # the model's tool-call convention, set by the route
 
     @field_validator("tools")
     @classmethod
@@ -297,11 +338,19 @@ class ChatCompletionRequest(_SamplingRequest):
         if value in (None, "auto", "none", "required"):
             return value
         if isinstance(value, dict):
-            name = (value.get("function") or {}).get("name") if value.get("type") == "function" else None
+            name = (
+                (value.get("function") or {}).get("name")
+                if value.get("type") == "function"
+                else None
+            )
             if not isinstance(name, str):
-                raise ValueError('a named tool_choice is {"type": "function", "function": {"name": ...}}')
+                raise ValueError(
+                    'a named tool_choice is {"type": "function", "function": {"name": ...}}'
+                )
             return value
-        raise ValueError(f"tool_choice must be 'auto', 'none', 'required' or a named function, got {value!r}")
+        raise ValueError(
+            f"tool_choice must be 'auto', 'none', 'required' or a named function, got {value!r}"
+        )
 
     @model_validator(mode="after")
     def _forced_tool_exists(self):
@@ -323,9 +372,21 @@ class ChatCompletionRequest(_SamplingRequest):
         if not forced:
             return super().grammar()
         if super().grammar() is not None:
-            raise RequestError("tool_choice 'required' or a named function already constrains the reply; leave out response_format")
-        tools = self.tools if self.tool_choice == "required" else [t for t in self.tools if t.function.name == self.tool_choice["function"]["name"]]
-        spec = {"format": self._tool_format, "tools": [{"name": t.function.name, "parameters": t.function.parameters or {"type": "object"}} for t in tools]}
+            raise RequestError(
+                "tool_choice 'required' or a named function already constrains the reply; leave out response_format"
+            )
+        tools = (
+            self.tools
+            if self.tool_choice == "required"
+            else [t for t in self.tools if t.function.name == self.tool_choice["function"]["name"]]
+        )
+        spec = {
+            "format": self._tool_format,
+            "tools": [
+                {"name": t.function.name, "parameters": t.function.parameters or {"type": "object"}}
+                for t in tools
+            ],
+        }
         return GrammarSpec("tool_call", json.dumps(spec))
 
     @property
@@ -333,7 +394,11 @@ class ChatCompletionRequest(_SamplingRequest):
         return bool(self.tools) and self.tool_choice != "none"
 
     def _max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
 
     def request_chat_template(self) -> str | None:
         """Where the request brings its own chat template (the field's name), None if it does not:
@@ -353,10 +418,19 @@ class ChatCompletionRequest(_SamplingRequest):
             kwargs = {**(kwargs or {}), "chat_template": self.chat_template}
         if self.continue_final_message:
             kwargs = {**(kwargs or {}), "continue_final_message": True}
-        if self.uses_tools:  # the template lays the tools out in the prompt, in its model's convention
-            kwargs = {**(kwargs or {}), "tools": [tool.model_dump(exclude_none=True) for tool in self.tools]}
-        return [[GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)
-                 for params in self.choice_params()]]
+        if (
+            self.uses_tools
+        ):  # the template lays the tools out in the prompt, in its model's convention
+            kwargs = {
+                **(kwargs or {}),
+                "tools": [tool.model_dump(exclude_none=True) for tool in self.tools],
+            }
+        return [
+            [
+                GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)
+                for params in self.choice_params()
+            ]
+        ]
 
 
 class CompletionRequest(_SamplingRequest):
@@ -420,11 +494,20 @@ class CompletionRequest(_SamplingRequest):
     def generate_requests(self) -> list[list[GenerateRequest]]:
         """The engine requests, per prompt its ``n`` choices."""
         if len(self.prompts) * self.n > MAX_CHOICES:
-            raise RequestError(f"{len(self.prompts)} prompts × n={self.n} asks for more than {MAX_CHOICES} choices")
+            raise RequestError(
+                f"{len(self.prompts)} prompts × n={self.n} asks for more than {MAX_CHOICES} choices"
+            )
         out = []
         for prompt in self.prompts:
             if isinstance(prompt, str):
-                out.append([GenerateRequest(params=params, text=prompt) for params in self.choice_params()])
+                out.append(
+                    [GenerateRequest(params=params, text=prompt) for params in self.choice_params()]
+                )
             else:
-                out.append([GenerateRequest(params=params, input_ids=list(prompt)) for params in self.choice_params()])
+                out.append(
+                    [
+                        GenerateRequest(params=params, input_ids=list(prompt))
+                        for params in self.choice_params()
+                    ]
+                )
         return out

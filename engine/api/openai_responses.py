@@ -37,7 +37,9 @@ class UsageInfo(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None  # None when the reply is only tool calls
-    tool_calls: list[dict[str, Any]] | None = Field(default=None, exclude_if=lambda value: value is None)
+    tool_calls: list[dict[str, Any]] | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
     # a thinking model's <think> block (SGLang's and vLLM's field); absent for other models
     reasoning_content: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
@@ -52,10 +54,20 @@ def _logprob(value: float) -> float:
 def chat_logprobs(entries: list[LogprobEntry]) -> dict[str, Any]:
     """A chat choice's (or chunk's) ``logprobs``: per token its text, logprob, UTF-8 bytes and
     the likeliest alternatives."""
-    return {"content": [
-        {"token": e.token, "logprob": _logprob(e.logprob), "bytes": e.token_bytes,
-         "top_logprobs": [{"token": t.token, "logprob": _logprob(t.logprob), "bytes": t.token_bytes} for t in e.top]}
-        for e in entries]}
+    return {
+        "content": [
+            {
+                "token": e.token,
+                "logprob": _logprob(e.logprob),
+                "bytes": e.token_bytes,
+                "top_logprobs": [
+                    {"token": t.token, "logprob": _logprob(t.logprob), "bytes": t.token_bytes}
+                    for t in e.top
+                ],
+            }
+            for e in entries
+        ]
+    }
 
 
 def completion_logprobs(entries: list[LogprobEntry], text_offset: int = 0) -> dict[str, Any]:
@@ -69,7 +81,10 @@ def completion_logprobs(entries: list[LogprobEntry], text_offset: int = 0) -> di
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [None if e.logprob is None else _logprob(e.logprob) for e in entries],
-        "top_logprobs": [None if e.logprob is None else {t.token: _logprob(t.logprob) for t in e.top} for e in entries],
+        "top_logprobs": [
+            None if e.logprob is None else {t.token: _logprob(t.logprob) for t in e.top}
+            for e in entries
+        ],
         "text_offset": offsets,
     }
 
@@ -92,7 +107,9 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
-    delta: dict[str, Any]  # {"role", "content"} first, then {"content"}, {"reasoning_content"} or {"tool_calls"}, then {} with the finish
+    delta: dict[
+        str, Any
+    ]  # {"role", "content"} first, then {"content"}, {"reasoning_content"} or {"tool_calls"}, then {} with the finish
     logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
 
@@ -128,7 +145,9 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "minisgl-chat"
-    max_model_len: int | None = None  # the context in tokens (vLLM's and SGLang's field), once the model is known
+    max_model_len: int | None = (
+        None  # the context in tokens (vLLM's and SGLang's field), once the model is known
+    )
 
 
 class ModelList(BaseModel):

@@ -57,7 +57,10 @@ class RequestTooLarge(HTTPException):
     """A body over the limit (413). An HTTPException, so FastAPI's body reading lets it through."""
 
     def __init__(self, limit: int) -> None:
-        super().__init__(413, f"the request body is larger than this server takes ({limit:,} bytes, --max-request-bytes)")
+        super().__init__(
+            413,
+            f"the request body is larger than this server takes ({limit:,} bytes, --max-request-bytes)",
+        )
 
 
 class BodyLimit:
@@ -94,7 +97,7 @@ class BodyLimit:
 def _under_v1(scope: Scope) -> bool:
     path, root = scope["path"], scope.get("root_path", "")
     if root and path.startswith(root):
-        path = path[len(root):]
+        path = path[len(root) :]
     return path == "/v1" or path.startswith("/v1/")
 
 
@@ -109,18 +112,28 @@ def check_stop(stop: str | list[str] | None) -> None:
     check_count(len(strings), MAX_STOP_STRINGS, "stop strings", "MAX_STOP_STRINGS")
     longest = max((len(s) for s in strings), default=0)
     if longest > MAX_STOP_STRING_CHARS:
-        raise ValueError(f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters (MAX_STOP_STRING_CHARS); got {longest}")
+        raise ValueError(
+            f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters (MAX_STOP_STRING_CHARS); got {longest}"
+        )
 
 
 def check_generated_tokens(choices: int, max_tokens: int, context: int | None) -> None:
     """``choices`` × ``max_tokens`` (each at most ``context``) within :data:`MAX_GENERATED_TOKENS`."""
     each = max_tokens if context is None else min(max_tokens, context)
     if choices * each > MAX_GENERATED_TOKENS:
-        raise RequestError(f"{choices} choices × max_tokens {each} asks for more than {MAX_GENERATED_TOKENS:,} tokens "
-                           "(MAX_GENERATED_TOKENS); ask for fewer choices or fewer tokens", param="n")
+        raise RequestError(
+            f"{choices} choices × max_tokens {each} asks for more than {MAX_GENERATED_TOKENS:,} tokens "
+            "(MAX_GENERATED_TOKENS); ask for fewer choices or fewer tokens",
+            param="n",
+        )
 
 
-GRAMMAR_FIELDS = {"json_schema": "response_format.json_schema.schema", "regex": "regex", "ebnf": "ebnf", "tool_call": "tools"}
+GRAMMAR_FIELDS = {
+    "json_schema": "response_format.json_schema.schema",
+    "regex": "regex",
+    "ebnf": "ebnf",
+    "tool_call": "tools",
+}
 """The request field each kind of grammar comes from (the ``param`` of a refusal)."""
 
 
@@ -131,8 +144,11 @@ def check_grammar(spec: GrammarSpec | None) -> None:
         return
     param = GRAMMAR_FIELDS.get(spec.kind, spec.kind)
     if len(spec.spec) > MAX_GRAMMAR_CHARS:
-        raise RequestError(f"{param}: the {spec.kind.replace('_', ' ')} has {len(spec.spec):,} characters; at most "
-                           f"{MAX_GRAMMAR_CHARS:,} (MAX_GRAMMAR_CHARS)", param=param)
+        raise RequestError(
+            f"{param}: the {spec.kind.replace('_', ' ')} has {len(spec.spec):,} characters; at most "
+            f"{MAX_GRAMMAR_CHARS:,} (MAX_GRAMMAR_CHARS)",
+            param=param,
+        )
     if spec.kind not in ("json_schema", "tool_call"):
         return
     try:
@@ -141,13 +157,22 @@ def check_grammar(spec: GrammarSpec | None) -> None:
         return  # the compiler says what is wrong with it
     properties, optional, depth = _schema_size(schema)
     if depth > MAX_SCHEMA_DEPTH:
-        raise RequestError(f"{param}: the schema is nested more than {MAX_SCHEMA_DEPTH} levels deep (MAX_SCHEMA_DEPTH)", param=param)
+        raise RequestError(
+            f"{param}: the schema is nested more than {MAX_SCHEMA_DEPTH} levels deep (MAX_SCHEMA_DEPTH)",
+            param=param,
+        )
     if properties > MAX_SCHEMA_PROPERTIES:
-        raise RequestError(f"{param}: the schema has {properties:,} properties; at most {MAX_SCHEMA_PROPERTIES:,} "
-                           "(MAX_SCHEMA_PROPERTIES)", param=param)
+        raise RequestError(
+            f"{param}: the schema has {properties:,} properties; at most {MAX_SCHEMA_PROPERTIES:,} "
+            "(MAX_SCHEMA_PROPERTIES)",
+            param=param,
+        )
     if optional > MAX_OPTIONAL_PROPERTIES:
-        raise RequestError(f"{param}: the schema has {optional:,} optional properties (not in their object's required); at most "
-                           f"{MAX_OPTIONAL_PROPERTIES} (MAX_OPTIONAL_PROPERTIES)", param=param)
+        raise RequestError(
+            f"{param}: the schema has {optional:,} optional properties (not in their object's required); at most "
+            f"{MAX_OPTIONAL_PROPERTIES} (MAX_OPTIONAL_PROPERTIES)",
+            param=param,
+        )
 
 
 def _schema_size(schema: Any) -> tuple[int, int, int]:
@@ -164,7 +189,9 @@ def _schema_size(schema: Any) -> tuple[int, int, int]:
             if isinstance(node.get("properties"), dict):
                 required = node.get("required") if isinstance(node.get("required"), list) else []
                 properties += len(node["properties"])
-                optional += len(node["properties"].keys() - {name for name in required if isinstance(name, str)})
+                optional += len(
+                    node["properties"].keys() - {name for name in required if isinstance(name, str)}
+                )
             stack.extend((child, level + 1) for child in node.values())
         elif isinstance(node, list):
             stack.extend((child, level + 1) for child in node)

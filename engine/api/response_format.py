@@ -49,16 +49,13 @@ class ResponseFormat(ABC):
         return []
 
     @abstractmethod
-    def text_chunks(self, index: int, text: str) -> list[BaseModel]:
-        ...
+    def text_chunks(self, index: int, text: str) -> list[BaseModel]: ...
 
     @abstractmethod
-    def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]:
-        ...
+    def finish_chunks(self, index: int, finish_reason: str | None) -> list[BaseModel]: ...
 
     @abstractmethod
-    def usage_chunk(self, usage: UsageInfo) -> BaseModel:
-        ...
+    def usage_chunk(self, usage: UsageInfo) -> BaseModel: ...
 
     @abstractmethod
     def response(self, choices: list[ChoiceResult], usage: UsageInfo) -> BaseModel:

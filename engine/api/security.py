@@ -46,8 +46,14 @@ FRAME_ANCESTORS = "frame-ancestors 'none'"
 # Gradio routes that run a page event by its name (its "API"): not ours to offer. The page's
 # own calls name events by index: queued ones through /gradio_api/queue/join, the others through
 # /gradio_api/run/predict (no event is called "predict").
-GRADIO_NAMED_CALLS = ("/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/", "/gradio_api/mcp",
-                      "/gradio_api/run-history/", "/gradio_api/runs")
+GRADIO_NAMED_CALLS = (
+    "/gradio_api/call/",
+    "/gradio_api/run/",
+    "/gradio_api/api/",
+    "/gradio_api/mcp",
+    "/gradio_api/run-history/",
+    "/gradio_api/runs",
+)
 GRADIO_PAGE_CALLS = frozenset({"/gradio_api/run/predict"})
 MAX_LOGGED_REFUSALS = 100  # distinct refusals logged at warning level; later ones at debug
 
@@ -92,9 +98,18 @@ def parse_origin(origin: str) -> str:
         port = parts.port
     except ValueError:
         parts, port = None, None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") \
-            or parts.query or parts.fragment or parts.username:
-        raise UserError(f"--allowed-origins: {origin!r} is not an origin like http://localhost:3000 (scheme, host, optional port)")
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or parts.username
+    ):
+        raise UserError(
+            f"--allowed-origins: {origin!r} is not an origin like http://localhost:3000 (scheme, host, optional port)"
+        )
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
 
@@ -107,7 +122,12 @@ class AccessPolicy:
     origins: tuple[str, ...] = ()
 
     @classmethod
-    def for_bind(cls, bind_host: str, allowed_hosts: tuple[str, ...] = (), allowed_origins: tuple[str, ...] = ()) -> AccessPolicy:
+    def for_bind(
+        cls,
+        bind_host: str,
+        allowed_hosts: tuple[str, ...] = (),
+        allowed_origins: tuple[str, ...] = (),
+    ) -> AccessPolicy:
         hosts = set(LOOPBACK_NAMES)
         bind = bind_host.strip("[]").lower()
         if _is_wildcard(bind):
@@ -168,28 +188,64 @@ class RequestGuard:
         headers = Headers(scope=scope)
         host = headers.get("host")
         if not self.policy.allows_host(host):
-            return 403, "host_not_allowed", (f"Host {host!r} is not this server's name; "
-                                             "to reach it under another name, start it with --allowed-hosts NAME")
+            return (
+                403,
+                "host_not_allowed",
+                (
+                    f"Host {host!r} is not this server's name; "
+                    "to reach it under another name, start it with --allowed-hosts NAME"
+                ),
+            )
         origin = headers.get("origin")
         changes_state = scope["type"] == "websocket" or scope["method"] not in SAFE_METHODS
         if origin is not None and changes_state and not self.policy.allows_origin(origin, host):
-            return 403, "origin_not_allowed", (f"requests from the web page at {origin!r} are not accepted; "
-                                               "to allow a browser-based client there, start the server with --allowed-origins ORIGIN")
+            return (
+                403,
+                "origin_not_allowed",
+                (
+                    f"requests from the web page at {origin!r} are not accepted; "
+                    "to allow a browser-based client there, start the server with --allowed-origins ORIGIN"
+                ),
+            )
         path = scope.get("path", "")
         if path.startswith(GRADIO_NAMED_CALLS) and path not in GRADIO_PAGE_CALLS:
-            return 404, "not_found", "the chat page's events are not an API; use the OpenAI-compatible routes under /v1"
+            return (
+                404,
+                "not_found",
+                "the chat page's events are not an API; use the OpenAI-compatible routes under /v1",
+            )
         return None
 
-    async def refuse(self, scope: Scope, receive: Receive, send: Send, status: int, code: str, reason: str) -> None:
+    async def refuse(
+        self, scope: Scope, receive: Receive, send: Send, status: int, code: str, reason: str
+    ) -> None:
         # what was refused and why; never a body, a query string or a header other than the one at fault
         key = (scope.get("method", ""), scope.get("path", ""), reason)
-        level = logging.WARNING if len(self.logged) < MAX_LOGGED_REFUSALS and key not in self.logged else logging.DEBUG
+        level = (
+            logging.WARNING
+            if len(self.logged) < MAX_LOGGED_REFUSALS and key not in self.logged
+            else logging.DEBUG
+        )
         self.logged.add(key)
-        logger.log(level, "refused %s %s (%d): %s", scope.get("method", "WEBSOCKET"), scope.get("path", ""), status, reason)
+        logger.log(
+            level,
+            "refused %s %s (%d): %s",
+            scope.get("method", "WEBSOCKET"),
+            scope.get("path", ""),
+            status,
+            reason,
+        )
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": reason[:120]})
             return
-        body = {"error": {"message": reason, "type": "forbidden" if status == 403 else "not_found", "param": None, "code": code}}
+        body = {
+            "error": {
+                "message": reason,
+                "type": "forbidden" if status == 403 else "not_found",
+                "param": None,
+                "code": code,
+            }
+        }
         response = JSONResponse(body, status_code=status)
         add_security_headers(response.headers)
         await response(scope, receive, send)
@@ -212,6 +268,11 @@ def install_guard(app, policy: AccessPolicy) -> None:
     share the page's API with pages on other localhost ports."""
     from starlette.middleware.cors import CORSMiddleware
 
-    app.add_middleware(CORSMiddleware, allow_origins=list(policy.origins), allow_methods=["GET", "POST", "OPTIONS"],
-                       allow_headers=["authorization", "content-type"], allow_credentials=False)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(policy.origins),
+        allow_methods=["GET", "POST", "OPTIONS"],
+        allow_headers=["authorization", "content-type"],
+        allow_credentials=False,
+    )
     app.add_middleware(RequestGuard, policy=policy)

@@ -18,7 +18,9 @@ from ..config import EngineConfig, ModelConfig, check_parallel
 from ..errors import UserError
 from ..workers.ipc import SocketPaths, make_runtime_dir, remove_runtime_dir
 
-if TYPE_CHECKING:  # the web stack (starlette) is imported only by what serves HTTP: not by `bench --tp`
+if (
+    TYPE_CHECKING
+):  # the web stack (starlette) is imported only by what serves HTTP: not by `bench --tp`
     from .security import AccessPolicy
 
 logger = logging.getLogger("minisgl.server")
@@ -32,9 +34,15 @@ class ServerConfig:
     num_tokenizers: int = 1
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides the bind address and loopback
     allowed_origins: tuple[str, ...] = ()  # web pages allowed to call the server (with CORS)
-    served_model_names: tuple[str, ...] = ()  # names a request's `model` may give, the first listed; () = the model's own
-    trust_request_chat_template: bool = False  # a chat request may bring its own chat template (code the tokenizer runs)
-    max_request_bytes: int = 8 * 1024 * 1024  # the largest /v1 body read (request_limits.MAX_REQUEST_BYTES); larger: 413
+    served_model_names: tuple[
+        str, ...
+    ] = ()  # names a request's `model` may give, the first listed; () = the model's own
+    trust_request_chat_template: bool = (
+        False  # a chat request may bring its own chat template (code the tokenizer runs)
+    )
+    max_request_bytes: int = (
+        8 * 1024 * 1024
+    )  # the largest /v1 body read (request_limits.MAX_REQUEST_BYTES); larger: 413
 
     def access_policy(self) -> AccessPolicy:
         from .security import AccessPolicy
@@ -53,7 +61,9 @@ def is_loopback(host: str) -> bool:
 
 def check_server_config(server: ServerConfig) -> None:
     if not is_loopback(server.host) and not server.api_key:
-        raise UserError(f"refusing to listen on {server.host} without --api-key: anyone on the network could use the engine")
+        raise UserError(
+            f"refusing to listen on {server.host} without --api-key: anyone on the network could use the engine"
+        )
     if server.max_request_bytes < 1:
         raise UserError("--max-request-bytes must be at least 1")
     if server.num_tokenizers < 1:
@@ -145,15 +155,29 @@ def run_worker_node(config: EngineConfig) -> int:
     result = {"code": 0}
 
     def on_exit(name: str, code: int | None) -> None:
-        print(f"minisgl-chat: {name} exited (exit code {code}); shutting down this node", file=sys.stderr, flush=True)
+        print(
+            f"minisgl-chat: {name} exited (exit code {code}); shutting down this node",
+            file=sys.stderr,
+            flush=True,
+        )
         result["code"] = 1
         done.set()
 
-    procs = EngineProcesses(config, None, None, model_config.max_context_len, logging.getLogger("minisgl").getEffectiveLevel())
+    procs = EngineProcesses(
+        config,
+        None,
+        None,
+        model_config.max_context_len,
+        logging.getLogger("minisgl").getEffectiveLevel(),
+    )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     procs.start(on_exit)
-    print(f"minisgl-chat: node {config.node_rank} runs {', '.join(procs.names)}", file=sys.stderr, flush=True)
+    print(
+        f"minisgl-chat: node {config.node_rank} runs {', '.join(procs.names)}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         while not done.wait(0.5):
             pass
@@ -191,8 +215,12 @@ def run_server(
     check_server_config(server)
     check_parallel(config.tp, config.dp, config.nnodes, config.node_rank, config.dist_init_addr)
     if config.nnodes > 1:
-        print(f"minisgl-chat: {config.tp} ranks on {config.nnodes} machines meet at {config.dist_init_addr}; that port is "
-              "unauthenticated: use this on a trusted network only", file=sys.stderr, flush=True)
+        print(
+            f"minisgl-chat: {config.tp} ranks on {config.nnodes} machines meet at {config.dist_init_addr}; that port is "
+            "unauthenticated: use this on a trusted network only",
+            file=sys.stderr,
+            flush=True,
+        )
     if config.node_rank > 0:
         return run_worker_node(config)
     return _ServerRun(config, server, mount, on_listen, on_ready).run()
@@ -202,8 +230,16 @@ class _ServerRun:
     """One run of ``serve`` on node 0: the listening socket, the workers' sockets folder, the
     HTTP server on one asyncio loop, and the engine behind it; ``exit_code`` is what it returns."""
 
-    def __init__(self, config: EngineConfig, server: ServerConfig, mount, on_listen, on_ready=None) -> None:
-        self.config, self.server, self.mount, self.on_listen, self.on_ready = config, server, mount, on_listen, on_ready
+    def __init__(
+        self, config: EngineConfig, server: ServerConfig, mount, on_listen, on_ready=None
+    ) -> None:
+        self.config, self.server, self.mount, self.on_listen, self.on_ready = (
+            config,
+            server,
+            mount,
+            on_listen,
+            on_ready,
+        )
         self.listen_socket = bind_listen_socket(server.host, server.port)
         self.runtime_dir = make_runtime_dir()
         self.paths = SocketPaths(str(self.runtime_dir), server.num_tokenizers, config.dp)
@@ -239,23 +275,39 @@ class _ServerRun:
         from .openai_api import create_app
 
         config, server = self.config, self.server
-        self.client = FrontendClient(self.paths, served_model_name(config), reporting_workers(server.num_tokenizers, config.dp, config.tp),
-                                     config.dp_routing)
-        app = create_app(self.client, server.api_key, server.access_policy(), server.served_model_names,
-                         trust_request_chat_template=server.trust_request_chat_template, max_request_bytes=server.max_request_bytes)
-        self.http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
+        self.client = FrontendClient(
+            self.paths,
+            served_model_name(config),
+            reporting_workers(server.num_tokenizers, config.dp, config.tp),
+            config.dp_routing,
+        )
+        app = create_app(
+            self.client,
+            server.api_key,
+            server.access_policy(),
+            server.served_model_names,
+            trust_request_chat_template=server.trust_request_chat_template,
+            max_request_bytes=server.max_request_bytes,
+        )
+        self.http = uvicorn.Server(
+            uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
+        )
         self.loop = asyncio.get_running_loop()
         self._uvicorn_handle_exit = self.http.handle_exit
         self.http.handle_exit = self.handle_exit
         log_level = logging.getLogger("minisgl").getEffectiveLevel()
-        self.engine = EngineHost(config, self.paths, self.client, log_level, self.fail, prepare_model)
+        self.engine = EngineHost(
+            config, self.paths, self.client, log_level, self.fail, prepare_model
+        )
         if self.mount is not None:
             self.mount(app, self.client, self.engine)
         self.client.start()
         threading.Thread(target=self.engine.start, name="engine-start", daemon=True).start()
         announcer = asyncio.create_task(self.announce())
         if self.on_listen is not None:
-            self.on_listen(self.url)  # the socket already listens: connections wait for the loop below
+            self.on_listen(
+                self.url
+            )  # the socket already listens: connections wait for the loop below
         try:
             await self.http.serve(sockets=[self.listen_socket])
         finally:
@@ -275,20 +327,29 @@ class _ServerRun:
         self.exit_code = code
         self.http.should_exit = True
         try:  # open requests end now, with the reason
-            self.loop.call_soon_threadsafe(self.client.fail_pending, f"the engine stopped: {message}")
+            self.loop.call_soon_threadsafe(
+                self.client.fail_pending, f"the engine stopped: {message}"
+            )
         except RuntimeError:
             pass  # the loop is already closed
 
     async def announce(self) -> None:
         """One line once every worker is ready: where, what model, on what."""
         await self.client.ready_event.wait()
-        info, config, names = self.client.scheduler_info, self.config, self.server.served_model_names
+        info, config, names = (
+            self.client.scheduler_info,
+            self.config,
+            self.server.served_model_names,
+        )
         fast = f", {config.dp} replicas" if config.dp > 1 else ""
         fast += ", CUDA graphs" if info.get("cuda_graphs") else ""
         fast += ", overlap scheduling" if info.get("overlap") else ""
         served_as = f" as {', '.join(names)}" if names else ""
-        print(f"minisgl-chat: ready at {self.url} (model {self.client.model_name}{served_as} on {info.get('device', '?')}, "
-              f"KV cache {info.get('kv_tokens', '?')} tokens, attention {info.get('attention', '?')}{fast})",
-              file=sys.stderr, flush=True)
+        print(
+            f"minisgl-chat: ready at {self.url} (model {self.client.model_name}{served_as} on {info.get('device', '?')}, "
+            f"KV cache {info.get('kv_tokens', '?')} tokens, attention {info.get('attention', '?')}{fast})",
+            file=sys.stderr,
+            flush=True,
+        )
         if self.on_ready is not None:
             self.on_ready(self.url)

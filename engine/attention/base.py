@@ -12,7 +12,14 @@ from ..kvcache.page_table import PageTable
 
 
 class AttentionBackend(ABC):
-    def __init__(self, kv_pool: KVPool, page_table: PageTable, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        page_table: PageTable,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
         self.kv_pool = kv_pool
         self.page_table = page_table
         self.num_heads = num_heads
@@ -26,7 +33,9 @@ class AttentionBackend(ABC):
         store it in ``batch.attn_metadata``."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
         """Store the new tokens' K/V in the pool, then attend.
 
         q: [tokens, num_heads, head_dim]; k, v: [tokens, num_kv_heads, head_dim].
@@ -37,8 +46,16 @@ class AttentionBackend(ABC):
     def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         """Attend when this step's K/V are already in the pool (written by a fused kernel)."""
 
-    def decode_from_qkv(self, qkv: torch.Tensor, layer_id: int, batch: ForwardBatch, q_weight: torch.Tensor | None,
-                        k_weight: torch.Tensor | None, eps: float, cos_sin_cache: torch.Tensor) -> torch.Tensor | None:
+    def decode_from_qkv(
+        self,
+        qkv: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+        q_weight: torch.Tensor | None,
+        k_weight: torch.Tensor | None,
+        eps: float,
+        cos_sin_cache: torch.Tensor,
+    ) -> torch.Tensor | None:
         """Where this backend has one kernel for a whole decode step's attention straight from
         the merged projection (q/k norm, RoPE, the K/V write, attention): its output
         [tokens, num_heads * head_dim]; otherwise None, and the layer runs the steps itself."""

@@ -39,7 +39,9 @@ class KVLayout:
     last_page_len: torch.Tensor  # [batch] int32, CPU: tokens used in each request's last page
 
 
-TRITON_DECODE_MAX_BATCH = 16  # decode graphs of up to this many rows may run triton_kernels.decode_attention
+TRITON_DECODE_MAX_BATCH = (
+    16  # decode graphs of up to this many rows may run triton_kernels.decode_attention
+)
 TRITON_DECODE_MAX_CONTEXT = 4096  # ... while no request in the batch is longer than this (tokens; docs/benchmarks.md, fourth round)
 # Decode graphs of this many rows or more have a second FlashInfer graph that reads each
 # request's K/V whole, in one block per (request, KV head), instead of split into chunks merged by a
@@ -78,13 +80,21 @@ class DecodeAttentionLimits:
         (never) or ``fused`` (as ``auto``, with :func:`..triton_kernels.decode_attention_qkv`:
         faster for Qwen3-8B at batch 1, slower for Qwen3-0.6B; docs/benchmarks.md, seventh round)."""
         mode = env_choice("MINISGL_DECODE_ATTENTION", DECODE_ATTENTION_MODES)
-        whole = dict(whole_kv_rows=env_ints("MINISGL_DECODE_WHOLE_KV_FROM", ("rows",), (DECODE_WHOLE_KV_FROM,))[0],
-                     whole_kv_max_context=env_ints("MINISGL_DECODE_WHOLE_KV_MAX_CONTEXT", ("tokens",), (DECODE_WHOLE_KV_MAX_CONTEXT,))[0])
+        whole = dict(
+            whole_kv_rows=env_ints(
+                "MINISGL_DECODE_WHOLE_KV_FROM", ("rows",), (DECODE_WHOLE_KV_FROM,)
+            )[0],
+            whole_kv_max_context=env_ints(
+                "MINISGL_DECODE_WHOLE_KV_MAX_CONTEXT", ("tokens",), (DECODE_WHOLE_KV_MAX_CONTEXT,)
+            )[0],
+        )
         if mode == "flashinfer" or triton_unavailable_reason() is not None:
             return cls(0, 0, **whole)
         if mode == "triton":
             return cls(1 << 30, 1 << 30, **whole)
-        return cls(TRITON_DECODE_MAX_BATCH, TRITON_DECODE_MAX_CONTEXT, fused=mode == "fused", **whole)
+        return cls(
+            TRITON_DECODE_MAX_BATCH, TRITON_DECODE_MAX_CONTEXT, fused=mode == "fused", **whole
+        )
 
     def graph_kinds(self, batch_size: int, max_context_len: int) -> list[str]:
         """The decode graphs captured for ``batch_size`` rows: every kind :meth:`decode_kind`
@@ -122,7 +132,9 @@ class TritonDecode:
     counters: torch.Tensor | None = None
 
 
-def decode_uses_tensor_cores(num_heads: int, num_kv_heads: int, kv_dtype: torch.dtype | None = None) -> bool:
+def decode_uses_tensor_cores(
+    num_heads: int, num_kv_heads: int, kv_dtype: torch.dtype | None = None
+) -> bool:
     """FlashInfer's decode kernel on tensor cores or on CUDA cores (``MINISGL_DECODE_TENSOR_CORES``:
     ``auto``, or ``on``/``off`` for measuring). ``auto``: tensor cores once two or more query
     heads share a KV head, with a 16-bit pool. On an H200 the offline workload of the Qwen3-0.6B
@@ -157,21 +169,35 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.page_size = kv_pool.page_size
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.decode_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads, kv_pool.dtype)
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
-        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores)
-        self.fill_indices = triton_unavailable_reason() is None  # one Triton launch instead of ~8 tensor ops
-        self._indices = torch.empty(0, dtype=torch.int32, device=device)  # page ids of eager batches
-        self.graph_wrappers: dict[tuple[int, str], object] = {}  # (padded batch size, "flashinfer" or "whole") -> its wrapper
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend="fa2"
+        )
+        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores
+        )
+        self.fill_indices = (
+            triton_unavailable_reason() is None
+        )  # one Triton launch instead of ~8 tensor ops
+        self._indices = torch.empty(
+            0, dtype=torch.int32, device=device
+        )  # page ids of eager batches
+        self.graph_wrappers: dict[
+            tuple[int, str], object
+        ] = {}  # (padded batch size, "flashinfer" or "whole") -> its wrapper
         self._graph_indices: torch.Tensor | None = None  # one index buffer shared by all graphs
         # FlashInfer copies each plan to the GPU from one pinned host buffer per wrapper; the
         # next plan must not overwrite it before that copy ran (with overlap scheduling the CPU
         # plans step N+1 while step N may not have started).
         self._plan_copied: torch.cuda.Event | None = None
-        fits = head_dim & (head_dim - 1) == 0 and num_heads // num_kv_heads <= 16  # the Triton kernels' shapes
+        fits = (
+            head_dim & (head_dim - 1) == 0 and num_heads // num_kv_heads <= 16
+        )  # the Triton kernels' shapes
         limits = DecodeAttentionLimits.from_env()
         if not (fits and triton_decode):
             limits = replace(limits, max_batch=0, max_context=0, fused=False)
-        if not self.decode_tensor_cores:  # K/V read whole was measured on the tensor-core decode only
+        if (
+            not self.decode_tensor_cores
+        ):  # K/V read whole was measured on the tensor-core decode only
             limits = replace(limits, whole_kv_rows=1 << 30)
         self.decode_limits = limits
         self.triton_graphs: dict[int, TritonDecode] = {}  # graph size -> its plan-free metadata
@@ -186,7 +212,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         """Which of its size's graphs a planned decode batch replays."""
         if isinstance(batch.attn_metadata, TritonDecode):
             return "triton"
-        return "whole" if batch.attn_metadata is self.graph_wrappers.get((batch.padded_size, "whole")) else "flashinfer"
+        return (
+            "whole"
+            if batch.attn_metadata is self.graph_wrappers.get((batch.padded_size, "whole"))
+            else "flashinfer"
+        )
 
     def graph_wrapper(self, batch_size: int, kind: str, max_pages_per_request: int):
         """What a graph of ``batch_size`` of this ``kind`` captures: FlashInfer's decode wrapper
@@ -201,9 +231,19 @@ class FlashInferAttentionBackend(AttentionBackend):
             if batch_size not in self.triton_graphs:
                 sms = torch.cuda.get_device_properties(self.device).multi_processor_count
                 fused = self.decode_limits.fused
-                counters = torch.zeros(batch_size * self.num_kv_heads, dtype=torch.int32, device=self.device) if fused else None
-                self.triton_graphs[batch_size] = TritonDecode(decode_attention_splits(batch_size, self.num_kv_heads, sms),
-                                                              pdl_wanted(self.device), fused, counters)
+                counters = (
+                    torch.zeros(
+                        batch_size * self.num_kv_heads, dtype=torch.int32, device=self.device
+                    )
+                    if fused
+                    else None
+                )
+                self.triton_graphs[batch_size] = TritonDecode(
+                    decode_attention_splits(batch_size, self.num_kv_heads, sms),
+                    pdl_wanted(self.device),
+                    fused,
+                    counters,
+                )
             return self.triton_graphs[batch_size]
         if (batch_size, kind) not in self.graph_wrappers:
             need = batch_size * max_pages_per_request
@@ -214,9 +254,13 @@ class FlashInferAttentionBackend(AttentionBackend):
                 "NHD",
                 use_cuda_graph=True,
                 use_tensor_cores=self.decode_tensor_cores,
-                paged_kv_indptr_buffer=torch.zeros(batch_size + 1, dtype=torch.int32, device=self.device),
+                paged_kv_indptr_buffer=torch.zeros(
+                    batch_size + 1, dtype=torch.int32, device=self.device
+                ),
                 paged_kv_indices_buffer=self._graph_indices,
-                paged_kv_last_page_len_buffer=torch.zeros(batch_size, dtype=torch.int32, device=self.device),
+                paged_kv_last_page_len_buffer=torch.zeros(
+                    batch_size, dtype=torch.int32, device=self.device
+                ),
             )
         return self.graph_wrappers[batch_size, kind]
 
@@ -236,22 +280,42 @@ class FlashInferAttentionBackend(AttentionBackend):
             from ..kernels.triton_kernels import fill_kv_indices
 
             if self._indices.numel() < indptr[-1]:
-                self._indices = torch.empty(max(indptr[-1], 2 * self._indices.numel()), dtype=torch.int32, device=self.device)
+                self._indices = torch.empty(
+                    max(indptr[-1], 2 * self._indices.numel()),
+                    dtype=torch.int32,
+                    device=self.device,
+                )
             indices = fill_kv_indices(
-                self.page_table.table, batch.table_rows, to_device(indptr, self.device, torch.int32), self._indices,
-                ps, self.kv_pool.padding_page, max(counts + [1]),
+                self.page_table.table,
+                batch.table_rows,
+                to_device(indptr, self.device, torch.int32),
+                self._indices,
+                ps,
+                self.kv_pool.padding_page,
+                max(counts + [1]),
             )[: indptr[-1]]
-            return KVLayout(host_tensor(indptr, torch.int32), indices, host_tensor(last_page_len, torch.int32))
+            return KVLayout(
+                host_tensor(indptr, torch.int32), indices, host_tensor(last_page_len, torch.int32)
+            )
         real_total = indptr[len(counts)]
         # page j of request i is slot table[row_i, j * page_size] // page_size
         meta = to_device(counts + indptr[: len(counts)], self.device)
         counts_gpu, starts_gpu = meta[: len(counts)], meta[len(counts) :]
         rows = batch.table_rows[: len(counts)].repeat_interleave(counts_gpu, output_size=real_total)
-        cols = torch.arange(real_total, device=self.device) - starts_gpu.repeat_interleave(counts_gpu, output_size=real_total)
+        cols = torch.arange(real_total, device=self.device) - starts_gpu.repeat_interleave(
+            counts_gpu, output_size=real_total
+        )
         table = self.page_table.table
         indices = table[rows, cols] if ps == 1 else table[rows, cols * ps] // ps
         if pad:
-            indices = torch.cat((indices, torch.full((pad,), self.kv_pool.padding_page, dtype=indices.dtype, device=self.device)))
+            indices = torch.cat(
+                (
+                    indices,
+                    torch.full(
+                        (pad,), self.kv_pool.padding_page, dtype=indices.dtype, device=self.device
+                    ),
+                )
+            )
         return KVLayout(
             host_tensor(indptr, torch.int32),
             indices.to(torch.int32),
@@ -261,7 +325,11 @@ class FlashInferAttentionBackend(AttentionBackend):
     def decode_kind(self, batch: ForwardBatch) -> str:
         """The attention of a decode batch padded to a graph's size (:class:`DecodeAttentionLimits`)."""
         kind = self.decode_limits.decode_kind(batch.padded_size, batch.seq_lens)
-        return "flashinfer" if kind == "triton" and batch.padded_size not in self.triton_graphs else kind
+        return (
+            "flashinfer"
+            if kind == "triton" and batch.padded_size not in self.triton_graphs
+            else kind
+        )
 
     def prepare(self, batch: ForwardBatch, kind: str | None = None) -> None:
         """``kind``: for a batch padded to a graph's size, force that graph kind (capture)."""
@@ -273,13 +341,28 @@ class FlashInferAttentionBackend(AttentionBackend):
         layout = self.kv_layout(batch)
         if self._plan_copied is not None:
             self._plan_copied.synchronize()
-        common = dict(q_data_type=self.dtype, kv_data_type=self.kv_pool.dtype, sm_scale=self.scale, non_blocking=True)
+        common = dict(
+            q_data_type=self.dtype,
+            kv_data_type=self.kv_pool.dtype,
+            sm_scale=self.scale,
+            non_blocking=True,
+        )
         if batch.is_decode:
             # a graph's plan splits K/V or not as its kernels were captured (the same kind)
-            wrapper = self.graph_wrappers[batch.padded_size, kind] if batch.use_graph else self.decode_wrapper
+            wrapper = (
+                self.graph_wrappers[batch.padded_size, kind]
+                if batch.use_graph
+                else self.decode_wrapper
+            )
             wrapper.plan(
-                layout.indptr, layout.indices, layout.last_page_len,
-                self.num_heads, self.num_kv_heads, self.head_dim, self.page_size, **common,
+                layout.indptr,
+                layout.indices,
+                layout.last_page_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.page_size,
+                **common,
                 **({"disable_split_kv": True} if batch.use_graph and kind == "whole" else {}),
             )
         else:
@@ -288,14 +371,24 @@ class FlashInferAttentionBackend(AttentionBackend):
                 qo_indptr.append(qo_indptr[-1] + n)
             wrapper = self.prefill_wrapper
             wrapper.plan(
-                host_tensor(qo_indptr, torch.int32), layout.indptr, layout.indices, layout.last_page_len,
-                self.num_heads, self.num_kv_heads, self.head_dim, self.page_size, causal=True, **common,
+                host_tensor(qo_indptr, torch.int32),
+                layout.indptr,
+                layout.indices,
+                layout.last_page_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.page_size,
+                causal=True,
+                **common,
             )
         self._plan_copied = torch.cuda.Event()
         self._plan_copied.record()
         batch.attn_metadata = wrapper
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
         self.kv_pool.store(layer_id, batch.out_loc, k, v)
         return self.attend(q, layer_id, batch)
 
@@ -306,13 +399,30 @@ class FlashInferAttentionBackend(AttentionBackend):
         if isinstance(meta, TritonDecode):
             from ..kernels.triton_kernels import decode_attention
 
-            return decode_attention(q, self.kv_pool.k_cache[layer_id], self.kv_pool.v_cache[layer_id], self.page_table.table,
-                                    batch.token_rows, batch.positions, self.scale, meta.num_splits, meta.pdl)
+            return decode_attention(
+                q,
+                self.kv_pool.k_cache[layer_id],
+                self.kv_pool.v_cache[layer_id],
+                self.page_table.table,
+                batch.token_rows,
+                batch.positions,
+                self.scale,
+                meta.num_splits,
+                meta.pdl,
+            )
         out = meta.run(q, self.kv_pool.paged(layer_id))
         return out.view(q.shape[0], -1)
 
-    def decode_from_qkv(self, qkv: torch.Tensor, layer_id: int, batch: ForwardBatch, q_weight: torch.Tensor | None,
-                        k_weight: torch.Tensor | None, eps: float, cos_sin_cache: torch.Tensor) -> torch.Tensor | None:
+    def decode_from_qkv(
+        self,
+        qkv: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+        q_weight: torch.Tensor | None,
+        k_weight: torch.Tensor | None,
+        eps: float,
+        cos_sin_cache: torch.Tensor,
+    ) -> torch.Tensor | None:
         """With ``MINISGL_DECODE_ATTENTION=fused``, a decode graph on the Triton kernels attends
         in one kernel per layer (:func:`..triton_kernels.decode_attention_qkv`)."""
         meta = batch.attn_metadata
@@ -321,7 +431,22 @@ class FlashInferAttentionBackend(AttentionBackend):
         from ..kernels.triton_kernels import decode_attention_qkv
 
         return decode_attention_qkv(
-            qkv, self.num_heads, self.num_kv_heads, self.head_dim, q_weight, k_weight, eps, cos_sin_cache, batch.out_loc,
-            self.kv_pool.k_cache[layer_id], self.kv_pool.v_cache[layer_id], self.page_table.table, batch.token_rows,
-            batch.positions, self.scale, meta.num_splits, meta.counters, meta.pdl,
+            qkv,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            q_weight,
+            k_weight,
+            eps,
+            cos_sin_cache,
+            batch.out_loc,
+            self.kv_pool.k_cache[layer_id],
+            self.kv_pool.v_cache[layer_id],
+            self.page_table.table,
+            batch.token_rows,
+            batch.positions,
+            self.scale,
+            meta.num_splits,
+            meta.counters,
+            meta.pdl,
         )

@@ -36,7 +36,11 @@ class _DecodeMeta:
 
 def _one_request_slots(kv_indices: torch.Tensor, out_loc: torch.Tensor) -> torch.Tensor | None:
     """One request's slots on CPU, the new token's the last of them (None otherwise)."""
-    if kv_indices.shape[0] != 1 or kv_indices.device.type != "cpu" or kv_indices.dtype != torch.int64:
+    if (
+        kv_indices.shape[0] != 1
+        or kv_indices.device.type != "cpu"
+        or kv_indices.dtype != torch.int64
+    ):
         return None
     row = kv_indices[0]
     return row if row.is_contiguous() and int(row[-1]) == int(out_loc[0]) else None
@@ -61,7 +65,9 @@ class TorchAttentionBackend(AttentionBackend):
             mask = None
             if min(batch.seq_lens) != max_len:
                 seq_lens = torch.tensor(batch.seq_lens, device=table.device)
-                mask = (torch.arange(max_len, device=table.device) < seq_lens[:, None])[:, None, None, :]
+                mask = (torch.arange(max_len, device=table.device) < seq_lens[:, None])[
+                    :, None, None, :
+                ]
             slots = _one_request_slots(kv_indices, batch.out_loc) if mask is None else None
             batch.attn_metadata = _DecodeMeta(kv_indices, mask, _slot_run(slots), slots)
             return
@@ -80,7 +86,9 @@ class TorchAttentionBackend(AttentionBackend):
             start = end
         batch.attn_metadata = seqs
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
         self.kv_pool.store(layer_id, batch.out_loc, k, v)
         return self._attend(q, k, v, layer_id, batch)
 
@@ -90,7 +98,9 @@ class TorchAttentionBackend(AttentionBackend):
         v = self.kv_pool.v_cache[layer_id][batch.out_loc].to(q.dtype)
         return self._attend(q, k, v, layer_id, batch)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
         k_cache = self.kv_pool.k_cache[layer_id]
         v_cache = self.kv_pool.v_cache[layer_id]
         if batch.is_decode:
@@ -105,9 +115,13 @@ class TorchAttentionBackend(AttentionBackend):
                 return out.reshape(q.shape[0], -1)
             flat = meta.kv_indices.view(-1)
             shape = (*meta.kv_indices.shape, self.num_kv_heads, self.head_dim)
-            kb = k_cache.index_select(0, flat).view(shape).transpose(1, 2).to(q.dtype)  # widened from FP8 (--kv-dtype)
+            kb = (
+                k_cache.index_select(0, flat).view(shape).transpose(1, 2).to(q.dtype)
+            )  # widened from FP8 (--kv-dtype)
             vb = v_cache.index_select(0, flat).view(shape).transpose(1, 2).to(q.dtype)
-            out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, scale=self.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                qb, kb, vb, attn_mask=meta.mask, scale=self.scale, enable_gqa=True
+            )
             return out.reshape(q.shape[0], -1)
         outs = []
         for seq in batch.attn_metadata:
@@ -118,11 +132,15 @@ class TorchAttentionBackend(AttentionBackend):
                 # as the pool holds them (rounded to FP8 with --kv-dtype fp8), like every later step reads them
                 ks = self.kv_pool.as_stored(k[seq.start : seq.end]).transpose(0, 1).unsqueeze(0)
                 vs = self.kv_pool.as_stored(v[seq.start : seq.end]).transpose(0, 1).unsqueeze(0)
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True
+                )
             else:
                 ks = k_cache[seq.kv_indices].transpose(0, 1).unsqueeze(0).to(q.dtype)
                 vs = v_cache[seq.kv_indices].transpose(0, 1).unsqueeze(0).to(q.dtype)
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seq.mask, scale=self.scale, enable_gqa=True)
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, attn_mask=seq.mask, scale=self.scale, enable_gqa=True
+                )
             outs.append(o[0].transpose(0, 1))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         return out.reshape(q.shape[0], -1)

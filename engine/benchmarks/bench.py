@@ -16,7 +16,11 @@ from .decode_bench import compare_llamacpp, print_table, run_decode
 from .multiturn_bench import print_multiturn_table, run_multiturn
 from .offline_bench import print_offline, run_offline, run_offline_dp
 
-BENCHES = {"decode": (run_decode, print_table), "offline": (run_offline, print_offline), "multiturn": (run_multiturn, print_multiturn_table)}
+BENCHES = {
+    "decode": (run_decode, print_table),
+    "offline": (run_offline, print_offline),
+    "multiturn": (run_multiturn, print_multiturn_table),
+}
 
 
 def _bench_rank(rank: int, args: argparse.Namespace, config: EngineConfig, addr: str) -> None:
@@ -52,19 +56,27 @@ def _run_dp(args: argparse.Namespace, config: EngineConfig) -> None:
     from ..api.server import prepare_model
 
     if args.bench == "offline" and args.num_requests < config.dp:
-        raise UserError(f"--num-requests {args.num_requests} leaves a replica of --dp {config.dp} without work; ask for at least {config.dp}")
+        raise UserError(
+            f"--num-requests {args.num_requests} leaves a replica of --dp {config.dp} without work; ask for at least {config.dp}"
+        )
 
     if args.bench == "decode" or config.tp > 1 or getattr(args, "compare_hf", False):
-        raise UserError("bench --dp N runs offline (one replica per GPU) and multiturn (through the front end's router), "
-                        "with --tp 1 and without --compare-hf")
-    config, model_config, _ = prepare_model(config)  # resolves the model once for all replicas and checks the GPUs
+        raise UserError(
+            "bench --dp N runs offline (one replica per GPU) and multiturn (through the front end's router), "
+            "with --tp 1 and without --compare-hf"
+        )
+    config, model_config, _ = prepare_model(
+        config
+    )  # resolves the model once for all replicas and checks the GPUs
     if args.bench == "offline":
         rows = run_offline_dp(args, config)
         print_offline(rows)
     else:
         from .dp_bench import print_routed_table, run_multiturn_routed
 
-        rows = run_multiturn_routed(args, config, model_config.max_context_len, model_config.vocab_size)
+        rows = run_multiturn_routed(
+            args, config, model_config.max_context_len, model_config.vocab_size
+        )
         print_routed_table(rows)
     _print_rows(rows)
 
@@ -79,7 +91,13 @@ def _run_tp(args: argparse.Namespace, config: EngineConfig) -> None:
     config, _, _ = prepare_model(config)  # resolves the model once for all ranks and checks --tp
     if getattr(args, "compare_hf", False):
         raise UserError("--compare-hf runs transformers on one device; use it with --tp 1")
-    mp.start_processes(_bench_rank, args=(args, config, f"127.0.0.1:{free_port()}"), nprocs=config.tp, join=True, start_method="spawn")
+    mp.start_processes(
+        _bench_rank,
+        args=(args, config, f"127.0.0.1:{free_port()}"),
+        nprocs=config.tp,
+        join=True,
+        start_method="spawn",
+    )
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -53,7 +53,9 @@ def row_header(bench: str, config: EngineConfig, engine) -> dict:
 
 def random_prompts(batch_size: int, input_len: int, vocab: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(10, min(vocab, 10000)) for _ in range(input_len)] for _ in range(batch_size)]
+    return [
+        [rng.randrange(10, min(vocab, 10000)) for _ in range(input_len)] for _ in range(batch_size)
+    ]
 
 
 def time_engine(llm, prompts: list[list[int]], output_len: int) -> tuple[float, float]:
@@ -77,8 +79,12 @@ def hf_model_for(llm, seed: int):
     if llm.engine.model_dir is not None and not llm.config.dummy_weights:
         from ..weights.gguf_tensors import GGUF_WEIGHTS
 
-        gguf = {"gguf_file": GGUF_WEIGHTS} if (llm.engine.model_dir / GGUF_WEIGHTS).is_file() else {}
-        hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_dir, dtype=llm.engine.dtype, **gguf)
+        gguf = (
+            {"gguf_file": GGUF_WEIGHTS} if (llm.engine.model_dir / GGUF_WEIGHTS).is_file() else {}
+        )
+        hf = AutoModelForCausalLM.from_pretrained(
+            llm.engine.model_dir, dtype=llm.engine.dtype, **gguf
+        )
     else:  # random weights: let transformers draw them, then copy them into our model
         torch.manual_seed(seed)
         hf = AutoModelForCausalLM.from_config(llm.engine.hf_config, dtype=llm.engine.dtype)
@@ -112,7 +118,10 @@ def busy_cores(count: int):
         raise UserError(f"--busy-cores must be >= 0, got {count}")
     # in sessions of their own, as another program's processes are (the engine does not count
     # its own process group as others)
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(count)
+    ]
     try:
         yield
     finally:

@@ -36,7 +36,9 @@ def _run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     need = max(args.batch_size) * (max_len + 1)
     if config.max_kv_tokens is None:
         config = replace(config, max_kv_tokens=need)
-    config = replace(config, max_running_requests=max(config.max_running_requests, max(args.batch_size)))
+    config = replace(
+        config, max_running_requests=max(config.max_running_requests, max(args.batch_size))
+    )
     llm = LLM(config=config)
     hf = hf_model_for(llm, config.seed) if args.compare_hf else None
     engine = llm.engine
@@ -68,7 +70,9 @@ def _run_decode(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
                 "ttft_ms": round(ttft * 1000, 2),
                 "busy_cores": args.busy_cores,
                 # CPU: the engine's thread count at the end of the run (it follows the free cores)
-                "engine_threads": engine.cpu_threads.applied if engine.cpu_threads is not None else None,
+                "engine_threads": engine.cpu_threads.applied
+                if engine.cpu_threads is not None
+                else None,
             }
             if hf is not None:
                 row.update(_hf_fields(args, llm, hf, prompts, row["dtype"]))
@@ -81,7 +85,9 @@ def _hf_fields(args: argparse.Namespace, llm, hf, prompts: list[list[int]], dtyp
     import transformers
 
     with threads_of_transformers(llm):
-        hf_total = min(time_hf(hf, prompts, args.output_len, llm.engine.device) for _ in range(args.repeat))
+        hf_total = min(
+            time_hf(hf, prompts, args.output_len, llm.engine.device) for _ in range(args.repeat)
+        )
         hf_threads = torch.get_num_threads()
     return {
         "hf_tok_s": round(len(prompts) * args.output_len / hf_total, 2),
@@ -99,7 +105,9 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         hf = r["hf_tok_s"]
         speedup = f"{r['engine_tok_s'] / hf:.2f}x" if hf else "-"
-        print(f"{r['batch_size']:>5} {r['input_len']:>6} {r['output_len']:>6} {r['engine_tok_s']:>13.2f} {hf or '-':>9} {speedup:>8} {r['ttft_ms']:>8.1f}")
+        print(
+            f"{r['batch_size']:>5} {r['input_len']:>6} {r['output_len']:>6} {r['engine_tok_s']:>13.2f} {hf or '-':>9} {speedup:>8} {r['ttft_ms']:>8.1f}"
+        )
     print()
 
 
@@ -109,12 +117,18 @@ def compare_llamacpp(args: argparse.Namespace, config: EngineConfig) -> list[dic
     from .bench_llamacpp import print_compare_table, runcompare_llamacpp
 
     if args.compare_hf or config.dummy_weights or config.tp > 1:
-        raise UserError("--compare-llamacpp runs alone: without --compare-hf, --dummy-weights and --tp")
+        raise UserError(
+            "--compare-llamacpp runs alone: without --compare-hf, --dummy-weights and --tp"
+        )
     gguf = resolve_model(config.model) / GGUF_WEIGHTS
     if not gguf.is_file():
-        raise UserError("--compare-llamacpp needs a GGUF model: the demo model or --model FILE.gguf")
+        raise UserError(
+            "--compare-llamacpp needs a GGUF model: the demo model or --model FILE.gguf"
+        )
     vocab = json.loads((gguf.parent / "config.json").read_text(encoding="utf-8"))["vocab_size"]
-    prompts = random_prompts(1, 32, vocab, seed=1) + [random_prompts(1, n, vocab, seed=100 + n)[0] for n in args.input_len]
+    prompts = random_prompts(1, 32, vocab, seed=1) + [
+        random_prompts(1, n, vocab, seed=100 + n)[0] for n in args.input_len
+    ]
     rows = runcompare_llamacpp(args, config, gguf, prompts, busy_cores)
     print_compare_table(rows)
     return rows

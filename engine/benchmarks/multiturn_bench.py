@@ -13,7 +13,9 @@ from ..sampling_params import SamplingParams
 from .common import row_header, sync_device
 
 
-def time_turn(llm, prompts: list[list[int]], params: SamplingParams) -> tuple[list[float], list[list[int]]]:
+def time_turn(
+    llm, prompts: list[list[int]], params: SamplingParams
+) -> tuple[list[float], list[list[int]]]:
     """One turn of every conversation at once: (seconds to each one's first token, replies)."""
     sync_device(llm.engine.device)
     start = time.perf_counter()
@@ -50,24 +52,29 @@ def run_multiturn(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     ttft_ms, regenerate_ms, histories = play_multiturn(args, llms)
     identical = histories["radix"] == histories["naive"]
     engine = llms["radix"].engine
-    return [{
-        **row_header("multiturn", config, engine),
-        "cache": cache,
-        "page_size": page,
-        "conversations": convs,
-        "turns": turns,
-        "system_len": args.system_len,
-        "user_len": args.user_len,
-        "reply_len": args.reply_len,
-        "ttft_ms_per_turn": ttft_ms[cache],
-        "last_turn_ttft_ms": ttft_ms[cache][-1],
-        "regenerate_ttft_ms": regenerate_ms[cache],
-        "prefix_cache_hit_tokens": llm.scheduler.stats().prefix_cache_hit_tokens_total,
-        "replies_identical": identical,
-    } for cache, llm in llms.items()]
+    return [
+        {
+            **row_header("multiturn", config, engine),
+            "cache": cache,
+            "page_size": page,
+            "conversations": convs,
+            "turns": turns,
+            "system_len": args.system_len,
+            "user_len": args.user_len,
+            "reply_len": args.reply_len,
+            "ttft_ms_per_turn": ttft_ms[cache],
+            "last_turn_ttft_ms": ttft_ms[cache][-1],
+            "regenerate_ttft_ms": regenerate_ms[cache],
+            "prefix_cache_hit_tokens": llm.scheduler.stats().prefix_cache_hit_tokens_total,
+            "replies_identical": identical,
+        }
+        for cache, llm in llms.items()
+    ]
 
 
-def play_multiturn(args: argparse.Namespace, llms: dict) -> tuple[dict[str, list[float]], dict[str, float], dict[str, list[list[int]]]]:
+def play_multiturn(
+    args: argparse.Namespace, llms: dict
+) -> tuple[dict[str, list[float]], dict[str, float], dict[str, list[list[int]]]]:
     """The turns of every conversation, on each engine of ``llms`` in alternation, then a
     regenerate of the last reply: (mean TTFT ms of each turn, of the regenerate, and the
     conversations' token histories), each by engine."""
@@ -107,8 +114,14 @@ def print_multiturn_table(rows: list[dict]) -> None:
     print(header)
     print("-" * len(header))
     for turn, (radix, naive) in enumerate(zip(by_cache["radix"], by_cache["naive"]), start=1):
-        print(f"{turn:>4} {radix:>14.1f} {naive:>14.1f} {radix / naive if naive else float('nan'):>12.2f}")
+        print(
+            f"{turn:>4} {radix:>14.1f} {naive:>14.1f} {radix / naive if naive else float('nan'):>12.2f}"
+        )
     regen = {r["cache"]: r["regenerate_ttft_ms"] for r in rows}
-    print(f"{'regenerate last reply':>21}: radix {regen['radix']:.1f} ms, naive (cold) {regen['naive']:.1f} ms")
-    print(f"greedy replies identical under both caches: {'yes' if rows[0]['replies_identical'] else 'NO'}")
+    print(
+        f"{'regenerate last reply':>21}: radix {regen['radix']:.1f} ms, naive (cold) {regen['naive']:.1f} ms"
+    )
+    print(
+        f"greedy replies identical under both caches: {'yes' if rows[0]['replies_identical'] else 'NO'}"
+    )
     print()

@@ -17,7 +17,9 @@ from ..sampling_params import GrammarSpec, SamplingParams
 from .common import hf_model_for, row_header, sync_device
 
 
-def offline_workload(num_requests: int, max_input_len: int, max_output_len: int, vocab_size: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+def offline_workload(
+    num_requests: int, max_input_len: int, max_output_len: int, vocab_size: int, seed: int = 0
+) -> tuple[list[list[int]], list[int]]:
     """nano-vllm's bench.py: with ``random.seed(0)``, each request's input length uniform in
     [100, max_input_len] and then that many ids in [0, 10000]; after all prompts, each output
     length in [100, max_output_len]. 256 requests: 142,827 input and 133,966 output tokens.
@@ -25,8 +27,13 @@ def offline_workload(num_requests: int, max_input_len: int, max_output_len: int,
     bounds the ids by its size instead.)"""
     rng = random.Random(seed)
     top = min(10000, vocab_size - 1)
-    prompts = [[rng.randint(0, top) for _ in range(rng.randint(min(100, max_input_len), max_input_len))] for _ in range(num_requests)]
-    output_lens = [rng.randint(min(100, max_output_len), max_output_len) for _ in range(num_requests)]
+    prompts = [
+        [rng.randint(0, top) for _ in range(rng.randint(min(100, max_input_len), max_input_len))]
+        for _ in range(num_requests)
+    ]
+    output_lens = [
+        rng.randint(min(100, max_output_len), max_output_len) for _ in range(num_requests)
+    ]
     return prompts, output_lens
 
 
@@ -50,21 +57,27 @@ def copy_bandwidth(device: torch.device) -> float | None:
     return 2 * (1 << 30) / seconds
 
 
-def bandwidth_floor_s(engine, prompts: list[list[int]], output_lens: list[int], bandwidth: float) -> float:
+def bandwidth_floor_s(
+    engine, prompts: list[list[int]], output_lens: list[int], bandwidth: float
+) -> float:
     """Seconds to read every weight once per decode step (all requests decoding together, so
     max(output_lens) steps) and every KV entry once per step that attends to it."""
     from ..kvcache import KVPool
     from ..model_loader import param_bytes
 
     mc = engine.model_config
-    kv_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, engine.kv_dtype)
+    kv_per_token = KVPool.bytes_per_token(
+        mc.num_layers, mc.num_kv_heads, mc.head_dim, engine.kv_dtype
+    )
     kv_reads = sum(out * len(p) + out * (out - 1) // 2 for p, out in zip(prompts, output_lens))
     weight_reads = max(output_lens) * param_bytes(mc, engine.dtype)
     return (weight_reads + kv_reads * kv_per_token) / bandwidth
 
 
 @torch.inference_mode()
-def time_hf_sampled(hf, prompts: list[list[int]], output_lens: list[int], device: torch.device) -> float:
+def time_hf_sampled(
+    hf, prompts: list[list[int]], output_lens: list[int], device: torch.device
+) -> float:
     """transformers on requests of different lengths: one left-padded batch, sampling at
     temperature 0.6, every row generating max(output_lens) tokens."""
     width = max(map(len, prompts))
@@ -73,15 +86,31 @@ def time_hf_sampled(hf, prompts: list[list[int]], output_lens: list[int], device
     n = max(output_lens)
     sync_device(device)
     start = time.perf_counter()
-    hf.generate(ids, attention_mask=mask, do_sample=True, temperature=0.6, top_k=0, top_p=1.0,
-                max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+    hf.generate(
+        ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=0.6,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=n,
+        min_new_tokens=n,
+        pad_token_id=0,
+    )
     sync_device(device)
     return time.perf_counter() - start
 
 
-BENCH_SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 64}, "score": {"type": "integer"},
-                                                 "tags": {"type": "array", "items": {"type": "string", "maxLength": 16}}},
-                "required": ["title", "score", "tags"], "additionalProperties": False}
+BENCH_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 64},
+        "score": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 16}},
+    },
+    "required": ["title", "score", "tags"],
+    "additionalProperties": False,
+}
 
 
 def offline_params(output_lens: list[int], extras_share: float) -> list[SamplingParams]:
@@ -92,16 +121,27 @@ def offline_params(output_lens: list[int], extras_share: float) -> list[Sampling
     for i, n in enumerate(output_lens):
         p = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n)
         if extras_share > 0:
-            slot = (i * extras_share) % 1.0  # lands in [0, s) for a share s of the requests, in [s, 2s) for another
+            slot = (
+                i * extras_share
+            ) % 1.0  # lands in [0, s) for a share s of the requests, in [s, 2s) for another
             if slot < extras_share:
-                p = replace(p, frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.1, logprobs=True, top_logprobs=5)
+                p = replace(
+                    p,
+                    frequency_penalty=0.5,
+                    presence_penalty=0.3,
+                    repetition_penalty=1.1,
+                    logprobs=True,
+                    top_logprobs=5,
+                )
             elif slot < 2 * extras_share:
                 p = replace(p, grammar=GrammarSpec("json_schema", json.dumps(BENCH_SCHEMA)))
         params.append(p)
     return params
 
 
-def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int, object] | None = None) -> list[dict]:
+def run_offline(
+    args: argparse.Namespace, config: EngineConfig, share: tuple[int, object] | None = None
+) -> list[dict]:
     """``share`` = (replica, barrier): one replica of ``bench offline --dp N`` runs requests
     replica, replica + N, ... and starts its clock when every replica is loaded and warm."""
     from ..llm import LLM
@@ -110,12 +150,16 @@ def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int
         raise UserError("--max-input-len and --max-output-len must be >= 1")
     if not 0 <= args.extras_share <= 0.5:
         raise UserError(f"--extras-share must be in [0, 0.5], got {args.extras_share}")
-    config = replace(config, max_running_requests=max(config.max_running_requests, args.num_requests))
+    config = replace(
+        config, max_running_requests=max(config.max_running_requests, args.num_requests)
+    )
     llm = LLM(config=config)
     engine = llm.engine
-    prompts, output_lens = offline_workload(args.num_requests, args.max_input_len, args.max_output_len, engine.model_config.vocab_size)
+    prompts, output_lens = offline_workload(
+        args.num_requests, args.max_input_len, args.max_output_len, engine.model_config.vocab_size
+    )
     if share is not None:
-        prompts, output_lens = prompts[share[0]::config.dp], output_lens[share[0]::config.dp]
+        prompts, output_lens = prompts[share[0] :: config.dp], output_lens[share[0] :: config.dp]
     params = offline_params(output_lens, args.extras_share)
     bandwidth = copy_bandwidth(engine.device)
     # warm-up, sampled like the workload (one request of each kind in it): first-use costs (a
@@ -134,18 +178,30 @@ def run_offline(args: argparse.Namespace, config: EngineConfig, share: tuple[int
     assert produced == sum(output_lens), "every request must produce exactly its max_tokens"
     row = _offline_row(args, llm, prompts, params, produced, seconds)
     if share is not None:
-        row.update(started_at=started_at, ended_at=started_at + seconds, replica_device=str(engine.device))
+        row.update(
+            started_at=started_at, ended_at=started_at + seconds, replica_device=str(engine.device)
+        )
         return [row]
     if bandwidth is not None:
         floor = bandwidth_floor_s(engine, prompts, output_lens, bandwidth)
-        row.update(copy_bandwidth_tb_s=round(bandwidth / 1e12, 2), bandwidth_floor_s=round(floor, 3), share_of_floor=round(floor / seconds, 3))
+        row.update(
+            copy_bandwidth_tb_s=round(bandwidth / 1e12, 2),
+            bandwidth_floor_s=round(floor, 3),
+            share_of_floor=round(floor / seconds, 3),
+        )
     if args.compare_hf:
         row.update(_offline_against_hf(args, llm, prompts, output_lens))
     return [row]
 
 
-def _offline_row(args: argparse.Namespace, llm, prompts: list[list[int]], params: list[SamplingParams],
-                 produced: int, seconds: float) -> dict:
+def _offline_row(
+    args: argparse.Namespace,
+    llm,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    produced: int,
+    seconds: float,
+) -> dict:
     """The run's JSON line; the fields that a comparison or the bandwidth floor fills are None."""
     engine = llm.engine
     return {
@@ -172,7 +228,9 @@ def _offline_row(args: argparse.Namespace, llm, prompts: list[list[int]], params
     }
 
 
-def _offline_against_hf(args: argparse.Namespace, llm, prompts: list[list[int]], output_lens: list[int]) -> dict:
+def _offline_against_hf(
+    args: argparse.Namespace, llm, prompts: list[list[int]], output_lens: list[int]
+) -> dict:
     """transformers on the workload's first requests (outputs capped), beside our engine on the
     same subset: the row's hf_* fields."""
     import transformers
@@ -183,7 +241,10 @@ def _offline_against_hf(args: argparse.Namespace, llm, prompts: list[list[int]],
     sub_prompts, sub_lens = prompts[:k], [min(n, args.hf_output_len) for n in output_lens[:k]]
     sync_device(engine.device)
     start = time.perf_counter()
-    llm.generate(sub_prompts, [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in sub_lens])
+    llm.generate(
+        sub_prompts,
+        [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in sub_lens],
+    )
     sync_device(engine.device)
     ours = round(sum(sub_lens) / (time.perf_counter() - start), 1)
     hf = hf_model_for(llm, llm.config.seed)
@@ -205,16 +266,24 @@ def _offline_against_hf(args: argparse.Namespace, llm, prompts: list[list[int]],
 
 def print_offline(rows: list[dict]) -> None:
     for r in rows:
-        print(f"{r['requests']} requests, {r['input_tokens']} input / {r['output_tokens']} output tokens in {r['seconds']:.2f} s: "
-              f"{r['engine_tok_s']:.0f} tok/s ({r['attention']}, graphs {'on' if r['cuda_graphs'] else 'off'}, overlap {'on' if r['overlap'] else 'off'})")
+        print(
+            f"{r['requests']} requests, {r['input_tokens']} input / {r['output_tokens']} output tokens in {r['seconds']:.2f} s: "
+            f"{r['engine_tok_s']:.0f} tok/s ({r['attention']}, graphs {'on' if r['cuda_graphs'] else 'off'}, overlap {'on' if r['overlap'] else 'off'})"
+        )
         if r["bandwidth_floor_s"] is not None:
-            print(f"memory-bandwidth floor {r['bandwidth_floor_s']:.2f} s at {r['copy_bandwidth_tb_s']} TB/s: {100 * r['share_of_floor']:.0f}% of it reached")
+            print(
+                f"memory-bandwidth floor {r['bandwidth_floor_s']:.2f} s at {r['copy_bandwidth_tb_s']} TB/s: {100 * r['share_of_floor']:.0f}% of it reached"
+            )
         if r["hf_tok_s"] is not None:
-            print(f"first {r['hf_requests']} requests: engine {r['engine_tok_s_on_hf_subset']:.0f} tok/s, transformers {r['hf_tok_s']:.0f} tok/s")
+            print(
+                f"first {r['hf_requests']} requests: engine {r['engine_tok_s_on_hf_subset']:.0f} tok/s, transformers {r['hf_tok_s']:.0f} tok/s"
+            )
     print()
 
 
-def _offline_replica(replica: int, args: argparse.Namespace, config: EngineConfig, barrier, results) -> None:
+def _offline_replica(
+    replica: int, args: argparse.Namespace, config: EngineConfig, barrier, results
+) -> None:
     """One replica of ``bench offline --dp N``: its own process and GPU, its share of the requests."""
     from ..workers.scheduler_worker import rank_device
 
@@ -233,7 +302,10 @@ def run_offline_dp(args: argparse.Namespace, config: EngineConfig) -> list[dict]
 
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(config.dp), ctx.Queue()
-    procs = [ctx.Process(target=_offline_replica, args=(i, args, config, barrier, results)) for i in range(config.dp)]
+    procs = [
+        ctx.Process(target=_offline_replica, args=(i, args, config, barrier, results))
+        for i in range(config.dp)
+    ]
     for proc in procs:
         proc.start()
     rows = []
@@ -244,13 +316,17 @@ def run_offline_dp(args: argparse.Namespace, config: EngineConfig) -> list[dict]
             if any(p.exitcode not in (None, 0) for p in procs):
                 for p in procs:
                     p.kill()
-                raise RuntimeError("a replica of bench offline --dp failed (its error is above)") from None
+                raise RuntimeError(
+                    "a replica of bench offline --dp failed (its error is above)"
+                ) from None
     for proc in procs:
         proc.join()
     start, end = min(r["started_at"] for r in rows), max(r["ended_at"] for r in rows)
     produced = sum(r["output_tokens"] for r in rows)
     rows.sort(key=lambda r: r["replica_device"])
-    row = {k: v for k, v in rows[0].items() if k not in ("started_at", "ended_at", "replica_device")}
+    row = {
+        k: v for k, v in rows[0].items() if k not in ("started_at", "ended_at", "replica_device")
+    }
     row.update(
         requests=sum(r["requests"] for r in rows),
         input_tokens=sum(r["input_tokens"] for r in rows),

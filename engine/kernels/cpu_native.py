@@ -27,8 +27,17 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 # -fassociative-math lets the compiler vectorise the float sums (attention's dot products); no
 # -ffast-math, which would assume that no value is infinite (the softmax starts from -INFINITY)
-FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fassociative-math",
-         "-fno-signed-zeros", "-fno-trapping-math"]
+FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fPIC",
+    "-shared",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+]
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
 
@@ -36,24 +45,52 @@ _P, _I = ctypes.c_void_p, ctypes.c_int
 class QWeightStruct(ctypes.Structure):
     """cpu_kernels.c's ``QWeight``."""
 
-    _fields_ = [("kind", _I), ("rows", _I), ("cols", _I), ("codes", _P), ("scales", _P), ("mult", ctypes.c_float),
-                ("bias", _P)]
+    _fields_ = [
+        ("kind", _I),
+        ("rows", _I),
+        ("cols", _I),
+        ("codes", _P),
+        ("scales", _P),
+        ("mult", ctypes.c_float),
+        ("bias", _P),
+    ]
 
 
 class LayerStruct(ctypes.Structure):
     """cpu_kernels.c's ``Layer``."""
 
-    _fields_ = [("input_norm", _P), ("post_norm", _P), ("q_norm", _P), ("k_norm", _P), ("qkv", QWeightStruct),
-                ("o", QWeightStruct), ("gate_up", QWeightStruct), ("down", QWeightStruct), ("k_cache", _P),
-                ("v_cache", _P)]
+    _fields_ = [
+        ("input_norm", _P),
+        ("post_norm", _P),
+        ("q_norm", _P),
+        ("k_norm", _P),
+        ("qkv", QWeightStruct),
+        ("o", QWeightStruct),
+        ("gate_up", QWeightStruct),
+        ("down", QWeightStruct),
+        ("k_cache", _P),
+        ("v_cache", _P),
+    ]
 
 
 class ModelStruct(ctypes.Structure):
     """cpu_kernels.c's ``Model``."""
 
-    _fields_ = [("layers", _I), ("dim", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
-                ("max_len", _I), ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("layer", ctypes.POINTER(LayerStruct)),
-                ("final_norm", _P), ("work", _P), ("kv_type", _I)]
+    _fields_ = [
+        ("layers", _I),
+        ("dim", _I),
+        ("heads", _I),
+        ("kv_heads", _I),
+        ("head_dim", _I),
+        ("inter", _I),
+        ("max_len", _I),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("layer", ctypes.POINTER(LayerStruct)),
+        ("final_norm", _P),
+        ("work", _P),
+        ("kv_type", _I),
+    ]
 
 
 KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2}  # cpu_kernels.c's KV_F32, KV_F16, KV_BF16
@@ -83,7 +120,9 @@ def library_path(compiler: str, extra_flags: tuple[str, ...] = ()) -> Path:
     from ..weights.demo import cache_root
 
     flags = [*FLAGS, *extra_flags]
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *flags, platform.machine()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + " ".join([compiler, *flags, platform.machine()]).encode()
+    ).hexdigest()[:16]
     return cache_root() / "native" / f"cpu_kernels-{key}.so"
 
 
@@ -96,12 +135,20 @@ def _build(compiler: str, target: Path, extra_flags: tuple[str, ...]) -> None:
         os.close(fd)
         try:
             command = [compiler, *FLAGS, *extra_flags, str(SOURCE), "-o", tmp, "-lm"]
-            result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=120, check=False
+            )
             if result.returncode != 0:  # a compiler without OpenMP (Apple's clang): one thread
                 command.remove("-fopenmp")
-                result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+                result = subprocess.run(
+                    command, capture_output=True, text=True, timeout=120, check=False
+                )
             if result.returncode != 0:
-                raise OSError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "compiler failed")
+                raise OSError(
+                    result.stderr.strip().splitlines()[-1]
+                    if result.stderr.strip()
+                    else "compiler failed"
+                )
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):
@@ -131,5 +178,8 @@ def native_kernels() -> ctypes.CDLL | None:
     try:
         return load_library()
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("could not build the CPU kernels (%s): quantized products use torch's packed kernel", exc)
+        log.warning(
+            "could not build the CPU kernels (%s): quantized products use torch's packed kernel",
+            exc,
+        )
         return None

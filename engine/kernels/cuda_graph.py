@@ -31,12 +31,19 @@ logger = logging.getLogger(__name__)
 def capture_sizes(max_batch_size: int) -> list[int]:
     """1, 2, 4, 8, then every 8 up to 64, every 16 up to 256, every 32 beyond (SGLang-like):
     padding wastes at most a few rows while the number of graphs stays small."""
-    sizes = [1, 2, 4] + list(range(8, 64, 8)) + list(range(64, 256, 16)) + list(range(256, max_batch_size + 32, 32))
+    sizes = (
+        [1, 2, 4]
+        + list(range(8, 64, 8))
+        + list(range(64, 256, 16))
+        + list(range(256, max_batch_size + 32, 32))
+    )
     return sorted({min(s, max_batch_size) for s in sizes if s <= max_batch_size} | {max_batch_size})
 
 
 class CudaGraphRunner:
-    def __init__(self, engine, max_batch_size: int, on_phase: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, engine, max_batch_size: int, on_phase: Callable[[str], None] | None = None
+    ) -> None:
         self.engine = engine
         self.sizes = capture_sizes(max_batch_size)
         self.max_batch_size = self.sizes[-1]
@@ -44,16 +51,24 @@ class CudaGraphRunner:
         n = self.max_batch_size
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.out_loc = torch.full((n,), engine.kv_pool.padding_slot, dtype=torch.int64, device=device)
-        self.token_rows = torch.zeros(n, dtype=torch.int64, device=device)  # padding rows read row 0
+        self.out_loc = torch.full(
+            (n,), engine.kv_pool.padding_slot, dtype=torch.int64, device=device
+        )
+        self.token_rows = torch.zeros(
+            n, dtype=torch.int64, device=device
+        )  # padding rows read row 0
         self.logits_indices = torch.arange(n, dtype=torch.int64, device=device)
         # one output buffer for every graph: outputs held per graph would pin their memory
-        self.logits = torch.zeros(n, engine.model_config.vocab_size, dtype=torch.float32, device=device)
+        self.logits = torch.zeros(
+            n, engine.model_config.vocab_size, dtype=torch.float32, device=device
+        )
         # (batch size, attention kind) -> graph: small sizes have one attending with the Triton
         # kernels and one with FlashInfer, large ones one reading K/V whole and one split
         # (attention/flashinfer_backend.py: graph_kinds)
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
-        self.last_graph: tuple[int, str] | None = None  # (size, kind) of the latest replay: profiles and tests read it
+        self.last_graph: tuple[int, str] | None = (
+            None  # (size, kind) of the latest replay: profiles and tests read it
+        )
         self._capture(on_phase)
 
     def size_for(self, batch_size: int) -> int | None:
@@ -69,7 +84,11 @@ class CudaGraphRunner:
         attn = engine.attn_backend
         max_pages = -(-engine.max_context_len // engine.page_size)
         # largest first, so the smaller graphs reuse the largest one's memory from the pool
-        shapes = [(bs, kind) for bs in sorted(self.sizes, reverse=True) for kind in attn.graph_kinds(bs, engine.max_context_len)]
+        shapes = [
+            (bs, kind)
+            for bs in sorted(self.sizes, reverse=True)
+            for kind in attn.graph_kinds(bs, engine.max_context_len)
+        ]
         message = f"capturing CUDA graphs for decode batch sizes 1..{self.max_batch_size} ({len(shapes)} graphs)"
         logger.info(message)
         if on_phase is not None:

@@ -69,7 +69,12 @@ def pdl_wanted(device: torch.device) -> bool:
     return gemv_mode() in ("on", "nonorm") and pdl_supported(device)
 
 
-def jit_specs(dtype: torch.dtype, head_dim: int, decode_tensor_cores: bool = True, kv_dtype: torch.dtype | None = None) -> list:
+def jit_specs(
+    dtype: torch.dtype,
+    head_dim: int,
+    decode_tensor_cores: bool = True,
+    kv_dtype: torch.dtype | None = None,
+) -> list:
     """Every FlashInfer module the engine calls: paged attention (prefill, and decode on tensor
     cores, share one FA2 module; decode on CUDA cores is a module of its own), RMSNorm, RoPE,
     SiLU-and-mul and sampling. ``kv_dtype``: the KV pool's, where it is not the model's (FP8:
@@ -85,20 +90,41 @@ def jit_specs(dtype: torch.dtype, head_dim: int, decode_tensor_cores: bool = Tru
     from flashinfer.jit.sampling import gen_sampling_module
 
     attention = gen_batch_prefill_module(
-        "fa2", dtype, kv_dtype, dtype, torch.int32, head_dim, head_dim,
+        "fa2",
+        dtype,
+        kv_dtype,
+        dtype,
+        torch.int32,
+        head_dim,
+        head_dim,
         0,  # no RoPE inside attention (applied before)
         False,  # no sliding window
         False,  # no logits soft cap
         False,  # no fp16 QK reduction
     )
-    specs = [attention, gen_norm_module(), gen_rope_module(), gen_act_and_mul_module("silu"), gen_sampling_module()]
+    specs = [
+        attention,
+        gen_norm_module(),
+        gen_rope_module(),
+        gen_act_and_mul_module("silu"),
+        gen_sampling_module(),
+    ]
     if not decode_tensor_cores:
-        specs.append(gen_batch_decode_module(dtype, kv_dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False))
+        specs.append(
+            gen_batch_decode_module(
+                dtype, kv_dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False
+            )
+        )
     return specs
 
 
-def build_kernels(dtype: torch.dtype, head_dim: int, on_phase: Callable[[str], None] | None = None,
-                  decode_tensor_cores: bool = True, kv_dtype: torch.dtype | None = None) -> None:
+def build_kernels(
+    dtype: torch.dtype,
+    head_dim: int,
+    on_phase: Callable[[str], None] | None = None,
+    decode_tensor_cores: bool = True,
+    kv_dtype: torch.dtype | None = None,
+) -> None:
     """Compile what is not cached yet (in parallel), reporting progress through ``on_phase``."""
     specs = jit_specs(dtype, head_dim, decode_tensor_cores, kv_dtype)
     missing = [spec for spec in specs if not spec.is_compiled]
@@ -114,4 +140,7 @@ def build_kernels(dtype: torch.dtype, head_dim: int, on_phase: Callable[[str], N
     # build_jit_specs, left every module to be compiled again at its first use).
     with ThreadPoolExecutor(len(missing)) as pool:
         list(pool.map(lambda spec: spec.build(verbose=False), missing))
-    logger.warning("FlashInfer kernels compiled in %.0f s (cached for later starts)", time.perf_counter() - start)
+    logger.warning(
+        "FlashInfer kernels compiled in %.0f s (cached for later starts)",
+        time.perf_counter() - start,
+    )

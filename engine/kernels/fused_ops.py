@@ -51,7 +51,9 @@ def gpu_time_us(fn: Callable[[], object], reps: int = 20) -> float:
     return best
 
 
-def faster_up_to(ours: Callable[[int], Callable[[], object]], theirs: Callable[[int], Callable[[], object]]) -> tuple[int, list]:
+def faster_up_to(
+    ours: Callable[[int], Callable[[], object]], theirs: Callable[[int], Callable[[], object]]
+) -> tuple[int, list]:
     """The largest row count up to which ``ours(rows)`` is never slower than ``theirs(rows)``
     (0: already slower at one row), and the timings ``(rows, ours µs, theirs µs)``."""
     timings = []
@@ -109,7 +111,9 @@ def gemv_plans() -> tuple:
     return (GemvPlan(4), GemvPlan(8), GemvPlan(1, 4), GemvPlan(2, 4))
 
 
-def choose_gemv(linear, silu_mul: bool, pdl: bool, best_us: float, norm=None) -> tuple[tuple[int, int], list]:
+def choose_gemv(
+    linear, silu_mul: bool, pdl: bool, best_us: float, norm=None
+) -> tuple[tuple[int, int], list]:
     """The plan of :func:`gemv` that beats ``best_us`` (the fastest other way) by the most,
     ``(0, 0)`` if none does, and the timings ``(plan, µs)``. With ``norm`` (the RMSNorm in front
     of the product) each plan is timed as it then runs: ``add_norm_gemv``, the norm inside."""
@@ -123,16 +127,39 @@ def choose_gemv(linear, silu_mul: bool, pdl: bool, best_us: float, norm=None) ->
         if not plan.per_sm and gemv_block_k(weight.shape[1], plan.block_n) is None:
             continue
         if norm is None:
+
             def run(plan=plan):
-                return gemv(x, weight, bias, silu_mul=silu_mul, block_n=plan.block_n, per_sm=plan.per_sm, pdl=pdl)
+                return gemv(
+                    x,
+                    weight,
+                    bias,
+                    silu_mul=silu_mul,
+                    block_n=plan.block_n,
+                    per_sm=plan.per_sm,
+                    pdl=pdl,
+                )
         else:
+
             def run(plan=plan):
-                return add_norm_gemv(x, residual, norm.weight, norm.eps, weight, bias, silu_mul=silu_mul,
-                                     block_n=plan.block_n, per_sm=plan.per_sm, pdl=pdl)
+                return add_norm_gemv(
+                    x,
+                    residual,
+                    norm.weight,
+                    norm.eps,
+                    weight,
+                    bias,
+                    silu_mul=silu_mul,
+                    block_n=plan.block_n,
+                    per_sm=plan.per_sm,
+                    pdl=pdl,
+                )
+
         try:
             us = gpu_time_us(run)
         except Exception as exc:  # a Triton that cannot build it here: serve without it
-            logger.warning("the one-row kernel (plan %s, pdl %s) did not run: %s", tuple(plan), pdl, exc)
+            logger.warning(
+                "the one-row kernel (plan %s, pdl %s) did not run: %s", tuple(plan), pdl, exc
+            )
             continue
         timings.append((tuple(plan), round(us, 2)))
         if us < best_us:
@@ -148,7 +175,9 @@ class _KernelChoices:
         self.mode, self.pdl, self.norm_us, self.report = mode, pdl, norm_us, report
         self.chosen: dict[tuple, tuple[int, tuple[int, int], tuple[int, int]]] = {}
 
-    def decide(self, label: str, linear, silu_mul: bool = False, norm=None) -> tuple[int, tuple[int, int], tuple[int, int]]:
+    def decide(
+        self, label: str, linear, silu_mul: bool = False, norm=None
+    ) -> tuple[int, tuple[int, int], tuple[int, int]]:
         """(rows up to which the skinny kernel runs, the one-row kernel's plan or (0, 0), the
         same where the layer's norm moves into the product: timed with the norm inside against
         the norm's kernel plus the fastest product without it)."""
@@ -157,7 +186,9 @@ class _KernelChoices:
             self.chosen[key] = self._measure(label, key, linear, silu_mul, norm)
         return self.chosen[key]
 
-    def _measure(self, label: str, key: tuple, linear, silu_mul: bool, norm) -> tuple[int, tuple[int, int], tuple[int, int]]:
+    def _measure(
+        self, label: str, key: tuple, linear, silu_mul: bool, norm
+    ) -> tuple[int, tuple[int, int], tuple[int, int]]:
         rows, timings = choose(linear, silu_mul)
         plan, gemv_timings, with_norm, norm_timings = (0, 0), [], (0, 0), []
         if self.mode != "off":
@@ -165,12 +196,29 @@ class _KernelChoices:
             plan, gemv_timings = choose_gemv(linear, silu_mul, self.pdl, best)
             if norm is not None and self.mode == "on":
                 separate = self.norm_us + min([best] + [us for _, us in gemv_timings])
-                with_norm, norm_timings = choose_gemv(linear, silu_mul, self.pdl, separate, norm=norm)
-        self.report[label] = {"max_rows": rows, "timings_us": timings, "gemv_plan": tuple(plan), "gemv_timings_us": gemv_timings,
-                              "gemv_plan_with_norm": tuple(with_norm), "gemv_with_norm_timings_us": norm_timings}
-        logger.info("%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s); one row: %s (plan, us: %s)%s",
-                    label, key[1], rows, timings, f"gemv plan {tuple(plan)}" if plan[0] else "as above", gemv_timings,
-                    f"; with the norm inside: gemv plan {tuple(with_norm)} (plan, us: {norm_timings})" if norm is not None else "")
+                with_norm, norm_timings = choose_gemv(
+                    linear, silu_mul, self.pdl, separate, norm=norm
+                )
+        self.report[label] = {
+            "max_rows": rows,
+            "timings_us": timings,
+            "gemv_plan": tuple(plan),
+            "gemv_timings_us": gemv_timings,
+            "gemv_plan_with_norm": tuple(with_norm),
+            "gemv_with_norm_timings_us": norm_timings,
+        }
+        logger.info(
+            "%s %s: Triton up to %d rows (rows, Triton us, otherwise us: %s); one row: %s (plan, us: %s)%s",
+            label,
+            key[1],
+            rows,
+            timings,
+            f"gemv plan {tuple(plan)}" if plan[0] else "as above",
+            gemv_timings,
+            f"; with the norm inside: gemv plan {tuple(with_norm)} (plan, us: {norm_timings})"
+            if norm is not None
+            else "",
+        )
         return rows, tuple(plan), tuple(with_norm)
 
 
@@ -179,10 +227,22 @@ def _use_choices(layer: nn.Module, choices: _KernelChoices) -> None:
     decide, pdl = choices.decide, choices.pdl
     attn, mlp = layer.self_attn, layer.mlp
     attn.fused_qk, attn.qk_pdl = True, pdl
-    qkv, o, down, gate_up = (decide("qkv_proj", attn.qkv_proj, norm=layer.input_layernorm), decide("o_proj", attn.o_proj),
-                             decide("down_proj", mlp.down_proj),
-                             decide("gate_up_proj+silu", mlp.gate_up_proj, silu_mul=True, norm=layer.post_attention_layernorm))
-    for linear, (rows, plan) in ((attn.qkv_proj, qkv[:2]), (attn.o_proj, o[:2]), (mlp.down_proj, down[:2])):
+    qkv, o, down, gate_up = (
+        decide("qkv_proj", attn.qkv_proj, norm=layer.input_layernorm),
+        decide("o_proj", attn.o_proj),
+        decide("down_proj", mlp.down_proj),
+        decide(
+            "gate_up_proj+silu",
+            mlp.gate_up_proj,
+            silu_mul=True,
+            norm=layer.post_attention_layernorm,
+        ),
+    )
+    for linear, (rows, plan) in (
+        (attn.qkv_proj, qkv[:2]),
+        (attn.o_proj, o[:2]),
+        (mlp.down_proj, down[:2]),
+    ):
         linear.skinny_max_rows, linear.gemv_plan, linear.gemv_pdl = rows, plan, pdl
     mlp.fused_max_rows, mlp.gemv_plan, mlp.gemv_pdl = gate_up[0], gate_up[1], pdl
     # the norms ride inside both one-row products where both can take them (the
@@ -191,7 +251,9 @@ def _use_choices(layer: nn.Module, choices: _KernelChoices) -> None:
     place_norms(layer, choices.mode == "on" and qkv[2][0] > 0 and gate_up[2][0] > 0)
 
 
-def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | None = None) -> dict[str, object]:
+def enable_fused_kernels(
+    model: nn.Module, on_phase: Callable[[str], None] | None = None
+) -> dict[str, object]:
     """Switch ``model`` (on CUDA, FlashInfer ops already on) to the Triton kernels where they
     help. Returns what was chosen, for the start-up log and the benchmarks."""
     reason = triton_unavailable_reason()
@@ -211,9 +273,14 @@ def enable_fused_kernels(model: nn.Module, on_phase: Callable[[str], None] | Non
 
     norm_us = 0.0
     if mode == "on":  # what a product with the norm inside saves: the norm's own kernel
-        norm_us = residual_norm_us(next(m for m in model.modules() if isinstance(m, DecoderLayer)).post_attention_layernorm)
+        norm_us = residual_norm_us(
+            next(m for m in model.modules() if isinstance(m, DecoderLayer)).post_attention_layernorm
+        )
         report["residual_norm_us"] = round(norm_us, 2)
-        logger.info("the residual add + RMSNorm at one row: %.2f us (what a product with the norm inside saves)", norm_us)
+        logger.info(
+            "the residual add + RMSNorm at one row: %.2f us (what a product with the norm inside saves)",
+            norm_us,
+        )
 
     choices = _KernelChoices(mode, pdl, norm_us, report)
     for layer in model.modules():
@@ -233,8 +300,12 @@ def place_norms(layer: nn.Module, in_gemv: bool) -> None:
         layer.self_attn.qkv_proj.gemv_plan, layer.mlp.gemv_plan = layer.gemv_plans[in_gemv]
 
 
-def enable_fused_all_reduce_norm(model: nn.Module, device: torch.device, hidden_size: int,
-                                 on_phase: Callable[[str], None] | None = None) -> bool:
+def enable_fused_all_reduce_norm(
+    model: nn.Module,
+    device: torch.device,
+    hidden_size: int,
+    on_phase: Callable[[str], None] | None = None,
+) -> bool:
     """Under tensor parallelism on GPUs: each decoder layer's two row-parallel projections leave
     their all-reduce to the RMSNorm after them, which does all-reduce, residual add and norm in
     one kernel (distributed.FusedAllReduceNorm). Every rank calls this; False where it is off."""
@@ -252,7 +323,9 @@ def enable_fused_all_reduce_norm(model: nn.Module, device: torch.device, hidden_
             # attention's output goes to post_attention_layernorm, the MLP's to the next layer's
             # input_layernorm (or the final norm): buffers as the projections' own all-reduces
             module.self_attn.o_proj.leaves_all_reduce = True
-            module.post_attention_layernorm.takes_all_reduce = module.self_attn.o_proj.all_reduce_buffer
+            module.post_attention_layernorm.takes_all_reduce = (
+                module.self_attn.o_proj.all_reduce_buffer
+            )
             module.mlp.down_proj.leaves_all_reduce = True
             module.input_layernorm.takes_all_reduce = module.mlp.down_proj.all_reduce_buffer
             place_norms(module, False)  # the norms are where the all-reduce happens now

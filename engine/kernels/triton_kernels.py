@@ -39,8 +39,17 @@ SKINNY_MAX_ROWS = 16  # tl.dot's smallest tile: every row count up to it costs o
 
 @triton.jit
 def _matmul_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr,
-    M, N, stride_xm, stride_ym, stride_wn, stride_wk, up_offset,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_ym,
+    stride_wn,
+    stride_wk,
+    up_offset,
     K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,
@@ -57,18 +66,31 @@ def _matmul_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :], mask=row_ok[:, None], other=0.0)
-        w = tl.load(w_ptr + cols[:, None] * stride_wn + (k0 + ks)[None, :] * stride_wk, mask=col_ok[:, None], other=0.0)
+        x = tl.load(
+            x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :], mask=row_ok[:, None], other=0.0
+        )
+        w = tl.load(
+            w_ptr + cols[:, None] * stride_wn + (k0 + ks)[None, :] * stride_wk,
+            mask=col_ok[:, None],
+            other=0.0,
+        )
         acc += tl.dot(x, tl.trans(w))
         if SILU_MUL:  # the up projection's rows sit ``up_offset`` rows below the gate's
-            w_up = tl.load(w_ptr + (cols[:, None] + up_offset) * stride_wn + (k0 + ks)[None, :] * stride_wk,
-                           mask=col_ok[:, None], other=0.0)
+            w_up = tl.load(
+                w_ptr + (cols[:, None] + up_offset) * stride_wn + (k0 + ks)[None, :] * stride_wk,
+                mask=col_ok[:, None],
+                other=0.0,
+            )
             acc_up += tl.dot(x, tl.trans(w_up))
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if SILU_MUL:
         acc = acc * tl.sigmoid(acc) * acc_up
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(
+        y_ptr + rows[:, None] * stride_ym + cols[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & col_ok[None, :],
+    )
 
 
 def skinny_block_k(k: int) -> int | None:
@@ -93,8 +115,13 @@ class MatmulTiles(NamedTuple):
 DEFAULT_TILES = MatmulTiles()
 
 
-def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-           tiles: MatmulTiles = DEFAULT_TILES) -> torch.Tensor:
+def matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    silu_mul: bool = False,
+    tiles: MatmulTiles = DEFAULT_TILES,
+) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` tiled as ``tiles`` says; with ``silu_mul`` the weight is a merged
     [gate; up] matrix and the result is ``silu(x @ gate.T) * (x @ up.T)`` (SwiGLU's activation
     kernel and its [rows, 2 * inter] intermediate never exist)."""
@@ -105,16 +132,36 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     block_k = tiles.block_k or skinny_block_k(k)
     assert block_k is not None and k % block_k == 0, f"no K tile divides {k}"
     _matmul_kernel[(triton.cdiv(n, tiles.block_n), triton.cdiv(m, tiles.block_m))](
-        x, weight, bias if bias is not None else weight, y,
-        m, n, x.stride(0), y.stride(0), weight.stride(0), weight.stride(1), n,
-        K=k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
-        num_warps=tiles.warps, num_stages=tiles.stages,
+        x,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        m,
+        n,
+        x.stride(0),
+        y.stride(0),
+        weight.stride(0),
+        weight.stride(1),
+        n,
+        K=k,
+        HAS_BIAS=bias is not None,
+        SILU_MUL=silu_mul,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=block_k,
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
     )
     return y
 
 
-def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-                  block_n: int = 16) -> torch.Tensor:
+def skinny_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    silu_mul: bool = False,
+    block_n: int = 16,
+) -> torch.Tensor:
     """:func:`matmul` for ``x`` of at most 16 rows: one program per ``block_n`` columns, one pass
     over the weights.
 
@@ -128,7 +175,11 @@ def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch (Hopper and later, and a Triton that can ask for it): a
     kernel starts while the one before it finishes, reads what does not depend on it (its
     weights), and waits for the earlier kernel's results only when it needs them."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.get_device_capability(device)[0] < 9:
+    if (
+        device.type != "cuda"
+        or os.environ.get("TRITON_INTERPRET") == "1"
+        or torch.cuda.get_device_capability(device)[0] < 9
+    ):
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
@@ -149,7 +200,9 @@ def pdl_supported(device: torch.device) -> bool:
 _PDL_MODE = env_choice("MINISGL_PDL_TRIGGER", ("rowslate", "late", "early", "first"))
 _TRIGGER_CODE = {"early": 0, "first": 1, "late": 2}  # as _pdl_wait and _pdl_done read them
 PDL_TRIGGER = tl.constexpr(_TRIGGER_CODE.get(_PDL_MODE, 0))  # rowslate: early here
-PDL_ROWS_TRIGGER = tl.constexpr(_TRIGGER_CODE.get(_PDL_MODE, 2))  # the row-walking products' (rowslate: late)
+PDL_ROWS_TRIGGER = tl.constexpr(
+    _TRIGGER_CODE.get(_PDL_MODE, 2)
+)  # the row-walking products' (rowslate: late)
 
 
 @triton.jit
@@ -190,7 +243,18 @@ def _gemv_input(x_ptr, r_ptr, h_ptr, g_ptr, offs, write_h, NORM: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, h_ptr, g_ptr, eps, N, stride_wn, stride_wk, up_offset,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    r_ptr,
+    h_ptr,
+    g_ptr,
+    eps,
+    N,
+    stride_wn,
+    stride_wk,
+    up_offset,
     K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,
@@ -217,9 +281,17 @@ def _gemv_kernel(
         x, part = _gemv_input(x_ptr, r_ptr, h_ptr, g_ptr, k0 + ks, pid == 0, NORM)
         if NORM:
             sum_sq += part
-        acc += tl.load(w_tile + k0 * stride_wk, mask=col_ok[:, None], other=0.0).to(tl.float32) * x[None, :]
+        acc += (
+            tl.load(w_tile + k0 * stride_wk, mask=col_ok[:, None], other=0.0).to(tl.float32)
+            * x[None, :]
+        )
         if SILU_MUL:
-            acc_up += tl.load(w_tile + up_offset * stride_wn + k0 * stride_wk, mask=col_ok[:, None], other=0.0).to(tl.float32) * x[None, :]
+            acc_up += (
+                tl.load(
+                    w_tile + up_offset * stride_wn + k0 * stride_wk, mask=col_ok[:, None], other=0.0
+                ).to(tl.float32)
+                * x[None, :]
+            )
     _pdl_done(USE_PDL, PDL_TRIGGER)
     y = tl.sum(acc, axis=1)
     if SILU_MUL:
@@ -238,7 +310,17 @@ def _gemv_kernel(
 
 @triton.jit
 def _gemv_rows_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, h_ptr, g_ptr, eps, N, stride_wn, up_offset,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    r_ptr,
+    h_ptr,
+    g_ptr,
+    eps,
+    N,
+    stride_wn,
+    up_offset,
     K: tl.constexpr,
     K_PAD: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -262,11 +344,15 @@ def _gemv_rows_kernel(
     w_up = w
     if SILU_MUL:  # the up projection's rows sit ``up_offset`` rows below the gate's
         w_up = tl.load(w_rows + up_offset * stride_wn, mask=mask, other=0.0)
-    _pdl_wait(USE_PDL, PDL_ROWS_TRIGGER)  # the previous kernel's output (x) is complete from here on
+    _pdl_wait(
+        USE_PDL, PDL_ROWS_TRIGGER
+    )  # the previous kernel's output (x) is complete from here on
     x = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
     scale = 1.0
     if NORM:  # h = x + residual, rounded like a separate add; program 0 stores it
-        h = (x + tl.load(r_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)).to(h_ptr.dtype.element_ty)
+        h = (x + tl.load(r_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)).to(
+            h_ptr.dtype.element_ty
+        )
         if pid == 0:
             tl.store(h_ptr + ks, h, mask=k_ok)
         x = h.to(tl.float32)
@@ -292,7 +378,9 @@ def _gemv_rows_kernel(
     _pdl_done(USE_PDL, PDL_ROWS_TRIGGER)
 
 
-GEMV_TILE_ELEMENTS = 8192  # weights one program holds in registers at a time (64 per thread at 4 warps)
+GEMV_TILE_ELEMENTS = (
+    8192  # weights one program holds in registers at a time (64 per thread at 4 warps)
+)
 
 
 class GemvPlan(NamedTuple):
@@ -325,8 +413,15 @@ def gemv_rows_warps(k: int, block_n: int, silu_mul: bool) -> int:
     return min(16, max(4, 4 * weights // (2 * GEMV_TILE_ELEMENTS)))
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-         block_n: int = 4, pdl: bool = False, per_sm: int = 0) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    silu_mul: bool = False,
+    block_n: int = 4,
+    pdl: bool = False,
+    per_sm: int = 0,
+) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` for one row ``x`` [1, k] (batch-1 decode), with SwiGLU fused in
     as in :func:`skinny_matmul`. Unlike it, no tensor-core tile of 16 rows: each program reduces
     ``block_n`` weight rows, so even a projection with few outputs spreads over every SM.
@@ -335,17 +430,30 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return _launch_gemv(x, weight, bias, silu_mul, GemvPlan(block_n, per_sm), pdl, None)[0]
 
 
-def add_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                  bias: torch.Tensor | None = None, silu_mul: bool = False, block_n: int = 4,
-                  pdl: bool = False, per_sm: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def add_norm_gemv(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    silu_mul: bool = False,
+    block_n: int = 4,
+    pdl: bool = False,
+    per_sm: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A decoder layer's residual add and RMSNorm in front of :func:`gemv`: ``h = x +
     residual``, then ``rmsnorm(h) * norm_weight`` goes through the product. Every program
     computes the norm of the one row itself, so the norm's own kernel disappears. Returns
     (the product, ``h``: the next residual)."""
-    return _launch_gemv(x, weight, bias, silu_mul, GemvPlan(block_n, per_sm), pdl, (residual, norm_weight, eps))
+    return _launch_gemv(
+        x, weight, bias, silu_mul, GemvPlan(block_n, per_sm), pdl, (residual, norm_weight, eps)
+    )
 
 
-def _launch_gemv(x, weight, bias, silu_mul: bool, plan: GemvPlan, pdl: bool, add_norm) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch_gemv(
+    x, weight, bias, silu_mul: bool, plan: GemvPlan, pdl: bool, add_norm
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     m, k = x.shape
     assert m == 1 and x.stride(1) == 1 and weight.shape[1] == k
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
@@ -353,22 +461,50 @@ def _launch_gemv(x, weight, bias, silu_mul: bool, plan: GemvPlan, pdl: bool, add
     residual, norm_weight, eps = add_norm if add_norm is not None else (x, x, 0.0)
     h = torch.empty_like(x) if add_norm is not None else None
     extra = {"launch_pdl": True} if pdl else {}
-    common = (x, weight, bias if bias is not None else weight, y, residual, h if h is not None else x, norm_weight, eps, n, weight.stride(0))
+    common = (
+        x,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        residual,
+        h if h is not None else x,
+        norm_weight,
+        eps,
+        n,
+        weight.stride(0),
+    )
     if plan.per_sm:
         assert weight.stride(1) == 1
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
         _gemv_rows_kernel[(min(triton.cdiv(n, plan.block_n), sms * plan.per_sm),)](
-            *common, n,
-            K=k, K_PAD=triton.next_power_of_2(k), HAS_BIAS=bias is not None, SILU_MUL=silu_mul, NORM=add_norm is not None,
-            BLOCK_N=plan.block_n, USE_PDL=pdl, num_warps=gemv_rows_warps(k, plan.block_n, silu_mul), **extra,
+            *common,
+            n,
+            K=k,
+            K_PAD=triton.next_power_of_2(k),
+            HAS_BIAS=bias is not None,
+            SILU_MUL=silu_mul,
+            NORM=add_norm is not None,
+            BLOCK_N=plan.block_n,
+            USE_PDL=pdl,
+            num_warps=gemv_rows_warps(k, plan.block_n, silu_mul),
+            **extra,
         )
         return y, h
     block_k = gemv_block_k(k, plan.block_n)
     assert block_k is not None, f"no K tile divides {k}"
     _gemv_kernel[(triton.cdiv(n, plan.block_n),)](
-        *common, weight.stride(1), n,
-        K=k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, NORM=add_norm is not None, BLOCK_N=plan.block_n, BLOCK_K=block_k,
-        USE_PDL=pdl, num_warps=4, **extra,
+        *common,
+        weight.stride(1),
+        n,
+        K=k,
+        HAS_BIAS=bias is not None,
+        SILU_MUL=silu_mul,
+        NORM=add_norm is not None,
+        BLOCK_N=plan.block_n,
+        BLOCK_K=block_k,
+        USE_PDL=pdl,
+        num_warps=4,
+        **extra,
     )
     return y, h
 
@@ -379,8 +515,17 @@ def _launch_gemv(x, weight, bias, silu_mul: bool, plan: GemvPlan, pdl: bool, add
 # serving for a compilation: these two kernels compile once per model (and per heads_per_program).
 @triton.jit(do_not_specialize_on_alignment=["positions_ptr", "out_loc_ptr"])
 def _qk_norm_rope_store_kernel(
-    qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, q_weight_ptr, k_weight_ptr,
-    positions_ptr, out_loc_ptr, cos_sin_ptr, stride_qkv, eps,
+    qkv_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    positions_ptr,
+    out_loc_ptr,
+    cos_sin_ptr,
+    stride_qkv,
+    eps,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -390,7 +535,9 @@ def _qk_norm_rope_store_kernel(
 ):
     """One program: one token, ``HEADS_PER_PROGRAM`` consecutive heads of the merged projection
     (q heads, then k heads, then v heads), each head a row of the tile."""
-    _pdl_wait(USE_PDL, PDL_TRIGGER)  # launched early (programmatic dependent): qkv is complete only from here on
+    _pdl_wait(
+        USE_PDL, PDL_TRIGGER
+    )  # launched early (programmatic dependent): qkv is complete only from here on
     token = tl.program_id(0)
     heads = tl.program_id(1) * HEADS_PER_PROGRAM + tl.arange(0, HEADS_PER_PROGRAM)
     is_q = heads < NUM_HEADS
@@ -406,10 +553,19 @@ def _qk_norm_rope_store_kernel(
     kv_row = slot * (NUM_KV_HEADS * HEAD_DIM)
     if HAS_NORM:  # q heads take q's weight, k heads k's (v heads: neither)
         q_row = is_q[:, None]
-        w1 = tl.where(q_row, tl.load(q_weight_ptr + half).to(tl.float32)[None, :], tl.load(k_weight_ptr + half).to(tl.float32)[None, :])
-        w2 = tl.where(q_row, tl.load(q_weight_ptr + HEAD_DIM // 2 + half).to(tl.float32)[None, :],
-                      tl.load(k_weight_ptr + HEAD_DIM // 2 + half).to(tl.float32)[None, :])
-        inv_rms = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HEAD_DIM + eps)
+        w1 = tl.where(
+            q_row,
+            tl.load(q_weight_ptr + half).to(tl.float32)[None, :],
+            tl.load(k_weight_ptr + half).to(tl.float32)[None, :],
+        )
+        w2 = tl.where(
+            q_row,
+            tl.load(q_weight_ptr + HEAD_DIM // 2 + half).to(tl.float32)[None, :],
+            tl.load(k_weight_ptr + HEAD_DIM // 2 + half).to(tl.float32)[None, :],
+        )
+        inv_rms = 1.0 / tl.sqrt(
+            (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HEAD_DIM + eps
+        )
         x1 = tl.where(is_qk, x1 * inv_rms[:, None] * w1, x1)
         x2 = tl.where(is_qk, x2 * inv_rms[:, None] * w2, x2)
     # RoPE, rotate-half form: the table holds cos of each frequency, then its sin
@@ -421,7 +577,12 @@ def _qk_norm_rope_store_kernel(
     # each head to its place: q to the output, k and v (straight, as loaded) into its slot
     q_dst = q_out_ptr + (token * NUM_HEADS + heads)[:, None] * HEAD_DIM + half[None, :]
     k_dst = k_cache_ptr + kv_row + (heads - NUM_HEADS)[:, None] * HEAD_DIM + half[None, :]
-    v_dst = v_cache_ptr + kv_row + (heads - NUM_HEADS - NUM_KV_HEADS)[:, None] * HEAD_DIM + half[None, :]
+    v_dst = (
+        v_cache_ptr
+        + kv_row
+        + (heads - NUM_HEADS - NUM_KV_HEADS)[:, None] * HEAD_DIM
+        + half[None, :]
+    )
     tl.store(q_dst, out1.to(q_out_ptr.dtype.element_ty), mask=is_q[:, None])
     tl.store(q_dst + HEAD_DIM // 2, out2.to(q_out_ptr.dtype.element_ty), mask=is_q[:, None])
     tl.store(k_dst, out1.to(k_cache_ptr.dtype.element_ty), mask=is_k[:, None])
@@ -466,20 +627,44 @@ def qk_norm_rope_store(
     total_heads = num_heads + 2 * num_kv_heads
     per_program = qk_heads_per_program(tokens, total_heads)
     _qk_norm_rope_store_kernel[(tokens, triton.cdiv(total_heads, per_program))](
-        qkv, q, k_cache, v_cache,
-        q_weight if has_norm else qkv, k_weight if has_norm else qkv,
-        positions, out_loc, cos_sin_cache, qkv.stride(0), eps,
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm,
-        HEADS_PER_PROGRAM=per_program, USE_PDL=pdl, num_warps=1 if per_program == 1 else 4,
+        qkv,
+        q,
+        k_cache,
+        v_cache,
+        q_weight if has_norm else qkv,
+        k_weight if has_norm else qkv,
+        positions,
+        out_loc,
+        cos_sin_cache,
+        qkv.stride(0),
+        eps,
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        HAS_NORM=has_norm,
+        HEADS_PER_PROGRAM=per_program,
+        USE_PDL=pdl,
+        num_warps=1 if per_program == 1 else 4,
         **({"launch_pdl": True} if pdl else {}),
     )
     return q
 
 
-@triton.jit(do_not_specialize=["stride_table", "num_real", "padding_page"],
-            do_not_specialize_on_alignment=["table_ptr", "rows_ptr", "indptr_ptr", "out_ptr"])
-def _fill_kv_indices_kernel(table_ptr, rows_ptr, indptr_ptr, out_ptr, stride_table, num_real, padding_page,
-                            PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(
+    do_not_specialize=["stride_table", "num_real", "padding_page"],
+    do_not_specialize_on_alignment=["table_ptr", "rows_ptr", "indptr_ptr", "out_ptr"],
+)
+def _fill_kv_indices_kernel(
+    table_ptr,
+    rows_ptr,
+    indptr_ptr,
+    out_ptr,
+    stride_table,
+    num_real,
+    padding_page,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     i = tl.program_id(0)  # request
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # its pages, a block per program
     start = tl.load(indptr_ptr + i)
@@ -492,16 +677,31 @@ def _fill_kv_indices_kernel(table_ptr, rows_ptr, indptr_ptr, out_ptr, stride_tab
         tl.store(out_ptr + start + j, (slot // PAGE_SIZE).to(tl.int32), mask=j < count)
 
 
-def fill_kv_indices(table: torch.Tensor, rows: torch.Tensor, indptr: torch.Tensor, out: torch.Tensor,
-                    page_size: int, padding_page: int, max_pages: int) -> torch.Tensor:
+def fill_kv_indices(
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    indptr: torch.Tensor,
+    out: torch.Tensor,
+    page_size: int,
+    padding_page: int,
+    max_pages: int,
+) -> torch.Tensor:
     """FlashInfer's page ids of every request, back to back: request ``i`` (page-table row
     ``rows[i]``) fills ``out[indptr[i]:indptr[i+1]]``; rows past ``len(rows)`` are padding rows
     (one page each). ``max_pages``: the most pages of any request. Returns ``out`` (int32)."""
     batch = indptr.numel() - 1
     block = 256  # fixed: one compiled kernel whatever the lengths
     _fill_kv_indices_kernel[(batch, triton.cdiv(max(1, max_pages), block))](
-        table, rows, indptr, out, table.stride(0), rows.numel(), padding_page,
-        PAGE_SIZE=page_size, BLOCK=block, num_warps=4,
+        table,
+        rows,
+        indptr,
+        out,
+        table.stride(0),
+        rows.numel(),
+        padding_page,
+        PAGE_SIZE=page_size,
+        BLOCK=block,
+        num_warps=4,
     )
     return out
 
@@ -515,7 +715,16 @@ def fill_kv_indices(table: torch.Tensor, rows: torch.Tensor, indptr: torch.Tenso
 
 @triton.jit(do_not_specialize=["stride_table"])
 def _decode_attention_split_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, positions_ptr, part_out_ptr, part_lse_ptr, stride_table, sm_scale,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    rows_ptr,
+    positions_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    stride_table,
+    sm_scale,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per KV head
@@ -540,7 +749,11 @@ def _decode_attention_split_kernel(
     head_ok = g < GROUP
     dims = tl.arange(0, HEAD_DIM)
     _pdl_wait(USE_PDL, PDL_TRIGGER)  # q and this step's K/V come from the kernel before
-    q = tl.load(q_ptr + (b * NUM_HEADS + heads)[:, None] * HEAD_DIM + dims[None, :], mask=head_ok[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + (b * NUM_HEADS + heads)[:, None] * HEAD_DIM + dims[None, :],
+        mask=head_ok[:, None],
+        other=0.0,
+    )
     qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
     m = tl.full((16,), float("-inf"), dtype=tl.float32)
     denom = tl.zeros((16,), dtype=tl.float32)
@@ -564,13 +777,20 @@ def _decode_attention_split_kernel(
     _pdl_done(USE_PDL, PDL_TRIGGER)
     if start < seq_len:  # a split past the end of a short request has no tokens: the merge skips it
         part = (b * NUM_HEADS + heads) * NUM_SPLITS + split
-        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc / denom[:, None], mask=head_ok[:, None])
+        tl.store(
+            part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :],
+            acc / denom[:, None],
+            mask=head_ok[:, None],
+        )
         tl.store(part_lse_ptr + part, m + tl.log2(denom), mask=head_ok)
 
 
 @triton.jit
 def _decode_attention_merge_kernel(
-    part_out_ptr, part_lse_ptr, positions_ptr, out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    positions_ptr,
+    out_ptr,
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
@@ -592,7 +812,9 @@ def _decode_attention_merge_kernel(
     lse = tl.load(part_lse_ptr + part, mask=used, other=float("-inf"))
     weight = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always holds tokens
     weight = weight / tl.sum(weight, axis=0)
-    parts = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=used[:, None], other=0.0)
+    parts = tl.load(
+        part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=used[:, None], other=0.0
+    )
     out = tl.sum(weight[:, None] * parts, axis=0)
     tl.store(out_ptr + (b * NUM_HEADS + head) * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
 
@@ -615,10 +837,14 @@ class DecodeTiles(NamedTuple):
     programs_per_sm: int = 4
 
 
-DECODE_TILES = DecodeTiles(*env_ints("MINISGL_DECODE_TILES", DecodeTiles._fields, tuple(DecodeTiles())))
+DECODE_TILES = DecodeTiles(
+    *env_ints("MINISGL_DECODE_TILES", DecodeTiles._fields, tuple(DecodeTiles()))
+)
 
 
-def decode_attention_splits(batch_size: int, num_kv_heads: int, num_sms: int, programs_per_sm: int | None = None) -> int:
+def decode_attention_splits(
+    batch_size: int, num_kv_heads: int, num_sms: int, programs_per_sm: int | None = None
+) -> int:
     """How many pieces each request's tokens are cut into: about ``programs_per_sm`` programs per
     SM (at batch 1 a request has only ``num_kv_heads`` programs otherwise), at most 64. A piece
     is at least one block of tokens, so a short request leaves most pieces empty (they end at once)."""
@@ -626,9 +852,18 @@ def decode_attention_splits(batch_size: int, num_kv_heads: int, num_sms: int, pr
     return max(1, min(64, per_sm * num_sms // max(1, batch_size * num_kv_heads)))
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
-                     rows: torch.Tensor, positions: torch.Tensor, scale: float, num_splits: int,
-                     pdl: bool = False, tiles: DecodeTiles | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    pdl: bool = False,
+    tiles: DecodeTiles | None = None,
+) -> torch.Tensor:
     """Attention of one new token per request over its whole context: request ``i`` is the
     page-table row ``rows[i]`` with its newest token at ``positions[i]`` (its K/V already in the
     pool), so it reads slots ``table[rows[i], :positions[i] + 1]`` of ``k_cache``/``v_cache``
@@ -639,23 +874,56 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
-    assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous() and table.stride(1) == 1
+    assert (
+        q.is_contiguous()
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and table.stride(1) == 1
+    )
     assert num_heads % num_kv_heads == 0 and group <= 16 and head_dim & (head_dim - 1) == 0
     out = torch.empty(batch, num_heads * head_dim, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
-    part_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    part_out = torch.empty(
+        batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+    )
     part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
     extra = {"launch_pdl": True} if pdl else {}
     _decode_attention_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, table, rows, positions, part_out, part_lse, table.stride(0), scale,
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
-        NUM_SPLITS=num_splits, BLOCK_N=tiles.block_n, USE_PDL=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages, **extra,
+        q,
+        k_cache,
+        v_cache,
+        table,
+        rows,
+        positions,
+        part_out,
+        part_lse,
+        table.stride(0),
+        scale,
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        BLOCK_N=tiles.block_n,
+        USE_PDL=pdl,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+        **extra,
     )
     _decode_attention_merge_kernel[(batch, num_heads)](
-        part_out, part_lse, positions, out, NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        SPLITS_P2=triton.next_power_of_2(num_splits), BLOCK_N=tiles.block_n, USE_PDL=pdl,
-        num_warps=1 if num_splits <= 16 else 4, **extra,
+        part_out,
+        part_lse,
+        positions,
+        out,
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        SPLITS_P2=triton.next_power_of_2(num_splits),
+        BLOCK_N=tiles.block_n,
+        USE_PDL=pdl,
+        num_warps=1 if num_splits <= 16 else 4,
+        **extra,
     )
     return out
 
@@ -669,13 +937,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 # merges the pieces, counted by an atomic counter (no merge kernel). Measured faster for the 8B,
 # slower for the 0.6B (docs/benchmarks.md, seventh round): opt-in, MINISGL_DECODE_ATTENTION=fused.
 
-DECODE_MIN_CHUNK = 64  # the fewest tokens a piece of decode_attention_qkv holds (as the split kernel's)
+DECODE_MIN_CHUNK = (
+    64  # the fewest tokens a piece of decode_attention_qkv holds (as the split kernel's)
+)
 # requests of up to this many tokens attend in one piece, without a merge (MINISGL_FUSED_SINGLE, for measuring)
 DECODE_SINGLE_MAX = int(os.environ.get("MINISGL_FUSED_SINGLE", "0"))
 
 
 @triton.jit
-def _rope_rows(x_ptr, rows, dims, w_ptr, cos_sin_ptr, pos, eps, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):
+def _rope_rows(
+    x_ptr, rows, dims, w_ptr, cos_sin_ptr, pos, eps, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr
+):
     """Heads ``rows`` (offsets of their first elements) of ``x``, each normalised (with
     ``HAS_NORM``) and rotated (rotate-half RoPE at ``pos``), as whole rows: element d pairs with
     d +- HEAD_DIM / 2, loaded a second time, so the tile feeds one tensor-core product."""
@@ -692,10 +964,29 @@ def _rope_rows(x_ptr, rows, dims, w_ptr, cos_sin_ptr, pos, eps, HEAD_DIM: tl.con
     return x * cos[None, :] + tl.where(dims < half, -1.0, 1.0)[None, :] * x_partner * sin[None, :]
 
 
-@triton.jit(do_not_specialize=["stride_table"], do_not_specialize_on_alignment=["positions_ptr", "out_loc_ptr"])
+@triton.jit(
+    do_not_specialize=["stride_table"],
+    do_not_specialize_on_alignment=["positions_ptr", "out_loc_ptr"],
+)
 def _decode_attention_qkv_kernel(
-    qkv_ptr, k_ptr, v_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, positions_ptr, out_loc_ptr, table_ptr, rows_ptr,
-    part_out_ptr, part_lse_ptr, counters_ptr, out_ptr, stride_qkv, stride_table, eps, sm_scale,
+    qkv_ptr,
+    k_ptr,
+    v_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    cos_sin_ptr,
+    positions_ptr,
+    out_loc_ptr,
+    table_ptr,
+    rows_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    counters_ptr,
+    out_ptr,
+    stride_qkv,
+    stride_table,
+    eps,
+    sm_scale,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -720,7 +1011,9 @@ def _decode_attention_qkv_kernel(
     if seq_len <= SINGLE_MAX:  # a short request in one piece: no merge on the critical path
         chunk = tl.cdiv(seq_len, BLOCK_N) * BLOCK_N
     start = split * chunk
-    if start < seq_len:  # a piece past the end of a short request ends at once (at batch 1 most of them)
+    if (
+        start < seq_len
+    ):  # a piece past the end of a short request ends at once (at batch 1 most of them)
         end = tl.minimum(start + chunk, seq_len)
         cached_end = tl.minimum(end, pos)  # the newest token (at pos) is not in the pool yet
         used = tl.cdiv(seq_len, chunk)  # pieces that hold tokens
@@ -732,8 +1025,17 @@ def _decode_attention_qkv_kernel(
         _pdl_wait(USE_PDL, PDL_TRIGGER)  # qkv comes from the kernel before
         qkv_row = qkv_ptr + b * stride_qkv
         # q rounded to the model's dtype, as the q/k kernel hands it to attention
-        q = _rope_rows(qkv_row, tl.where(head_ok, heads, 0)[:, None] * HEAD_DIM, dims, q_weight_ptr, cos_sin_ptr, pos, eps,
-                       HEAD_DIM, HAS_NORM).to(qkv_ptr.dtype.element_ty)
+        q = _rope_rows(
+            qkv_row,
+            tl.where(head_ok, heads, 0)[:, None] * HEAD_DIM,
+            dims,
+            q_weight_ptr,
+            cos_sin_ptr,
+            pos,
+            eps,
+            HEAD_DIM,
+            HAS_NORM,
+        ).to(qkv_ptr.dtype.element_ty)
         qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
         m = tl.full((16,), float("-inf"), dtype=tl.float32)
         denom = tl.zeros((16,), dtype=tl.float32)
@@ -743,7 +1045,9 @@ def _decode_attention_qkv_kernel(
             token_ok = tokens < cached_end
             slots = tl.load(table_ptr + row * stride_table + tokens, mask=token_ok, other=0)
             kv = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM + dims[None, :]
-            k = tl.load(k_ptr + kv, mask=token_ok[:, None], other=0.0).to(q.dtype)  # widened from FP8 (--kv-dtype fp8)
+            k = tl.load(k_ptr + kv, mask=token_ok[:, None], other=0.0).to(
+                q.dtype
+            )  # widened from FP8 (--kv-dtype fp8)
             v = tl.load(v_ptr + kv, mask=token_ok[:, None], other=0.0).to(q.dtype)
             scores = tl.dot(q, tl.trans(k)) * qk_scale  # [16, BLOCK_N]
             scores = tl.where(token_ok[None, :], scores, float("-inf"))
@@ -754,13 +1058,28 @@ def _decode_attention_qkv_kernel(
             denom = denom * alpha + tl.sum(p, axis=1)
             m = m_new
         _pdl_done(USE_PDL, PDL_TRIGGER)
-        if end == seq_len:  # this piece holds the newest token: its K (normalised, rotated) and V from qkv
-            new_k = _rope_rows(qkv_row, tl.zeros((1, 1), tl.int32) + (NUM_HEADS + kv_head) * HEAD_DIM, dims, k_weight_ptr, cos_sin_ptr,
-                               pos, eps, HEAD_DIM, HAS_NORM).to(k_ptr.dtype.element_ty)  # [1, HEAD_DIM]
+        if (
+            end == seq_len
+        ):  # this piece holds the newest token: its K (normalised, rotated) and V from qkv
+            new_k = _rope_rows(
+                qkv_row,
+                tl.zeros((1, 1), tl.int32) + (NUM_HEADS + kv_head) * HEAD_DIM,
+                dims,
+                k_weight_ptr,
+                cos_sin_ptr,
+                pos,
+                eps,
+                HEAD_DIM,
+                HAS_NORM,
+            ).to(k_ptr.dtype.element_ty)  # [1, HEAD_DIM]
             # rounded as the pool holds it (FP8 with --kv-dtype fp8), as later steps will read it
-            new_v = tl.load(qkv_row + (NUM_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims).to(v_ptr.dtype.element_ty)
+            new_v = tl.load(qkv_row + (NUM_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims).to(
+                v_ptr.dtype.element_ty
+            )
             slot_row = tl.load(out_loc_ptr + b) * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
-            tl.store(k_ptr + slot_row + dims[None, :], new_k)  # into the pool for the steps after this one
+            tl.store(
+                k_ptr + slot_row + dims[None, :], new_k
+            )  # into the pool for the steps after this one
             tl.store(v_ptr + slot_row + dims, new_v)
             score = tl.sum(q.to(tl.float32) * new_k.to(tl.float32), axis=1) * qk_scale
             m_new = tl.maximum(m, score)
@@ -771,25 +1090,45 @@ def _decode_attention_qkv_kernel(
             m = m_new
         if used == 1:  # the whole request in one piece: nothing to merge
             out_rows = out_ptr + (b * NUM_HEADS + heads)[:, None] * HEAD_DIM + dims[None, :]
-            tl.store(out_rows, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+            tl.store(
+                out_rows, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_ok[:, None]
+            )
         else:
             part = (b * NUM_HEADS + heads) * NUM_SPLITS + split
-            tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc / denom[:, None], mask=head_ok[:, None])
+            tl.store(
+                part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :],
+                acc / denom[:, None],
+                mask=head_ok[:, None],
+            )
             tl.store(part_lse_ptr + part, m + tl.log2(denom), mask=head_ok)
             tl.debug_barrier()  # every thread's part is written before the count says so
             counter = counters_ptr + b * NUM_KV_HEADS + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel") == used - 1:  # the last piece: merge them all, a head at a time
+            if (
+                tl.atomic_add(counter, 1, sem="acq_rel") == used - 1
+            ):  # the last piece: merge them all, a head at a time
                 pieces = tl.arange(0, SPLITS_P2)
                 piece_ok = pieces < used
                 for h in tl.static_range(GROUP):
                     first = (b * NUM_HEADS + kv_head * GROUP + h) * NUM_SPLITS
-                    lse = tl.load(part_lse_ptr + first + pieces, mask=piece_ok, other=float("-inf"), cache_modifier=".cg")
+                    lse = tl.load(
+                        part_lse_ptr + first + pieces,
+                        mask=piece_ok,
+                        other=float("-inf"),
+                        cache_modifier=".cg",
+                    )
                     weight = tl.exp2(lse - tl.max(lse, axis=0))
                     weight = weight / tl.sum(weight, axis=0)
-                    parts = tl.load(part_out_ptr + (first + pieces)[:, None] * HEAD_DIM + dims[None, :], mask=piece_ok[:, None],
-                                    other=0.0, cache_modifier=".cg")
+                    parts = tl.load(
+                        part_out_ptr + (first + pieces)[:, None] * HEAD_DIM + dims[None, :],
+                        mask=piece_ok[:, None],
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
                     merged = tl.sum(weight[:, None] * parts, axis=0)
-                    tl.store(out_ptr + (b * NUM_HEADS + kv_head * GROUP + h) * HEAD_DIM + dims, merged.to(out_ptr.dtype.element_ty))
+                    tl.store(
+                        out_ptr + (b * NUM_HEADS + kv_head * GROUP + h) * HEAD_DIM + dims,
+                        merged.to(out_ptr.dtype.element_ty),
+                    )
                 tl.atomic_xchg(counter, 0)  # ready for the next layer
 
 
@@ -825,22 +1164,59 @@ def decode_attention_qkv(
     keeps)."""
     batch = qkv.shape[0]
     group = num_heads // num_kv_heads
-    assert qkv.stride(1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous() and table.stride(1) == 1
+    assert (
+        qkv.stride(1) == 1
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and table.stride(1) == 1
+    )
     assert num_heads % num_kv_heads == 0 and group <= 16 and head_dim & (head_dim - 1) == 0
-    assert counters.dtype == torch.int32 and counters.numel() >= batch * num_kv_heads and min_chunk % DECODE_BLOCK_N == 0
+    assert (
+        counters.dtype == torch.int32
+        and counters.numel() >= batch * num_kv_heads
+        and min_chunk % DECODE_BLOCK_N == 0
+    )
     out = torch.empty(batch, num_heads * head_dim, dtype=qkv.dtype, device=qkv.device)
     if batch == 0:
         return out
-    part_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=qkv.device)
+    part_out = torch.empty(
+        batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=qkv.device
+    )
     part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=qkv.device)
     has_norm = q_weight is not None
     single_max = DECODE_SINGLE_MAX if single_max < 0 else single_max
     _decode_attention_qkv_kernel[(batch, num_kv_heads, num_splits)](
-        qkv, k_cache, v_cache, q_weight if has_norm else qkv, k_weight if has_norm else qkv, cos_sin_cache, positions, out_loc,
-        table, rows, part_out, part_lse, counters, out, qkv.stride(0), table.stride(0), eps, scale,
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, HAS_NORM=has_norm,
-        NUM_SPLITS=num_splits, SPLITS_P2=triton.next_power_of_2(num_splits), MIN_CHUNK=min_chunk, SINGLE_MAX=single_max,
-        BLOCK_N=DECODE_BLOCK_N, USE_PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        qkv,
+        k_cache,
+        v_cache,
+        q_weight if has_norm else qkv,
+        k_weight if has_norm else qkv,
+        cos_sin_cache,
+        positions,
+        out_loc,
+        table,
+        rows,
+        part_out,
+        part_lse,
+        counters,
+        out,
+        qkv.stride(0),
+        table.stride(0),
+        eps,
+        scale,
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HAS_NORM=has_norm,
+        NUM_SPLITS=num_splits,
+        SPLITS_P2=triton.next_power_of_2(num_splits),
+        MIN_CHUNK=min_chunk,
+        SINGLE_MAX=single_max,
+        BLOCK_N=DECODE_BLOCK_N,
+        USE_PDL=pdl,
+        num_warps=4,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out
 
@@ -863,7 +1239,9 @@ def _gumbel_max_quarter(logits_ptr, start, lanes, vocab, inv_t, u):
 
 
 @triton.jit(do_not_specialize=["seed", "vocab", "stride_row"])
-def _gumbel_max_kernel(logits_ptr, temps_ptr, best_ptr, where_ptr, seed, vocab, stride_row, CHUNK: tl.constexpr):
+def _gumbel_max_kernel(
+    logits_ptr, temps_ptr, best_ptr, where_ptr, seed, vocab, stride_row, CHUNK: tl.constexpr
+):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     QUARTER: tl.constexpr = CHUNK // 4
@@ -898,5 +1276,15 @@ def gumbel_sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int) -
     chunks = triton.cdiv(vocab, SAMPLE_CHUNK)
     best = torch.empty(rows, chunks, dtype=torch.float32, device=logits.device)
     where = torch.empty(rows, chunks, dtype=torch.int32, device=logits.device)
-    _gumbel_max_kernel[(rows, chunks)](logits, temperatures, best, where, seed, vocab, logits.stride(0), CHUNK=SAMPLE_CHUNK, num_warps=8)
+    _gumbel_max_kernel[(rows, chunks)](
+        logits,
+        temperatures,
+        best,
+        where,
+        seed,
+        vocab,
+        logits.stride(0),
+        CHUNK=SAMPLE_CHUNK,
+        num_warps=8,
+    )
     return where.gather(1, best.argmax(dim=1, keepdim=True)).squeeze(1).long()

@@ -4,4 +4,13 @@ from .page_allocator import PageAllocator
 from .page_table import PageTable
 from .radix_cache import RadixCacheManager
 
-__all__ = ["CacheManager", "KVPool", "KVStats", "NaiveCacheManager", "PageAllocator", "PageTable", "PrefixMatch", "RadixCacheManager"]
+__all__ = [
+    "CacheManager",
+    "KVPool",
+    "KVStats",
+    "NaiveCacheManager",
+    "PageAllocator",
+    "PageTable",
+    "PrefixMatch",
+    "RadixCacheManager",
+]

@@ -47,7 +47,9 @@ class CacheManager(ABC):
         """``n`` fresh pages for a live request, evicting if needed; None if impossible."""
 
     @abstractmethod
-    def release(self, token_ids: list[int], cached_len: int, pages: list[int], match: PrefixMatch | None) -> None:
+    def release(
+        self, token_ids: list[int], cached_len: int, pages: list[int], match: PrefixMatch | None
+    ) -> None:
         """Take back a request's pages when it ends in any way. ``token_ids[:cached_len]`` have
         KV that was fully computed; a cache may keep those, the rest is freed."""
 
@@ -74,7 +76,9 @@ class NaiveCacheManager(CacheManager):
             return None
         return self.allocator.alloc(n)
 
-    def release(self, token_ids: list[int], cached_len: int, pages: list[int], match: PrefixMatch | None) -> None:
+    def release(
+        self, token_ids: list[int], cached_len: int, pages: list[int], match: PrefixMatch | None
+    ) -> None:
         self.allocator.free(pages)
 
     def available_pages(self) -> int:

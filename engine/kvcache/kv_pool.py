@@ -28,7 +28,12 @@ import torch
 from ..errors import UserError
 
 # --kv-dtype choices besides ``auto``
-KV_DTYPES = {"fp8": torch.float8_e4m3fn, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+KV_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+}
 CPU_KV_DTYPE = torch.float16
 """``auto`` on CPU for a float32 model. float16 rather than bfloat16: three more mantissa bits
 (K and V of the models we serve stay far inside float16's range), and the F16C instructions
@@ -41,12 +46,16 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype, device_type: str = "cp
     """``--kv-dtype``: ``auto`` is :data:`CPU_KV_DTYPE` for a float32 model on CPU, else the
     model's dtype. A GPU takes its model's dtype or FP8 (its kernels read no other mix)."""
     if name == "auto":
-        return CPU_KV_DTYPE if device_type == "cpu" and model_dtype == torch.float32 else model_dtype
+        return (
+            CPU_KV_DTYPE if device_type == "cpu" and model_dtype == torch.float32 else model_dtype
+        )
     if name not in KV_DTYPES:
         raise UserError(f"--kv-dtype {name!r}: choose auto, {', '.join(KV_DTYPES)}")
     dtype = KV_DTYPES[name]
     if device_type != "cpu" and not is_fp8(dtype) and dtype != model_dtype:
-        raise UserError(f"--kv-dtype {name} on a GPU: choose auto (the model's {str(model_dtype).removeprefix('torch.')}) or fp8")
+        raise UserError(
+            f"--kv-dtype {name} on a GPU: choose auto (the model's {str(model_dtype).removeprefix('torch.')}) or fp8"
+        )
     return dtype
 
 
@@ -77,14 +86,18 @@ class KVPool:
         self.k_cache = self._zeros(shape, dtype, torch.device(device))
         self.v_cache = self._zeros(shape, dtype, torch.device(device))
 
-    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def _zeros(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         """A zero tensor; on CPU in an anonymous mapping, so that no page is resident until written
         (``torch.zeros`` writes every byte: an idle app would hold the whole pool)."""
         if device.type != "cpu":
             return torch.zeros(shape, dtype=dtype, device=device)
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         # private: Python's default, a shared mapping, is shared memory, which MADV_DONTNEED keeps
-        mapped = -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE  # whole OS pages: the last one can go too
+        mapped = (
+            -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
+        )  # whole OS pages: the last one can go too
         mapping = mmap.mmap(-1, mapped, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._maps.append(mapping)
         return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
@@ -105,8 +118,13 @@ class KVPool:
         released = 0
         for mapping in self._maps:
             for lo, hi in spans:
-                hi = len(mapping) if hi == self.k_cache.nbytes else hi  # the tail past the tensor is unused
-                lo, hi = -(-lo // mmap.PAGESIZE) * mmap.PAGESIZE, hi // mmap.PAGESIZE * mmap.PAGESIZE
+                hi = (
+                    len(mapping) if hi == self.k_cache.nbytes else hi
+                )  # the tail past the tensor is unused
+                lo, hi = (
+                    -(-lo // mmap.PAGESIZE) * mmap.PAGESIZE,
+                    hi // mmap.PAGESIZE * mmap.PAGESIZE,
+                )
                 if hi > lo:
                     mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
                     released += hi - lo
@@ -120,7 +138,10 @@ class KVPool:
         spans: list[tuple[int, int]] = []
         for layer in range(self.k_cache.shape[0]):
             for start, end in runs:
-                lo, hi = layer * layer_bytes + start * page_bytes, layer * layer_bytes + end * page_bytes
+                lo, hi = (
+                    layer * layer_bytes + start * page_bytes,
+                    layer * layer_bytes + end * page_bytes,
+                )
                 if spans and spans[-1][1] == lo:
                     spans[-1] = (spans[-1][0], hi)
                 else:
@@ -145,15 +166,23 @@ class KVPool:
         return resident
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return (
+            2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        )
 
     def store(self, layer_id: int, out_loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the new tokens' K and V (shape [tokens, kv_heads, head_dim]) at their slots,
         rounded to the pool's dtype."""
         if self.quantized:  # index_copy_ has no FP8 kernels: copy the rounded values as bytes
-            self.k_cache[layer_id].view(torch.uint8).index_copy_(0, out_loc, k.to(self.dtype).view(torch.uint8))
-            self.v_cache[layer_id].view(torch.uint8).index_copy_(0, out_loc, v.to(self.dtype).view(torch.uint8))
+            self.k_cache[layer_id].view(torch.uint8).index_copy_(
+                0, out_loc, k.to(self.dtype).view(torch.uint8)
+            )
+            self.v_cache[layer_id].view(torch.uint8).index_copy_(
+                0, out_loc, v.to(self.dtype).view(torch.uint8)
+            )
             return
         self.k_cache[layer_id].index_copy_(0, out_loc, k.to(self.dtype))
         self.v_cache[layer_id].index_copy_(0, out_loc, v.to(self.dtype))

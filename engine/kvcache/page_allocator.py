@@ -48,6 +48,10 @@ class PageAllocator:
 
     def free_runs(self) -> list[tuple[int, int]]:
         """The free pages as runs [start, end), lowest first."""
-        marks = numpy.concatenate(([1], numpy.frombuffer(self._in_use, dtype=numpy.uint8), [1])).astype(numpy.int8)
+        marks = numpy.concatenate(
+            ([1], numpy.frombuffer(self._in_use, dtype=numpy.uint8), [1])
+        ).astype(numpy.int8)
         steps = numpy.diff(marks)  # -1 where a free run starts, +1 just past its end
-        return list(zip(numpy.flatnonzero(steps == -1).tolist(), numpy.flatnonzero(steps == 1).tolist()))
+        return list(
+            zip(numpy.flatnonzero(steps == -1).tolist(), numpy.flatnonzero(steps == 1).tolist())
+        )

@@ -20,9 +20,19 @@ class PageTable:
     copy of each step and writes them (:meth:`apply`) before the forward pass reads the table.
     """
 
-    def __init__(self, max_running_requests: int, max_context_len: int, device: torch.device, page_size: int = 1) -> None:
+    def __init__(
+        self,
+        max_running_requests: int,
+        max_context_len: int,
+        device: torch.device,
+        page_size: int = 1,
+    ) -> None:
         # a request's last page may reach past the context: room for all of it
-        self.table = torch.zeros((max_running_requests, max_context_len + page_size - 1), dtype=torch.int64, device=device)
+        self.table = torch.zeros(
+            (max_running_requests, max_context_len + page_size - 1),
+            dtype=torch.int64,
+            device=device,
+        )
         self.page_size = page_size
         self._free_rows = list(range(max_running_requests - 1, -1, -1))
         # pages recorded since the last take_pending: row, first position (column) and page id of each
@@ -70,4 +80,6 @@ class PageTable:
             return
         offsets = torch.arange(self.page_size, device=self.table.device)
         # every position of each page (the table is wide enough for a last page past the context)
-        self.table[rows.unsqueeze(1), cols.unsqueeze(1) + offsets] = pages.unsqueeze(1) * self.page_size + offsets
+        self.table[rows.unsqueeze(1), cols.unsqueeze(1) + offsets] = (
+            pages.unsqueeze(1) * self.page_size + offsets
+        )

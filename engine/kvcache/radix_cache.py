@@ -28,7 +28,9 @@ class RadixNode:
 
     __slots__ = ("key", "pages", "parent", "children", "ref", "last_access")
 
-    def __init__(self, key: list[int], pages: list[int], parent: RadixNode | None, last_access: int = 0) -> None:
+    def __init__(
+        self, key: list[int], pages: list[int], parent: RadixNode | None, last_access: int = 0
+    ) -> None:
         self.key = key
         self.pages = pages
         self.parent = parent
@@ -69,12 +71,16 @@ class RadixCacheManager(CacheManager):
             self.evict(short)
         return self.allocator.alloc(n)
 
-    def release(self, token_ids: list[int], cached_len: int, pages: list[int], match: PrefixMatch | None) -> None:
+    def release(
+        self, token_ids: list[int], cached_len: int, pages: list[int], match: PrefixMatch | None
+    ) -> None:
         """Insert the request's whole computed pages, free the rest, then unlock its prefix."""
         matched = match.pages if match is not None else []
         keep = min(cached_len // self.page_size, len(pages))
         if pages:
-            assert keep >= len(matched) and pages[: len(matched)] == matched, "a request lost its cached prefix"
+            assert keep >= len(matched) and pages[: len(matched)] == matched, (
+                "a request lost its cached prefix"
+            )
             duplicates = self._insert(token_ids[: keep * self.page_size], pages[:keep])
             self.allocator.free(duplicates + pages[keep:])
         if match is not None and match.handle is not None:
@@ -84,7 +90,11 @@ class RadixCacheManager(CacheManager):
         return self.allocator.num_free + self.evictable_pages
 
     def stats(self) -> KVStats:
-        total, free, cached = self.allocator.num_pages, self.allocator.num_free, self.evictable_pages
+        total, free, cached = (
+            self.allocator.num_pages,
+            self.allocator.num_free,
+            self.evictable_pages,
+        )
         return KVStats(total=total, used=total - free - cached, cached=cached, free=free)
 
     # ---- eviction ----------------------------------------------------------------------------
@@ -95,7 +105,11 @@ class RadixCacheManager(CacheManager):
     def evict(self, n: int) -> int:
         """Give at least ``n`` pages back to the allocator (fewer if not that many are
         evictable), removing unlocked leaves least recently used first. Returns pages freed."""
-        leaves = [(node.last_access, id(node), node) for node in self.nodes() if node.is_leaf and node.ref == 0]
+        leaves = [
+            (node.last_access, id(node), node)
+            for node in self.nodes()
+            if node.is_leaf and node.ref == 0
+        ]
         heapq.heapify(leaves)
         freed = 0
         while freed < n and leaves:
@@ -164,7 +178,9 @@ class RadixCacheManager(CacheManager):
         tree did not take because it already holds the same prefix: the caller frees them."""
         ps = self.page_size
         node, pos = self._walk(key)
-        duplicates = [p for p, owned in zip(pages[: pos // ps], self._path_pages(node)) if p != owned]
+        duplicates = [
+            p for p, owned in zip(pages[: pos // ps], self._path_pages(node)) if p != owned
+        ]
         if pos < len(key):
             leaf = RadixNode(key[pos:], pages[pos // ps :], node, next(self._clock))
             node.children[self._first_page(leaf.key)] = leaf

@@ -29,7 +29,9 @@ def load_vocab_block(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -
     """Copy this rank's rows of a [vocab, hidden] checkpoint tensor (zero padding rows)."""
     start, per_rank = vocab_block(param.vocab_size)
     if loaded.shape[0] != param.vocab_size or loaded.shape[1:] != param.shape[1:]:
-        raise ValueError(f"shape mismatch: parameter {param.vocab_size}x{tuple(param.shape[1:])}, checkpoint {tuple(loaded.shape)}")
+        raise ValueError(
+            f"shape mismatch: parameter {param.vocab_size}x{tuple(param.shape[1:])}, checkpoint {tuple(loaded.shape)}"
+        )
     rows = loaded[start : start + per_rank]
     param.data.zero_()
     param.data[: rows.shape[0]].copy_(read_tensor(rows))

@@ -66,7 +66,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 _MM_TO_FLOAT32 = "dtype" in torch.ops.aten.mm.overloads()
 
 
-def float32_logits(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def float32_logits(
+    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x @ weight.T`` in float32, the sampler's dtype (into ``out`` when given). On a GPU in
     16-bit the product writes float32 itself from its float32 accumulators: no 16-bit logits
     to round, convert and copy (at batch 256 of a 152k vocabulary, the conversion and the copy
@@ -82,7 +84,9 @@ def float32_logits(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | No
 def default_weight_loader(param: nn.Parameter, loaded, shard_id: str | int | None = None) -> None:
     """``loaded``: a tensor, or a LazySlice read only now (copy_ casts to the parameter's dtype)."""
     if param.shape != loaded.shape:
-        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
+        raise ValueError(
+            f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}"
+        )
     param.data.copy_(read_tensor(loaded))
 
 
@@ -110,7 +114,14 @@ class Linear(nn.Module):
         if x.shape[0] == 1 and self.gemv_plan[0]:
             from ..kernels.triton_kernels import gemv
 
-            return gemv(x, self.weight, self.bias, block_n=self.gemv_plan[0], per_sm=self.gemv_plan[1], pdl=self.gemv_pdl)
+            return gemv(
+                x,
+                self.weight,
+                self.bias,
+                block_n=self.gemv_plan[0],
+                per_sm=self.gemv_plan[1],
+                pdl=self.gemv_pdl,
+            )
         if 0 < x.shape[0] <= self.skinny_max_rows:
             from ..kernels.triton_kernels import skinny_matmul
 
@@ -139,18 +150,25 @@ class MergedLinear(Linear):
         self.out_sizes = list(out_sizes)
         offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
         parts = shard_parts or [0] * len(out_sizes)
-        self.shards = {name: (off, size, part) for name, off, size, part in zip(shard_names, offsets, out_sizes, parts)}
+        self.shards = {
+            name: (off, size, part)
+            for name, off, size, part in zip(shard_names, offsets, out_sizes, parts)
+        }
         for p in (self.weight, self.bias):
             if p is not None:
                 p.weight_loader = self._load_shard
 
-    def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def _load_shard(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
         offset, size, part = self.shards[shard_id]
         target = param.data.narrow(0, offset, size)
         if loaded.shape[0] != size and loaded.shape[0] >= (part + 1) * size:
             loaded = loaded.narrow(0, part * size, size)  # this rank's block
         if target.shape != loaded.shape:
-            raise ValueError(f"shard {shard_id}: parameter {tuple(target.shape)}, checkpoint {tuple(loaded.shape)}")
+            raise ValueError(
+                f"shard {shard_id}: parameter {tuple(target.shape)}, checkpoint {tuple(loaded.shape)}"
+            )
         target.copy_(read_tensor(loaded))
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -161,15 +179,25 @@ class RowParallelLinear(Linear):
     """A projection whose input dimension is split across tensor-parallel ranks (attention's
     output and the MLP's down projection): each rank multiplies its slice, an all-reduce sums."""
 
-    def __init__(self, in_features: int, out_features: int, all_reduce_buffer: int | None = None) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, all_reduce_buffer: int | None = None
+    ) -> None:
         tp = get_tp()
-        super().__init__(tp.split(in_features, "input features of a row-parallel projection"), out_features)
+        super().__init__(
+            tp.split(in_features, "input features of a row-parallel projection"), out_features
+        )
         self.weight.weight_loader = self._load
         self.tp = tp
-        self.all_reduce_buffer = all_reduce_buffer  # which one-shot buffer its all-reduce uses (distributed.py)
-        self.leaves_all_reduce = False  # the next RMSNorm does it, fused (fused_ops.enable_fused_all_reduce_norm)
+        self.all_reduce_buffer = (
+            all_reduce_buffer  # which one-shot buffer its all-reduce uses (distributed.py)
+        )
+        self.leaves_all_reduce = (
+            False  # the next RMSNorm does it, fused (fused_ops.enable_fused_all_reduce_norm)
+        )
 
-    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def _load(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
         size = param.shape[1]
         if loaded.dim() == 2 and loaded.shape[1] == size * self.tp.size:
             loaded = loaded.narrow(1, self.tp.rank * size, size)

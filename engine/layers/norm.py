@@ -26,7 +26,9 @@ class RMSNorm(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
         """Without ``residual``: ``norm(x)``. With it: ``(norm(x + residual), x + residual)``.
 
         x may be [tokens, hidden] or [tokens, heads, head_dim] (Qwen3's per-head q/k norm)."""

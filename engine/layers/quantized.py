@@ -38,14 +38,22 @@ WIDENED_BLOCK_FLOATS = 4 << 20
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
 Q4_K, Q5_K = 12, 13
 # (block bytes, weights per block) of the types decoded here
-_BLOCKS = {Q4_0: (18, 32), Q4_1: (20, 32), Q5_0: (22, 32), Q5_1: (24, 32), Q8_0: (34, 32),
-           Q4_K: (144, 256), Q5_K: (176, 256)}
+_BLOCKS = {
+    Q4_0: (18, 32),
+    Q4_1: (20, 32),
+    Q5_0: (22, 32),
+    Q5_1: (24, 32),
+    Q8_0: (34, 32),
+    Q4_K: (144, 256),
+    Q5_K: (176, 256),
+}
 
 
 def packed_kernels_available() -> bool:
     """torch builds with the CPU 4-bit kernel (x86 and Arm builds of torch >= 2.5)."""
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(
-        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
+        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"
+    )
 
 
 @dataclass
@@ -83,7 +91,7 @@ class Planes:
 
 def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
     """The float16 stored at byte ``start`` of every block, as float32: [rows, blocks]."""
-    return blocks[..., start:start + 2].contiguous().view(torch.float16)[..., 0].float()
+    return blocks[..., start : start + 2].contiguous().view(torch.float16)[..., 0].float()
 
 
 def _nibbles(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,11 +111,18 @@ def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     sc, mins = Q4_K_BLOCKS.get_scale_min(scales.reshape(-1, 12).numpy())
     shape = (*scales.shape[:-1], 8)
-    return torch.from_numpy(sc).reshape(shape).float(), torch.from_numpy(mins).reshape(shape).float()
+    return torch.from_numpy(sc).reshape(shape).float(), torch.from_numpy(mins).reshape(
+        shape
+    ).float()
 
 
-def _group_planes(low: torch.Tensor, high: torch.Tensor | None, scale: torch.Tensor, offset: torch.Tensor,
-                  rows: int) -> Planes:
+def _group_planes(
+    low: torch.Tensor,
+    high: torch.Tensor | None,
+    scale: torch.Tensor,
+    offset: torch.Tensor,
+    rows: int,
+) -> Planes:
     """Planes from codes shaped [rows, groups, 32] and per-group scale/offset [rows, groups]."""
     codes = [low.reshape(rows, -1)]
     scales = [scale.reshape(rows, -1)]
@@ -136,9 +151,11 @@ def gguf_planes(raw: torch.Tensor, qtype: int, in_features: int) -> Planes | Non
         offset = _f16(blocks, 2) if has_min else None
         high = None
         if qtype in (Q5_0, Q5_1):
-            high = _bits(blocks[..., start:start + 4], 8).transpose(-1, -2).reshape(rows, -1, 32)
+            high = _bits(blocks[..., start : start + 4], 8).transpose(-1, -2).reshape(rows, -1, 32)
             start += 4
-        low = torch.cat(_nibbles(blocks[..., start:start + 16]), dim=-1)  # weights 0-15, then 16-31
+        low = torch.cat(
+            _nibbles(blocks[..., start : start + 16]), dim=-1
+        )  # weights 0-15, then 16-31
         if offset is None:
             offset = -(16 if high is not None else 8) * d
         return _group_planes(low, high, d, offset, rows)
@@ -146,8 +163,10 @@ def gguf_planes(raw: torch.Tensor, qtype: int, in_features: int) -> Planes | Non
     d, dmin = _f16(blocks, 0)[..., None], _f16(blocks, 2)[..., None]
     sc, mins = _k_scales(blocks[..., 4:16])
     qs_start = 16 if qtype == Q4_K else 48
-    qs = blocks[..., qs_start:qs_start + 128].reshape(rows, -1, 4, 32)
-    low = torch.stack(_nibbles(qs), dim=-2).reshape(rows, -1, 8, 32)  # sub-block 2i, 2i+1 from byte run i
+    qs = blocks[..., qs_start : qs_start + 128].reshape(rows, -1, 4, 32)
+    low = torch.stack(_nibbles(qs), dim=-2).reshape(
+        rows, -1, 8, 32
+    )  # sub-block 2i, 2i+1 from byte run i
     high = _bits(blocks[..., 16:48], 8) if qtype == Q5_K else None  # bit j: sub-block j
     return _group_planes(low, high, d * sc, -dmin * mins, rows)
 
@@ -203,7 +222,9 @@ class PackedWeight:
         codes = torch.stack([c + 8 if s else c for c, s in zip(planes.codes, shifted)])
         codes = codes.permute(1, 0, 2).reshape(rows, num_planes * cols)  # planes side by side
         zeros = torch.zeros_like(planes.scales)
-        zeros[0] = planes.offset + 8 * sum(planes.scales[p] for p in range(num_planes) if not shifted[p])
+        zeros[0] = planes.offset + 8 * sum(
+            planes.scales[p] for p in range(num_planes) if not shifted[p]
+        )
         sz = torch.stack((planes.scales, zeros), dim=-1)  # [P, rows, groups, 2]
         sz = sz.permute(0, 2, 1, 3).reshape(num_planes * cols // GROUP, rows, 2)
         if padded != rows:
@@ -225,7 +246,9 @@ class PackedWeight:
             return xb.new_empty((0, self.out_features))
         if self.num_planes > 1:
             xb = xb.repeat(1, self.num_planes)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scales_and_zeros)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            xb, self.packed, GROUP, self.scales_and_zeros
+        )
         return out if out.shape[1] == self.out_features else out[:, : self.out_features]
 
 
@@ -244,12 +267,16 @@ class NativeWeight:
         if num_planes == 1:
             self.kind = 4
             pairs = groups[0].reshape(rows, cols // (2 * GROUP), 2, GROUP)
-            self.codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
+            self.codes = (
+                (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
+            )
         else:
             # the high plane must weigh 16 low steps wherever it has codes (a zero plane added by
             # stack_rows has scale 0 and no codes)
             high_used = groups[1].amax(dim=-1) > 0
-            if not bool(torch.where(high_used, planes.scales[1] == 16 * planes.scales[0], True).all()):
+            if not bool(
+                torch.where(high_used, planes.scales[1] == 16 * planes.scales[0], True).all()
+            ):
                 raise ValueError("planes whose high plane is not 16 low steps")
             self.kind = 8
             self.codes = (planes.codes[0] + (planes.codes[1] << 4)).contiguous()
@@ -257,16 +284,23 @@ class NativeWeight:
         largest = float(scale_offset.abs().max())
         # f16 holds up to 65504: scale everything by a power of two that puts the largest at ~2^14
         exponent = 0 if largest == 0 else 14 - int(torch.tensor(largest).log2().floor())
-        self.mult = 2.0 ** -exponent
-        self.scales = (scale_offset * 2.0 ** exponent).to(torch.float16).contiguous()
+        self.mult = 2.0**-exponent
+        self.scales = (scale_offset * 2.0**exponent).to(torch.float16).contiguous()
         self.struct = self.describe()
 
     def describe(self, bias: torch.Tensor | None = None):
         """The C structure for this matrix (with the layer's bias, if any)."""
         from ..kernels.cpu_native import QWeightStruct
 
-        return QWeightStruct(self.kind, self.out_features, self.in_features, self.codes.data_ptr(), self.scales.data_ptr(),
-                             self.mult, None if bias is None else bias.data_ptr())
+        return QWeightStruct(
+            self.kind,
+            self.out_features,
+            self.in_features,
+            self.codes.data_ptr(),
+            self.scales.data_ptr(),
+            self.mult,
+            None if bias is None else bias.data_ptr(),
+        )
 
     @property
     def nbytes(self) -> int:
@@ -281,7 +315,9 @@ class NativeWeight:
             out = self._widened_matmul(xf)
         else:
             out = torch.empty(rows, self.out_features)
-            work = torch.empty(self.lib.qmatmul_work_bytes(rows, self.in_features), dtype=torch.uint8)
+            work = torch.empty(
+                self.lib.qmatmul_work_bytes(rows, self.in_features), dtype=torch.uint8
+            )
             self.lib.qmatmul(self.struct, xf.data_ptr(), rows, out.data_ptr(), work.data_ptr())
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
@@ -296,7 +332,7 @@ class NativeWeight:
         for start in range(0, self.out_features, block):
             rows = min(block, self.out_features - start)
             self.lib.qdequantize(self.struct, start, rows, widened.data_ptr())
-            torch.mm(x, widened[:rows].t(), out=out[:, start:start + rows])
+            torch.mm(x, widened[:rows].t(), out=out[:, start : start + rows])
         return out
 
 
@@ -315,7 +351,9 @@ class NativeRows:
             raise IndexError(f"token id out of range for a {self.head.out_features}-row embedding")
         out = torch.empty(flat.numel(), self.head.in_features)
         if flat.numel():
-            self.head.lib.qdequantize_rows(self.head.struct, flat.data_ptr(), flat.numel(), out.data_ptr())
+            self.head.lib.qdequantize_rows(
+                self.head.struct, flat.data_ptr(), flat.numel(), out.data_ptr()
+            )
         return out.to(dtype).reshape(*ids.shape, self.head.in_features)
 
 
@@ -366,8 +404,11 @@ def stack_rows(parts: list[Planes]) -> Planes:
     part that needs the most."""
     count = max(p.num_planes for p in parts)
     parts = [p.with_planes(count) for p in parts]
-    return Planes(torch.cat([p.codes for p in parts], dim=1), torch.cat([p.scales for p in parts], dim=1),
-                  torch.cat([p.offset for p in parts], dim=0))
+    return Planes(
+        torch.cat([p.codes for p in parts], dim=1),
+        torch.cat([p.scales for p in parts], dim=1),
+        torch.cat([p.offset for p in parts], dim=0),
+    )
 
 
 def quantize_float(weight: torch.Tensor, kind: str) -> Planes:
@@ -378,4 +419,6 @@ def quantize_float(weight: torch.Tensor, kind: str) -> Planes:
 def drop_weight(param: torch.nn.Parameter) -> torch.nn.Parameter:
     """A meta placeholder for a weight now held packed: the shape and dtype stay visible, any
     use of its values fails loudly."""
-    return torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device="meta"), requires_grad=False)
+    return torch.nn.Parameter(
+        torch.empty(param.shape, dtype=param.dtype, device="meta"), requires_grad=False
+    )

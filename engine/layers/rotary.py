@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> torch.Tensor:
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None = None
+) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is None:
         return inv_freq
@@ -47,19 +49,36 @@ class RopeInputs:
 class RotaryEmbedding(nn.Module):
     use_flashinfer = False
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        max_positions: int,
+        theta: float,
+        scaling: dict[str, Any] | None,
+        dtype: torch.dtype,
+    ) -> None:
         super().__init__()
-        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * rope_inv_freq(head_dim, theta, scaling)[None, :]
+        freqs = (
+            torch.arange(max_positions, dtype=torch.float32)[:, None]
+            * rope_inv_freq(head_dim, theta, scaling)[None, :]
+        )
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
         self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
         # FlashInfer's layout: [positions, dim] float32, cos of each frequency then its sin
-        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
+        self.register_buffer(
+            "cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False
+        )
 
     def prepare(self, positions: torch.Tensor) -> RopeInputs:
         if self.use_flashinfer:
             return RopeInputs(positions, cos_sin_cache=self.cos_sin_cache)
-        return RopeInputs(positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1), self.cos_sin_cache)
+        return RopeInputs(
+            positions,
+            self.cos[positions].unsqueeze(1),
+            self.sin[positions].unsqueeze(1),
+            self.cos_sin_cache,
+        )
 
 
 def apply_rotary(x: torch.Tensor, rope: RopeInputs) -> torch.Tensor:
@@ -73,5 +92,10 @@ def apply_rotary_inplace(q: torch.Tensor, k: torch.Tensor, rope: RopeInputs) -> 
 
     head_dim = q.shape[-1]
     flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
-        rope.positions, q.view(q.shape[0], -1), k.view(k.shape[0], -1), head_dim, rope.cos_sin_cache, is_neox=True
+        rope.positions,
+        q.view(q.shape[0], -1),
+        k.view(k.shape[0], -1),
+        head_dim,
+        rope.cos_sin_cache,
+        is_neox=True,
     )

@@ -32,18 +32,35 @@ class NativeDecoder:
         for i, layer in enumerate(decoder.layers):
             sa, mlp = layer.self_attn, layer.mlp
             self.layers[i] = LayerStruct(
-                layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                layer.input_layernorm.weight.data_ptr(),
+                layer.post_attention_layernorm.weight.data_ptr(),
                 sa.q_norm.weight.data_ptr() if sa.q_norm is not None else None,
                 sa.k_norm.weight.data_ptr() if sa.k_norm is not None else None,
-                *(p.quant.describe(p.bias) for p in (sa.qkv_proj, sa.o_proj, mlp.gate_up_proj, mlp.down_proj)), None, None)
+                *(
+                    p.quant.describe(p.bias)
+                    for p in (sa.qkv_proj, sa.o_proj, mlp.gate_up_proj, mlp.down_proj)
+                ),
+                None,
+                None,
+            )
         self._cache_ptr = None
         self._point_at_cache()
         config = model.config
-        self.model = ModelStruct(len(decoder.layers), config.hidden_size, first.num_heads, first.num_kv_heads,
-                                 first.head_dim, config.intermediate_size, config.max_context_len + 1,
-                                 decoder.norm.eps, first.head_dim ** -0.5,
-                                 self.layers, decoder.norm.weight.data_ptr(), None,
-                                 KV_TYPES[str(kv_pool.dtype).removeprefix("torch.")])
+        self.model = ModelStruct(
+            len(decoder.layers),
+            config.hidden_size,
+            first.num_heads,
+            first.num_kv_heads,
+            first.head_dim,
+            config.intermediate_size,
+            config.max_context_len + 1,
+            decoder.norm.eps,
+            first.head_dim**-0.5,
+            self.layers,
+            decoder.norm.weight.data_ptr(),
+            None,
+            KV_TYPES[str(kv_pool.dtype).removeprefix("torch.")],
+        )
         self.work = torch.empty(lib.decode_work_floats(ctypes.byref(self.model)))
         self.model.work = self.work.data_ptr()
         self.cos, self.sin = decoder.rotary.cos, decoder.rotary.sin  # [positions, head_dim] float32
@@ -63,13 +80,21 @@ class NativeDecoder:
         """``hidden``: the token's embedding [1, dim] float32; ``slots``: the request's cache slots
         (int64, contiguous, its own last); returns the final norm's output."""
         if not self.fits(slots):
-            raise ValueError(f"{slots.shape[0]} cached tokens exceed the decode workspace ({self.model.max_len})")
+            raise ValueError(
+                f"{slots.shape[0]} cached tokens exceed the decode workspace ({self.model.max_len})"
+            )
         if self.kv_pool.k_cache[0].data_ptr() != self._cache_ptr:
             self._point_at_cache()
         hidden = hidden.contiguous().clone() if hidden.dtype == torch.float32 else hidden.float()
         row = self.head_dim * 4 * position
-        self.lib.decode_step(ctypes.byref(self.model), hidden.data_ptr(), slots.data_ptr(), slots.shape[0],
-                             self.cos.data_ptr() + row, self.sin.data_ptr() + row)
+        self.lib.decode_step(
+            ctypes.byref(self.model),
+            hidden.data_ptr(),
+            slots.data_ptr(),
+            slots.shape[0],
+            self.cos.data_ptr() + row,
+            self.sin.data_ptr() + row,
+        )
         return hidden
 
 
@@ -79,12 +104,25 @@ def enable_native_decode(model, kv_pool: KVPool) -> bool:
     batch-1 decode stays torch ops."""
     lib = native_kernels()
     decoder = model.model
-    projections = [p for layer in decoder.layers for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                             layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-    if (lib is None or get_tp().size > 1 or not all(isinstance(p.quant, NativeWeight) for p in projections)
-            or str(kv_pool.dtype).removeprefix("torch.") not in KV_TYPES or decoder.norm.weight.dtype != torch.float32
-            or decoder.rotary.cos.dtype != torch.float32 or decoder.layers[0].self_attn.head_dim % 16):
+    projections = [
+        p
+        for layer in decoder.layers
+        for p in (
+            layer.self_attn.qkv_proj,
+            layer.self_attn.o_proj,
+            layer.mlp.gate_up_proj,
+            layer.mlp.down_proj,
+        )
+    ]
+    if (
+        lib is None
+        or get_tp().size > 1
+        or not all(isinstance(p.quant, NativeWeight) for p in projections)
+        or str(kv_pool.dtype).removeprefix("torch.") not in KV_TYPES
+        or decoder.norm.weight.dtype != torch.float32
+        or decoder.rotary.cos.dtype != torch.float32
+        or decoder.layers[0].self_attn.head_dim % 16
+    ):
         return False
     decoder.native_decoder = NativeDecoder(model, kv_pool, lib)
     return True
-

@@ -69,15 +69,27 @@ class MLP(nn.Module):
         super().__init__()
         tp = get_tp()
         local = tp.split(intermediate_size, "MLP intermediate features")
-        self.gate_up_proj = MergedLinear(hidden_size, [local] * 2, ("gate", "up"), shard_parts=[tp.rank] * 2)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, all_reduce_buffer=1)  # attention's uses 0
+        self.gate_up_proj = MergedLinear(
+            hidden_size, [local] * 2, ("gate", "up"), shard_parts=[tp.rank] * 2
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, all_reduce_buffer=1
+        )  # attention's uses 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1 and self.gemv_plan[0]:
             from ..kernels.triton_kernels import gemv
 
-            return self.down_proj(gemv(x, self.gate_up_proj.weight, silu_mul=True, block_n=self.gemv_plan[0],
-                                       per_sm=self.gemv_plan[1], pdl=self.gemv_pdl))
+            return self.down_proj(
+                gemv(
+                    x,
+                    self.gate_up_proj.weight,
+                    silu_mul=True,
+                    block_n=self.gemv_plan[0],
+                    per_sm=self.gemv_plan[1],
+                    pdl=self.gemv_pdl,
+                )
+            )
         if 0 < x.shape[0] <= self.fused_max_rows:
             from ..kernels.triton_kernels import skinny_matmul
 
@@ -125,19 +137,39 @@ class DecoderLayer(nn.Module):
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
-    def _forward_one_row(self, rope, hidden, residual, batch, attn) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward_one_row(
+        self, rope, hidden, residual, batch, attn
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer with its two norms inside the products that follow them: two kernels
         fewer per layer at batch 1."""
         from ..kernels.triton_kernels import add_norm_gemv
 
         qkv_proj, mlp = self.self_attn.qkv_proj, self.mlp
         norm = self.input_layernorm
-        qkv, residual = add_norm_gemv(hidden, residual, norm.weight, norm.eps, qkv_proj.weight, qkv_proj.bias,
-                                      block_n=qkv_proj.gemv_plan[0], per_sm=qkv_proj.gemv_plan[1], pdl=qkv_proj.gemv_pdl)
+        qkv, residual = add_norm_gemv(
+            hidden,
+            residual,
+            norm.weight,
+            norm.eps,
+            qkv_proj.weight,
+            qkv_proj.bias,
+            block_n=qkv_proj.gemv_plan[0],
+            per_sm=qkv_proj.gemv_plan[1],
+            pdl=qkv_proj.gemv_pdl,
+        )
         hidden = self.self_attn.attend_qkv(qkv, rope, batch, attn)
         norm = self.post_attention_layernorm
-        act, residual = add_norm_gemv(hidden, residual, norm.weight, norm.eps, mlp.gate_up_proj.weight, silu_mul=True,
-                                      block_n=mlp.gemv_plan[0], per_sm=mlp.gemv_plan[1], pdl=mlp.gemv_pdl)
+        act, residual = add_norm_gemv(
+            hidden,
+            residual,
+            norm.weight,
+            norm.eps,
+            mlp.gate_up_proj.weight,
+            silu_mul=True,
+            block_n=mlp.gemv_plan[0],
+            per_sm=mlp.gemv_plan[1],
+            pdl=mlp.gemv_pdl,
+        )
         return mlp.down_proj(act), residual
 
 
@@ -145,7 +177,9 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_context_len, config.rope_theta, config.rope_scaling, dtype)
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.max_context_len, config.rope_theta, config.rope_scaling, dtype
+        )
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # CPU with the C kernels' weights: batch-1 decode runs every layer in one C call
@@ -200,7 +234,9 @@ class CausalLM(nn.Module):
         the embedding keeps its blocks for lookups)."""
         return self.tied_lm_head_packed if self.lm_head is None else self.lm_head.quant
 
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend, logits_out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, batch: ForwardBatch, attn: AttentionBackend, logits_out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``logits_out``: a float32 [rows, vocab] buffer to write the logits into (a CUDA
         graph's output); the result is that buffer when it could be written directly."""
         hidden = self.model(batch, attn)
@@ -213,7 +249,9 @@ class CausalLM(nn.Module):
             return logits if logits_out is None else logits_out.copy_(logits)
         if get_tp().size > 1:
             # each rank has its vocabulary block's logits: gather them (dropping the padding rows)
-            logits = all_gather_last_dim(float32_logits(hidden, self.lm_head_weight))[:, : self.config.vocab_size]
+            logits = all_gather_last_dim(float32_logits(hidden, self.lm_head_weight))[
+                :, : self.config.vocab_size
+            ]
             return logits if logits_out is None else logits_out.copy_(logits)
         return float32_logits(hidden, self.lm_head_weight, logits_out)
 
@@ -226,11 +264,17 @@ class CausalLM(nn.Module):
             return logits
         table = self.model.embed_tokens
         top = logits.topk(min(REFINED_LOGITS, logits.shape[1]), dim=-1).indices
-        rows = table.quant_rows.lookup(top, torch.float32) if table.quant_rows is not None else table.weight[top].float()
+        rows = (
+            table.quant_rows.lookup(top, torch.float32)
+            if table.quant_rows is not None
+            else table.weight[top].float()
+        )
         exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, top, exact)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | GGUFTensor]], keep_quantized: bool = False) -> None:
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor | GGUFTensor]], keep_quantized: bool = False
+    ) -> None:
         """Copy checkpoint tensors into our parameters (casting dtype); every parameter must be
         filled exactly once, so a truncated or mismatched checkpoint fails loudly.
 
@@ -238,8 +282,14 @@ class CausalLM(nn.Module):
         the packed kernels once all parts of each merged matrix are in."""
         quantized: dict[str, dict[str | int | None, GGUFTensor]] = {}
         params = dict(self.named_parameters())
-        missing = {(name, shard) for name, mod in self.named_modules() for shard in getattr(mod, "shards", {})}
-        missing = {(f"{n}.{p}", s) for n, s in missing for p in ("weight", "bias") if f"{n}.{p}" in params}
+        missing = {
+            (name, shard)
+            for name, mod in self.named_modules()
+            for shard in getattr(mod, "shards", {})
+        }
+        missing = {
+            (f"{n}.{p}", s) for n, s in missing for p in ("weight", "bias") if f"{n}.{p}" in params
+        }
         missing |= {(name, None) for name, p in params.items() if not hasattr(p, "weight_loader")}
         for name, tensor in weights:
             if "rotary_emb" in name:
@@ -253,7 +303,9 @@ class CausalLM(nn.Module):
                     break
             param = params.get(name)
             if param is None:
-                raise WeightsError(f"checkpoint tensor {name!r} has no place in a {self.config.model_type} model")
+                raise WeightsError(
+                    f"checkpoint tensor {name!r} has no place in a {self.config.model_type} model"
+                )
             if isinstance(tensor, GGUFTensor):
                 if keep_quantized and name.endswith(".weight"):
                     quantized.setdefault(name.removesuffix(".weight"), {})[shard_id] = tensor
@@ -264,7 +316,9 @@ class CausalLM(nn.Module):
             try:
                 loader(param, tensor, shard_id)  # the loader casts (and reads a lazy slice)
             except ValueError as exc:
-                raise WeightsError(f"checkpoint tensor {name!r} does not fit the config: {exc}") from None
+                raise WeightsError(
+                    f"checkpoint tensor {name!r} does not fit the config: {exc}"
+                ) from None
             missing.discard((name, shard_id))
         if missing:
             name, shard = sorted(missing, key=str)[0]
@@ -273,24 +327,36 @@ class CausalLM(nn.Module):
         for module_name, parts in quantized.items():
             self._install_quantized(module_name, parts)
 
-    def _install_quantized(self, module_name: str, parts: dict[str | int | None, GGUFTensor]) -> None:
+    def _install_quantized(
+        self, module_name: str, parts: dict[str | int | None, GGUFTensor]
+    ) -> None:
         module = self.get_submodule(module_name)
         if isinstance(module, Embedding):
             (table,) = parts.values()
             if table.shape != tuple(module.weight.shape):
-                raise WeightsError(f"checkpoint tensor {module_name}.weight {table.shape} does not fit the config")
+                raise WeightsError(
+                    f"checkpoint tensor {module_name}.weight {table.shape} does not fit the config"
+                )
             if self.lm_head is None:  # tied: the LM head multiplies by the same table
-                self.tied_lm_head_packed = pack_weight(planes_of(table.raw, table.qtype, table.shape))
-            if isinstance(self.tied_lm_head_packed, NativeWeight):  # one copy: lookups read the head's codes
+                self.tied_lm_head_packed = pack_weight(
+                    planes_of(table.raw, table.qtype, table.shape)
+                )
+            if isinstance(
+                self.tied_lm_head_packed, NativeWeight
+            ):  # one copy: lookups read the head's codes
                 module.quant_rows = NativeRows(self.tied_lm_head_packed)
             else:  # the file's blocks, copied out of the file's mapping
                 module.quant_rows = QuantizedRows(table.raw.clone(), table.qtype, table.shape[1])
             module.weight = drop_weight(module.weight)
             return
         order = list(getattr(module, "shards", {None: None}))
-        planes = stack_rows([planes_of(parts[key].raw, parts[key].qtype, parts[key].shape) for key in order])
+        planes = stack_rows(
+            [planes_of(parts[key].raw, parts[key].qtype, parts[key].shape) for key in order]
+        )
         if planes.codes.shape[1:] != tuple(module.weight.shape):
-            raise WeightsError(f"checkpoint tensor {module_name}.weight {tuple(planes.codes.shape[1:])} does not fit the config")
+            raise WeightsError(
+                f"checkpoint tensor {module_name}.weight {tuple(planes.codes.shape[1:])} does not fit the config"
+            )
         module.quant = pack_weight(planes)
         module.weight = drop_weight(module.weight)
 
@@ -302,4 +368,6 @@ class CausalLM(nn.Module):
                 module.quant = pack_weight(quantize_float(module.weight.data, kind))
                 module.weight = drop_weight(module.weight)
         if self.lm_head is None and self.config.hidden_size % GROUP == 0:
-            self.tied_lm_head_packed = pack_weight(quantize_float(self.model.embed_tokens.weight.data, kind))
+            self.tied_lm_head_packed = pack_weight(
+                quantize_float(self.model.embed_tokens.weight.data, kind)
+            )

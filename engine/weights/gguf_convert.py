@@ -126,13 +126,16 @@ def _write_folder(gguf_path: Path, out: Path, progress: bool, bars: type | None)
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except Exception as exc:  # transformers raises many kinds for unsupported/corrupt GGUF
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ModelSourceError(f"could not read GGUF file {gguf_path} with transformers "
-                               f"({type(exc).__name__}: {first}); use a GGUF of a supported "
-                               "architecture or a Hugging Face folder") from exc
+        raise ModelSourceError(
+            f"could not read GGUF file {gguf_path} with transformers "
+            f"({type(exc).__name__}: {first}); use a GGUF of a supported "
+            "architecture or a Hugging Face folder"
+        ) from exc
 
     config = _plain_config(hf_config)
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n",
-                                     encoding="utf-8")
+    (out / "config.json").write_text(
+        json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     tokenizer.save_pretrained(str(out))
     _portable_tokenizer_class(out / "tokenizer_config.json")
     generation = GenerationConfig.from_model_config(hf_config)
@@ -140,7 +143,9 @@ def _write_folder(gguf_path: Path, out: Path, progress: bool, bars: type | None)
     _place_gguf(gguf_path, out / GGUF_WEIGHTS)
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, bars: type | None = None) -> Path:
+def convert_gguf(
+    gguf_path: Path, out_dir: Path, progress: bool = True, bars: type | None = None
+) -> Path:
     """Dequantise ``gguf_path`` into ``out_dir`` once; later calls return at once.
 
     The folder is built in a temporary sibling and renamed into place, so an interrupted run never
@@ -163,7 +168,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, bars: ty
             start = time.monotonic()
             log.info("converting %s into %s (one time only)", gguf_path, out_dir)
             _write_folder(gguf_path, tmp, progress, bars)
-            marker = {"layout": LAYOUT, "source": gguf_path.name, "seconds": round(time.monotonic() - start, 1)}
+            marker = {
+                "layout": LAYOUT,
+                "source": gguf_path.name,
+                "seconds": round(time.monotonic() - start, 1),
+            }
             (tmp / COMPLETE_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
             if out_dir.exists():  # an incomplete folder from elsewhere; never used as is
                 shutil.rmtree(out_dir)

@@ -63,16 +63,22 @@ class GGUFTensor:
     def narrow(self, dim: int, start: int, length: int) -> GGUFTensor:
         """Rows ``start`` to ``start + length`` (only whole rows can be cut from blocks)."""
         if dim != 0:
-            raise WeightsError("a quantized GGUF tensor can only be split by rows; use --quantization none")
+            raise WeightsError(
+                "a quantized GGUF tensor can only be split by rows; use --quantization none"
+            )
         return GGUFTensor(self.raw.narrow(0, start, length), self.qtype, (length, self.shape[1]))
 
 
-def dequantize_gguf(raw: np.ndarray | torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
+def dequantize_gguf(
+    raw: np.ndarray | torch.Tensor, qtype: int, shape: tuple[int, int]
+) -> torch.Tensor:
     """float32 weights of GGUF blocks, by the ``gguf`` package's own decoder."""
     from gguf.quants import dequantize
 
     data = raw.numpy() if isinstance(raw, torch.Tensor) else raw
-    return torch.from_numpy(np.ascontiguousarray(dequantize(data, qtype), dtype=np.float32)).reshape(shape)
+    return torch.from_numpy(
+        np.ascontiguousarray(dequantize(data, qtype), dtype=np.float32)
+    ).reshape(shape)
 
 
 def hf_name(name: str) -> str | None:

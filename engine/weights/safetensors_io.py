@@ -22,8 +22,17 @@ INDEX_FILE = "model.safetensors.index.json"
 # Stored dtype names (safetensors header) -> bytes per element; floating types are the ones a
 # load-time dtype cast applies to.
 _FLOAT_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
-_OTHER_SIZES = {"I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1}
+_OTHER_SIZES = {
+    "I64": 8,
+    "U64": 8,
+    "I32": 4,
+    "U32": 4,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -37,25 +46,32 @@ def weight_files(model_dir: Path) -> list[Path]:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             names = list(dict.fromkeys(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise WeightsError(f"{index} is not a valid safetensors index ({type(exc).__name__}); "
-                               "download the model again") from exc
+            raise WeightsError(
+                f"{index} is not a valid safetensors index ({type(exc).__name__}); "
+                "download the model again"
+            ) from exc
         files = [model_dir / name for name in names]
         for file in files:
             if not file.is_file():
-                raise WeightsError(f"shard {file} listed in {index.name} is missing; "
-                                   "download the model again")
+                raise WeightsError(
+                    f"shard {file} listed in {index.name} is missing; download the model again"
+                )
         return files
     single = model_dir / SINGLE_FILE
     if single.is_file():
         return [single]
-    raise WeightsError(f"no {SINGLE_FILE} or {INDEX_FILE} in {model_dir}; "
-                       "the model needs weights in safetensors format")
+    raise WeightsError(
+        f"no {SINGLE_FILE} or {INDEX_FILE} in {model_dir}; "
+        "the model needs weights in safetensors format"
+    )
 
 
 def _corrupt(file: Path, exc: BaseException) -> WeightsError:
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return WeightsError(f"cannot read weights file {file} ({reason}); it is probably truncated "
-                        "or corrupt, download the model again")
+    return WeightsError(
+        f"cannot read weights file {file} ({reason}); it is probably truncated "
+        "or corrupt, download the model again"
+    )
 
 
 class LazySlice:
@@ -63,7 +79,9 @@ class LazySlice:
     block from the file: a tensor-parallel rank loads its own slice of each weight, not the
     whole model."""
 
-    def __init__(self, file: Path, handle, shape: tuple[int, ...], index: tuple[slice, ...] | None = None) -> None:
+    def __init__(
+        self, file: Path, handle, shape: tuple[int, ...], index: tuple[slice, ...] | None = None
+    ) -> None:
         self.file = file
         self._handle = handle
         self.shape = torch.Size(shape)
@@ -95,7 +113,9 @@ def read_tensor(loaded: torch.Tensor | LazySlice) -> torch.Tensor:
     return loaded.read() if isinstance(loaded, LazySlice) else loaded
 
 
-def iter_safetensors(model_dir: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor | LazySlice]]:
+def iter_safetensors(
+    model_dir: Path, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | LazySlice]]:
     """Yield ``(name, tensor)`` for every stored tensor, opening each shard once; ``lazy``
     yields :class:`LazySlice` handles instead, valid until the next item."""
     for file in weight_files(model_dir):
@@ -126,7 +146,9 @@ def _read_header(file: Path) -> dict:
         raise _corrupt(file, exc) from exc
 
 
-def weights_nbytes(model_dir: Path, dtype: torch.dtype | None, keep_gguf_blocks: bool = False) -> int:
+def weights_nbytes(
+    model_dir: Path, dtype: torch.dtype | None, keep_gguf_blocks: bool = False
+) -> int:
     """Bytes the weights take once floating tensors are cast to ``dtype`` (None: as stored); a
     GGUF folder's quantized blocks as stored when ``keep_gguf_blocks`` (the CPU's packed path).
 

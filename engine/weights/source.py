@@ -36,8 +36,10 @@ def _from_gguf(model: str, progress: bool, bars: type | None) -> Path:
 
 def _from_folder(folder: Path, model: str) -> Path:
     if not (folder / "config.json").is_file():
-        raise ModelSourceError(f"{model} is not a Hugging Face model folder (no config.json); "
-                               "pass a folder with config.json and safetensors weights")
+        raise ModelSourceError(
+            f"{model} is not a Hugging Face model folder (no config.json); "
+            "pass a folder with config.json and safetensors weights"
+        )
     return folder.resolve()
 
 
@@ -94,39 +96,56 @@ def _download(repo_id: str, progress: bool, bars: type | None) -> Path:
         with _hub_progress(progress):
             return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, tqdm_class=bars))
     except HFValidationError as exc:
-        raise ModelSourceError(f"{repo_id!r} is neither an existing path nor a valid Hugging Face "
-                               "model id (org/name); check the spelling") from exc
+        raise ModelSourceError(
+            f"{repo_id!r} is neither an existing path nor a valid Hugging Face "
+            "model id (org/name); check the spelling"
+        ) from exc
     except GatedRepoError as exc:
-        raise ModelSourceError(f"model {repo_id!r} is gated on the Hugging Face Hub; accept its "
-                               "terms on huggingface.co and log in with `hf auth login`") from exc
+        raise ModelSourceError(
+            f"model {repo_id!r} is gated on the Hugging Face Hub; accept its "
+            "terms on huggingface.co and log in with `hf auth login`"
+        ) from exc
     except RepositoryNotFoundError as exc:
-        raise ModelSourceError(f"model {repo_id!r} was not found on the Hugging Face Hub (or is "
-                               "private); check the id or log in with `hf auth login`") from exc
+        raise ModelSourceError(
+            f"model {repo_id!r} was not found on the Hugging Face Hub (or is "
+            "private); check the id or log in with `hf auth login`"
+        ) from exc
     except RevisionNotFoundError as exc:
-        raise ModelSourceError(f"model {repo_id!r} has no such revision on the Hugging Face Hub; "
-                               "check the id") from exc
+        raise ModelSourceError(
+            f"model {repo_id!r} has no such revision on the Hugging Face Hub; check the id"
+        ) from exc
     except IncompleteSnapshotError as exc:
-        raise ModelSourceError(f"the cached copy of model {repo_id!r} (HF_HUB_CACHE={cache}) is "
-                               "incomplete and the hub cannot be reached; finish the download "
-                               "with network access or pass a local folder") from exc
+        raise ModelSourceError(
+            f"the cached copy of model {repo_id!r} (HF_HUB_CACHE={cache}) is "
+            "incomplete and the hub cannot be reached; finish the download "
+            "with network access or pass a local folder"
+        ) from exc
     except LocalEntryNotFoundError as exc:
-        raise ModelSourceError(f"model {repo_id!r} is not in the Hugging Face cache "
-                               f"(HF_HUB_CACHE={cache}) and the hub cannot be reached; download "
-                               "it once with network access or pass a local folder") from exc
+        raise ModelSourceError(
+            f"model {repo_id!r} is not in the Hugging Face cache "
+            f"(HF_HUB_CACHE={cache}) and the hub cannot be reached; download "
+            "it once with network access or pass a local folder"
+        ) from exc
     except (HfHubHTTPError, *_network_errors()) as exc:
-        raise ModelSourceError(f"downloading model {repo_id!r} from the Hugging Face Hub failed "
-                               f"({type(exc).__name__}: {_first_line(exc)}); check the network "
-                               "and disk space, or pass a local folder") from exc
+        raise ModelSourceError(
+            f"downloading model {repo_id!r} from the Hugging Face Hub failed "
+            f"({type(exc).__name__}: {_first_line(exc)}); check the network "
+            "and disk space, or pass a local folder"
+        ) from exc
 
 
 def _from_hub(repo_id: str, progress: bool, bars: type | None) -> Path:
     folder = _download(repo_id, progress, bars)
     if not (folder / "config.json").is_file():
-        raise ModelSourceError(f"model {repo_id!r} has no config.json (a GGUF-only repository?); "
-                               "download its .gguf file and pass that path instead")
+        raise ModelSourceError(
+            f"model {repo_id!r} has no config.json (a GGUF-only repository?); "
+            "download its .gguf file and pass that path instead"
+        )
     if not ((folder / SINGLE_FILE).is_file() or (folder / INDEX_FILE).is_file()):
-        raise ModelSourceError(f"model {repo_id!r} has no safetensors weights; pick a repository "
-                               "that ships model.safetensors")
+        raise ModelSourceError(
+            f"model {repo_id!r} has no safetensors weights; pick a repository "
+            "that ships model.safetensors"
+        )
     return folder
 
 
@@ -144,8 +163,10 @@ def resolve_model(model: str | None, *, progress: bool = True, bars: type | None
     if path.is_dir():
         return _from_folder(path, model)
     if path.exists():
-        raise ModelSourceError(f"{model} is a file, not a model folder or .gguf file; pass a "
-                               "Hugging Face folder, a .gguf file or a hub id")
+        raise ModelSourceError(
+            f"{model} is a file, not a model folder or .gguf file; pass a "
+            "Hugging Face folder, a .gguf file or a hub id"
+        )
     if model.startswith(_PATH_PREFIXES) or model in (".", ".."):
         raise ModelSourceError(f"model path {model} does not exist; check the path")
     return _from_hub(model, progress, bars)

@@ -43,7 +43,9 @@ class Detokenizer:
             return None, False
         state = self.states.get(msg.uid)
         if state is None:
-            state = self.states[msg.uid] = DecodeState(stop=list(msg.stop or []), prompt_tokens=msg.prompt_tokens)
+            state = self.states[msg.uid] = DecodeState(
+                stop=list(msg.stop or []), prompt_tokens=msg.prompt_tokens
+            )
         new_text = state.push(self.tokenizer, msg.next_token) if msg.next_token is not None else ""
         if msg.finished:
             new_text += state.flush(self.tokenizer)
@@ -51,9 +53,17 @@ class Detokenizer:
         finished = msg.finished or hit_stop
         reason = "stop" if hit_stop else msg.finish_reason
         reply = UserReply(
-            msg.uid, text, finished=finished, finish_reason=reason if finished else None, error=msg.error,
-            prompt_tokens=state.prompt_tokens, completion_tokens=len(state.ids), logprobs=self._logprobs(msg),
-            prompt_logprobs=None if msg.prompt_logprobs is None else [self._entry(*entry) for entry in msg.prompt_logprobs],
+            msg.uid,
+            text,
+            finished=finished,
+            finish_reason=reason if finished else None,
+            error=msg.error,
+            prompt_tokens=state.prompt_tokens,
+            completion_tokens=len(state.ids),
+            logprobs=self._logprobs(msg),
+            prompt_logprobs=None
+            if msg.prompt_logprobs is None
+            else [self._entry(*entry) for entry in msg.prompt_logprobs],
         )
         if finished:
             del self.states[msg.uid]
@@ -69,7 +79,9 @@ class Detokenizer:
             return None
         return [self._entry(msg.next_token, msg.logprob, msg.top_logprobs or [])]
 
-    def _entry(self, token: int, logprob: float | None, top: list[tuple[int, float]]) -> LogprobEntry:
+    def _entry(
+        self, token: int, logprob: float | None, top: list[tuple[int, float]]
+    ) -> LogprobEntry:
         alternatives = [LogprobEntry(*self.token_bytes.get(t), lp) for t, lp in top]
         return LogprobEntry(*self.token_bytes.get(token), logprob, alternatives)
 

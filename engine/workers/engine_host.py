@@ -27,7 +27,9 @@ from .launcher import EngineProcesses
 logger = logging.getLogger("minisgl.server")
 
 DRAIN_S = 0.2  # after the old workers stop: time for their last messages to reach the front end
-ERROR_REPORT_WAIT_S = 1.0  # how long a worker's exit waits for its start-up error report (usually ms)
+ERROR_REPORT_WAIT_S = (
+    1.0  # how long a worker's exit waits for its start-up error report (usually ms)
+)
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,15 @@ class PreparedModel:
 
 
 class EngineHost:
-    def __init__(self, config: EngineConfig, paths: SocketPaths, client: FrontendClient, log_level: int,
-                 fail: Callable[[int, str], None], prepare: Callable[[EngineConfig], tuple]) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        paths: SocketPaths,
+        client: FrontendClient,
+        log_level: int,
+        fail: Callable[[int, str], None],
+        prepare: Callable[[EngineConfig], tuple],
+    ) -> None:
         """``fail(code, message)`` ends the server; ``prepare(config)`` is server.prepare_model."""
         self.config = config
         self.paths = paths
@@ -54,7 +63,9 @@ class EngineHost:
         self.serving: PreparedModel | None = None  # the model the workers run (or load)
         self.switching = False
         self.failure: str | None = None  # why the workers of a switch failed to start
-        self.gave_up: asyncio.Event | None = None  # set (on the loop) with ``failure``, or when stopping
+        self.gave_up: asyncio.Event | None = (
+            None  # set (on the loop) with ``failure``, or when stopping
+        )
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop a switch runs on
         self.stopping = False
         self.lock = threading.Lock()
@@ -93,7 +104,13 @@ class EngineHost:
         with self.lock:
             if self.stopping:
                 return
-            procs = EngineProcesses(prepared.config, self.paths, prepared.tokenizer_path, prepared.max_context_len, self.log_level)
+            procs = EngineProcesses(
+                prepared.config,
+                self.paths,
+                prepared.tokenizer_path,
+                prepared.max_context_len,
+                self.log_level,
+            )
             procs.start(lambda name, code: self.on_exit(procs, name, code))
             self.procs, self.serving = procs, prepared
         logger.info("starting %d workers for %s ...", len(procs.names), prepared.name)
@@ -104,7 +121,9 @@ class EngineHost:
         if procs is not self.procs:
             return  # a generation already stopped
         error = self.client.startup_errors.get(name)
-        if error is None and self.client.error_reported.wait(ERROR_REPORT_WAIT_S):  # its report may still be on the way
+        if error is None and self.client.error_reported.wait(
+            ERROR_REPORT_WAIT_S
+        ):  # its report may still be on the way
             error = self.client.startup_errors.get(name)
         if self.switching and not self.client.ready:
             self.give_up(error or f"{name} exited (exit code {code})")
@@ -144,11 +163,16 @@ class EngineHost:
             if error is None:
                 logger.info("now serving %s", prepared.name)
                 return
-            logger.error("%s failed to start: %s; starting %s again", prepared.name, error, previous.name)
+            logger.error(
+                "%s failed to start: %s; starting %s again", prepared.name, error, previous.name
+            )
             await self.restart(previous, "")
             again = await self.wait_ready()
             if again is not None:
-                self.fail(1, f"{previous.name} failed to start again after {prepared.name} failed: {again}")
+                self.fail(
+                    1,
+                    f"{previous.name} failed to start again after {prepared.name} failed: {again}",
+                )
             raise UserError(f"{prepared.name} could not be loaded: {error}")
         finally:
             self.switching = False
@@ -202,12 +226,22 @@ def check_weights(prepared: PreparedModel) -> None:
     if device.type == "cpu":
         import torch
 
-        dtype = torch.float32 if prepared.config.dtype == "auto" else getattr(torch, prepared.config.dtype, None)
+        dtype = (
+            torch.float32
+            if prepared.config.dtype == "auto"
+            else getattr(torch, prepared.config.dtype, None)
+        )
     # on CPU a GGUF's quantized blocks stay as they are
-    needed = weights_nbytes(folder, dtype, keep_gguf_blocks=device.type == "cpu" and prepared.config.quantization == "auto")
+    needed = weights_nbytes(
+        folder,
+        dtype,
+        keep_gguf_blocks=device.type == "cpu" and prepared.config.quantization == "auto",
+    )
     if device.type == "cpu":
         total = psutil.virtual_memory().total
         if needed > total:
             gib = 1 << 30
-            raise UserError(f"{prepared.name} needs {needed / gib:.1f} GiB of weights but this machine has "
-                            f"{total / gib:.1f} GiB of memory in all; pick a smaller model")
+            raise UserError(
+                f"{prepared.name} needs {needed / gib:.1f} GiB of weights but this machine has "
+                f"{total / gib:.1f} GiB of memory in all; pick a smaller model"
+            )

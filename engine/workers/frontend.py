@@ -54,7 +54,9 @@ class GenerateRequest:
     messages: list[dict] | None = None
     input_ids: list[int] | None = None
     chat_template_kwargs: dict | None = None
-    replica: int | None = None  # --dp: run it on this replica (the n choices of a prompt share one); None: routed
+    replica: int | None = (
+        None  # --dp: run it on this replica (the n choices of a prompt share one); None: routed
+    )
 
 
 async def wait_first(*events: asyncio.Event, timeout: float | None = None) -> None:
@@ -68,22 +70,34 @@ async def wait_first(*events: asyncio.Event, timeout: float | None = None) -> No
 
 
 class FrontendClient:
-    def __init__(self, paths: SocketPaths, model_name: str, expected_workers: list[str], routing: str = "prefix") -> None:
+    def __init__(
+        self,
+        paths: SocketPaths,
+        model_name: str,
+        expected_workers: list[str],
+        routing: str = "prefix",
+    ) -> None:
         """``expected_workers``: those that report ready, the first scheduler among them being
         replica 0's rank 0 (whose device and settings the page shows)."""
         self.paths = paths
         self.model_name = model_name
         self.expected_workers = set(expected_workers)
-        self.leader = next((w for w in expected_workers if w.endswith("-scheduler")), scheduler_name(0, 0))
+        self.leader = next(
+            (w for w in expected_workers if w.endswith("-scheduler")), scheduler_name(0, 0)
+        )
         self._ready = False
-        self.ready_event = asyncio.Event()  # set while ``ready`` (awaited by whoever waits for start-up)
+        self.ready_event = (
+            asyncio.Event()
+        )  # set while ``ready`` (awaited by whoever waits for start-up)
         self.phase = "starting"  # what start-up is doing, for the chat page
         self.switching = False  # the workers restart with another model (engine_host.py); new requests are refused
         self.switch_reason = ""
         self.tokenizer_path: str | None = None  # known once the model is resolved
         self.max_context_len: int | None = None
         self.replica_stats: dict[int, StatsMsg] = {}  # each replica's latest (one without --dp)
-        self.stats_arrived = asyncio.Event()  # set as each StatsMsg arrives (wait_for_stats clears it)
+        self.stats_arrived = (
+            asyncio.Event()
+        )  # set as each StatsMsg arrives (wait_for_stats clears it)
         self.routing = routing
         self.router = ReplicaRouter(paths.num_replicas, routing)
         self.worker_info: dict[str, dict] = {}
@@ -91,7 +105,9 @@ class FrontendClient:
         # set when a worker reports a start-up error: whoever saw that worker exit waits on it
         # for the report, which travels apart from the exit (engine_host.EngineHost.on_exit)
         self.error_reported = threading.Event()
-        self.pending: dict[int, asyncio.Queue[UserReply | None]] = {}  # None: the request was stopped
+        self.pending: dict[
+            int, asyncio.Queue[UserReply | None]
+        ] = {}  # None: the request was stopped
         self._uids = itertools.count(1)
         self._decoder = decoder(FrontendBatch)
         # Sends go through plain sockets: PUSH never blocks here, and an abort must be sendable
@@ -162,7 +178,9 @@ class FrontendClient:
         while self.stats is None or not done(self.stats):
             self.stats_arrived.clear()
             try:
-                await asyncio.wait_for(self.stats_arrived.wait(), deadline - asyncio.get_running_loop().time())
+                await asyncio.wait_for(
+                    self.stats_arrived.wait(), deadline - asyncio.get_running_loop().time()
+                )
             except asyncio.TimeoutError:
                 return self.stats is not None and done(self.stats)
         return True
@@ -193,9 +211,17 @@ class FrontendClient:
     def check_prompt_chars(self, req: GenerateRequest) -> None:
         """Refuse at once a prompt of more characters than the context could hold (the
         tokenizer checks it too): nothing of it is hashed, sent or tokenized."""
-        if self.max_context_len is not None and self.max_token_chars is not None and req.input_ids is None:
-            check_prompt_chars(prompt_chars(req.text, req.messages), self.max_context_len, self.max_token_chars,
-                               param="messages" if req.messages is not None else "prompt")
+        if (
+            self.max_context_len is not None
+            and self.max_token_chars is not None
+            and req.input_ids is None
+        ):
+            check_prompt_chars(
+                prompt_chars(req.text, req.messages),
+                self.max_context_len,
+                self.max_token_chars,
+                param="messages" if req.messages is not None else "prompt",
+            )
 
     @property
     def scheduler_info(self) -> dict:
@@ -234,7 +260,11 @@ class FrontendClient:
             logger.error("%s failed to start: %s", msg.worker, msg.error)
             return
         self.worker_info[msg.worker] = msg.info
-        logger.info("%s ready%s", msg.worker, f" ({', '.join(f'{k}={v}' for k, v in msg.info.items())})" if msg.info else "")
+        logger.info(
+            "%s ready%s",
+            msg.worker,
+            f" ({', '.join(f'{k}={v}' for k, v in msg.info.items())})" if msg.info else "",
+        )
         if self.expected_workers <= set(self.worker_info):
             self.ready = True
 
@@ -253,7 +283,9 @@ class FrontendClient:
         """End every waiting request with ``message`` (the engine is gone): their streams end
         with an error at once instead of hanging until the HTTP server's shutdown cancels them."""
         for uid, queue in list(self.pending.items()):
-            queue.put_nowait(UserReply(uid, "", finished=True, finish_reason="error", error=message))
+            queue.put_nowait(
+                UserReply(uid, "", finished=True, finish_reason="error", error=message)
+            )
 
     def _replica_for(self, req: GenerateRequest) -> int:
         """The replica a request goes to: the one it names, or the router's choice."""
@@ -261,23 +293,35 @@ class FrontendClient:
             return self.router.choose(prompt_blocks(req.text, req.messages, req.input_ids))
         if 0 <= req.replica < self.router.num_replicas:
             return req.replica
-        raise RequestError(f"replica {req.replica} does not exist (this server runs {self.router.num_replicas})")
+        raise RequestError(
+            f"replica {req.replica} does not exist (this server runs {self.router.num_replicas})"
+        )
 
-    async def generate(self, req: GenerateRequest, stop: asyncio.Event | None = None) -> AsyncIterator[UserReply]:
+    async def generate(
+        self, req: GenerateRequest, stop: asyncio.Event | None = None
+    ) -> AsyncIterator[UserReply]:
         """Yield the request's replies until it finishes. Setting ``stop`` (the chat's Stop
         button) ends the stream at once, even mid-prefill when no reply is due yet, and aborts
         the request in the engine, the same as abandoning the iterator."""
         self.check_prompt_chars(req)
         uid = next(self._uids)
         if self.switching:  # the workers are restarting: nothing would answer
-            yield UserReply(uid, "", finished=True, finish_reason="error", error=f"{self.switch_reason}; send it again once it is ready")
+            yield UserReply(
+                uid,
+                "",
+                finished=True,
+                finish_reason="error",
+                error=f"{self.switch_reason}; send it again once it is ready",
+            )
             return
         replica = self._replica_for(req)
         data = _encoded_tokenize(uid, req, replica)
         queue: asyncio.Queue[UserReply | None] = asyncio.Queue()
         self.pending[uid] = queue
         finished = False
-        stop_watch = asyncio.create_task(_put_none_when_set(stop, queue)) if stop is not None else None
+        stop_watch = (
+            asyncio.create_task(_put_none_when_set(stop, queue)) if stop is not None else None
+        )
         self.router.started(replica)
         try:
             self._send_raw(uid, data)
@@ -307,14 +351,25 @@ class FrontendClient:
 
 def _encoded_tokenize(uid: int, req: GenerateRequest, replica: int) -> bytes:
     """The request as the tokenizer's message, encoded; a request no message can hold is refused."""
-    msg = TokenizeMsg(uid, req.params, text=req.text, messages=req.messages, input_ids=req.input_ids,
-                      chat_template_kwargs=req.chat_template_kwargs, replica=replica)
+    msg = TokenizeMsg(
+        uid,
+        req.params,
+        text=req.text,
+        messages=req.messages,
+        input_ids=req.input_ids,
+        chat_template_kwargs=req.chat_template_kwargs,
+        replica=replica,
+    )
     try:  # JSON may carry lone surrogates ("\ud800") or integers beyond 64 bits: no message holds them
         return encode(TokenizerBatch([msg]))
     except UnicodeEncodeError:
-        raise RequestError("the request holds text that is not valid Unicode (a lone surrogate such as \\ud800)") from None
+        raise RequestError(
+            "the request holds text that is not valid Unicode (a lone surrogate such as \\ud800)"
+        ) from None
     except OverflowError:
-        raise RequestError("the request holds an integer outside the 64-bit range (seed, top_k or a token id)") from None
+        raise RequestError(
+            "the request holds an integer outside the 64-bit range (seed, top_k or a token id)"
+        ) from None
 
 
 async def _put_none_when_set(event: asyncio.Event, queue: asyncio.Queue) -> None:

@@ -51,7 +51,9 @@ def scheduler_name(replica: int, rank: int, dp: int = 1, tp: int = 1) -> str:
     (minisgl-DP{replica}-TP{rank}-scheduler when the replica has several ranks)."""
     if dp == 1:
         return f"minisgl-TP{rank}-scheduler"
-    return f"minisgl-DP{replica}-scheduler" if tp == 1 else f"minisgl-DP{replica}-TP{rank}-scheduler"
+    return (
+        f"minisgl-DP{replica}-scheduler" if tp == 1 else f"minisgl-DP{replica}-TP{rank}-scheduler"
+    )
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,11 @@ class Receiver:
         try:
             return self.decoder.decode(raw)
         except Exception as exc:  # msgspec.DecodeError, or a field's own check (SamplingParams)
-            logger.warning("dropped an invalid message (%d bytes): %s", len(raw), str(exc).splitlines()[0] if str(exc) else exc)
+            logger.warning(
+                "dropped an invalid message (%d bytes): %s",
+                len(raw),
+                str(exc).splitlines()[0] if str(exc) else exc,
+            )
         return None
 
     def recv_all(self, block: bool, timeout_ms: int | None = None) -> list:
@@ -136,5 +142,7 @@ def reporting_startup(worker: str, to_frontend: Sender | None) -> Iterator[None]
     except Exception as exc:
         logger.exception("%s failed to start", worker)
         if to_frontend is not None:
-            to_frontend.send(FrontendBatch([ReadyMsg(worker, error=f"{type(exc).__name__}: {exc}")]))
+            to_frontend.send(
+                FrontendBatch([ReadyMsg(worker, error=f"{type(exc).__name__}: {exc}")])
+            )
         sys.exit(1)

@@ -41,9 +41,11 @@ def free_port() -> int:
 def reporting_workers(num_tokenizers: int, dp: int = 1, tp: int = 1) -> list[str]:
     """The workers that report ready to the front end: every tokenizer, the detokenizer, and
     each replica's rank 0 (for its whole tensor-parallel group)."""
-    return [tokenizer_name(i) for i in range(num_tokenizers)] + [DETOKENIZER_NAME] + [
-        scheduler_name(replica, 0, dp, tp) for replica in range(dp)
-    ]
+    return (
+        [tokenizer_name(i) for i in range(num_tokenizers)]
+        + [DETOKENIZER_NAME]
+        + [scheduler_name(replica, 0, dp, tp) for replica in range(dp)]
+    )
 
 
 def worker_context() -> mp.context.BaseContext:
@@ -51,7 +53,9 @@ def worker_context() -> mp.context.BaseContext:
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["minisgl_engine.workers.worker_preload"])  # read when the server starts (the first worker)
+    ctx.set_forkserver_preload(
+        ["minisgl_engine.workers.worker_preload"]
+    )  # read when the server starts (the first worker)
     return ctx
 
 
@@ -70,21 +74,41 @@ class EngineProcesses:
         self.processes: dict[str, BaseProcess] = {}
         if paths is not None:
             for i in range(paths.num_tokenizers):
-                args = TokenizerWorkerArgs(i, paths, tokenizer_path, max_context_len, pid, log_level)
-                self.processes[tokenizer_name(i)] = ctx.Process(target=run_tokenizer_worker, args=(args,), daemon=True)
+                args = TokenizerWorkerArgs(
+                    i, paths, tokenizer_path, max_context_len, pid, log_level
+                )
+                self.processes[tokenizer_name(i)] = ctx.Process(
+                    target=run_tokenizer_worker, args=(args,), daemon=True
+                )
             self.processes[DETOKENIZER_NAME] = ctx.Process(
-                target=run_detokenizer_worker, args=(DetokenizerWorkerArgs(paths, tokenizer_path, pid, log_level),), daemon=True
+                target=run_detokenizer_worker,
+                args=(DetokenizerWorkerArgs(paths, tokenizer_path, pid, log_level),),
+                daemon=True,
             )
         per_node = config.tp // config.nnodes
-        for replica in range(config.dp):  # --dp: replicas share nothing but the front end; one machine
+        for replica in range(
+            config.dp
+        ):  # --dp: replicas share nothing but the front end; one machine
             # each replica's ranks meet at a rendezvous of their own: every replica is its own group
-            dist_init_addr = config.dist_init_addr or (f"127.0.0.1:{free_port()}" if config.tp > 1 else None)
+            dist_init_addr = config.dist_init_addr or (
+                f"127.0.0.1:{free_port()}" if config.tp > 1 else None
+            )
             for local_rank in range(per_node):
                 rank = config.node_rank * per_node + local_rank
-                args = SchedulerWorkerArgs(config, paths, rank, pid, log_level, dist_init_addr=dist_init_addr,
-                                           local_rank=replica * per_node + local_rank, replica=replica)
+                args = SchedulerWorkerArgs(
+                    config,
+                    paths,
+                    rank,
+                    pid,
+                    log_level,
+                    dist_init_addr=dist_init_addr,
+                    local_rank=replica * per_node + local_rank,
+                    replica=replica,
+                )
                 name = scheduler_name(replica, rank, config.dp, config.tp)
-                self.processes[name] = ctx.Process(target=run_scheduler_worker, args=(args,), daemon=True)
+                self.processes[name] = ctx.Process(
+                    target=run_scheduler_worker, args=(args,), daemon=True
+                )
         self._stopping = threading.Event()
 
     @property
@@ -94,7 +118,9 @@ class EngineProcesses:
     def start(self, on_exit: Callable[[str, int | None], None]) -> None:
         for proc in self.processes.values():
             proc.start()
-        threading.Thread(target=self._watch, args=(on_exit,), name="worker-watch", daemon=True).start()
+        threading.Thread(
+            target=self._watch, args=(on_exit,), name="worker-watch", daemon=True
+        ).start()
 
     def _watch(self, on_exit: Callable[[str, int | None], None]) -> None:
         by_sentinel = {proc.sentinel: name for name, proc in self.processes.items()}

@@ -31,25 +31,31 @@ MAX_REMEMBERED_BLOCKS = 200_000  # least recently used prefixes are forgotten be
 TOKENS_PER_REQUEST_IN_FLIGHT = 256
 
 
-def prompt_blocks(text: str | None, messages: list[dict[str, Any]] | None, input_ids: Sequence[int] | None) -> list:
+def prompt_blocks(
+    text: str | None, messages: list[dict[str, Any]] | None, input_ids: Sequence[int] | None
+) -> list:
     """A prompt cut into the blocks its prefixes are made of, in the order the model reads it:
     token ids by ``TOKEN_BLOCK``, text by ``TEXT_BLOCK`` characters, chat messages one by one
     (a long one in ``TEXT_BLOCK`` pieces), so that a chat's next turn, which repeats the
     earlier messages, shares their blocks. The last block may be short: the same prompt sent
     again (a regenerated reply) matches it whole."""
     if input_ids is not None:
-        return [tuple(input_ids[i:i + TOKEN_BLOCK]) for i in range(0, len(input_ids), TOKEN_BLOCK)]
+        return [
+            tuple(input_ids[i : i + TOKEN_BLOCK]) for i in range(0, len(input_ids), TOKEN_BLOCK)
+        ]
     if text is not None:
         return _pieces(text)
     blocks = []
     for message in messages or []:
         content = message.get("content")
-        blocks += _pieces(f"{message.get('role')}\x1f{content if isinstance(content, str) else repr(content)}\x1e")
+        blocks += _pieces(
+            f"{message.get('role')}\x1f{content if isinstance(content, str) else repr(content)}\x1e"
+        )
     return blocks
 
 
 def _pieces(text: str) -> list[str]:
-    return [text[i:i + TEXT_BLOCK] for i in range(0, len(text), TEXT_BLOCK)]
+    return [text[i : i + TEXT_BLOCK] for i in range(0, len(text), TEXT_BLOCK)]
 
 
 def prefix_hashes(blocks: list) -> list[int]:
@@ -64,14 +70,20 @@ def prefix_hashes(blocks: list) -> list[int]:
 class ReplicaRouter:
     """Chooses a replica per request and counts each replica's requests in flight."""
 
-    def __init__(self, num_replicas: int, policy: str = "prefix", max_blocks: int = MAX_REMEMBERED_BLOCKS) -> None:
+    def __init__(
+        self, num_replicas: int, policy: str = "prefix", max_blocks: int = MAX_REMEMBERED_BLOCKS
+    ) -> None:
         if policy not in ROUTING_POLICIES:
-            raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(ROUTING_POLICIES)}")
+            raise ValueError(
+                f"unknown routing policy {policy!r}; choose one of {', '.join(ROUTING_POLICIES)}"
+            )
         self.num_replicas = num_replicas
         self.policy = policy
         self.max_blocks = max_blocks
         self.in_flight = [0] * num_replicas
-        self.holders: OrderedDict[int, int] = OrderedDict()  # prefix hash -> bit mask of the replicas that got it
+        self.holders: OrderedDict[int, int] = (
+            OrderedDict()
+        )  # prefix hash -> bit mask of the replicas that got it
         self._turns = itertools.count()
 
     def choose(self, blocks: list) -> int:
@@ -84,7 +96,10 @@ class ReplicaRouter:
             return next(self._turns) % self.num_replicas
         hashes = prefix_hashes(blocks)
         cached = self.cached_tokens(blocks, hashes)
-        rank = {r: (cached[r] - TOKENS_PER_REQUEST_IN_FLIGHT * self.in_flight[r], -self.in_flight[r]) for r in range(self.num_replicas)}
+        rank = {
+            r: (cached[r] - TOKENS_PER_REQUEST_IN_FLIGHT * self.in_flight[r], -self.in_flight[r])
+            for r in range(self.num_replicas)
+        }
         best = max(rank.values())
         tied = [r for r in range(self.num_replicas) if rank[r] == best]
         # the turn moves only when it decides, so that new prompts alternate between idle replicas

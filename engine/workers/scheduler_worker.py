@@ -71,8 +71,14 @@ class SchedulerWorker:
     of a tensor-parallel group (receives, forwards what it received to the other ranks, sends),
     or another rank (takes rank 0's messages, sends nothing)."""
 
-    def __init__(self, scheduler: Scheduler, receiver: Receiver | None, to_detokenizer: Sender | None, to_frontend: Sender | None,
-                 replica: int = 0) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        receiver: Receiver | None,
+        to_detokenizer: Sender | None,
+        to_frontend: Sender | None,
+        replica: int = 0,
+    ) -> None:
         """Ranks other than 0 have no sockets (None)."""
         self.scheduler = scheduler
         self.replica = replica
@@ -106,7 +112,9 @@ class SchedulerWorker:
         ends here leaves with the turn's results (``Scheduler.ready_outputs``)."""
         sched = self.scheduler
         if isinstance(msg, AbortBackendMsg):
-            out = sched.abort_request(msg.uid, FinishReason.STOP if msg.stop else FinishReason.ABORT)
+            out = sched.abort_request(
+                msg.uid, FinishReason.STOP if msg.stop else FinishReason.ABORT
+            )
             if out is not None:
                 sched.ready_outputs.append(out)
             return
@@ -136,7 +144,9 @@ class SchedulerWorker:
             return self.receiver.recv_all(block=True)
         waited_s = 0.0
         for after_s, evict_cache in ((IDLE_RELEASE_S, False), (IDLE_CACHE_EVICT_S, True)):
-            batches = self.receiver.recv_all(block=True, timeout_ms=int((after_s - waited_s) * 1000))
+            batches = self.receiver.recv_all(
+                block=True, timeout_ms=int((after_s - waited_s) * 1000)
+            )
             if batches:
                 return batches
             waited_s = after_s
@@ -167,7 +177,9 @@ class SchedulerWorker:
         """Ranks other than 0: rank 0 sends the same results."""
 
     def to_detokenize(self, out: TokenOutput) -> DetokenizeMsg:
-        prompt_len = self.prompt_lens.pop(out.uid, 0) if out.finished else self.prompt_lens.get(out.uid, 0)
+        prompt_len = (
+            self.prompt_lens.pop(out.uid, 0) if out.finished else self.prompt_lens.get(out.uid, 0)
+        )
         stop = self.unsent_stops.pop(out.uid, None)
         return DetokenizeMsg(
             out.uid,
@@ -180,8 +192,12 @@ class SchedulerWorker:
             replica=self.replica,
             logprob=out.logprobs.logprob if out.logprobs is not None else None,
             top_logprobs=out.logprobs.top if out.logprobs is not None else None,
-            prompt_logprobs=None if out.prompt_logprobs is None else [
-                (token, None, []) if entry is None else (token, entry.logprob, entry.top) for token, entry in out.prompt_logprobs],
+            prompt_logprobs=None
+            if out.prompt_logprobs is None
+            else [
+                (token, None, []) if entry is None else (token, entry.logprob, entry.top)
+                for token, entry in out.prompt_logprobs
+            ],
         )
 
     def push_stats(self) -> None:
@@ -198,7 +214,8 @@ def check_ranks_agree(engine, scheduler: Scheduler) -> None:
     if tp.size == 1:
         return
     mine = {
-        "model": engine.model_config.__dict__ | {"rope_scaling": str(engine.model_config.rope_scaling)},
+        "model": engine.model_config.__dict__
+        | {"rope_scaling": str(engine.model_config.rope_scaling)},
         "dtype": str(engine.dtype),
         "page_size": engine.page_size,
         "kv_pages": engine.num_pages,
@@ -207,10 +224,14 @@ def check_ranks_agree(engine, scheduler: Scheduler) -> None:
         "cache": engine.config.cache,
         "overlap": scheduler.overlap,
     }
-    leader = msgspec.msgpack.decode(broadcast_bytes(msgspec.msgpack.encode(mine) if tp.rank == 0 else None))
+    leader = msgspec.msgpack.decode(
+        broadcast_bytes(msgspec.msgpack.encode(mine) if tp.rank == 0 else None)
+    )
     for key, value in msgspec.msgpack.decode(msgspec.msgpack.encode(mine)).items():
         if leader.get(key) != value:
-            raise UserError(f"tensor-parallel rank {tp.rank} disagrees with rank 0 on {key}: {value!r} vs {leader.get(key)!r}")
+            raise UserError(
+                f"tensor-parallel rank {tp.rank} disagrees with rank 0 on {key}: {value!r} vs {leader.get(key)!r}"
+            )
 
 
 def rank_device(config: EngineConfig, local_rank: int) -> str:
@@ -241,7 +262,9 @@ def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
         if config.tp > 1:
             from ..model_loader import resolve_device
 
-            init_tp(args.rank, config.tp, f"tcp://{args.dist_init_addr}", resolve_device(config.device))
+            init_tp(
+                args.rank, config.tp, f"tcp://{args.dist_init_addr}", resolve_device(config.device)
+            )
 
         def on_phase(phase: str) -> None:
             if leader and to_frontend is not None:
@@ -250,9 +273,13 @@ def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
         engine = Engine(config, on_phase=on_phase)
         scheduler = Scheduler(engine)
         check_ranks_agree(engine, scheduler)
-        receiver = Receiver(ctx, args.paths.scheduler(args.replica), BackendBatch) if leader else None
+        receiver = (
+            Receiver(ctx, args.paths.scheduler(args.replica), BackendBatch) if leader else None
+        )
     if leader:
-        worker = SchedulerWorker(scheduler, receiver, Sender(ctx, args.paths.detokenizer), to_frontend, args.replica)
+        worker = SchedulerWorker(
+            scheduler, receiver, Sender(ctx, args.paths.detokenizer), to_frontend, args.replica
+        )
         info = {
             "device": str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."),

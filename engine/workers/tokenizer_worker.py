@@ -61,14 +61,15 @@ class PromptEncoder:
         elif self.tokenizer is None:
             raise UserError("this server has no tokenizer (dummy weights): send token ids")
         else:
-            check_prompt_chars(prompt_chars(msg.text, msg.messages), self.max_context_len, self.max_token_chars)
+            check_prompt_chars(
+                prompt_chars(msg.text, msg.messages), self.max_context_len, self.max_token_chars
+            )
             if msg.text is not None:
                 ids = self.tokenizer.encode(msg.text)
             else:
                 ids = chat_prompt_ids(self.tokenizer, msg.messages, msg.chat_template_kwargs)
         check_prompt_length(len(ids), self.max_context_len)
         return ids
-
 
 
 def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
@@ -90,7 +91,11 @@ def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
     # chat template has them
     template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
     # the front end refuses early a prompt of more characters than the context could hold
-    info = {"thinks": thinking_mode(tokenizer), "tool_format": template_tool_format(template), "max_token_chars": encoder.max_token_chars}
+    info = {
+        "thinks": thinking_mode(tokenizer),
+        "tool_format": template_tool_format(template),
+        "max_token_chars": encoder.max_token_chars,
+    }
     to_frontend.send(FrontendBatch([ReadyMsg(name, info=info)]))
 
     def arrived() -> list:
@@ -98,7 +103,9 @@ def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
 
     carried: list = []
     while True:
-        pending = carried + [msg for batch in receiver.recv_all(block=not carried) for msg in batch.msgs]
+        pending = carried + [
+            msg for batch in receiver.recv_all(block=not carried) for msg in batch.msgs
+        ]
         forward, errors, carried = work_through(pending, encoder, len(to_schedulers), arrived)
         for sender, msgs in zip(to_schedulers, forward):
             if msgs:
@@ -107,13 +114,16 @@ def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
             to_frontend.send(FrontendBatch(errors))
 
 
-def work_through(pending: list, encoder: PromptEncoder, num_replicas: int,
-                 arrived: Callable[[], list] = list) -> tuple[list[list], list[UserReply], list]:
+def work_through(
+    pending: list, encoder: PromptEncoder, num_replicas: int, arrived: Callable[[], list] = list
+) -> tuple[list[list], list[UserReply], list]:
     """One turn of the tokenizer over the messages ``pending``, in order: (what goes to each
     replica's scheduler, the refusals for the front end, the messages that ``arrived()`` while it
     worked, for the next turn). A request whose abort is among the pending messages, or arrives
     before its turn, is dropped untokenized (its client has left), and so is that abort."""
-    forward: list[list] = [[] for _ in range(num_replicas)]  # per replica (--dp), as the front end chose
+    forward: list[list] = [
+        [] for _ in range(num_replicas)
+    ]  # per replica (--dp), as the front end chose
     errors: list[UserReply] = []
     queue, later = deque(pending), []
     aborted = {msg.uid for msg in pending if isinstance(msg, AbortMsg)}
@@ -133,8 +143,12 @@ def work_through(pending: list, encoder: PromptEncoder, num_replicas: int,
         try:
             forward[msg.replica].append(UserMsg(msg.uid, encoder.encode(msg), msg.params))
         except UserError as exc:
-            errors.append(UserReply(msg.uid, "", finished=True, finish_reason="error", error=str(exc)))
-        news = arrived()  # aborts that came while this one was tokenized spare the requests queued behind it
+            errors.append(
+                UserReply(msg.uid, "", finished=True, finish_reason="error", error=str(exc))
+            )
+        news = (
+            arrived()
+        )  # aborts that came while this one was tokenized spare the requests queued behind it
         aborted |= {m.uid for m in news if isinstance(m, AbortMsg)}
         later += news
     return forward, errors, [m for m in later if not (isinstance(m, AbortMsg) and m.uid in dropped)]

@@ -9,7 +9,9 @@ every worker is a fork of this state. Importing this module anywhere else rename
 
 import setproctitle
 
-setproctitle.setproctitle("minisgl-fork-server")  # in `ps`, beside the workers it forks (each renames itself)
+setproctitle.setproctitle(
+    "minisgl-fork-server"
+)  # in `ps`, beside the workers it forks (each renames itself)
 
 import torch  # noqa: E402, F401
 from transformers import AutoConfig, AutoTokenizer  # noqa: E402, F401 (transformers loads these lazily: here, once)

@@ -7,8 +7,15 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from chat_page_utils import ARTIFACTS, BROWSER_MARKS, browser, engine_idle, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
+from chat_page_utils import (  # noqa: F401 (browser: fixture)
+    ARTIFACTS,
+    BROWSER_MARKS,
+    browser,
+    engine_idle,
+    open_new_chat,
+    send,
+    wait_page_loaded,
+)
 from server_utils import wait_until
 
 pytestmark = BROWSER_MARKS
@@ -63,7 +70,11 @@ def make_greedy(page, max_tokens: int = 1024) -> None:
     if not page.locator("#temperature input[type=number]").is_visible():
         page.click("#settings >> text=Settings")
     # no repetition penalty either: the page's default reshapes a greedy reply
-    fields = {"#temperature input[type=number]": "0", "#max-tokens input": str(max_tokens), "#repetition-penalty input[type=number]": "1"}
+    fields = {
+        "#temperature input[type=number]": "0",
+        "#max-tokens input": str(max_tokens),
+        "#repetition-penalty input[type=number]": "1",
+    }
     for selector, value in fields.items():
         set_field(page, selector, value)
     # the values must hold (a reset still on its way would undo them: type them again then)
@@ -158,24 +169,38 @@ def test_invalid_settings_are_refused_with_a_message(browser, app):
         page.click("#settings >> text=Settings")
     before = page.input_value("#max-tokens input")
     set_field(page, "#max-tokens input", "0")
-    toast = page.wait_for_selector("text=Settings not saved", timeout=30_000)  # a loaded CI machine is slow
-    assert "max tokens" in toast.inner_text().lower() or "max tokens" in page.inner_text("body").lower()
+    toast = page.wait_for_selector(
+        "text=Settings not saved", timeout=30_000
+    )  # a loaded CI machine is slow
+    assert (
+        "max tokens" in toast.inner_text().lower()
+        or "max tokens" in page.inner_text("body").lower()
+    )
     # the refused value does not stay in the box: the value in force is back
-    assert wait_until(lambda: page.input_value("#max-tokens input") == before, 10), page.input_value("#max-tokens input")
+    assert wait_until(lambda: page.input_value("#max-tokens input") == before, 10), (
+        page.input_value("#max-tokens input")
+    )
     shot(page, "06-invalid-settings")
     # a number typed into a slider's box beyond its range: the same sentence (Gradio's own range
     # check used to raise first: a bare "Error" toast and a traceback in the log)
     before = page.input_value("#temperature input[type=number]")
     set_field(page, "#temperature input[type=number]", "5")
-    assert wait_until(lambda: "temperature must be between 0 and 2" in page.inner_text("body"), 30), page.inner_text("body")[-500:]
+    assert wait_until(
+        lambda: "temperature must be between 0 and 2" in page.inner_text("body"), 30
+    ), page.inner_text("body")[-500:]
     assert "greater than maximum" not in page.inner_text("body")
-    assert wait_until(lambda: page.input_value("#temperature input[type=number]") == before, 10), \
+    assert wait_until(lambda: page.input_value("#temperature input[type=number]") == before, 10), (
         page.input_value("#temperature input[type=number]")
+    )
     # a fraction where a whole number goes: refused and put back, not saved rounded
     before = page.input_value("#max-tokens input")
     set_field(page, "#max-tokens input", "2.5")
-    assert wait_until(lambda: "max tokens must be a whole number" in page.inner_text("body"), 30), page.inner_text("body")[-500:]
-    assert wait_until(lambda: page.input_value("#max-tokens input") == before, 10), page.input_value("#max-tokens input")
+    assert wait_until(lambda: "max tokens must be a whole number" in page.inner_text("body"), 30), (
+        page.inner_text("body")[-500:]
+    )
+    assert wait_until(lambda: page.input_value("#max-tokens input") == before, 10), (
+        page.input_value("#max-tokens input")
+    )
     page.close()
 
 
@@ -196,7 +221,9 @@ def test_four_tabs_of_one_browser_each_load_and_chat(browser, app):
             open_new_chat(page)
             send(page, f"Tab {i} asks: what is the capital of France?")
         for i, page in enumerate(pages):
-            assert wait_until(lambda: "tok/s" in stats_text(page), 90), f"tab {i} got no reply: {last_reply(page)!r}"
+            assert wait_until(lambda: "tok/s" in stats_text(page), 90), (
+                f"tab {i} got no reply: {last_reply(page)!r}"
+            )
             assert f"Tab {i} asks" in page.inner_text("#chatbot")
     finally:
         context.close()
@@ -209,7 +236,9 @@ def test_a_page_on_another_local_port_cannot_frame_the_app(browser, app, tmp_pat
     import http.server
     import threading
 
-    (tmp_path / "index.html").write_text(f'<h1>other site</h1><iframe id="f" src="{app.page_url}" width="800" height="600"></iframe>')
+    (tmp_path / "index.html").write_text(
+        f'<h1>other site</h1><iframe id="f" src="{app.page_url}" width="800" height="600"></iframe>'
+    )
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=other.serve_forever, daemon=True).start()
@@ -270,7 +299,9 @@ def test_the_printed_link_opens_the_page_and_a_browser_without_it_gets_the_login
         stranger = browser.new_page()
         stranger.goto(f"{app.url}/")
         stranger.wait_for_selector("input[type=password]", timeout=30_000)
-        assert stranger.locator("#msg-input").count() == 0 and "terminal" in stranger.inner_text("body")
+        assert stranger.locator("#msg-input").count() == 0 and "terminal" in stranger.inner_text(
+            "body"
+        )
         shot(stranger, "10-login")
         stranger.fill("input[type=password]", (app.data_dir / "page-key").read_text().strip())
         stranger.click("button:has-text('Open')")

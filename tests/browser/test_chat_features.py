@@ -15,10 +15,24 @@ import time
 from pathlib import Path
 
 import pytest
-
-from chat_page_utils import (ARTIFACTS, BROWSER_MARKS, LINE, REPLY, USER, below, browser, empty_button_boxes,  # noqa: F401 (browser: fixture)
-                             open_chat_list, open_new_chat, put_setting, send, wait_page_loaded, whole_on_screen)
+from chat_page_utils import (  # noqa: F401 (browser: fixture)
+    ARTIFACTS,
+    BROWSER_MARKS,
+    LINE,
+    REPLY,
+    USER,
+    below,
+    browser,
+    empty_button_boxes,
+    open_chat_list,
+    open_new_chat,
+    put_setting,
+    send,
+    wait_page_loaded,
+    whole_on_screen,
+)
 from server_utils import wait_until
+
 from minisgl_app.chat.composing import branch_note
 
 pytestmark = BROWSER_MARKS
@@ -30,6 +44,7 @@ REPLY_WAIT_S = 120  # a loaded 2-core machine is slow
 
 
 # ---- the app and the browser
+
 
 @pytest.fixture
 def app(chat_app):
@@ -49,6 +64,7 @@ def page(browser, app):
 
 
 # ---- helpers: what a person does and sees
+
 
 def open_app(page, app) -> None:
     page.goto(app.page_url)
@@ -115,7 +131,9 @@ def wait_reply(page, app, what: str, **expect) -> None:
     ok = wait_until(lambda: reply_done(page, **expect), REPLY_WAIT_S, interval=0.2)
     if not ok:
         shot(page, f"timeout-{what}")
-    assert ok, f"{what}: the reply did not finish as expected ({expect}); lines: {lines(page)}; toasts: {toasts(page)}"
+    assert ok, (
+        f"{what}: the reply did not finish as expected ({expect}); lines: {lines(page)}; toasts: {toasts(page)}"
+    )
     assert wait_until(lambda: engine_idle(app), 30), app.metrics()
 
 
@@ -125,11 +143,26 @@ def open_settings(page) -> None:
         page.wait_for_selector("#max-tokens input", state="visible")
 
 
-def set_settings(page, *, temperature=None, max_tokens=None, seed=None, stop=None, repetition_penalty=None, system_prompt=None) -> None:
+def set_settings(
+    page,
+    *,
+    temperature=None,
+    max_tokens=None,
+    seed=None,
+    stop=None,
+    repetition_penalty=None,
+    system_prompt=None,
+) -> None:
     """Put in the settings fields; each is saved when left (Tab)."""
     open_settings(page)
-    fields = [("#system-prompt textarea", system_prompt), ("#temperature input[type=number]", temperature), ("#max-tokens input", max_tokens), ("#seed input", seed),
-              ("#stop-strings textarea", stop), ("#repetition-penalty input[type=number]", repetition_penalty)]
+    fields = [
+        ("#system-prompt textarea", system_prompt),
+        ("#temperature input[type=number]", temperature),
+        ("#max-tokens input", max_tokens),
+        ("#seed input", seed),
+        ("#stop-strings textarea", stop),
+        ("#repetition-penalty input[type=number]", repetition_penalty),
+    ]
     for selector, value in fields:
         if value is not None:
             put_setting(page, selector, str(value))
@@ -165,12 +198,15 @@ def sidebar(page) -> list[str]:
 
 
 def import_note(page) -> str:
-    return page.inner_text("#import-note").strip() if page.locator("#import-note").is_visible() else ""
+    return (
+        page.inner_text("#import-note").strip() if page.locator("#import-note").is_visible() else ""
+    )
 
 
 def covered(page, selector: str) -> list[str]:
     """What lies over the first shown element of ``selector`` (its centre and corners, inset 2 px)."""
-    return page.evaluate("""(selector) => {
+    return page.evaluate(
+        """(selector) => {
       const el = [...document.querySelectorAll(selector)].find(e => e.getClientRects().length);
       if (!el) return ['nothing matches ' + selector];
       const r = el.getBoundingClientRect(), out = [];
@@ -180,14 +216,17 @@ def covered(page, selector: str) -> list[str]:
         if (top && !el.contains(top)) out.push((top.closest('[class]') || top).className + ' at ' + Math.round(x) + ',' + Math.round(y));
       }
       return out;
-    }""", selector)
+    }""",
+        selector,
+    )
 
 
 def select_chat(page, title: str) -> None:
     open_chat_list(page)
     label = page.locator(SIDEBAR, has_text=title).first
-    assert wait_until(lambda: label.count() > 0, 30), \
+    assert wait_until(lambda: label.count() > 0, 30), (
         f"no {title!r} in the sidebar 30 s on: it lists {sidebar(page)}; status line: {page.inner_text('#status-line')!r}"
+    )
     label.click()
 
 
@@ -199,7 +238,9 @@ def row_buttons(page, index: int, rows: str = ROW):
 
 
 def retry(page) -> None:
-    _, buttons = row_buttons(page, page.locator(ANY_ROW).count() - 1, ANY_ROW)  # under the last line
+    _, buttons = row_buttons(
+        page, page.locator(ANY_ROW).count() - 1, ANY_ROW
+    )  # under the last line
     buttons.locator("button[aria-label='Retry']").click()
 
 
@@ -224,7 +265,9 @@ def next_version(page) -> None:
     page.click("#next-version-btn")
 
 
-def shows(page, label: str, *, reply: str | None = None, user: str | None = None, index: int = -1) -> bool:
+def shows(
+    page, label: str, *, reply: str | None = None, user: str | None = None, index: int = -1
+) -> bool:
     """The versions bar says ``label`` and the chat shows that version's text."""
     if label not in versions_label(page):
         return False
@@ -243,8 +286,10 @@ def expect_shown(page, label: str, what: str, **kw) -> None:
     ok = wait_until(lambda: shows(page, label, **kw), 20, interval=0.1)
     if not ok:
         shot(page, f"failed-{what}")
-    assert ok, (f"{what}: expected the bar to say {label!r} with {kw}; the bar says {versions_label(page)!r}, "
-                f"replies {replies(page)}, your messages {users(page)}")
+    assert ok, (
+        f"{what}: expected the bar to say {label!r} with {kw}; the bar says {versions_label(page)!r}, "
+        f"replies {replies(page)}, your messages {users(page)}"
+    )
 
 
 def version_line_looks_like_a_line(page) -> None:
@@ -259,8 +304,12 @@ def version_line_looks_like_a_line(page) -> None:
       return {bubble: bubble.backgroundColor, group: group.backgroundColor, border: group.borderLeftWidth, height: line.height,
               gap: line.top - above.bottom, right: above.right - line.right};
     }""")
-    assert look["bubble"] == look["group"] == "rgba(0, 0, 0, 0)" and look["border"] == "0px", f"the version line is drawn as a bubble: {look}"
-    assert look["height"] <= 36 and look["gap"] <= 40 and abs(look["right"]) <= 12, f"the version line is not a small line under its message: {look}"
+    assert look["bubble"] == look["group"] == "rgba(0, 0, 0, 0)" and look["border"] == "0px", (
+        f"the version line is drawn as a bubble: {look}"
+    )
+    assert look["height"] <= 36 and look["gap"] <= 40 and abs(look["right"]) <= 12, (
+        f"the version line is not a small line under its message: {look}"
+    )
 
 
 def write_json(path: Path, doc) -> Path:
@@ -269,6 +318,7 @@ def write_json(path: Path, doc) -> Path:
 
 
 # ---- 1. versions of a reply: Retry, ‹ ›, kept across reload and restart
+
 
 def test_regenerate_keeps_the_old_version_across_reload_and_restart(browser, app):
     context = browser.new_context(viewport={"width": 1280, "height": 860})
@@ -286,7 +336,9 @@ def test_regenerate_keeps_the_old_version_across_reload_and_restart(browser, app
     wait_reply(page, app, "regenerated reply", version="version 2/2")
     second = replies(page)[-1]
     assert second != first and second.startswith(first.split()[0]), (first, second)
-    assert len(page.locator(REPLY).all()) == 1, "a regenerated reply must replace the shown one, not add a message"
+    assert len(page.locator(REPLY).all()) == 1, (
+        "a regenerated reply must replace the shown one, not add a message"
+    )
     expect_shown(page, "Reply 1: version 2 of 2", "after Retry", reply=second)
     shot(page, "01-regenerated")
 
@@ -326,13 +378,29 @@ def test_regenerate_keeps_the_old_version_across_reload_and_restart(browser, app
 
 # ---- 2. editing a user message that is not the last
 
+
 def test_editing_an_earlier_question_answers_it_again_and_keeps_the_old_branch(page, app, tmp_path):
     q1, a1 = "What is the capital of France?", "Paris is the capital of France."
     q2, a2 = "And what is its most famous tower?", "The Eiffel Tower."
-    import_file(page, write_json(tmp_path / "two-turns.json", {"title": "Edit question test", "messages": [
-        {"role": "user", "content": q1}, {"role": "assistant", "content": a1},
-        {"role": "user", "content": q2}, {"role": "assistant", "content": a2}]}))
-    assert wait_until(lambda: users(page) == [q1, q2] and replies(page) == [a1, a2], 30), (users(page), replies(page))
+    import_file(
+        page,
+        write_json(
+            tmp_path / "two-turns.json",
+            {
+                "title": "Edit question test",
+                "messages": [
+                    {"role": "user", "content": q1},
+                    {"role": "assistant", "content": a1},
+                    {"role": "user", "content": q2},
+                    {"role": "assistant", "content": a2},
+                ],
+            },
+        ),
+    )
+    assert wait_until(lambda: users(page) == [q1, q2] and replies(page) == [a1, a2], 30), (
+        users(page),
+        replies(page),
+    )
     set_settings(page, temperature=0, max_tokens=12)
 
     edited = "What is the capital of Italy?"
@@ -340,7 +408,9 @@ def test_editing_an_earlier_question_answers_it_again_and_keeps_the_old_branch(p
     wait_reply(page, app, "answer to the edited question", tokens=None)
     shot(page, "02-edited-question")
     after_edit = toasts(page)  # checked last, so that the rest is checked too
-    assert users(page) == [edited], f"the chat below the edited question must be replaced: {users(page)}"
+    assert users(page) == [edited], (
+        f"the chat below the edited question must be replaced: {users(page)}"
+    )
     assert len(replies(page)) == 1 and replies(page)[0] not in ("", a1), replies(page)
     assert q2 not in page.inner_text("#chatbot") and a2 not in page.inner_text("#chatbot")
     expect_shown(page, "Your message 1: version 2 of 2", "after editing", user=edited, index=0)
@@ -348,13 +418,24 @@ def test_editing_an_earlier_question_answers_it_again_and_keeps_the_old_branch(p
     version_line_looks_like_a_line(page)
     # where the question's old reply and the turn after it went: in the versions bar, which acts
     # on the edited question (chat/composing.py: branch_note), not in a toast over the edited message
-    assert versions_label(page) == f"Your message 1: version 2 of 2 — {branch_note(3)}", versions_label(page)
+    assert versions_label(page) == f"Your message 1: version 2 of 2 — {branch_note(3)}", (
+        versions_label(page)
+    )
     # the long label wraps: Delete message stays on screen, beside it at 1280 px, on a phone
     # with the label on a line of its own under it (it pushed the button off / wrapped to 8 lines)
     for width in (1280, 390):
         page.set_viewport_size({"width": width, "height": 860})
-        assert wait_until(lambda: whole_on_screen(page, "#delete-message-btn") and whole_on_screen(page, "#versions-label"), 5), \
-            (width, page.locator("#delete-message-btn").bounding_box(), page.locator("#versions-label").bounding_box())
+        assert wait_until(
+            lambda: (
+                whole_on_screen(page, "#delete-message-btn")
+                and whole_on_screen(page, "#versions-label")
+            ),
+            5,
+        ), (
+            width,
+            page.locator("#delete-message-btn").bounding_box(),
+            page.locator("#versions-label").bounding_box(),
+        )
         label = page.locator("#versions-label").bounding_box()
         assert label["height"] <= 90, f"the label takes {label} at {width} px (four lines at most)"
     page.set_viewport_size({"width": 1280, "height": 860})
@@ -370,6 +451,7 @@ def test_editing_an_earlier_question_answers_it_again_and_keeps_the_old_branch(p
 
 
 # ---- 3. editing a reply
+
 
 def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
     new_chat(page, temperature=0, max_tokens=6)
@@ -398,20 +480,27 @@ def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
     assert empty_button_boxes(page) == 0, "an empty button box (a stray dot) is drawn in the chat"
     after_edit = toasts(page)  # checked last, so that the rest is checked too
 
-    assert page.locator("#next-version-btn").is_disabled() and page.locator("#prev-version-btn").is_enabled(), \
-        "at the last version › must be disabled and ‹ not"
+    assert (
+        page.locator("#next-version-btn").is_disabled()
+        and page.locator("#prev-version-btn").is_enabled()
+    ), "at the last version › must be disabled and ‹ not"
     prev_version(page)
     expect_shown(page, "Reply 1: version 1 of 2", "‹ after editing the reply", reply=old)
-    assert wait_until(lambda: page.locator("#prev-version-btn").is_disabled(), 5), "at the first version ‹ must be disabled"
+    assert wait_until(lambda: page.locator("#prev-version-btn").is_disabled(), 5), (
+        "at the first version ‹ must be disabled"
+    )
     assert page.locator("#next-version-btn").is_enabled()
     next_version(page)
     expect_shown(page, "Reply 1: version 2 of 2", "› after editing the reply", reply=mine)
-    assert after_edit == "", f"a warning after a plain edit of the reply (screenshot features-03-edited-reply): {after_edit}"
+    assert after_edit == "", (
+        f"a warning after a plain edit of the reply (screenshot features-03-edited-reply): {after_edit}"
+    )
 
     # a new message: the bar no longer names Reply 1 (a click on it brings its versions back)
     send(page, "Another one?")
-    assert wait_until(lambda: not page.locator("#versions").is_visible(), 10), \
+    assert wait_until(lambda: not page.locator("#versions").is_visible(), 10), (
         f"the versions bar stays after a new message: {versions_label(page)!r}"
+    )
     wait_reply(page, app, "the reply after the edited one")
     assert not page.locator("#versions").is_visible(), versions_label(page)
 
@@ -442,20 +531,41 @@ def test_edit_is_not_disabled_after_a_new_chats_first_reply(page, app):
     send(page, "Name three colours.")
     wait_reply(page, app, "the first reply")
     title_box = page.locator("#title-input :is(input, textarea)")
-    assert wait_until(lambda: title_box.count() and title_box.input_value() == "Name three colours.", 10), \
-        "the title box did not get the chat's title"
+    assert wait_until(
+        lambda: title_box.count() and title_box.input_value() == "Name three colours.", 10
+    ), "the title box did not get the chat's title"
     time.sleep(1.5)  # a tick more
     changes = page.evaluate("window.minisglTestEditDisabled")
-    after_reply = [line for disabled, line in changes if disabled and re.search(r"\d+ tokens", line) and "replying" not in line]
-    assert not after_reply, f"✎ was disabled after the reply had finished (its line then: {after_reply}); every change: {changes}"
+    after_reply = [
+        line
+        for disabled, line in changes
+        if disabled and re.search(r"\d+ tokens", line) and "replying" not in line
+    ]
+    assert not after_reply, (
+        f"✎ was disabled after the reply had finished (its line then: {after_reply}); every change: {changes}"
+    )
 
 
 def test_the_edit_box_is_as_wide_as_the_message_and_grows_with_its_text(page, app, tmp_path):
     """✎ opened a box 160 px wide and two lines high, whatever the message: it is as wide as a
     message can be (at least the bubble it edits), three lines at least, and grows with the text."""
-    import_file(page, write_json(tmp_path / "edit-box.json", {"title": "Edit box test", "messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there! " * 30}]}))
-    assert wait_until(lambda: users(page) == ["hi"] and replies(page), 30), (users(page), replies(page))
+    import_file(
+        page,
+        write_json(
+            tmp_path / "edit-box.json",
+            {
+                "title": "Edit box test",
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "Hello there! " * 30},
+                ],
+            },
+        ),
+    )
+    assert wait_until(lambda: users(page) == ["hi"] and replies(page), 30), (
+        users(page),
+        replies(page),
+    )
     for index in (0, 1):
         row, buttons = row_buttons(page, index)
         bubble = row.locator(".message").first.bounding_box()["width"]
@@ -464,14 +574,24 @@ def test_the_edit_box_is_as_wide_as_the_message_and_grows_with_its_text(page, ap
         box.wait_for(state="visible")
         for name in ("Submit", "Cancel"):  # ✓ and ✕ were 18 px icons
             icon = buttons.locator(f"button[aria-label='{name}']").bounding_box()
-            assert icon["width"] >= 28 and icon["height"] >= 28, f"message {index}: {name} is a {icon['width']}x{icon['height']} px target"
+            assert icon["width"] >= 28 and icon["height"] >= 28, (
+                f"message {index}: {name} is a {icon['width']}x{icon['height']} px target"
+            )
         width = box.bounding_box()["width"]
-        height, line = box.evaluate("t => [t.clientHeight, parseFloat(getComputedStyle(t).lineHeight)]")
-        assert width >= max(0.95 * bubble, 600), f"message {index}: the edit box is {width:.0f} px wide (its bubble {bubble:.0f} px)"
-        assert height >= 3 * line, f"message {index}: the edit box is {height} px high, under three lines of {line} px"
+        height, line = box.evaluate(
+            "t => [t.clientHeight, parseFloat(getComputedStyle(t).lineHeight)]"
+        )
+        assert width >= max(0.95 * bubble, 600), (
+            f"message {index}: the edit box is {width:.0f} px wide (its bubble {bubble:.0f} px)"
+        )
+        assert height >= 3 * line, (
+            f"message {index}: the edit box is {height} px high, under three lines of {line} px"
+        )
         box.fill("\n".join(f"line {i}" for i in range(8)))
         height, scrolled = box.evaluate("t => [t.clientHeight, t.scrollHeight]")
-        assert height >= 8 * line and scrolled <= height + 1, f"message {index}: eight lines in a box {height} px high ({scrolled} px of text)"
+        assert height >= 8 * line and scrolled <= height + 1, (
+            f"message {index}: eight lines in a box {height} px high ({scrolled} px of text)"
+        )
         box.press("Escape")
         assert wait_until(lambda: not box.is_visible(), 5)
 
@@ -479,11 +599,27 @@ def test_the_edit_box_is_as_wide_as_the_message_and_grows_with_its_text(page, ap
 def test_a_code_blocks_copy_button_never_lies_over_its_code(page, app, tmp_path):
     """The copy button at a code block's top right corner lay over the text of a one-line block
     (and over a long first line, scrolled sideways or not)."""
-    one_line = "pip install --upgrade minisgl-chat-with-a-rather-long-package-name-that-fills-the-block " * 2
-    import_file(page, write_json(tmp_path / "code.json", {"title": "Code copy test", "messages": [
-        {"role": "user", "content": "Show me code."},
-        {"role": "assistant", "content": f"Short:\n\n```\nls\n```\n\nOne line:\n\n```\n{one_line}\n```\n\n"
-                                         f"Two lines:\n\n```python\n{one_line}\nprint(2)\n```"}]}))
+    one_line = (
+        "pip install --upgrade minisgl-chat-with-a-rather-long-package-name-that-fills-the-block "
+        * 2
+    )
+    import_file(
+        page,
+        write_json(
+            tmp_path / "code.json",
+            {
+                "title": "Code copy test",
+                "messages": [
+                    {"role": "user", "content": "Show me code."},
+                    {
+                        "role": "assistant",
+                        "content": f"Short:\n\n```\nls\n```\n\nOne line:\n\n```\n{one_line}\n```\n\n"
+                        f"Two lines:\n\n```python\n{one_line}\nprint(2)\n```",
+                    },
+                ],
+            },
+        ),
+    )
     assert wait_until(lambda: page.locator("#chatbot .code_wrap").count() == 3, 30), replies(page)
     overlaps = page.evaluate("""() => [...document.querySelectorAll('#chatbot .code_wrap')].flatMap((wrap, i) => {
         const button = wrap.querySelector('.copy_code_button').getBoundingClientRect(), pre = wrap.querySelector('pre');
@@ -507,8 +643,23 @@ def test_a_code_blocks_copy_button_never_lies_over_its_code(page, app, tmp_path)
 def test_the_scroll_down_button_does_not_cover_the_chat(page, app, tmp_path):
     """Gradio's ↓ (shown once the chat is scrolled up) floated over the last lines of text."""
     words = " ".join(f"word{j}" for j in range(150))
-    import_file(page, write_json(tmp_path / "long.json", {"title": "Scroll button test", "messages": [
-        m for i in range(4) for m in ({"role": "user", "content": f"Question {i}"}, {"role": "assistant", "content": words})]}))
+    import_file(
+        page,
+        write_json(
+            tmp_path / "long.json",
+            {
+                "title": "Scroll button test",
+                "messages": [
+                    m
+                    for i in range(4)
+                    for m in (
+                        {"role": "user", "content": f"Question {i}"},
+                        {"role": "assistant", "content": words},
+                    )
+                ],
+            },
+        ),
+    )
     assert wait_until(lambda: len(replies(page)) == 4, 30), replies(page)
     button = page.locator("#chatbot .scroll-down-button-container button")
     seen: list = []
@@ -516,22 +667,32 @@ def test_the_scroll_down_button_does_not_cover_the_chat(page, app, tmp_path):
     def scrolled_up() -> bool:
         """Scrolled up, the chat's text area and ↓, measured at once (a render of the chat just
         imported scrolls it to its end again, and ↓ goes)."""
-        seen[:] = [page.evaluate("""() => {
+        seen[:] = [
+            page.evaluate("""() => {
             const text = document.querySelector('#chatbot .bubble-wrap'), b = document.querySelector('#chatbot .scroll-down-button-container button');
             if (!b || !b.getClientRects().length) { text.scrollTop = text.scrollHeight - text.clientHeight - 200; return null; }
-            return [text.getBoundingClientRect().bottom, b.getBoundingClientRect().top]; }""")]
+            return [text.getBoundingClientRect().bottom, b.getBoundingClientRect().top]; }""")
+        ]
         return seen[0] is not None
 
     assert wait_until(scrolled_up, 10, interval=0.3), "no ↓ once the chat is scrolled up"
     text_bottom, button_top = seen[0]
-    assert button_top >= text_bottom, f"↓ (top at {button_top:.0f} px) is drawn over the chat's text (down to {text_bottom:.0f} px)"
+    assert button_top >= text_bottom, (
+        f"↓ (top at {button_top:.0f} px) is drawn over the chat's text (down to {text_bottom:.0f} px)"
+    )
     assert wait_until(lambda: scrolled_up() and button.is_visible(), 10)
     button.click()
     assert wait_until(lambda: button.count() == 0, 10), "↓ stays after it was pressed"
-    assert page.evaluate("() => { const w = document.querySelector('#chatbot .bubble-wrap'); return w.scrollHeight - w.clientHeight - w.scrollTop; }") < 2
+    assert (
+        page.evaluate(
+            "() => { const w = document.querySelector('#chatbot .bubble-wrap'); return w.scrollHeight - w.clientHeight - w.scrollTop; }"
+        )
+        < 2
+    )
 
 
 # ---- 4. Continue
+
 
 def message_box_width(page) -> float:
     return page.locator("#msg-input textarea").bounding_box()["width"]
@@ -546,18 +707,27 @@ def test_continue_grows_the_same_reply_and_leaves_the_message_box_as_wide(page, 
     wait_reply(page, app, "cut reply", tokens=8)
     assert "hit the token limit" in last_line(page), last_line(page)
     cut = " ".join(replies(page)[-1].split())
-    assert page.locator("#continue-btn").is_visible(), "Continue must show under a reply cut at max tokens"
-    assert message_box_width(page) == width, f"the message box went from {width} to {message_box_width(page)} px with Continue shown"
+    assert page.locator("#continue-btn").is_visible(), (
+        "Continue must show under a reply cut at max tokens"
+    )
+    assert message_box_width(page) == width, (
+        f"the message box went from {width} to {message_box_width(page)} px with Continue shown"
+    )
     shot(page, "04-cut")
 
     page.click("#continue-btn")
     # hidden while the reply goes on; 8 more tokens may take the demo model only ~0.1 s, and then
     # Continue is back under the reply cut again
-    assert wait_until(lambda: not page.locator("#continue-btn").is_visible() or reply_done(page, tokens=16), 15), \
-        "Continue stays while the reply goes on"
-    assert message_box_width(page) == width, f"the message box went from {width} to {message_box_width(page)} px once Continue was pressed"
+    assert wait_until(
+        lambda: not page.locator("#continue-btn").is_visible() or reply_done(page, tokens=16), 15
+    ), "Continue stays while the reply goes on"
+    assert message_box_width(page) == width, (
+        f"the message box went from {width} to {message_box_width(page)} px once Continue was pressed"
+    )
     wait_reply(page, app, "continued reply", tokens=16)
-    assert message_box_width(page) == width, f"the message box went from {width} to {message_box_width(page)} px after Continue"
+    assert message_box_width(page) == width, (
+        f"the message box went from {width} to {message_box_width(page)} px after Continue"
+    )
     shot(page, "04-continued")
     shown = replies(page)
     assert len(shown) == 1, f"Continue must grow the same message, not add one: {shown}"
@@ -589,7 +759,10 @@ def test_a_continue_that_adds_nothing_keeps_the_figures_and_says_why(page, app):
     # the toast may come before the render that ends the run's "replying…" (a CI run under load)
     assert wait_until(lambda: "replying" not in last_line(page), 15), last_line(page)
     after = last_line(page)
-    assert before.split(" · ")[:2] == after.split(" · ")[:2], (before, after)  # time to first token, tok/s
+    assert before.split(" · ")[:2] == after.split(" · ")[:2], (
+        before,
+        after,
+    )  # time to first token, tok/s
     # the button goes with the render that ends the run, which the toast (said as the run ends) can precede
     assert wait_until(lambda: not page.locator("#continue-btn").is_visible(), 15), last_line(page)
     shot(page, "04-continue-nothing-to-add")
@@ -597,31 +770,58 @@ def test_a_continue_that_adds_nothing_keeps_the_figures_and_says_why(page, app):
 
 # ---- 5. deleting one message
 
-def test_deleting_a_message_removes_it_and_what_follows_unless_dismissed(page, app, tmp_path):
-    msgs = [("user", "First question about otters."), ("assistant", "Otters hold hands."),
-            ("user", "Second question about otters."), ("assistant", "Otters use stones."),
-            ("user", "Third question about otters."), ("assistant", "Otters live in rivers.")]
-    import_file(page, write_json(tmp_path / "otters.json", {"title": "Delete message test",
-                                                          "messages": [{"role": r, "content": c} for r, c in msgs]}))
-    assert wait_until(lambda: len(users(page)) == 3 and len(replies(page)) == 3, 30), (users(page), replies(page))
 
-    page.set_viewport_size({"width": 420, "height": 800})  # a phone: the chats' bar, then the chat, every label whole
+def test_deleting_a_message_removes_it_and_what_follows_unless_dismissed(page, app, tmp_path):
+    msgs = [
+        ("user", "First question about otters."),
+        ("assistant", "Otters hold hands."),
+        ("user", "Second question about otters."),
+        ("assistant", "Otters use stones."),
+        ("user", "Third question about otters."),
+        ("assistant", "Otters live in rivers."),
+    ]
+    import_file(
+        page,
+        write_json(
+            tmp_path / "otters.json",
+            {
+                "title": "Delete message test",
+                "messages": [{"role": r, "content": c} for r, c in msgs],
+            },
+        ),
+    )
+    assert wait_until(lambda: len(users(page)) == 3 and len(replies(page)) == 3, 30), (
+        users(page),
+        replies(page),
+    )
+
+    page.set_viewport_size(
+        {"width": 420, "height": 800}
+    )  # a phone: the chats' bar, then the chat, every label whole
     page.locator(USER).nth(1).click()  # the versions bar now acts on the second question
-    assert wait_until(lambda: versions_label(page) == "Your message 2", 10), versions_label(page)  # its only version
-    assert not page.locator("#prev-version-btn").is_visible() and not page.locator("#next-version-btn").is_visible(), \
-        "‹ › shown for a message with no other version"
-    assert below(page, "#sidebar-bar", "#main") and not page.locator("#conv-list").is_visible(), \
+    assert wait_until(lambda: versions_label(page) == "Your message 2", 10), versions_label(
+        page
+    )  # its only version
+    assert (
+        not page.locator("#prev-version-btn").is_visible()
+        and not page.locator("#next-version-btn").is_visible()
+    ), "‹ › shown for a message with no other version"
+    assert below(page, "#sidebar-bar", "#main") and not page.locator("#conv-list").is_visible(), (
         "on a narrow screen the chat does not come right after the chats' bar"
+    )
     for control in ("#delete-message-btn", "#msg-input textarea", "#send-btn", "#stop-btn"):
-        assert whole_on_screen(page, control), f"{control} is cut or off screen at 420 px: {page.locator(control).bounding_box()}"
+        assert whole_on_screen(page, control), (
+            f"{control} is cut or off screen at 420 px: {page.locator(control).bounding_box()}"
+        )
     stop = page.locator("#stop-btn").bounding_box()
     assert stop["y"] + stop["height"] <= 800, f"Stop is below the first screen: {stop}"
 
     page.once("dialog", lambda d: d.dismiss())
     page.click("#delete-message-btn")
     time.sleep(2.0)
-    assert users(page) == [c for r, c in msgs if r == "user"] and replies(page) == [c for r, c in msgs if r == "assistant"], \
-        "dismissing the question must keep every message"
+    assert users(page) == [c for r, c in msgs if r == "user"] and replies(page) == [
+        c for r, c in msgs if r == "assistant"
+    ], "dismissing the question must keep every message"
 
     questions = []
     page.once("dialog", lambda d: (questions.append(d.message), d.accept()))
@@ -629,8 +829,9 @@ def test_deleting_a_message_removes_it_and_what_follows_unless_dismissed(page, a
     assert wait_until(lambda: len(users(page)) == 1, 15), users(page)
     shot(page, "05-deleted")
     assert questions and "Delete this message" in questions[0]
-    assert users(page) == ["First question about otters."] and replies(page) == ["Otters hold hands."], \
-        (users(page), replies(page))
+    assert users(page) == ["First question about otters."] and replies(page) == [
+        "Otters hold hands."
+    ], (users(page), replies(page))
     # after a reload the deletion is still there
     page.reload()
     page.wait_for_selector("#msg-input textarea", timeout=60_000)
@@ -640,27 +841,39 @@ def test_deleting_a_message_removes_it_and_what_follows_unless_dismissed(page, a
 
 # ---- 6. import and export
 
+
 def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(page, app, tmp_path):
-    doc = {"messages": [
-        {"role": "system", "content": "You are a terse librarian."},
-        {"role": "user", "content": "Recommend a book about lighthouses."},
-        {"role": "assistant", "content": "Try The Lighthouse Stevensons."},
-        {"role": "user", "content": "Another one?"},
-        {"role": "assistant", "content": "The Lamplighter's Log."},
-    ]}
+    doc = {
+        "messages": [
+            {"role": "system", "content": "You are a terse librarian."},
+            {"role": "user", "content": "Recommend a book about lighthouses."},
+            {"role": "assistant", "content": "Try The Lighthouse Stevensons."},
+            {"role": "user", "content": "Another one?"},
+            {"role": "assistant", "content": "The Lamplighter's Log."},
+        ]
+    }
     before = len(sidebar(page))
     import_file(page, write_json(tmp_path / "openai.json", doc))
-    assert wait_until(lambda: users(page) == ["Recommend a book about lighthouses.", "Another one?"], 30), users(page)
+    assert wait_until(
+        lambda: users(page) == ["Recommend a book about lighthouses.", "Another one?"], 30
+    ), users(page)
     assert replies(page) == ["Try The Lighthouse Stevensons.", "The Lamplighter's Log."]
     assert wait_until(lambda: len(sidebar(page)) == before + 1, 10), sidebar(page)
     assert any("Recommend a book about lighthouses" in s for s in sidebar(page)), sidebar(page)
     # what was imported is said under the Import button; nothing lies over the chat it shows (a
     # toast did, over its first message and that message's buttons, for ten seconds)
-    assert wait_until(lambda: "Imported “Recommend a book about lighthouses" in import_note(page), 10), import_note(page)
-    assert "(4 messages shown)" in import_note(page) and not toasts(page), (import_note(page), toasts(page))
+    assert wait_until(
+        lambda: "Imported “Recommend a book about lighthouses" in import_note(page), 10
+    ), import_note(page)
+    assert "(4 messages shown)" in import_note(page) and not toasts(page), (
+        import_note(page),
+        toasts(page),
+    )
     row_buttons(page, 0)  # hovered: its buttons show
-    assert not covered(page, USER) and not covered(page, "#chatbot .message-buttons-right"), \
-        (covered(page, USER), covered(page, "#chatbot .message-buttons-right"))
+    assert not covered(page, USER) and not covered(page, "#chatbot .message-buttons-right"), (
+        covered(page, USER),
+        covered(page, "#chatbot .message-buttons-right"),
+    )
     open_settings(page)
     assert page.input_value("#system-prompt textarea") == "You are a terse librarian."
     shot(page, "06-imported")
@@ -668,7 +881,13 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
     # a second version of the last reply, so that the export has a branch
     close_toasts(page)
     edit(page, 3, "The Keeper's Diary.")
-    expect_shown(page, "Reply 2: version 2 of 2", "edited before export", reply="The Keeper's Diary.", index=1)
+    expect_shown(
+        page,
+        "Reply 2: version 2 of 2",
+        "edited before export",
+        reply="The Keeper's Diary.",
+        index=1,
+    )
 
     open_manage(page)
     with page.expect_download() as download:
@@ -680,15 +899,31 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
     before = len(sidebar(page))
     close_toasts(page)
     import_file(page, exported)
-    assert wait_until(lambda: "(imported)” (4 messages shown)" in import_note(page), 30), import_note(page)
+    assert wait_until(lambda: "(imported)” (4 messages shown)" in import_note(page), 30), (
+        import_note(page)
+    )
     assert wait_until(lambda: len(sidebar(page)) == before + 1, 10), sidebar(page)
     title = json.loads(exported.read_text(encoding="utf-8"))["title"]
-    assert any(f"{title} (imported)" in s for s in sidebar(page)), f"the copy cannot be told from its source: {sidebar(page)}"
+    assert any(f"{title} (imported)" in s for s in sidebar(page)), (
+        f"the copy cannot be told from its source: {sidebar(page)}"
+    )
     assert users(page) == ["Recommend a book about lighthouses.", "Another one?"]
     assert replies(page) == ["Try The Lighthouse Stevensons.", "The Keeper's Diary."]
-    expect_shown(page, "Reply 2: version 2 of 2", "the round-tripped chat", reply="The Keeper's Diary.", index=1)
+    expect_shown(
+        page,
+        "Reply 2: version 2 of 2",
+        "the round-tripped chat",
+        reply="The Keeper's Diary.",
+        index=1,
+    )
     prev_version(page)
-    expect_shown(page, "Reply 2: version 1 of 2", "‹ in the round-tripped chat", reply="The Lamplighter's Log.", index=1)
+    expect_shown(
+        page,
+        "Reply 2: version 1 of 2",
+        "‹ in the round-tripped chat",
+        reply="The Lamplighter's Log.",
+        index=1,
+    )
     assert page.input_value("#system-prompt textarea") == "You are a terse librarian."
     shot(page, "06-round-trip")
 
@@ -699,21 +934,41 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
     page.on("response", lambda r: r.status >= 500 and server_errors.append(f"{r.status} {r.url}"))
     for name, body, words in [
         ("broken.json", "this is not JSON {", ["not JSON"]),
-        ("robot.json", json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]}),
-         ["role", "robot"]),
-        ("notes.txt", "just some notes", ["notes.txt is not a .json file", "Export JSON", '{"messages": [...]}']),
+        (
+            "robot.json",
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": "hi"},
+                        {"role": "robot", "content": "beep"},
+                    ]
+                }
+            ),
+            ["role", "robot"],
+        ),
+        (
+            "notes.txt",
+            "just some notes",
+            ["notes.txt is not a .json file", "Export JSON", '{"messages": [...]}'],
+        ),
     ]:
         close_toasts(page)
         path = tmp_path / name
         path.write_text(body, encoding="utf-8")
         import_file(page, path)
-        assert wait_until(lambda: "Not imported" in toasts(page), 30), f"{name}: no toast; toasts: {toasts(page)}"
+        assert wait_until(lambda: "Not imported" in toasts(page), 30), (
+            f"{name}: no toast; toasts: {toasts(page)}"
+        )
         assert below(page, "#status-line", ".toast-body"), "the toast covers the status line"
-        assert not import_note(page), f"{name}: the line of the import before stays: {import_note(page)}"
+        assert not import_note(page), (
+            f"{name}: the line of the import before stays: {import_note(page)}"
+        )
         message = toasts(page)
         for word in words:
             assert word in message, f"{name}: the toast does not name what is wrong: {message}"
-        assert page.locator(".toast-body.error").count() == 0, f"{name}: an error toast, not a warning: {message}"
+        assert page.locator(".toast-body.error").count() == 0, (
+            f"{name}: an error toast, not a warning: {message}"
+        )
         time.sleep(1.0)
         assert len(sidebar(page)) == count, f"{name}: a chat was made: {sidebar(page)}"
         assert (users(page), replies(page)) == shown_before
@@ -723,14 +978,35 @@ def test_import_openai_file_our_export_round_trips_and_bad_files_are_refused(pag
 
 # ---- 7. search
 
+
 def test_search_narrows_the_sidebar_and_clearing_shows_all(page, app, tmp_path):
-    import_file(page, write_json(tmp_path / "s1.json", {"title": "Gardening notes", "messages": [
-        {"role": "user", "content": "How do I grow zucchiniflower seedlings?"},
-        {"role": "assistant", "content": "Keep them warm."}]}))
+    import_file(
+        page,
+        write_json(
+            tmp_path / "s1.json",
+            {
+                "title": "Gardening notes",
+                "messages": [
+                    {"role": "user", "content": "How do I grow zucchiniflower seedlings?"},
+                    {"role": "assistant", "content": "Keep them warm."},
+                ],
+            },
+        ),
+    )
     assert wait_until(lambda: any("Gardening notes" in s for s in sidebar(page)), 30), sidebar(page)
-    import_file(page, write_json(tmp_path / "s2.json", {"title": "Kitchen notes", "messages": [
-        {"role": "user", "content": "How long do I boil an egg?"},
-        {"role": "assistant", "content": "About nine minutes."}]}))
+    import_file(
+        page,
+        write_json(
+            tmp_path / "s2.json",
+            {
+                "title": "Kitchen notes",
+                "messages": [
+                    {"role": "user", "content": "How long do I boil an egg?"},
+                    {"role": "assistant", "content": "About nine minutes."},
+                ],
+            },
+        ),
+    )
     assert wait_until(lambda: any("Kitchen notes" in s for s in sidebar(page)), 30), sidebar(page)
     everything = len(sidebar(page))
     assert everything >= 2
@@ -742,14 +1018,17 @@ def test_search_narrows_the_sidebar_and_clearing_shows_all(page, app, tmp_path):
     assert "Gardening notes" in sidebar(page)[0]
     shot(page, "07-search")
     box.press_sequentially("zz")  # no chat has "zucchiniflowerzz": the list says so
-    assert wait_until(lambda: not sidebar(page) and "No chat matches" in page.inner_text("#conv-list"), 15), \
-        page.inner_text("#conv-list")
+    assert wait_until(
+        lambda: not sidebar(page) and "No chat matches" in page.inner_text("#conv-list"), 15
+    ), page.inner_text("#conv-list")
     box.press("Control+A")
     box.press("Backspace")  # the box is empty again
     assert box.input_value() == ""
     ok = wait_until(lambda: len(sidebar(page)) == everything, 15)
     shot(page, "07-search-cleared")
-    assert ok, f"the search box is empty but the sidebar still shows only {sidebar(page)} (all {everything} expected)"
+    assert ok, (
+        f"the search box is empty but the sidebar still shows only {sidebar(page)} (all {everything} expected)"
+    )
 
 
 CONTRAST_JS = """(el) => {
@@ -769,15 +1048,31 @@ CONTRAST_JS = """(el) => {
 def test_the_selected_chat_in_the_list_is_readable(page, app, tmp_path):
     """The chat shown was listed in white on a light lavender (contrast 1.3:1): its text must
     stand out as other text does (WCAG's 4.5:1)."""
-    import_file(page, write_json(tmp_path / "selected.json", {"title": "Selected chat test", "messages": [
-        {"role": "user", "content": "Which chat is this?"}, {"role": "assistant", "content": "The selected one."}]}))
+    import_file(
+        page,
+        write_json(
+            tmp_path / "selected.json",
+            {
+                "title": "Selected chat test",
+                "messages": [
+                    {"role": "user", "content": "Which chat is this?"},
+                    {"role": "assistant", "content": "The selected one."},
+                ],
+            },
+        ),
+    )
     selected = page.locator("#conv-list label.selected")
-    assert wait_until(lambda: "Selected chat test" in (selected.inner_text() if selected.count() else ""), 30), sidebar(page)
+    assert wait_until(
+        lambda: "Selected chat test" in (selected.inner_text() if selected.count() else ""), 30
+    ), sidebar(page)
     ratio = selected.evaluate(CONTRAST_JS)
-    assert ratio >= 4.5, f"the selected chat's text has a contrast of {ratio:.2f}:1 with its background"
+    assert ratio >= 4.5, (
+        f"the selected chat's text has a contrast of {ratio:.2f}:1 with its background"
+    )
 
 
 # ---- 8. attachments
+
 
 def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_path):
     new_chat(page, temperature=0, max_tokens=4)
@@ -793,7 +1088,10 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
     picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
     attach_file(page, picture)
     assert wait_until(lambda: "Not attached" in toasts(page), 30), toasts(page)
-    assert "picture.png is not UTF-8 text" in toasts(page) and page.locator(".toast-body.error").count() == 0, toasts(page)
+    assert (
+        "picture.png is not UTF-8 text" in toasts(page)
+        and page.locator(".toast-body.error").count() == 0
+    ), toasts(page)
     close_toasts(page)
 
     big = tmp_path / "huge-notes.txt"
@@ -807,7 +1105,9 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
     good = tmp_path / "launch-notes.txt"
     good.write_text("MARKER-7731: the launch code is plum.\n", encoding="utf-8")
     attach_file(page, good)
-    assert wait_until(lambda: "launch-notes.txt" in page.inner_text("#attached"), 30), page.inner_text("#attached")
+    assert wait_until(lambda: "launch-notes.txt" in page.inner_text("#attached"), 30), (
+        page.inner_text("#attached")
+    )
     assert "Attached to your next message" in page.inner_text("#attached")
     assert toasts(page) == "", toasts(page)
     shot(page, "08-attached")
@@ -815,14 +1115,22 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
     send(page, "What does the file say?")
     assert wait_until(lambda: len(users(page)) == 1, 30), users(page)
     sent = users(page)[0]
-    assert "What does the file say?" in sent and "launch-notes.txt" in sent and "MARKER-7731: the launch code is plum." in sent, sent
+    assert (
+        "What does the file say?" in sent
+        and "launch-notes.txt" in sent
+        and "MARKER-7731: the launch code is plum." in sent
+    ), sent
     assert "latin1-notes" not in sent and "huge-notes" not in sent
-    assert wait_until(lambda: page.inner_text("#attached").strip() == "", 10), "the attachment must go with one message only"
+    assert wait_until(lambda: page.inner_text("#attached").strip() == "", 10), (
+        "the attachment must go with one message only"
+    )
     wait_reply(page, app, "reply to the attached file", tokens=None)
     shot(page, "08-sent")
 
 
-def test_attached_files_can_be_removed_and_stay_with_their_chat_when_another_is_shown(page, app, tmp_path):
+def test_attached_files_can_be_removed_and_stay_with_their_chat_when_another_is_shown(
+    page, app, tmp_path
+):
     """An attached file had no ✕, and it stayed attached when another chat was shown (it went
     with that chat's next message); then it was dropped with a warning. It stays with its chat's
     draft: another chat shows none, and it is back when its chat is shown again."""
@@ -832,25 +1140,38 @@ def test_attached_files_can_be_removed_and_stay_with_their_chat_when_another_is_
     remove = page.locator("#remove-attachments-btn")
     assert not remove.is_visible(), "✕ shows with nothing attached"
     attach_file(page, notes)
-    assert wait_until(lambda: "pantry-notes.txt" in page.inner_text("#attached") and remove.is_visible(), 30), page.inner_text("#attached")
+    assert wait_until(
+        lambda: "pantry-notes.txt" in page.inner_text("#attached") and remove.is_visible(), 30
+    ), page.inner_text("#attached")
     shot(page, "08-attached-with-remove")
     remove.click()
-    assert wait_until(lambda: page.inner_text("#attached").strip() == "" and not remove.is_visible(), 10), page.inner_text("#attached")
+    assert wait_until(
+        lambda: page.inner_text("#attached").strip() == "" and not remove.is_visible(), 10
+    ), page.inner_text("#attached")
     send(page, "Say hi.")
     assert wait_until(lambda: len(users(page)) == 1, 30), users(page)
     assert "MARKER-5120" not in users(page)[0], "a removed file went with the message"
     wait_reply(page, app, "reply to a message without the removed file", tokens=None)
     attach_file(page, notes)
-    assert wait_until(lambda: "pantry-notes.txt" in page.inner_text("#attached"), 30), page.inner_text("#attached")
+    assert wait_until(lambda: "pantry-notes.txt" in page.inner_text("#attached"), 30), (
+        page.inner_text("#attached")
+    )
     title = sidebar(page)[0].split(" · ")[0]
     open_new_chat(page)
-    assert wait_until(lambda: page.inner_text("#attached").strip() == "" and not remove.is_visible(), 10), page.inner_text("#attached")
+    assert wait_until(
+        lambda: page.inner_text("#attached").strip() == "" and not remove.is_visible(), 10
+    ), page.inner_text("#attached")
     select_chat(page, title)
-    assert wait_until(lambda: "pantry-notes.txt" in page.inner_text("#attached") and remove.is_visible(), 10), page.inner_text("#attached")
-    assert page.locator(".toast-body.warning").count() == 0, f"a warning when the chat was shown again: {toasts(page)}"
+    assert wait_until(
+        lambda: "pantry-notes.txt" in page.inner_text("#attached") and remove.is_visible(), 10
+    ), page.inner_text("#attached")
+    assert page.locator(".toast-body.warning").count() == 0, (
+        f"a warning when the chat was shown again: {toasts(page)}"
+    )
 
 
 # ---- 9. stop strings and seeds
+
 
 def test_stop_string_ends_the_reply_before_it(page, app):
     open_new_chat(page)
@@ -859,7 +1180,9 @@ def test_stop_string_ends_the_reply_before_it(page, app):
     # them): no system prompt here. (The page's default penalty, above 1, is
     # test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_engine's.)
     # counting repeats itself: the chat's penalty set to 1 (off), which the reply shows it used
-    set_settings(page, system_prompt="", temperature=0, max_tokens=40, stop="5", repetition_penalty=1)
+    set_settings(
+        page, system_prompt="", temperature=0, max_tokens=40, stop="5", repetition_penalty=1
+    )
     send(page, "Count from 1 to 10.")
     wait_reply(page, app, "reply with a stop string")
     reply = replies(page)[-1]
@@ -869,10 +1192,16 @@ def test_stop_string_ends_the_reply_before_it(page, app):
     assert "4" in reply, f"the reply should count up to 4 before the stop string: {reply!r}"
     assert "hit the token limit" not in line and "stopped" not in line, line
     toggle = page.locator(LINE).last.locator(".title button")
-    assert toggle.get_attribute("aria-label") == "Show details", toggle.evaluate("b => b.outerHTML")  # named for a screen reader
+    assert toggle.get_attribute("aria-label") == "Show details", toggle.evaluate(
+        "b => b.outerHTML"
+    )  # named for a screen reader
     page.locator(LINE).last.locator(".title").click()  # open the stats line: how the reply ended
-    assert wait_until(lambda: "finished" in page.locator(LINE).last.inner_text(), 5), page.locator(LINE).last.inner_text()
-    assert wait_until(lambda: toggle.get_attribute("aria-label") == "Hide details", 5), toggle.get_attribute("aria-label")
+    assert wait_until(lambda: "finished" in page.locator(LINE).last.inner_text(), 5), page.locator(
+        LINE
+    ).last.inner_text()
+    assert wait_until(lambda: toggle.get_attribute("aria-label") == "Hide details", 5), (
+        toggle.get_attribute("aria-label")
+    )
     assert page.locator(LINE).last.locator(".title").get_attribute("aria-expanded") == "true"
 
 
@@ -882,12 +1211,21 @@ def test_a_seed_gives_the_same_sampled_reply_every_time(page, app):
     wait_reply(page, app, "seeded reply")
     for n in (2, 3):
         retry(page)
-        wait_reply(page, app, f"seeded reply, version {n}", version=f"version {n}/3" if n == 3 else "version 2/2")
+        wait_reply(
+            page,
+            app,
+            f"seeded reply, version {n}",
+            version=f"version {n}/3" if n == 3 else "version 2/2",
+        )
     texts = {3: replies(page)[-1]}
     for n in (2, 1):
         prev_version(page)
-        assert wait_until(lambda: f"Reply 1: version {n} of 3" in versions_label(page), 20), versions_label(page)
+        assert wait_until(lambda: f"Reply 1: version {n} of 3" in versions_label(page), 20), (
+            versions_label(page)
+        )
         time.sleep(0.3)
         texts[n] = replies(page)[-1]
     shot(page, "09-seeded")
-    assert texts[1] and texts[1] == texts[2] == texts[3], f"the same seed gave different replies: {texts}"
+    assert texts[1] and texts[1] == texts[2] == texts[3], (
+        f"the same seed gave different replies: {texts}"
+    )

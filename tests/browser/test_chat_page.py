@@ -13,9 +13,21 @@ import time
 from pathlib import Path
 
 import pytest
-
-from chat_page_utils import (BROWSER_MARKS, REPLY, USER, browser, engine_idle, miss_checks, open_chat_list, open_new_chat,  # noqa: F401 (browser: fixture)
-                             progress_seen, put_setting, send, wait_page_loaded, watch_progress)
+from chat_page_utils import (  # noqa: F401 (browser: fixture)
+    BROWSER_MARKS,
+    REPLY,
+    USER,
+    browser,
+    engine_idle,
+    miss_checks,
+    open_chat_list,
+    open_new_chat,
+    progress_seen,
+    put_setting,
+    send,
+    wait_page_loaded,
+    watch_progress,
+)
 from server_utils import CLI, wait_until
 
 pytestmark = BROWSER_MARKS
@@ -27,13 +39,53 @@ COPY_REPLY = "#chatbot .message-buttons-left button[aria-label='Copy message']"
 STATS = re.compile(r"(\d+) tokens")
 PLACEHOLDER = "Ask anything"
 # Words that only the chats of this module contain: none may appear in the app's log.
-MARKERS = ("Quokka", "Wombat", "Okapi", "Ibex", "Bison", "Lemur", "Walrus", "Narwhal", "Platypus", "Koala", "Gecko",
-           "Axolotl", "Pangolin", "Marmot", "Tapir", "Dugong", "Capybara", "Meerkat", "Wapiti", "Quoll", "Jerboa", "Numbat", "Kiwi", "Tuatara", "Kakapo",
-           "Quetzal", "Bilby", "Oribi", "Saola", "Dikdik", "Zorilla", "Wallaby", "Echidna", "Caracal", "Fossa",
-           "Kinkajou", "Aardwolf", "Binturong", "Gerenuk", "Solenodon", "Hyrax")
+MARKERS = (
+    "Quokka",
+    "Wombat",
+    "Okapi",
+    "Ibex",
+    "Bison",
+    "Lemur",
+    "Walrus",
+    "Narwhal",
+    "Platypus",
+    "Koala",
+    "Gecko",
+    "Axolotl",
+    "Pangolin",
+    "Marmot",
+    "Tapir",
+    "Dugong",
+    "Capybara",
+    "Meerkat",
+    "Wapiti",
+    "Quoll",
+    "Jerboa",
+    "Numbat",
+    "Kiwi",
+    "Tuatara",
+    "Kakapo",
+    "Quetzal",
+    "Bilby",
+    "Oribi",
+    "Saola",
+    "Dikdik",
+    "Zorilla",
+    "Wallaby",
+    "Echidna",
+    "Caracal",
+    "Fossa",
+    "Kinkajou",
+    "Aardwolf",
+    "Binturong",
+    "Gerenuk",
+    "Solenodon",
+    "Hyrax",
+)
 
 
 # ---- the app and the browser, shared by the module
+
 
 @pytest.fixture
 def app(chat_app):
@@ -56,7 +108,10 @@ class BrowserTab:
         self.app = app
         self.server_errors: list[str] = []
         self.page = context.new_page()
-        self.page.on("response", lambda r: r.status >= 500 and self.server_errors.append(f"{r.status} {r.url}"))
+        self.page.on(
+            "response",
+            lambda r: r.status >= 500 and self.server_errors.append(f"{r.status} {r.url}"),
+        )
         self.open()
 
     def open(self) -> None:
@@ -74,8 +129,12 @@ def tab(browser, app):
     contexts = []
 
     def make(viewport=None, **kw) -> BrowserTab:
-        ctx = browser.new_context(viewport=viewport or {"width": 1280, "height": 860}, accept_downloads=True,
-                                  permissions=["clipboard-read", "clipboard-write"], **kw)
+        ctx = browser.new_context(
+            viewport=viewport or {"width": 1280, "height": 860},
+            accept_downloads=True,
+            permissions=["clipboard-read", "clipboard-write"],
+            **kw,
+        )
         contexts.append(ctx)
         return BrowserTab(ctx, app)
 
@@ -86,6 +145,7 @@ def tab(browser, app):
 
 
 # ---- what a person does and sees
+
 
 def running(app) -> float:
     return app.metrics().get("minisgl_running_requests", -1)
@@ -114,8 +174,9 @@ def finished(page) -> list[int]:
 
 
 def wait_finished(page, n: int, timeout: float = 60) -> None:
-    assert wait_until(lambda: len(finished(page)) >= n, timeout), \
+    assert wait_until(lambda: len(finished(page)) >= n, timeout), (
         f"not {n} finished replies: {chat_text(page)[-500:]!r}; status line: {page.inner_text('#status-line')!r}"
+    )
 
 
 def toasts(page) -> list[str]:
@@ -133,7 +194,12 @@ def open_accordion(page, label: str, probe: str) -> None:
         page.locator(probe).wait_for(state="visible", timeout=5_000)
 
 
-def set_settings(page, temperature: float | None = None, max_tokens: int | None = None, repetition_penalty: float | None = 1) -> None:
+def set_settings(
+    page,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    repetition_penalty: float | None = 1,
+) -> None:
     """Type the chat's settings (and check that the page kept them); the repetition penalty off
     unless given, so that a greedy reply is the model's own (the page's default reshapes it)."""
     open_accordion(page, "Settings", "#max-tokens input")
@@ -186,6 +252,7 @@ def log_text(app) -> str:
 
 # ---- 1. switching chats while a reply streams
 
+
 def story(marker: str) -> str:
     return f"{marker}: {LONG_PROMPT}"
 
@@ -199,23 +266,33 @@ def test_switching_chats_mid_reply_shows_the_selected_chat(tab, app):
     send(page, story("Wombat"))
     assert wait_until(lambda: len(last_reply(page)) > 40, 60), chat_text(page)[-300:]
     select_chat(page, "Quokka")
-    assert wait_until(lambda: shows_only(page, "Quokka", ("Wombat",)), 10), f"chat A not shown: {sidebar(page)} {chat_text(page)[-300:]!r}"
+    assert wait_until(lambda: shows_only(page, "Quokka", ("Wombat",)), 10), (
+        f"chat A not shown: {sidebar(page)} {chat_text(page)[-300:]!r}"
+    )
     seen = []
     t_end = time.monotonic() + 4
     while time.monotonic() < t_end:  # it stays on A while B streams
         seen.append((users(page), "Wombat" in chat_text(page) or "dragon" in chat_text(page)))
         time.sleep(0.1)
     wrong = [s for s in seen if not (len(s[0]) == 1 and "Quokka" in s[0][0]) or s[1]]
-    assert not wrong, f"the view left chat A for B's stream in {len(wrong)}/{len(seen)} samples, e.g. {wrong[0]}"
+    assert not wrong, (
+        f"the view left chat A for B's stream in {len(wrong)}/{len(seen)} samples, e.g. {wrong[0]}"
+    )
     assert running(app) == 1, "B stopped streaming while A was shown"
-    assert label_of(page, "Wombat").startswith("●"), f"B's sidebar label has no ● while it replies: {sidebar(page)}"
+    assert label_of(page, "Wombat").startswith("●"), (
+        f"B's sidebar label has no ● while it replies: {sidebar(page)}"
+    )
     assert not label_of(page, "Quokka").startswith("●"), sidebar(page)
     # back to B: its reply, complete so far and still going
     select_chat(page, "Wombat")
-    assert wait_until(lambda: shows_only(page, "Wombat", ("Quokka",)), 10), f"{sidebar(page)} {chat_text(page)[-300:]!r}"
+    assert wait_until(lambda: shows_only(page, "Wombat", ("Quokka",)), 10), (
+        f"{sidebar(page)} {chat_text(page)[-300:]!r}"
+    )
     assert wait_until(lambda: len(last_reply(page)) > 40, 5)
     before = len(last_reply(page))
-    assert wait_until(lambda: len(last_reply(page)) > before or finished(page), 10), "B's reply is frozen after switching back"
+    assert wait_until(lambda: len(last_reply(page)) > before or finished(page), 10), (
+        "B's reply is frozen after switching back"
+    )
     page.click("#stop-btn")
     assert wait_until(lambda: engine_idle(app), 5), app.metrics()
 
@@ -223,13 +300,21 @@ def test_switching_chats_mid_reply_shows_the_selected_chat(tab, app):
 def test_two_chats_stream_at_once_in_one_tab(tab, app):
     t = tab()
     page = t.page
-    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
+    new_chat(
+        page, max_tokens=3000
+    )  # stopped below: long enough to outlast the checks at ~150 tok/s
     send(page, story("Okapi"))
     assert wait_until(lambda: len(last_reply(page)) > 20, 60)
-    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
+    new_chat(
+        page, max_tokens=3000
+    )  # stopped below: long enough to outlast the checks at ~150 tok/s
     send(page, f"Ibex: {SEA_PROMPT}")
-    assert wait_until(lambda: running(app) == 2, 30), f"the two chats were not replying at the same time: {app.metrics()}"
-    assert wait_until(lambda: len(last_reply(page)) > 20 and shows_only(page, "Ibex", ()), 30), chat_text(page)[-300:]
+    assert wait_until(lambda: running(app) == 2, 30), (
+        f"the two chats were not replying at the same time: {app.metrics()}"
+    )
+    assert wait_until(lambda: len(last_reply(page)) > 20 and shows_only(page, "Ibex", ()), 30), (
+        chat_text(page)[-300:]
+    )
     # the tab shows B only, while A streams too
     samples, orders = [], []
 
@@ -241,8 +326,12 @@ def test_two_chats_stream_at_once_in_one_tab(tab, app):
         samples.append(shows_only(page, "Ibex", ("Okapi", "dragon")))
         orders.append(order())
         time.sleep(0.1)
-    assert all(samples), f"chat A's stream showed in chat B ({samples.count(False)}/{len(samples)} samples)"
-    assert label_of(page, "Okapi").startswith("●") and label_of(page, "Ibex").startswith("●"), sidebar(page)
+    assert all(samples), (
+        f"chat A's stream showed in chat B ({samples.count(False)}/{len(samples)} samples)"
+    )
+    assert label_of(page, "Okapi").startswith("●") and label_of(page, "Ibex").startswith("●"), (
+        sidebar(page)
+    )
     page.click("#stop-btn")  # stops B, the chat shown
     assert wait_until(lambda: running(app) == 1, 5), app.metrics()
     t_end = time.monotonic() + 2
@@ -250,9 +339,13 @@ def test_two_chats_stream_at_once_in_one_tab(tab, app):
         orders.append(order())
         time.sleep(0.1)
     # the sidebar holds still while chats reply, so that a click lands on the chat aimed at
-    assert len(set(orders)) == 1, f"the sidebar reorders itself while a chat replies: {sorted(set(orders))}"
+    assert len(set(orders)) == 1, (
+        f"the sidebar reorders itself while a chat replies: {sorted(set(orders))}"
+    )
     select_chat(page, "Okapi")
-    assert wait_until(lambda: shows_only(page, "Okapi", ("Ibex",)), 10), f"{sidebar(page)} {chat_text(page)[-300:]!r}"
+    assert wait_until(lambda: shows_only(page, "Okapi", ("Ibex",)), 10), (
+        f"{sidebar(page)} {chat_text(page)[-300:]!r}"
+    )
     page.click("#stop-btn")
     assert wait_until(lambda: engine_idle(app), 5), app.metrics()
     # each reply is stored in its own chat (what a reload shows)
@@ -261,12 +354,15 @@ def test_two_chats_stream_at_once_in_one_tab(tab, app):
     for mine, other in (("Okapi", "Ibex"), ("Ibex", "Okapi")):
         select_chat(page, mine)
         assert wait_until(lambda: shows_only(page, mine, (other,)), 10), chat_text(page)[-300:]
-        assert wait_until(lambda: len(users(page)) == 1 and len(replies(page)) == 1 and last_reply(page), 5), chat_text(page)[-500:]
+        assert wait_until(
+            lambda: len(users(page)) == 1 and len(replies(page)) == 1 and last_reply(page), 5
+        ), chat_text(page)[-500:]
         stored[mine] = last_reply(page)
     assert stored["Okapi"][:40] != stored["Ibex"][:40], stored
 
 
 # ---- 2. a message sent while a reply streams
+
 
 def test_message_sent_during_a_reply_is_shown_and_answered_next(tab, app):
     t = tab()
@@ -276,20 +372,26 @@ def test_message_sent_during_a_reply_is_shown_and_answered_next(tab, app):
     assert wait_until(lambda: len(last_reply(page)) > 20, 60)
     assert not finished(page), "the first reply ended too early for this test"
     send(page, "Bison two: what is the capital of France?")
-    assert wait_until(lambda: len(users(page)) == 2, 2), f"the second message is not shown at once: {users(page)}"
+    assert wait_until(lambda: len(users(page)) == 2, 2), (
+        f"the second message is not shown at once: {users(page)}"
+    )
     lost = []
     t_end = time.monotonic() + 2
     while time.monotonic() < t_end:
         if len(users(page)) != 2:
             lost.append(users(page))
         time.sleep(0.1)
-    assert not lost, f"the second message vanished from the chat while the first reply streamed: {lost[0]}"
+    assert not lost, (
+        f"the second message vanished from the chat while the first reply streamed: {lost[0]}"
+    )
     wait_finished(page, 2, 60)
     assert "Bison two" in users(page)[1]
     assert len(replies(page)) == 2 and all(replies(page)), chat_text(page)[-500:]
     t.open()
     select_chat(page, "Bison")
-    assert wait_until(lambda: len(users(page)) == 2 and len(finished(page)) == 2, 10), f"after a reload: {chat_text(page)[-600:]!r}"
+    assert wait_until(lambda: len(users(page)) == 2 and len(finished(page)) == 2, 10), (
+        f"after a reload: {chat_text(page)[-600:]!r}"
+    )
     assert "Bison: " in users(page)[0] and "Bison two" in users(page)[1]
     assert all(replies(page))
 
@@ -298,11 +400,15 @@ def test_stop_with_a_message_waiting_stops_the_chat_and_never_blanks_it(tab, app
     """Stop ends the reply and the chat: the message that waited stays, unanswered, with the line
     saying ↻ answers it (it was answered at once, which a user who pressed Stop did not expect)."""
     page = tab().page
-    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
+    new_chat(
+        page, max_tokens=3000
+    )  # stopped below: long enough to outlast the checks at ~150 tok/s
     send(page, story("Lemur"))
     assert wait_until(lambda: len(last_reply(page)) > 20, 60)
     send(page, "Lemur two: what is the capital of Italy?")
-    assert wait_until(lambda: len(users(page)) == 2, 2), f"the second message is not shown at once: {users(page)}"
+    assert wait_until(lambda: len(users(page)) == 2, 2), (
+        f"the second message is not shown at once: {users(page)}"
+    )
     page.click("#stop-btn")
     blank = []
     t_end = time.monotonic() + 3
@@ -312,19 +418,26 @@ def test_stop_with_a_message_waiting_stops_the_chat_and_never_blanks_it(tab, app
             blank.append(text[:80])
         time.sleep(0.05)
     assert not blank, f"Stop blanked the chat ({len(blank)} samples): {blank[0]!r}"
-    assert wait_until(lambda: "stopped" in chat_text(page), 10), f"the stopped reply does not say so: {chat_text(page)[-300:]!r}"
+    assert wait_until(lambda: "stopped" in chat_text(page), 10), (
+        f"the stopped reply does not say so: {chat_text(page)[-300:]!r}"
+    )
     # the waiting message is not answered: it says so, and ↻ answers it
     assert wait_until(lambda: "not answered" in chat_text(page), 10), chat_text(page)[-500:]
     time.sleep(2)
-    assert len(users(page)) == 2 and len(replies(page)) == 1 and "not answered" in chat_text(page), chat_text(page)[-500:]
+    assert (
+        len(users(page)) == 2 and len(replies(page)) == 1 and "not answered" in chat_text(page)
+    ), chat_text(page)[-500:]
     assert wait_until(lambda: engine_idle(app), 10), "the waiting message was sent to the engine"
     page.locator("#chatbot .thought-group").last.hover()  # the "not answered" line, where ↻ shows
     page.locator("#chatbot button[aria-label='Retry']").last.click()
     wait_finished(page, 2, 60)
-    assert len(replies(page)) == 2 and replies(page)[1] and "not answered" not in chat_text(page), chat_text(page)[-500:]
+    assert len(replies(page)) == 2 and replies(page)[1] and "not answered" not in chat_text(page), (
+        chat_text(page)[-500:]
+    )
 
 
 # ---- 3. refused actions
+
 
 def test_refused_actions_warn_without_errors(tab, app):
     t = tab()
@@ -350,7 +463,9 @@ def test_refused_actions_warn_without_errors(tab, app):
         try:
             b.click(timeout=5_000)
         except Exception as exc:
-            raise AssertionError(f"the ✎ button of a message cannot be clicked (disabled={b.is_disabled()})") from exc
+            raise AssertionError(
+                f"the ✎ button of a message cannot be clicked (disabled={b.is_disabled()})"
+            ) from exc
         box = page.locator("#chatbot textarea").first
         box.wait_for(timeout=5_000)
         box.fill(text)
@@ -369,14 +484,22 @@ def test_refused_actions_warn_without_errors(tab, app):
     edit("last", "")
     bad = watch_chat(2)
     assert not bad, f"a refused ✎ hid the chat or showed an error: {bad[0]}"
-    assert wait_until(lambda: any("empty" in x for x in toasts(page)), 8), f"no toast says why: {toasts(page)}"
-    assert wait_until(lambda: users(page) == shown, 5), f"the chat is not shown as it was: {users(page)}"
+    assert wait_until(lambda: any("empty" in x for x in toasts(page)), 8), (
+        f"no toast says why: {toasts(page)}"
+    )
+    assert wait_until(lambda: users(page) == shown, 5), (
+        f"the chat is not shown as it was: {users(page)}"
+    )
     # ✎ of a message that is not the last: refused with a toast, or kept as a new version; never an error
     edit("first", "Walrus one, edited.")
     bad = watch_chat(3)
     assert not bad, f"✎ on an earlier message hid the chat or showed an error: {bad[0]}"
-    assert wait_until(lambda: any("last message" in x for x in toasts(page)) or "Walrus one, edited" in users(page)[0], 8), \
-        f"neither a toast nor the edit: {users(page)} {toasts(page)}"
+    assert wait_until(
+        lambda: (
+            any("last message" in x for x in toasts(page)) or "Walrus one, edited" in users(page)[0]
+        ),
+        8,
+    ), f"neither a toast nor the edit: {users(page)} {toasts(page)}"
     assert wait_until(lambda: engine_idle(app), 30)
     assert error_badges(page) == 0, toasts(page)
     assert not t.server_errors, t.server_errors
@@ -386,12 +509,15 @@ def test_refused_actions_warn_without_errors(tab, app):
 
 # ---- 4. export
 
+
 def test_export_downloads_the_shown_chat_every_time(tab, app):
     page = tab().page
     downloads = []
     page.on("download", lambda d: downloads.append(d))
     new_chat(page, max_tokens=4)
-    open_accordion(page, "Manage", "#no-chat-actions")  # an empty new chat offers no export: a line says when it will
+    open_accordion(
+        page, "Manage", "#no-chat-actions"
+    )  # an empty new chat offers no export: a line says when it will
     assert not page.locator("#export-md-btn").is_visible(), "an empty new chat offers an export"
 
     def export(button: str) -> str:
@@ -419,7 +545,9 @@ def test_export_downloads_the_shown_chat_every_time(tab, app):
     assert "Platypus" in doc and "Narwhal" not in doc, doc[:300]
     json.loads(doc)
     select_chat(page, "Narwhal")
-    assert wait_until(lambda: shows_only(page, "Narwhal", ("Platypus",)), 10), f"{sidebar(page)} {chat_text(page)[-300:]!r}"
+    assert wait_until(lambda: shows_only(page, "Narwhal", ("Platypus",)), 10), (
+        f"{sidebar(page)} {chat_text(page)[-300:]!r}"
+    )
     doc = export("#export-json-btn")
     assert "Narwhal" in doc and "Platypus" not in doc, doc[:300]
     md = export("#export-md-btn")
@@ -427,6 +555,7 @@ def test_export_downloads_the_shown_chat_every_time(tab, app):
 
 
 # ---- 5. copy
+
 
 def test_copy_gives_the_reply_markdown_only(tab, app):
     page = tab().page
@@ -436,10 +565,14 @@ def test_copy_gives_the_reply_markdown_only(tab, app):
     page.evaluate("navigator.clipboard.writeText('')")
     page.locator(REPLY).last.hover()
     page.locator(COPY_REPLY).filter(visible=True).last.click()  # the stats line under it has none
-    assert wait_until(lambda: page.evaluate("navigator.clipboard.readText()"), 5), "nothing was copied"
+    assert wait_until(lambda: page.evaluate("navigator.clipboard.readText()"), 5), (
+        "nothing was copied"
+    )
     copied = page.evaluate("navigator.clipboard.readText()")
     assert "Paris" in copied, copied
-    assert "<sub" not in copied and "tok/s" not in copied and "tokens" not in copied, f"Copy gave more than the reply: {copied!r}"
+    assert "<sub" not in copied and "tok/s" not in copied and "tokens" not in copied, (
+        f"Copy gave more than the reply: {copied!r}"
+    )
 
 
 def test_html_in_messages_and_toasts_shows_as_typed(tab, app, tmp_path):
@@ -451,31 +584,53 @@ def test_html_in_messages_and_toasts_shows_as_typed(tab, app, tmp_path):
     question = "<div>hello</div> and a <b> c"
     answer = 'Use the <style> tag, AT&amp;T:\n\n```html\n<div class="x">code</div>\n```'
     path = tmp_path / "html.json"
-    path.write_text(json.dumps({"title": "<b>Bold</b> Okapi", "messages": [
-        {"role": "user", "content": question}, {"role": "assistant", "content": answer}]}), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {
+                "title": "<b>Bold</b> Okapi",
+                "messages": [
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": answer},
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
     open_accordion(page, "Manage", "#import-btn")
     with page.expect_file_chooser() as chooser:
         page.click("#import-btn")
     chooser.value.set_files(str(path))
 
-    def seen(texts: list[str]) -> list[str]:  # as a person reads it (the word joiners are invisible)
+    def seen(
+        texts: list[str],
+    ) -> list[str]:  # as a person reads it (the word joiners are invisible)
         return [t.replace("\u2060", "") for t in texts]
 
     assert wait_until(lambda: seen(users(page)) == [question], 30), users(page)
     assert wait_until(lambda: replies(page), 5)
     shown = seen(replies(page))[0]
     assert "Use the <style> tag, AT&amp;T:" in shown and '<div class="x">code</div>' in shown, shown
-    assert page.locator("#chatbot pre code").first.inner_text().strip() == '<div class="x">code</div>'
-    assert wait_until(lambda: "Imported “<b>Bold</b> Okapi”" in page.inner_text("#import-note"), 10), page.inner_text("#import-note")
+    assert (
+        page.locator("#chatbot pre code").first.inner_text().strip() == '<div class="x">code</div>'
+    )
+    assert wait_until(
+        lambda: "Imported “<b>Bold</b> Okapi”" in page.inner_text("#import-note"), 10
+    ), page.inner_text("#import-note")
     assert page.locator("#import-note b, #import-note strong").count() == 0
     page.evaluate("navigator.clipboard.writeText('')")
     page.locator(USER).first.hover()
-    page.locator("#chatbot .message-buttons-right button[aria-label='Copy message']").filter(visible=True).first.click()
-    assert wait_until(lambda: page.evaluate("navigator.clipboard.readText()"), 5), "nothing was copied"
+    page.locator("#chatbot .message-buttons-right button[aria-label='Copy message']").filter(
+        visible=True
+    ).first.click()
+    assert wait_until(lambda: page.evaluate("navigator.clipboard.readText()"), 5), (
+        "nothing was copied"
+    )
     assert page.evaluate("navigator.clipboard.readText()") == question
 
 
-def test_a_messages_edit_box_holds_its_text_as_typed_without_the_marks_that_show_its_html(tab, app, tmp_path):
+def test_a_messages_edit_box_holds_its_text_as_typed_without_the_marks_that_show_its_html(
+    tab, app, tmp_path
+):
     """✎ filled its box with the text as shown, where an invisible mark follows each "<" of HTML
     (view.shown_literally): each mark took a key press of its own to cross, and a "<" deleted
     left its mark in the message saved (a new user's tour, 1280x800). The box holds the text as
@@ -483,8 +638,18 @@ def test_a_messages_edit_box_holds_its_text_as_typed_without_the_marks_that_show
     page = tab().page
     answer = "Fossa: use the <style> tag & <b>bold</b>, AT&amp;T."
     path = tmp_path / "fossa.json"
-    path.write_text(json.dumps({"title": "Fossa", "messages": [
-        {"role": "user", "content": "Fossa: which tag?"}, {"role": "assistant", "content": answer}]}), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {
+                "title": "Fossa",
+                "messages": [
+                    {"role": "user", "content": "Fossa: which tag?"},
+                    {"role": "assistant", "content": answer},
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
     open_accordion(page, "Manage", "#import-btn")
     with page.expect_file_chooser() as chooser:
         page.click("#import-btn")
@@ -515,29 +680,40 @@ def test_a_messages_edit_box_holds_its_text_as_typed_without_the_marks_that_show
     box.press("Backspace")  # the "<" of "<style>"
     box.press("Enter")  # saved (an edited reply is kept as written)
     edited = answer.replace("<style>", "style>")
-    assert wait_until(lambda: box.count() == 0 and "style> tag" in replies(page)[0], 10), replies(page)
+    assert wait_until(lambda: box.count() == 0 and "style> tag" in replies(page)[0], 10), replies(
+        page
+    )
     assert edit_box_text() == edited, "a mark was left in the message saved"
     box.press("Escape")
 
 
 # ---- 6. reload mid-reply
 
+
 def test_reload_mid_reply_and_closing_the_tab(tab, app):
     t = tab()
     page = t.page
-    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
+    new_chat(
+        page, max_tokens=3000
+    )  # stopped below: long enough to outlast the checks at ~150 tok/s
     send(page, story("Gecko"))
     assert wait_until(lambda: len(last_reply(page)) > 40, 60)
     before = len(last_reply(page))
     page.reload()
     t.wait_loaded()
-    assert wait_until(lambda: users(page) and "Gecko" in users(page)[0] and last_reply(page), 10), chat_text(page)[-300:]
+    assert wait_until(lambda: users(page) and "Gecko" in users(page)[0] and last_reply(page), 10), (
+        chat_text(page)[-300:]
+    )
     first = len(last_reply(page))
     assert first >= before, f"the reply lost text on reload ({before} -> {first} characters)"
-    live = wait_until(lambda: len(last_reply(page)) > first + 10, 15)  # a loaded 2-core machine is slow
+    live = wait_until(
+        lambda: len(last_reply(page)) > first + 10, 15
+    )  # a loaded 2-core machine is slow
     if not live:  # else it shows as stopped, with its stats
         text = chat_text(page)
-        assert "stopped" in text and finished(page), f"after a reload the reply is neither live nor stopped: {text[-300:]!r}"
+        assert "stopped" in text and finished(page), (
+            f"after a reload the reply is neither live nor stopped: {text[-300:]!r}"
+        )
     assert label_of(page, "Gecko").startswith("●") == live, sidebar(page)
     if not live or running(app) == 0:  # something to stop by closing the tab
         send(page, "Continue the story.")
@@ -545,16 +721,22 @@ def test_reload_mid_reply_and_closing_the_tab(tab, app):
     assert wait_until(lambda: len(last_reply(page)) > 0, 30)
     page.close()
     t0 = time.monotonic()
-    assert wait_until(lambda: engine_idle(app), 5), f"closing the tab did not free the engine: {app.metrics()}"
+    assert wait_until(lambda: engine_idle(app), 5), (
+        f"closing the tab did not free the engine: {app.metrics()}"
+    )
     assert time.monotonic() - t0 < 5
 
 
 # ---- 7. temperature and top-p steps
 
+
 def test_temperature_and_top_p_accept_fine_steps(tab, app):
     page = tab().page
     open_accordion(page, "Settings", "#temperature input[type=number]")
-    for sel, value in (("#temperature input[type=number]", "0.3"), ("#top-p input[type=number]", "0.95")):
+    for sel, value in (
+        ("#temperature input[type=number]", "0.3"),
+        ("#top-p input[type=number]", "0.95"),
+    ):
         el = page.locator(sel)
         put_setting(page, sel, value)
         assert el.get_attribute("step") == "0.05", f"{sel} step is {el.get_attribute('step')!r}"
@@ -565,6 +747,7 @@ def test_temperature_and_top_p_accept_fine_steps(tab, app):
 
 
 # ---- 8. settings apply without a Save button
+
 
 def test_typed_max_tokens_apply_to_the_next_reply(tab, app):
     page = tab().page
@@ -601,23 +784,32 @@ def test_a_settings_box_is_saved_when_left_not_on_every_key(tab, app):
 
     type_into("#max-tokens input", "64")
     page.press("#max-tokens input", "Tab")
-    for selector, typed, words, leave in (("#max-tokens input", "1.5", "max tokens must be a whole number", "Enter"),
-                                          ("#max-tokens input", "99999999", "got 99,999,999", "Tab"),
-                                          ("#repetition-penalty input[type=number]", "0.5", "repetition penalty", "Enter")):
+    for selector, typed, words, leave in (
+        ("#max-tokens input", "1.5", "max tokens must be a whole number", "Enter"),
+        ("#max-tokens input", "99999999", "got 99,999,999", "Tab"),
+        ("#repetition-penalty input[type=number]", "0.5", "repetition penalty", "Enter"),
+    ):
         for button in page.locator(".toast-close").all():
             button.click()
         assert wait_until(lambda: not toasts(page), 5), toasts(page)
         before = page.input_value(selector)
         type_into(selector, typed)
         time.sleep(0.3)
-        assert not refusals(), f"{typed!r} in {selector}: refused before the box was left: {refusals()}"
+        assert not refusals(), (
+            f"{typed!r} in {selector}: refused before the box was left: {refusals()}"
+        )
         page.press(selector, leave)
         assert wait_until(lambda: refusals(), 10), f"{typed!r} in {selector}: no toast once left"
         time.sleep(0.5)  # any other toast on its way
-        assert len(refusals()) == 1 and words in refusals()[0], f"{typed!r} in {selector}: one toast expected, got {refusals()}"
-        assert wait_until(lambda: page.input_value(selector) == before, 5), \
+        assert len(refusals()) == 1 and words in refusals()[0], (
+            f"{typed!r} in {selector}: one toast expected, got {refusals()}"
+        )
+        assert wait_until(lambda: page.input_value(selector) == before, 5), (
             f"{typed!r} in {selector}: the box shows {page.input_value(selector)!r}, not the value before it ({before!r})"
-    assert page.input_value("#max-tokens input") == "64", "the value typed and left first was not kept"
+        )
+    assert page.input_value("#max-tokens input") == "64", (
+        "the value typed and left first was not kept"
+    )
 
 
 def test_an_emptied_settings_box_shows_the_saved_value_again_once_left(tab, app):
@@ -629,16 +821,26 @@ def test_an_emptied_settings_box_shows_the_saved_value_again_once_left(tab, app)
     open_accordion(page, "Settings", "#max-tokens input")
     # a new chat starts from the settings of the chat shown (this module's chats are greedy, without a
     # penalty): values other than the sliders' lowest, so that a box put to its lowest is seen
-    for selector, value in (("#temperature input[type=number]", "0.7"), ("#repetition-penalty input[type=number]", "1.2")):
+    for selector, value in (
+        ("#temperature input[type=number]", "0.7"),
+        ("#repetition-penalty input[type=number]", "1.2"),
+    ):
         put_setting(page, selector, value)
-    for selector in ("#temperature input[type=number]", "#repetition-penalty input[type=number]", "#max-tokens input"):
+    for selector in (
+        "#temperature input[type=number]",
+        "#repetition-penalty input[type=number]",
+        "#max-tokens input",
+    ):
         before = page.input_value(selector)
         assert before and float(before) > 0, f"{selector}: {before!r}"
         put_setting(page, selector, "")
-        assert wait_until(lambda: page.input_value(selector) == before, 5), \
+        assert wait_until(lambda: page.input_value(selector) == before, 5), (
             f"{selector} emptied and left shows {page.input_value(selector)!r}, not the saved {before!r}"
+        )
     time.sleep(0.5)
-    assert page.input_value("#temperature input[type=number]") != "0" and not [x for x in toasts(page) if "not saved" in x]
+    assert page.input_value("#temperature input[type=number]") != "0" and not [
+        x for x in toasts(page) if "not saved" in x
+    ]
 
 
 def test_max_tokens_above_the_models_context_is_refused_and_a_typed_1e3_shows_as_saved(tab, app):
@@ -651,15 +853,23 @@ def test_max_tokens_above_the_models_context_is_refused_and_a_typed_1e3_shows_as
     send(page, "Kakapo one: say hi.")
     wait_finished(page, 1)
     put_setting(page, "#max-tokens input", "32768")
-    assert wait_until(lambda: any(re.search(r"from 1 to [\d,]+, the context of", x) for x in toasts(page)), 10), toasts(page)
-    assert wait_until(lambda: page.input_value("#max-tokens input") == "4", 5), page.input_value("#max-tokens input")
+    assert wait_until(
+        lambda: any(re.search(r"from 1 to [\d,]+, the context of", x) for x in toasts(page)), 10
+    ), toasts(page)
+    assert wait_until(lambda: page.input_value("#max-tokens input") == "4", 5), page.input_value(
+        "#max-tokens input"
+    )
     assert error_badges(page) == 0, toasts(page)
     put_setting(page, "#max-tokens input", "1e3")
-    assert wait_until(lambda: page.input_value("#max-tokens input") == "1000", 5), page.input_value("#max-tokens input")
+    assert wait_until(lambda: page.input_value("#max-tokens input") == "1000", 5), page.input_value(
+        "#max-tokens input"
+    )
     time.sleep(1)  # saved
     t.open()
     open_accordion(page, "Settings", "#max-tokens input")
-    assert wait_until(lambda: page.input_value("#max-tokens input") == "1000", 10), page.input_value("#max-tokens input")
+    assert wait_until(lambda: page.input_value("#max-tokens input") == "1000", 10), (
+        page.input_value("#max-tokens input")
+    )
     assert "Kakapo" in users(page)[0]
 
 
@@ -676,25 +886,48 @@ def test_a_double_click_on_send_or_a_double_enter_sends_once(tab):
     page.press("#msg-input textarea", "Enter")
     wait_finished(page, 2)
     time.sleep(1.0)  # a second copy, had it been sent, shows by now
-    assert [u for u in users(page) if "Numbat" in u] == ["Numbat note one.", "Numbat note two."], chat_text(page)[-600:]
+    assert [u for u in users(page) if "Numbat" in u] == ["Numbat note one.", "Numbat note two."], (
+        chat_text(page)[-600:]
+    )
 
 
 # ---- 9. delete asks first; the log keeps no chat text
 
-def test_manage_renames_a_stored_chat_only_and_an_empty_title_is_refused_and_the_title_put_back(tab):
+
+def test_manage_renames_a_stored_chat_only_and_an_empty_title_is_refused_and_the_title_put_back(
+    tab,
+):
     """Manage offered Rename, Delete and Export for a new chat, where they did nothing: a line
     says they come with the first message, and they do."""
     page = tab().page
     new_chat(page, max_tokens=4)
     open_accordion(page, "Manage", "#no-chat-actions")
-    assert not page.locator("#delete-btn").is_visible() and not page.locator("#title-input").is_visible()
+    assert (
+        not page.locator("#delete-btn").is_visible()
+        and not page.locator("#title-input").is_visible()
+    )
     assert "first message" in page.inner_text("#no-chat-actions")
     send(page, "Quokka note: say hi.")
     wait_finished(page, 1)
-    assert wait_until(lambda: page.locator("#delete-btn").is_visible() and not page.locator("#no-chat-actions").is_visible(), 5)
-    assert wait_until(lambda: page.locator("#title-input :is(input, textarea)").input_value().startswith("Quokka note"), 5)
+    assert wait_until(
+        lambda: (
+            page.locator("#delete-btn").is_visible()
+            and not page.locator("#no-chat-actions").is_visible()
+        ),
+        5,
+    )
+    assert wait_until(
+        lambda: (
+            page.locator("#title-input :is(input, textarea)")
+            .input_value()
+            .startswith("Quokka note")
+        ),
+        5,
+    )
     open_accordion(page, "Manage", "#title-input")
-    time.sleep(0.3)  # past the accordion's late setting of its boxes' values (chat_page_utils.put_setting)
+    time.sleep(
+        0.3
+    )  # past the accordion's late setting of its boxes' values (chat_page_utils.put_setting)
     box = page.locator("#title-input :is(input, textarea)")
     box.fill("Quokka chat")
     box.press("Enter")
@@ -724,14 +957,18 @@ def test_delete_asks_for_confirmation(tab, app):
     open_accordion(page, "Manage", "#delete-btn")
     page.click("#delete-btn")
     assert wait_until(lambda: dialogs, 5), "Delete did not ask for confirmation"
-    assert "Pangolin note: say hi." in dialogs[0], f"the question does not name the chat: {dialogs[0]!r}"
+    assert "Pangolin note: say hi." in dialogs[0], (
+        f"the question does not name the chat: {dialogs[0]!r}"
+    )
     time.sleep(1.5)
     assert label_of(page, "Pangolin"), f"dismissing the dialog deleted the chat: {sidebar(page)}"
     assert users(page) and "Pangolin" in users(page)[0], chat_text(page)[:200]
     answer["accept"] = True
     page.click("#delete-btn")
     assert wait_until(lambda: len(dialogs) == 2, 5)
-    assert wait_until(lambda: not label_of(page, "Pangolin"), 5), f"accepting did not delete the chat: {sidebar(page)}"
+    assert wait_until(lambda: not label_of(page, "Pangolin"), 5), (
+        f"accepting did not delete the chat: {sidebar(page)}"
+    )
     assert wait_until(lambda: "Pangolin" not in chat_text(page), 5)
     # no toast over the chat shown next (it asked first, and the chat left the sidebar)
     time.sleep(0.5)
@@ -754,17 +991,25 @@ def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
         wait_finished(page, 1)
     select_chat(page, "Wapiti")  # an older chat than the newest (Quoll)
     assert wait_until(lambda: shows_only(page, "Wapiti", ("Quoll",)), 10), chat_text(page)[:200]
-    assert wait_until(lambda: shown_chat_in_address(page) is not None, 5), f"the address does not name the chat: {page.url}"
+    assert wait_until(lambda: shown_chat_in_address(page) is not None, 5), (
+        f"the address does not name the chat: {page.url}"
+    )
     wapiti = shown_chat_in_address(page)
     page.reload()
     wait_page_loaded(page)
-    assert wait_until(lambda: shows_only(page, "Wapiti", ("Quoll",)), 10), f"the reload showed another chat: {users(page)}"
-    assert label_of(page, "Wapiti") in [t.strip() for t in page.locator("#conv-list label.selected").all_inner_texts()]
+    assert wait_until(lambda: shows_only(page, "Wapiti", ("Quoll",)), 10), (
+        f"the reload showed another chat: {users(page)}"
+    )
+    assert label_of(page, "Wapiti") in [
+        t.strip() for t in page.locator("#conv-list label.selected").all_inner_texts()
+    ]
     # a new tab of the same browser opens the chat shown last
     other = page.context.new_page()
     other.goto(app.page_url)
     wait_page_loaded(other)
-    assert wait_until(lambda: shows_only(other, "Wapiti", ("Quoll",)), 10), f"a new tab showed another chat: {users(other)}"
+    assert wait_until(lambda: shows_only(other, "Wapiti", ("Quoll",)), 10), (
+        f"a new tab showed another chat: {users(other)}"
+    )
     # New chat leaves the address; a chat that no longer exists opens the newest
     open_new_chat(page)
     assert wait_until(lambda: shown_chat_in_address(page) is None, 5), page.url
@@ -774,8 +1019,12 @@ def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
         page.goto(f"{app.url}/?chat={asked}")
         wait_page_loaded(page)
         newest = page.locator("#conv-list label").first.inner_text()
-        assert wait_until(lambda: users(page) and newest.split(" · ")[0].lstrip("● ") in users(page)[0], 10), (newest, users(page))
-        assert wait_until(lambda: any("which is not here" in t for t in toasts(page)), 10), toasts(page)
+        assert wait_until(
+            lambda: users(page) and newest.split(" · ")[0].lstrip("● ") in users(page)[0], 10
+        ), (newest, users(page))
+        assert wait_until(lambda: any("which is not here" in t for t in toasts(page)), 10), toasts(
+            page
+        )
         assert wait_until(lambda: shown_chat_in_address(page) not in (None, asked), 5), page.url
     page.reload()  # the address fixed, a reload says nothing
     wait_page_loaded(page)
@@ -803,11 +1052,18 @@ def test_a_draft_typed_in_the_message_box_stays_with_its_chat(tab, app):
     page.fill(box, "Bilby draft, not sent")
     select_chat(page, "Quetzal")
     assert wait_until(lambda: shows_only(page, "Quetzal", ("Bilby",)), 10), users(page)
-    assert wait_until(lambda: page.input_value(box) == "", 5), f"the other chat's draft followed: {page.input_value(box)!r}"
+    assert wait_until(lambda: page.input_value(box) == "", 5), (
+        f"the other chat's draft followed: {page.input_value(box)!r}"
+    )
     page.fill(box, "Quetzal draft")
     select_chat(page, "Bilby")
-    assert wait_until(lambda: shows_only(page, "Bilby", ("Quetzal",)) and page.input_value(box) == "Bilby draft, not sent", 10), \
-        (users(page), page.input_value(box))
+    assert wait_until(
+        lambda: (
+            shows_only(page, "Bilby", ("Quetzal",))
+            and page.input_value(box) == "Bilby draft, not sent"
+        ),
+        10,
+    ), (users(page), page.input_value(box))
     open_new_chat(page)
     assert wait_until(lambda: page.input_value(box) == "", 5), page.input_value(box)
     select_chat(page, "Quetzal")
@@ -823,22 +1079,35 @@ def test_each_chats_draft_comes_back_after_a_reload_and_a_sent_one_does_not(tab,
     box = "#msg-input textarea"
     page.locator(box).press_sequentially("Solenodon draft, not sent")
     select_chat(page, "Gerenuk")
-    assert wait_until(lambda: shows_only(page, "Gerenuk", ("Solenodon",)) and page.input_value(box) == "", 10), users(page)
+    assert wait_until(
+        lambda: shows_only(page, "Gerenuk", ("Solenodon",)) and page.input_value(box) == "", 10
+    ), users(page)
     page.locator(box).press_sequentially("Gerenuk draft")
     page.reload()
     wait_page_loaded(page)
     assert wait_until(lambda: shows_only(page, "Gerenuk", ("Solenodon",)), 10), users(page)
-    assert wait_until(lambda: page.input_value(box) == "Gerenuk draft", 10), f"the draft was lost: {page.input_value(box)!r}"
-    select_chat(page, "Solenodon")  # this tab never held its draft: it comes from the browser's storage
-    assert wait_until(lambda: shows_only(page, "Solenodon", ("Gerenuk",)) and page.input_value(box) == "Solenodon draft, not sent", 10), \
-        (users(page), page.input_value(box))
+    assert wait_until(lambda: page.input_value(box) == "Gerenuk draft", 10), (
+        f"the draft was lost: {page.input_value(box)!r}"
+    )
+    select_chat(
+        page, "Solenodon"
+    )  # this tab never held its draft: it comes from the browser's storage
+    assert wait_until(
+        lambda: (
+            shows_only(page, "Solenodon", ("Gerenuk",))
+            and page.input_value(box) == "Solenodon draft, not sent"
+        ),
+        10,
+    ), (users(page), page.input_value(box))
     page.locator(box).press("Enter")  # sent: no longer a draft
     wait_finished(page, 2)
     page.reload()
     wait_page_loaded(page)
     assert wait_until(lambda: shows_only(page, "Solenodon", ("Gerenuk",)), 10), users(page)
     time.sleep(1.5)
-    assert page.input_value(box) == "", f"a message sent came back as a draft: {page.input_value(box)!r}"
+    assert page.input_value(box) == "", (
+        f"a message sent came back as a draft: {page.input_value(box)!r}"
+    )
     select_chat(page, "Gerenuk")  # the other chat's draft is still kept
     assert wait_until(lambda: page.input_value(box) == "Gerenuk draft", 10), page.input_value(box)
     assert error_badges(page) == 0, toasts(page)
@@ -854,8 +1123,12 @@ class HeldClicks:
 
     def __init__(self, page, app, *names: str) -> None:
         config = page.request.get(f"{app.url}/config").json()
-        self.fn_indexes = {dep["id"] for dep in config["dependencies"] if dep.get("api_name") in names}
-        assert len(self.fn_indexes) == len(names), [dep.get("api_name") for dep in config["dependencies"]]
+        self.fn_indexes = {
+            dep["id"] for dep in config["dependencies"] if dep.get("api_name") in names
+        }
+        assert len(self.fn_indexes) == len(names), [
+            dep.get("api_name") for dep in config["dependencies"]
+        ]
         self.page, self.held, self.armed = page, [], 0
         page.route("**/queue/join*", self._route)
 
@@ -870,7 +1143,9 @@ class HeldClicks:
         self.armed = count
 
     def wait_held(self, count: int = 1) -> None:
-        for _ in range(200):  # page.wait_for_timeout, not time.sleep: Playwright calls the route handler meanwhile
+        for _ in range(
+            200
+        ):  # page.wait_for_timeout, not time.sleep: Playwright calls the route handler meanwhile
             if len(self.held) >= count:
                 return
             self.page.wait_for_timeout(25)
@@ -900,8 +1175,13 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     assert page.input_value(box) == "", "the box kept the text of the chat left"
     page.locator(box).press_sequentially("Oribi typed before the answer", delay=10)
     clicks.release()
-    assert wait_until(lambda: page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0, 15), \
-        chat_text(page)[:200]
+    assert wait_until(
+        lambda: (
+            page.locator(USER).count() == 0
+            and page.locator("#conv-list input:checked").count() == 0
+        ),
+        15,
+    ), chat_text(page)[:200]
     page.wait_for_timeout(1000)  # the answer drawn, its draft applied
     assert page.input_value(box) == "Oribi typed before the answer"
     page.press(box, "Enter")
@@ -913,8 +1193,13 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     clicks.wait_held()
     page.locator(box).press_sequentially("and more", delay=10)
     clicks.release()
-    assert wait_until(lambda: users(page) == ["Oribi: say hi."] and page.input_value(box) == "Oribi draft, not sent\n\nand more", 15), \
-        (users(page), page.input_value(box))
+    assert wait_until(
+        lambda: (
+            users(page) == ["Oribi: say hi."]
+            and page.input_value(box) == "Oribi draft, not sent\n\nand more"
+        ),
+        15,
+    ), (users(page), page.input_value(box))
     # Enter before New chat's answer: the message waits for it, then goes to the new chat
     clicks.hold()
     page.click("#new-chat-btn")
@@ -923,12 +1208,16 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     page.press(box, "Enter")
     page.wait_for_timeout(300)
     clicks.release()
-    assert wait_until(lambda: users(page) == ["Oribi, a question for the new chat"], 15), users(page)
+    assert wait_until(lambda: users(page) == ["Oribi, a question for the new chat"], 15), users(
+        page
+    )
     wait_finished(page, 1)
     assert page.input_value(box) == "", "the message sent came back to the box"
     assert label_of(page, "Oribi, a question"), sidebar(page)
     select_chat(page, "Oribi: say hi.")
-    assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
+    assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), (
+        page.input_value(box)
+    )
     # Enter on the box a click emptied, before its answer: nothing is sent, the draft coming included
     open_new_chat(page)
     clicks.hold()
@@ -937,9 +1226,12 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     page.press(box, "Enter")
     page.wait_for_timeout(300)
     clicks.release()
-    assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
+    assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), (
+        page.input_value(box)
+    )
     page.wait_for_timeout(1000)
     assert users(page) == ["Oribi: say hi."], users(page)
+
     def click_then_new_chat(chat: str, why: str | None = None) -> None:
         """New chat clicked before the answer to a click on ``chat``: it waits for that answer,
         then shows a new chat, its box empty."""
@@ -949,8 +1241,13 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
         page.click("#new-chat-btn")
         page.wait_for_timeout(300)
         clicks.release()
-        assert wait_until(lambda: page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0, 15), \
-            chat_text(page)[:200]
+        assert wait_until(
+            lambda: (
+                page.locator(USER).count() == 0
+                and page.locator("#conv-list input:checked").count() == 0
+            ),
+            15,
+        ), chat_text(page)[:200]
         page.wait_for_timeout(500)
         assert page.input_value(box) == "", why or page.input_value(box)
 
@@ -958,9 +1255,14 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
     click_then_new_chat("Oribi, a question")
     # the same with a click on a chat that has a draft: the draft stays with that chat, out of the
     # new chat's box
-    click_then_new_chat("Oribi: say hi.", "the draft of the chat clicked before New chat's answer came to the new chat")
+    click_then_new_chat(
+        "Oribi: say hi.",
+        "the draft of the chat clicked before New chat's answer came to the new chat",
+    )
     select_chat(page, "Oribi: say hi.")
-    assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), page.input_value(box)
+    assert wait_until(lambda: page.input_value(box) == "Oribi draft, not sent\n\nand more", 10), (
+        page.input_value(box)
+    )
     open_new_chat(page)
     # text typed between Enter and Send's answer stays in the box (the answer used to empty it)
     sends = HeldClicks(page, app, *SEND_EVENTS)
@@ -979,6 +1281,7 @@ def test_text_typed_while_the_server_answers_a_click_on_another_chat_stays_in_th
 
 # ---- several tabs on one chat
 
+
 def two_tabs_on_one_chat(tab, marker: str):
     """Tab A starts a chat with one finished reply; tab B opens it. Returns (a, b)."""
     a, b = tab().page, tab().page
@@ -987,7 +1290,9 @@ def two_tabs_on_one_chat(tab, marker: str):
     wait_finished(a, 1)
     assert wait_until(lambda: label_of(b, marker), 10), sidebar(b)
     select_chat(b, marker)
-    assert wait_until(lambda: len(finished(b)) == 1 and marker in users(b)[0], 10), chat_text(b)[-300:]
+    assert wait_until(lambda: len(finished(b)) == 1 and marker in users(b)[0], 10), chat_text(b)[
+        -300:
+    ]
     return a, b
 
 
@@ -995,12 +1300,15 @@ def test_a_tab_shows_what_another_tab_did_to_its_chat_without_a_click(tab, app):
     a, b = two_tabs_on_one_chat(tab, "Dugong")
     send(a, "Dugong two: and of Spain?")
     wait_finished(a, 2)
-    assert wait_until(lambda: len(finished(b)) == 2 and users(b) == users(a), 15), \
+    assert wait_until(lambda: len(finished(b)) == 2 and users(b) == users(a), 15), (
         f"the other tab still shows {users(b)}: {chat_text(b)[-300:]!r}"
+    )
     assert replies(b) == replies(a)
 
 
-def test_a_tab_shows_the_title_and_settings_another_tab_gave_its_chat_but_leaves_the_box_being_typed_in(tab, app):
+def test_a_tab_shows_the_title_and_settings_another_tab_gave_its_chat_but_leaves_the_box_being_typed_in(
+    tab, app
+):
     """The idle tab redrew the chat but not its title box and settings (after a delete, the
     deleted chat's); now they follow too, except the field with the keyboard's focus."""
     a, b = two_tabs_on_one_chat(tab, "Tapir")
@@ -1011,8 +1319,12 @@ def test_a_tab_shows_the_title_and_settings_another_tab_gave_its_chat_but_leaves
     a.fill(title, "Tapir renamed")
     a.press(title, "Enter")
     put_setting(a, "#max-tokens input", "17")
-    assert wait_until(lambda: b.input_value(title) == "Tapir renamed" and b.input_value("#max-tokens input") == "17", 10), \
-        (b.input_value(title), b.input_value("#max-tokens input"))
+    assert wait_until(
+        lambda: (
+            b.input_value(title) == "Tapir renamed" and b.input_value("#max-tokens input") == "17"
+        ),
+        10,
+    ), (b.input_value(title), b.input_value("#max-tokens input"))
     # a redraw b asked for before the typing below but received after it would put back the stored
     # prompt (the focused field is read when the redraw is asked for; a known race of ~0.1 s, seen
     # in CI run 62): let the redraws of the changes above end first, as between a user's actions
@@ -1020,15 +1332,30 @@ def test_a_tab_shows_the_title_and_settings_another_tab_gave_its_chat_but_leaves
     b.fill("#system-prompt textarea", "Being typed")  # the box keeps the focus: not left, not saved
     put_setting(a, "#top-k input", "7")
     put_setting(a, "#temperature input[type=number]", "0.5")
-    assert wait_until(lambda: b.input_value("#top-k input") == "7" and float(b.input_value("#temperature input[type=number]")) == 0.5, 10), \
-        (b.input_value("#top-k input"), b.input_value("#temperature input[type=number]"), a.input_value("#temperature input[type=number]"),
-         b.evaluate("() => document.activeElement.outerHTML.slice(0, 200)"))
-    assert b.input_value("#system-prompt textarea") == "Being typed", "the box being typed in was redrawn"
+    assert wait_until(
+        lambda: (
+            b.input_value("#top-k input") == "7"
+            and float(b.input_value("#temperature input[type=number]")) == 0.5
+        ),
+        10,
+    ), (
+        b.input_value("#top-k input"),
+        b.input_value("#temperature input[type=number]"),
+        a.input_value("#temperature input[type=number]"),
+        b.evaluate("() => document.activeElement.outerHTML.slice(0, 200)"),
+    )
+    assert b.input_value("#system-prompt textarea") == "Being typed", (
+        "the box being typed in was redrawn"
+    )
     a.on("dialog", lambda d: d.accept())
     a.click("#delete-btn")
     # b now shows a new chat: no messages, and no title box (Manage offers Rename once a chat is stored)
-    assert wait_until(lambda: not users(b) and not b.locator("#title-input").is_visible(), 10), users(b)
-    assert wait_until(lambda: b.input_value("#max-tokens input") != "17", 10), "the deleted chat's settings are still shown"
+    assert wait_until(lambda: not users(b) and not b.locator("#title-input").is_visible(), 10), (
+        users(b)
+    )
+    assert wait_until(lambda: b.input_value("#max-tokens input") != "17", 10), (
+        "the deleted chat's settings are still shown"
+    )
 
 
 def test_regenerate_in_a_tab_behind_the_chat_is_refused_and_the_tab_shows_it_anew(tab, app):
@@ -1041,7 +1368,9 @@ def test_regenerate_in_a_tab_behind_the_chat_is_refused_and_the_tab_shows_it_ane
     b.locator("#chatbot button[aria-label='Retry']").last.click()
     assert wait_until(lambda: any("changed in another tab" in t for t in toasts(b)), 10), toasts(b)
     # b shows the chat as it is now, and nothing was regenerated (no reply has a second version)
-    assert wait_until(lambda: users(b) == users(a) and len(finished(b)) == 2, 10), chat_text(b)[-300:]
+    assert wait_until(lambda: users(b) == users(a) and len(finished(b)) == 2, 10), chat_text(b)[
+        -300:
+    ]
     time.sleep(1)
     assert running(app) == 0 and "version" not in chat_text(a) + chat_text(b), chat_text(a)[-300:]
     assert error_badges(b) == 0, toasts(b)
@@ -1060,11 +1389,19 @@ def test_an_edit_in_a_tab_behind_the_chat_is_refused_and_its_text_kept_in_the_me
     box.wait_for(timeout=5_000)
     box.fill("Saola one: what is the capital of Peru?")
     box.press("Enter")
-    assert wait_until(lambda: any("changed in another tab" in t and "message box" in t for t in toasts(b)), 10), toasts(b)
-    assert wait_until(lambda: b.input_value("#msg-input textarea") == "Saola one: what is the capital of Peru?", 10), \
-        b.input_value("#msg-input textarea")
-    assert wait_until(lambda: users(b) == users(a) and len(finished(b)) == 2, 10), chat_text(b)[-300:]
-    assert "Peru" not in chat_text(a) and "version" not in chat_text(a), "the refused edit was saved"
+    assert wait_until(
+        lambda: any("changed in another tab" in t and "message box" in t for t in toasts(b)), 10
+    ), toasts(b)
+    assert wait_until(
+        lambda: b.input_value("#msg-input textarea") == "Saola one: what is the capital of Peru?",
+        10,
+    ), b.input_value("#msg-input textarea")
+    assert wait_until(lambda: users(b) == users(a) and len(finished(b)) == 2, 10), chat_text(b)[
+        -300:
+    ]
+    assert "Peru" not in chat_text(a) and "version" not in chat_text(a), (
+        "the refused edit was saved"
+    )
     assert error_badges(b) == 0, toasts(b)
 
 
@@ -1077,13 +1414,16 @@ def test_sending_in_a_tab_whose_chat_was_deleted_elsewhere_keeps_the_text_and_sa
     assert wait_until(lambda: not label_of(a, "Meerkat"), 10), sidebar(a)
     send(b, "Meerkat two: and of Spain?")
     assert wait_until(lambda: any("deleted in another tab" in t for t in toasts(b)), 10), toasts(b)
-    assert b.input_value("#msg-input textarea") == "Meerkat two: and of Spain?", "the typed message was lost"
+    assert b.input_value("#msg-input textarea") == "Meerkat two: and of Spain?", (
+        "the typed message was lost"
+    )
     assert wait_until(lambda: not users(b), 10), f"the deleted chat is still shown: {users(b)}"
     assert not label_of(b, "Meerkat"), f"a chat was started anyway: {sidebar(b)}"
     assert error_badges(b) == 0, toasts(b)
 
 
 # ---- 11. glitches
+
 
 def test_message_box_is_named_message(tab, app):
     page = tab().page
@@ -1098,11 +1438,14 @@ def test_attach_is_as_tall_as_send_and_stop_and_level_with_them(tab, app):
     under the box) the three are one height, their tops and bottoms level."""
     for viewport in ({"width": 1280, "height": 860}, {"width": 390, "height": 844}):
         page = tab(viewport=viewport).page
-        boxes = {name: page.locator(f"#{name}-btn").bounding_box() for name in ("attach", "send", "stop")}
+        boxes = {
+            name: page.locator(f"#{name}-btn").bounding_box() for name in ("attach", "send", "stop")
+        }
         send_box = boxes["send"]
         for name, box in boxes.items():
-            assert abs(box["height"] - send_box["height"]) <= 2 and abs(box["y"] - send_box["y"]) <= 2, \
-                f"at {viewport['width']} px {name} is not level with Send: {boxes}"
+            assert (
+                abs(box["height"] - send_box["height"]) <= 2 and abs(box["y"] - send_box["y"]) <= 2
+            ), f"at {viewport['width']} px {name} is not level with Send: {boxes}"
 
 
 def test_a_chat_deleted_in_another_tab_is_said_in_an_info_toast(tab, app):
@@ -1115,8 +1458,14 @@ def test_a_chat_deleted_in_another_tab_is_said_in_an_info_toast(tab, app):
     a.click("#delete-btn")
     toast = b.locator(".toast-body", has_text="deleted in another tab")
     assert wait_until(lambda: toast.count() > 0, 10), toasts(b)
-    kind, title = toast.first.evaluate("t => [t.className, t.querySelector('.toast-title')?.innerText || '']")
-    assert "info" in kind.split() and "warning" not in kind.split() and title.strip().lower().startswith("info"), (kind, title)
+    kind, title = toast.first.evaluate(
+        "t => [t.className, t.querySelector('.toast-title')?.innerText || '']"
+    )
+    assert (
+        "info" in kind.split()
+        and "warning" not in kind.split()
+        and title.strip().lower().startswith("info")
+    ), (kind, title)
     assert wait_until(lambda: not users(b), 10), f"the deleted chat is still shown: {users(b)}"
 
 
@@ -1142,14 +1491,20 @@ def test_send_is_disabled_while_there_is_nothing_to_send(tab, app, tmp_path):
     with page.expect_file_chooser() as chooser:
         page.click("#attach-btn")
     chooser.value.set_files(str(notes))
-    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 30), page.inner_text("#attached")
-    assert wait_until(lambda: not send_disabled(page), 5), "Send is disabled with a file attached and no text"
+    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 30), page.inner_text(
+        "#attached"
+    )
+    assert wait_until(lambda: not send_disabled(page), 5), (
+        "Send is disabled with a file attached and no text"
+    )
     page.click("#remove-attachments-btn")
     assert wait_until(lambda: send_disabled(page), 5), "Send is enabled once the file is removed"
     page.fill("#msg-input textarea", story("Binturong"))
     page.click("#send-btn")
     assert wait_until(lambda: len(last_reply(page)) > 20, 60), chat_text(page)[-300:]
-    assert wait_until(lambda: send_disabled(page), 5), "Send is enabled after the box was sent and emptied"
+    assert wait_until(lambda: send_disabled(page), 5), (
+        "Send is enabled after the box was sent and emptied"
+    )
     page.fill("#msg-input textarea", "Binturong two: what is the capital of France?")
     assert not finished(page), "the first reply ended too early for this test"
     page.click("#send-btn")  # during the reply: shown at once and answered next
@@ -1163,13 +1518,17 @@ def stop_looks_active(page) -> bool:
 
 def test_escape_stops_the_reply_and_stop_looks_active_only_meanwhile(tab, app):
     page = tab().page
-    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
+    new_chat(
+        page, max_tokens=3000
+    )  # stopped below: long enough to outlast the checks at ~150 tok/s
     assert not stop_looks_active(page)
     send(page, story("Marmot"))
     assert wait_until(lambda: len(last_reply(page)) > 20, 60)
     assert running(app) == 1 and stop_looks_active(page)
     retry = page.locator("#chatbot button[aria-label='Retry']")
-    assert not any(b.is_visible() for b in retry.all()), "↻ is offered under a reply that is still streaming"
+    assert not any(b.is_visible() for b in retry.all()), (
+        "↻ is offered under a reply that is still streaming"
+    )
     search = page.locator("#search :is(input, textarea)")
     search.fill("Marmot")
     search.press("Escape")  # clears the search, and the reply goes on
@@ -1178,9 +1537,13 @@ def test_escape_stops_the_reply_and_stop_looks_active_only_meanwhile(tab, app):
     assert running(app) == 1, "Escape in the search box stopped the reply"
     page.locator("#msg-input textarea").focus()
     page.keyboard.press("Escape")
-    assert wait_until(lambda: engine_idle(app), 5), f"Escape did not stop the reply: {app.metrics()}"
+    assert wait_until(lambda: engine_idle(app), 5), (
+        f"Escape did not stop the reply: {app.metrics()}"
+    )
     assert wait_until(lambda: not stop_looks_active(page), 5)
-    assert wait_until(lambda: retry.count() == 1 and retry.is_visible(), 5), "no ↻ under the reply once it ended"
+    assert wait_until(lambda: retry.count() == 1 and retry.is_visible(), 5), (
+        "no ↻ under the reply once it ended"
+    )
 
 
 def test_a_long_unbroken_inline_code_wraps_inside_its_message(tab, app):
@@ -1214,14 +1577,19 @@ def test_on_a_desktop_the_chat_fills_the_screen_and_the_message_box_stays_on_it(
     send(page, "Quoll: say hi.")
     wait_finished(page, 1)
     composer = page.locator("#composer")
-    assert 0.9 * 1080 <= composer.bounding_box()["y"] + composer.bounding_box()["height"] <= 1080, composer.bounding_box()
-    page.locator("#chatbot button[aria-label='Retry']").last.click()  # a second version: the versions bar shows
+    assert 0.9 * 1080 <= composer.bounding_box()["y"] + composer.bounding_box()["height"] <= 1080, (
+        composer.bounding_box()
+    )
+    page.locator(
+        "#chatbot button[aria-label='Retry']"
+    ).last.click()  # a second version: the versions bar shows
     assert wait_until(lambda: page.locator("#versions").is_visible(), 30)
     wait_finished(page, 1)
     for width, height in ((1920, 1080), (1280, 500)):
         page.set_viewport_size({"width": width, "height": height})
-        assert wait_until(lambda: composer.bounding_box()["y"] + composer.bounding_box()["height"] <= height, 5), \
-            (width, height, composer.bounding_box(), page.locator("#versions").bounding_box())
+        assert wait_until(
+            lambda: composer.bounding_box()["y"] + composer.bounding_box()["height"] <= height, 5
+        ), (width, height, composer.bounding_box(), page.locator("#versions").bounding_box())
         assert page.evaluate("document.documentElement.scrollHeight") <= height, (width, height)
 
 
@@ -1230,14 +1598,23 @@ def test_message_box_is_visible_on_a_phone(tab, app):
     box = page.locator("#msg-input textarea").bounding_box()
     assert box is not None
     assert page.evaluate("window.scrollY") == 0
-    assert box["y"] >= 0 and box["y"] + box["height"] <= 844, f"the message box is off screen on a phone: {box}"
+    assert box["y"] >= 0 and box["y"] + box["height"] <= 844, (
+        f"the message box is off screen on a phone: {box}"
+    )
     # the chat's top edge is drawn: a message scrolled up leaves there, not under the status line
-    assert page.evaluate("getComputedStyle(document.querySelector('#chatbot'), '::before').borderTopWidth") == "1px"
+    assert (
+        page.evaluate(
+            "getComputedStyle(document.querySelector('#chatbot'), '::before').borderTopWidth"
+        )
+        == "1px"
+    )
 
 
 def focused_chat(page) -> str:
     """The chat of the sidebar's list that has the keyboard's focus ("" when none has it)."""
-    return page.evaluate("() => document.activeElement?.closest('#conv-list label')?.innerText || ''")
+    return page.evaluate(
+        "() => document.activeElement?.closest('#conv-list label')?.innerText || ''"
+    )
 
 
 def test_the_chat_list_works_by_keyboard_with_a_visible_focus_ring(tab, app):
@@ -1246,24 +1623,37 @@ def test_the_chat_list_works_by_keyboard_with_a_visible_focus_ring(tab, app):
         new_chat(page, max_tokens=4)
         send(page, f"{marker}: say hi.")
         wait_finished(page, 1)
-    assert wait_until(lambda: sidebar(page)[:2] and "Numbat" in sidebar(page)[0] and "Jerboa" in sidebar(page)[1], 10), sidebar(page)
+    assert wait_until(
+        lambda: sidebar(page)[:2] and "Numbat" in sidebar(page)[0] and "Jerboa" in sidebar(page)[1],
+        10,
+    ), sidebar(page)
     page.locator("#search :is(input, textarea)").focus()
     page.keyboard.press("Tab")
-    assert "Numbat" in focused_chat(page), f"Tab after the search box does not reach the first chat: {focused_chat(page)!r}"
-    ring = page.evaluate("() => { const s = getComputedStyle(document.activeElement); return [s.outlineStyle, s.outlineWidth]; }")
+    assert "Numbat" in focused_chat(page), (
+        f"Tab after the search box does not reach the first chat: {focused_chat(page)!r}"
+    )
+    ring = page.evaluate(
+        "() => { const s = getComputedStyle(document.activeElement); return [s.outlineStyle, s.outlineWidth]; }"
+    )
     assert ring[0] != "none" and ring[1] != "0px", f"no focus ring on the chat: {ring}"
     page.keyboard.press("Tab")  # each chat is a stop of its own
     assert "Jerboa" in focused_chat(page), focused_chat(page)
     page.keyboard.press("Enter")
-    assert wait_until(lambda: shows_only(page, "Jerboa", ("Numbat",)), 10), f"Enter did not open the chat: {users(page)}"
+    assert wait_until(lambda: shows_only(page, "Jerboa", ("Numbat",)), 10), (
+        f"Enter did not open the chat: {users(page)}"
+    )
     page.keyboard.press("ArrowUp")
     assert "Numbat" in focused_chat(page), focused_chat(page)
     page.keyboard.press(" ")
-    assert wait_until(lambda: shows_only(page, "Numbat", ("Jerboa",)), 10), f"Space did not open the chat: {users(page)}"
+    assert wait_until(lambda: shows_only(page, "Numbat", ("Jerboa",)), 10), (
+        f"Space did not open the chat: {users(page)}"
+    )
     assert "Numbat" in focused_chat(page), "the focus left the chat it opened"
 
 
-def test_on_a_phone_the_chat_list_opens_above_the_chat_and_a_chat_picked_shows_from_its_top(tab, app):
+def test_on_a_phone_the_chat_list_opens_above_the_chat_and_a_chat_picked_shows_from_its_top(
+    tab, app
+):
     """On a phone the chat list and the settings lay below the whole conversation: a user scrolled
     past every message to reach them. They open from a bar at the top (☰ Chats, beside New chat),
     with headers of 32 px touch targets; a chat picked there closes them and shows from its top,
@@ -1277,47 +1667,90 @@ def test_on_a_phone_the_chat_list_opens_above_the_chat_and_a_chat_picked_shows_f
     chat = page.locator("#chatbot").bounding_box()
     for control in ("#chats-toggle", "#new-chat-btn"):
         box = page.locator(control).bounding_box()
-        assert box is not None and 0 <= box["y"] and box["y"] + box["height"] <= chat["y"] and box["height"] >= 32, (control, box)
-    assert not page.locator("#conv-list").is_visible(), "the chat list is open before ☰ Chats is pressed"
+        assert (
+            box is not None
+            and 0 <= box["y"]
+            and box["y"] + box["height"] <= chat["y"]
+            and box["height"] >= 32
+        ), (control, box)
+    assert not page.locator("#conv-list").is_visible(), (
+        "the chat list is open before ☰ Chats is pressed"
+    )
     page.locator("#chats-toggle").tap()
     label = page.locator("#conv-list label", has_text="Kiwi").first
     assert wait_until(label.is_visible, 5), "☰ Chats did not open the chat list"
-    assert label.bounding_box()["y"] + label.bounding_box()["height"] <= 844, "the chat list is not on the first screen"
+    assert label.bounding_box()["y"] + label.bounding_box()["height"] <= 844, (
+        "the chat list is not on the first screen"
+    )
     assert page.locator("#chats-toggle").get_attribute("aria-expanded") == "true"
-    headers = {name: page.locator(f"#{name} > .label-wrap").bounding_box()["height"] for name in ("manage", "settings", "models")}
+    headers = {
+        name: page.locator(f"#{name} > .label-wrap").bounding_box()["height"]
+        for name in ("manage", "settings", "models")
+    }
     assert all(h >= 32 for h in headers.values()), f"accordion headers under 32 px: {headers}"
     label.tap()
     assert wait_until(lambda: shows_only(page, "Kiwi", ("Tuatara",)), 10), users(page)
-    assert wait_until(lambda: not page.locator("#conv-list").is_visible(), 5), "the chat list stayed open over the chat"
+    assert wait_until(lambda: not page.locator("#conv-list").is_visible(), 5), (
+        "the chat list stayed open over the chat"
+    )
     chat = page.locator("#chatbot").bounding_box()
-    assert chat["y"] >= 0 and chat["y"] + chat["height"] <= 844, f"the chat is not wholly on screen after the tap: {chat}"
+    assert chat["y"] >= 0 and chat["y"] + chat["height"] <= 844, (
+        f"the chat is not wholly on screen after the tap: {chat}"
+    )
     buttons = page.evaluate("""() => [...document.querySelectorAll('#chatbot .message-buttons button')]
         .filter(b => b.getClientRects().length).map(b => [b.getAttribute('aria-label'), b.offsetWidth, b.offsetHeight])""")
-    assert buttons and all(w >= 32 and h >= 32 for _, w, h in buttons), f"touch targets under 32 px: {buttons}"
-    assert status_lines(page) <= 2, f"the status line takes {status_lines(page)} lines on a phone: {page.inner_text('#status-line')!r}"
+    assert buttons and all(w >= 32 and h >= 32 for _, w, h in buttons), (
+        f"touch targets under 32 px: {buttons}"
+    )
+    assert status_lines(page) <= 2, (
+        f"the status line takes {status_lines(page)} lines on a phone: {page.inner_text('#status-line')!r}"
+    )
     assert "running" in page.inner_text("#status-line")
     # by keyboard: ☰ Chats says what it opens; a chat picked with Enter closes the list, which hid
     # the focused label (the focus fell to the page's body): the focus goes to the message box
     toggle = page.locator("#chats-toggle")
-    assert (toggle.get_attribute("aria-controls"), toggle.get_attribute("aria-label")) == ("sidebar-body", "Chats")
+    assert (toggle.get_attribute("aria-controls"), toggle.get_attribute("aria-label")) == (
+        "sidebar-body",
+        "Chats",
+    )
     toggle.focus()
     page.keyboard.press("Enter")
-    assert wait_until(lambda: page.locator("#conv-list label", has_text="Tuatara").first.is_visible(), 5), "Enter on ☰ Chats"
+    assert wait_until(
+        lambda: page.locator("#conv-list label", has_text="Tuatara").first.is_visible(), 5
+    ), "Enter on ☰ Chats"
     page.locator("#conv-list label", has_text="Tuatara").first.focus()
     page.keyboard.press("Enter")
     assert wait_until(lambda: shows_only(page, "Tuatara", ("Kiwi",)), 10), users(page)
-    assert wait_until(lambda: not page.locator("#conv-list").is_visible(), 5), "the chat list stayed open over the chat"
-    assert page.evaluate("() => !!document.activeElement?.closest('#msg-input')"), \
-        page.evaluate("() => document.activeElement?.outerHTML.slice(0, 120)")
+    assert wait_until(lambda: not page.locator("#conv-list").is_visible(), 5), (
+        "the chat list stayed open over the chat"
+    )
+    assert page.evaluate("() => !!document.activeElement?.closest('#msg-input')"), page.evaluate(
+        "() => document.activeElement?.outerHTML.slice(0, 120)"
+    )
     # a ☰ Chats drawn anew (Gradio may re-mount it) says again whether the list is open
     page.evaluate("""() => { const t = document.querySelector('#chats-toggle'), c = t.cloneNode(true);
         ['aria-expanded', 'aria-controls', 'aria-label'].forEach(a => c.removeAttribute(a)); t.replaceWith(c); }""")
-    assert wait_until(lambda: toggle.get_attribute("aria-expanded") == "false" and toggle.get_attribute("aria-controls") == "sidebar-body", 5)
+    assert wait_until(
+        lambda: (
+            toggle.get_attribute("aria-expanded") == "false"
+            and toggle.get_attribute("aria-controls") == "sidebar-body"
+        ),
+        5,
+    )
     # a wide screen: no ☰ Chats, the list beside the chat
     page.set_viewport_size({"width": 1280, "height": 860})
-    assert wait_until(lambda: not page.locator("#chats-toggle").is_visible() and page.locator("#conv-list").is_visible(), 5)
+    assert wait_until(
+        lambda: (
+            not page.locator("#chats-toggle").is_visible()
+            and page.locator("#conv-list").is_visible()
+        ),
+        5,
+    )
     side, main = page.locator("#sidebar").bounding_box(), page.locator("#main").bounding_box()
-    assert side["x"] + side["width"] <= main["x"] + 1 and abs(side["y"] - main["y"]) < 2, (side, main)
+    assert side["x"] + side["width"] <= main["x"] + 1 and abs(side["y"] - main["y"]) < 2, (
+        side,
+        main,
+    )
 
 
 TOGGLE_LOOK_JS = """b => { const s = getComputedStyle(b);
@@ -1335,13 +1768,20 @@ def test_on_a_phone_chats_open_looks_pressed_and_says_which_way_it_goes(tab, app
     assert closed["marker"] == '"▾"' and accent not in (closed["border"], closed["text"]), closed
     toggle.tap()
     assert wait_until(lambda: toggle.get_attribute("aria-expanded") == "true", 5)
-    assert wait_until(lambda: toggle.evaluate(TOGGLE_LOOK_JS)["border"] == accent, 5), toggle.evaluate(TOGGLE_LOOK_JS)
+    assert wait_until(lambda: toggle.evaluate(TOGGLE_LOOK_JS)["border"] == accent, 5), (
+        toggle.evaluate(TOGGLE_LOOK_JS)
+    )
     opened = toggle.evaluate(TOGGLE_LOOK_JS)
-    assert opened["text"] == accent and opened["marker"] == '"▴"' and opened["background"] != closed["background"], opened
+    assert (
+        opened["text"] == accent
+        and opened["marker"] == '"▴"'
+        and opened["background"] != closed["background"]
+    ), opened
     toggle.tap()  # closed again (its background is then the hover's grey: the tap leaves the pointer on it)
     again = ("border", "text", "marker")
-    assert wait_until(lambda: [toggle.evaluate(TOGGLE_LOOK_JS)[k] for k in again] == [closed[k] for k in again], 5), \
-        (toggle.evaluate(TOGGLE_LOOK_JS), closed)
+    assert wait_until(
+        lambda: [toggle.evaluate(TOGGLE_LOOK_JS)[k] for k in again] == [closed[k] for k in again], 5
+    ), (toggle.evaluate(TOGGLE_LOOK_JS), closed)
 
 
 def test_on_a_phone_a_refusal_opens_on_the_screen_with_the_chat_list_open(tab, app):
@@ -1350,9 +1790,13 @@ def test_on_a_phone_a_refusal_opens_on_the_screen_with_the_chat_list_open(tab, a
     nothing happen). A toast stays on the screen wherever the status line is."""
     page = tab(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).page
     page.locator("#chats-toggle").tap()
-    assert wait_until(lambda: page.locator("#chats-toggle").get_attribute("aria-expanded") == "true", 5)
+    assert wait_until(
+        lambda: page.locator("#chats-toggle").get_attribute("aria-expanded") == "true", 5
+    )
     open_accordion(page, "Settings", "#max-tokens input")
-    page.mouse.wheel(0, 80)  # as a person reaches the box (the page scrolls: the status line is placed again)
+    page.mouse.wheel(
+        0, 80
+    )  # as a person reaches the box (the page scrolls: the status line is placed again)
     box = page.locator("#max-tokens input")
     box.scroll_into_view_if_needed()
     box.fill("0")
@@ -1360,10 +1804,15 @@ def test_on_a_phone_a_refusal_opens_on_the_screen_with_the_chat_list_open(tab, a
     toast = page.locator(".toast-body", has_text="max tokens must be")
     toast.wait_for(state="visible", timeout=10_000)
     where = toast.bounding_box()
-    assert where["y"] >= 0 and where["y"] + where["height"] <= 844, (where, page.locator("#status-line").bounding_box())
+    assert where["y"] >= 0 and where["y"] + where["height"] <= 844, (
+        where,
+        page.locator("#status-line").bounding_box(),
+    )
 
 
-def test_on_a_phone_every_control_under_chats_and_in_the_versions_bar_is_a_32_px_touch_target(tab, app):
+def test_on_a_phone_every_control_under_chats_and_in_the_versions_bar_is_a_32_px_touch_target(
+    tab, app
+):
     """On a phone the buttons of Manage and Models were 25 px tall, the settings' number boxes and
     ↺ 22 px, ‹ › and Delete message 26 px (a new user's tour): each is at least 32 px tall (↺ and
     ‹ › 32 px wide too), a chat in the list at least 40 px."""
@@ -1374,7 +1823,11 @@ def test_on_a_phone_every_control_under_chats_and_in_the_versions_bar_is_a_32_px
     send(page, "Okapi again: say hi.")
     wait_finished(page, 2)
     page.locator("#chats-toggle").tap()
-    for name, probe in (("Manage", "#delete-btn"), ("Settings", "#max-tokens input"), ("Models", "#refresh-models-btn")):
+    for name, probe in (
+        ("Manage", "#delete-btn"),
+        ("Settings", "#max-tokens input"),
+        ("Models", "#refresh-models-btn"),
+    ):
         open_accordion(page, name, probe)
     measure = """() => [...document.querySelectorAll(
         '#sidebar-body button, #sidebar-body input[type=number], #versions button, #conv-list label')]
@@ -1382,12 +1835,18 @@ def test_on_a_phone_every_control_under_chats_and_in_the_versions_bar_is_a_32_px
         .map(e => [e.id || e.getAttribute('aria-label') || e.innerText.trim().slice(0, 20) || e.tagName, e.tagName,
                    Math.round(e.getBoundingClientRect().width), Math.round(e.getBoundingClientRect().height)])"""
     sizes = page.evaluate(measure)
-    page.locator("#chats-toggle").tap()  # the list closed, the versions bar acts on the first question
+    page.locator(
+        "#chats-toggle"
+    ).tap()  # the list closed, the versions bar acts on the first question
     page.locator(USER).first.click()
     assert wait_until(lambda: page.locator("#delete-message-btn").is_visible(), 5)
     sizes += page.evaluate(measure)
     assert len(sizes) >= 12 and "delete-message-btn" in [s[0] for s in sizes], sizes
-    small = [s for s in sizes if s[3] < (40 if s[1] == "LABEL" else 32) or (s[1] == "BUTTON" and s[2] < 32)]
+    small = [
+        s
+        for s in sizes
+        if s[3] < (40 if s[1] == "LABEL" else 32) or (s[1] == "BUTTON" and s[2] < 32)
+    ]
     assert not small, f"touch targets under 32 px (a chat under 40 px): {small}"
 
 
@@ -1399,19 +1858,31 @@ def test_on_a_wide_screen_opening_the_sidebars_panels_leaves_the_chat_in_view(ta
     open_new_chat(page)
     send(page, "Serval: say hi.")
     wait_finished(page, 1)
-    for name, probe in (("Manage", "#delete-btn"), ("Settings", "#max-tokens input"), ("Models", "#refresh-models-btn")):
+    for name, probe in (
+        ("Manage", "#delete-btn"),
+        ("Settings", "#max-tokens input"),
+        ("Models", "#refresh-models-btn"),
+    ):
         open_accordion(page, name, probe)
-    page.locator("#refresh-models-btn").scroll_into_view_if_needed()  # the last panel's last button: reached by scrolling
+    page.locator(
+        "#refresh-models-btn"
+    ).scroll_into_view_if_needed()  # the last panel's last button: reached by scrolling
     page.locator("#max-tokens input").focus()
     page.keyboard.press("Tab")
-    heights = page.evaluate("() => [document.documentElement.scrollHeight, innerHeight, scrollY, document.querySelector('#sidebar').getBoundingClientRect().top + scrollY, document.querySelector('#main').getBoundingClientRect().bottom + scrollY]")
-    assert heights[0] <= heights[1] + 2 and heights[2] == 0, f"the page scrolls (height, window, scrollY): {heights}"
+    heights = page.evaluate(
+        "() => [document.documentElement.scrollHeight, innerHeight, scrollY, document.querySelector('#sidebar').getBoundingClientRect().top + scrollY, document.querySelector('#main').getBoundingClientRect().bottom + scrollY]"
+    )
+    assert heights[0] <= heights[1] + 2 and heights[2] == 0, (
+        f"the page scrolls (height, window, scrollY): {heights}"
+    )
     for part in ("#status-line", "#chatbot", "#msg-input textarea"):
         box = page.locator(part).bounding_box()
         assert 0 <= box["y"] and box["y"] + box["height"] <= 800, (part, box)
 
 
-def test_on_a_wide_screen_a_sidebar_taller_than_the_screen_keeps_its_chats_and_panels_in_one_column(tab, app):
+def test_on_a_wide_screen_a_sidebar_taller_than_the_screen_keeps_its_chats_and_panels_in_one_column(
+    tab, app
+):
     """With more chats than the screen holds (a new user's tour: 300 chats at 1280x800; a dozen
     with Manage and Settings open), the sidebar showed New chat alone: Gradio's column wraps, and
     the search, the chat list, Manage, Settings and Models went into a second column, out of view
@@ -1420,11 +1891,16 @@ def test_on_a_wide_screen_a_sidebar_taller_than_the_screen_keeps_its_chats_and_p
     for name, probe in (("Manage", "#import-btn"), ("Settings", "#max-tokens input")):
         open_accordion(page, name, probe)
     sidebar = page.locator("#sidebar")
-    assert wait_until(lambda: sidebar.evaluate("e => e.scrollHeight > e.clientHeight"), 5), "the sidebar is not taller than the screen"
+    assert wait_until(lambda: sidebar.evaluate("e => e.scrollHeight > e.clientHeight"), 5), (
+        "the sidebar is not taller than the screen"
+    )
     box = sidebar.bounding_box()
     for part in ("#new-chat-btn", "#search", "#conv-list", "#manage", "#settings", "#models"):
         part_box = page.locator(part).bounding_box()
-        assert box["x"] <= part_box["x"] and part_box["x"] + part_box["width"] <= box["x"] + box["width"] + 0.5, (part, part_box, box)
+        assert (
+            box["x"] <= part_box["x"]
+            and part_box["x"] + part_box["width"] <= box["x"] + box["width"] + 0.5
+        ), (part, part_box, box)
     assert sidebar.evaluate("e => e.scrollWidth <= e.clientWidth"), "the sidebar scrolls sideways"
     page.locator("#models").scroll_into_view_if_needed()  # reached by scrolling the sidebar
     assert 0 <= page.locator("#models").bounding_box()["y"] < 500
@@ -1440,10 +1916,21 @@ def test_on_a_phone_the_details_toggle_and_attach_are_32_px_touch_targets(tab, a
     sizes = page.evaluate("""() => Object.fromEntries(
         [['toggle', '#chatbot .thought-group .title'], ['arrow', '#chatbot .thought-group .title .arrow button'], ['attach', '#attach-btn']]
         .map(([name, sel]) => { const r = document.querySelector(sel).getBoundingClientRect(); return [name, [r.width, r.height]]; }))""")
-    assert all(h >= 32 for _, h in sizes.values()) and sizes["arrow"][0] >= 32, f"touch targets under 32 px: {sizes}"
-    page.locator("#chatbot .thought-group .title").last.tap()  # the bigger toggle still opens the details
-    assert wait_until(lambda: page.locator("#chatbot .thought-group .title .arrow button").last.get_attribute("aria-label")
-                      == "Hide details", 5)
+    assert all(h >= 32 for _, h in sizes.values()) and sizes["arrow"][0] >= 32, (
+        f"touch targets under 32 px: {sizes}"
+    )
+    page.locator(
+        "#chatbot .thought-group .title"
+    ).last.tap()  # the bigger toggle still opens the details
+    assert wait_until(
+        lambda: (
+            page.locator("#chatbot .thought-group .title .arrow button").last.get_attribute(
+                "aria-label"
+            )
+            == "Hide details"
+        ),
+        5,
+    )
 
 
 def test_with_many_chats_the_list_scrolls_and_the_panels_below_it_stay_in_reach(tab, app):
@@ -1464,7 +1951,9 @@ def test_with_many_chats_the_list_scrolls_and_the_panels_below_it_stay_in_reach(
             box = page.locator(panel).bounding_box()
             assert box["y"] + box["height"] <= height, (panel, box, height)
         rows = page.locator("#conv-list > .wrap:has(> label)")
-        assert rows.evaluate("e => e.scrollHeight > 2 * e.clientHeight && e.clientHeight >= 150"), rows.evaluate("e => [e.scrollHeight, e.clientHeight]")
+        assert rows.evaluate("e => e.scrollHeight > 2 * e.clientHeight && e.clientHeight >= 150"), (
+            rows.evaluate("e => [e.scrollHeight, e.clientHeight]")
+        )
         oldest = page.locator("#conv-list label", has_text="Numbat pile 000")
         oldest.click()
         assert wait_until(lambda: oldest.locator("input").is_checked(), 10)
@@ -1473,8 +1962,9 @@ def test_with_many_chats_the_list_scrolls_and_the_panels_below_it_stay_in_reach(
         assert wait_until(lambda: oldest.locator("input").is_checked(), 10)
         in_view = """([row, box]) => { const r = row.getBoundingClientRect(), b = box.getBoundingClientRect();
                                          return r.top >= b.top - 1 && r.bottom <= b.bottom + 1 && box.scrollTop > 0; }"""
-        assert wait_until(lambda: page.evaluate(in_view, [oldest.element_handle(), rows.element_handle()]), 5), \
-            rows.evaluate("e => [e.scrollTop, e.clientHeight, e.scrollHeight]")
+        assert wait_until(
+            lambda: page.evaluate(in_view, [oldest.element_handle(), rows.element_handle()]), 5
+        ), rows.evaluate("e => [e.scrollTop, e.clientHeight, e.scrollHeight]")
     finally:
         for conv_id in ids:
             store.delete(conv_id)
@@ -1490,16 +1980,28 @@ def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab,
     # typed below (Gradio sets a box's value once more just after a panel's first opening draws it:
     # a title typed at once was lost, and Rename refused the empty title; see put_setting)
     open_accordion(page, "Manage", "#no-chat-actions")
-    send(page, "Zorilla Zorilla Zorilla: a long question whose title is wider than the sidebar, say hi.")
+    send(
+        page,
+        "Zorilla Zorilla Zorilla: a long question whose title is wider than the sidebar, say hi.",
+    )
     wait_finished(page, 1)
     label = page.locator("#conv-list label", has_text="Zorilla").first
-    assert wait_until(lambda: label.locator(".chat-when").count() == 1, 10), label.evaluate("e => e.outerHTML")
+    assert wait_until(lambda: label.locator(".chat-when").count() == 1, 10), label.evaluate(
+        "e => e.outerHTML"
+    )
     text = label.inner_text().strip()
     assert re.fullmatch(r"Zorilla Zorilla Zorilla: a long question.* · \d\d:\d\d", text), text
     box, when = label.bounding_box(), label.locator(".chat-when").bounding_box()
-    assert when["width"] > 0 and when["x"] + when["width"] <= box["x"] + box["width"] + 0.5, (box, when)
-    assert label.locator(".chat-when").evaluate("e => e.scrollWidth <= e.clientWidth || getComputedStyle(e).display === 'inline'")
-    cut = label.locator(".chat-head").evaluate("e => [e.scrollWidth > e.clientWidth, getComputedStyle(e).textOverflow]")
+    assert when["width"] > 0 and when["x"] + when["width"] <= box["x"] + box["width"] + 0.5, (
+        box,
+        when,
+    )
+    assert label.locator(".chat-when").evaluate(
+        "e => e.scrollWidth <= e.clientWidth || getComputedStyle(e).display === 'inline'"
+    )
+    cut = label.locator(".chat-head").evaluate(
+        "e => [e.scrollWidth > e.clientWidth, getComputedStyle(e).textOverflow]"
+    )
     assert cut == [True, "ellipsis"], cut
     # the title takes the room the time leaves (a tour saw "Name three fruits." cut to "Name thre…")
     title = label.locator(".chat-title").bounding_box()
@@ -1508,19 +2010,34 @@ def test_a_long_chat_title_is_cut_in_the_sidebar_and_its_time_stays_in_view(tab,
     # The title box shows the chat's title first (the once-a-second check brings it after the reply):
     # nothing is on its way to the box as the new title is typed (test_a_title_typed_while_..._rename_applies_it)
     title_box = page.locator("#title-input :is(input, textarea)")
-    assert wait_until(lambda: title_box.input_value().startswith("Zorilla Zorilla Zorilla: a long question"), 10), title_box.input_value()
+    assert wait_until(
+        lambda: title_box.input_value().startswith("Zorilla Zorilla Zorilla: a long question"), 10
+    ), title_box.input_value()
     title_box.fill("Zorilla renamed with a title longer than the sidebar is wide")
     page.click("#rename-btn")
-    assert wait_until(lambda: re.fullmatch(r"Zorilla renamed with a title longer than the sidebar is wide · \d\d:\d\d",
-                                           label.inner_text().strip()), 10), label.inner_text()
-    assert label.locator(".chat-when").count() == 1 and label.locator(".chat-head").evaluate("e => e.scrollWidth > e.clientWidth")
+    assert wait_until(
+        lambda: re.fullmatch(
+            r"Zorilla renamed with a title longer than the sidebar is wide · \d\d:\d\d",
+            label.inner_text().strip(),
+        ),
+        10,
+    ), label.inner_text()
+    assert label.locator(".chat-when").count() == 1 and label.locator(".chat-head").evaluate(
+        "e => e.scrollWidth > e.clientWidth"
+    )
     title_box.fill("Zorilla, short")
     page.click("#rename-btn")
-    assert wait_until(lambda: label.inner_text().strip().startswith("Zorilla, short · "), 10), label.inner_text()
-    assert wait_until(lambda: label.locator(".chat-head").evaluate("e => e.scrollWidth <= e.clientWidth"), 5), "a short title is shown whole"
+    assert wait_until(lambda: label.inner_text().strip().startswith("Zorilla, short · "), 10), (
+        label.inner_text()
+    )
+    assert wait_until(
+        lambda: label.locator(".chat-head").evaluate("e => e.scrollWidth <= e.clientWidth"), 5
+    ), "a short title is shown whole"
 
 
-def test_a_title_typed_while_the_pages_redraw_of_it_is_on_its_way_is_kept_and_rename_applies_it(tab, app):
+def test_a_title_typed_while_the_pages_redraw_of_it_is_on_its_way_is_kept_and_rename_applies_it(
+    tab, app
+):
     """A chat's title reaches Manage's title box after its first reply: the once-a-second check
     asks for it (the redraw skips the box with the keyboard's focus as it is asked), and its answer
     comes back a moment later. A title typed between the two was overwritten by the chat's old one,
@@ -1529,30 +2046,44 @@ def test_a_title_typed_while_the_pages_redraw_of_it_is_on_its_way_is_kept_and_re
     redraw is held here until the title is typed, as a slow answer would be."""
     page = tab().page
     new_chat(page, max_tokens=8)
-    open_accordion(page, "Manage", "#no-chat-actions")  # its boxes are drawn when the chat is stored (see the test above)
+    open_accordion(
+        page, "Manage", "#no-chat-actions"
+    )  # its boxes are drawn when the chat is stored (see the test above)
     redraws = HeldClicks(page, app, "redraw_boxes")
     redraws.hold(5)  # the ask (Gradio may send it twice) and any repeat of it by the next checks
     send(page, "Kinkajou Kinkajou: a question whose title the user will change, say hi.")
     wait_finished(page, 1)
     redraws.wait_held()
     box = page.locator("#title-input :is(input, textarea)")
-    assert box.input_value() == "", f"the chat's title came before its redraw: {box.input_value()!r}"
+    assert box.input_value() == "", (
+        f"the chat's title came before its redraw: {box.input_value()!r}"
+    )
     # count the redraw answers the page takes in (through its own hook), to know when the held one is
     page.evaluate("""() => { const changedSince = window.minisglFieldChangedSince; window.titleAnswers = 0;
                              window.minisglFieldChangedSince = (n, id) => { window.titleAnswers += 1; return changedSince(n, id); }; }""")
     box.fill("Kinkajou renamed")
     redraws.hold(0)
     redraws.release()
-    assert wait_until(lambda: box.input_value() != "Kinkajou renamed" or page.evaluate("window.titleAnswers") > 0, 10), \
-        "the held redraw was never answered"
-    assert box.input_value() == "Kinkajou renamed", f"the title typed was replaced by the redraw asked before it: {box.input_value()!r}"
+    assert wait_until(
+        lambda: box.input_value() != "Kinkajou renamed" or page.evaluate("window.titleAnswers") > 0,
+        10,
+    ), "the held redraw was never answered"
+    assert box.input_value() == "Kinkajou renamed", (
+        f"the title typed was replaced by the redraw asked before it: {box.input_value()!r}"
+    )
     page.click("#rename-btn")
     label = page.locator("#conv-list label", has_text="Kinkajou").first
-    assert wait_until(lambda: label.inner_text().strip().startswith("Kinkajou renamed · "), 10), label.inner_text()
-    assert box.input_value() == "Kinkajou renamed" and not [t for t in toasts(page) if "title" in t], toasts(page)
+    assert wait_until(lambda: label.inner_text().strip().startswith("Kinkajou renamed · "), 10), (
+        label.inner_text()
+    )
+    assert box.input_value() == "Kinkajou renamed" and not [
+        t for t in toasts(page) if "title" in t
+    ], toasts(page)
 
 
-def test_a_setting_changed_while_the_pages_redraw_of_it_is_on_its_way_keeps_the_users_value(tab, app):
+def test_a_setting_changed_while_the_pages_redraw_of_it_is_on_its_way_keeps_the_users_value(
+    tab, app
+):
     """The race of the test above, in a settings box: another tab saved a max tokens, this tab's
     check asked for a redraw of its settings (leaving the box with the keyboard's focus as it was
     asked), and the user typed a max tokens of their own before the answer came. The answer put
@@ -1571,11 +2102,17 @@ def test_a_setting_changed_while_the_pages_redraw_of_it_is_on_its_way_keeps_the_
     box.fill("33")  # typed, not yet left
     redraws.hold(0)
     redraws.release()
-    assert wait_until(lambda: b.input_value("#top-k input") == "7", 10), "the held redraws were never answered"
+    assert wait_until(lambda: b.input_value("#top-k input") == "7", 10), (
+        "the held redraws were never answered"
+    )
     time.sleep(0.5)  # the answers, in the order asked, are in
-    assert box.input_value() == "33", f"the max tokens typed was replaced by the redraw asked before it: {box.input_value()!r}"
+    assert box.input_value() == "33", (
+        f"the max tokens typed was replaced by the redraw asked before it: {box.input_value()!r}"
+    )
     box.press("Tab")  # left: saved, and the other tab follows
-    assert wait_until(lambda: a.input_value("#max-tokens input") == "33", 10), a.input_value("#max-tokens input")
+    assert wait_until(lambda: a.input_value("#max-tokens input") == "33", 10), a.input_value(
+        "#max-tokens input"
+    )
     assert b.input_value("#top-k input") == "7" and box.input_value() == "33"
 
 
@@ -1592,7 +2129,9 @@ def test_attach_takes_several_files_at_once_and_each_goes_into_the_message(tab, 
         page.click("#attach-btn")
     assert chooser.value.is_multiple(), "Attach takes one file at a time"
     chooser.value.set_files([str(f) for f in files])
-    assert wait_until(lambda: all(f.name in page.inner_text("#attached") for f in files), 30), page.inner_text("#attached")
+    assert wait_until(lambda: all(f.name in page.inner_text("#attached") for f in files), 30), (
+        page.inner_text("#attached")
+    )
     send(page, "Wallaby: say hi.")
     wait_finished(page, 1)
     sent = users(page)[-1]
@@ -1619,10 +2158,17 @@ def test_chats_whose_titles_start_alike_do_not_look_the_same_in_the_sidebar(tab,
     time and all: its last words, or, for one that differs in its middle, from the word where it
     stops sharing its beginning with another ("… case 7 of…")."""
     page = tab(viewport={"width": 1280, "height": 800}).page
-    ends = ("handles reference cycles?", "handles weak references?", "handles case 7 of weak cycles?")
+    ends = (
+        "handles reference cycles?",
+        "handles weak references?",
+        "handles case 7 of weak cycles?",
+    )
     for end in ends:
         open_new_chat(page)
-        send(page, f"Caracal: can you explain how the Python garbage collector {end}\nAnswer in one word.")
+        send(
+            page,
+            f"Caracal: can you explain how the Python garbage collector {end}\nAnswer in one word.",
+        )
         wait_finished(page, 1)
     for width, height in ((1280, 800), (390, 844)):
         page.set_viewport_size({"width": width, "height": height})
@@ -1632,10 +2178,17 @@ def test_chats_whose_titles_start_alike_do_not_look_the_same_in_the_sidebar(tab,
         def shown() -> list[dict]:
             return [label.evaluate(SHOWN_TITLE_JS) for label in labels]
 
-        assert wait_until(lambda: all(s["cut"] and s["tail"] and s["tailShown"] and s["whenShown"] for s in shown()), 10), \
-            (width, shown())
+        assert wait_until(
+            lambda: all(
+                s["cut"] and s["tail"] and s["tailShown"] and s["whenShown"] for s in shown()
+            ),
+            10,
+        ), (width, shown())
         tails = [s["tail"] for s in shown()]
-        assert ends[0].endswith(tails[0]) and ends[1].endswith(tails[1]) and tails[0] != tails[1], (width, tails)
+        assert ends[0].endswith(tails[0]) and ends[1].endswith(tails[1]) and tails[0] != tails[1], (
+            width,
+            tails,
+        )
         assert tails[2].startswith("case 7 of"), (width, tails)
 
 
@@ -1650,26 +2203,43 @@ def test_status_line_says_0_running_after_a_reply(tab, app):
     while the reply runs too (its KV cache figures wrapped to a second line). The reply is a long
     one, so it is still running when the line is measured; Stop ends it."""
     page = tab().page
-    new_chat(page, max_tokens=3000)  # stopped below: long enough to outlast the checks at ~150 tok/s
+    new_chat(
+        page, max_tokens=3000
+    )  # stopped below: long enough to outlast the checks at ~150 tok/s
     watch_progress(page)
     send(page, story("Tapir"))
-    assert wait_until(lambda: "1 running" in page.inner_text("#status-line"), 30), page.inner_text("#status-line")
+    assert wait_until(lambda: "1 running" in page.inner_text("#status-line"), 30), page.inner_text(
+        "#status-line"
+    )
     assert not finished(page) and status_lines(page) == 1, page.inner_text("#status-line")
     page.click("#stop-btn")
     wait_finished(page, 1)
-    assert wait_until(lambda: "0 running" in page.inner_text("#status-line"), 2), page.inner_text("#status-line")
-    assert page.inner_text("#status-line").startswith("Ready"), page.inner_text("#status-line")  # "Generating" while it ran
-    assert status_lines(page) == 1 and "KV" in page.inner_text("#status-line"), page.inner_text("#status-line")
+    assert wait_until(lambda: "0 running" in page.inner_text("#status-line"), 2), page.inner_text(
+        "#status-line"
+    )
+    assert page.inner_text("#status-line").startswith("Ready"), page.inner_text(
+        "#status-line"
+    )  # "Generating" while it ran
+    assert status_lines(page) == 1 and "KV" in page.inner_text("#status-line"), page.inner_text(
+        "#status-line"
+    )
     # the status line (and every other output) shows only the page's text, never Gradio's timers
-    assert not progress_seen(page), f"Gradio's progress showed in the page: {sorted(set(progress_seen(page)))[:6]}"
+    assert not progress_seen(page), (
+        f"Gradio's progress showed in the page: {sorted(set(progress_seen(page)))[:6]}"
+    )
 
 
 # ---- 12. what the page costs: `minisgl-chat bench page`
 
+
 def test_bench_page_times_the_same_reply_in_the_page_and_through_the_api(app):
     """The command behind docs/benchmarks.md's page-against-API figures, on the module's app."""
-    proc = subprocess.run([*CLI, "bench", "page", "--url", app.page_url, "--replies", "1", "--max-tokens", "16"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*CLI, "bench", "page", "--url", app.page_url, "--replies", "1", "--max-tokens", "16"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     *replies, summary = rows
@@ -1686,10 +2256,14 @@ def test_an_event_stream_of_a_session_gone_is_a_404_with_no_traceback(app):
     import requests
 
     before = log_text(app)
-    r = requests.get(f"{app.url}/gradio_api/queue/data?session_hash=gone0001", cookies=app.page_cookies, timeout=10)
+    r = requests.get(
+        f"{app.url}/gradio_api/queue/data?session_hash=gone0001",
+        cookies=app.page_cookies,
+        timeout=10,
+    )
     assert r.status_code == 404, (r.status_code, r.text[:200])
     time.sleep(0.5)
-    assert "Traceback" not in log_text(app)[len(before):], log_text(app)[len(before):][-2000:]
+    assert "Traceback" not in log_text(app)[len(before) :], log_text(app)[len(before) :][-2000:]
 
 
 def test_a_closed_event_stream_leaves_the_other_streams_of_its_session_working(app):
@@ -1703,12 +2277,22 @@ def test_a_closed_event_stream_leaves_the_other_streams_of_its_session_working(a
     import requests
 
     config = requests.get(f"{app.url}/config", cookies=app.page_cookies, timeout=10).json()
-    tick = next(dep for dep in config["dependencies"] if any(t[1] == "tick" for t in dep["targets"]))
+    tick = next(
+        dep for dep in config["dependencies"] if any(t[1] == "tick" for t in dep["targets"])
+    )
     session = f"twostreams{time.time_ns()}"
 
     def join() -> str:
-        body = {"data": [False], "fn_index": tick["id"], "session_hash": session, "trigger_id": None, "event_data": None}
-        r = requests.post(f"{app.url}/gradio_api/queue/join", json=body, cookies=app.page_cookies, timeout=10)
+        body = {
+            "data": [False],
+            "fn_index": tick["id"],
+            "session_hash": session,
+            "trigger_id": None,
+            "event_data": None,
+        }
+        r = requests.post(
+            f"{app.url}/gradio_api/queue/join", json=body, cookies=app.page_cookies, timeout=10
+        )
         assert r.status_code == 200, r.text[:300]
         return r.json()["event_id"]
 
@@ -1723,33 +2307,55 @@ def test_a_closed_event_stream_leaves_the_other_streams_of_its_session_working(a
 
     before = log_text(app)
     first_event = join()  # the session's queue exists from its first event on
-    with requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, cookies=app.page_cookies, stream=True,
-                      timeout=30) as r:
-        assert any(m.get("event_id") == first_event and m["msg"] == "process_completed" for m in messages(r))
-    closed = requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, cookies=app.page_cookies, stream=True,
-                      timeout=30)
-    kept = requests.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, cookies=app.page_cookies, stream=True,
-                      timeout=30)
+    with requests.get(
+        f"{app.url}/gradio_api/queue/data",
+        params={"session_hash": session},
+        cookies=app.page_cookies,
+        stream=True,
+        timeout=30,
+    ) as r:
+        assert any(
+            m.get("event_id") == first_event and m["msg"] == "process_completed"
+            for m in messages(r)
+        )
+    closed = requests.get(
+        f"{app.url}/gradio_api/queue/data",
+        params={"session_hash": session},
+        cookies=app.page_cookies,
+        stream=True,
+        timeout=30,
+    )
+    kept = requests.get(
+        f"{app.url}/gradio_api/queue/data",
+        params={"session_hash": session},
+        cookies=app.page_cookies,
+        stream=True,
+        timeout=30,
+    )
     assert closed.status_code == 200 and kept.status_code == 200
     seen: list[dict] = []
     reader = threading.Thread(target=lambda: seen.extend(messages(kept)), daemon=True)
     reader.start()
     closed.close()  # the browser closes one stream (a tab's reload or close would)
-    time.sleep(11)  # past the open stream's 10 s wait for a message, when Gradio looks its session up again
+    time.sleep(
+        11
+    )  # past the open stream's 10 s wait for a message, when Gradio looks its session up again
     event = join()
     reader.join(15)
     kept.close()
     assert any(m.get("event_id") == event and m["msg"] == "process_completed" for m in seen), seen
     assert not [m for m in seen if m["msg"] == "unexpected_error"], seen
     time.sleep(0.5)
-    assert "Traceback" not in log_text(app)[len(before):], log_text(app)[len(before):][-2000:]
+    assert "Traceback" not in log_text(app)[len(before) :], log_text(app)[len(before) :][-2000:]
 
 
 def test_app_log_has_no_errors_and_no_chat_text(app):
     """After all of the above: the engine idle (nothing running, no KV page held: every stop,
     switch, reload and closed tab gave its request back), no server error, and nothing anyone
     typed or read, in the log."""
-    assert wait_until(lambda: engine_idle(app), 15), f"the engine is not idle after the suite: {app.metrics()}"
+    assert wait_until(lambda: engine_idle(app), 15), (
+        f"the engine is not idle after the suite: {app.metrics()}"
+    )
     log = log_text(app)
     assert " 500" not in log and "Traceback" not in log, log[-3000:]
     leaked = [m for m in MARKERS if m in log]

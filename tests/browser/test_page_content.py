@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from chat_page_utils import BROWSER_MARKS, REPLY, browser, wait_page_loaded  # noqa: F401 (browser: fixture)
 from server_utils import wait_until
 
@@ -84,26 +83,46 @@ def test_a_chat_with_images_from_another_host_loads_nothing_from_it(tab, app, li
     the same chat: the imported model and stop reason show as typed in the line under the reply."""
     other = f"http://127.0.0.1:{listener.port}"
     forged = f"<img src={other}/model.png>**bold**"
-    reply = (f"Here: ![secret]({other}/exfil.png?secret=PIN4321) and ![ref][r] and <img src={other}/raw.png>.\n\n"
-             f"[r]: {other}/ref.png")
+    reply = (
+        f"Here: ![secret]({other}/exfil.png?secret=PIN4321) and ![ref][r] and <img src={other}/raw.png>.\n\n"
+        f"[r]: {other}/ref.png"
+    )
     chat = tmp_path / "images.json"
-    chat.write_text(json.dumps({"title": f"Quagga images {time.time_ns()}", "format": "minisgl-chat conversation", "messages": [
-        {"role": "user", "content": "show me"},
-        {"role": "assistant", "content": reply, "model": forged, "stats": {"tokens": 3, "stopped": True, "stopped_by": forged}}]}))
+    chat.write_text(
+        json.dumps(
+            {
+                "title": f"Quagga images {time.time_ns()}",
+                "format": "minisgl-chat conversation",
+                "messages": [
+                    {"role": "user", "content": "show me"},
+                    {
+                        "role": "assistant",
+                        "content": reply,
+                        "model": forged,
+                        "stats": {"tokens": 3, "stopped": True, "stopped_by": forged},
+                    },
+                ],
+            }
+        )
+    )
     requested: list[str] = []
     tab.on("request", lambda r: requested.append(r.url))
     open_page(tab, app)
     import_chat(tab, chat)
     link = tab.locator(f"{REPLY} a", has_text="image from 127.0.0.1")
     assert wait_until(lambda: link.count() == 1, 30), tab.inner_text("#chatbot")[:500]
-    assert link.inner_text().replace("\u2062", "") == "🖼 secret · image from 127.0.0.1 — click to open", link.inner_text()
+    assert (
+        link.inner_text().replace("\u2062", "") == "🖼 secret · image from 127.0.0.1 — click to open"
+    ), link.inner_text()
     assert link.get_attribute("href") == f"{other}/exfil.png?secret=PIN4321"
     assert tab.locator("#chatbot img").count() == 0, tab.inner_html("#chatbot")[:2000]
     line = tab.locator("#chatbot .thought-group .title").last.inner_text()
     assert f"stopped ({forged}) · {forged}" in line, line  # as typed: no image, no bold
     assert tab.locator("#chatbot .thought-group .title strong").count() == 0
     time.sleep(1.0)  # a fetch started by the page would have reached the port by now
-    assert listener.connections == 0 and not [u for u in requested if str(listener.port) in u], requested
+    assert listener.connections == 0 and not [u for u in requested if str(listener.port) in u], (
+        requested
+    )
 
 
 def test_a_chat_of_100000_messages_imports_and_opens_at_its_last_messages(tab, app, tmp_path):
@@ -113,7 +132,10 @@ def test_a_chat_of_100000_messages_imports_and_opens_at_its_last_messages(tab, a
     WINDOW = 200  # view.WINDOW
 
     title = f"Quagga long {time.time_ns()}"
-    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Quagga line {i}"} for i in range(100_000)]
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Quagga line {i}"}
+        for i in range(100_000)
+    ]
     chat = tmp_path / "long.json"
     chat.write_text(json.dumps({"title": title, "messages": turns}))
     open_page(tab, app)
@@ -125,14 +147,19 @@ def test_a_chat_of_100000_messages_imports_and_opens_at_its_last_messages(tab, a
     earlier = tab.locator("#chatbot .message-row", has_text="Show 200 earlier messages").first
     assert "99,800 not shown" in earlier.inner_text()
     assert tab.evaluate("""() => { const row = [...document.querySelectorAll('#chatbot .message-row')].find(r => r.querySelector('.earlier-line'));
-        const box = row && row.nextElementSibling; return !!row && !(box && box.matches('.message-buttons') && box.getClientRects().length); }"""), \
+        const box = row && row.nextElementSibling; return !!row && !(box && box.matches('.message-buttons') && box.getClientRects().length); }"""), (
         "the line above the chat has a Copy or ✎ of its own"
+    )
     earlier.click()
-    assert wait_until(lambda: tab.locator("#chatbot .message-row", has_text="Quagga line 99600").count() == 1, 30)
+    assert wait_until(
+        lambda: tab.locator("#chatbot .message-row", has_text="Quagga line 99600").count() == 1, 30
+    )
     assert "99,600 not shown" in tab.locator("#chatbot .message-row").first.inner_text()
 
 
-def test_html_and_an_image_typed_in_an_edit_load_nothing_and_are_saved_as_typed(tab, app, listener, tmp_path):
+def test_html_and_an_image_typed_in_an_edit_load_nothing_and_are_saved_as_typed(
+    tab, app, listener, tmp_path
+):
     """Issue 45, item 6: a reply edited to "<img src=probe-i>" made the browser request /probe-i:
     Gradio shows the edited text as Markdown at once, before the page's answer shows it as typed.
     The edit's text is marked as the page shows it before Gradio takes it: nothing is requested
@@ -140,8 +167,17 @@ def test_html_and_an_image_typed_in_an_edit_load_nothing_and_are_saved_as_typed(
     other = f"http://127.0.0.1:{listener.port}"
     typed = f"<img src=probe-i> and <img src={other}/p.png> and ![x](probe-j)"
     chat = tmp_path / "edit.json"
-    chat.write_text(json.dumps({"title": f"Quagga edit {time.time_ns()}", "messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}))
+    chat.write_text(
+        json.dumps(
+            {
+                "title": f"Quagga edit {time.time_ns()}",
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello there"},
+                ],
+            }
+        )
+    )
     requested: list[str] = []
     tab.on("request", lambda r: requested.append(r.url))
     open_page(tab, app)
@@ -158,13 +194,21 @@ def test_html_and_an_image_typed_in_an_edit_load_nothing_and_are_saved_as_typed(
     buttons.locator("button[aria-label='Submit']").click()
     shown = lambda: tab.locator(REPLY).last.inner_text().replace("\u2060", "")  # noqa: E731
     # as typed, once the page's answer redrew it (the image a link to it)
-    assert wait_until(lambda: shown().replace("\u2062", "") == typed.replace("![x](probe-j)", "🖼 x · image — click to open"), 30), shown()
+    assert wait_until(
+        lambda: (
+            shown().replace("\u2062", "")
+            == typed.replace("![x](probe-j)", "🖼 x · image — click to open")
+        ),
+        30,
+    ), shown()
     time.sleep(1.0)  # a fetch started by the page would have been seen by now
     assert not [u for u in requested if "probe-" in u or str(listener.port) in u], requested
     assert tab.locator("#chatbot img").count() == 0
 
 
-def test_the_page_runs_under_its_content_security_policy_and_it_blocks_other_hosts_images(tab, app, listener):
+def test_the_page_runs_under_its_content_security_policy_and_it_blocks_other_hosts_images(
+    tab, app, listener
+):
     """Issue 41, item 6, the second guard: the page's responses carry `img-src 'self' data: blob:`
     (and media-src likewise), with the server's frame-ancestors; the page works under it (its
     panels open, a reply streams) with no CSP error in the console from Gradio's own code; and
@@ -173,7 +217,9 @@ def test_the_page_runs_under_its_content_security_policy_and_it_blocks_other_hos
 
     from minisgl_app.page.csp import PAGE_CSP
 
-    policy = requests.get(f"{app.url}/", cookies=app.page_cookies, timeout=10).headers.get("content-security-policy", "")
+    policy = requests.get(f"{app.url}/", cookies=app.page_cookies, timeout=10).headers.get(
+        "content-security-policy", ""
+    )
     assert PAGE_CSP in policy and "frame-ancestors 'none'" in policy, policy
     console: list[str] = []
     tab.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
@@ -182,10 +228,20 @@ def test_the_page_runs_under_its_content_security_policy_and_it_blocks_other_hos
         tab.click(f"text={panel}")
     tab.fill("#msg-input textarea", "Say hi.")
     tab.press("#msg-input textarea", "Enter")
-    assert wait_until(lambda: tab.locator(REPLY).count() >= 1 and "Ready" in tab.inner_text("#status-line"), 120)
-    csp_errors = [line for line in console if "Content Security Policy" in line or "Content-Security-Policy" in line]
+    assert wait_until(
+        lambda: tab.locator(REPLY).count() >= 1 and "Ready" in tab.inner_text("#status-line"), 120
+    )
+    csp_errors = [
+        line
+        for line in console
+        if "Content Security Policy" in line or "Content-Security-Policy" in line
+    ]
     assert csp_errors == [], csp_errors
-    tab.evaluate("(src) => { const img = new Image(); img.src = src; document.body.appendChild(img); }",
-                 f"http://127.0.0.1:{listener.port}/injected.png")
-    assert wait_until(lambda: any("Content Security Policy" in line for line in console), 10), console[-5:]
+    tab.evaluate(
+        "(src) => { const img = new Image(); img.src = src; document.body.appendChild(img); }",
+        f"http://127.0.0.1:{listener.port}/injected.png",
+    )
+    assert wait_until(lambda: any("Content Security Policy" in line for line in console), 10), (
+        console[-5:]
+    )
     assert listener.connections == 0

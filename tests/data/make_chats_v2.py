@@ -32,8 +32,13 @@ class FakeClock:
 
 
 def load_old_store(folder: Path):
-    source = subprocess.run(["git", "show", f"{RELEASE}:app/chat/store.py"], check=True,
-                            capture_output=True, text=True, cwd=HERE).stdout
+    source = subprocess.run(
+        ["git", "show", f"{RELEASE}:app/chat/store.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=HERE,
+    ).stdout
     path = folder / "old_store.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("old_store", path)
@@ -47,13 +52,21 @@ def load_old_store(folder: Path):
 def write(old, path: Path) -> None:
     with old.ConversationStore(path) as s:
         assert old.SCHEMA_VERSION == 2
-        a = s.create("Capitals", old.ChatSettings(system_prompt="Answer in one word.", temperature=0.2))
+        a = s.create(
+            "Capitals", old.ChatSettings(system_prompt="Answer in one word.", temperature=0.2)
+        )
         s.append(a.id, "user", "What is the capital of France?")
-        s.append(a.id, "assistant", "Paris.", old.MessageStats(ttft_ms=12.5, tok_s=80.0, tokens=3,
-                                                                finish_reason="stop"))
+        s.append(
+            a.id,
+            "assistant",
+            "Paris.",
+            old.MessageStats(ttft_ms=12.5, tok_s=80.0, tokens=3, finish_reason="stop"),
+        )
         s.append(a.id, "user", "And of Italy?")
         reply = s.append(a.id, "assistant", "")
-        s.update_message(reply.id, "Rome", old.MessageStats(tokens=2, finish_reason="abort", stopped=True))
+        s.update_message(
+            reply.id, "Rome", old.MessageStats(tokens=2, finish_reason="abort", stopped=True)
+        )
         gone = s.create("gone")  # leaves a gap in the ids
         s.append(gone.id, "user", "forget me")
         s.delete(gone.id)
@@ -62,7 +75,9 @@ def write(old, path: Path) -> None:
             s.append(b.id, role, f"message {i}")
         s.truncate_after(b.id, 1)  # regenerate as the v2 UI did: drop, then append again
         s.append(b.id, "user", "Bonjour, ça va ?")
-        s.append(b.id, "assistant", "<think>hm</think>Très bien.", {"tokens": 5, "finish_reason": "stop"})
+        s.append(
+            b.id, "assistant", "<think>hm</think>Très bien.", {"tokens": 5, "finish_reason": "stop"}
+        )
         s.create("empty")
 
 

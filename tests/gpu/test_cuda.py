@@ -26,8 +26,16 @@ QWEN3_SHAPE = "qwen3-0.6b"
 
 
 def engine_config(**overrides) -> EngineConfig:
-    base = dict(dummy_weights=True, config=QWEN3_SHAPE, device="cuda", dtype="bfloat16", max_kv_tokens=40_000,
-                max_running_requests=64, cuda_graph_max_bs=64, attn="flashinfer")
+    base = dict(
+        dummy_weights=True,
+        config=QWEN3_SHAPE,
+        device="cuda",
+        dtype="bfloat16",
+        max_kv_tokens=40_000,
+        max_running_requests=64,
+        cuda_graph_max_bs=64,
+        attn="flashinfer",
+    )
     return EngineConfig(**{**base, **overrides})
 
 
@@ -56,7 +64,10 @@ def load_same_weights(llm: LLM, hf16) -> None:
 
 def random_sequences(n: int, positions: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(0, 10000) for _ in range(rng.randrange(20, 200) + positions)] for _ in range(n)]
+    return [
+        [rng.randrange(0, 10000) for _ in range(rng.randrange(20, 200) + positions)]
+        for _ in range(n)
+    ]
 
 
 @torch.inference_mode()
@@ -101,12 +112,19 @@ def agreement_baselines(reference_models):
     return seqs, ref, {"transformers bf16": hf_bf16, "our torch backend": torch_backend}
 
 
-@pytest.mark.parametrize("decode_attention,page_size", [
-    ("flashinfer", 0), ("triton", 0), ("fused", 0),  # the GPU's default page size (DEFAULT_PAGE_SIZE_GPU)
-    ("flashinfer", 1), ("triton", 1),  # one token per page, as --page-size 1 (the default before)
-])
-def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(reference_models, agreement_baselines,
-                                                                         decode_attention, page_size, monkeypatch):
+@pytest.mark.parametrize(
+    "decode_attention,page_size",
+    [
+        ("flashinfer", 0),
+        ("triton", 0),
+        ("fused", 0),  # the GPU's default page size (DEFAULT_PAGE_SIZE_GPU)
+        ("flashinfer", 1),
+        ("triton", 1),  # one token per page, as --page-size 1 (the default before)
+    ],
+)
+def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(
+    reference_models, agreement_baselines, decode_attention, page_size, monkeypatch
+):
     """Prefill on FlashInfer, then 32 decode steps of 64 sequences in CUDA graphs, their
     attention on FlashInfer's decode kernel, on triton_kernels.decode_attention (which the
     engine uses for small batches: here forced for every graph size) or on the one kernel from
@@ -118,7 +136,9 @@ def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(refer
     _, hf16 = reference_models
     seqs, ref, baselines = agreement_baselines
     monkeypatch.setenv("MINISGL_DECODE_ATTENTION", decode_attention)
-    monkeypatch.setattr(flashinfer_backend, "TRITON_DECODE_MAX_BATCH", 1 << 30)  # fused: every graph size, as triton
+    monkeypatch.setattr(
+        flashinfer_backend, "TRITON_DECODE_MAX_BATCH", 1 << 30
+    )  # fused: every graph size, as triton
     fast = LLM(config=engine_config(page_size=page_size))
     assert fast.engine.attn_name == "flashinfer" and fast.engine.uses_cuda_graphs
     assert fast.engine.page_size == (page_size or DEFAULT_PAGE_SIZE_GPU)
@@ -129,8 +149,14 @@ def test_flashinfer_logits_agree_with_transformers_as_well_as_its_own_bf16(refer
     del fast
     torch.cuda.empty_cache()
 
-    figures = {name: (agreement(x, ref), rel_error(x, ref)) for name, x in (("ours", ours), *baselines.items())}
-    print(f"decode attention {decode_attention}, page size {page_size or DEFAULT_PAGE_SIZE_GPU}: top-1 agreement with float32 transformers (%), relative logit error:", figures)
+    figures = {
+        name: (agreement(x, ref), rel_error(x, ref))
+        for name, x in (("ours", ours), *baselines.items())
+    }
+    print(
+        f"decode attention {decode_attention}, page size {page_size or DEFAULT_PAGE_SIZE_GPU}: top-1 agreement with float32 transformers (%), relative logit error:",
+        figures,
+    )
     assert ours.shape == ref.shape == (64 * POSITIONS, ref.shape[-1])
     for baseline in baselines:
         assert figures["ours"][0] >= figures[baseline][0] - 1.0, (baseline, figures)
@@ -158,12 +184,16 @@ def fp8_baselines(reference_models, agreement_baselines):
     torch_backend = our_last_logits(plain, seqs, POSITIONS)
     del plain
     torch.cuda.empty_cache()
-    return {"transformers bf16, K/V rounded to fp8": hf_fp8, "our torch backend, fp8 pool": torch_backend}
+    return {
+        "transformers bf16, K/V rounded to fp8": hf_fp8,
+        "our torch backend, fp8 pool": torch_backend,
+    }
 
 
 @pytest.mark.parametrize("decode_attention", ["flashinfer", "triton", "fused"])
-def test_fp8_kv_cache_agrees_as_well_as_transformers_with_its_kv_rounded_to_fp8(reference_models, agreement_baselines, fp8_baselines,
-                                                                               decode_attention, monkeypatch):
+def test_fp8_kv_cache_agrees_as_well_as_transformers_with_its_kv_rounded_to_fp8(
+    reference_models, agreement_baselines, fp8_baselines, decode_attention, monkeypatch
+):
     """``--kv-dtype fp8`` on every attention path (FlashInfer's FP8 prefill and decode modules,
     the Triton decode kernels widening K/V as they load them, the fused kernel storing the new
     token's K/V rounded) against float32 transformers, as well as transformers' own bf16 run with
@@ -183,9 +213,18 @@ def test_fp8_kv_cache_agrees_as_well_as_transformers_with_its_kv_rounded_to_fp8(
     del fast
     torch.cuda.empty_cache()
 
-    figures = {name: (agreement(x, ref), rel_error(x, ref))
-               for name, x in (("ours, fp8 pool", ours), *fp8_baselines.items(), ("transformers bf16", bf16_baselines["transformers bf16"]))}
-    print(f"--kv-dtype fp8, decode attention {decode_attention}: top-1 agreement with float32 transformers (%), relative logit error:", figures)
+    figures = {
+        name: (agreement(x, ref), rel_error(x, ref))
+        for name, x in (
+            ("ours, fp8 pool", ours),
+            *fp8_baselines.items(),
+            ("transformers bf16", bf16_baselines["transformers bf16"]),
+        )
+    }
+    print(
+        f"--kv-dtype fp8, decode attention {decode_attention}: top-1 agreement with float32 transformers (%), relative logit error:",
+        figures,
+    )
     for baseline in fp8_baselines:
         assert figures["ours, fp8 pool"][0] >= figures[baseline][0] - 1.0, (baseline, figures)
         assert figures["ours, fp8 pool"][1] <= 1.5 * figures[baseline][1], (baseline, figures)
@@ -195,18 +234,34 @@ def test_fp8_kv_cache_agrees_as_well_as_transformers_with_its_kv_rounded_to_fp8(
 def graph_llm():
     # the default rules: graphs of up to 16 rows attend with the Triton kernels (FlashInfer for
     # long contexts); from DECODE_WHOLE_KV_FROM rows FlashInfer reads K/V whole (split for long contexts)
-    llm = LLM(config=engine_config(max_running_requests=256, cuda_graph_max_bs=256, max_kv_tokens=200_000))
+    llm = LLM(
+        config=engine_config(max_running_requests=256, cuda_graph_max_bs=256, max_kv_tokens=200_000)
+    )
     llm.scheduler.overlap = False
     return llm
 
 
-@pytest.mark.parametrize("batch_size,kind,prompt_lens", [
-    (1, "triton", (5, 80)), (3, "triton", (5, 80)), (3, "flashinfer", (5, 80)), (64, "whole", (5, 80)), (200, "whole", (5, 80)),
-    (64, "whole", (300, 800)),  # long enough that the split plan cuts each request's K/V into several chunks
-    (64, "flashinfer", (2_100, 2_400)),  # longer than DECODE_WHOLE_KV_MAX_CONTEXT: split
-    (1, "triton", (3_500, 4_000)), (5, "triton", (2_000, 4_000)),  # long contexts: every one of the pieces holds tokens
-])
-def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size, kind, prompt_lens, monkeypatch):
+@pytest.mark.parametrize(
+    "batch_size,kind,prompt_lens",
+    [
+        (1, "triton", (5, 80)),
+        (3, "triton", (5, 80)),
+        (3, "flashinfer", (5, 80)),
+        (64, "whole", (5, 80)),
+        (200, "whole", (5, 80)),
+        (
+            64,
+            "whole",
+            (300, 800),
+        ),  # long enough that the split plan cuts each request's K/V into several chunks
+        (64, "flashinfer", (2_100, 2_400)),  # longer than DECODE_WHOLE_KV_MAX_CONTEXT: split
+        (1, "triton", (3_500, 4_000)),
+        (5, "triton", (2_000, 4_000)),  # long contexts: every one of the pieces holds tokens
+    ],
+)
+def test_cuda_graph_replay_equals_eager_at_the_padded_size(
+    graph_llm, batch_size, kind, prompt_lens, monkeypatch
+):
     """Each graph against the same batch run eagerly with the same padding (and so the same
     attention); small graphs exist twice (attention on the Triton kernels for short contexts, on
     FlashInfer for long ones: here forced by the limit), large ones too (K/V read whole for short
@@ -215,7 +270,9 @@ def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size
 
     sched, engine = graph_llm.scheduler, graph_llm.engine
     backend = engine.attn_backend
-    if kind == "flashinfer" and batch_size <= backend.decode_limits.max_batch:  # every request is "long"
+    if (
+        kind == "flashinfer" and batch_size <= backend.decode_limits.max_batch
+    ):  # every request is "long"
         monkeypatch.setattr(backend, "decode_limits", replace(backend.decode_limits, max_context=0))
     rng = random.Random(batch_size)
     uids = list(range(10_000 * batch_size, 10_000 * batch_size + batch_size))
@@ -233,22 +290,34 @@ def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size
             eager = engine.forward_logits(batch, use_graph=False, pad_to=size)
             replay = engine.forward_logits(batch, use_graph=True)
             assert engine.graph_runner.last_graph == (size, kind)
-            print(f"batch {batch_size} (graph of {size}, {kind}): max |eager - replay| = {(eager - replay).abs().max().item():.3g}")
-            assert torch.equal(eager.argmax(-1), replay.argmax(-1)), f"batch {batch_size} (graph of {size})"
-            if size >= backend.decode_limits.whole_kv_rows and backend.decode_tensor_cores:  # K/V whole against split
+            print(
+                f"batch {batch_size} (graph of {size}, {kind}): max |eager - replay| = {(eager - replay).abs().max().item():.3g}"
+            )
+            assert torch.equal(eager.argmax(-1), replay.argmax(-1)), (
+                f"batch {batch_size} (graph of {size})"
+            )
+            if (
+                size >= backend.decode_limits.whole_kv_rows and backend.decode_tensor_cores
+            ):  # K/V whole against split
                 # FlashInfer 0.6's PrefillPlanInfo: its last field says whether the plan split K/V
                 # (under CUDA graphs its own plan always does)
                 assert backend.graph_wrappers[size, kind]._plan_info[-1] == (kind == "flashinfer")
                 other = "flashinfer" if kind == "whole" else "whole"
                 limits = backend.decode_limits
-                backend.decode_limits = replace(limits, whole_kv_max_context=0 if other == "flashinfer" else 1 << 30)
+                backend.decode_limits = replace(
+                    limits, whole_kv_max_context=0 if other == "flashinfer" else 1 << 30
+                )
                 try:
                     planned_other = engine.forward_logits(batch, use_graph=False, pad_to=size)
-                    assert backend.graph_wrappers[size, other]._plan_info[-1] == (other == "flashinfer")
+                    assert backend.graph_wrappers[size, other]._plan_info[-1] == (
+                        other == "flashinfer"
+                    )
                 finally:
                     backend.decode_limits = limits
                 same = (replay.argmax(-1) == planned_other.argmax(-1)).float().mean().item()
-                print(f"batch {batch_size}: K/V read {kind} vs {other}, relative error {rel_error(replay, planned_other):.3g}, same top-1 {same:.1%}")
+                print(
+                    f"batch {batch_size}: K/V read {kind} vs {other}, relative error {rel_error(replay, planned_other):.3g}, same top-1 {same:.1%}"
+                )
                 assert rel_error(replay, planned_other) < 0.02 and same >= 0.98
             if kind == "triton":  # the Triton decode kernels against FlashInfer's, same padding
                 limits = backend.decode_limits
@@ -257,7 +326,9 @@ def test_cuda_graph_replay_equals_eager_at_the_padded_size(graph_llm, batch_size
                     flashinfer = engine.forward_logits(batch, use_graph=False, pad_to=size)
                 finally:
                     backend.decode_limits = limits
-                print(f"batch {batch_size}: Triton decode attention vs FlashInfer, relative error {rel_error(replay, flashinfer):.3g}")
+                print(
+                    f"batch {batch_size}: Triton decode attention vs FlashInfer, relative error {rel_error(replay, flashinfer):.3g}"
+                )
                 assert rel_error(replay, flashinfer) < 0.05
             sched.step()  # advance every request one token
     finally:
@@ -281,11 +352,18 @@ def test_mixed_prefill_decode_chunks_and_aborts_return_every_page():
         for _ in range(rng.randrange(0, 4)):  # requests keep arriving while others decode
             if pending:
                 uid = pending.pop()
-                n = rng.choice([rng.randrange(5, 60), rng.randrange(300, 1500)])  # long ones are chunked
+                n = rng.choice(
+                    [rng.randrange(5, 60), rng.randrange(300, 1500)]
+                )  # long ones are chunked
                 greedy = rng.random() < 0.5
-                params = SamplingParams(max_tokens=rng.randrange(1, 80), temperature=0.0 if greedy else 0.8,
-                                        top_k=rng.choice([-1, 20]), top_p=rng.choice([1.0, 0.9]),
-                                        seed=rng.choice([None, 5]), ignore_eos=True)
+                params = SamplingParams(
+                    max_tokens=rng.randrange(1, 80),
+                    temperature=0.0 if greedy else 0.8,
+                    top_k=rng.choice([-1, 20]),
+                    top_p=rng.choice([1.0, 0.9]),
+                    seed=rng.choice([None, 5]),
+                    ignore_eos=True,
+                )
                 sched.add_request(uid, [rng.randrange(0, 10000) for _ in range(n)], params)
         for out in sched.step():
             if out.finished:
@@ -308,17 +386,25 @@ def test_mixed_prefill_decode_chunks_and_aborts_return_every_page():
 def test_serve_on_cuda_answers_paris(tmp_path):
     """The app's server on the GPU with the demo model (prepared beforehand in
     MINISGL_CACHE_DIR: the device has no network)."""
-    from minisgl_engine.weights.demo import DEMO_MODEL_NAME, demo_model_dir
     from server_utils import ServerProcess, wait_until
+
+    from minisgl_engine.weights.demo import DEMO_MODEL_NAME, demo_model_dir
 
     if not (demo_model_dir() / ".complete").exists():
         pytest.skip("the demo model is not in the cache (run `minisgl-chat pull` first)")
     server = ServerProcess("--device", "cuda", timeout=600, log_path=tmp_path / "serve.log")
     try:
-        body = {"model": DEMO_MODEL_NAME, "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                "max_tokens": 32, "temperature": 0, "stream": True}
+        body = {
+            "model": DEMO_MODEL_NAME,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 32,
+            "temperature": 0,
+            "stream": True,
+        }
         text, lines = "", []
-        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as resp:
+        with httpx.stream(
+            "POST", f"{server.url}/v1/chat/completions", json=body, timeout=120
+        ) as resp:
             assert resp.status_code == 200
             for line in resp.iter_lines():
                 lines.append(line)

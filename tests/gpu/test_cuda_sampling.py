@@ -25,9 +25,16 @@ from minisgl_engine.llm import LLM  # noqa: E402
 from minisgl_engine.sampling_params import GrammarSpec, SamplingParams  # noqa: E402
 
 CARRIED_TOKENIZER = Path(__file__).resolve().parents[2] / ".tok" / "tokenizer"
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                                           "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
-          "required": ["name", "age", "tags"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
 
 
 def tokenizer_folder() -> Path | None:
@@ -55,22 +62,42 @@ def model_pair(tmp_path_factory):
             shutil.copy(source / name, folder / name)
     config = load_hf_config(EngineConfig(config="qwen3-0.6b"), None)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    config.vocab_size, config.eos_token_id, config.bos_token_id = len(tokenizer), tokenizer.eos_token_id, tokenizer.bos_token_id
+    config.vocab_size, config.eos_token_id, config.bos_token_id = (
+        len(tokenizer),
+        tokenizer.eos_token_id,
+        tokenizer.bos_token_id,
+    )
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for p in hf.parameters():
-            p.copy_(p.to(torch.bfloat16).float())  # weights exact in bf16: both sides see the same ones
+            p.copy_(
+                p.to(torch.bfloat16).float()
+            )  # weights exact in bf16: both sides see the same ones
     hf.to(torch.bfloat16).save_pretrained(folder)
-    llm = LLM(config=EngineConfig(model=str(folder), device="cuda", dtype="bfloat16", max_kv_tokens=40_000, max_running_requests=64,
-                                  cuda_graph_max_bs=64, attn="flashinfer"))
+    llm = LLM(
+        config=EngineConfig(
+            model=str(folder),
+            device="cuda",
+            dtype="bfloat16",
+            max_kv_tokens=40_000,
+            max_running_requests=64,
+            cuda_graph_max_bs=64,
+            attn="flashinfer",
+        )
+    )
     assert llm.engine.uses_cuda_graphs and llm.scheduler.overlap
     hf16 = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
     return llm, hf.float().cuda().eval(), hf16
 
 
 def prompts(llm: LLM) -> list[list[int]]:
-    texts = ["Describe a person as JSON.", "The capital of France is", "List three colours:", "Once upon a time"]
+    texts = [
+        "Describe a person as JSON.",
+        "The capital of France is",
+        "List three colours:",
+        "Once upon a time",
+    ]
     return [llm.encode(t) for t in texts]
 
 
@@ -78,7 +105,9 @@ def test_logprobs_are_the_models_own_within_bf16(model_pair):
     """Judged as test_cuda.py judges logits: against transformers in float32, relative to how far
     transformers' own bf16 run lands from it on the same tokens."""
     llm, hf32, hf16 = model_pair
-    results = llm.generate(prompts(llm), SamplingParams(max_tokens=16, logprobs=True, top_logprobs=5, ignore_eos=True))
+    results = llm.generate(
+        prompts(llm), SamplingParams(max_tokens=16, logprobs=True, top_logprobs=5, ignore_eos=True)
+    )
     ours, theirs = [], []
     for prompt, result in zip(prompts(llm), results):
         assert len(result.logprobs) == 16
@@ -93,8 +122,10 @@ def test_logprobs_are_the_models_own_within_bf16(model_pair):
             ours.append(abs(lp.logprob - ref[step, token].item()))
             theirs.append(abs(bf16[step, token].item() - ref[step, token].item()))
     median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
-    print(f"logprob error vs transformers fp32: ours (bf16) median {median(ours):.4f} max {max(ours):.4f}; "
-          f"transformers bf16 median {median(theirs):.4f} max {max(theirs):.4f}")
+    print(
+        f"logprob error vs transformers fp32: ours (bf16) median {median(ours):.4f} max {max(ours):.4f}; "
+        f"transformers bf16 median {median(theirs):.4f} max {max(theirs):.4f}"
+    )
     assert median(ours) <= max(2 * median(theirs), 0.01)
     assert max(ours) <= max(2 * max(theirs), 0.05)
 
@@ -114,14 +145,19 @@ def test_prompt_logprobs_are_the_models_own_within_bf16(model_pair):
             ref = hf32(ids).logits[0, :-1].float().log_softmax(-1)
             bf16 = hf16(ids).logits[0, :-1].float().log_softmax(-1)
         targets = torch.tensor(prompt[1:], device="cuda").view(-1, 1)
-        ref_chosen, bf16_chosen = ref.gather(1, targets).squeeze(1).tolist(), bf16.gather(1, targets).squeeze(1).tolist()
+        ref_chosen, bf16_chosen = (
+            ref.gather(1, targets).squeeze(1).tolist(),
+            bf16.gather(1, targets).squeeze(1).tolist(),
+        )
         for position, entry in enumerate(result.prompt_logprobs[1:]):
             assert len(entry.top) == 3 and entry.top[0][1] >= entry.logprob - 1e-6
             ours.append(abs(entry.logprob - ref_chosen[position]))
             theirs.append(abs(bf16_chosen[position] - ref_chosen[position]))
     median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
-    print(f"prompt logprob error vs transformers fp32 over {len(ours)} tokens: ours (bf16) median {median(ours):.4f} max {max(ours):.4f}; "
-          f"transformers bf16 median {median(theirs):.4f} max {max(theirs):.4f}")
+    print(
+        f"prompt logprob error vs transformers fp32 over {len(ours)} tokens: ours (bf16) median {median(ours):.4f} max {max(ours):.4f}; "
+        f"transformers bf16 median {median(theirs):.4f} max {max(theirs):.4f}"
+    )
     assert median(ours) <= max(2 * median(theirs), 0.01)
     assert max(ours) <= max(2 * max(theirs), 0.05)
 
@@ -131,13 +167,26 @@ def test_plain_requests_keep_their_tokens_beside_every_option(model_pair):
     so the plain rows see the same kernels: their tokens must not change."""
     llm = model_pair[0]
     ps = prompts(llm)
-    plain = [SamplingParams(max_tokens=32, ignore_eos=True), SamplingParams(max_tokens=32, temperature=0.8, seed=5, ignore_eos=True)]
+    plain = [
+        SamplingParams(max_tokens=32, ignore_eos=True),
+        SamplingParams(max_tokens=32, temperature=0.8, seed=5, ignore_eos=True),
+    ]
     extras = [
         SamplingParams(max_tokens=32, ignore_eos=True, logprobs=True, top_logprobs=20),
-        SamplingParams(max_tokens=32, ignore_eos=True, frequency_penalty=1.0, presence_penalty=0.5, repetition_penalty=1.3),
-        SamplingParams(max_tokens=32, ignore_eos=True, logit_bias={100: 5.0, 200: -100.0}, min_tokens=8),
+        SamplingParams(
+            max_tokens=32,
+            ignore_eos=True,
+            frequency_penalty=1.0,
+            presence_penalty=0.5,
+            repetition_penalty=1.3,
+        ),
+        SamplingParams(
+            max_tokens=32, ignore_eos=True, logit_bias={100: 5.0, 200: -100.0}, min_tokens=8
+        ),
         SamplingParams(max_tokens=32, ignore_eos=True, temperature=0.9, min_p=0.2, seed=9),
-        SamplingParams(max_tokens=32, ignore_eos=True, grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))),
+        SamplingParams(
+            max_tokens=32, ignore_eos=True, grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))
+        ),
         SamplingParams(max_tokens=32, ignore_eos=True, prompt_logprobs=5),
     ]
     filler = [replace(plain[0]) for _ in extras]
@@ -156,19 +205,37 @@ def test_grammars_hold_under_overlap_scheduling_and_cuda_graphs(model_pair):
         sampled = dict(temperature=1.0, seed=i) if i % 2 else {}
         kind = i % 3
         if kind == 0:
-            params.append(SamplingParams(max_tokens=200, grammar=GrammarSpec("json_schema", json.dumps(SCHEMA)), **sampled))
+            params.append(
+                SamplingParams(
+                    max_tokens=200,
+                    grammar=GrammarSpec("json_schema", json.dumps(SCHEMA)),
+                    **sampled,
+                )
+            )
         elif kind == 1:
-            params.append(SamplingParams(max_tokens=40, grammar=GrammarSpec("regex", r"(yes|no), [a-z]{1,8}( [a-z]{1,8}){0,4}\."), **sampled))
+            params.append(
+                SamplingParams(
+                    max_tokens=40,
+                    grammar=GrammarSpec("regex", r"(yes|no), [a-z]{1,8}( [a-z]{1,8}){0,4}\."),
+                    **sampled,
+                )
+            )
         else:
             params.append(SamplingParams(max_tokens=40, ignore_eos=True, **sampled))
     results = llm.generate([ps[i % len(ps)] for i in range(n)], params)
-    for i, (p, r) in enumerate(zip(params, results)):
+    for p, r in zip(params, results):
         if p.grammar is None:
             assert len(r.token_ids) == 40
         elif p.grammar.kind == "json_schema":
             assert r.finish_reason == "stop", r.text
             value = json.loads(r.text)
-            assert set(value) == {"name", "age", "tags"} and 0 <= value["age"] <= 120 and len(value["name"]) <= 12, value
+            assert (
+                set(value) == {"name", "age", "tags"}
+                and 0 <= value["age"] <= 120
+                and len(value["name"]) <= 12
+            ), value
             assert set(value["tags"]) <= {"a", "b", "c"} and len(value["tags"]) <= 3
         else:
-            assert r.finish_reason == "stop" and re.fullmatch(r"(yes|no), [a-z]{1,8}( [a-z]{1,8}){0,4}\.", r.text), r.text
+            assert r.finish_reason == "stop" and re.fullmatch(
+                r"(yes|no), [a-z]{1,8}( [a-z]{1,8}){0,4}\.", r.text
+            ), r.text

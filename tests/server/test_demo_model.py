@@ -17,8 +17,10 @@ pytestmark = pytest.mark.slow
 def demo_dir():
     folder = demo.demo_model_dir()
     if not is_complete(folder):
-        pytest.skip(f"demo model not pulled into {folder}; run "
-                    "`python -c 'from minisgl_engine.weights.demo import pull_demo; pull_demo()'`")
+        pytest.skip(
+            f"demo model not pulled into {folder}; run "
+            "`python -c 'from minisgl_engine.weights.demo import pull_demo; pull_demo()'`"
+        )
     return folder
 
 
@@ -27,7 +29,10 @@ def test_demo_folder_contents(demo_dir) -> None:
     assert "quantization_config" not in config
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (
-        30, 576, 49152)
+        30,
+        576,
+        49152,
+    )
     assert config["tie_word_embeddings"] is True
     # the weights stay in the GGUF file, quantized (no float32 copy on disk)
     assert (demo_dir / "model.gguf").stat().st_size == demo.DEMO_GGUF_SIZE
@@ -44,7 +49,9 @@ def test_demo_weights_names(demo_dir) -> None:
     assert "model.embed_tokens.weight" in tensors
     assert "lm_head.weight" not in tensors  # tied to the embeddings
     assert len(tensors) == 272
-    kinds = {name: tensor.type_name for name, tensor in tensors.items() if isinstance(tensor, GGUFTensor)}
+    kinds = {
+        name: tensor.type_name for name, tensor in tensors.items() if isinstance(tensor, GGUFTensor)
+    }
     assert kinds["model.embed_tokens.weight"] == "Q8_0"
     assert sorted(set(kinds.values())) == ["Q4_1", "Q8_0"] and len(kinds) == 211
 

@@ -133,8 +133,18 @@ def test_theme_css_styles_the_app_elements() -> None:
     css = (STATIC / "theme.css").read_text()
     body = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
     assert body.count("{") == body.count("}")
-    for selector in ("#chatbot", "#msg-input", "#send-btn", "#stop-btn", "#status-line",
-                     "#versions", ".thought-group", ".thinking", "#sidebar", "#conv-list"):
+    for selector in (
+        "#chatbot",
+        "#msg-input",
+        "#send-btn",
+        "#stop-btn",
+        "#status-line",
+        "#versions",
+        ".thought-group",
+        ".thinking",
+        "#sidebar",
+        "#conv-list",
+    ):
         assert selector in body, selector
     assert "var(--body-text-color-subdued)" in body
 
@@ -266,8 +276,15 @@ def test_install_puts_every_file_in_place_and_uninstall_removes_them(sandbox) ->
     if shutil.which("appstreamcli"):
         # validate-tree also checks that the launchable's .desktop file is installed beside it
         tool = shutil.which("appstreamcli")
-        tree = run([tool, "validate-tree", "--no-net", *appstream_args(tool),
-                    str(sandbox["tmp"] / "prefix")])
+        tree = run(
+            [
+                tool,
+                "validate-tree",
+                "--no-net",
+                *appstream_args(tool),
+                str(sandbox["tmp"] / "prefix"),
+            ]
+        )
         assert_appstream_ok(tree)
 
     gone = run_install("--prefix", str(data), "--uninstall", env=sandbox["env"])

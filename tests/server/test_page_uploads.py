@@ -32,20 +32,37 @@ def page_session(app) -> requests.Session:
 
 def event_of(config: dict, elem_id: str, trigger: str) -> tuple[int, int]:
     """(fn_index, component id) of the page's event ``trigger`` on the component ``elem_id``."""
-    component = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == elem_id)
-    dep = next(d for d in config["dependencies"] if [component, trigger] in [list(t) for t in d["targets"]])
+    component = next(
+        c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == elem_id
+    )
+    dep = next(
+        d for d in config["dependencies"] if [component, trigger] in [list(t) for t in d["targets"]]
+    )
     return dep["id"], component
 
 
-def run_event(app, http: requests.Session, session: str, elem_id: str, trigger: str, data: list) -> list[dict]:
+def run_event(
+    app, http: requests.Session, session: str, elem_id: str, trigger: str, data: list
+) -> list[dict]:
     """Join the queue for one event as the page does and read its stream to the end: the messages."""
     config = http.get(f"{app.url}/config", timeout=10).json()
     fn_index, component = event_of(config, elem_id, trigger)
-    body = {"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": component, "event_data": None}
+    body = {
+        "data": data,
+        "fn_index": fn_index,
+        "session_hash": session,
+        "trigger_id": component,
+        "event_data": None,
+    }
     r = http.post(f"{app.url}/gradio_api/queue/join", json=body, timeout=10)
     assert r.status_code == 200, r.text[:300]
     seen = []
-    with http.get(f"{app.url}/gradio_api/queue/data", params={"session_hash": session}, stream=True, timeout=30) as stream:
+    with http.get(
+        f"{app.url}/gradio_api/queue/data",
+        params={"session_hash": session},
+        stream=True,
+        timeout=30,
+    ) as stream:
         for line in stream.iter_lines():
             if line.startswith(b"data: "):
                 seen.append(json.loads(line[6:]))
@@ -85,7 +102,9 @@ def shown_by(messages: list[dict]) -> list:
 def refused(messages: list[dict]) -> bool:
     """An event's file refused: by Gradio's own check (the event fails before the handler), or by
     the handler's (app/chat/uploads.py: a warning, nothing read)."""
-    return not completed(messages).get("success") or any(NOT_UPLOADED in w for w in warnings_in(messages))
+    return not completed(messages).get("success") or any(
+        NOT_UPLOADED in w for w in warnings_in(messages)
+    )
 
 
 def test_attach_refuses_a_forged_file_path_and_reads_an_uploaded_file_once(app, tmp_path):
@@ -97,18 +116,24 @@ def test_attach_refuses_a_forged_file_path_and_reads_an_uploaded_file_once(app, 
     session = f"forged{uuid.uuid4().hex[:10]}"
     secret = tmp_path / "secret-41.txt"
     secret.write_text("the PIN is 4321\n", encoding="utf-8")
-    messages = run_event(app, http, session, "attach-btn", "upload", [[file_data(str(secret), secret.name)]])
+    messages = run_event(
+        app, http, session, "attach-btn", "upload", [[file_data(str(secret), secret.name)]]
+    )
     assert refused(messages) and "secret-41" not in json.dumps(shown_by(messages)), messages
     r = upload(app, http, "notes-41.txt", b"the code is plum\n")
     assert r.status_code == 200, r.text[:300]
     [stored] = r.json()
     folder = Path(stored).parent.parent  # the app's private files folder (GRADIO_TEMP_DIR)
     app.files_seen.append(folder)
-    messages = run_event(app, http, session, "attach-btn", "upload", [[file_data(stored, "notes-41.txt")]])
+    messages = run_event(
+        app, http, session, "attach-btn", "upload", [[file_data(stored, "notes-41.txt")]]
+    )
     note = output_of(messages)[0]
     assert "notes-41.txt" in json.dumps(note) and "secret-41" not in json.dumps(note), note
     assert not Path(stored).exists(), "the uploaded file stays after it was attached"
-    assert not list(folder.rglob("secret-41.txt")), "Gradio's copy of the forged path stays in the files folder"
+    assert not list(folder.rglob("secret-41.txt")), (
+        "Gradio's copy of the forged path stays in the files folder"
+    )
 
 
 def test_a_forged_file_path_is_refused_before_gradio_reads_it(app, tmp_path):
@@ -137,8 +162,14 @@ def test_a_forged_file_path_is_refused_before_gradio_reads_it(app, tmp_path):
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    messages = run_event(app, page_session(app), f"fifo{uuid.uuid4().hex[:10]}", "attach-btn", "upload",
-                         [[file_data(str(pipe), pipe.name)]])
+    messages = run_event(
+        app,
+        page_session(app),
+        f"fifo{uuid.uuid4().hex[:10]}",
+        "attach-btn",
+        "upload",
+        [[file_data(str(pipe), pipe.name)]],
+    )
     watcher.join()
     assert not opened, "Gradio opened the forged path to read it"
     assert refused(messages), messages
@@ -151,10 +182,14 @@ def test_import_refuses_a_forged_file_path(app, tmp_path):
     session = f"forgedimport{uuid.uuid4().hex[:10]}"
     title = f"Forged import {time.time_ns()}"
     chat = tmp_path / "chat.json"
-    chat.write_text(json.dumps({"title": title, "messages": [{"role": "user", "content": "hello"}]}), encoding="utf-8")
-    messages = run_event(app, http, session, "import-btn", "upload", [file_data(str(chat), chat.name), None, ""])
+    chat.write_text(
+        json.dumps({"title": title, "messages": [{"role": "user", "content": "hello"}]}),
+        encoding="utf-8",
+    )
+    messages = run_event(
+        app, http, session, "import-btn", "upload", [file_data(str(chat), chat.name), None, ""]
+    )
     assert refused(messages) and title not in json.dumps(shown_by(messages)), messages
-
 
 
 def test_an_upload_larger_than_the_import_limit_is_refused_by_the_upload_route(app):

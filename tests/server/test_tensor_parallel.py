@@ -8,6 +8,9 @@ import random
 import pytest
 import torch
 import torch.multiprocessing as mp
+from server_utils import free_port
+from tiny_models import TINY
+from tp_worker import run_rank
 
 from minisgl_engine.config import EngineConfig, ModelConfig
 from minisgl_engine.distributed import TPInfo, set_tp_for_tests
@@ -15,23 +18,25 @@ from minisgl_engine.llm import LLM
 from minisgl_engine.model_loader import load_hf_config
 from minisgl_engine.models import build_model
 from minisgl_engine.sampling_params import SamplingParams
-from server_utils import free_port
-from tiny_models import TINY
-from tp_worker import run_rank
 
 ARCHS = ["qwen3", "llama", "qwen2"]  # tiny qwen3 has 1 KV head: replicated on both ranks
 
 
 def prompts(seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(2, TINY["vocab_size"]) for _ in range(rng.randrange(5, 70))] for _ in range(4)]
+    return [
+        [rng.randrange(2, TINY["vocab_size"]) for _ in range(rng.randrange(5, 70))]
+        for _ in range(4)
+    ]
 
 
 @pytest.fixture(scope="module")
 def tp2_results(tiny_model, tmp_path_factory):
     jobs = [(arch, str(tiny_model(arch)[0]), prompts(i)) for i, arch in enumerate(ARCHS)]
     out = tmp_path_factory.mktemp("tp2")
-    mp.start_processes(run_rank, args=(2, free_port(), jobs, str(out)), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(
+        run_rank, args=(2, free_port(), jobs, str(out)), nprocs=2, join=True, start_method="spawn"
+    )
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(2)]
     return jobs, ranks
 
@@ -40,7 +45,9 @@ def tp2_results(tiny_model, tmp_path_factory):
 def test_tp2_matches_tp1(tp2_results, tiny_model, arch):
     jobs, ranks = tp2_results
     name, folder, ids = next(job for job in jobs if job[0] == arch)
-    llm = LLM(folder, device="cpu", max_kv_tokens=4096, max_prefill_tokens=48, max_running_requests=8)
+    llm = LLM(
+        folder, device="cpu", max_kv_tokens=4096, max_prefill_tokens=48, max_running_requests=8
+    )
     expected = [r.token_ids for r in llm.generate(ids, SamplingParams(max_tokens=16))]
     ref_logits = llm.score(ids[0] + expected[0], prefill_len=len(ids[0]))
     for rank in ranks:  # both ranks took the same decisions
@@ -58,7 +65,9 @@ def test_each_rank_holds_about_half_of_the_weights(config_name):
         set_tp_for_tests(tp)
         try:
             with torch.device("meta"):
-                return sum(p.numel() for p in build_model(model_config, torch.bfloat16).parameters())
+                return sum(
+                    p.numel() for p in build_model(model_config, torch.bfloat16).parameters()
+                )
         finally:
             set_tp_for_tests(TPInfo())
 
@@ -70,15 +79,24 @@ def test_each_rank_holds_about_half_of_the_weights(config_name):
 
 # ---- through the real server ----------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tp_servers(tiny_model, tiny_qwen3_server, tmp_path_factory):
     """The same tiny Qwen3 (one KV head: replicated on both ranks) served with --tp 1 and
     --tp 2 on CPU; the demo model's tokenizer turns its ids into text."""
-    from minisgl_engine.weights.demo import demo_model_dir
     from server_utils import ServerProcess
 
-    two = ServerProcess("--model", str(tiny_model("qwen3")[0]), "--tokenizer", str(demo_model_dir()), "--tp", "2",
-                        log_path=tmp_path_factory.mktemp("tp-servers") / "tp2.log")
+    from minisgl_engine.weights.demo import demo_model_dir
+
+    two = ServerProcess(
+        "--model",
+        str(tiny_model("qwen3")[0]),
+        "--tokenizer",
+        str(demo_model_dir()),
+        "--tp",
+        "2",
+        log_path=tmp_path_factory.mktemp("tp-servers") / "tp2.log",
+    )
     yield tiny_qwen3_server, two
     two.stop()
 
@@ -117,8 +135,23 @@ def test_a_tp_that_does_not_divide_the_heads_is_refused(tiny_model):
     from server_utils import CLI, free_port
 
     folder = str(tiny_model("llama")[0])  # 4 heads, 2 KV heads
-    proc = subprocess.run([*CLI, "serve", "--device", "cpu", "--port", str(free_port()), "--model", folder, "--tp", "3"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            *CLI,
+            "serve",
+            "--device",
+            "cpu",
+            "--port",
+            str(free_port()),
+            "--model",
+            folder,
+            "--tp",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "--tp 3" in proc.stderr and "attention heads" in proc.stderr
 
@@ -128,15 +161,29 @@ def test_two_nodes_on_one_machine_serve_a_chat(tp_servers, tiny_model, tmp_path)
     --dist-init-addr. The answers equal the single-rank server's; node 1 ends with node 0."""
     import subprocess
 
-    from minisgl_engine.weights.demo import demo_model_dir
     from server_utils import CLI, ServerProcess, free_port, wait_until
 
+    from minisgl_engine.weights.demo import demo_model_dir
+
     one, _ = tp_servers
-    common = ["--model", str(tiny_model("qwen3")[0]), "--tokenizer", str(demo_model_dir()), "--tp", "2", "--nnodes", "2",
-              "--dist-init-addr", f"127.0.0.1:{free_port()}"]
+    common = [
+        "--model",
+        str(tiny_model("qwen3")[0]),
+        "--tokenizer",
+        str(demo_model_dir()),
+        "--tp",
+        "2",
+        "--nnodes",
+        "2",
+        "--dist-init-addr",
+        f"127.0.0.1:{free_port()}",
+    ]
     node1_log = open(tmp_path / "node1.log", "wb")
-    node1 = subprocess.Popen([*CLI, "serve", "--device", "cpu", "--port", str(free_port()), *common, "--node-rank", "1"],
-                             stdout=node1_log, stderr=subprocess.STDOUT)
+    node1 = subprocess.Popen(
+        [*CLI, "serve", "--device", "cpu", "--port", str(free_port()), *common, "--node-rank", "1"],
+        stdout=node1_log,
+        stderr=subprocess.STDOUT,
+    )
     node0 = None
     try:
         node0 = ServerProcess(*common, "--node-rank", "0", log_path=tmp_path / "node0.log")
@@ -147,7 +194,9 @@ def test_two_nodes_on_one_machine_serve_a_chat(tp_servers, tiny_model, tmp_path)
         import time
 
         start = time.monotonic()
-        assert wait_until(lambda: node1.poll() is not None, 30), "node 1 kept running after node 0 stopped"
+        assert wait_until(lambda: node1.poll() is not None, 30), (
+            "node 1 kept running after node 0 stopped"
+        )
         print(f"node 1 ended {time.monotonic() - start:.1f} s after node 0")
     finally:
         if node0 is not None:
@@ -166,8 +215,26 @@ def test_bench_decode_with_tp2_prints_its_json_line(tiny_model):
     from server_utils import CLI
 
     folder = str(tiny_model("llama")[0])
-    proc = subprocess.run([*CLI, "bench", "decode", "--model", folder, "--device", "cpu", "--tp", "2",
-                           "--input-len", "16", "--output-len", "4"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            *CLI,
+            "bench",
+            "decode",
+            "--model",
+            folder,
+            "--device",
+            "cpu",
+            "--tp",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"bench"')]
     assert len(rows) == 1 and rows[0]["tp"] == 2 and rows[0]["engine_tok_s"] > 0
@@ -200,10 +267,12 @@ def test_bench_and_the_ranks_import_without_the_web_stack():
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "for name in ('starlette', 'fastapi', 'uvicorn', 'gradio', 'pydantic'): sys.modules[name] = None\n"
-            "import minisgl_engine.benchmarks.bench, minisgl_engine.workers.scheduler_worker\n"
-            "from minisgl_engine.api.server import prepare_model\n")
+    code = (
+        "import sys\n"
+        "for name in ('starlette', 'fastapi', 'uvicorn', 'gradio', 'pydantic'): sys.modules[name] = None\n"
+        "import minisgl_engine.benchmarks.bench, minisgl_engine.workers.scheduler_worker\n"
+        "from minisgl_engine.api.server import prepare_model\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
 

@@ -10,7 +10,6 @@ import json
 import shutil
 
 import pytest
-
 from server_utils import ServerProcess, served_model
 
 QWEN3_STYLE_TEMPLATE = """\
@@ -44,13 +43,33 @@ For each function call, return a json object with function name and arguments wi
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
-WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather of a city, now",
-                                                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                                 "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city, now",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
-CALLED = [{"role": "assistant", "content": None, "tool_calls": [
-    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}]
+CALLED = [
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +82,9 @@ def tool_server(tmp_path_factory):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(demo_model_dir() / name, folder / name)
     (folder / "chat_template.jinja").write_text(QWEN3_STYLE_TEMPLATE)
-    srv = ServerProcess("--tokenizer", str(folder), "--max-kv-tokens", "4096", log_path=folder / "serve.log")
+    srv = ServerProcess(
+        "--tokenizer", str(folder), "--max-kv-tokens", "4096", log_path=folder / "serve.log"
+    )
     yield srv
     srv.stop()
 
@@ -71,8 +92,12 @@ def tool_server(tmp_path_factory):
 def well_formed(message) -> bool:
     """Content, or tool calls whose arguments are JSON objects."""
     if message.tool_calls:
-        return all(call.type == "function" and call.id and isinstance(json.loads(call.function.arguments), dict)
-                   for call in message.tool_calls)
+        return all(
+            call.type == "function"
+            and call.id
+            and isinstance(json.loads(call.function.arguments), dict)
+            for call in message.tool_calls
+        )
     return message.content is not None
 
 
@@ -82,15 +107,31 @@ def test_a_two_turn_tool_conversation(tool_server):
     client = OpenAI(base_url=f"{tool_server.url}/v1", api_key="unused")
     model = served_model(tool_server.url)
     plain = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=1)
-    first = client.chat.completions.create(model=model, messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=16, temperature=0)
-    assert first.usage.prompt_tokens > plain.usage.prompt_tokens + 40, "the tool's schema is in the prompt"
+    first = client.chat.completions.create(
+        model=model, messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=16, temperature=0
+    )
+    assert first.usage.prompt_tokens > plain.usage.prompt_tokens + 40, (
+        "the tool's schema is in the prompt"
+    )
     assert well_formed(first.choices[0].message)
-    assert (first.choices[0].finish_reason == "tool_calls") == bool(first.choices[0].message.tool_calls)
-    second = client.chat.completions.create(model=model, messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=16, temperature=0)
-    assert second.usage.prompt_tokens > first.usage.prompt_tokens + 15, "the call and its answer are in the prompt"
+    assert (first.choices[0].finish_reason == "tool_calls") == bool(
+        first.choices[0].message.tool_calls
+    )
+    second = client.chat.completions.create(
+        model=model, messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=16, temperature=0
+    )
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + 15, (
+        "the call and its answer are in the prompt"
+    )
     assert well_formed(second.choices[0].message)
-    stream = client.chat.completions.create(model=model, messages=QUESTION + CALLED, tools=[WEATHER_TOOL], max_tokens=16,
-                                            temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model=model,
+        messages=QUESTION + CALLED,
+        tools=[WEATHER_TOOL],
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+    )
     text, calls, finish = "", [], None
     for chunk in stream:
         for choice in chunk.choices:
@@ -98,7 +139,9 @@ def test_a_two_turn_tool_conversation(tool_server):
             calls += choice.delta.tool_calls or []
             finish = choice.finish_reason or finish
     assert text == (second.choices[0].message.content or "")
-    assert [c.function.name for c in calls] == [c.function.name for c in second.choices[0].message.tool_calls or []]
+    assert [c.function.name for c in calls] == [
+        c.function.name for c in second.choices[0].message.tool_calls or []
+    ]
     assert finish == second.choices[0].finish_reason
 
 
@@ -108,13 +151,24 @@ def test_tool_choice_none_leaves_the_tools_out(tool_server):
     client = OpenAI(base_url=f"{tool_server.url}/v1", api_key="unused")
     model = served_model(tool_server.url)
     plain = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=1)
-    none = client.chat.completions.create(model=model, messages=QUESTION, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=1)
+    none = client.chat.completions.create(
+        model=model, messages=QUESTION, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=1
+    )
     assert none.usage.prompt_tokens == plain.usage.prompt_tokens
 
 
-TIME_TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time in a timezone",
-                                               "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 32}},
-                                                              "required": ["timezone"]}}}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a timezone",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "maxLength": 32}},
+            "required": ["timezone"],
+        },
+    },
+}
 
 
 def test_required_and_named_tool_choice_always_give_a_valid_call(tool_server):
@@ -125,11 +179,25 @@ def test_required_and_named_tool_choice_always_give_a_valid_call(tool_server):
 
     client = OpenAI(base_url=f"{tool_server.url}/v1", api_key="unused")
     model = served_model(tool_server.url)
-    cases = [("required", {"get_weather", "get_time"}), ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})]
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER_TOOL, TIME_TOOL)}
-    for (choice, allowed), stream in zip(cases, (False, True)):  # each case streamed or not, in turn
+    cases = [
+        ("required", {"get_weather", "get_time"}),
+        ({"type": "function", "function": {"name": "get_time"}}, {"get_time"}),
+    ]
+    schemas = {
+        t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER_TOOL, TIME_TOOL)
+    }
+    for (choice, allowed), stream in zip(
+        cases, (False, True)
+    ):  # each case streamed or not, in turn
         for sampling in ({}, {"temperature": 1.0, "seed": 4}):
-            kw = dict(model=model, messages=QUESTION, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice=choice, max_tokens=80, **sampling)
+            kw = dict(
+                model=model,
+                messages=QUESTION,
+                tools=[WEATHER_TOOL, TIME_TOOL],
+                tool_choice=choice,
+                max_tokens=80,
+                **sampling,
+            )
             if stream:
                 calls, finish = [], None
                 for chunk in client.chat.completions.create(stream=True, **kw):
@@ -138,7 +206,12 @@ def test_required_and_named_tool_choice_always_give_a_valid_call(tool_server):
                         finish = c.finish_reason or finish
             else:
                 reply = client.chat.completions.create(**kw)
-                calls, finish = reply.choices[0].message.tool_calls or [], reply.choices[0].finish_reason
+                calls, finish = (
+                    reply.choices[0].message.tool_calls or [],
+                    reply.choices[0].finish_reason,
+                )
             assert finish == "tool_calls" and len(calls) == 1, (choice, calls, finish)
             assert calls[0].function.name in allowed
-            jsonschema.validate(json.loads(calls[0].function.arguments), schemas[calls[0].function.name])
+            jsonschema.validate(
+                json.loads(calls[0].function.arguments), schemas[calls[0].function.name]
+            )

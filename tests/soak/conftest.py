@@ -5,12 +5,10 @@ registered in tests/conftest.py."""
 
 from __future__ import annotations
 
-import pytest
-
-from minisgl_engine.weights.demo import demo_model_dir
-from minisgl_engine.weights.gguf_convert import is_complete
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -46,7 +44,6 @@ def greedy_reference(soak_server):
     import asyncio
 
     import httpx
-
     from soak_utils import chat_body, complete
 
     memo: dict[tuple[str, int, bool], str] = {}
@@ -57,10 +54,16 @@ def greedy_reference(soak_server):
         async def main():
             sem = asyncio.Semaphore(16)
             async with httpx.AsyncClient(timeout=600) as client:
+
                 async def one(p):
                     async with sem:
-                        body = chat_body(p, max_tokens=max_tokens, temperature=0, ignore_eos=ignore_eos)
-                        memo[(p, max_tokens, ignore_eos)] = (await complete(client, soak_server.url, body))["choices"][0]["message"]["content"]
+                        body = chat_body(
+                            p, max_tokens=max_tokens, temperature=0, ignore_eos=ignore_eos
+                        )
+                        memo[(p, max_tokens, ignore_eos)] = (
+                            await complete(client, soak_server.url, body)
+                        )["choices"][0]["message"]["content"]
+
                 await asyncio.gather(*(one(p) for p in todo))
 
         if todo:

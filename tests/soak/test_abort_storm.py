@@ -10,7 +10,6 @@ import random
 
 import httpx
 import psutil
-
 from soak_utils import WORDS, assert_idle, chat_body, long_prompt, run, stream_chat
 
 FIGURES: dict[str, object] = {}
@@ -28,17 +27,27 @@ def rss_by_process(srv) -> dict[str, int]:
 async def one_abort(client: httpx.AsyncClient, url: str, kind: str, rng: random.Random) -> str:
     """Start a request and leave at a point chosen by ``kind``; returns how it ended."""
     if kind == "before_admission":
-        body = chat_body(long_prompt(rng), max_tokens=64, ignore_eos=True, stream=rng.random() < 0.5)
+        body = chat_body(
+            long_prompt(rng), max_tokens=64, ignore_eos=True, stream=rng.random() < 0.5
+        )
         delay = rng.uniform(0.0, 0.02)
     elif kind == "mid_prefill":
-        body = chat_body(long_prompt(rng), max_tokens=64, ignore_eos=True, stream=rng.random() < 0.5)
+        body = chat_body(
+            long_prompt(rng), max_tokens=64, ignore_eos=True, stream=rng.random() < 0.5
+        )
         delay = rng.uniform(0.05, 1.5)
     elif kind == "mid_decode_nonstream":
-        body = chat_body(f"Count slowly to one hundred, {rng.random()}", max_tokens=400, ignore_eos=True)
+        body = chat_body(
+            f"Count slowly to one hundred, {rng.random()}", max_tokens=400, ignore_eos=True
+        )
         delay = rng.uniform(0.3, 3.0)
     else:  # mid_decode_stream: read a few content chunks, then hang up
-        body = chat_body(f"Tell a long story about {rng.choice(WORDS)} {rng.random()}", max_tokens=400, ignore_eos=True,
-                         stream=True)
+        body = chat_body(
+            f"Tell a long story about {rng.choice(WORDS)} {rng.random()}",
+            max_tokens=400,
+            ignore_eos=True,
+            stream=True,
+        )
         chunks = rng.randint(1, 6)
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             assert r.status_code < 500
@@ -79,10 +88,20 @@ def test_abort_storm_leaves_nothing_behind(soak_server, scale):
 
     async def warm_up():
         async with httpx.AsyncClient(timeout=600) as client:
-            await asyncio.gather(*(stream_chat(client, url, chat_body(long_prompt(rng), max_tokens=16, ignore_eos=True))
-                                   for _ in range(4)),
-                                 *(stream_chat(client, url, chat_body(f"Hello {i}", max_tokens=32, ignore_eos=True))
-                                   for i in range(scale.abort_concurrency)))
+            await asyncio.gather(
+                *(
+                    stream_chat(
+                        client, url, chat_body(long_prompt(rng), max_tokens=16, ignore_eos=True)
+                    )
+                    for _ in range(4)
+                ),
+                *(
+                    stream_chat(
+                        client, url, chat_body(f"Hello {i}", max_tokens=32, ignore_eos=True)
+                    )
+                    for i in range(scale.abort_concurrency)
+                ),
+            )
             await one_abort(client, url, "mid_decode_stream", rng)
 
     run(warm_up())
@@ -99,9 +118,11 @@ def test_abort_storm_leaves_nothing_behind(soak_server, scale):
         sem = asyncio.Semaphore(scale.abort_concurrency)
         limits = httpx.Limits(max_connections=scale.abort_concurrency + 4)
         async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
             async def one(kind):
                 async with sem:
                     outcomes.append(await one_abort(client, url, kind, rng))
+
             await asyncio.gather(*(one(k) for k in plan))
 
     run(storm())
@@ -111,14 +132,25 @@ def test_abort_storm_leaves_nothing_behind(soak_server, scale):
     rss_after = rss_by_process(soak_server)
     growth = {k: round(rss_after[k] / rss_warm[k] - 1, 3) for k in rss_warm if k in rss_after}
     counts = {k: outcomes.count(k) for k in sorted(set(outcomes))}
-    FIGURES.update(profile=scale.name, requests=len(plan), outcomes=counts, engine_aborted=int(aborted),
-                   engine_finished=int(finished), kv_pages_used=int(after["minisgl_kv_pages_used"]),
-                   kv_pages_cached=int(after["minisgl_kv_pages_cached"]), rss_growth=growth)
+    FIGURES.update(
+        profile=scale.name,
+        requests=len(plan),
+        outcomes=counts,
+        engine_aborted=int(aborted),
+        engine_finished=int(finished),
+        kv_pages_used=int(after["minisgl_kv_pages_used"]),
+        kv_pages_cached=int(after["minisgl_kv_pages_cached"]),
+        rss_growth=growth,
+    )
     print(f"\nSOAK ABORT {FIGURES}")
     assert len(outcomes) == len(plan)
     # a request cut before the tokenizer forwarded it may never reach the scheduler: <= not ==
-    assert aborted + finished <= len(plan) and aborted >= sum(v for k, v in counts.items() if k.startswith("mid_decode") and "finished" not in k)
+    assert aborted + finished <= len(plan) and aborted >= sum(
+        v for k, v in counts.items() if k.startswith("mid_decode") and "finished" not in k
+    )
     assert all(g <= 0.10 for g in growth.values()), growth
     # and the server still answers
-    r = httpx.post(f"{url}/v1/chat/completions", json=chat_body("Say hi.", max_tokens=4), timeout=120)
+    r = httpx.post(
+        f"{url}/v1/chat/completions", json=chat_body("Say hi.", max_tokens=4), timeout=120
+    )
     assert r.status_code == 200

@@ -24,18 +24,28 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from chat_page_utils import BROWSER_MARKS, browser, send, wait_page_loaded  # noqa: F401 (browser: fixture)
+from server_utils import ServerProcess, wait_until
+from soak_utils import (
+    MAX_KV_TOKENS,
+    MAX_PREFILL_TOKENS,
+    Scale,
+    assert_idle,
+    group_gone,
+    long_prompt,
+    runtime_dir_of,
+)
+from test_browser import BOT, USER, last_reply, make_greedy, stats_text
 
 from minisgl_app.chat.store import DB_NAME, ConversationStore
-from server_utils import ServerProcess, wait_until
-from soak_utils import MAX_KV_TOKENS, MAX_PREFILL_TOKENS, Scale, assert_idle, group_gone, long_prompt, runtime_dir_of
-from chat_page_utils import BROWSER_MARKS, browser, send, wait_page_loaded  # noqa: F401 (browser: fixture)
-from test_browser import BOT, USER, last_reply, make_greedy, stats_text
 
 pytestmark = [pytest.mark.soak, *BROWSER_MARKS]
 FIGURES: dict[str, object] = {}
-STORIES = ["Write a very long story about a dragon who learns to cook. Use many chapters.",
-           "Tell me a long tale about a lighthouse keeper and a storm, with many details.",
-           "Describe, step by step and at length, how to build a wooden boat."]
+STORIES = [
+    "Write a very long story about a dragon who learns to cook. Use many chapters.",
+    "Tell me a long tale about a lighthouse keeper and a storm, with many details.",
+    "Describe, step by step and at length, how to build a wooden boat.",
+]
 
 
 class ChatApp:
@@ -51,10 +61,16 @@ class ChatApp:
         if self.srv is None or self.srv.proc.poll() is not None:
             self.starts += 1
             # a small prefill budget so a long prompt spends several steps in chunked prefill
-            self.srv = ServerProcess("--no-browser", "--max-kv-tokens", str(MAX_KV_TOKENS),
-                                     "--max-prefill-tokens", str(MAX_PREFILL_TOKENS), command="chat",
-                                     log_path=self.folder / f"app-{self.starts}.log",
-                                     env={"MINISGL_DATA_DIR": str(self.data_dir)})
+            self.srv = ServerProcess(
+                "--no-browser",
+                "--max-kv-tokens",
+                str(MAX_KV_TOKENS),
+                "--max-prefill-tokens",
+                str(MAX_PREFILL_TOKENS),
+                command="chat",
+                log_path=self.folder / f"app-{self.starts}.log",
+                env={"MINISGL_DATA_DIR": str(self.data_dir)},
+            )
         return self.srv
 
     def stop(self) -> None:
@@ -126,9 +142,16 @@ def shows(page) -> str:
 
 def engine_state(app: ServerProcess) -> str:
     m = app.metrics()
-    return " ".join(f"{k.removeprefix('minisgl_')}={m[k]:g}" for k in
-                    ("minisgl_running_requests", "minisgl_waiting_requests", "minisgl_frontend_pending_requests",
-                     "minisgl_requests_aborted_total", "minisgl_requests_finished_total"))
+    return " ".join(
+        f"{k.removeprefix('minisgl_')}={m[k]:g}"
+        for k in (
+            "minisgl_running_requests",
+            "minisgl_waiting_requests",
+            "minisgl_frontend_pending_requests",
+            "minisgl_requests_aborted_total",
+            "minisgl_requests_finished_total",
+        )
+    )
 
 
 def reply_over(page) -> bool:
@@ -136,13 +159,20 @@ def reply_over(page) -> bool:
     return "tok/s" in stats_text(page) or "⚠️" in last_reply(page)
 
 
-def wait_for_reply(page, app: ServerProcess, done: Callable[[], bool], stall_s: float = 60.0) -> bool:
+def wait_for_reply(
+    page, app: ServerProcess, done: Callable[[], bool], stall_s: float = 60.0
+) -> bool:
     """Wait until ``done()``; give up only after ``stall_s`` without progress (neither the page's
     last reply nor the engine's token counters changed): a loaded machine may be slow, a hung reply
     makes no progress at all."""
+
     def progress() -> tuple:
         m = app.metrics()
-        return last_reply(page), m["minisgl_prompt_tokens_total"], m["minisgl_generation_tokens_total"]
+        return (
+            last_reply(page),
+            m["minisgl_prompt_tokens_total"],
+            m["minisgl_generation_tokens_total"],
+        )
 
     seen, since = progress(), time.monotonic()
     while not done():
@@ -163,7 +193,9 @@ def end_reply_at_random(page, app: ServerProcess, rng: random.Random) -> tuple[s
     elif point in ("first text", "mid reply"):
         chars = 1 if point == "first text" else rng.randint(10, 150)
         # a reply that never comes is a hang: fail, naming what the page and the engine show
-        assert wait_for_reply(page, app, lambda: len(last_reply(page)) >= chars or reply_over(page)), (shows(page), engine_state(app))
+        assert wait_for_reply(
+            page, app, lambda: len(last_reply(page)) >= chars or reply_over(page)
+        ), (shows(page), engine_state(app))
     how = rng.choice(["stop", "close tab"])
     if how == "stop":
         page.click("#stop-btn")
@@ -193,14 +225,26 @@ def test_ui_abort_storm_leaves_nothing_behind(open_tabs, chat_app, scale: Scale)
             ends.append(end_reply_at_random(page, app, rng))
     try:
         after = assert_idle(app, timeout=30)
-    except AssertionError as exc:  # say which ends were tried, to find the one that did not stop its reply
+    except (
+        AssertionError
+    ) as exc:  # say which ends were tried, to find the one that did not stop its reply
         raise AssertionError(f"{exc}; ends: {ends}") from None
-    aborted = int(after["minisgl_requests_aborted_total"] - before["minisgl_requests_aborted_total"])
-    finished = int(after["minisgl_requests_finished_total"] - before["minisgl_requests_finished_total"])
-    FIGURES["ui storm"] = dict(profile=scale.name, tabs=scale.ui_tabs, sends=sends,
-                               ends={f"{how} {point}": ends.count((how, point)) for how, point in sorted(set(ends))},
-                               engine_aborted=aborted, engine_finished=finished, peak_running=peak_running,
-                               kv_pages_cached=int(after["minisgl_kv_pages_cached"]))
+    aborted = int(
+        after["minisgl_requests_aborted_total"] - before["minisgl_requests_aborted_total"]
+    )
+    finished = int(
+        after["minisgl_requests_finished_total"] - before["minisgl_requests_finished_total"]
+    )
+    FIGURES["ui storm"] = dict(
+        profile=scale.name,
+        tabs=scale.ui_tabs,
+        sends=sends,
+        ends={f"{how} {point}": ends.count((how, point)) for how, point in sorted(set(ends))},
+        engine_aborted=aborted,
+        engine_finished=finished,
+        peak_running=peak_running,
+        kv_pages_cached=int(after["minisgl_kv_pages_cached"]),
+    )
     print(f"\nSOAK UI ABORT {FIGURES['ui storm']}")
     # an end before the request reached the scheduler leaves no count: <= not ==
     assert aborted >= 1 and aborted + finished <= sends
@@ -235,8 +279,15 @@ def test_a_message_sent_right_after_stop_gets_its_reply(open_tabs, chat_app):
         question = f"t{trial} What is the capital of France?"
         send(page, question)
         expected = [question] if fresh else [story, question]
-        assert wait_for_reply(page, app, lambda: [t.strip() for t in page.locator(USER).all_inner_texts()] == expected
-                              and page.locator(BOT).count() == len(expected) and last_reply(page) != ""), (shows(page), engine_state(app))
+        assert wait_for_reply(
+            page,
+            app,
+            lambda: (
+                [t.strip() for t in page.locator(USER).all_inner_texts()] == expected
+                and page.locator(BOT).count() == len(expected)
+                and last_reply(page) != ""
+            ),
+        ), (shows(page), engine_state(app))
         page.click("#stop-btn")
     page.close()
     assert_idle(app)
@@ -256,14 +307,25 @@ def test_stop_clicked_right_after_send_stops_that_reply(open_tabs, chat_app):
         send(page, f"s{trial} {STORIES[trial % len(STORIES)]}")
         page.click("#stop-btn")
         time.sleep(3)  # a reply that was not stopped has started by now, and runs for a minute
-        assert app.metrics()["minisgl_running_requests"] == 0, (trial, shows(page), engine_state(app))
+        assert app.metrics()["minisgl_running_requests"] == 0, (
+            trial,
+            shows(page),
+            engine_state(app),
+        )
     after = assert_idle(app)
-    assert after["minisgl_requests_finished_total"] == before["minisgl_requests_finished_total"], engine_state(app)
+    assert after["minisgl_requests_finished_total"] == before["minisgl_requests_finished_total"], (
+        engine_state(app)
+    )
     page.close()
 
 
 def user_bubbles(pages) -> set[str]:
-    return {text.strip() for page in pages if not page.is_closed() for text in page.locator(USER).all_inner_texts()}
+    return {
+        text.strip()
+        for page in pages
+        if not page.is_closed()
+        for text in page.locator(USER).all_inner_texts()
+    }
 
 
 def test_sigkill_of_the_app_mid_reply_keeps_every_shown_message(open_tabs, chat_app, scale: Scale):
@@ -280,20 +342,32 @@ def test_sigkill_of_the_app_mid_reply_keeps_every_shown_message(open_tabs, chat_
         assert wait_for_reply(a, app, lambda: len(last_reply(a)) >= 20 or reply_over(a)), shows(a)
         a.click("#stop-btn")
         assert wait_for_reply(a, app, lambda: reply_over(a)), shows(a)  # its stats line: stored
-        send(a, f"k{kill}a2 {rng.choice(STORIES)}")  # the chat's settings were taken from a1: greedy
+        send(
+            a, f"k{kill}a2 {rng.choice(STORIES)}"
+        )  # the chat's settings were taken from a1: greedy
         new_chat(b)
         make_greedy(b)
         send(b, f"k{kill}b1 {rng.choice(STORIES)}")
         chars = rng.randint(20, 200)
-        assert wait_for_reply(b, app, lambda: a.locator(USER).count() == 2 and b.locator(USER).count() == 1
-                              and len(last_reply(a)) >= chars and len(last_reply(b)) >= chars), (shows(a), shows(b), engine_state(app))
+        assert wait_for_reply(
+            b,
+            app,
+            lambda: (
+                a.locator(USER).count() == 2
+                and b.locator(USER).count() == 1
+                and len(last_reply(a)) >= chars
+                and len(last_reply(b)) >= chars
+            ),
+        ), (shows(a), shows(b), engine_state(app))
         assert app.metrics()["minisgl_running_requests"] >= 1  # still streaming (and storing)
         workers, sockets = app.workers(), runtime_dir_of(app)
         shown |= user_bubbles([a, b])
         app.proc.send_signal(signal.SIGKILL)
         app.proc.wait(10)
         shown |= user_bubbles([a, b])  # whatever the page went on showing
-        assert wait_until(lambda: group_gone(workers), 5), [p.pid for p in workers if p.is_running()]
+        assert wait_until(lambda: group_gone(workers), 5), [
+            p.pid for p in workers if p.is_running()
+        ]
         shutil.rmtree(sockets, ignore_errors=True)  # nobody is left to remove it after a SIGKILL
         a.close()
         b.close()
@@ -304,17 +378,30 @@ def test_sigkill_of_the_app_mid_reply_keeps_every_shown_message(open_tabs, chat_
         with ConversationStore(db) as store:  # and the app's own store opens it
             convs = [store.get(summary.id) for summary in store.list()]
         stored = {m.content.strip() for conv in convs for m in conv.messages if m.role == "user"}
-        assert {f"k{kill}a1", f"k{kill}a2", f"k{kill}b1"} <= {text.split()[0] for text in shown}, shown
+        assert {f"k{kill}a1", f"k{kill}a2", f"k{kill}b1"} <= {text.split()[0] for text in shown}, (
+            shown
+        )
         missing = shown - stored
         assert not missing, missing
         # each of this round's messages has its reply row (written while it streamed), the ended one with its stats
-        replies = {m.content.split()[0]: nxt for conv in convs for m, nxt in zip(conv.messages, conv.messages[1:])
-                   if m.role == "user" and m.content.startswith(f"k{kill}")}
+        replies = {
+            m.content.split()[0]: nxt
+            for conv in convs
+            for m, nxt in zip(conv.messages, conv.messages[1:])
+            if m.role == "user" and m.content.startswith(f"k{kill}")
+        }
         assert sorted(replies) == [f"k{kill}a1", f"k{kill}a2", f"k{kill}b1"], replies
         assert all(reply.role == "assistant" for reply in replies.values()), replies
         first = replies[f"k{kill}a1"]
-        assert first.content and first.stats is not None and (first.stats.finish_reason or first.stats.stopped), first
-        FIGURES[f"kill {kill}"] = dict(user_messages_shown=len(shown), stored_user_messages=len(stored),
-                                       reply_chars_at_kill=chars,
-                                       stored_reply_chars={k: len(v.content) for k, v in replies.items()})
+        assert (
+            first.content
+            and first.stats is not None
+            and (first.stats.finish_reason or first.stats.stopped)
+        ), first
+        FIGURES[f"kill {kill}"] = dict(
+            user_messages_shown=len(shown),
+            stored_user_messages=len(stored),
+            reply_chars_at_kill=chars,
+            stored_reply_chars={k: len(v.content) for k, v in replies.items()},
+        )
     print(f"\nSOAK UI KILL {[FIGURES[f'kill {k}'] for k in range(scale.app_kills)]}")

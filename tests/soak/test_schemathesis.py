@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
-
 from server_utils import served_model
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -58,17 +57,32 @@ def test_generated_v1_requests_never_5xx_and_errors_are_openai_shaped(soak_serve
     for op in ops:
         COUNTS[op.label] = 0
 
-        @settings(max_examples=per_op, deadline=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck),
-                  derandomize=True, database=None)
+        @settings(
+            max_examples=per_op,
+            deadline=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+            database=None,
+        )
         @given(case=op.as_strategy())
         def collect(case):
             if isinstance(case.body, dict):
                 if isinstance(case.body.get("model"), str):
                     case.body["model"] = model  # else nearly every request is a 404
-                if case.body.get("max_tokens") is None and case.body.get("max_completion_tokens") is None:
-                    case.body["max_tokens"] = 8  # else the reply may run to the end of the 8192-token context
+                if (
+                    case.body.get("max_tokens") is None
+                    and case.body.get("max_completion_tokens") is None
+                ):
+                    case.body["max_tokens"] = (
+                        8  # else the reply may run to the end of the 8192-token context
+                    )
                 for key in ("max_tokens", "max_completion_tokens"):
-                    if isinstance(case.body.get(key), int) and not isinstance(case.body.get(key), bool) and case.body[key] > 8:
+                    if (
+                        isinstance(case.body.get(key), int)
+                        and not isinstance(case.body.get(key), bool)
+                        and case.body[key] > 8
+                    ):
                         case.body[key] = 8
             cases.append((op.label, case))
 

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from server_utils import wait_until
 from soak_utils import assert_idle, chat_body, ipc_socket_paths, runtime_dir_of
 
@@ -34,8 +33,19 @@ def other_user() -> Iterator[pwd.struct_passwd]:
     if not (shutil.which("useradd") and shutil.which("userdel")):
         pytest.skip("needs useradd and userdel")
     name = f"msgl-{uuid.uuid4().hex[:10]}"
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "useradd",
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            "--user-group",
+            name,
+        ],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield pwd.getpwnam(name)
     finally:
@@ -78,12 +88,18 @@ def test_another_local_user_cannot_connect_to_the_ipc_sockets(soak_server, other
     names = {Path(p).name for p in paths}
     assert {"frontend", "scheduler-0", "detokenizer", "tokenizer-0"} <= names, paths
     runtime_dir = runtime_dir_of(soak_server)
-    assert stat.S_IMODE(runtime_dir.stat().st_mode) == 0o700 and runtime_dir.stat().st_uid == os.getuid()
+    assert (
+        stat.S_IMODE(runtime_dir.stat().st_mode) == 0o700
+        and runtime_dir.stat().st_uid == os.getuid()
+    )
     assert all(stat.S_ISSOCK(os.stat(p).st_mode) for p in paths)
 
     # control: the same probe, as the same user, reaches a socket it is allowed to use, so a
     # PermissionError below is the runtime folder's doing and not a broken probe
-    with tempfile.TemporaryDirectory() as open_dir, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+    with (
+        tempfile.TemporaryDirectory() as open_dir,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener,
+    ):
         os.chmod(open_dir, 0o777)
         allowed = os.path.join(open_dir, "open")
         listener.bind(allowed)
@@ -93,20 +109,32 @@ def test_another_local_user_cannot_connect_to_the_ipc_sockets(soak_server, other
 
     assert connect_as(other_user, paths) == {p: "PermissionError" for p in paths}
     # and the server is unharmed
-    r = httpx.post(f"{soak_server.url}/v1/chat/completions", json=chat_body("Say hi.", max_tokens=2), timeout=120)
+    r = httpx.post(
+        f"{soak_server.url}/v1/chat/completions",
+        json=chat_body("Say hi.", max_tokens=2),
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
 
 
 def test_health_and_metrics_reveal_no_prompt_text(soak_server):
     """One prompt finished, one streaming while /health and /metrics are read: neither shows up."""
     done_marker, live_marker = f"zqx{uuid.uuid4().hex}", f"zqy{uuid.uuid4().hex}"
-    r = httpx.post(f"{soak_server.url}/v1/chat/completions", json=chat_body(f"Spell {done_marker}.", max_tokens=4), timeout=120)
+    r = httpx.post(
+        f"{soak_server.url}/v1/chat/completions",
+        json=chat_body(f"Spell {done_marker}.", max_tokens=4),
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     streaming, stop = threading.Event(), threading.Event()
 
     def stream() -> None:
-        body = chat_body(f"Tell a long story about {live_marker}.", max_tokens=400, ignore_eos=True, stream=True)
-        with httpx.stream("POST", f"{soak_server.url}/v1/chat/completions", json=body, timeout=120) as resp:
+        body = chat_body(
+            f"Tell a long story about {live_marker}.", max_tokens=400, ignore_eos=True, stream=True
+        )
+        with httpx.stream(
+            "POST", f"{soak_server.url}/v1/chat/completions", json=body, timeout=120
+        ) as resp:
             for line in resp.iter_lines():
                 if '"content"' in line:
                     streaming.set()
@@ -118,7 +146,10 @@ def test_health_and_metrics_reveal_no_prompt_text(soak_server):
     try:
         assert streaming.wait(60), "the stream never started"
         assert soak_server.metrics()["minisgl_running_requests"] >= 1
-        pages = {route: httpx.get(f"{soak_server.url}{route}", timeout=10) for route in ("/health", "/metrics")}
+        pages = {
+            route: httpx.get(f"{soak_server.url}{route}", timeout=10)
+            for route in ("/health", "/metrics")
+        }
     finally:
         stop.set()
         client.join(30)
@@ -156,7 +187,9 @@ def test_oversized_and_hostile_requests_are_refused_while_another_client_is_serv
     async def attack(client: httpx.AsyncClient, **kw) -> int | str:
         try:
             r = await client.post(f"{url}/v1/chat/completions", **kw)
-        except httpx.TransportError as exc:  # the server may close the connection while a 100 MB body is still being sent
+        except (
+            httpx.TransportError
+        ) as exc:  # the server may close the connection while a 100 MB body is still being sent
             return type(exc).__name__
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
         return r.status_code
@@ -165,7 +198,9 @@ def test_oversized_and_hostile_requests_are_refused_while_another_client_is_serv
         await asyncio.sleep(0.5)  # the attacks are in flight
         async with httpx.AsyncClient(timeout=60) as other:
             start = time.monotonic()
-            r = await other.post(f"{url}/v1/chat/completions", json=chat_body("Say hi.", max_tokens=8))
+            r = await other.post(
+                f"{url}/v1/chat/completions", json=chat_body("Say hi.", max_tokens=8)
+            )
             took = time.monotonic() - start
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
         return took
@@ -173,16 +208,33 @@ def test_oversized_and_hostile_requests_are_refused_while_another_client_is_serv
     async def main():
         async with httpx.AsyncClient(timeout=120) as client:
             return await asyncio.gather(
-                attack(client, json=chat_body("Fill it in.", max_tokens=64,
-                                              response_format={"type": "json_schema", "json_schema": {"name": "big", "schema": schema}})),
+                attack(
+                    client,
+                    json=chat_body(
+                        "Fill it in.",
+                        max_tokens=64,
+                        response_format={
+                            "type": "json_schema",
+                            "json_schema": {"name": "big", "schema": schema},
+                        },
+                    ),
+                ),
                 attack(client, content=huge, headers={"content-type": "application/json"}),
                 attack(client, json=chat_body("a" * (5 * 1024 * 1024), max_tokens=8)),
-                attack(client, json=chat_body("Hi.", max_tokens=8, chat_template_kwargs={"chat_template": looping})),
-                normal())
+                attack(
+                    client,
+                    json=chat_body(
+                        "Hi.", max_tokens=8, chat_template_kwargs={"chat_template": looping}
+                    ),
+                ),
+                normal(),
+            )
 
     start = time.monotonic()
     *refusals, took = asyncio.run(main())
-    print(f"refusals {refusals} in {time.monotonic() - start:.2f} s; the other client's request took {took:.2f} s")
+    print(
+        f"refusals {refusals} in {time.monotonic() - start:.2f} s; the other client's request took {took:.2f} s"
+    )
     assert refusals[0] == 400 and refusals[2] == 400 and refusals[3] == 400, refusals
     assert refusals[1] in (413, "WriteError", "RemoteProtocolError", "ReadError"), refusals
     assert took < 10, f"another client waited {took:.1f} s"

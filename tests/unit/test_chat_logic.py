@@ -17,8 +17,15 @@ from minisgl_app.chat import live, view
 from minisgl_app.chat.live import ReplyManager, Turn
 from minisgl_app.chat.settings_form import SettingsForm
 from minisgl_app.chat.store import ConversationStore
-from minisgl_app.chat.view import (can_continue, engine_messages, focus_of, sidebar_choices, split_thinking, versions_label,
-                              view_messages)
+from minisgl_app.chat.view import (
+    can_continue,
+    engine_messages,
+    focus_of,
+    sidebar_choices,
+    split_thinking,
+    versions_label,
+    view_messages,
+)
 from minisgl_engine.messages import UserReply
 from minisgl_engine.sampling_params import SamplingParams
 from minisgl_engine.workers.frontend import GenerateRequest
@@ -56,8 +63,13 @@ class FakeEngine:
                 return
             await asyncio.sleep(self.step_s)
             last = i == len(words) - 1
-            yield UserReply(1, word + ("" if last else " "), finished=last, finish_reason="stop" if last else None,
-                            completion_tokens=i + 1)
+            yield UserReply(
+                1,
+                word + ("" if last else " "),
+                finished=last,
+                finish_reason="stop" if last else None,
+                completion_tokens=i + 1,
+            )
 
 
 @pytest.fixture
@@ -71,8 +83,11 @@ def turn_for(store: ConversationStore, conv_id: int):
         conv = store.get(conv_id)
         if not conv.messages or conv.messages[-1].role != "user":
             return None
-        request = GenerateRequest(params=SamplingParams(), messages=engine_messages(conv, conv.settings))
+        request = GenerateRequest(
+            params=SamplingParams(), messages=engine_messages(conv, conv.settings)
+        )
         return Turn(request, store.append(conv_id, "assistant", "").id)
+
     return make_turn
 
 
@@ -121,11 +136,17 @@ async def test_a_message_sent_while_the_chat_replies_is_answered_after_it(store)
     manager.submit(c, "tab", turn_for(store, c))
     assert manager.is_busy(c) and len(manager.queued[c]) == 1
     await until_idle(manager)
-    assert texts(store, c) == [("user", "first question here"), ("assistant", "echo: first question here"),
-                               ("user", "second"), ("assistant", "echo: second")]
-    assert engine.requests[1].messages[-3:] == [{"role": "user", "content": "first question here"},
-                                               {"role": "assistant", "content": "echo: first question here"},
-                                               {"role": "user", "content": "second"}]
+    assert texts(store, c) == [
+        ("user", "first question here"),
+        ("assistant", "echo: first question here"),
+        ("user", "second"),
+        ("assistant", "echo: second"),
+    ]
+    assert engine.requests[1].messages[-3:] == [
+        {"role": "user", "content": "first question here"},
+        {"role": "assistant", "content": "echo: first question here"},
+        {"role": "user", "content": "second"},
+    ]
 
 
 @pytest.mark.anyio
@@ -141,7 +162,9 @@ async def test_stop_keeps_the_partial_reply_marked_stopped(store):
     reply = store.get(c).messages[-1]
     assert reply.content.startswith("echo:") and len(reply.content.split()) < 50
     assert reply.stats.stopped and reply.stats.finish_reason is None
-    assert reply.stats.summary().endswith(" · stopped"), reply.stats.summary()  # by its Stop: "stopped", no reason
+    assert reply.stats.summary().endswith(" · stopped"), (
+        reply.stats.summary()
+    )  # by its Stop: "stopped", no reason
     assert engine.aborted == 1
 
 
@@ -157,7 +180,10 @@ async def test_a_closed_tab_stops_its_replies_unless_a_page_shows_them_again(sto
         manager.submit(c, "old-tab", turn_for(store, c))
     store.append(dropped, "user", "and this")  # sent while it replied: waits its turn
     manager.submit(dropped, "old-tab", turn_for(store, dropped))
-    assert view_messages(store.get(dropped), busy=True)[-1].shown["metadata"]["title"] == view.WAITING_LINE
+    assert (
+        view_messages(store.get(dropped), busy=True)[-1].shown["metadata"]["title"]
+        == view.WAITING_LINE
+    )
     manager.page_gone("old-tab")
     manager.page_seen("reloaded-tab", kept)  # the reloaded page shows one of them: it adopts it
     await asyncio.sleep(0.3)
@@ -165,14 +191,22 @@ async def test_a_closed_tab_stops_its_replies_unless_a_page_shows_them_again(sto
     cut = store.get(dropped).messages[-2].stats
     assert cut.stopped and cut.stopped_by == live.TAB_CLOSED  # said apart from a Stop
     assert cut.summary().endswith("stopped (the tab closed)"), cut.summary()
-    assert view.ending(store.get(dropped).messages[-2], False) == "Stopped before the end (the tab closed)."
+    assert (
+        view.ending(store.get(dropped).messages[-2], False)
+        == "Stopped before the end (the tab closed)."
+    )
     # the waiting message was not answered: the chat says so under it, where ↻ shows
     line = view_messages(store.get(dropped), busy=manager.is_busy(dropped))[-1]
-    assert line.shown["role"] == "assistant" and line.shown["metadata"]["title"] == view.UNANSWERED_LINE
+    assert (
+        line.shown["role"] == "assistant"
+        and line.shown["metadata"]["title"] == view.UNANSWERED_LINE
+    )
     assert line.source.content == "and this"
     await until_idle(manager)
     assert store.get(kept).messages[-1].stats.finish_reason == "stop"
-    manager.submit(dropped, "new-tab", turn_for(store, dropped))  # what ↻ does for it (ChatPage.regenerate)
+    manager.submit(
+        dropped, "new-tab", turn_for(store, dropped)
+    )  # what ↻ does for it (ChatPage.regenerate)
     await until_idle(manager)
     assert texts(store, dropped)[-2:] == [("user", "and this"), ("assistant", "echo: and this")]
     assert view_messages(store.get(dropped))[-1].shown["metadata"]["title"] != view.UNANSWERED_LINE
@@ -180,7 +214,9 @@ async def test_a_closed_tab_stops_its_replies_unless_a_page_shows_them_again(sto
 
 @pytest.mark.anyio
 async def test_a_refused_turn_shows_why_and_is_left_out_of_the_next_request(store):
-    engine = FakeEngine(refuse="the prompt is 9000 tokens long but the model's context is 8192 tokens; shorten it")
+    engine = FakeEngine(
+        refuse="the prompt is 9000 tokens long but the model's context is 8192 tokens; shorten it"
+    )
     manager = ReplyManager(store, engine.generate)
     c = store.create().id
     store.append(c, "user", "hello " * 9000)
@@ -189,18 +225,31 @@ async def test_a_refused_turn_shows_why_and_is_left_out_of_the_next_request(stor
     conv = store.get(c)
     assert conv.messages[-1].content.startswith("⚠️ the prompt is 9000 tokens")
     shown = view_messages(conv)
-    assert [v.shown["role"] for v in shown] == ["user", "assistant"]  # no stats line under a refusal
+    assert [v.shown["role"] for v in shown] == [
+        "user",
+        "assistant",
+    ]  # no stats line under a refusal
     store.append(c, "user", "What is the capital of France?")
-    assert engine_messages(store.get(c), conv.settings) == [{"role": "user", "content": "What is the capital of France?"}]
+    assert engine_messages(store.get(c), conv.settings) == [
+        {"role": "user", "content": "What is the capital of France?"}
+    ]
 
 
 def test_stats_are_a_line_of_their_own_and_never_in_the_reply_text(store):
     c = store.create().id
     store.append(c, "user", "hi")
-    store.append(c, "assistant", "Hello **there**", stats={"ttft_ms": 120.0, "tok_s": 31.5, "tokens": 12, "finish_reason": "stop"})
+    store.append(
+        c,
+        "assistant",
+        "Hello **there**",
+        stats={"ttft_ms": 120.0, "tok_s": 31.5, "tokens": 12, "finish_reason": "stop"},
+    )
     shown = [v.shown for v in view_messages(store.get(c))]
     assert shown[1] == {"role": "assistant", "content": "Hello **there**"}
-    assert "tok/s" in shown[2]["metadata"]["title"] and "0.12 s to first token" in shown[2]["metadata"]["title"]
+    assert (
+        "tok/s" in shown[2]["metadata"]["title"]
+        and "0.12 s to first token" in shown[2]["metadata"]["title"]
+    )
     assert "<" not in shown[1]["content"]
 
 
@@ -218,8 +267,12 @@ def test_a_reply_with_no_words_yet_is_only_its_line_not_an_empty_bubble(store):
     store.append(c, "user", "hi")
     reply = store.append(c, "assistant", "")
     waiting = live.LiveReply(c, reply.id, "tab")  # its first token not out yet
-    assert [v.shown.get("metadata", {}).get("title") for v in view_messages(store.get(c), waiting)] == [None, "replying…"]
-    store.update_message(reply.id, "", {"tokens": 0, "stopped": True})  # stopped before its first word
+    assert [
+        v.shown.get("metadata", {}).get("title") for v in view_messages(store.get(c), waiting)
+    ] == [None, "replying…"]
+    store.update_message(
+        reply.id, "", {"tokens": 0, "stopped": True}
+    )  # stopped before its first word
     shown = view_messages(store.get(c))
     assert [(v.shown["role"], v.is_line) for v in shown] == [("user", False), ("assistant", True)]
     assert "stopped" in shown[1].shown["metadata"]["title"] and shown[1].source.id == reply.id
@@ -230,20 +283,36 @@ def test_thinking_is_a_line_of_its_own_and_indexes_match_the_page(store):
     makes that split itself, so an index the page sends (a click, an edit) names the right message."""
     c = store.create().id
     store.append(c, "user", "2+2?")
-    reply = store.append(c, "assistant", "<think>\nAdd them.\n</think>\n\nIt is **4**.", stats={"tokens": 9, "finish_reason": "stop"})
+    reply = store.append(
+        c,
+        "assistant",
+        "<think>\nAdd them.\n</think>\n\nIt is **4**.",
+        stats={"tokens": 9, "finish_reason": "stop"},
+    )
     follow = store.append(c, "user", "and 3+3?")
     shown = view_messages(store.get(c))
     assert [(v.shown["content"], v.shown.get("metadata", {}).get("title")) for v in shown] == [
-        ("2+2?", None), ("Add them.", "Thought"), ("It is **4**.", None), ("The model finished its answer.", "9 tokens"), ("and 3+3?", None),
-        (view.UNANSWERED_HINT, view.UNANSWERED_LINE)]  # nothing answers it here (not busy)
+        ("2+2?", None),
+        ("Add them.", "Thought"),
+        ("It is **4**.", None),
+        ("The model finished its answer.", "9 tokens"),
+        ("and 3+3?", None),
+        (view.UNANSWERED_HINT, view.UNANSWERED_LINE),
+    ]  # nothing answers it here (not busy)
     assert [v.source.id for v in shown][1:] == [reply.id, reply.id, reply.id, follow.id, follow.id]
     assert [v.is_line for v in shown] == [False, True, False, True, False, True]
     # streaming: the block is still open
     streaming = live.LiveReply(c, reply.id, "tab", text="<think>\nAdd")
-    lines = [(v.shown["content"][:9], v.shown.get("metadata", {}).get("title")) for v in view_messages(store.get(c), streaming)]
+    lines = [
+        (v.shown["content"][:9], v.shown.get("metadata", {}).get("title"))
+        for v in view_messages(store.get(c), streaming)
+    ]
     assert lines[1:3] == [("Add", "Thinking…"), ("The reply", "replying…")]
     # the chat template opened the block: only the closing tag is in the reply
-    assert split_thinking("Add them.</think>Four.") == [("Add them.", True, False), ("Four.", False, False)]
+    assert split_thinking("Add them.</think>Four.") == [
+        ("Add them.", True, False),
+        ("Four.", False, False),
+    ]
     assert split_thinking("no tags, kept as is \n") == [("no tags, kept as is \n", False, False)]
     assert split_thinking("<think></think>Four.") == [("Four.", False, False)]
 
@@ -252,12 +321,17 @@ def test_versions_show_under_messages_and_focus_the_deepest(store):
     c = store.create().id
     q = store.append(c, "user", "question")
     store.append(c, "assistant", "first answer", stats={"tokens": 2, "finish_reason": "stop"})
-    store.add_message(c, q.id, "assistant", "second answer", stats={"tokens": 2, "finish_reason": "stop"})
+    store.add_message(
+        c, q.id, "assistant", "second answer", stats={"tokens": 2, "finish_reason": "stop"}
+    )
     conv = store.get(c)
     lines = [v.shown["metadata"]["title"] for v in view_messages(conv) if "metadata" in v.shown]
     assert lines == ["version 2/2 · 2 tokens"]
     focus = focus_of(conv, None)
-    assert focus.content == "second answer" and versions_label(conv, focus) == "Reply 1: version 2 of 2"
+    assert (
+        focus.content == "second answer"
+        and versions_label(conv, focus) == "Reply 1: version 2 of 2"
+    )
     assert focus_of(conv, q.id).id == q.id  # a clicked message wins
     conv = store.switch_version(c, focus.id, -1)
     assert conv.messages[-1].content == "first answer"
@@ -272,14 +346,21 @@ def test_the_versions_bar_offers_only_the_steps_there_are(store):
     c = store.create().id
     q = store.append(c, "user", "question")
     store.append(c, "assistant", "first answer", stats={"tokens": 1, "finish_reason": "stop"})
-    middle = store.add_message(c, q.id, "assistant", "second answer", stats={"tokens": 2, "finish_reason": "stop"})
-    store.add_message(c, q.id, "assistant", "third answer", stats={"tokens": 2, "finish_reason": "stop"})
+    middle = store.add_message(
+        c, q.id, "assistant", "second answer", stats={"tokens": 2, "finish_reason": "stop"}
+    )
+    store.add_message(
+        c, q.id, "assistant", "third answer", stats={"tokens": 2, "finish_reason": "stop"}
+    )
     conv = store.get(c)
     assert version_steps(focus_of(conv, None)) == (True, False)  # the last version: › goes nowhere
     assert version_steps(focus_of(store.select_message(c, middle.id), None)) == (True, True)
     conv = store.switch_version(c, middle.id, -1)
     assert version_steps(focus_of(conv, None)) == (False, True)  # the first: ‹ goes nowhere
-    assert version_steps(focus_of(conv, q.id)) == (None, None) and versions_label(conv, focus_of(conv, q.id)) == "Your message 1"
+    assert (
+        version_steps(focus_of(conv, q.id)) == (None, None)
+        and versions_label(conv, focus_of(conv, q.id)) == "Your message 1"
+    )
     assert version_steps(None) == (None, None)
 
 
@@ -290,20 +371,29 @@ def test_one_token_message_and_character_are_said_in_the_singular(store):
     c = store.create().id
     store.append(c, "user", "question")
     store.append(c, "assistant", "Hi", stats={"tokens": 1, "finish_reason": "stop"})
-    lines = [v.shown["metadata"]["title"] for v in view_messages(store.get(c)) if "metadata" in v.shown]
+    lines = [
+        v.shown["metadata"]["title"] for v in view_messages(store.get(c)) if "metadata" in v.shown
+    ]
     assert lines == ["1 token"], lines
-    assert attachments_line([("a.txt", "x"), ("b.txt", "yz")]) == "Attached to your next message: `a.txt` (1 character), `b.txt` (2 characters)"
+    assert (
+        attachments_line([("a.txt", "x"), ("b.txt", "yz")])
+        == "Attached to your next message: `a.txt` (1 character), `b.txt` (2 characters)"
+    )
 
 
 def test_versions_bar_leaves_an_earlier_turn_once_a_new_message_is_sent(store):
     c = store.create().id
     q = store.append(c, "user", "question")
     store.append(c, "assistant", "first answer", stats={"tokens": 2, "finish_reason": "stop"})
-    second = store.add_message(c, q.id, "assistant", "second answer", stats={"tokens": 2, "finish_reason": "stop"})
+    second = store.add_message(
+        c, q.id, "assistant", "second answer", stats={"tokens": 2, "finish_reason": "stop"}
+    )
     store.append(c, "user", "a new question")
     conv = store.get(c)
     assert focus_of(conv, None) is None, "the bar still names Reply 1 under a new question"
-    assert focus_of(conv, second.id).id == second.id  # clicked, the earlier reply's versions show again
+    assert (
+        focus_of(conv, second.id).id == second.id
+    )  # clicked, the earlier reply's versions show again
     store.append(c, "assistant", "its answer", stats={"tokens": 2, "finish_reason": "stop"})
     assert focus_of(store.get(c), None) is None
 
@@ -334,11 +424,21 @@ def test_html_in_a_message_is_marked_to_show_as_typed_and_edits_come_back_unmark
     store.append(conv.id, "assistant", answer)
     shown = [v.shown["content"] for v in view_messages(store.get(conv.id))]
     assert shown[0] == f"<{MARK}div>hello<{MARK}/div> and a <{MARK}b> c, AT&{MARK}amp;T, a < b"
-    assert shown[1] == answer.replace("<style>", f"<{MARK}style>")  # code, math and the autolink as they are
+    assert shown[1] == answer.replace(
+        "<style>", f"<{MARK}style>"
+    )  # code, math and the autolink as they are
     assert [typed_text(x) for x in shown[:2]] == [question, answer]
-    assert engine_messages(store.get(conv.id), store.get(conv.id).settings)[-2]["content"] == question
-    assert edit_text(shown[0]) == question and edit_text([{"type": "text", "text": shown[0]}]) == question
-    assert shown_literally("```\nunclosed <b>") == "```\nunclosed <b>" and shown_literally("~~~\n<b>\n~~~\n<i>") == f"~~~\n<b>\n~~~\n<{MARK}i>"
+    assert (
+        engine_messages(store.get(conv.id), store.get(conv.id).settings)[-2]["content"] == question
+    )
+    assert (
+        edit_text(shown[0]) == question
+        and edit_text([{"type": "text", "text": shown[0]}]) == question
+    )
+    assert (
+        shown_literally("```\nunclosed <b>") == "```\nunclosed <b>"
+        and shown_literally("~~~\n<b>\n~~~\n<i>") == f"~~~\n<b>\n~~~\n<{MARK}i>"
+    )
 
 
 def test_sidebar_marks_replying_chats_and_dates(store):
@@ -391,8 +491,17 @@ class FakeRequest:
 
 
 # system prompt, temperature, top-p, max tokens, thinking, top-k, seed, stop, repetition penalty (the page's default)
-SETTINGS = SettingsForm(system_prompt="", temperature=0.0, top_p=1.0, max_tokens=64, thinking=False, top_k=0, seed=None, stop="",
-                        repetition_penalty=1.15)
+SETTINGS = SettingsForm(
+    system_prompt="",
+    temperature=0.0,
+    top_p=1.0,
+    max_tokens=64,
+    thinking=False,
+    top_k=0,
+    seed=None,
+    stop="",
+    repetition_penalty=1.15,
+)
 
 
 def uploaded(page, file) -> str:
@@ -421,7 +530,9 @@ async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(
 
     engine = FakeEngine(step_s=0.05)
     page = ChatPage(FakeClient(engine), store)
-    await page.stop(2000.0, FakeRequest())  # nothing to stop yet: the message clicked at 1000 is on its way
+    await page.stop(
+        2000.0, FakeRequest()
+    )  # nothing to stop yet: the message clicked at 1000 is on its way
     await page.send("one two three four five six seven eight", SETTINGS, 1000.0, FakeRequest())
     conv_id = page.tab(FakeRequest()).conv_id
     await until_idle(page.replies)
@@ -450,18 +561,24 @@ async def test_a_double_click_sends_once_whichever_of_its_two_sends_starts_first
 
     engine = FakeEngine()
     page = ChatPage(FakeClient(engine), store)
-    await page.send("numbat note", SETTINGS, 1250.0, FakeRequest())  # the second click, started first
+    await page.send(
+        "numbat note", SETTINGS, 1250.0, FakeRequest()
+    )  # the second click, started first
     await page.send("numbat note", SETTINGS, 1000.0, FakeRequest())
     await until_idle(page.replies)
     conv_id = page.tab(FakeRequest()).conv_id
     assert [m.content for m in store.get(conv_id).messages if m.role == "user"] == ["numbat note"]
     await page.send("numbat note", SETTINGS, 2500.0, FakeRequest())  # sent again on purpose
     await until_idle(page.replies)
-    assert [m.content for m in store.get(conv_id).messages if m.role == "user"] == ["numbat note"] * 2
+    assert [m.content for m in store.get(conv_id).messages if m.role == "user"] == [
+        "numbat note"
+    ] * 2
 
 
 @pytest.mark.anyio
-async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_engine(store) -> None:
+async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_engine(
+    store,
+) -> None:
     """The page's default penalty (the demo model loops without one) goes with every reply; a
     chat's own value replaces it; the OpenAI API's default stays 1 (off)."""
     from minisgl_app.chat.settings_form import form_settings
@@ -477,19 +594,32 @@ async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_e
     assert engine.requests[-1].params.repetition_penalty == DEFAULT_REPETITION_PENALTY
     conv_id = page.tab(FakeRequest()).conv_id
     await page.settings_changed(replace(SETTINGS, repetition_penalty=1.3), None, FakeRequest())
-    assert store.get(conv_id).settings.repetition_penalty == 1.3 and page.fields(page.tab(FakeRequest()))[-2] == 1.3
+    assert (
+        store.get(conv_id).settings.repetition_penalty == 1.3
+        and page.fields(page.tab(FakeRequest()))[-2] == 1.3
+    )
     await page.send("again", replace(SETTINGS, repetition_penalty=1.3), None, FakeRequest())
     await until_idle(page.replies)
     assert engine.requests[-1].params.repetition_penalty == 1.3
     # out of the page's range: refused with a sentence, the value in force put back
-    assert "between 1 (off) and 2" in form_settings(replace(SETTINGS, repetition_penalty=0.5))[1]["repetition_penalty"]
-    assert (await page.settings_changed(replace(SETTINGS, repetition_penalty=3), None, FakeRequest()))[-1] == 1.3
+    assert (
+        "between 1 (off) and 2"
+        in form_settings(replace(SETTINGS, repetition_penalty=0.5))[1]["repetition_penalty"]
+    )
+    assert (
+        await page.settings_changed(replace(SETTINGS, repetition_penalty=3), None, FakeRequest())
+    )[-1] == 1.3
     # a chat stored before the setting existed takes the page's default
-    assert ChatSettings.from_dict({"temperature": 0.5}).repetition_penalty == DEFAULT_REPETITION_PENALTY
+    assert (
+        ChatSettings.from_dict({"temperature": 0.5}).repetition_penalty
+        == DEFAULT_REPETITION_PENALTY
+    )
 
 
 @pytest.mark.anyio
-async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_chat_it_showed(store) -> None:
+async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_chat_it_showed(
+    store,
+) -> None:
     """A box is saved when left, and a click on another chat (or New chat) leaves it: the box's
     save and the click reach the server in either order. Both carry the browser's click time,
     so the value goes to the chat the box showed, never to the one shown next."""
@@ -505,7 +635,9 @@ async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_ch
 
     await page.select(a, 1000.0, request)
     await page.select(b, 2000.0, request)  # the click on chat B, handled first
-    assert await page.settings_changed(form(77), 1990.0, request) == (SKIP,) * 9  # A's box, left by that click
+    assert (
+        await page.settings_changed(form(77), 1990.0, request) == (SKIP,) * 9
+    )  # A's box, left by that click
     assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, default)
     await page.settings_changed(form(88), 2500.0, request)  # a box of B, left later
     assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, 88)
@@ -524,7 +656,9 @@ async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_ch
 
 
 @pytest.mark.anyio
-async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_boxes_of_the_chat_left(store, tmp_path) -> None:
+async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_boxes_of_the_chat_left(
+    store, tmp_path
+) -> None:
     """Enter before the answer to a click on chat B came: the page's settings boxes still showed
     chat A's, and Send saved them into B (B's system prompt became A's). Send now says it followed
     such a click (SEND_JS: after_click): its boxes are not saved; B's settings stand."""
@@ -540,12 +674,16 @@ async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_
     assert store.get(a).settings.system_prompt == "Answer as a pirate."
     b_settings = store.get(b).settings
     await page.select(b, 2000.0, request, "")
-    await page.send("hello B", a_form, 2100.0, request, 2000.0)  # A's boxes, read before the answer drew B's
+    await page.send(
+        "hello B", a_form, 2100.0, request, 2000.0
+    )  # A's boxes, read before the answer drew B's
     await until_idle(page.replies)
     assert texts(store, b)[0] == ("user", "hello B")
     assert store.get(b).settings == b_settings, "A's settings boxes were saved to B"
     assert engine.requests[-1].messages[0] != {"role": "system", "content": "Answer as a pirate."}
-    await page.send("hello again", a_form, 3000.0, request)  # the boxes as the page shows them: saved, as before
+    await page.send(
+        "hello again", a_form, 3000.0, request
+    )  # the boxes as the page shows them: saved, as before
     await until_idle(page.replies)
     assert store.get(b).settings.system_prompt == "Answer as a pirate."
     # Enter on the box such a click emptied sends nothing, not even the files kept with the chat shown
@@ -555,14 +693,20 @@ async def test_a_message_sent_before_a_clicks_answer_saves_none_of_the_settings_
     await page.attach([uploaded(page, notes)], request)
     await page.select(b, 5000.0, request, "")
     await page.select(a, 6000.0, request, "")
-    assert await page.send("", a_form, 6100.0, request, 6000.0) == (json.dumps({"at": 6100.0, "draft": ""}), SKIP)
+    assert await page.send("", a_form, 6100.0, request, 6000.0) == (
+        json.dumps({"at": 6100.0, "draft": ""}),
+        SKIP,
+    )
     await until_idle(page.replies)
-    assert texts(store, a) == [] and page.tab(request).draft.attachments == [("notes.txt", "kept with A's draft\n")]
+    assert texts(store, a) == [] and page.tab(request).draft.attachments == [
+        ("notes.txt", "kept with A's draft\n")
+    ]
 
 
 @pytest.mark.anyio
 async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draft_of_its_own_chat(
-        store, tmp_path, monkeypatch) -> None:
+    store, tmp_path, monkeypatch
+) -> None:
     """Enter in chat A, then at once a click on chat B (or New chat): when the server took the
     click first, A's message was stored in B, answered with B's context, and B's settings were
     overwritten by A's boxes. The send carries its browser time: a send from before the click
@@ -584,11 +728,15 @@ async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draf
     await page.attach([uploaded(page, notes)], request)
     await page.select(b, 2000.0, request, "hello from A")  # the click, handled first
     answer = await page.send("hello from A", a_form, 1990.0, request)  # A's Enter
-    assert answer == (json.dumps({"at": 1990.0, "draft": ""}), SKIP), "A's message came back to B's box"
+    assert answer == (json.dumps({"at": 1990.0, "draft": ""}), SKIP), (
+        "A's message came back to B's box"
+    )
     await until_idle(page.replies)
     assert texts(store, a) == [] and texts(store, b) == [] and engine.requests == []
     assert store.get(b).settings == b_settings, "A's settings boxes were saved to B"
-    assert said == ["Not sent: you switched chats; your message is kept as the draft of «chat A»."], said
+    assert said == [
+        "Not sent: you switched chats; your message is kept as the draft of «chat A»."
+    ], said
     assert draft_in((await page.select(a, 3000.0, request, ""))[0]) == "hello from A"
     assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")]
     # a click that did not carry the box's text, on New chat: the text is kept all the same
@@ -601,7 +749,9 @@ async def test_a_message_sent_just_before_a_click_on_another_chat_stays_the_draf
     await page.send("second try", a_form, 5500.0, request)
     await until_idle(page.replies)
     [(_, question), (role, _)] = texts(store, a)
-    assert question.startswith("second try") and "plum" in question and role == "assistant", question
+    assert question.startswith("second try") and "plum" in question and role == "assistant", (
+        question
+    )
 
 
 @pytest.mark.anyio
@@ -617,17 +767,27 @@ async def test_an_emptied_settings_box_saves_nothing_and_shows_the_saved_value_a
     conv_id = store.create(title="a").id
     await page.select(conv_id, None, request)
     saved = store.get(conv_id).settings
-    for index, name in ((1, "temperature"), (2, "top_p"), (3, "max_tokens"), (5, "top_k"), (8, "repetition_penalty")):
+    for index, name in (
+        (1, "temperature"),
+        (2, "top_p"),
+        (3, "max_tokens"),
+        (5, "top_k"),
+        (8, "repetition_penalty"),
+    ):
         form = list(page.fields(page.tab(request))[1:10])  # the boxes as the page shows them
         for empty in (None, ""):
             form[index] = empty
-            assert (await page.settings_changed(SettingsForm(*form), None, request))[index] == getattr(saved, name), name
+            assert (await page.settings_changed(SettingsForm(*form), None, request))[
+                index
+            ] == getattr(saved, name), name
             assert store.get(conv_id).settings == saved, name
             assert form_settings(SettingsForm(*form), in_force=saved) == (saved, {}), name
     form = list(page.fields(page.tab(request))[1:10])
     for seed in (7, None):
         form[6] = seed
-        assert await page.settings_changed(SettingsForm(*form), None, request) == (SKIP,) * 9  # no box is touched (one may be typed into)
+        assert (
+            await page.settings_changed(SettingsForm(*form), None, request) == (SKIP,) * 9
+        )  # no box is touched (one may be typed into)
         assert store.get(conv_id).settings.seed == seed
 
 
@@ -639,18 +799,38 @@ def test_the_status_line_names_every_replicas_device():
 
     info = {"dtype": "bfloat16", "tp": 1}
     client = SimpleNamespace(
-        ready=True, model_name="qwen3-0.6b", startup_errors={},
-        worker_info={"minisgl-tokenizer-0": {"thinks": False}, "minisgl-DP0-scheduler": {**info, "device": "cuda:0", "replica": 0},
-                     "minisgl-DP1-scheduler": {**info, "device": "cuda:1", "replica": 1}},
-        stats=StatsMsg(running=3, waiting=0, kv_pages_total=200, kv_pages_used=20, kv_pages_cached=10, kv_pages_free=170,
-                       prompt_tokens_total=0, generation_tokens_total=0, requests_finished_total=0, requests_aborted_total=0,
-                       prefix_cache_hit_tokens_total=0))
+        ready=True,
+        model_name="qwen3-0.6b",
+        startup_errors={},
+        worker_info={
+            "minisgl-tokenizer-0": {"thinks": False},
+            "minisgl-DP0-scheduler": {**info, "device": "cuda:0", "replica": 0},
+            "minisgl-DP1-scheduler": {**info, "device": "cuda:1", "replica": 1},
+        },
+        stats=StatsMsg(
+            running=3,
+            waiting=0,
+            kv_pages_total=200,
+            kv_pages_used=20,
+            kv_pages_cached=10,
+            kv_pages_free=170,
+            prompt_tokens_total=0,
+            generation_tokens_total=0,
+            requests_finished_total=0,
+            requests_aborted_total=0,
+            prefix_cache_hit_tokens_total=0,
+        ),
+    )
     client.scheduler_info = client.worker_info["minisgl-DP0-scheduler"]
     line = status_line(client)
-    text = re.sub(r"<[^>]+>", "", line)  # as shown on a wide screen (a narrow one leaves out the wide-only parts)
+    text = re.sub(
+        r"<[^>]+>", "", line
+    )  # as shown on a wide screen (a narrow one leaves out the wide-only parts)
     assert "qwen3-0.6b on cuda:0, cuda:1 (bfloat16)" in text and "3 running" in text, line
     narrow = re.sub(r'<span class="wide-only">.*?</span>', "", line)
-    assert "qwen3-0.6b on cuda:0, cuda:1 · 3 running, 0 waiting" in narrow and "KV" not in narrow, narrow
+    assert "qwen3-0.6b on cuda:0, cuda:1 · 3 running, 0 waiting" in narrow and "KV" not in narrow, (
+        narrow
+    )
 
 
 def test_the_status_line_says_generating_while_the_engine_replies_and_ready_once_idle():
@@ -662,19 +842,38 @@ def test_the_status_line_says_generating_while_the_engine_replies_and_ready_once
     from minisgl_engine.messages import StatsMsg
 
     def line(running: int, waiting: int = 0) -> str:
-        stats = StatsMsg(running=running, waiting=waiting, kv_pages_total=200, kv_pages_used=20 * running, kv_pages_cached=10,
-                         kv_pages_free=170, prompt_tokens_total=0, generation_tokens_total=0, requests_finished_total=0,
-                         requests_aborted_total=0, prefix_cache_hit_tokens_total=0)
+        stats = StatsMsg(
+            running=running,
+            waiting=waiting,
+            kv_pages_total=200,
+            kv_pages_used=20 * running,
+            kv_pages_cached=10,
+            kv_pages_free=170,
+            prompt_tokens_total=0,
+            generation_tokens_total=0,
+            requests_finished_total=0,
+            requests_aborted_total=0,
+            prefix_cache_hit_tokens_total=0,
+        )
         info = {"dtype": "float32", "device": "cpu"}
-        client = SimpleNamespace(ready=True, model_name="demo", startup_errors={}, worker_info={"minisgl-TP0-scheduler": info},
-                                 scheduler_info=info, stats=stats)
+        client = SimpleNamespace(
+            ready=True,
+            model_name="demo",
+            startup_errors={},
+            worker_info={"minisgl-TP0-scheduler": info},
+            scheduler_info=info,
+            stats=stats,
+        )
         return re.sub(r"<[^>]+>", "", status_line(client))
 
     assert line(1).startswith("**Generating** · demo on cpu") and "1 running" in line(1), line(1)
     assert line(0, waiting=2).startswith("**Generating**"), line(0, 2)
     assert line(0).startswith("**Ready** · demo on cpu") and "0 running" in line(0), line(0)
     # short enough not to wrap at 1280 px (the KV part said "KV cache: 20 in use, 10 cached, 200 total pages")
-    assert line(1) == "**Generating** · demo on cpu (float32) · 1 running, 0 waiting · KV 20/200 pages (10 cached)", line(1)
+    assert (
+        line(1)
+        == "**Generating** · demo on cpu (float32) · 1 running, 0 waiting · KV 20/200 pages (10 cached)"
+    ), line(1)
 
 
 @pytest.mark.anyio
@@ -684,14 +883,21 @@ async def test_the_status_line_says_generating_as_soon_as_a_reply_starts_in_the_
     tick say Generating while the chat shown has a reply running or queued; Ready once it ends."""
     from minisgl_app.page.ui import ChatPage
 
-    page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)  # its line says Ready: the engine has not reported yet
+    page = ChatPage(
+        FakeClient(FakeEngine(step_s=0.05)), store
+    )  # its line says Ready: the engine has not reported yet
     request = FakeRequest()
     box, status = await page.send("one two three four five", SETTINGS, None, request)
     tab = page.tab(request)
     assert draft_in(box) == "" and status == "**Generating** · fake", status
-    assert page.render(tab).status == "**Generating** · fake" and page.status_of(tab) == "**Generating** · fake"
+    assert (
+        page.render(tab).status == "**Generating** · fake"
+        and page.status_of(tab) == "**Generating** · fake"
+    )
     await until_idle(page.replies)
-    assert page.render(tab).status == "**Ready** · fake" and page.status_of(tab) == "**Ready** · fake"
+    assert (
+        page.render(tab).status == "**Ready** · fake" and page.status_of(tab) == "**Ready** · fake"
+    )
 
 
 # ---- the view after a view change: two follow events of one tab
@@ -709,9 +915,17 @@ def test_gradio_sends_a_generators_last_output_again_with_its_end() -> None:
 
     fn = SimpleNamespace(outputs=[None, None])
     blocks = gr.Blocks()
-    assert blocks.handle_streaming_diffs(fn, [["chat A"], "x"], "tab-1", "run", final=False) == [["chat A"], "x"]
-    assert blocks.handle_streaming_diffs(fn, [["chat A", "reply"], "x"], "tab-1", "run", final=False) != [["chat A", "reply"], "x"]
-    assert blocks.handle_streaming_diffs(fn, [None, None], "tab-1", "run", final=True) == [["chat A", "reply"], "x"]
+    assert blocks.handle_streaming_diffs(fn, [["chat A"], "x"], "tab-1", "run", final=False) == [
+        ["chat A"],
+        "x",
+    ]
+    assert blocks.handle_streaming_diffs(
+        fn, [["chat A", "reply"], "x"], "tab-1", "run", final=False
+    ) != [["chat A", "reply"], "x"]
+    assert blocks.handle_streaming_diffs(fn, [None, None], "tab-1", "run", final=True) == [
+        ["chat A", "reply"],
+        "x",
+    ]
 
 
 @pytest.mark.anyio
@@ -731,20 +945,26 @@ async def test_a_follow_ends_on_an_output_that_changes_nothing(store) -> None:
     await page.new_chat(None, request)
     new = page.follow(request)
     first_new = asyncio.ensure_future(anext(new))
-    old_outputs = [output async for output in old]  # the older follow ends (the newer one waits for it)
+    old_outputs = [
+        output async for output in old
+    ]  # the older follow ends (the newer one waits for it)
     [chat, *_] = await first_new
     assert chat == [], chat
     last = (old_outputs or [rendered])[-1]  # what Gradio sends again as the older follow ends
     assert all(last[i] == SKIP for i in (0, 1, 4)), f"the older follow ends on {str(last)[:200]}"
     new_outputs = [output async for output in new]
     assert new_outputs and all(new_outputs[-1][i] == SKIP for i in (0, 1, 4)), new_outputs
-    assert new_outputs[-1][2]["value"] is None, "the newer follow ends on its own sidebar: no chat selected"
+    assert new_outputs[-1][2]["value"] is None, (
+        "the newer follow ends on its own sidebar: no chat selected"
+    )
     page.replies.stop_all(store.list()[0].id)
     await until_idle(page.replies)
 
 
 @pytest.mark.anyio
-async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_changes_nothing(store) -> None:
+async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_changes_nothing(
+    store,
+) -> None:
     """A follow that never rendered would end on Gradio's None for every output (an empty chat,
     no chat selected) if it yielded nothing."""
     from minisgl_app.page.page_view import VIEW_SIZE
@@ -765,7 +985,9 @@ async def test_a_follow_replaced_before_it_rendered_ends_on_an_output_that_chang
 
 
 @pytest.mark.anyio
-async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(store, monkeypatch) -> None:
+async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(
+    store, monkeypatch
+) -> None:
     """The browser may apply an older follow's message after the newer one's render: once the
     newer one has ended, the tick sets the view again (once), whatever the browser last got."""
     from minisgl_app.page import following
@@ -789,7 +1011,9 @@ async def test_the_tick_sends_the_whole_view_once_after_a_follow_took_over(store
     chat, *rest = await page.tick(False, request)
     assert "hello A" in str(chat), chat
     assert (await page.tick(False, request))[0] == SKIP, "once"
-    monkeypatch.setattr(following, "RACE_S", 0.0)  # no follow ended just before this one: nothing to set again
+    monkeypatch.setattr(
+        following, "RACE_S", 0.0
+    )  # no follow ended just before this one: nothing to set again
     alone = page.follow(request)
     [o async for o in alone]
     monkeypatch.setattr(following, "RECHECK_AFTER_S", 0.0)
@@ -814,7 +1038,9 @@ async def test_new_chat_clicked_before_the_page_load_is_answered_is_kept(store) 
     assert title == "older chat", "a tab nobody clicked in opens on the latest chat"
 
 
-def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_update_into_a_skip(store) -> None:
+def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_update_into_a_skip(
+    store,
+) -> None:
     """Why SENT_AS_UPDATES (app/page/page_view.py): Gradio streams a generator's later outputs as diffs, and a
     dict -> skip diff is "delete each key"; its browser client applies diffs in place, to the
     object an earlier message still holds, so a sidebar sent then skipped can vanish before the
@@ -827,7 +1053,9 @@ def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_upda
     from minisgl_app.page.ui import ChatPage
 
     sidebar = gr.update(choices=[("chat A", 1)], value=1)
-    assert any(op == "delete" for op, *_ in diff(sidebar, gr.skip())), "Gradio no longer diffs this way: revisit SENT_AS_UPDATES"
+    assert any(op == "delete" for op, *_ in diff(sidebar, gr.skip())), (
+        "Gradio no longer diffs this way: revisit SENT_AS_UPDATES"
+    )
 
     async def outputs_of_a_follow() -> list[tuple]:
         page = ChatPage(FakeClient(FakeEngine(step_s=0.02)), store)
@@ -837,12 +1065,23 @@ def test_gradio_applies_a_streamed_diff_in_place_so_a_follow_never_turns_an_upda
 
     outputs = asyncio.run(outputs_of_a_follow())
     assert len(outputs) >= 3, outputs
-    updates = {i for o in outputs for i, value in enumerate(o) if isinstance(value, dict) and set(value) - {"__type__"}}
+    updates = {
+        i
+        for o in outputs
+        for i, value in enumerate(o)
+        if isinstance(value, dict) and set(value) - {"__type__"}
+    }
     assert updates <= {PageView._fields.index(name) for name in SENT_AS_UPDATES}, updates
     for before, after in zip(outputs, outputs[1:]):
         for i in updates:
-            edits = diff(before[i], after[i]) if isinstance(before[i], dict) and isinstance(after[i], dict) else []
-            assert not any(op == "delete" for op, *_ in edits), f"output {i}: {before[i]} -> {after[i]}"
+            edits = (
+                diff(before[i], after[i])
+                if isinstance(before[i], dict) and isinstance(after[i], dict)
+                else []
+            )
+            assert not any(op == "delete" for op, *_ in edits), (
+                f"output {i}: {before[i]} -> {after[i]}"
+            )
 
 
 def test_a_refused_setting_is_named_alone_in_words_that_fit_it() -> None:
@@ -853,11 +1092,22 @@ def test_a_refused_setting_is_named_alone_in_words_that_fit_it() -> None:
     ok = ("", 0.7, 0.9, 256, False, 0, None, "")
     settings, problems = form_settings(SettingsForm(*ok))
     assert problems == {} and settings.max_tokens == 256 and settings.seed is None
-    assert form_settings(SettingsForm("", 0.7, 0.9, None, False, 0, "", ""))[1] == {"max_tokens": "max tokens must be a number"}
-    assert "whole number" in form_settings(SettingsForm("", 0.7, 0.9, 3.7, False, 0, None, ""))[1]["max_tokens"]
-    assert set(form_settings(SettingsForm("", 0.7, 0.9, 0, False, -3, -1, ""))[1]) == {"max_tokens", "top_k", "seed"}
+    assert form_settings(SettingsForm("", 0.7, 0.9, None, False, 0, "", ""))[1] == {
+        "max_tokens": "max tokens must be a number"
+    }
+    assert (
+        "whole number"
+        in form_settings(SettingsForm("", 0.7, 0.9, 3.7, False, 0, None, ""))[1]["max_tokens"]
+    )
+    assert set(form_settings(SettingsForm("", 0.7, 0.9, 0, False, -3, -1, ""))[1]) == {
+        "max_tokens",
+        "top_k",
+        "seed",
+    }
     assert form_settings(SettingsForm("", 0.7, 0.9, 40.0, False, 5.0, 7.0, ""))[0].max_tokens == 40
-    assert form_settings(SettingsForm("", 0.7, 0.9, 40, False, None, None, ""))[0].top_k == 0, "an empty top-k is off, as before"
+    assert form_settings(SettingsForm("", 0.7, 0.9, 40, False, None, None, ""))[0].top_k == 0, (
+        "an empty top-k is off, as before"
+    )
 
 
 def test_waiting_and_not_answered_lines_sit_on_one_side_where_the_reply_goes(store) -> None:
@@ -871,7 +1121,11 @@ def test_waiting_and_not_answered_lines_sit_on_one_side_where_the_reply_goes(sto
     store.update_message(left.id, left.content, {"unanswered": True})
 
     def sides(busy: bool) -> dict[str, str]:
-        return {v.shown["metadata"]["title"]: v.shown["role"] for v in view_messages(store.get(c), busy=busy) if v.is_line}
+        return {
+            v.shown["metadata"]["title"]: v.shown["role"]
+            for v in view_messages(store.get(c), busy=busy)
+            if v.is_line
+        }
 
     busy, idle = sides(True), sides(False)
     assert busy == {view.LEFT_LINE: "assistant", view.WAITING_LINE: "assistant"}, busy
@@ -882,8 +1136,8 @@ def test_waiting_and_not_answered_lines_sit_on_one_side_where_the_reply_goes(sto
 async def test_a_message_sent_during_a_reply_says_it_waits_until_its_reply_starts(store) -> None:
     """A question sent while the chat replies shows a "waiting" line under it (it looked ignored
     before), gone once its own reply starts; page indexes of earlier messages do not move."""
-    from minisgl_app.page.ui import ChatPage
     from minisgl_app.chat.view import WAITING_LINE
+    from minisgl_app.page.ui import ChatPage
 
     page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)
     request = FakeRequest()
@@ -895,7 +1149,9 @@ async def test_a_message_sent_during_a_reply_says_it_waits_until_its_reply_start
     assert titles[-1] == WAITING_LINE and titles.count(WAITING_LINE) == 1, titles
     await until_idle(page.replies, 10)
     titles = [v.shown.get("metadata", {}).get("title") for v in page.view_of(page.shown(tab), tab)]
-    assert WAITING_LINE not in titles and texts(store, tab.conv_id)[-2][1] == "second question", titles
+    assert WAITING_LINE not in titles and texts(store, tab.conv_id)[-2][1] == "second question", (
+        titles
+    )
 
 
 def test_a_name_in_a_markdown_sentence_shows_as_typed():
@@ -908,7 +1164,9 @@ def test_a_name_in_a_markdown_sentence_shows_as_typed():
 
 
 @pytest.mark.anyio
-async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_why(store, monkeypatch) -> None:
+async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_why(
+    store, monkeypatch
+) -> None:
     """Continue on a stopped reply whose model ends at once (EOS first): the reply's text and its
     time to first token and tok/s stay (they were blanked: this run has no first token), its
     tokens count the new run's, and the page says in a toast why nothing changed."""
@@ -924,7 +1182,9 @@ async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_wh
     await until_idle(page.replies)
     tab = page.tab(request)
     before = store.get(tab.conv_id).messages[-1]
-    assert before.stats.stopped and before.stats.ttft_ms is not None and before.stats.tok_s is not None, before.stats
+    assert (
+        before.stats.stopped and before.stats.ttft_ms is not None and before.stats.tok_s is not None
+    ), before.stats
     said: list[str] = []
     monkeypatch.setattr(toasts.gr, "Info", said.append)
     engine.ends_at_once = True
@@ -937,14 +1197,22 @@ async def test_a_continue_that_adds_nothing_keeps_the_replys_figures_and_says_wh
     await until_idle(page.replies)
     after = store.get(tab.conv_id).messages[-1]
     assert after.id == before.id and after.content == before.content
-    assert (after.stats.ttft_ms, after.stats.tok_s) == (before.stats.ttft_ms, before.stats.tok_s), after.stats
-    assert after.stats.tokens == before.stats.tokens + 1 and after.stats.finish_reason == "stop" and not after.stats.stopped
+    assert (after.stats.ttft_ms, after.stats.tok_s) == (before.stats.ttft_ms, before.stats.tok_s), (
+        after.stats
+    )
+    assert (
+        after.stats.tokens == before.stats.tokens + 1
+        and after.stats.finish_reason == "stop"
+        and not after.stats.stopped
+    )
     await page.tick(False, request)
     assert said == [live.NOTHING_TO_ADD], "said once"
 
 
 @pytest.mark.anyio
-async def test_stop_with_a_message_waiting_stops_the_chat_and_leaves_the_question_for_retry(store) -> None:
+async def test_stop_with_a_message_waiting_stops_the_chat_and_leaves_the_question_for_retry(
+    store,
+) -> None:
     """Stop while a second message waits: the chat stops (the waiting message was answered at
     once before, which a user who pressed Stop did not expect). The question stays, marked as not
     answered with ↻'s hint, and ↻ (regenerate: turn_for after it) answers it."""
@@ -964,12 +1232,18 @@ async def test_stop_with_a_message_waiting_stops_the_chat_and_leaves_the_questio
     assert texts(store, tab.conv_id)[-1] == ("user", "second question")
     assert store.get(tab.conv_id).messages[-2].stats.stopped
     last = page.view_of(page.shown(tab), tab)[-1].shown
-    assert (last["metadata"]["title"], last["content"]) == (view.UNANSWERED_LINE, view.UNANSWERED_HINT)
+    assert (last["metadata"]["title"], last["content"]) == (
+        view.UNANSWERED_LINE,
+        view.UNANSWERED_HINT,
+    )
     assert "Stop" in view.UNANSWERED_HINT and "↻" in view.WAITING_HINT
     [o async for o in page.follow(request)]  # the tab has seen the chat as it is
     await page.regenerate(request)
     await until_idle(page.replies)
-    assert texts(store, tab.conv_id)[-2:] == [("user", "second question"), ("assistant", "echo: second question")]
+    assert texts(store, tab.conv_id)[-2:] == [
+        ("user", "second question"),
+        ("assistant", "echo: second question"),
+    ]
 
 
 async def stop_with_questions_waiting(page, request, *questions: str) -> None:
@@ -985,7 +1259,9 @@ async def stop_with_questions_waiting(page, request, *questions: str) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_on_its_own(store) -> None:
+async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_on_its_own(
+    store,
+) -> None:
     """Stop while two questions wait, then a new message: the three questions were answered by
     one reply (the model saw them all) and the "not answered" mark vanished. The new message is
     answered on its own: the questions left keep a "not answered" line, the model does not see
@@ -1000,19 +1276,30 @@ async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_o
     tab = page.tab(request)
     await page.send("fourth question", SETTINGS, None, request)
     await until_idle(page.replies)
-    assert texts(store, tab.conv_id)[2:] == [("user", "second question"), ("user", "third question"), ("user", "fourth question"),
-                                             ("assistant", "echo: fourth question")]
+    assert texts(store, tab.conv_id)[2:] == [
+        ("user", "second question"),
+        ("user", "third question"),
+        ("user", "fourth question"),
+        ("assistant", "echo: fourth question"),
+    ]
     seen = [m["content"] for m in engine.requests[-1].messages]
     assert "fourth question" in seen and not {"second question", "third question"} & set(seen), seen
     shown = page.view_of(page.shown(tab), tab)
-    marks = [(v.source.content, v.shown["metadata"]["title"]) for v in shown if v.is_line and v.source.role == "user"]
+    marks = [
+        (v.source.content, v.shown["metadata"]["title"])
+        for v in shown
+        if v.is_line and v.source.role == "user"
+    ]
     assert marks == [("second question", view.LEFT_LINE), ("third question", view.LEFT_LINE)], marks
     # a later turn leaves them out too
     [o async for o in page.follow(request)]
     await page.send("fifth", SETTINGS, None, request)
     await until_idle(page.replies)
     seen = [m["content"] for m in engine.requests[-1].messages]
-    assert seen[-3:] == ["fourth question", "echo: fourth question", "fifth"] and "second question" not in seen, seen
+    assert (
+        seen[-3:] == ["fourth question", "echo: fourth question", "fifth"]
+        and "second question" not in seen
+    ), seen
     # sent while it replies: answered together, nothing marked
     await page.send(" ".join(f"v{i}" for i in range(30)), SETTINGS, None, request)
     await asyncio.sleep(0.1)
@@ -1021,11 +1308,15 @@ async def test_a_message_sent_after_stop_left_questions_unanswered_is_answered_o
     await until_idle(page.replies)
     assert [m["content"] for m in engine.requests[-1].messages][-2:] == ["sixth", "seventh"]
     assert texts(store, tab.conv_id)[-1] == ("assistant", "echo: seventh")
-    assert not any(v.is_line and v.source.role == "user" for v in page.view_of(page.shown(tab), tab)[-4:])
+    assert not any(
+        v.is_line and v.source.role == "user" for v in page.view_of(page.shown(tab), tab)[-4:]
+    )
 
 
 @pytest.mark.anyio
-async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_message_sent(store, tmp_path, monkeypatch) -> None:
+async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_message_sent(
+    store, tmp_path, monkeypatch
+) -> None:
     """The questions left unanswered by Stop were marked one write each, before the message sent
     was stored in a write of its own: a failed store of the message kept the marks (the
     questions then hidden from the model, with no message after them). The marks and the
@@ -1045,7 +1336,11 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     conv_id = page.tab(request).conv_id
 
     def marked() -> list[str]:
-        return [m.content for m in store.get(conv_id).messages if m.stats is not None and m.stats.unanswered]
+        return [
+            m.content
+            for m in store.get(conv_id).messages
+            if m.stats is not None and m.stats.unanswered
+        ]
 
     assert marked() == []
     real_add = tree_module.add
@@ -1058,7 +1353,9 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a new question", SETTINGS, None, request)
     assert marked() == [], "marks stored without the message"
-    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")], "the file was dropped"
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")], (
+        "the file was dropped"
+    )
     monkeypatch.setattr(tree_module, "add", real_add)
     await page.send("a new question", SETTINGS, None, request)
     assert marked() == ["second question", "third question"]
@@ -1073,11 +1370,17 @@ async def test_the_unanswered_marks_are_stored_in_one_transaction_with_the_messa
     with pytest.raises(sqlite3.OperationalError):
         await page.send("a first question", SETTINGS, None, request)
     assert [c.id for c in store.list()] == chats, "an empty chat was left"
-    assert page.tab(request).conv_id is None and page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")]
+    assert page.tab(request).conv_id is None and page.tab(request).draft.attachments == [
+        ("notes.txt", "the code is plum\n")
+    ]
     monkeypatch.setattr(tree_module, "add", real_add)
     await page.send("a first question", SETTINGS, None, request)
     new = store.get(page.tab(request).conv_id)
-    assert new.id not in chats and new.messages[0].content.startswith("a first question") and "plum" in new.messages[0].content
+    assert (
+        new.id not in chats
+        and new.messages[0].content.startswith("a first question")
+        and "plum" in new.messages[0].content
+    )
     await until_idle(page.replies)
 
 
@@ -1095,7 +1398,9 @@ class FirstReplyWaitsForStop(FakeEngine):
 
 
 @pytest.mark.anyio
-async def test_a_question_stopped_before_its_first_word_is_not_sent_with_the_next_one(store) -> None:
+async def test_a_question_stopped_before_its_first_word_is_not_sent_with_the_next_one(
+    store,
+) -> None:
     """Stop before the reply's first word leaves the question and an empty reply; the next
     message was sent to the model right after that question, as two questions in a row (the
     empty reply is left out). The model sees the new message alone."""
@@ -1118,7 +1423,9 @@ async def test_a_question_stopped_before_its_first_word_is_not_sent_with_the_nex
 
 
 @pytest.mark.anyio
-async def test_a_message_sent_while_a_stopped_reply_winds_down_is_answered_on_its_own(store) -> None:
+async def test_a_message_sent_while_a_stopped_reply_winds_down_is_answered_on_its_own(
+    store,
+) -> None:
     """Send right after Stop, before the stopped reply's task has ended (the chat still counts
     as busy): the message was taken for one sent while the chat replies, and the question that
     waited was answered with it. A stopped reply answers nothing more: the waiting question is
@@ -1138,8 +1445,11 @@ async def test_a_message_sent_while_a_stopped_reply_winds_down_is_answered_on_it
     await until_idle(page.replies)
     seen = [m["content"] for m in engine.requests[-1].messages]
     assert seen[-1] == "new question" and "waiting question" not in seen, seen
-    marks = [(v.source.content, v.shown["metadata"]["title"]) for v in page.view_of(page.shown(tab), tab)
-             if v.is_line and v.source.role == "user"]
+    marks = [
+        (v.source.content, v.shown["metadata"]["title"])
+        for v in page.view_of(page.shown(tab), tab)
+        if v.is_line and v.source.role == "user"
+    ]
     assert marks == [("waiting question", view.LEFT_LINE)], marks
 
 
@@ -1156,14 +1466,26 @@ async def test_every_question_left_waiting_by_stop_says_it_was_not_answered(stor
     await page.send("second question", SETTINGS, None, request)
     await page.send("third question", SETTINGS, None, request)
     tab = page.tab(request)
-    waiting = [(v.source.content, v.shown["metadata"]["title"]) for v in page.view_of(page.shown(tab), tab)
-               if v.is_line and v.source.role == "user"]
-    assert waiting == [("second question", view.WAITING_LINE), ("third question", view.WAITING_LINE)], waiting
+    waiting = [
+        (v.source.content, v.shown["metadata"]["title"])
+        for v in page.view_of(page.shown(tab), tab)
+        if v.is_line and v.source.role == "user"
+    ]
+    assert waiting == [
+        ("second question", view.WAITING_LINE),
+        ("third question", view.WAITING_LINE),
+    ], waiting
     await page.stop(None, request)
     await until_idle(page.replies)
-    marks = [(v.source.content, v.shown["metadata"]["title"]) for v in page.view_of(page.shown(tab), tab)
-             if v.is_line and v.source.role == "user"]
-    assert marks == [("second question", view.UNANSWERED_LINE), ("third question", view.UNANSWERED_LINE)], marks
+    marks = [
+        (v.source.content, v.shown["metadata"]["title"])
+        for v in page.view_of(page.shown(tab), tab)
+        if v.is_line and v.source.role == "user"
+    ]
+    assert marks == [
+        ("second question", view.UNANSWERED_LINE),
+        ("third question", view.UNANSWERED_LINE),
+    ], marks
 
 
 @pytest.mark.anyio
@@ -1185,19 +1507,28 @@ async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(
 
     async def edit(index: int, old: str, new: str):
         [o async for o in page.follow(request)]  # the tab has seen the chat as it is
-        title, _ = await page.edit(gr.EditData(None, {"index": index, "value": new, "previous_value": old}), request)
+        title, _ = await page.edit(
+            gr.EditData(None, {"index": index, "value": new, "previous_value": old}), request
+        )
         await until_idle(page.replies)
         return title
 
-    assert await edit(0, "What is the capital of France?", "And the capital of Spain?") == "And the capital of Spain?"
+    assert (
+        await edit(0, "What is the capital of France?", "And the capital of Spain?")
+        == "And the capital of Spain?"
+    )
     assert store.get(tab.conv_id).title == "And the capital of Spain?"
     [o async for o in page.follow(request)]
     await page.send("Its river?", SETTINGS, None, request)
     await until_idle(page.replies)
     shown = page.view_of(page.shown(tab), tab)
-    later = next(i for i, v in enumerate(shown) if v.source is not None and v.source.content == "Its river?")
+    later = next(
+        i for i, v in enumerate(shown) if v.source is not None and v.source.content == "Its river?"
+    )
     await edit(later, "Its river?", "Its mountains?")
-    assert store.get(tab.conv_id).title == "And the capital of Spain?", "only the first message makes the title"
+    assert store.get(tab.conv_id).title == "And the capital of Spain?", (
+        "only the first message makes the title"
+    )
     await page.rename("My trip", request)
     assert await edit(0, "And the capital of Spain?", "And of Italy?") == SKIP
     assert store.get(tab.conv_id).title == "My trip", "a title the user chose stays"
@@ -1216,22 +1547,35 @@ async def chat_with_its_first_message_edited(store):
     await until_idle(page.replies)
     tab = page.tab(request)
     [o async for o in page.follow(request)]
-    await page.edit(gr.EditData(None, {"index": 0, "value": "And of Spain?", "previous_value": "What is the capital of France?"}),
-                    request)
+    await page.edit(
+        gr.EditData(
+            None,
+            {
+                "index": 0,
+                "value": "And of Spain?",
+                "previous_value": "What is the capital of France?",
+            },
+        ),
+        request,
+    )
     await until_idle(page.replies)
     assert store.get(tab.conv_id).title == "And of Spain?"
     return page, request, tab
 
 
 @pytest.mark.anyio
-async def test_deleting_a_version_of_the_first_message_retitles_a_chat_the_user_never_renamed(store) -> None:
+async def test_deleting_a_version_of_the_first_message_retitles_a_chat_the_user_never_renamed(
+    store,
+) -> None:
     """✎ and ‹ › on the first message retitle the chat; deleting the version shown left its title
     over the other version's question. The title follows the version shown after the delete."""
     from minisgl_app.chat.store import title_from
 
     page, request, tab = await chat_with_its_first_message_edited(store)
     [o async for o in page.follow(request)]
-    tab.focus = store.get(tab.conv_id).messages[0].id  # the first message clicked: Delete acts on it
+    tab.focus = (
+        store.get(tab.conv_id).messages[0].id
+    )  # the first message clicked: Delete acts on it
     title = await page.delete_message(True, request)
     conv = store.get(tab.conv_id)
     assert conv.messages[0].content == "What is the capital of France?"
@@ -1252,21 +1596,30 @@ async def test_a_question_left_unanswered_then_answered_by_regenerate_loses_its_
     await page.send("fourth question", SETTINGS, None, request)
     await until_idle(page.replies)
     [o async for o in page.follow(request)]
-    tab.focus = next(m.id for m in store.get(tab.conv_id).messages if m.content == "fourth question")
+    tab.focus = next(
+        m.id for m in store.get(tab.conv_id).messages if m.content == "fourth question"
+    )
     await page.delete_message(True, request)
     [o async for o in page.follow(request)]
     await page.regenerate(request)
     await until_idle(page.replies)
-    assert texts(store, tab.conv_id)[-3:] == [("user", "second question"), ("user", "third question"),
-                                              ("assistant", "echo: third question")]
+    assert texts(store, tab.conv_id)[-3:] == [
+        ("user", "second question"),
+        ("user", "third question"),
+        ("assistant", "echo: third question"),
+    ]
     exported = store.export_markdown(tab.conv_id)
     third = exported.split("third question", 1)[1]
     assert "not answered" not in third.split("## Assistant")[0], exported
-    assert "not answered" in exported.split("second question", 1)[1].split("third question")[0], exported
+    assert "not answered" in exported.split("second question", 1)[1].split("third question")[0], (
+        exported
+    )
 
 
 @pytest.mark.anyio
-async def test_switching_the_first_messages_version_retitles_a_chat_the_user_never_renamed(store) -> None:
+async def test_switching_the_first_messages_version_retitles_a_chat_the_user_never_renamed(
+    store,
+) -> None:
     """✎ on the first message retitles the chat, but ‹ › back to its first version left the new
     title on a chat showing the old question. Switching the first message's version retitles it
     as the edit does (the title box gets it), unless the user renamed the chat."""
@@ -1276,7 +1629,9 @@ async def test_switching_the_first_messages_version_retitles_a_chat_the_user_nev
 
     async def switch(step: int):
         [o async for o in page.follow(request)]  # the tab has seen the chat as it is
-        tab.focus = store.get(tab.conv_id).messages[0].id  # the first message clicked: the versions bar acts on it
+        tab.focus = (
+            store.get(tab.conv_id).messages[0].id
+        )  # the first message clicked: the versions bar acts on it
         returned = await (page.previous_version if step < 0 else page.next_version)(request)
         return returned, store.get(tab.conv_id)
 
@@ -1287,14 +1642,23 @@ async def test_switching_the_first_messages_version_retitles_a_chat_the_user_nev
     assert conv.messages[0].content == "And of Spain?" and conv.title == title == "And of Spain?"
     [o async for o in page.follow(request)]
     tab.focus = conv.messages[1].id  # a reply's version: the title is left alone
-    assert await page.previous_version(request) == SKIP and store.get(tab.conv_id).title == "And of Spain?"
+    assert (
+        await page.previous_version(request) == SKIP
+        and store.get(tab.conv_id).title == "And of Spain?"
+    )
     await page.rename("My trip", request)
     title, conv = await switch(-1)
-    assert conv.messages[0].content == "What is the capital of France?" and conv.title == "My trip" and title == SKIP
+    assert (
+        conv.messages[0].content == "What is the capital of France?"
+        and conv.title == "My trip"
+        and title == SKIP
+    )
 
 
 @pytest.mark.anyio
-async def test_an_edit_refused_in_a_tab_behind_the_chat_keeps_its_text_in_the_message_box(store, monkeypatch) -> None:
+async def test_an_edit_refused_in_a_tab_behind_the_chat_keeps_its_text_in_the_message_box(
+    store, monkeypatch
+) -> None:
     """✎ in a tab behind the chat (another tab changed it) was refused and its text lost: ✎'s box
     closes on Save and the tab shows the chat as it is now. The text goes to the message box
     (after a draft there) and the toast says so; so does an edit refused while the chat replies."""
@@ -1321,13 +1685,16 @@ async def test_an_edit_refused_in_a_tab_behind_the_chat_keeps_its_text_in_the_me
     await until_idle(page.replies)
 
     def edit_of(text: str) -> gr.EditData:
-        return gr.EditData(None, {"index": 0, "value": text, "previous_value": "What is the capital of France?"})
+        return gr.EditData(
+            None, {"index": 0, "value": text, "previous_value": "What is the capital of France?"}
+        )
 
     title, box = await page.edit(edit_of("What is the capital of Italy?"), b, "")
     assert box == "What is the capital of Italy?", box
     assert said[-1] == f"{CHANGED_ELSEWHERE} {EDIT_KEPT}" and "message box" in said[-1], said
-    assert title == SKIP and [m.content for m in store.get(conv_id).messages if m.role == "user"] == [
-        "What is the capital of France?", "And of Spain?"], "the refused edit was saved"
+    assert title == SKIP and [
+        m.content for m in store.get(conv_id).messages if m.role == "user"
+    ] == ["What is the capital of France?", "And of Spain?"], "the refused edit was saved"
     [o async for o in page.follow(b)]
     await page.send(" ".join(f"w{i}" for i in range(40)), SETTINGS, None, a)  # the chat replies
     page.render(page.tab(b))  # tab B draws it (a follow would last as long as the reply)
@@ -1339,7 +1706,9 @@ async def test_an_edit_refused_in_a_tab_behind_the_chat_keeps_its_text_in_the_me
 
 
 @pytest.mark.anyio
-async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_the_versions_bar(store, capsys) -> None:
+async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_the_versions_bar(
+    store, capsys
+) -> None:
     """✎ on a message with turns after it shows the new version alone (the old one and what
     followed it live on as another version): the versions bar acts on the new version and its
     label says where they went and how to see them (a toast said it, opened over the edited
@@ -1360,8 +1729,12 @@ async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_
     async def edit(content: str, new: str) -> None:
         [o async for o in page.follow(request)]  # the tab has seen the chat as it is
         shown = page.view_of(page.shown(tab), tab)
-        index = next(i for i, v in enumerate(shown) if v.source is not None and v.source.content == content)
-        await page.edit(gr.EditData(None, {"index": index, "value": new, "previous_value": content}), request)
+        index = next(
+            i for i, v in enumerate(shown) if v.source is not None and v.source.content == content
+        )
+        await page.edit(
+            gr.EditData(None, {"index": index, "value": new, "previous_value": content}), request
+        )
         await until_idle(page.replies)
 
     def bar() -> str:
@@ -1370,8 +1743,13 @@ async def test_editing_an_earlier_message_says_where_the_turns_after_it_went_in_
     capsys.readouterr()
     await edit("first question", "first question, again")
     assert capsys.readouterr().out == "", "a toast over the edited message"
-    assert bar() == f"Your message 1: version 2 of 2 — {branch_note(3)}", bar()  # its reply, the second question, its reply
-    assert texts(store, tab.conv_id) == [("user", "first question, again"), ("assistant", "echo: first question, again")]
+    assert bar() == f"Your message 1: version 2 of 2 — {branch_note(3)}", (
+        bar()
+    )  # its reply, the second question, its reply
+    assert texts(store, tab.conv_id) == [
+        ("user", "first question, again"),
+        ("assistant", "echo: first question, again"),
+    ]
     await page.previous_version(request)
     assert bar() == "Your message 1: version 1 of 2", bar()
     await page.next_version(request)
@@ -1399,7 +1777,9 @@ async def a_chat_on_an_8k_model(store, monkeypatch):
 
 
 @pytest.mark.anyio
-async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the_limit(store, monkeypatch) -> None:
+async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the_limit(
+    store, monkeypatch
+) -> None:
     """The store lets max tokens up to 32,768 through, even for a model of 8,192 tokens: the
     page refuses more than the context of the model serving the chat, with a message naming it;
     the box shows the value in force again, as for any refused setting; a message sent with it
@@ -1411,7 +1791,10 @@ async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the
     assert (await page.settings_changed(SettingsForm(*form), None, request))[3] == in_force
     assert store.get(conv_id).settings.max_tokens == in_force
     assert said and "8,192" in said[-1] and "fake" in said[-1] and "32,768" in said[-1], said
-    assert await page.send("hello", SettingsForm(*form), None, request) == (json.dumps({"at": None, "draft": "hello"}), SKIP)  # back to the box
+    assert await page.send("hello", SettingsForm(*form), None, request) == (
+        json.dumps({"at": None, "draft": "hello"}),
+        SKIP,
+    )  # back to the box
     assert len(store.get(conv_id).messages) == 0 and "8,192" in said[-1]
     form[3] = 8192
     await page.settings_changed(SettingsForm(*form), None, request)
@@ -1419,7 +1802,9 @@ async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the
 
 
 @pytest.mark.anyio
-async def test_settings_saved_in_quick_succession_keep_the_newest_values_whichever_save_runs_last(store) -> None:
+async def test_settings_saved_in_quick_succession_keep_the_newest_values_whichever_save_runs_last(
+    store,
+) -> None:
     """Temperature then max tokens committed within a second (a new user's tour): each save
     carries every box, Gradio runs them at once, and when the older save was taken last it put
     back the max tokens the newer one had saved (no message). An older save taken after a newer
@@ -1443,33 +1828,51 @@ async def test_settings_saved_in_quick_succession_keep_the_newest_values_whichev
     refused[3] = 0
     later = list(newer)
     later[1] = 0.4
-    await page.settings_changed(SettingsForm(*refused), 4000.0, request)  # refused: nothing saved, the stamp stays
+    await page.settings_changed(
+        SettingsForm(*refused), 4000.0, request
+    )  # refused: nothing saved, the stamp stays
     await page.settings_changed(SettingsForm(*later), 3000.0, request)
     assert store.get(conv_id).settings.temperature == 0.4
 
 
 @pytest.mark.anyio
-async def test_a_bad_max_tokens_is_refused_naming_one_range_from_1_to_the_serving_models_limit(store, monkeypatch) -> None:
+async def test_a_bad_max_tokens_is_refused_naming_one_range_from_1_to_the_serving_models_limit(
+    store, monkeypatch
+) -> None:
     """0, -5 or 2.5 said "from 1 to 32768" while a number above the model's context said "at most
     8,192": every bad max tokens names the one range, 1 to the serving model's context (within
     the store's 32,768), written the same way; a huge number is not written out in its 301 digits."""
     page, client, request, said, conv_id = await a_chat_on_an_8k_model(store, monkeypatch)
     in_force = store.get(conv_id).settings.max_tokens
     one_range = "max tokens must be a whole number from 1 to 8,192, the context of fake, which serves this chat"
-    for typed, got in ((0, "0"), (-5, "-5"), (2.5, "2.5"), (9000, "9,000"), (40000, "40,000"), (10 ** 300, "1e+300")):
+    for typed, got in (
+        (0, "0"),
+        (-5, "-5"),
+        (2.5, "2.5"),
+        (9000, "9,000"),
+        (40000, "40,000"),
+        (10**300, "1e+300"),
+    ):
         form = list(page.fields(page.tab(request))[1:10])
         form[3] = typed
-        assert (await page.settings_changed(SettingsForm(*form), None, request))[3] == in_force, typed
+        assert (await page.settings_changed(SettingsForm(*form), None, request))[3] == in_force, (
+            typed
+        )
         assert said[-1] == f"Settings not saved: {one_range} (got {got})", said[-1]
     assert store.get(conv_id).settings.max_tokens == in_force
     client.context_len = None  # a source that does not know its model's context: the store's limit
     form[3] = 0
     await page.settings_changed(SettingsForm(*form), None, request)
-    assert said[-1] == "Settings not saved: max tokens must be a whole number from 1 to 32,768 (got 0)", said[-1]
+    assert (
+        said[-1] == "Settings not saved: max tokens must be a whole number from 1 to 32,768 (got 0)"
+    ), said[-1]
     client.context_len = 131072  # a model whose context is larger than the store's limit
     form[3] = 40000
     await page.settings_changed(SettingsForm(*form), None, request)
-    assert said[-1] == "Settings not saved: max tokens must be a whole number from 1 to 32,768 (got 40,000)", said[-1]
+    assert (
+        said[-1]
+        == "Settings not saved: max tokens must be a whole number from 1 to 32,768 (got 40,000)"
+    ), said[-1]
 
 
 @pytest.mark.anyio
@@ -1490,23 +1893,35 @@ async def test_a_tab_redraws_the_title_and_settings_a_change_elsewhere_gave_its_
     [o async for o in page.follow(request)]
     assert (await page.tick(False, request))[-1] == SKIP, "nothing changed"
     store.rename(conv_id, "Tapir renamed")
-    store.update_settings(conv_id, replaced(store.get(conv_id).settings, max_tokens=17, system_prompt="be brief"))
+    store.update_settings(
+        conv_id, replaced(store.get(conv_id).settings, max_tokens=17, system_prompt="be brief")
+    )
     [o async for o in page.follow(request)]  # a render sees the change first
     assert (await page.tick(False, request))[-1] != SKIP, "the title and settings are behind"
     fields = await page.redraw_fields(1, "system-prompt", request)
-    assert fields[FIELD_IDS.index("title-input")] == "Tapir renamed" and fields[FIELD_IDS.index("max-tokens")] == 17
+    assert (
+        fields[FIELD_IDS.index("title-input")] == "Tapir renamed"
+        and fields[FIELD_IDS.index("max-tokens")] == 17
+    )
     assert fields[FIELD_IDS.index("system-prompt")] == SKIP, "the field being typed in is left"
     assert (await page.tick(False, request))[-1] == SKIP, "once sent, no more redraws"
     store.delete(conv_id)
-    [o async for o in page.follow(request)]  # the render finds the chat deleted: the tab shows a new chat
+    [
+        o async for o in page.follow(request)
+    ]  # the render finds the chat deleted: the tab shows a new chat
     assert (await page.tick(False, request))[-1] != SKIP
     fields = await page.redraw_fields(2, "", request)
-    assert fields[0] == "" and fields[FIELD_IDS.index("max-tokens")] == store.default_settings().max_tokens
+    assert (
+        fields[0] == ""
+        and fields[FIELD_IDS.index("max-tokens")] == store.default_settings().max_tokens
+    )
     assert (await page.tick(False, request))[-1] == SKIP
 
 
 @pytest.mark.anyio
-async def test_a_tabs_own_writes_never_redraw_its_boxes_and_a_redraw_sends_only_what_changed(store) -> None:
+async def test_a_tabs_own_writes_never_redraw_its_boxes_and_a_redraw_sends_only_what_changed(
+    store,
+) -> None:
     """Every reply and every save of the tab's own boxes raised the chat's revision, and the tick
     then redrew every box from the store, whichever the user was typing in by the time the redraw
     arrived: a max tokens typed just before Send was put back and the reply ignored it (CI). The
@@ -1526,9 +1941,13 @@ async def test_a_tabs_own_writes_never_redraw_its_boxes_and_a_redraw_sends_only_
     conv_id = page.tab(request).conv_id
     *_, redraw_chat, refresh = await page.tick(False, request)
     assert refresh != SKIP, "the title box (empty for a new chat) is behind"
-    assert redraw_chat == SKIP, "the chat itself is not: a redraw of it (a follow) disables ✎ while it runs"
+    assert redraw_chat == SKIP, (
+        "the chat itself is not: a redraw of it (a follow) disables ✎ while it runs"
+    )
     fields = await page.redraw_fields(1, "", request)
-    assert fields == ("hello there", *(SKIP,) * (len(FIELD_IDS) - 1)), "the title alone: the settings are the boxes'"
+    assert fields == ("hello there", *(SKIP,) * (len(FIELD_IDS) - 1)), (
+        "the title alone: the settings are the boxes'"
+    )
     await page.settings_changed(replace(SETTINGS, max_tokens=5), None, request)
     await page.rename("Greetings", request)
     await page.send("again", replace(SETTINGS, max_tokens=5), None, request)
@@ -1536,21 +1955,33 @@ async def test_a_tabs_own_writes_never_redraw_its_boxes_and_a_redraw_sends_only_
     [o async for o in page.follow(request)]
     assert store.get(conv_id).settings.max_tokens == 5 and store.get(conv_id).title == "Greetings"
     assert (await page.tick(False, request))[-1] == SKIP, "nothing another tab did"
-    store.update_settings(conv_id, replaced(store.get(conv_id).settings, temperature=1.5))  # another tab
+    store.update_settings(
+        conv_id, replaced(store.get(conv_id).settings, temperature=1.5)
+    )  # another tab
     assert (await page.tick(False, request))[-1] != SKIP
-    answer = json.loads(await page.redraw_boxes(2, "", request))  # as the page takes it (APPLY_REDRAWN_FIELDS_JS)
+    answer = json.loads(
+        await page.redraw_boxes(2, "", request)
+    )  # as the page takes it (APPLY_REDRAWN_FIELDS_JS)
     assert answer == {"n": 2, "values": {"temperature": 1.5}}, answer
-    [o async for o in page.follow(request)]  # the chat's redraw (a setting's change is one of the chat's too)
-    assert (await page.tick(False, request))[-2:] == (SKIP, SKIP), "the chat and its boxes as they are now"
+    [
+        o async for o in page.follow(request)
+    ]  # the chat's redraw (a setting's change is one of the chat's too)
+    assert (await page.tick(False, request))[-2:] == (SKIP, SKIP), (
+        "the chat and its boxes as they are now"
+    )
     store.append(conv_id, "user", "from another tab")
     *_, redraw_chat, refresh = await page.tick(False, request)
-    assert redraw_chat != SKIP and refresh == SKIP, "a message elsewhere: the chat is redrawn, its boxes are not behind"
+    assert redraw_chat != SKIP and refresh == SKIP, (
+        "a message elsewhere: the chat is redrawn, its boxes are not behind"
+    )
     [o async for o in page.follow(request)]  # the redraw's follow
     assert (await page.tick(False, request))[-2:] == (SKIP, SKIP)
 
 
 @pytest.mark.anyio
-async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store, tmp_path, monkeypatch) -> None:
+async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(
+    store, tmp_path, monkeypatch
+) -> None:
     """An attached file could not be taken back before sending, and it went with the next message
     of whatever chat the tab showed next. ✕ removes the files attached. Showing another chat
     dropped them with a warning (the draft's text was kept): they stay with their chat, as its
@@ -1576,7 +2007,9 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
     await page.new_chat(None, request)
     assert page.tab(request).draft.attachments == []
     await page.select(a, None, request)
-    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")] and said == [], said
+    assert (
+        page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")] and said == []
+    ), said
     assert "notes.txt" in (await page.attachments_note(request))[0]
     await page.unattach(request)  # removed in A: nothing comes back to A
     await page.select(b, None, request)
@@ -1595,7 +2028,9 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(store,
 
 
 @pytest.mark.anyio
-async def test_text_taken_from_a_message_shown_is_sent_as_typed_without_the_marks_that_show_its_html(store) -> None:
+async def test_text_taken_from_a_message_shown_is_sent_as_typed_without_the_marks_that_show_its_html(
+    store,
+) -> None:
     """A message shows each "<" of its HTML with an invisible mark after it (view.shown_literally);
     Copy takes the marks out, but text dragged from a message, or pasted with a middle click on
     Linux, brought them into the message box, and the message was stored and sent to the model
@@ -1614,7 +2049,9 @@ async def test_text_taken_from_a_message_shown_is_sent_as_typed_without_the_mark
 
 
 @pytest.mark.anyio
-async def test_the_same_file_attached_twice_goes_into_the_message_once(store, tmp_path, monkeypatch) -> None:
+async def test_the_same_file_attached_twice_goes_into_the_message_once(
+    store, tmp_path, monkeypatch
+) -> None:
     """Attaching a file again put it into the message twice: it is attached once, and a toast
     says so; another file, or the same name with other text, is a file of its own."""
     from minisgl_app.page import toasts
@@ -1656,12 +2093,16 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
         return draft_in((await event(*args, None, request, text))[0])
 
     assert await box_after(page.select, a, text="") == ""
-    assert await box_after(page.select, b, text="half a question for A") == "", "A's draft followed the tab to B"
+    assert await box_after(page.select, b, text="half a question for A") == "", (
+        "A's draft followed the tab to B"
+    )
     assert await box_after(page.select, a, text="B's own draft") == "half a question for A"
     assert await box_after(page.new_chat, text="half a question for A, longer") == ""
     assert await box_after(page.select, b, text="a new chat's draft") == "B's own draft"
     assert await box_after(page.new_chat, text="B's own draft") == "a new chat's draft"
-    assert await box_after(page.select, a, text="") == "half a question for A, longer", "the new chat's emptied box keeps nothing"
+    assert await box_after(page.select, a, text="") == "half a question for A, longer", (
+        "the new chat's emptied box keeps nothing"
+    )
     assert await box_after(page.new_chat, text="half a question for A, longer") == ""
     assert await box_after(page.select, a, text="") == "half a question for A, longer"
     # sent: the box empties, and a click that reaches the server while it still shows the message keeps no draft
@@ -1674,16 +2115,22 @@ async def test_each_chats_unsent_draft_stays_with_that_chat_in_the_tab(store) ->
     # Delete: the deleted chat's draft goes with it; the box shows the draft of the chat shown next
     await page.select(a, None, request)
     assert await box_after(page.select, b, text="for A, kept") == ""  # B's box was emptied above
-    assert draft_in((await page.delete(True, None, request, "doomed draft"))[0]) == "for A, kept"  # A: the newest chat
+    assert (
+        draft_in((await page.delete(True, None, request, "doomed draft"))[0]) == "for A, kept"
+    )  # A: the newest chat
     assert b not in page.tab(request).draft.unsent and page.tab(request).conv_id == a
     # the page empties the box at each of these clicks (window.minisglTakeBox), and an answer is
     # applied once, for the click its stamp names; a click that shows no other chat gives the text back
     assert await box_after(page.select, a, text="still typing in A") == "still typing in A"
-    assert (await page.delete(False, 9000.0, request, "kept"))[0] == SKIP, "a delete not confirmed took nothing"
+    assert (await page.delete(False, 9000.0, request, "kept"))[0] == SKIP, (
+        "a delete not confirmed took nothing"
+    )
     await page.new_chat(None, request, "still typing in A")  # given back above: now A's draft
     assert await box_after(page.new_chat, text="typed in the new chat") == "typed in the new chat"
-    assert json.loads((await page.select(a, 9500.0, request, ""))[0]) == {"at": 9500.0, "draft": "still typing in A"}
-
+    assert json.loads((await page.select(a, 9500.0, request, ""))[0]) == {
+        "at": 9500.0,
+        "draft": "still typing in A",
+    }
 
 
 def manage_shown(view) -> tuple[bool, bool]:
@@ -1704,7 +2151,10 @@ async def test_manage_offers_rename_delete_and_export_only_once_the_chat_is_stor
     tab = page.tab(request)
     await page.new_chat(None, request)
     assert manage_shown(page.render(tab)) == (False, True)
-    assert [as_update(name, v)["visible"] for name, v in (("chat_actions", False), ("no_chat_actions", True))] == [False, True]
+    assert [
+        as_update(name, v)["visible"]
+        for name, v in (("chat_actions", False), ("no_chat_actions", True))
+    ] == [False, True]
     await page.send("store me", SETTINGS, None, request)
     assert manage_shown(page.render(tab)) == (True, False)
     await until_idle(page.replies)
@@ -1713,7 +2163,9 @@ async def test_manage_offers_rename_delete_and_export_only_once_the_chat_is_stor
 
 
 @pytest.mark.anyio
-async def test_a_title_longer_than_rename_keeps_is_cut_and_the_page_says_so(store, monkeypatch) -> None:
+async def test_a_title_longer_than_rename_keeps_is_cut_and_the_page_says_so(
+    store, monkeypatch
+) -> None:
     """Rename kept a 500-letter title's first 200 characters and said nothing (a new user's tour):
     the title box shows the title kept and a toast says why; a title that fits says nothing."""
     from minisgl_app.page import toasts
@@ -1736,7 +2188,9 @@ async def test_a_title_longer_than_rename_keeps_is_cut_and_the_page_says_so(stor
 
 
 @pytest.mark.anyio
-async def test_manage_actions_start_hidden_and_the_first_render_shows_them_for_a_stored_chat(store) -> None:
+async def test_manage_actions_start_hidden_and_the_first_render_shows_them_for_a_stored_chat(
+    store,
+) -> None:
     """Manage's actions were laid out visible, so a fresh page offered Rename, Delete and Export
     for a new chat until its first render hid them. They start hidden; the render that follows
     the page's load shows them for a stored chat."""
@@ -1744,7 +2198,11 @@ async def test_manage_actions_start_hidden_and_the_first_render_shows_them_for_a
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     demo = page.build()
-    visible = {b.elem_id: b.visible for b in demo.blocks.values() if getattr(b, "elem_id", None) in ("chat-actions", "no-chat-actions")}
+    visible = {
+        b.elem_id: b.visible
+        for b in demo.blocks.values()
+        if getattr(b, "elem_id", None) in ("chat-actions", "no-chat-actions")
+    }
     assert visible == {"chat-actions": False, "no-chat-actions": False}, visible
     store.append(store.create(title="stored").id, "user", "hello")
     request = FakeRequest()
@@ -1753,7 +2211,9 @@ async def test_manage_actions_start_hidden_and_the_first_render_shows_them_for_a
 
 
 @pytest.mark.anyio
-async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_chat_is_pressed(store) -> None:
+async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_chat_is_pressed(
+    store,
+) -> None:
     """New chat started from the default settings: a user who changed the system prompt,
     temperature or max tokens had to set them again for every chat. A new chat starts from the
     settings of the chat shown when New chat is pressed (a stored chat or a new one not sent yet),
@@ -1772,19 +2232,35 @@ async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_ch
     await page.settings_changed(mine, None, request)
     box, *fields = await page.new_chat(None, request)
     shown = dict(zip(FIELD_IDS, fields))
-    assert (shown["title-input"], shown["system-prompt"], shown["temperature"], shown["max-tokens"], shown["seed"]) == \
-        ("", "Answer as a pirate.", 0.7, 48, 42), shown
+    assert (
+        shown["title-input"],
+        shown["system-prompt"],
+        shown["temperature"],
+        shown["max-tokens"],
+        shown["seed"],
+    ) == ("", "Answer as a pirate.", 0.7, 48, 42), shown
     # New chat again before sending: the new chat's own settings go on to the next one
     await page.settings_changed(replace(mine, max_tokens=33), None, request)
     _, *fields = await page.new_chat(None, request)
-    await page.send("second chat", SettingsForm(*fields[1:10]), None, request)  # the form as the page shows it
+    await page.send(
+        "second chat", SettingsForm(*fields[1:10]), None, request
+    )  # the form as the page shows it
     await until_idle(page.replies)
     second = store.get(page.tab(request).conv_id)
-    assert second.id != first and second.settings.system_prompt == "Answer as a pirate.", second.settings
-    assert (second.settings.temperature, second.settings.top_k, second.settings.seed, second.settings.stop,
-            second.settings.max_tokens) == (0.7, 5, 42, ("END",), 33), second.settings
+    assert second.id != first and second.settings.system_prompt == "Answer as a pirate.", (
+        second.settings
+    )
+    assert (
+        second.settings.temperature,
+        second.settings.top_k,
+        second.settings.seed,
+        second.settings.stop,
+        second.settings.max_tokens,
+    ) == (0.7, 5, 42, ("END",), 33), second.settings
     assert engine.requests[-1].messages[0] == {"role": "system", "content": "Answer as a pirate."}
-    assert store.get(first).settings.max_tokens == 48, "the chat the settings came from keeps its own"
+    assert store.get(first).settings.max_tokens == 48, (
+        "the chat the settings came from keeps its own"
+    )
     # a tab that opens on no chat starts from the defaults
     fresh = FakeRequest()
     fresh.session_hash = "tab-2"
@@ -1804,11 +2280,21 @@ async def test_new_chat_starts_from_the_settings_boxes_as_the_click_found_them(s
     await page.send("first chat", SETTINGS, None, request)
     await until_idle(page.replies)
     first = page.tab(request).conv_id
-    typed = SettingsForm("Be brief.", 0.4, 1.0, 37, False, 0, None, "", 1.15)  # max tokens 37 typed, its save not yet run
+    typed = SettingsForm(
+        "Be brief.", 0.4, 1.0, 37, False, 0, None, "", 1.15
+    )  # max tokens 37 typed, its save not yet run
     box, *fields = await page.new_chat(None, request, "", typed)
     shown = dict(zip(FIELD_IDS, fields))
-    assert (shown["system-prompt"], shown["temperature"], shown["max-tokens"]) == ("Be brief.", 0.4, 37), shown
-    assert page.settings_in_force(page.tab(request)).max_tokens == 37 == page.tab(request).new_chat_settings.max_tokens
+    assert (shown["system-prompt"], shown["temperature"], shown["max-tokens"]) == (
+        "Be brief.",
+        0.4,
+        37,
+    ), shown
+    assert (
+        page.settings_in_force(page.tab(request)).max_tokens
+        == 37
+        == page.tab(request).new_chat_settings.max_tokens
+    )
     refused = SettingsForm("Be brief.", "warm", 1.0, 41, False, 0, None, "", 1.15)
     _, *fields = await page.new_chat(None, request, "", refused)
     shown = dict(zip(FIELD_IDS, fields))
@@ -1817,7 +2303,9 @@ async def test_new_chat_starts_from_the_settings_boxes_as_the_click_found_them(s
 
 
 @pytest.mark.anyio
-async def test_new_chat_says_why_a_value_typed_in_a_settings_box_was_not_kept(store, monkeypatch) -> None:
+async def test_new_chat_says_why_a_value_typed_in_a_settings_box_was_not_kept(
+    store, monkeypatch
+) -> None:
     """On a new chat not sent yet, max tokens 2.5 typed, then New chat: the box showed the value
     in force again and nothing said why (the box's own save, left by the click, is dropped when
     it comes after it). New chat says it, in the words a refused save uses; once, when the
@@ -1835,15 +2323,23 @@ async def test_new_chat_says_why_a_value_typed_in_a_settings_box_was_not_kept(st
     typed = SettingsForm("", 0.0, 1.0, 2.5, False, 0, None, "", 1.15)
     _, *fields = await page.new_chat(2000.0, request, "", typed)
     assert dict(zip(FIELD_IDS, fields))["max-tokens"] == in_force
-    assert await page.settings_changed(typed, 1990.0, request) == (SKIP,) * 9  # the box's save, after the click
-    assert len(said) == 1 and said[0].startswith("Settings not saved:") and "max tokens" in said[0].lower(), said
+    assert (
+        await page.settings_changed(typed, 1990.0, request) == (SKIP,) * 9
+    )  # the box's save, after the click
+    assert (
+        len(said) == 1
+        and said[0].startswith("Settings not saved:")
+        and "max tokens" in said[0].lower()
+    ), said
     # the box's save first: it says why; New chat does not say it again
     await page.settings_changed(typed, 2990.0, request)
     await page.new_chat(3000.0, request, "", typed)
     assert len(said) == 2 and said[1] == said[0], said
 
 
-def test_every_screen_width_gets_either_the_narrow_or_the_wide_layout_and_the_page_script_agrees() -> None:
+def test_every_screen_width_gets_either_the_narrow_or_the_wide_layout_and_the_page_script_agrees() -> (
+    None
+):
     """The wide layout's query was (min-width: 641px) and the narrow one's (max-width: 640px): a
     window between 640 and 641 px wide (a zoomed or high-density screen) got neither, ☰ Chats
     shown and the sidebar open. The two are complements, and the page's script, which closes the
@@ -1854,22 +2350,28 @@ def test_every_screen_width_gets_either_the_narrow_or_the_wide_layout_and_the_pa
     def matches(query: str, width: float) -> bool:
         query = query.strip()
         if query.startswith("not all and "):
-            return not matches(query[len("not all and "):], width)
+            return not matches(query[len("not all and ") :], width)
         found = re.fullmatch(r"\((min|max)-width:\s*([\d.]+)px\)", query)
         assert found, query
         return width >= float(found[2]) if found[1] == "min" else width <= float(found[2])
 
     [wide, narrow] = re.findall(r"@media ([^{]+)\{", PAGE_CSS)
-    assert "#chats-toggle { display: none" in PAGE_CSS.split(wide, 1)[1].split("@media", 1)[0], "the first query is not the wide one"
+    assert "#chats-toggle { display: none" in PAGE_CSS.split(wide, 1)[1].split("@media", 1)[0], (
+        "the first query is not the wide one"
+    )
     for width in (320, 640, 640.25, 640.5, 640.99, 641, 1280):
         assert matches(wide, width) != matches(narrow, width), width
     assert narrow.strip() == NARROW_QUERY and PAGE_CONFIG["narrowQuery"] == NARROW_QUERY
     assert "matchMedia(config.narrowQuery)" in PAGE_SCRIPT and PAGE_JS.startswith(PAGE_SCRIPT)
-    assert json.dumps(NARROW_QUERY) in PAGE_JS.removeprefix(PAGE_SCRIPT), "the page script is not started with the query"
+    assert json.dumps(NARROW_QUERY) in PAGE_JS.removeprefix(PAGE_SCRIPT), (
+        "the page script is not started with the query"
+    )
 
 
 @pytest.mark.anyio
-async def test_a_stored_chat_whose_messages_were_all_deleted_has_nothing_to_export(store, monkeypatch) -> None:
+async def test_a_stored_chat_whose_messages_were_all_deleted_has_nothing_to_export(
+    store, monkeypatch
+) -> None:
     """Export of a stored chat (Manage offers it) whose messages were all deleted: a toast says
     there is nothing to export, and no file is written."""
     from minisgl_app.page import toasts
@@ -1884,7 +2386,9 @@ async def test_a_stored_chat_whose_messages_were_all_deleted_has_nothing_to_expo
     store.append(conv_id, "assistant", "hi")
     store.delete_message(conv_id, first.id)
     await page.select(conv_id, None, request)
-    assert manage_shown(page.render(page.tab(request))) == (True, False), "Manage offers no export for the stored chat"
+    assert manage_shown(page.render(page.tab(request))) == (True, False), (
+        "Manage offers no export for the stored chat"
+    )
     for kind in ("md", "json"):
         assert page.export(kind, request) == SKIP
     assert said == ["Nothing to export yet: this chat has no messages."] * 2, said
@@ -1907,14 +2411,24 @@ async def test_an_imported_chat_is_shown_as_a_click_on_it_shows_it(store, tmp_pa
     await page.select(a, 1000.0, request)
     await page.select(b, 2000.0, request)
     tab = page.tab(request)
-    tab.bar_note = (question.id, "the messages after it are in version 1")  # what an edit in B leaves
+    tab.bar_note = (
+        question.id,
+        "the messages after it are in version 1",
+    )  # what an edit in B leaves
     box, *_ = await page.import_chat(uploaded(page, file), None, request, "B's draft")
     assert tab.conv_id not in (a, b) and draft_in(box) == "" and tab.draft.unsent[b] == "B's draft"
-    assert (tab.events.shown_before, tab.events.shown_since, tab.bar_note, tab.focus) == (b, 0.0, None, None)
+    assert (tab.events.shown_before, tab.events.shown_since, tab.bar_note, tab.focus) == (
+        b,
+        0.0,
+        None,
+        None,
+    )
 
 
 @pytest.mark.anyio
-async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title(store, tmp_path, monkeypatch) -> None:
+async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title(
+    store, tmp_path, monkeypatch
+) -> None:
     """Export named the file after the title with each character but letters, digits, "-", "_"
     and space made a "_": a title with markup or emoji gave a name of underscores ("**Plan** 🚀"
     gave "__Plan__ _.md"). The name keeps the title's readable words, in any script; "chat" when
@@ -1925,34 +2439,46 @@ async def test_an_exported_chats_file_name_keeps_the_readable_words_of_its_title
     from minisgl_app.chat.export_name import EXPORT_NAME_LENGTH, export_stem
     from minisgl_app.page.ui import ChatPage
 
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))  # where the app writes its exports (app/cli.py)
+    monkeypatch.setenv(
+        "GRADIO_TEMP_DIR", str(tmp_path)
+    )  # where the app writes its exports (app/cli.py)
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
-    for title, name in (("**Plan** 🚀", "Plan"), ("🚀🔥 !!", "chat"), ("什么是 KV Cache？", "什么是 KV Cache"),
-                        ("# Notes on `gpt-4` / v1.2 (draft)", "Notes on gpt-4 v1.2 draft"), ("_*~~__", "chat"),
-                        # tags around words are markup (they gave "b Plan b for i Rome i"); a tag alone is a word
-                        ("<b>Plan</b> for <i>Rome</i>", "Plan for Rome"), ("<b><i>Trip</i> plan</b>", "Trip plan"),
-                        ("What does the <div> tag do?", "What does the div tag do")):
+    for title, name in (
+        ("**Plan** 🚀", "Plan"),
+        ("🚀🔥 !!", "chat"),
+        ("什么是 KV Cache？", "什么是 KV Cache"),
+        ("# Notes on `gpt-4` / v1.2 (draft)", "Notes on gpt-4 v1.2 draft"),
+        ("_*~~__", "chat"),
+        # tags around words are markup (they gave "b Plan b for i Rome i"); a tag alone is a word
+        ("<b>Plan</b> for <i>Rome</i>", "Plan for Rome"),
+        ("<b><i>Trip</i> plan</b>", "Trip plan"),
+        ("What does the <div> tag do?", "What does the div tag do"),
+    ):
         conv_id = store.create(title=title).id
         store.append(conv_id, "user", "hello")
         await page.select(conv_id, None, request)
         assert Path(await page.export_md(request)).name == f"{name}.md", title
         assert Path(await page.export_json(request)).name == f"{name}.json", title
     long = export_stem("word " * 40)
-    assert long.startswith("word word") and len(long) <= EXPORT_NAME_LENGTH and not long.endswith(" "), long
+    assert (
+        long.startswith("word word") and len(long) <= EXPORT_NAME_LENGTH and not long.endswith(" ")
+    ), long
 
 
 @pytest.mark.anyio
-async def test_attach_and_import_read_only_files_uploaded_from_the_page(store, tmp_path, monkeypatch) -> None:
+async def test_attach_and_import_read_only_files_uploaded_from_the_page(
+    store, tmp_path, monkeypatch
+) -> None:
     """Issue 41, item 1: the page is mounted (gr.mount_gradio_app), so Gradio does not check that
     an event's file was uploaded: a forged FileData naming any server path reached Attach, and
     the file went into the message (Import alike). Only a file that Gradio's upload route stored
     is read; any other path is refused with a message, nothing is attached or imported, and a
     copy Gradio made of it in the upload folder is deleted. A file read is deleted too (its text
     is kept in the tab)."""
+    from minisgl_app.chat.uploads import NOT_UPLOADED
     from minisgl_app.page import toasts
     from minisgl_app.page.ui import ChatPage
-    from minisgl_app.chat.uploads import NOT_UPLOADED
 
     page = ChatPage(FakeClient(FakeEngine()), store)
     request = FakeRequest()
@@ -1963,16 +2489,24 @@ async def test_attach_and_import_read_only_files_uploaded_from_the_page(store, t
     notes = tmp_path / "notes.txt"
     notes.write_text("the code is plum\n", encoding="utf-8")
     line, _ = await page.attach([str(secret)], request)  # a forged FileData: the path as sent
-    assert page.tab(request).draft.attachments == [] and "secret" not in line, page.tab(request).draft.attachments
+    assert page.tab(request).draft.attachments == [] and "secret" not in line, page.tab(
+        request
+    ).draft.attachments
     good = uploaded(page, notes)
-    copied = page.uploads.folder / "0123abcd" / "secret.txt"  # where Gradio copies a forged path before the handler
+    copied = (
+        page.uploads.folder / "0123abcd" / "secret.txt"
+    )  # where Gradio copies a forged path before the handler
     copied.parent.mkdir()
     copied.write_text(secret.read_text())
     line, _ = await page.attach([str(copied), good], request)
-    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")], page.tab(request).draft.attachments
+    assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")], page.tab(
+        request
+    ).draft.attachments
     assert "secret" not in line and said == [f"Not attached: {NOT_UPLOADED}."] * 2, said
     assert secret.exists(), "a file outside the upload folder is left alone"
-    assert not copied.exists() and not Path(good).exists(), "the forged copy and the file read are deleted"
+    assert not copied.exists() and not Path(good).exists(), (
+        "the forged copy and the file read are deleted"
+    )
     conv = store.create(title="to export")
     store.append(conv.id, "user", "the PIN is 4321")
     chat = tmp_path / "chat.json"
@@ -1980,7 +2514,9 @@ async def test_attach_and_import_read_only_files_uploaded_from_the_page(store, t
     before = len(store.list())
     said.clear()
     *_, note = await page.import_chat(str(chat), None, request, "")
-    assert len(store.list()) == before and note == "" and said == [f"Not imported: {NOT_UPLOADED}."], said
+    assert (
+        len(store.list()) == before and note == "" and said == [f"Not imported: {NOT_UPLOADED}."]
+    ), said
     *_, note = await page.import_chat(uploaded(page, chat), None, request, "")
     assert len(store.list()) == before + 1 and note.startswith("Imported")
     assert list(page.uploads.folder.rglob("*.json")) == [], "the imported file is deleted once read"
@@ -1992,9 +2528,23 @@ def test_an_imported_replys_model_and_stop_reason_show_as_typed_in_the_line_unde
     "<img src=x onerror=alert(1)>**bold**" was rendered as HTML and Markdown there. Every field the
     import brings shows as typed: each character that would start Markdown or HTML is escaped."""
     forged = "<img src=x onerror=alert(1)>**bold**"
-    conv = store.import_conversation(json.dumps({"format": "minisgl-chat conversation", "title": "t", "messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "hello", "model": forged, "stats": {"tokens": 2, "stopped": True, "stopped_by": forged}}]}))
+    conv = store.import_conversation(
+        json.dumps(
+            {
+                "format": "minisgl-chat conversation",
+                "title": "t",
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {
+                        "role": "assistant",
+                        "content": "hello",
+                        "model": forged,
+                        "stats": {"tokens": 2, "stopped": True, "stopped_by": forged},
+                    },
+                ],
+            }
+        )
+    )
     [line] = [v.shown for v in view_messages(store.get(conv.id)) if v.is_line]
     escaped = view.markdown_literal(forged)
     assert line["metadata"]["title"] == f"2 tokens · stopped ({escaped}) · {escaped}", line
@@ -2010,7 +2560,7 @@ def test_a_messages_images_show_as_links_and_copy_or_edit_gives_them_back_as_typ
     right before a link); in code it stays as typed. typed_text (✎, Copy) gives the text back."""
     cases = {
         "see ![x](http://127.0.0.1:9/exfil.png?secret=PIN4321) now": "[🖼 \u2062x\u2062 · image from 127.0.0.1 — click to open](http://127.0.0.1:9/exfil.png?secret=PIN4321)",
-        '![](//evil.example/a.png "t")': "[🖼 \u2062\u2062image from evil.example — click to open](//evil.example/a.png \"t\")",
+        '![](//evil.example/a.png "t")': '[🖼 \u2062\u2062image from evil.example — click to open](//evil.example/a.png "t")',
         "![x](rel.png)": "[🖼 \u2062x\u2062 · image — click to open](rel.png)",
         "![a][r]\n\n[r]: http://e.example/x.png": None,
         "!![y](http://h.example/z)": None,
@@ -2037,17 +2587,24 @@ def test_a_long_chat_shows_its_last_messages_under_a_line_that_shows_earlier_one
     full = store.get(conv.id)
     shown = view_messages(full, window=view.WINDOW)
     assert shown[0].earlier == 250 and shown[0].source is None
-    assert "Show 200 earlier messages" in shown[0].shown["content"] and "250" in shown[0].shown["content"]
+    assert (
+        "Show 200 earlier messages" in shown[0].shown["content"]
+        and "250" in shown[0].shown["content"]
+    )
     own = [v for v in shown[1:] if not v.is_line]
     assert [v.source.content for v in own] == [f"message {i}" for i in range(250, 450)]
     shown = view_messages(full, window=2 * view.WINDOW)
     assert shown[0].earlier == 50 and "Show 50 earlier messages" in shown[0].shown["content"]
-    assert not any(v.earlier for v in view_messages(full, window=450)) and view_messages(full) == view_messages(full, window=None)
+    assert not any(v.earlier for v in view_messages(full, window=450)) and view_messages(
+        full
+    ) == view_messages(full, window=None)
     assert view.windowed(full, 500) == (full, 0)
 
 
 @pytest.mark.anyio
-async def test_a_click_on_the_earlier_messages_line_shows_more_and_another_chat_starts_at_the_last_ones(store) -> None:
+async def test_a_click_on_the_earlier_messages_line_shows_more_and_another_chat_starts_at_the_last_ones(
+    store,
+) -> None:
     """Issue 41, item 9: the line above a long chat shows view.WINDOW more messages at each click
     (the chatbot's select event, as a click on a message); showing a chat starts at its last ones."""
     from types import SimpleNamespace
@@ -2063,11 +2620,16 @@ async def test_a_click_on_the_earlier_messages_line_shows_more_and_another_chat_
     await page.select(conv.id, 1000.0, request)
     tab = page.tab(request)
     chat = page.render(tab).chat
-    assert len([m for m in chat if "metadata" not in m]) == view.WINDOW + 1 and "Show 50 earlier" in chat[0]["content"]
+    assert (
+        len([m for m in chat if "metadata" not in m]) == view.WINDOW + 1
+        and "Show 50 earlier" in chat[0]["content"]
+    )
     await page.focus(SimpleNamespace(index=0), request)
     chat = page.render(tab).chat
     assert chat[0]["content"] == "message 0" and tab.focus is None
-    await page.focus(SimpleNamespace(index=3), request)  # a click on a message: the versions bar acts on it
+    await page.focus(
+        SimpleNamespace(index=3), request
+    )  # a click on a message: the versions bar acts on it
     assert tab.focus == store.get(conv.id).messages[3].id
     await page.select(other, 2000.0, request)
     await page.select(conv.id, 3000.0, request)

@@ -34,16 +34,26 @@ def test_small_decode_graphs_attend_with_triton_up_to_the_limits(monkeypatch):
     assert auto.graph_kinds(ROWS, TOKENS + 1) == ["triton", "flashinfer"]
     assert auto.graph_kinds(ROWS + 1, TOKENS) == ["flashinfer"]
     assert auto.decode_kind(ROWS, [10, TOKENS]) == "triton"
-    assert auto.decode_kind(ROWS, [10, TOKENS + 1]) == "flashinfer"  # one long request decides for the batch
+    assert (
+        auto.decode_kind(ROWS, [10, TOKENS + 1]) == "flashinfer"
+    )  # one long request decides for the batch
     assert auto.decode_kind(ROWS + 1, [10]) == "flashinfer"
 
     monkeypatch.setenv("MINISGL_DECODE_ATTENTION", "flashinfer")
     assert DecodeAttentionLimits.from_env().graph_kinds(1, 100) == ["flashinfer"]
     monkeypatch.setenv("MINISGL_DECODE_ATTENTION", "Triton")
     forced = DecodeAttentionLimits.from_env()
-    assert forced.graph_kinds(256, 40_960) == ["triton"] and forced.decode_kind(256, [40_960]) == "triton"
-    monkeypatch.setenv("MINISGL_DECODE_ATTENTION", "fused")  # as auto, attending in one kernel from qkv
-    assert DecodeAttentionLimits.from_env() == DecodeAttentionLimits(ROWS, TOKENS, fused=True) and not auto.fused
+    assert (
+        forced.graph_kinds(256, 40_960) == ["triton"]
+        and forced.decode_kind(256, [40_960]) == "triton"
+    )
+    monkeypatch.setenv(
+        "MINISGL_DECODE_ATTENTION", "fused"
+    )  # as auto, attending in one kernel from qkv
+    assert (
+        DecodeAttentionLimits.from_env() == DecodeAttentionLimits(ROWS, TOKENS, fused=True)
+        and not auto.fused
+    )
     monkeypatch.setenv("MINISGL_DECODE_ATTENTION", "trition")
     with pytest.raises(ValueError, match="'trition': use one of auto, triton, flashinfer, fused"):
         DecodeAttentionLimits.from_env()
@@ -64,7 +74,11 @@ def test_large_decode_graphs_read_short_requests_kv_whole_and_long_ones_split(mo
     from minisgl_engine.attention.flashinfer_backend import DecodeAttentionLimits
 
     monkeypatch.setattr(fb, "triton_unavailable_reason", lambda: None)
-    for name in ("MINISGL_DECODE_ATTENTION", "MINISGL_DECODE_WHOLE_KV_FROM", "MINISGL_DECODE_WHOLE_KV_MAX_CONTEXT"):
+    for name in (
+        "MINISGL_DECODE_ATTENTION",
+        "MINISGL_DECODE_WHOLE_KV_FROM",
+        "MINISGL_DECODE_WHOLE_KV_MAX_CONTEXT",
+    ):
         monkeypatch.delenv(name, raising=False)
     auto = DecodeAttentionLimits.from_env()
     assert (auto.whole_kv_rows, auto.whole_kv_max_context) == (ROWS, TOKENS)
@@ -72,18 +86,26 @@ def test_large_decode_graphs_read_short_requests_kv_whole_and_long_ones_split(mo
     assert auto.graph_kinds(ROWS, TOKENS) == ["whole"]  # no request can outgrow it: no split graph
     assert auto.graph_kinds(ROWS - 1, 40_960) == ["flashinfer"]
     assert auto.decode_kind(ROWS, [10, TOKENS]) == "whole"
-    assert auto.decode_kind(ROWS, [10, TOKENS + 1]) == "flashinfer"  # one long request: split, as before
+    assert (
+        auto.decode_kind(ROWS, [10, TOKENS + 1]) == "flashinfer"
+    )  # one long request: split, as before
     assert auto.decode_kind(ROWS - 1, [10]) == "flashinfer"
     # every kind a step may pick was captured
     for limits in (auto, DecodeAttentionLimits(8, 1000, whole_kv_rows=4, whole_kv_max_context=500)):
         for rows in (1, 4, 8, 9, 64, 256):
             for longest in (1, 499, 500, 501, 999, 1000, 1001, 2048, 2049, 5000):
-                assert limits.decode_kind(rows, [longest]) in limits.graph_kinds(rows, 5000), (limits, rows, longest)
+                assert limits.decode_kind(rows, [longest]) in limits.graph_kinds(rows, 5000), (
+                    limits,
+                    rows,
+                    longest,
+                )
 
     monkeypatch.setenv("MINISGL_DECODE_WHOLE_KV_FROM", "128")
     monkeypatch.setenv("MINISGL_DECODE_WHOLE_KV_MAX_CONTEXT", "8192")
     told = DecodeAttentionLimits.from_env()
     assert told.decode_kind(64, [10]) == "flashinfer" and told.decode_kind(128, [8192]) == "whole"
     monkeypatch.setenv("MINISGL_DECODE_WHOLE_KV_FROM", "64 rows")
-    with pytest.raises(ValueError, match="MINISGL_DECODE_WHOLE_KV_FROM='64 rows': use 1 positive integers, rows"):
+    with pytest.raises(
+        ValueError, match="MINISGL_DECODE_WHOLE_KV_FROM='64 rows': use 1 positive integers, rows"
+    ):
         DecodeAttentionLimits.from_env()

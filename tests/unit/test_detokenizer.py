@@ -6,13 +6,19 @@ from __future__ import annotations
 import pytest
 
 from minisgl_engine.messages import DetokenizeMsg
-from minisgl_engine.workers.detokenizer_worker import Detokenizer
 from minisgl_engine.weights.demo import demo_model_dir
 from minisgl_engine.weights.gguf_convert import is_complete
+from minisgl_engine.workers.detokenizer_worker import Detokenizer
 
-pytestmark = pytest.mark.skipif(not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`")
+pytestmark = pytest.mark.skipif(
+    not is_complete(demo_model_dir()), reason="demo model not pulled: run `minisgl-chat pull`"
+)
 
-TEXTS = ["什么是 KV Cache？它是一种缓存。", "Emoji 🚀🧪 and accents: déjà vu, naïve café.", "  spaces   and\nnewlines\t tabs"]
+TEXTS = [
+    "什么是 KV Cache？它是一种缓存。",
+    "Emoji 🚀🧪 and accents: déjà vu, naïve café.",
+    "  spaces   and\nnewlines\t tabs",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +33,15 @@ def stream(tokenizer, ids, stop=None):
     pieces, drops = [], 0
     for i, tok in enumerate(ids):
         last = i == len(ids) - 1
-        reply, drop = detok.handle(DetokenizeMsg(7, tok, finished=last, finish_reason="length" if last else None, stop=stop if i == 0 else None))
+        reply, drop = detok.handle(
+            DetokenizeMsg(
+                7,
+                tok,
+                finished=last,
+                finish_reason="length" if last else None,
+                stop=stop if i == 0 else None,
+            )
+        )
         drops += drop
         if reply is not None:
             pieces.append(reply.incremental_output)

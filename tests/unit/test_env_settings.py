@@ -37,9 +37,15 @@ def test_flashinfer_decode_takes_the_tensor_cores_by_group_size_unless_told(monk
 
     monkeypatch.delenv("MINISGL_DECODE_TENSOR_CORES", raising=False)
     bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
-    assert [decode_uses_tensor_cores(16, 16, bf16), decode_uses_tensor_cores(16, 8, bf16), decode_uses_tensor_cores(32, 8, bf16)] \
-        == [False, True, True]
-    assert [decode_uses_tensor_cores(16, 8, fp8), decode_uses_tensor_cores(32, 8, fp8)] == [False, True]
+    assert [
+        decode_uses_tensor_cores(16, 16, bf16),
+        decode_uses_tensor_cores(16, 8, bf16),
+        decode_uses_tensor_cores(32, 8, bf16),
+    ] == [False, True, True]
+    assert [decode_uses_tensor_cores(16, 8, fp8), decode_uses_tensor_cores(32, 8, fp8)] == [
+        False,
+        True,
+    ]
     assert decode_uses_tensor_cores(16, 8), "no pool named: a 16-bit one"
     monkeypatch.setenv("MINISGL_DECODE_TENSOR_CORES", "on")
     assert decode_uses_tensor_cores(16, 8)

@@ -8,11 +8,18 @@ import asyncio
 import pytest
 import zmq
 
-from minisgl_engine.messages import AbortMsg, FrontendBatch, TokenizeMsg, TokenizerBatch, UserReply, decoder, encode
+from minisgl_engine.messages import (
+    AbortMsg,
+    FrontendBatch,
+    TokenizeMsg,
+    TokenizerBatch,
+    UserReply,
+    decoder,
+    encode,
+)
 from minisgl_engine.sampling_params import SamplingParams
-from minisgl_engine.workers.frontend import FrontendClient
+from minisgl_engine.workers.frontend import FrontendClient, GenerateRequest
 from minisgl_engine.workers.ipc import SocketPaths, make_runtime_dir, remove_runtime_dir
-from minisgl_engine.workers.frontend import GenerateRequest
 
 
 @pytest.fixture
@@ -88,7 +95,17 @@ def test_stop_after_some_replies_keeps_them_and_a_finished_request_is_not_aborte
         replies = client.generate(request(), asyncio.Event())
         first = asyncio.ensure_future(replies.__anext__())
         [msg] = await asyncio.to_thread(received, tokenizer)
-        to_frontend.send(encode(FrontendBatch([UserReply(msg.uid, "Hi", completion_tokens=1, finished=True, finish_reason="stop")])))
+        to_frontend.send(
+            encode(
+                FrontendBatch(
+                    [
+                        UserReply(
+                            msg.uid, "Hi", completion_tokens=1, finished=True, finish_reason="stop"
+                        )
+                    ]
+                )
+            )
+        )
         assert (await asyncio.wait_for(first, 5)).finished
         with pytest.raises(StopAsyncIteration):
             await replies.__anext__()

@@ -11,10 +11,10 @@ import random
 
 import pytest
 import torch
+from tiny_models import TINY
 
 from minisgl_engine.errors import UserError
 from minisgl_engine.llm import LLM
-from tiny_models import TINY
 
 FP8 = torch.float8_e4m3fn
 
@@ -34,7 +34,9 @@ def register_fp8_kv_attention() -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     def fp8_kv_sdpa(module, query, key, value, *args, **kwargs):
-        return sdpa_attention_forward(module, query, key.to(FP8).to(key.dtype), value.to(FP8).to(value.dtype), *args, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key.to(FP8).to(key.dtype), value.to(FP8).to(value.dtype), *args, **kwargs
+        )
 
     AttentionInterface.register(FP8_KV_ATTENTION, fp8_kv_sdpa)
 
@@ -50,10 +52,19 @@ def test_fp8_pool_matches_transformers_with_fp8_rounded_kv(tiny_model, hf_fp8_kv
     folder, hf = tiny_model(arch)
     ids = random_ids(90, seed=7)
     # chunked prefill (budget 32) reads earlier chunks from the pool; the last 30 tokens decode one at a time
-    fp8 = LLM(str(folder), device="cpu", max_kv_tokens=4096, max_prefill_tokens=32, max_running_requests=4, kv_dtype="fp8")
+    fp8 = LLM(
+        str(folder),
+        device="cpu",
+        max_kv_tokens=4096,
+        max_prefill_tokens=32,
+        max_running_requests=4,
+        kv_dtype="fp8",
+    )
     assert fp8.engine.kv_pool.k_cache.dtype == fp8.engine.kv_pool.v_cache.dtype == FP8
     ours = fp8.score(ids, prefill_len=60)
-    plain = LLM(str(folder), device="cpu", max_kv_tokens=4096, max_prefill_tokens=32, max_running_requests=4).score(ids, prefill_len=60)
+    plain = LLM(
+        str(folder), device="cpu", max_kv_tokens=4096, max_prefill_tokens=32, max_running_requests=4
+    ).score(ids, prefill_len=60)
 
     implementation = hf.config._attn_implementation
     hf.set_attn_implementation(hf_fp8_kv)
@@ -67,9 +78,13 @@ def test_fp8_pool_matches_transformers_with_fp8_rounded_kv(tiny_model, hf_fp8_kv
     # a value on an FP8 rounding boundary may round the other way under float32 noise: allow a
     # few such positions, none far off
     off = ((ours - ref).abs() > tol).any(-1).float().mean().item()
-    assert off <= 0.05 and err <= 50 * tol, f"max |logit difference| {err:.3g} (tolerance {tol:.3g}), {100 * off:.0f}% of positions off"
+    assert off <= 0.05 and err <= 50 * tol, (
+        f"max |logit difference| {err:.3g} (tolerance {tol:.3g}), {100 * off:.0f}% of positions off"
+    )
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.95
-    assert (ours - plain).abs().max().item() > 10 * tol, "the FP8 pool gave the full-precision pool's logits"
+    assert (ours - plain).abs().max().item() > 10 * tol, (
+        "the FP8 pool gave the full-precision pool's logits"
+    )
 
 
 def test_fp8_pool_holds_twice_the_tokens_in_the_same_memory(tiny_model):
@@ -88,7 +103,9 @@ def test_fp8_pool_holds_twice_the_tokens_in_the_same_memory(tiny_model):
 
 def test_an_unknown_kv_dtype_is_a_clear_error(tiny_model):
     folder, _ = tiny_model("qwen3")
-    with pytest.raises(UserError, match="--kv-dtype 'int4': choose auto, fp8, float16, bfloat16, float32"):
+    with pytest.raises(
+        UserError, match="--kv-dtype 'int4': choose auto, fp8, float16, bfloat16, float32"
+    ):
         LLM(str(folder), device="cpu", max_kv_tokens=256, kv_dtype="int4")
 
 

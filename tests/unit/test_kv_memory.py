@@ -28,7 +28,9 @@ def write(pool: KVPool, slots: list[int], value: float) -> None:
         pool.store(layer, torch.tensor(slots), kv, kv)
 
 
-@pytest.mark.skipif(KVPool(1, 1, 1, 1, 16, torch.float16, "cpu").resident_bytes() is None, reason="no mincore here")
+@pytest.mark.skipif(
+    KVPool(1, 1, 1, 1, 16, torch.float16, "cpu").resident_bytes() is None, reason="no mincore here"
+)
 def test_a_cpu_pool_is_resident_only_where_written_and_released_when_free() -> None:
     slot_bytes = HEADS * DIM * 2
     pool = pool_of(4096)
@@ -38,7 +40,9 @@ def test_a_cpu_pool_is_resident_only_where_written_and_released_when_free() -> N
     assert written <= pool.resident_bytes() <= written + 2 * LAYERS * 2 * mmap.PAGESIZE
     assert pool.release([(0, 4096)]) > 0
     assert pool.resident_bytes() == 0
-    assert bool((pool.k_cache == 0).all()) and bool((pool.v_cache == 0).all())  # a released page reads as zeros
+    assert bool((pool.k_cache == 0).all()) and bool(
+        (pool.v_cache == 0).all()
+    )  # a released page reads as zeros
 
 
 def test_release_keeps_the_pages_in_use_and_only_whole_os_pages_go() -> None:
@@ -61,7 +65,9 @@ def test_release_in_whole_pages_of_tokens(page_size: int) -> None:
     pool.release([(16, 48)])  # pages 16..47: slots 16 * page_size .. 48 * page_size
     k = pool.k_cache.float()
     assert bool((k[0, 16 * page_size : 48 * page_size] == 0).all())  # layer 0 starts on an OS page
-    assert bool((k[:, : 16 * page_size] == 3.0).all()) and bool((k[:, 48 * page_size : 64 * page_size] == 3.0).all())
+    assert bool((k[:, : 16 * page_size] == 3.0).all()) and bool(
+        (k[:, 48 * page_size : 64 * page_size] == 3.0).all()
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -72,7 +78,9 @@ def test_free_runs_are_exactly_the_free_pages(taken: list[bool]) -> None:
     allocator.free([p for p, t in zip(pages, taken) if not t])
     runs = allocator.free_runs()
     assert all(a < b for a, b in runs) and all(b1 < a2 for (_, b1), (a2, _) in zip(runs, runs[1:]))
-    assert sorted(p for a, b in runs for p in range(a, b)) == [p for p, t in enumerate(taken) if not t]
+    assert sorted(p for a, b in runs for p in range(a, b)) == [
+        p for p, t in enumerate(taken) if not t
+    ]
 
 
 def test_a_gpu_style_pool_has_nothing_to_release() -> None:
@@ -145,7 +153,9 @@ def test_the_idle_worker_releases_free_pages_then_the_prefix_cache(llm, monkeypa
             return []
 
     released: list[bool] = []
-    monkeypatch.setattr(llm.scheduler, "release_idle_memory", lambda evict_cache: released.append(evict_cache) or 0)
+    monkeypatch.setattr(
+        llm.scheduler, "release_idle_memory", lambda evict_cache: released.append(evict_cache) or 0
+    )
     monkeypatch.setattr(scheduler_worker, "IDLE_RELEASE_S", 0.25)
     monkeypatch.setattr(scheduler_worker, "IDLE_CACHE_EVICT_S", 2.0)
     worker = scheduler_worker.SchedulerWorker.__new__(scheduler_worker.SchedulerWorker)

@@ -82,7 +82,9 @@ ops = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(st.integers(1, 24), st.sampled_from([1, 4, 16]), ops)
-def test_random_alloc_free_never_shares_a_page_and_keeps_the_books(num_pages, page_size, program) -> None:
+def test_random_alloc_free_never_shares_a_page_and_keeps_the_books(
+    num_pages, page_size, program
+) -> None:
     allocator = PageAllocator(num_pages)
     manager = NaiveCacheManager(allocator, page_size)
     owned: list[list[int]] = []  # live groups of pages
@@ -118,7 +120,9 @@ def test_random_alloc_free_never_shares_a_page_and_keeps_the_books(num_pages, pa
                 owned.append(allocator.alloc(arg))
         elif op == "release" and owned:
             group = owned.pop(arg % len(owned))
-            manager.release(list(range(len(group) * page_size)), len(group) * page_size, group, None)
+            manager.release(
+                list(range(len(group) * page_size)), len(group) * page_size, group, None
+            )
             released.append(group)
         elif op == "double_free":
             held = {p for g in owned for p in g}
@@ -152,7 +156,9 @@ def test_write_pages_maps_each_position_to_its_slot(page_size, data) -> None:
     other = table.alloc_row()
     table.table[other] = -7  # must stay untouched
     n_req_pages = -(-max_len // page_size)
-    pages = data.draw(st.lists(st.integers(0, 200), min_size=n_req_pages, max_size=n_req_pages, unique=True))
+    pages = data.draw(
+        st.lists(st.integers(0, 200), min_size=n_req_pages, max_size=n_req_pages, unique=True)
+    )
     split = data.draw(st.integers(0, n_req_pages))
     # a prompt's pages first, then the pages grown during decode
     table.write_pages(row, 0, pages[:split])
@@ -203,7 +209,13 @@ def tiny_dir(tmp_path_factory):
 def make_llm(folder, **kw):
     from minisgl_engine.llm import LLM
 
-    args = dict(device="cpu", max_kv_tokens=4096, page_size=1, max_prefill_tokens=256, max_running_requests=8)
+    args = dict(
+        device="cpu",
+        max_kv_tokens=4096,
+        page_size=1,
+        max_prefill_tokens=256,
+        max_running_requests=8,
+    )
     args.update(kw)
     return LLM(str(folder), **args)
 
@@ -358,7 +370,9 @@ def test_abort_that_overtakes_its_request_drops_the_request(tiny_dir) -> None:
 
 @pytest.mark.parametrize("cache", ["radix", "naive"])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_small_pool_preempts_and_still_matches_the_reference(tiny_dir, reference, page_size, cache) -> None:
+def test_small_pool_preempts_and_still_matches_the_reference(
+    tiny_dir, reference, page_size, cache
+) -> None:
     prompts, params, expected = reference
     need = max(len(p) for p in prompts) + params.max_tokens  # one request alone
     llm = make_llm(tiny_dir, page_size=page_size, max_kv_tokens=need + 4, cache=cache)
@@ -443,9 +457,14 @@ def test_stop_token_ids_end_with_stop(tiny_dir, reference) -> None:
     stop = full[4]
     cut = full.index(stop)  # its first appearance
     llm = make_llm(tiny_dir, page_size=4)
-    res = llm.generate([prompts[0], prompts[1]], [SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[stop]), params])
+    res = llm.generate(
+        [prompts[0], prompts[1]],
+        [SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[stop]), params],
+    )
     assert res[0].finish_reason == "stop"
-    assert res[0].token_ids == full[: cut + 1]  # the stop token is the last id (as in vLLM); the text leaves it out
+    assert (
+        res[0].token_ids == full[: cut + 1]
+    )  # the stop token is the last id (as in vLLM); the text leaves it out
     assert (res[1].token_ids, res[1].finish_reason) == (expected[1], "length")
     assert_all_pages_free(llm)
 
@@ -467,7 +486,10 @@ def test_eos_ends_with_stop_unless_ignore_eos(eos_dir, reference) -> None:
     full = expected[0]
     cut = full.index(full[6])
     llm = make_llm(eos_dir)
-    stopped, ignored = llm.generate([prompts[0]] * 2, [SamplingParams(max_tokens=24), SamplingParams(max_tokens=24, ignore_eos=True)])
+    stopped, ignored = llm.generate(
+        [prompts[0]] * 2,
+        [SamplingParams(max_tokens=24), SamplingParams(max_tokens=24, ignore_eos=True)],
+    )
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == full[: cut + 1]  # EOS is the last id, as a stop token is
     assert (ignored.token_ids, ignored.finish_reason) == (full, "length")
@@ -482,7 +504,12 @@ def test_a_steps_host_tensor_holds_the_same_values_as_torch_tensor(dtype) -> Non
     from minisgl_engine.transfer import ARRAY_FROM, host_tensor, to_device
 
     values = [0, -1, 5, 2**31 - 1, -(2**31), 7] if dtype != torch.bfloat16 else [0.5, -1.25, 3.0]
-    for vals in (values * ARRAY_FROM, values, [], ([1.5, -2.5] if dtype.is_floating_point else [3, -4]) * ARRAY_FROM):
+    for vals in (
+        values * ARRAY_FROM,
+        values,
+        [],
+        ([1.5, -2.5] if dtype.is_floating_point else [3, -4]) * ARRAY_FROM,
+    ):
         want = torch.tensor(vals, dtype=dtype)
         got = host_tensor(vals, dtype)
         assert got.dtype == want.dtype and torch.equal(got, want), (vals, got, want)

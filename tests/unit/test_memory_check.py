@@ -16,7 +16,9 @@ from minisgl_engine.errors import UserError
 def test_8b_in_float32_does_not_fit_24_gib(monkeypatch):
     monkeypatch.setattr(model_loader, "free_memory_bytes", lambda device: 24 << 30)
     with pytest.raises(UserError) as err:
-        model_loader.load_model(EngineConfig(dummy_weights=True, config="qwen3-8b", dtype="float32", device="cpu"))
+        model_loader.load_model(
+            EngineConfig(dummy_weights=True, config="qwen3-8b", dtype="float32", device="cpu")
+        )
     msg = str(err.value)
     assert "\n" not in msg and "GiB" in msg and "smaller" in msg
 
@@ -30,10 +32,26 @@ def test_param_bytes_matches_the_real_model_size():
     assert 590e6 < n < 600e6, n
 
 
-@pytest.mark.skipif(psutil.virtual_memory().available > 30 << 30, reason="this machine could hold an 8B model in float32")
+@pytest.mark.skipif(
+    psutil.virtual_memory().available > 30 << 30,
+    reason="this machine could hold an 8B model in float32",
+)
 def test_cli_exits_2_when_the_model_does_not_fit():
     proc = subprocess.run(
-        [sys.executable, "-m", "minisgl_app.cli", "generate", "--dummy-weights", "--config", "qwen3-8b", "--dtype", "float32", "--device", "cpu", "hi"],
+        [
+            sys.executable,
+            "-m",
+            "minisgl_app.cli",
+            "generate",
+            "--dummy-weights",
+            "--config",
+            "qwen3-8b",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "hi",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -56,7 +74,13 @@ def test_a_model_too_big_for_one_gpu_names_the_tp_that_fits(monkeypatch):
     assert "\n" not in msg and "--tp 2 would fit" in msg and "this machine has them" in msg, msg
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(UserError) as err:
-        model_loader.check_fits("big", 150 << 30, 1 << 30, torch.device("cuda"), torch.bfloat16, tp=2)
+        model_loader.check_fits(
+            "big", 150 << 30, 1 << 30, torch.device("cuda"), torch.bfloat16, tp=2
+        )
     msg = str(err.value)
-    assert "--tp 4 would fit" in msg and "this machine has 1" in msg and "1/2 share with --tp 2" in msg, msg
-    model_loader.check_fits("big", 70 << 30, 1 << 30, torch.device("cuda"), torch.bfloat16, tp=2)  # fits: no error
+    assert (
+        "--tp 4 would fit" in msg and "this machine has 1" in msg and "1/2 share with --tp 2" in msg
+    ), msg
+    model_loader.check_fits(
+        "big", 70 << 30, 1 << 30, torch.device("cuda"), torch.bfloat16, tp=2
+    )  # fits: no error

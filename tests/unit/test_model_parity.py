@@ -10,10 +10,10 @@ import random
 
 import pytest
 import torch
+from tiny_models import ARCHS, TINY
 
 from minisgl_engine.llm import LLM
 from minisgl_engine.sampling_params import SamplingParams
-from tiny_models import ARCHS, TINY
 
 
 def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
@@ -36,18 +36,30 @@ def register_f16_kv_attention() -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     def f16_kv_sdpa(module, query, key, value, *args, **kwargs):
-        return sdpa_attention_forward(module, query, key.half().to(key.dtype), value.half().to(value.dtype), *args, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key.half().to(key.dtype), value.half().to(value.dtype), *args, **kwargs
+        )
 
     AttentionInterface.register(F16_KV_ATTENTION, f16_kv_sdpa)
 
 
-@pytest.fixture(scope="module", params=[(arch, kv) for arch in ARCHS for kv in ("float32", "float16")],
-                ids=lambda p: "-".join(p))
+@pytest.fixture(
+    scope="module",
+    params=[(arch, kv) for arch in ARCHS for kv in ("float32", "float16")],
+    ids=lambda p: "-".join(p),
+)
 def arch_pair(request, tiny_model):
     arch, kv_dtype = request.param
     folder, hf = tiny_model(arch)
     # a small prefill budget so that long prompts are chunked
-    llm = LLM(str(folder), device="cpu", max_kv_tokens=8192, max_prefill_tokens=48, max_running_requests=8, kv_dtype=kv_dtype)
+    llm = LLM(
+        str(folder),
+        device="cpu",
+        max_kv_tokens=8192,
+        max_prefill_tokens=48,
+        max_running_requests=8,
+        kv_dtype=kv_dtype,
+    )
     assert llm.engine.kv_pool.dtype == getattr(torch, kv_dtype)
     implementation = hf.config._attn_implementation
     if kv_dtype == "float16":
@@ -71,13 +83,18 @@ def test_logits_match_transformers(arch_pair, prefill_len):
     assert_logits_close(ours, ref)
     # scoring ends its request as a finish, not an abort, and gives every page back
     after = llm.scheduler.stats()
-    assert (after.requests_finished_total - before.requests_finished_total, after.requests_aborted_total - before.requests_aborted_total) == (1, 0)
+    assert (
+        after.requests_finished_total - before.requests_finished_total,
+        after.requests_aborted_total - before.requests_aborted_total,
+    ) == (1, 0)
     assert after.kv_pages_used == 0 and not llm.scheduler.has_work
 
 
 def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        out = hf.generate(
+            torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+        )
     return out[0, len(ids) :].tolist()
 
 
@@ -104,9 +121,13 @@ def test_requests_joining_a_running_batch(arch_pair):
     step = 0
     while pending:
         if step == 5:
-            sched.add_request(uids[1], prompts[uids[1]], SamplingParams(max_tokens=32, ignore_eos=True))
+            sched.add_request(
+                uids[1], prompts[uids[1]], SamplingParams(max_tokens=32, ignore_eos=True)
+            )
         if step == 11:
-            sched.add_request(uids[2], prompts[uids[2]], SamplingParams(max_tokens=32, ignore_eos=True))
+            sched.add_request(
+                uids[2], prompts[uids[2]], SamplingParams(max_tokens=32, ignore_eos=True)
+            )
         for out in sched.step():
             got[out.uid].append(out.token_id)
             if out.finished:

@@ -60,7 +60,9 @@ async def test_a_pull_is_followed_to_its_end_and_a_second_one_waits() -> None:
     assert progress.line() == "✅ Pulled **org/model**. Pick it in the list and press Switch."
     # the bytes bar is the one shown, in the page's words; the line that is not JSON is kept
     assert any("downloading: " in line and " of 12.0 MB (" in line for line in seen), seen
-    assert progress.bars[2]["n"] == 12_000_000 and list(puller.output) == ["a warning that is not JSON"]
+    assert progress.bars[2]["n"] == 12_000_000 and list(puller.output) == [
+        "a warning that is not JSON"
+    ]
     assert not puller.busy
     with pytest.raises(PullError, match="Type a Hugging Face id"):
         await puller.start("  ")
@@ -68,12 +70,14 @@ async def test_a_pull_is_followed_to_its_end_and_a_second_one_waits() -> None:
 
 @pytest.mark.anyio
 async def test_cancel_ends_the_child_at_once_and_a_new_pull_may_start() -> None:
-    puller = ModelPuller(child("""
+    puller = ModelPuller(
+        child("""
         import json, subprocess, sys, time
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # what the pull started (a download thread's process)
         print(json.dumps({"bar": 1, "desc": "x", "n": 1, "total": 100, "unit": "B"}), flush=True)
         time.sleep(60)
-    """))
+    """)
+    )
     progress = await puller.start("org/slow")
     while progress.state != "running":
         await puller.wait_change(5)
@@ -82,7 +86,11 @@ async def test_cancel_ends_the_child_at_once_and_a_new_pull_may_start() -> None:
     assert await puller.cancel()
     assert progress.state == "cancelled" and "cancelled" in progress.line()
     await asyncio.sleep(0.2)
-    assert not [p for p in group if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        p
+        for p in group
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
     assert not await puller.cancel()  # nothing left to cancel
     puller.command = child(BARS)
     await puller.start("org/model")
@@ -91,15 +99,20 @@ async def test_cancel_ends_the_child_at_once_and_a_new_pull_may_start() -> None:
 
 @pytest.mark.anyio
 async def test_a_refused_model_and_a_crash_are_failures_with_a_sentence() -> None:
-    puller = ModelPuller(child("""
+    puller = ModelPuller(
+        child("""
         import json, sys
         print(json.dumps({"error": "model 'org/missing' was not found on the Hugging Face Hub"}), flush=True)
         sys.exit(2)
-    """))
+    """)
+    )
     await puller.start("org/missing")
     progress = await until_over(puller)
     assert progress.state == "failed"
-    assert progress.line() == "⚠️ Pulling **org/missing** failed: model 'org/missing' was not found on the Hugging Face Hub"
+    assert (
+        progress.line()
+        == "⚠️ Pulling **org/missing** failed: model 'org/missing' was not found on the Hugging Face Hub"
+    )
     puller.command = child("""
         print("Traceback (most recent call last): ...", flush=True)
         print("MemoryError", flush=True)
@@ -107,7 +120,9 @@ async def test_a_refused_model_and_a_crash_are_failures_with_a_sentence() -> Non
     """)
     await puller.start("org/big")
     progress = await until_over(puller)
-    assert progress.state == "failed" and progress.error == "the pull exited with code 1: MemoryError", progress.error
+    assert (
+        progress.state == "failed" and progress.error == "the pull exited with code 1: MemoryError"
+    ), progress.error
 
 
 def test_progress_lines_say_what_is_happening() -> None:
@@ -115,10 +130,20 @@ def test_progress_lines_say_what_is_happening() -> None:
     assert progress.line().startswith("Pulling **Qwen/Qwen3-0.6B**… (looking it up)")
     progress.bars[1] = {"desc": "Fetching 3 files", "n": 1, "total": 3, "unit": "it"}
     assert "Fetching 3 files: 1 of 3 · " in progress.line()
-    progress.bars[2] = {"desc": "Reconstructing (incomplete total...)", "n": 300_000_000, "total": 1_200_000_000, "unit": "B"}
+    progress.bars[2] = {
+        "desc": "Reconstructing (incomplete total...)",
+        "n": 300_000_000,
+        "total": 1_200_000_000,
+        "unit": "B",
+    }
     assert "downloading: 0.30 GB of 1.20 GB (25%) · " in progress.line()
     gguf = PullProgress("/models/tiny.Q4_0.gguf", state="running")
-    gguf.bars[7] = {"desc": "Converting and de-quantizing GGUF tensors...", "n": 30, "total": 120, "unit": "it"}
+    gguf.bars[7] = {
+        "desc": "Converting and de-quantizing GGUF tensors...",
+        "n": 30,
+        "total": 120,
+        "unit": "it",
+    }
     assert "Converting and de-quantizing GGUF tensors: 30 of 120 · " in gguf.line()
 
 
@@ -129,11 +154,13 @@ async def test_the_model_typed_is_passed_after_a_double_dash_never_as_an_option(
     the real command line reads it as the model."""
     from minisgl_app.cli import build_parser
 
-    puller = ModelPuller(child("""
+    puller = ModelPuller(
+        child("""
         import json, sys
         print(json.dumps({"error": repr(sys.argv[1:])}), flush=True)
         sys.exit(2)
-    """))
+    """)
+    )
     await puller.start("--json-progress")
     progress = await until_over(puller)
     assert progress.error == repr(["--json-progress", "--", "--json-progress"]), progress.error
@@ -141,7 +168,9 @@ async def test_the_model_typed_is_passed_after_a_double_dash_never_as_an_option(
     assert (args.model, args.json_progress) == ("--json-progress", True)
 
 
-def test_a_local_path_outside_home_and_the_model_caches_fails_with_one_sentence(tmp_path, monkeypatch, capsys) -> None:
+def test_a_local_path_outside_home_and_the_model_caches_fails_with_one_sentence(
+    tmp_path, monkeypatch, capsys
+) -> None:
     """Issue 41, item 10: the pull's failures told a file, a folder without config.json and a
     missing path apart, for any path: an oracle of what exists on the machine. Outside the user's
     home and the Hugging Face cache every local path gets one sentence; inside, the reason."""
@@ -170,4 +199,6 @@ def test_a_local_path_outside_home_and_the_model_caches_fails_with_one_sentence(
     assert len(sentences) == 1, sentences  # the same for every path: nothing told apart
     assert sentences == {f"PATH: {model_pull.NOT_A_MODEL}"}, sentences
     inside = {p: said(str(home / p)) for p in paths[:3]}
-    assert len(set(inside.values())) == 3 and model_pull.NOT_A_MODEL not in " ".join(inside.values()), inside
+    assert len(set(inside.values())) == 3 and model_pull.NOT_A_MODEL not in " ".join(
+        inside.values()
+    ), inside

@@ -10,15 +10,18 @@ from __future__ import annotations
 import random
 
 import pytest
+from tiny_models import TINY
 
 from minisgl_engine.llm import LLM
 from minisgl_engine.sampling_params import SamplingParams
-from tiny_models import TINY
 
 
 def prompts(n: int, seed: int, lo: int = 3, hi: int = 90) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(2, TINY["vocab_size"]) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+    return [
+        [rng.randrange(2, TINY["vocab_size"]) for _ in range(rng.randrange(lo, hi))]
+        for _ in range(n)
+    ]
 
 
 def run(llm: LLM, overlap: bool, ids, params) -> list[tuple[list[int], str]]:
@@ -38,7 +41,9 @@ def assert_all_pages_back(llm: LLM) -> None:
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
 def llm(request, tiny_model):
     folder, _ = tiny_model(request.param)
-    return LLM(str(folder), device="cpu", max_kv_tokens=4096, max_prefill_tokens=40, max_running_requests=8)
+    return LLM(
+        str(folder), device="cpu", max_kv_tokens=4096, max_prefill_tokens=40, max_running_requests=8
+    )
 
 
 def test_greedy_outputs_equal_the_plain_loop(llm):
@@ -46,8 +51,14 @@ def test_greedy_outputs_equal_the_plain_loop(llm):
     params = [SamplingParams(max_tokens=n) for n in (1, 2, 3, 7, 20, 33, 1, 5, 16, 2, 40, 9)]
     plain = run(llm, False, ids, params)
     assert run(llm, True, ids, params) == plain
-    for (tokens, reason), p in zip(plain, params):  # "length" exactly at max_tokens; else an EOS ended it
-        assert reason in ("length", "stop") and 0 < len(tokens) <= p.max_tokens, (reason, len(tokens), p.max_tokens)
+    for (tokens, reason), p in zip(
+        plain, params
+    ):  # "length" exactly at max_tokens; else an EOS ended it
+        assert reason in ("length", "stop") and 0 < len(tokens) <= p.max_tokens, (
+            reason,
+            len(tokens),
+            p.max_tokens,
+        )
         assert reason == "stop" or len(tokens) == p.max_tokens, (reason, len(tokens), p.max_tokens)
 
 
@@ -56,7 +67,9 @@ def test_stop_tokens_end_at_the_same_place(llm):
     free_run = run(llm, False, ids, SamplingParams(max_tokens=24, ignore_eos=True))
     # stop each request at a token it really produces mid-way, so the stop lands while the next
     # step is already in flight
-    params = [SamplingParams(max_tokens=24, stop_token_ids=[toks[len(toks) // 2]]) for toks, _ in free_run]
+    params = [
+        SamplingParams(max_tokens=24, stop_token_ids=[toks[len(toks) // 2]]) for toks, _ in free_run
+    ]
     plain = run(llm, False, ids, params)
     assert any(reason == "stop" for _, reason in plain)
     assert run(llm, True, ids, params) == plain
@@ -64,7 +77,9 @@ def test_stop_tokens_end_at_the_same_place(llm):
 
 def test_seeded_sampling_is_unchanged(llm):
     ids = prompts(6, seed=3)
-    params = [SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=100 + i) for i in range(6)]
+    params = [
+        SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=100 + i) for i in range(6)
+    ]
     assert run(llm, True, ids, params) == run(llm, False, ids, params)
 
 
@@ -73,7 +88,9 @@ def test_preemption_under_a_small_kv_pool(tiny_model):
     ids = prompts(6, seed=4, lo=20, hi=30)
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     roomy = LLM(str(folder), device="cpu", max_kv_tokens=4096, max_running_requests=8)
-    tight = LLM(str(folder), device="cpu", max_kv_tokens=120, max_prefill_tokens=32, max_running_requests=8)
+    tight = LLM(
+        str(folder), device="cpu", max_kv_tokens=120, max_prefill_tokens=32, max_running_requests=8
+    )
     expected = run(roomy, False, ids, params)
     assert run(tight, True, ids, params) == expected
     assert run(tight, False, ids, params) == expected

@@ -6,11 +6,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"engine": "minisgl_engine", "app": "minisgl_app"}
@@ -49,7 +49,9 @@ def test_every_package_folder_is_listed(setuptools_config) -> None:
 def test_every_listed_package_exists(setuptools_config) -> None:
     folders = package_folders()
     stale = sorted(set(setuptools_config["packages"]) - set(folders))
-    assert not stale, f"listed in [tool.setuptools] packages but no folder with __init__.py: {stale}"
+    assert not stale, (
+        f"listed in [tool.setuptools] packages but no folder with __init__.py: {stale}"
+    )
     assert len(setuptools_config["packages"]) == len(set(setuptools_config["packages"]))
 
 
@@ -57,8 +59,12 @@ def test_nothing_called_engine_or_app_is_installed(setuptools_config) -> None:
     for pkg in setuptools_config["packages"]:
         top = pkg.split(".")[0]
         assert top in ("minisgl_engine", "minisgl_app"), pkg
-    assert "" not in setuptools_config.get("package-dir", {}), "mapping the root would expose engine/ and app/"
-    assert not any(key.split(".")[0] in ("engine", "app") for key in setuptools_config.get("package-dir", {}))
+    assert "" not in setuptools_config.get("package-dir", {}), (
+        "mapping the root would expose engine/ and app/"
+    )
+    assert not any(
+        key.split(".")[0] in ("engine", "app") for key in setuptools_config.get("package-dir", {})
+    )
 
 
 def test_python_files_live_in_packages() -> None:
@@ -67,7 +73,9 @@ def test_python_files_live_in_packages() -> None:
         for py in (ROOT / folder).rglob("*.py"):
             if "__pycache__" in py.parts:
                 continue
-            assert (py.parent / "__init__.py").is_file(), f"{py.parent.relative_to(ROOT)} has .py files but no __init__.py"
+            assert (py.parent / "__init__.py").is_file(), (
+                f"{py.parent.relative_to(ROOT)} has .py files but no __init__.py"
+            )
 
 
 def test_package_data_globs_match_files(setuptools_config) -> None:
@@ -88,16 +96,32 @@ def test_console_script_target_exists() -> None:
 
 
 def test_built_wheel_holds_exactly_the_prefixed_packages(tmp_path) -> None:
-    pytest.importorskip("setuptools", reason="building the wheel offline needs setuptools in this environment")
+    pytest.importorskip(
+        "setuptools", reason="building the wheel offline needs setuptools in this environment"
+    )
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if (ROOT / name).exists():
             shutil.copy(ROOT / name, src / name)
     for folder in FOLDERS:
-        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(tmp_path / "dist"), str(src)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -110,7 +134,11 @@ def test_built_wheel_holds_exactly_the_prefixed_packages(tmp_path) -> None:
     # every source file and every package-data file made it in
     for folder, pkg in FOLDERS.items():
         for path in (ROOT / folder).rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".json", ".css", ".js", ".png"):
+            if (
+                path.is_file()
+                and "__pycache__" not in path.parts
+                and path.suffix in (".py", ".json", ".css", ".js", ".png")
+            ):
                 assert f"{pkg}/{path.relative_to(ROOT / folder).as_posix()}" in names, path
     # the pages read their script and CSS from the installed package (app/page/scripts.py, css.py, access.py)
     for static in ("page.js", "page.css", "theme.css", "login.css", "favicon.png"):

@@ -9,8 +9,17 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from minisgl_app.page.access import (LOGIN_PATH, MAX_FAILED_LOGINS, PAGE_KEY_FILE, FailedLogins, PageGuard, load_page_key,
-                                     page_link, safe_next, write_open_file)
+from minisgl_app.page.access import (
+    LOGIN_PATH,
+    MAX_FAILED_LOGINS,
+    PAGE_KEY_FILE,
+    FailedLogins,
+    PageGuard,
+    load_page_key,
+    page_link,
+    safe_next,
+    write_open_file,
+)
 
 KEY = "k" * 43
 
@@ -20,14 +29,24 @@ def page_behind_guard(api_key: str | None = None) -> TestClient:
         return PlainTextResponse(f"the page at {request.url.path}")
 
     inner = Starlette(routes=[Route("/{path:path}", page, methods=["GET", "POST"])])
-    return TestClient(PageGuard(inner, KEY, api_key), base_url="http://127.0.0.1:1919", follow_redirects=False)
+    return TestClient(
+        PageGuard(inner, KEY, api_key), base_url="http://127.0.0.1:1919", follow_redirects=False
+    )
 
 
 def test_without_the_key_every_route_is_401():
     client = page_behind_guard()
-    for method, path in [("GET", "/"), ("GET", "/config"), ("POST", "/gradio_api/queue/join"), ("GET", "/gradio_api/file=/etc/passwd")]:
+    for method, path in [
+        ("GET", "/"),
+        ("GET", "/config"),
+        ("POST", "/gradio_api/queue/join"),
+        ("GET", "/gradio_api/file=/etc/passwd"),
+    ]:
         r = client.request(method, path)
-        assert r.status_code == 401 and r.json()["error"]["code"] == "page_key_required", (path, r.text)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "page_key_required", (
+            path,
+            r.text,
+        )
     r = client.get("/?chat=5", headers={"Accept": "text/html"})
     assert r.status_code == 401 and 'action="/page-login"' in r.text and "the page at" not in r.text
     assert 'name="next" value="/?chat=5"' in r.text  # where the login goes back to
@@ -39,7 +58,10 @@ def test_the_link_sets_the_cookie_named_after_the_port_and_drops_the_key_from_th
     client = page_behind_guard()
     r = client.get(f"/?chat=3&token={KEY}")
     assert r.status_code == 303 and r.headers["location"] == "/?chat=3"
-    assert r.headers["set-cookie"].startswith(f"minisgl-page-1919={KEY};") and "HttpOnly" in r.headers["set-cookie"]
+    assert (
+        r.headers["set-cookie"].startswith(f"minisgl-page-1919={KEY};")
+        and "HttpOnly" in r.headers["set-cookie"]
+    )
     assert client.get("/config").text == "the page at /config"  # the client keeps the cookie
     other_port = TestClient(client.app, base_url="http://127.0.0.1:1920", follow_redirects=False)
     other_port.cookies.set("minisgl-page-1919", KEY)
@@ -48,18 +70,39 @@ def test_the_link_sets_the_cookie_named_after_the_port_and_drops_the_key_from_th
 
 def test_the_login_form_takes_the_page_key_or_the_api_key_and_goes_back_where_asked():
     client = page_behind_guard(api_key="lan-key")
-    r = client.post(LOGIN_PATH, data={"key": "nope", "next": "/?chat=2"}, headers={"Accept": "text/html"})
-    assert r.status_code == 401 and "That key is not right" in r.text and 'value="/?chat=2"' in r.text
+    r = client.post(
+        LOGIN_PATH, data={"key": "nope", "next": "/?chat=2"}, headers={"Accept": "text/html"}
+    )
+    assert (
+        r.status_code == 401 and "That key is not right" in r.text and 'value="/?chat=2"' in r.text
+    )
     r = client.post(LOGIN_PATH, data={"key": "lan-key", "next": "/?chat=2"})
     assert r.status_code == 303 and r.headers["location"] == "/?chat=2"
     assert client.get("/").status_code == 200
     fresh = page_behind_guard(api_key=None)
-    assert fresh.post(LOGIN_PATH, data={"key": "lan-key"}).status_code == 401  # no API key: only the page key
-    assert fresh.post(LOGIN_PATH, data={"key": KEY, "next": "https://evil.example/"}).headers["location"] == "/"
+    assert (
+        fresh.post(LOGIN_PATH, data={"key": "lan-key"}).status_code == 401
+    )  # no API key: only the page key
+    assert (
+        fresh.post(LOGIN_PATH, data={"key": KEY, "next": "https://evil.example/"}).headers[
+            "location"
+        ]
+        == "/"
+    )
 
 
-@pytest.mark.parametrize("where, safe", [("/", "/"), ("/?chat=4", "/?chat=4"), ("//evil.example/", "/"), ("https://x/", "/"),
-                                         ("/\\evil.example", "/"), (f"{LOGIN_PATH}", "/"), ("", "/")])
+@pytest.mark.parametrize(
+    "where, safe",
+    [
+        ("/", "/"),
+        ("/?chat=4", "/?chat=4"),
+        ("//evil.example/", "/"),
+        ("https://x/", "/"),
+        ("/\\evil.example", "/"),
+        (f"{LOGIN_PATH}", "/"),
+        ("", "/"),
+    ],
+)
 def test_safe_next_stays_on_this_server(where, safe):
     assert safe_next(where) == safe
 
@@ -72,16 +115,37 @@ def test_wrong_keys_lock_the_api_key_out_for_a_while_but_never_the_page_key():
     for _ in range(MAX_FAILED_LOGINS):
         assert client.post(LOGIN_PATH, data={"key": "guess"}).status_code == 401
     r = client.post(LOGIN_PATH, data={"key": "lan-key"})
-    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and r.json()["error"]["code"] == "too_many_logins"
-    r = client.post(LOGIN_PATH, data={"key": "guess", "next": "/?chat=2"}, headers={"Accept": "text/html"})
-    assert r.status_code == 429 and "Too many wrong keys" in r.text and 'value="/?chat=2"' in r.text  # the form, for a browser
+    assert (
+        r.status_code == 429
+        and int(r.headers["retry-after"]) >= 1
+        and r.json()["error"]["code"] == "too_many_logins"
+    )
+    r = client.post(
+        LOGIN_PATH, data={"key": "guess", "next": "/?chat=2"}, headers={"Accept": "text/html"}
+    )
+    assert (
+        r.status_code == 429 and "Too many wrong keys" in r.text and 'value="/?chat=2"' in r.text
+    )  # the form, for a browser
     r = client.get("/?chat=2&token=wrong", headers={"Accept": "text/html"})
-    assert r.status_code == 429 and "token" not in r.text.split("<form")[1]  # the next address drops the key given
+    assert (
+        r.status_code == 429 and "token" not in r.text.split("<form")[1]
+    )  # the next address drops the key given
     assert client.get(f"/?token={KEY}").status_code == 303  # the owner's link
-    same_guard = TestClient(client.app, base_url="http://127.0.0.1:1919", follow_redirects=False)  # no cookie
-    assert same_guard.post(LOGIN_PATH, data={"key": KEY}).status_code == 303  # the form takes it too
-    assert TestClient(client.app, base_url="http://127.0.0.1:1919").post(LOGIN_PATH, data={"key": "lan-key"}).status_code == 429
-    limiter = FailedLogins(limit=2, window_s=0.0)  # a window that has passed lets keys be tried again
+    same_guard = TestClient(
+        client.app, base_url="http://127.0.0.1:1919", follow_redirects=False
+    )  # no cookie
+    assert (
+        same_guard.post(LOGIN_PATH, data={"key": KEY}).status_code == 303
+    )  # the form takes it too
+    assert (
+        TestClient(client.app, base_url="http://127.0.0.1:1919")
+        .post(LOGIN_PATH, data={"key": "lan-key"})
+        .status_code
+        == 429
+    )
+    limiter = FailedLogins(
+        limit=2, window_s=0.0
+    )  # a window that has passed lets keys be tried again
     limiter.add()
     limiter.add()
     assert limiter.wait_s() == 0.0
@@ -111,14 +175,19 @@ def test_the_key_is_made_once_privately_and_kept(tmp_path):
     assert len(key) >= 32 and path.stat().st_mode & 0o777 == 0o600
     assert load_page_key(tmp_path) == key
     path.chmod(0o644)
-    assert load_page_key(tmp_path) == key and path.stat().st_mode & 0o777 == 0o600  # a looser mode is tightened
+    assert (
+        load_page_key(tmp_path) == key and path.stat().st_mode & 0o777 == 0o600
+    )  # a looser mode is tightened
     path.write_text("short\n")
     assert load_page_key(tmp_path) not in (key, "short")  # a damaged key is replaced
 
 
 def test_the_browser_is_opened_on_a_private_file_that_holds_the_link(tmp_path):
     link = page_link("http://127.0.0.1:1919", KEY)
-    assert link == f"http://127.0.0.1:1919/?token={KEY}" and page_link("http://127.0.0.1:1919", None) == "http://127.0.0.1:1919/"
+    assert (
+        link == f"http://127.0.0.1:1919/?token={KEY}"
+        and page_link("http://127.0.0.1:1919", None) == "http://127.0.0.1:1919/"
+    )
     path = write_open_file(tmp_path, link)
     assert path.stat().st_mode & 0o777 == 0o600
     assert f'url={link}"' in path.read_text() and f'href="{link}"' in path.read_text()

@@ -24,5 +24,7 @@ def test_every_response_of_the_page_gets_its_image_and_media_policy() -> None:
     app = page_csp(Starlette(routes=[Route("/", plain), Route("/own", own)]))
     with TestClient(app) as client:
         assert client.get("/").headers["content-security-policy"] == PAGE_CSP
-        assert client.get("/own").headers.get_list("content-security-policy") == [f"{PAGE_CSP}; script-src 'self'"]
+        assert client.get("/own").headers.get_list("content-security-policy") == [
+            f"{PAGE_CSP}; script-src 'self'"
+        ]
         assert client.get("/missing").headers["content-security-policy"] == PAGE_CSP

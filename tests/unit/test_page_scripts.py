@@ -17,7 +17,11 @@ from minisgl_app.page.scripts import PAGE_CONFIG, PAGE_JS, PAGE_SCRIPT
 
 def events_js() -> dict[str, str]:
     """Every event's ``js`` of scripts.py, by its name (confirm_js with a question of its own)."""
-    found = {name: value for name, value in vars(scripts).items() if name.endswith("_JS") and name != "PAGE_JS"}
+    found = {
+        name: value
+        for name, value in vars(scripts).items()
+        if name.endswith("_JS") and name != "PAGE_JS"
+    }
     found["confirm_js"] = scripts.confirm_js("Delete “this” message?")
     return found
 
@@ -26,9 +30,13 @@ def test_each_events_js_is_one_call_of_a_function_the_page_script_defines() -> N
     defined = set(re.findall(r"^\s*window\.(minisgl\w+) = ", PAGE_SCRIPT, re.MULTILINE))
     assert len(events_js()) >= 17
     for name, js in events_js().items():
-        assert "\n" not in js and re.fullmatch(r"\((\.\.\.inputs)?\) => window\.minisgl\w+\([^;{}]*\)", js), (name, js)
+        assert "\n" not in js and re.fullmatch(
+            r"\((\.\.\.inputs)?\) => window\.minisgl\w+\([^;{}]*\)", js
+        ), (name, js)
         [called] = re.findall(r"window\.(minisgl\w+)", js)
-        assert called in defined, f"{name} calls window.{called}, which static/page.js does not define"
+        assert called in defined, (
+            f"{name} calls window.{called}, which static/page.js does not define"
+        )
 
 
 def test_the_page_script_reads_the_configuration_it_is_started_with() -> None:
@@ -37,7 +45,9 @@ def test_the_page_script_reads_the_configuration_it_is_started_with() -> None:
     [sent] = re.findall(r"^minisglStartPage\((.*)\);$", PAGE_JS.removeprefix(PAGE_SCRIPT).strip())
     assert json.loads(sent) == PAGE_CONFIG
     assert set(re.findall(r"\bconfig\.(\w+)", PAGE_SCRIPT)) == set(PAGE_CONFIG)
-    assert PAGE_CONFIG["fieldIds"] == list(scripts.FIELD_IDS) and PAGE_CONFIG["answerWaitMs"] == 15000
+    assert (
+        PAGE_CONFIG["fieldIds"] == list(scripts.FIELD_IDS) and PAGE_CONFIG["answerWaitMs"] == 15000
+    )
 
 
 def test_gradio_runs_the_page_script_at_once_as_a_function_body() -> None:
@@ -60,9 +70,13 @@ def test_gradio_runs_the_page_script_at_once_as_a_function_body() -> None:
       new Function(js)();
       console.log(JSON.stringify({expression, defined: Object.keys(window).sort()}));
     """
-    proc = subprocess.run([node, "-e", check], input=PAGE_JS, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [node, "-e", check], input=PAGE_JS, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    assert not result["expression"], "Gradio would take the page script for one expression and run it late"
+    assert not result["expression"], (
+        "Gradio would take the page script for one expression and run it late"
+    )
     called = {re.search(r"window\.(minisgl\w+)", js)[1] for js in events_js().values()}
     assert called <= set(result["defined"]), called - set(result["defined"])

@@ -18,10 +18,18 @@ def engine_imports(path: Path) -> list[tuple[int, str, list[str]]]:
     """(line, module, names) of each import of the engine in ``path``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "minisgl_engine":
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.split(".")[0] == "minisgl_engine"
+        ):
             found.append((node.lineno, node.module, [a.name for a in node.names]))
         elif isinstance(node, ast.Import):
-            found += [(node.lineno, a.name, []) for a in node.names if a.name.split(".")[0] == "minisgl_engine"]
+            found += [
+                (node.lineno, a.name, [])
+                for a in node.names
+                if a.name.split(".")[0] == "minisgl_engine"
+            ]
     return found
 
 
@@ -29,19 +37,28 @@ def test_the_app_imports_only_the_engines_public_names():
     wrong = []
     for path in sorted(APP.rglob("*.py")):
         for line, module, names in engine_imports(path):
-            if module != "minisgl_engine" or not names or not set(names) <= set(minisgl_engine.__all__):
+            if (
+                module != "minisgl_engine"
+                or not names
+                or not set(names) <= set(minisgl_engine.__all__)
+            ):
                 wrong.append(f"{path.relative_to(APP)}:{line}: {module} {names}")
-    assert not wrong, "app/ must import the engine as `from minisgl_engine import NAME` (engine/__init__.py):\n" + "\n".join(wrong)
+    assert not wrong, (
+        "app/ must import the engine as `from minisgl_engine import NAME` (engine/__init__.py):\n"
+        + "\n".join(wrong)
+    )
 
 
 def test_every_module_of_the_app_and_the_engine_imports():
     """Each module imports on its own, in a fresh interpreter: a broken import in a module that
     is only loaded by a worker (the fork server's preload) would otherwise show up as a slower
     start, not a failure."""
-    code = ("import importlib, pkgutil, minisgl_app, minisgl_engine\n"
-            "for package in (minisgl_engine, minisgl_app):\n"
-            "    for module in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
-            "        importlib.import_module(module.name)\n")
+    code = (
+        "import importlib, pkgutil, minisgl_app, minisgl_engine\n"
+        "for package in (minisgl_engine, minisgl_app):\n"
+        "    for module in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "        importlib.import_module(module.name)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -49,16 +66,22 @@ def test_every_module_of_the_app_and_the_engine_imports():
 def test_the_check_sees_a_deep_import(tmp_path):
     """The check above can fail: a file importing an internal module is reported."""
     bad = tmp_path / "bad.py"
-    bad.write_text("from minisgl_engine.api.openai_protocol import ChatCompletionRequest\nimport minisgl_engine.llm\n")
-    assert [(m, n) for _, m, n in engine_imports(bad)] == [("minisgl_engine.api.openai_protocol", ["ChatCompletionRequest"]),
-                                                           ("minisgl_engine.llm", [])]
+    bad.write_text(
+        "from minisgl_engine.api.openai_protocol import ChatCompletionRequest\nimport minisgl_engine.llm\n"
+    )
+    assert [(m, n) for _, m, n in engine_imports(bad)] == [
+        ("minisgl_engine.api.openai_protocol", ["ChatCompletionRequest"]),
+        ("minisgl_engine.llm", []),
+    ]
 
 
 def test_every_public_name_resolves_and_the_light_ones_do_not_load_torch():
     for name in minisgl_engine.__all__:
         assert getattr(minisgl_engine, name) is not None, name
-    code = ("import sys\nfrom minisgl_engine import UserError, GenerateRequest, UserReply, ServerConfig\n"
-            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n")
+    code = (
+        "import sys\nfrom minisgl_engine import UserError, GenerateRequest, UserReply, ServerConfig\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -67,9 +90,20 @@ def test_every_public_name_resolves_and_the_light_ones_do_not_load_torch():
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 FLOORS = {  # a module imports only from its own floor and those below (0: everything else)
-    "kvcache": 1, "attention": 2, "layers": 3, "models": 4,  # kernels: the floor of what calls them
-    "model_loader": 5, "kernels.fused_ops": 5, "kernels.cuda_graph": 5, "engine": 5,
-    "scheduler": 6, "llm": 7, "workers": 8, "api": 9, "benchmarks": 9, "": 10,  # "": the package's public surface
+    "kvcache": 1,
+    "attention": 2,
+    "layers": 3,
+    "models": 4,  # kernels: the floor of what calls them
+    "model_loader": 5,
+    "kernels.fused_ops": 5,
+    "kernels.cuda_graph": 5,
+    "engine": 5,
+    "scheduler": 6,
+    "llm": 7,
+    "workers": 8,
+    "api": 9,
+    "benchmarks": 9,
+    "": 10,  # "": the package's public surface
 }
 
 
@@ -98,7 +132,9 @@ def import_graph(root: Path = ENGINE) -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.ImportFrom) or not node.level:
                 continue
-            base = package[: len(package) - node.level + 1] + (node.module.split(".") if node.module else [])
+            base = package[: len(package) - node.level + 1] + (
+                node.module.split(".") if node.module else []
+            )
             for alias in node.names:
                 sub = ".".join(base + [alias.name])
                 targets.add(sub if sub in modules else ".".join(base))
@@ -108,11 +144,17 @@ def import_graph(root: Path = ENGINE) -> dict[str, set[str]]:
 
 def structure_problems(graph: dict[str, set[str]]) -> list[str]:
     """Imports up the floors, and import cycles (each named by one of its edges)."""
-    problems = [f"{a} (floor {floor_of(a)}) imports {b} (floor {floor_of(b)})"
-                for a, targets in sorted(graph.items()) for b in sorted(targets) if floor_of(b) > floor_of(a)]
+    problems = [
+        f"{a} (floor {floor_of(a)}) imports {b} (floor {floor_of(b)})"
+        for a, targets in sorted(graph.items())
+        for b in sorted(targets)
+        if floor_of(b) > floor_of(a)
+    ]
     state: dict[str, str] = {}
 
-    def visit(node: str) -> None:  # depth-first: an edge back to a module on the path closes a cycle
+    def visit(
+        node: str,
+    ) -> None:  # depth-first: an edge back to a module on the path closes a cycle
         state[node] = "open"
         for target in sorted(graph[node]):
             if state.get(target) == "open":
@@ -137,4 +179,7 @@ def test_the_structure_check_sees_a_cycle_and_an_import_up(tmp_path):
     (tmp_path / "kvcache" / "__init__.py").write_text("from ..scheduler import x\n")
     (tmp_path / "scheduler.py").write_text("from .kvcache import y\n")
     problems = structure_problems(import_graph(tmp_path))
-    assert problems == ["kvcache (floor 1) imports scheduler (floor 6)", "import cycle through scheduler -> kvcache"]
+    assert problems == [
+        "kvcache (floor 1) imports scheduler (floor 6)",
+        "import cycle through scheduler -> kvcache",
+    ]

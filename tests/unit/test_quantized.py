@@ -27,7 +27,9 @@ from minisgl_engine.layers.quantized import (
     stack_rows,
 )
 
-pytestmark = pytest.mark.skipif(not packed_kernels_available(), reason="this torch build has no packed 4-bit CPU kernel")
+pytestmark = pytest.mark.skipif(
+    not packed_kernels_available(), reason="this torch build has no packed 4-bit CPU kernel"
+)
 
 # gguf's Python package quantizes these itself; the K-quants it only decodes
 QUANTIZED_BY_GGUF = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
@@ -38,7 +40,11 @@ def _random_k_blocks(qtype: T, rows: int, cols: int, rng: np.random.Generator) -
     """Random K-quant blocks: random bytes, with every float16 field a small positive scale."""
     per_block, block_bytes = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // per_block, block_bytes), dtype=np.uint8)
-    f16 = lambda n: rng.uniform(0.001, 0.02, size=(rows, cols // per_block, n)).astype(np.float16).view(np.uint8)  # noqa: E731
+    f16 = lambda n: (  # noqa: E731
+        rng.uniform(0.001, 0.02, size=(rows, cols // per_block, n))
+        .astype(np.float16)
+        .view(np.uint8)
+    )
     if qtype in (T.Q4_K, T.Q5_K):
         raw[..., 0:4] = f16(2)  # d, dmin
     elif qtype in (T.Q6_K, T.Q3_K):
@@ -48,7 +54,9 @@ def _random_k_blocks(qtype: T, rows: int, cols: int, rng: np.random.Generator) -
     return raw.reshape(rows, -1)
 
 
-def _blocks(qtype: T, rows: int = 48, cols: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _blocks(
+    qtype: T, rows: int = 48, cols: int = 512, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(raw blocks, gguf's own float32 decoding of them)."""
     rng = np.random.default_rng(seed)
     if qtype in QUANTIZED_BY_GGUF:
@@ -62,7 +70,9 @@ def _blocks(qtype: T, rows: int = 48, cols: int = 512, seed: int = 0) -> tuple[t
 def test_planes_decode_each_type_exactly_as_gguf_does(qtype: T) -> None:
     raw, reference = _blocks(qtype)
     planes = gguf_planes(raw, int(qtype), reference.shape[1])
-    assert planes is not None and planes.num_planes == (1 if qtype in (T.Q4_0, T.Q4_1, T.Q4_K) else 2)
+    assert planes is not None and planes.num_planes == (
+        1 if qtype in (T.Q4_0, T.Q4_1, T.Q4_K) else 2
+    )
     assert int(planes.codes.max()) <= 15
     torch.testing.assert_close(planes.dequantize(), reference, rtol=0, atol=0)
 
@@ -80,7 +90,9 @@ def test_types_with_16_weight_scales_are_requantized_to_8_bits(qtype: T) -> None
 
 @pytest.mark.parametrize("qtype", QUANTIZED_BY_GGUF + K_QUANTS, ids=lambda q: q.name)
 @pytest.mark.parametrize("rows", [1, 5, 64])
-def test_packed_product_matches_the_float32_product_of_the_same_weights(qtype: T, rows: int) -> None:
+def test_packed_product_matches_the_float32_product_of_the_same_weights(
+    qtype: T, rows: int
+) -> None:
     raw, reference = _blocks(qtype, rows=40)  # 40 outputs: padded to 48 inside, cut on the way out
     packed = PackedWeight(planes_of(raw, int(qtype), tuple(reference.shape)))
     x = torch.randn(rows, reference.shape[1], generator=torch.Generator().manual_seed(1))
@@ -93,8 +105,17 @@ def test_packed_product_matches_the_float32_product_of_the_same_weights(qtype: T
 
 def test_merged_parts_of_different_types_stack_by_rows() -> None:
     """A Q4_K_M file mixes types inside one merged matrix (q and k in Q4_K, v in Q6_K)."""
-    parts = [_blocks(T.Q4_K, rows=32, seed=2), _blocks(T.Q8_0, rows=16, seed=3), _blocks(T.Q6_K, rows=16, seed=4)]
-    planes = stack_rows([planes_of(raw, int(q), tuple(ref.shape)) for (raw, ref), q in zip(parts, (T.Q4_K, T.Q8_0, T.Q6_K))])
+    parts = [
+        _blocks(T.Q4_K, rows=32, seed=2),
+        _blocks(T.Q8_0, rows=16, seed=3),
+        _blocks(T.Q6_K, rows=16, seed=4),
+    ]
+    planes = stack_rows(
+        [
+            planes_of(raw, int(q), tuple(ref.shape))
+            for (raw, ref), q in zip(parts, (T.Q4_K, T.Q8_0, T.Q6_K))
+        ]
+    )
     assert planes.num_planes == 2 and planes.codes.shape[1] == 64
     exact = torch.cat([parts[0][1], parts[1][1]])
     torch.testing.assert_close(planes.dequantize()[:48], exact, rtol=0, atol=0)
@@ -104,10 +125,16 @@ def test_int4_and_int8_quantization_of_float_weights() -> None:
     w = torch.randn(64, 256, generator=torch.Generator().manual_seed(5))
     for planes, bound in ((int4_planes(w), 0.5 / 15), (int8_planes(w), 0.5 / 127)):
         groups = w.reshape(64, -1, 32)
-        span = groups.amax(-1) - groups.amin(-1) if planes.num_planes == 1 else groups.abs().amax(-1)
+        span = (
+            groups.amax(-1) - groups.amin(-1) if planes.num_planes == 1 else groups.abs().amax(-1)
+        )
         error = (planes.dequantize() - w).abs().reshape(64, -1, 32).amax(-1)
-        assert bool((error <= span * bound * (1 + 2**-9) + 1e-6).all())  # float16 scales, rounded outwards
-        assert torch.equal(planes.scales.half().float(), planes.scales) and torch.equal(planes.offset.half().float(), planes.offset)
+        assert bool(
+            (error <= span * bound * (1 + 2**-9) + 1e-6).all()
+        )  # float16 scales, rounded outwards
+        assert torch.equal(planes.scales.half().float(), planes.scales) and torch.equal(
+            planes.offset.half().float(), planes.offset
+        )
 
 
 def test_quantized_embedding_rows_decode_exactly() -> None:
@@ -121,7 +148,11 @@ def test_quantized_embedding_rows_decode_exactly() -> None:
 # ---- our C kernels (cpu_kernels.c): each product path against the float32 product ----
 
 # the build's own path (AVX-512 VNNI here), AVX2 without VNNI, plain C: each a separate build
-PATH_FLAGS = {"native": (), "avx2": ("-DMINISGL_NO_VNNI",), "plain-c": ("-DMINISGL_NO_VNNI", "-DMINISGL_NO_AVX2")}
+PATH_FLAGS = {
+    "native": (),
+    "avx2": ("-DMINISGL_NO_VNNI",),
+    "plain-c": ("-DMINISGL_NO_VNNI", "-DMINISGL_NO_AVX2"),
+}
 
 
 @pytest.fixture(scope="module", params=list(PATH_FLAGS))
@@ -134,9 +165,13 @@ def kernels(request):
         pytest.skip(f"the C kernels do not build here: {exc}")
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize(
+    "qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda q: q.name
+)
 @pytest.mark.parametrize("rows", [1, 5, 200])
-def test_native_product_matches_the_float32_product_of_the_same_weights(kernels, qtype: T, rows: int) -> None:
+def test_native_product_matches_the_float32_product_of_the_same_weights(
+    kernels, qtype: T, rows: int
+) -> None:
     """Up to INTEGER_DOT_MAX_ROWS rows: 16-bit activations against the codes (a few parts in
     100,000); above: the weight widened to float32 and the BLAS (float32's error, plus the
     float16 rounding of a K-quant's scale times its sub-block scale, <= 2^-11)."""
@@ -188,7 +223,9 @@ def test_tied_embedding_rows_read_from_the_lm_heads_codes(kernels) -> None:
         ids = torch.tensor([[3, 0, 39], [39, 3, 7]])
         torch.testing.assert_close(rows.lookup(ids, torch.float32), reference[ids], rtol=0, atol=0)
         many = torch.arange(40).flip(0)  # enough rows for the threads to share them
-        torch.testing.assert_close(rows.lookup(many, torch.float32), reference[many], rtol=0, atol=0)
+        torch.testing.assert_close(
+            rows.lookup(many, torch.float32), reference[many], rtol=0, atol=0
+        )
         with pytest.raises(IndexError):
             rows.lookup(torch.tensor([40]), torch.float32)
 
@@ -196,15 +233,21 @@ def test_tied_embedding_rows_read_from_the_lm_heads_codes(kernels) -> None:
 def test_native_layout_of_mixed_merged_parts(kernels) -> None:
     """A Q4_K_M merged matrix (Q4_K rows with Q6_K rows, two planes): one 8-bit layout."""
     parts = [_blocks(T.Q4_K, rows=32, seed=2), _blocks(T.Q6_K, rows=32, seed=4)]
-    planes = stack_rows([planes_of(raw, int(q), tuple(ref.shape)) for (raw, ref), q in zip(parts, (T.Q4_K, T.Q6_K))])
+    planes = stack_rows(
+        [planes_of(raw, int(q), tuple(ref.shape)) for (raw, ref), q in zip(parts, (T.Q4_K, T.Q6_K))]
+    )
     weight = NativeWeight(planes, kernels)
     widened = torch.empty(64, 512)
     kernels.qdequantize(weight.struct, 0, 64, widened.data_ptr())
     exact = planes.dequantize()
     # the K-quants' scale * sub-block scale rounded to float16: 2^-11 of the group's largest weight
-    largest = exact.abs().reshape(64, -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(64, 512)
+    largest = (
+        exact.abs().reshape(64, -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(64, 512)
+    )
     assert ((widened - exact).abs() <= largest * 2**-10).all()
-    assert torch.equal(widened[32:], exact[32:])  # the Q6_K rows, re-quantized to float16-exact scales
+    assert torch.equal(
+        widened[32:], exact[32:]
+    )  # the Q6_K rows, re-quantized to float16-exact scales
 
 
 # ---- the demo model from its GGUF (CI pulls it; skipped when absent) ----
@@ -231,9 +274,11 @@ def demo_float32_kv(demo_engines):
     return LLM(device="cpu", max_kv_tokens=2048, kv_dtype="float32")
 
 
-TEXT = ("The city of Paris is the capital of France. It lies on the Seine river, in the north of the country. "
-        "Paris is known for its museums, such as the Louvre, and for the Eiffel Tower, which was built in 1889 "
-        "for a world's fair. Millions of people visit the city every year.")
+TEXT = (
+    "The city of Paris is the capital of France. It lies on the Seine river, in the north of the country. "
+    "Paris is known for its museums, such as the Louvre, and for the Eiffel Tower, which was built in 1889 "
+    "for a world's fair. Millions of people visit the city every year."
+)
 
 
 def test_demo_model_weights_stay_quantized(demo_engines) -> None:
@@ -242,8 +287,15 @@ def test_demo_model_weights_stay_quantized(demo_engines) -> None:
     assert packed.engine.model.model.embed_tokens.quant_rows is not None
     assert reference.engine.model.model.layers[0].mlp.down_proj.quant is None
     # the weights' bytes: the file's blocks plus their packed copies, not 540 MB of float32
-    weights = sum(m.quant.nbytes for m in packed.engine.model.modules() if getattr(m, "quant", None) is not None)
-    weights += packed.engine.model.tied_lm_head_packed.nbytes + packed.engine.model.model.embed_tokens.quant_rows.nbytes
+    weights = sum(
+        m.quant.nbytes
+        for m in packed.engine.model.modules()
+        if getattr(m, "quant", None) is not None
+    )
+    weights += (
+        packed.engine.model.tied_lm_head_packed.nbytes
+        + packed.engine.model.model.embed_tokens.quant_rows.nbytes
+    )
     assert weights < 160_000_000, weights
 
 
@@ -257,16 +309,22 @@ def test_demo_model_from_its_gguf_agrees_with_the_float32_reference(demo_engines
     for llm in (packed, reference):
         model = llm.engine.model
         captured = []
-        hook = model.register_forward_hook(lambda mod, inp, out: captured.append(out.detach().clone()))
+        hook = model.register_forward_hook(
+            lambda mod, inp, out: captured.append(out.detach().clone())
+        )
         from minisgl_engine.sampling_params import SamplingParams
 
-        llm.generate([ids[:n] for n in range(8, len(ids))], SamplingParams(max_tokens=1, temperature=0))
+        llm.generate(
+            [ids[:n] for n in range(8, len(ids))], SamplingParams(max_tokens=1, temperature=0)
+        )
         hook.remove()
         logits.append(torch.cat(captured))
     ours, ref = logits
     assert ours.shape == ref.shape and ours.shape[0] == len(ids) - 8
     agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    kl = F.kl_div(ours.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="batchmean").item()
+    kl = F.kl_div(
+        ours.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="batchmean"
+    ).item()
     assert agree >= 0.9, agree
     assert kl < 0.05, kl
 
@@ -278,8 +336,12 @@ def _native_against_torch_ops(llm, prompts: list[list[int]], max_tokens: int):
 
     decoder = llm.engine.model.model
     assert llm.engine.native_decode and decoder.native_decoder is not None
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=2)
-    llm.generate(prompts, SamplingParams(max_tokens=1))  # both runs then find the prompt in the prefix cache
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=2
+    )
+    llm.generate(
+        prompts, SamplingParams(max_tokens=1)
+    )  # both runs then find the prompt in the prefix cache
     native = llm.generate(prompts, params)
     saved, decoder.native_decoder = decoder.native_decoder, None
     try:
@@ -293,11 +355,22 @@ def _assert_same_tokens_and_logprobs(native, torch_ops, min_same: int, tolerance
     """Both paths run the same C products on 16-bit activations; attention, norms and RoPE sum in
     other orders, so the log-probabilities differ in float32's last places (a wrong rotation,
     slot or head would change them by more than 1). A near-tie may still part the tokens."""
-    same = next((i for i, (a, b) in enumerate(zip(native.token_ids, torch_ops.token_ids)) if a != b), len(native.token_ids))
+    same = next(
+        (i for i, (a, b) in enumerate(zip(native.token_ids, torch_ops.token_ids)) if a != b),
+        len(native.token_ids),
+    )
     if same < len(native.token_ids):
         top = native.logprobs[same].top
-        assert same >= min_same and top[0][1] - top[1][1] < 0.01, (same, top, native.token_ids, torch_ops.token_ids)
-    diffs = [abs(a.logprob - b.logprob) for a, b in zip(native.logprobs[:same], torch_ops.logprobs[:same])]
+        assert same >= min_same and top[0][1] - top[1][1] < 0.01, (
+            same,
+            top,
+            native.token_ids,
+            torch_ops.token_ids,
+        )
+    diffs = [
+        abs(a.logprob - b.logprob)
+        for a, b in zip(native.logprobs[:same], torch_ops.logprobs[:same])
+    ]
     assert max(diffs) < tolerance, diffs
 
 
@@ -307,7 +380,9 @@ def _assert_same_tokens_and_logprobs(native, torch_ops, min_same: int, tolerance
 KV_TOLERANCES = {"float32": 1e-3, "float16": 4e-3, "bfloat16": 3e-2}
 
 
-def test_demo_model_with_a_float16_kv_cache_agrees_with_a_float32_one(demo_engines, demo_float32_kv) -> None:
+def test_demo_model_with_a_float16_kv_cache_agrees_with_a_float32_one(
+    demo_engines, demo_float32_kv
+) -> None:
     """The CPU's default KV cache: teacher-forced over real text, each position computed alone
     over its prefix read back from the cache, the same next token at >= 99% of positions
     (measured: all 250 of scripts/cpu_agreement.py's text) and KL < 1e-4; greedy replies (the C
@@ -320,8 +395,12 @@ def test_demo_model_with_a_float16_kv_cache_agrees_with_a_float32_one(demo_engin
     logits = []
     for llm in (narrow, wide):
         captured = []
-        hook = llm.engine.model.register_forward_hook(lambda mod, inp, out: captured.append(out.detach().clone()))
-        llm.generate([ids[:8]], SamplingParams(max_tokens=1))  # each longer prompt then prefills one new token
+        hook = llm.engine.model.register_forward_hook(
+            lambda mod, inp, out: captured.append(out.detach().clone())
+        )
+        llm.generate(
+            [ids[:8]], SamplingParams(max_tokens=1)
+        )  # each longer prompt then prefills one new token
         captured.clear()
         for n in range(9, len(ids)):
             llm.generate([ids[:n]], SamplingParams(max_tokens=1, temperature=0))
@@ -329,16 +408,23 @@ def test_demo_model_with_a_float16_kv_cache_agrees_with_a_float32_one(demo_engin
         logits.append(torch.cat(captured))
     ours, ref = logits
     agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    kl = F.kl_div(ours.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="batchmean").item()
+    kl = F.kl_div(
+        ours.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="batchmean"
+    ).item()
     assert agree >= 0.99 and kl < 1e-4, (agree, kl)
     greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
     for prompt in ("What is the capital of France?", "Write a short poem about the sea."):
         chat = narrow.encode(prompt, chat=True)
-        assert narrow.generate([chat], greedy)[0].token_ids == wide.generate([chat], greedy)[0].token_ids, prompt
+        assert (
+            narrow.generate([chat], greedy)[0].token_ids
+            == wide.generate([chat], greedy)[0].token_ids
+        ), prompt
 
 
 @pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
-def test_native_decode_equals_the_torch_ops_path(demo_engines, demo_float32_kv, kv_dtype: str) -> None:
+def test_native_decode_equals_the_torch_ops_path(
+    demo_engines, demo_float32_kv, kv_dtype: str
+) -> None:
     """The demo model over a prompt long enough for the threads to split attention (>= 64
     cached tokens); then a second turn whose prefix comes from the radix cache (its slots are not
     one run). float16 is the CPU's default KV cache."""
@@ -387,11 +473,33 @@ def test_every_c_path_rounds_kv_values_as_torch_does(kernels) -> None:
     """The C step stores each new token's K and V as torch's conversion would (nearest, ties to
     even; overflow to infinity), so the C and torch steps write the same bits into the cache."""
     gen = torch.Generator().manual_seed(4)
-    x = torch.cat([torch.randn(20_000, generator=gen) * scale for scale in (1e-7, 1e-5, 1e-2, 1.0, 300.0, 3e4)]
-                  + [torch.tensor([65504.0, 65519.0, 65520.0, -7e4, 0.0, -0.0, 6e-8, 2.98e-8, float("inf"), -float("inf")])])
+    x = torch.cat(
+        [
+            torch.randn(20_000, generator=gen) * scale
+            for scale in (1e-7, 1e-5, 1e-2, 1.0, 300.0, 3e4)
+        ]
+        + [
+            torch.tensor(
+                [
+                    65504.0,
+                    65519.0,
+                    65520.0,
+                    -7e4,
+                    0.0,
+                    -0.0,
+                    6e-8,
+                    2.98e-8,
+                    float("inf"),
+                    -float("inf"),
+                ]
+            )
+        ]
+    )
     for kv_type, dtype in ((1, torch.float16), (2, torch.bfloat16)):
         stored, widened = torch.empty(x.numel(), dtype=torch.int16), torch.empty_like(x)
-        kernels.kv_round_trip(x.data_ptr(), x.numel(), kv_type, stored.data_ptr(), widened.data_ptr())
+        kernels.kv_round_trip(
+            x.data_ptr(), x.numel(), kv_type, stored.data_ptr(), widened.data_ptr()
+        )
         assert torch.equal(stored, x.to(dtype).view(torch.int16)), dtype
         assert torch.equal(widened, x.to(dtype).float()), dtype
 
@@ -402,7 +510,9 @@ def test_packed_product_and_lookup_of_no_rows() -> None:
     planes = planes_of(raw, int(T.Q8_0), tuple(reference.shape))
     assert PackedWeight(planes).matmul(torch.empty(0, 512)).shape == (0, 32)
     assert pack_weight(planes).matmul(torch.empty(0, 512)).shape == (0, 32)
-    assert QuantizedRows(raw, int(T.Q8_0), 512).lookup(torch.empty(0, 4, dtype=torch.long), torch.float32).shape == (0, 4, 512)
+    assert QuantizedRows(raw, int(T.Q8_0), 512).lookup(
+        torch.empty(0, 4, dtype=torch.long), torch.float32
+    ).shape == (0, 4, 512)
 
 
 # ---- the GGUF reader against transformers' own GGUF loader; float checkpoints quantized at load ----
@@ -424,7 +534,9 @@ def test_gguf_tensors_equal_transformers_reading_of_the_demo_file() -> None:
     path = demo_model_dir() / "model.gguf"
     with torch.device("meta"):  # names only: transformers maps the file's names through a model
         names_from = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(demo_model_dir()))
-    theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names_from)["tensors"]
+    theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names_from)[
+        "tensors"
+    ]
     ours = {name: t.dequantize() if isinstance(t, GGUFTensor) else t for name, t in iter_gguf(path)}
     assert set(ours) == set(theirs) - {"lm_head.weight"}  # tied: transformers names the head too
     for name, tensor in ours.items():
@@ -445,7 +557,9 @@ def cpu_kernels(request, monkeypatch):
 
 @pytest.mark.parametrize("kind, tolerance", [("int8", 0.03), ("int4", 0.4)])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_float_checkpoint_quantized_at_load(tiny_model, cpu_kernels, arch: str, kind: str, tolerance: float) -> None:
+def test_float_checkpoint_quantized_at_load(
+    tiny_model, cpu_kernels, arch: str, kind: str, tolerance: float
+) -> None:
     """``--quantization int8 | int4``: every projection and the tied or untied LM head packed;
     logits near the float32 engine's on the same weights. Random weights are the hard case for
     4 bits (a Gaussian group of 32 has no structure to keep): ~8% error per product, ~30% on the
@@ -462,10 +576,14 @@ def test_float_checkpoint_quantized_at_load(tiny_model, cpu_kernels, arch: str, 
     logits = []
     for llm in (quantized, reference):
         captured = []
-        hook = llm.engine.model.register_forward_hook(lambda mod, inp, out: captured.append(out.detach().clone()))
+        hook = llm.engine.model.register_forward_hook(
+            lambda mod, inp, out: captured.append(out.detach().clone())
+        )
         from minisgl_engine.sampling_params import SamplingParams
 
-        llm.generate([ids[:n] for n in range(20, len(ids))], SamplingParams(max_tokens=1, temperature=0))
+        llm.generate(
+            [ids[:n] for n in range(20, len(ids))], SamplingParams(max_tokens=1, temperature=0)
+        )
         hook.remove()
         logits.append(torch.cat(captured))
     ours, ref = logits
@@ -474,7 +592,9 @@ def test_float_checkpoint_quantized_at_load(tiny_model, cpu_kernels, arch: str, 
     # and decode steps (batch 1: the C step where the kernels are built)
     from minisgl_engine.sampling_params import SamplingParams
 
-    [reply] = quantized.generate([ids], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    [reply] = quantized.generate(
+        [ids], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    )
     assert len(reply.token_ids) == 8
 
 

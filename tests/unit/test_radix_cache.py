@@ -116,7 +116,12 @@ def test_failed_admission_unlocks_its_prefix() -> None:
 STEMS = st.lists(st.lists(st.integers(0, 3), min_size=12, max_size=12), min_size=2, max_size=2)
 KINDS = ["admit", "admit", "finish", "finish", "compute", "decode", "abort", "evict"]
 OPS = st.lists(
-    st.tuples(st.sampled_from(KINDS), st.integers(0, 99), st.integers(1, 16), st.lists(st.integers(0, 3), max_size=4)),
+    st.tuples(
+        st.sampled_from(KINDS),
+        st.integers(0, 99),
+        st.integers(1, 16),
+        st.lists(st.integers(0, 3), max_size=4),
+    ),
     min_size=20,
     max_size=60,
 )
@@ -168,10 +173,17 @@ class Books:
             node, depth = stack.pop()
             for first, child in node.children.items():
                 assert child.parent is node and first == tuple(child.key[:ps])
-                assert child.key and len(child.key) % ps == 0 and len(child.pages) * ps == len(child.key)
+                assert (
+                    child.key
+                    and len(child.key) % ps == 0
+                    and len(child.pages) * ps == len(child.key)
+                )
                 assert child.ref == expected_ref.get(id(child), 0) >= 0
                 for i, page in enumerate(child.pages):  # the tree holds only whole, correct KV
-                    assert self.kv.get(page) == (depth // ps + i, tuple(child.key[i * ps : (i + 1) * ps]))
+                    assert self.kv.get(page) == (
+                        depth // ps + i,
+                        tuple(child.key[i * ps : (i + 1) * ps]),
+                    )
                 tree += child.pages
                 if child.ref:
                     locked += len(child.pages)
@@ -183,7 +195,9 @@ class Books:
         assert len(owners) == len(set(owners)) == total, "a page has two owners, or none"
         for req in self.live:
             assert set(req.match.pages) <= set(tree), "a locked prefix left the tree"
-        assert cache.stats() == KVStats(total=total, used=len(own) + locked, cached=cached, free=len(free))
+        assert cache.stats() == KVStats(
+            total=total, used=len(own) + locked, cached=cached, free=len(free)
+        )
         assert cache.available_pages() == len(free) + cached
 
     def run(self, stems: list[list[int]], op: tuple) -> None:
@@ -192,7 +206,11 @@ class Books:
         if kind == "admit":
             tokens = stems[a % 2][: b % 13] + extra or [0]
             match = cache.match_prefix(tokens)
-            assert match.length % ps == 0 and match.length <= len(tokens) - 1 and len(match.pages) * ps == match.length
+            assert (
+                match.length % ps == 0
+                and match.length <= len(tokens) - 1
+                and len(match.pages) * ps == match.length
+            )
             for i, page in enumerate(match.pages):
                 assert self.kv[page] == (i, tuple(tokens[i * ps : (i + 1) * ps]))
             need = -(-len(tokens) // ps) - len(match.pages)
@@ -257,7 +275,14 @@ def test_random_programs_keep_one_owner_per_page(num_pages, page_size, stems, pr
 def make_llm(folder, cache: str, **kw):
     from minisgl_engine.llm import LLM
 
-    args = dict(device="cpu", max_kv_tokens=2048, page_size=1, max_prefill_tokens=64, max_running_requests=8, cache=cache)
+    args = dict(
+        device="cpu",
+        max_kv_tokens=2048,
+        page_size=1,
+        max_prefill_tokens=64,
+        max_running_requests=8,
+        cache=cache,
+    )
     args.update(kw)
     return LLM(str(folder), **args)
 
@@ -276,7 +301,9 @@ def chat(llm, conversations: int, turns: int, reply_len: int = 6, seed: int = 0)
     histories = [list(system) for _ in range(conversations)]
     params = SamplingParams(max_tokens=reply_len, ignore_eos=True)
     for _ in range(turns):
-        prompts = [h + [rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 9))] for h in histories]
+        prompts = [
+            h + [rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 9))] for h in histories
+        ]
         results = llm.generate(prompts, params)
         histories = [p + r.token_ids for p, r in zip(prompts, results)]
         kv = assert_books_balance(llm)
@@ -332,8 +359,15 @@ def test_abort_mid_prefill_caches_only_computed_pages(tiny_dir, page_size) -> No
     assert match.length == 16
     sched.cache_manager.release([], 0, [], match)
     # what was cached is correct KV: the same prompt now gives the naive engine's tokens
-    expected = make_llm(tiny_dir, "naive").generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
-    assert llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids == expected
+    expected = (
+        make_llm(tiny_dir, "naive")
+        .generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+        .token_ids
+    )
+    assert (
+        llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
+        == expected
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

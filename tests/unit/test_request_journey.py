@@ -69,7 +69,11 @@ def missing_references(markdown: str, root: Path = ROOT) -> list[str]:
     for path, name in references(markdown):
         if path not in trees:
             file = root / path
-            trees[path] = ast.parse(file.read_text(encoding="utf-8"), filename=str(file)) if file.is_file() else None
+            trees[path] = (
+                ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+                if file.is_file()
+                else None
+            )
         tree = trees[path]
         if tree is None:
             problems.append(f"{path}:{name}: no file {path}")

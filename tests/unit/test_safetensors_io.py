@@ -23,13 +23,16 @@ def _tensors() -> dict[str, torch.Tensor]:
 
 def _sharded(folder: Path) -> dict[str, torch.Tensor]:
     tensors = _tensors()
-    shards = {"model-00001-of-00002.safetensors": ["embed.weight"],
-              "model-00002-of-00002.safetensors": ["norm.weight", "positions"]}
+    shards = {
+        "model-00001-of-00002.safetensors": ["embed.weight"],
+        "model-00002-of-00002.safetensors": ["norm.weight", "positions"],
+    }
     for shard, names in shards.items():
         save_file({n: tensors[n] for n in names}, str(folder / shard))
     weight_map = {n: shard for shard, names in shards.items() for n in names}
     (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
+    )
     return tensors
 
 
@@ -71,8 +74,10 @@ def test_each_shard_opened_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(safetensors_io, "safe_open", counting)
     assert len(list(iter_safetensors(tmp_path))) == 3
-    assert sorted(opened) == ["model-00001-of-00002.safetensors",
-                              "model-00002-of-00002.safetensors"]
+    assert sorted(opened) == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
 
 
 def test_truncated_file(tmp_path: Path) -> None:

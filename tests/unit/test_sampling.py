@@ -49,9 +49,9 @@ def allowed_sets(row: list[float], top_k: int, top_p: float) -> tuple[set[int], 
 
 def distinct_logits(min_vocab: int = 2, max_vocab: int = 40):
     """Rows of distinct logits (no ties), spread over [-6, 6]."""
-    return st.lists(st.integers(-120, 120), min_size=min_vocab, max_size=max_vocab, unique=True).map(
-        lambda xs: [x * 0.05 for x in xs]
-    )
+    return st.lists(
+        st.integers(-120, 120), min_size=min_vocab, max_size=max_vocab, unique=True
+    ).map(lambda xs: [x * 0.05 for x in xs])
 
 
 @st.composite
@@ -97,7 +97,10 @@ def test_filter_always_keeps_the_most_likely_token(row, top_k, top_p) -> None:
 def test_filter_top_k_one_and_tiny_top_p_keep_only_the_argmax() -> None:
     logits = torch.tensor([[0.1, 3.0, -1.0, 2.9], [5.0, 4.0, 3.0, 2.0]])
     out = filter_top_k_top_p(logits, torch.tensor([1, -1]), torch.tensor([1.0, 1e-3]))
-    assert torch.isfinite(out).tolist() == [[False, True, False, False], [True, False, False, False]]
+    assert torch.isfinite(out).tolist() == [
+        [False, True, False, False],
+        [True, False, False, False],
+    ]
 
 
 def test_filter_rows_are_independent() -> None:
@@ -105,7 +108,11 @@ def test_filter_rows_are_independent() -> None:
     out = filter_top_k_top_p(logits, torch.tensor([2, -1, 0]), torch.tensor([1.0, 0.5, 1.0]))
     # row 0: top-2; row 1: p = softmax([4,3,2,1]) = .64,.24,.09,.03 -> the first token covers .5;
     # row 2: everything
-    assert torch.isfinite(out).tolist() == [[True, True, False, False], [True, False, False, False], [True] * 4]
+    assert torch.isfinite(out).tolist() == [
+        [True, True, False, False],
+        [True, False, False, False],
+        [True] * 4,
+    ]
 
 
 def test_filter_top_p_uses_the_top_k_renormalised_mass() -> None:
@@ -158,7 +165,9 @@ def test_sampled_tokens_stay_in_the_allowed_set_and_greedy_rows_take_the_argmax(
     rows, params = rows * reps, params * reps
     logits = torch.tensor(rows, dtype=torch.float32)
     torch.manual_seed(seed)
-    generators = [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params]
+    generators = [
+        torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params
+    ]
     sampler = Sampler()
     for _ in range(2):
         ids = sampler.sample(logits.clone(), params, generators)
@@ -224,7 +233,12 @@ def test_seeded_row_does_not_depend_on_its_batch_neighbours() -> None:
     together = []
     for _ in range(25):
         logits = torch.cat([others[:2], row, others[2:]])
-        params = [SamplingParams(temperature=1.0), SamplingParams(), p, SamplingParams(temperature=0.5, seed=7)]
+        params = [
+            SamplingParams(temperature=1.0),
+            SamplingParams(),
+            p,
+            SamplingParams(temperature=0.5, seed=7),
+        ]
         gens = [None, None, g, torch.Generator().manual_seed(7)]
         together.append(int(Sampler().sample(logits, params, gens)[2]))
     assert together == alone
@@ -258,7 +272,14 @@ def test_sampling_frequencies_follow_temperature_top_k_and_top_p() -> None:
 
 def test_defaults() -> None:
     p = SamplingParams()
-    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, p.ignore_eos) == (256, 0.0, -1, 1.0, None, False)
+    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, p.ignore_eos) == (
+        256,
+        0.0,
+        -1,
+        1.0,
+        None,
+        False,
+    )
     assert p.stop_token_ids == [] and p.stop == []
     assert p.is_greedy
     assert SamplingParams().stop_token_ids is not p.stop_token_ids  # no shared mutable default
@@ -312,8 +333,16 @@ def test_bad_values_raise_request_error(kwargs) -> None:
     st.none() | st.integers(0, 2**63 - 1),
 )
 def test_valid_values_are_accepted(max_tokens, temperature, top_k, top_p, seed) -> None:
-    p = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed) == (max_tokens, temperature, top_k, top_p, seed)
+    p = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+    )
+    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed) == (
+        max_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+    )
     assert p.is_greedy == (temperature < 1e-5 or top_k == 1)
 
 
@@ -337,15 +366,23 @@ def test_rows_with_non_finite_logits_fall_back_to_argmax():
 # ---- the candidates' shortcut and the inverse-CDF draw -------------------------------------
 
 
-@pytest.mark.parametrize("top_k, top_p", [(0, 0.9), (40, 0.95), (0, 0.5), (300, 0.99), (0, 1.0), (5, 1.0), (0, 0.999999)])
-@pytest.mark.parametrize("spread", [0.3, 3.0, 30.0])  # flat (the nucleus outgrows the candidates) to peaked
-def test_sampling_distribution_equals_the_whole_vocabulary_filter(top_k: int, top_p: float, spread: float) -> None:
+@pytest.mark.parametrize(
+    "top_k, top_p", [(0, 0.9), (40, 0.95), (0, 0.5), (300, 0.99), (0, 1.0), (5, 1.0), (0, 0.999999)]
+)
+@pytest.mark.parametrize(
+    "spread", [0.3, 3.0, 30.0]
+)  # flat (the nucleus outgrows the candidates) to peaked
+def test_sampling_distribution_equals_the_whole_vocabulary_filter(
+    top_k: int, top_p: float, spread: float
+) -> None:
     from minisgl_engine.sampling import sampling_distribution
 
     scaled = torch.randn(3, 5000, generator=torch.Generator().manual_seed(4)) * spread
     probs, tokens = sampling_distribution(scaled, [top_k] * 3, [top_p] * 3)
     full = torch.zeros_like(scaled).scatter_(1, tokens, probs)
-    expected = filter_top_k_top_p(scaled, torch.tensor([top_k] * 3), torch.tensor([top_p] * 3)).softmax(dim=-1)
+    expected = filter_top_k_top_p(
+        scaled, torch.tensor([top_k] * 3), torch.tensor([top_p] * 3)
+    ).softmax(dim=-1)
     torch.testing.assert_close(full, expected, rtol=1e-4, atol=1e-6)
 
 
@@ -354,8 +391,13 @@ def test_inverse_cdf_draw_follows_the_distribution() -> None:
 
     probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
     g = torch.Generator().manual_seed(1)
-    counts = torch.bincount(torch.stack([draw(probs, g) for _ in range(20_000)]), minlength=6).float() / 20_000
+    counts = (
+        torch.bincount(torch.stack([draw(probs, g) for _ in range(20_000)]), minlength=6).float()
+        / 20_000
+    )
     assert counts[[0, 2, 5]].sum() == 0  # a token of probability 0 is never drawn
     torch.testing.assert_close(counts, probs, atol=0.015, rtol=0)
     first, second = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-    assert [int(draw(probs, first)) for _ in range(20)] == [int(draw(probs, second)) for _ in range(20)]  # a seed repeats
+    assert [int(draw(probs, first)) for _ in range(20)] == [
+        int(draw(probs, second)) for _ in range(20)
+    ]  # a seed repeats

@@ -17,8 +17,17 @@ from minisgl_app.chat.view import markdown_literal
 from minisgl_engine.messages import UserReply
 
 # system prompt, temperature, top-p, max tokens, thinking, top-k, seed, stop, repetition penalty
-SETTINGS = SettingsForm(system_prompt="", temperature=0.0, top_p=1.0, max_tokens=64, thinking=False, top_k=0, seed=None, stop="",
-                        repetition_penalty=1.15)
+SETTINGS = SettingsForm(
+    system_prompt="",
+    temperature=0.0,
+    top_p=1.0,
+    max_tokens=64,
+    thinking=False,
+    top_k=0,
+    seed=None,
+    stop="",
+    repetition_penalty=1.15,
+)
 
 
 @pytest.fixture
@@ -46,7 +55,10 @@ class Source:
         return f"**Ready** · {self.model_name} on the {self.where} box"
 
     async def list_models(self) -> list[ModelEntry]:
-        return [ModelEntry(m, self.where, backend=self.where, serving=m == self.model_name) for m in self.models]
+        return [
+            ModelEntry(m, self.where, backend=self.where, serving=m == self.model_name)
+            for m in self.models
+        ]
 
     async def check_model(self, name: str) -> None:
         if name not in self.models:
@@ -63,7 +75,13 @@ class Source:
                 return
             await asyncio.sleep(self.step_s)
             last = i == self.words - 1
-            yield UserReply(1, f"{self.where}{i} ", finished=last, finish_reason="stop" if last else None, completion_tokens=i + 1)
+            yield UserReply(
+                1,
+                f"{self.where}{i} ",
+                finished=last,
+                finish_reason="stop" if last else None,
+                completion_tokens=i + 1,
+            )
 
 
 class Request:
@@ -89,7 +107,10 @@ async def test_each_chat_gets_its_replies_from_the_backend_it_picked(store) -> N
     local, remote = Source("local", ["tiny"]), Source("remote", ["big"])
     page = ChatPage(SideBySide(local, remote), store)
     tab = Request("tab-1")
-    assert list(page.source.backends) == ["local", "remote"] and page.fields(page.tab(tab))[-1] == "local"
+    assert (
+        list(page.source.backends) == ["local", "remote"]
+        and page.fields(page.tab(tab))[-1] == "local"
+    )
     # a chat on this machine (the default), then one on the remote, replying at once
     await page.send("hello", SETTINGS, None, tab)
     on_local = page.tab(tab).conv_id
@@ -105,21 +126,30 @@ async def test_each_chat_gets_its_replies_from_the_backend_it_picked(store) -> N
     assert (local.asked, remote.asked) == (1, 1)
     # the chat keeps its backend through a change of its other settings, and New chat keeps the one shown
     await page.settings_changed(replace(SETTINGS, temperature=0.5), None, tab)
-    assert store.get(on_remote).settings.backend == "remote" and store.get(on_remote).settings.temperature == 0.5
+    assert (
+        store.get(on_remote).settings.backend == "remote"
+        and store.get(on_remote).settings.temperature == 0.5
+    )
     assert (await page.new_chat(None, tab))[-1] == "remote"
     # a chat shown again shows its own backend and status line
     assert (await page.select(on_local, None, tab))[-1] == "local"
     assert page.status_of(page.tab(tab)) == "**Ready** · tiny on the local box"
     await page.send("again", SETTINGS, None, tab)
     await idle(page, on_local)
-    assert store.get(on_local).messages[-1].content.startswith("local0") and (local.asked, remote.asked) == (2, 1)
+    assert store.get(on_local).messages[-1].content.startswith("local0") and (
+        local.asked,
+        remote.asked,
+    ) == (2, 1)
 
 
 @pytest.mark.anyio
 async def test_a_switch_stops_only_the_replies_of_the_backend_it_switches(store) -> None:
     from minisgl_app.page.ui import ChatPage
 
-    local, remote = Source("local", ["tiny", "small"], words=1000), Source("remote", ["big", "huge"], words=1000)
+    local, remote = (
+        Source("local", ["tiny", "small"], words=1000),
+        Source("remote", ["big", "huge"], words=1000),
+    )
     page = ChatPage(SideBySide(local, remote), store)
     tab = Request("tab-1")
     await page.send("hello", SETTINGS, None, tab)
@@ -143,7 +173,10 @@ async def test_a_switch_stops_only_the_replies_of_the_backend_it_switches(store)
     assert marked == ["● small", "● remote: huge"], said[-1][1]["choices"]
     said = [m async for m in page.switch_model("remote: huge", tab)]
     # the name inside the sentence's Markdown shows as typed (view.markdown_literal escapes its colon)
-    assert len(said) == 1 and said[0][0] == f"**{markdown_literal('remote: huge')}** is the model serving now.", said
+    assert (
+        len(said) == 1
+        and said[0][0] == f"**{markdown_literal('remote: huge')}** is the model serving now."
+    ), said
     await idle(page, on_remote)
     assert store.get(on_remote).messages[-1].stats.stopped_by == "switch to remote: huge"
     said = [m async for m in page.switch_model("remote: nothing", tab)]
@@ -165,7 +198,9 @@ class UnlistedRemote(Source):
 
 
 @pytest.mark.anyio
-async def test_a_reply_stores_the_model_that_answered_it_even_when_learnt_with_the_reply(store) -> None:
+async def test_a_reply_stores_the_model_that_answered_it_even_when_learnt_with_the_reply(
+    store,
+) -> None:
     from minisgl_app.page.ui import ChatPage
 
     local, remote = Source("local", ["tiny"]), UnlistedRemote()

@@ -19,12 +19,12 @@ from minisgl_app.chat.store import (
     DB_NAME,
     DEFAULT_TITLE,
     SCHEMA_VERSION,
+    TITLE_LENGTH,
     BadImportFile,
     ChatSettings,
     ConversationStore,
     MessageStats,
     NotFoundError,
-    TITLE_LENGTH,
     SchemaTooNewError,
     default_settings,
     title_from,
@@ -50,16 +50,23 @@ def mode(path: Path) -> int:
 
 # ----------------------------------------------------------------------------- basics
 
+
 def test_create_append_get_returns_messages_in_order(store):
     settings = ChatSettings(system_prompt="Be brief.", temperature=0.2, max_tokens=64)
     conv = store.create("Paris", settings)
     assert (conv.title, conv.settings, conv.messages) == ("Paris", settings, [])
     store.append(conv.id, "user", "What is the capital of France?")
-    store.append(conv.id, "assistant", "Paris.", MessageStats(ttft_ms=12.5, tok_s=80.0, tokens=3,
-                                                             finish_reason="stop"))
+    store.append(
+        conv.id,
+        "assistant",
+        "Paris.",
+        MessageStats(ttft_ms=12.5, tok_s=80.0, tokens=3, finish_reason="stop"),
+    )
     got = store.get(conv.id)
     assert [(m.position, m.role, m.content) for m in got.messages] == [
-        (0, "user", "What is the capital of France?"), (1, "assistant", "Paris.")]
+        (0, "user", "What is the capital of France?"),
+        (1, "assistant", "Paris."),
+    ]
     assert got.messages[0].stats is None
     assert got.messages[1].stats == MessageStats(12.5, 80.0, 3, "stop", False)
     assert got.settings == settings
@@ -75,8 +82,11 @@ def test_stats_may_be_given_as_a_dict_and_come_back_as_message_stats(store):
     conv = store.create()
     reply = store.append(conv.id, "assistant", "", stats={"tokens": 0})
     assert reply.stats == MessageStats(tokens=0)
-    store.update_message(reply.id, "done", {"ttft_ms": 5.0, "tok_s": 9.5, "tokens": 3,
-                                            "finish_reason": "stop", "stopped": False})
+    store.update_message(
+        reply.id,
+        "done",
+        {"ttft_ms": 5.0, "tok_s": 9.5, "tokens": 3, "finish_reason": "stop", "stopped": False},
+    )
     assert store.get(conv.id).messages[0].stats == MessageStats(5.0, 9.5, 3, "stop", False)
     with pytest.raises(TypeError):
         store.update_message(reply.id, "x", {"tokns": 3})
@@ -88,7 +98,9 @@ def test_streamed_reply_is_created_once_and_updated_until_stopped(store):
     reply = store.append(conv.id, "assistant", "")
     for shown in ["1", "1 2", "1 2 3"]:
         store.update_message(reply.id, shown)
-    store.update_message(reply.id, "1 2 3 4", MessageStats(tokens=7, finish_reason="abort", stopped=True))
+    store.update_message(
+        reply.id, "1 2 3 4", MessageStats(tokens=7, finish_reason="abort", stopped=True)
+    )
     store.update_message(reply.id, "1 2 3 4")  # stats=None keeps the stored stats
     [_, saved] = store.get(conv.id).messages
     assert (saved.id, saved.content) == (reply.id, "1 2 3 4")
@@ -119,10 +131,16 @@ def test_invalid_settings_are_not_stored(store):
 def test_missing_ids_raise_not_found(store):
     conv = store.create()
     store.delete(conv.id)
-    for call in (lambda: store.get(conv.id), lambda: store.append(conv.id, "user", "hi"),
-                 lambda: store.rename(conv.id, "x"), lambda: store.delete(conv.id),
-                 lambda: store.truncate_after(conv.id, 0), lambda: store.update_message(999, "x"),
-                 lambda: store.update_settings(conv.id, ChatSettings()), lambda: store.export_json(conv.id)):
+    for call in (
+        lambda: store.get(conv.id),
+        lambda: store.append(conv.id, "user", "hi"),
+        lambda: store.rename(conv.id, "x"),
+        lambda: store.delete(conv.id),
+        lambda: store.truncate_after(conv.id, 0),
+        lambda: store.update_message(999, "x"),
+        lambda: store.update_settings(conv.id, ChatSettings()),
+        lambda: store.export_json(conv.id),
+    ):
         with pytest.raises(NotFoundError) as err:
             call()
         assert isinstance(err.value, KeyError) and "no " in str(err.value)
@@ -140,7 +158,9 @@ def test_list_puts_the_most_recently_updated_first(store):
     assert [s.title for s in store.list()] == ["c", "b", "a"]
     store.append(a.id, "user", "hello")
     assert [s.title for s in store.list()] == ["a", "c", "b"]
-    store.truncate_after(b.id, -1)  # a write to the chat's messages, even one that drops them, uses it
+    store.truncate_after(
+        b.id, -1
+    )  # a write to the chat's messages, even one that drops them, uses it
     assert [s.title for s in store.list()] == ["b", "a", "c"]
     store.delete(c.id)
     assert [s.id for s in store.list()] == [b.id, a.id]
@@ -169,7 +189,10 @@ def test_truncate_after_drops_later_messages_and_positions_continue(store):
     assert [m.content for m in store.get(conv.id).messages] == ["m0", "m1", "m2"]
     store.truncate_after(conv.id, 1)  # edit-and-resend: drop it too, then append the edit
     new = store.append(conv.id, "user", "m2 edited")
-    assert (new.position, [m.content for m in store.get(conv.id).messages]) == (2, ["m0", "m1", "m2 edited"])
+    assert (new.position, [m.content for m in store.get(conv.id).messages]) == (
+        2,
+        ["m0", "m1", "m2 edited"],
+    )
     store.truncate_after(conv.id, -1)
     assert store.get(conv.id).messages == []
 
@@ -181,10 +204,13 @@ def test_delete_cascades_to_messages(store):
     store.append(gone.id, "assistant", "went")
     store.delete(gone.id)
     with sqlite3.connect(store.path) as raw:
-        assert raw.execute("SELECT conversation_id, content FROM messages").fetchall() == [(keep.id, "stay")]
+        assert raw.execute("SELECT conversation_id, content FROM messages").fetchall() == [
+            (keep.id, "stay")
+        ]
 
 
 # ----------------------------------------------------------------------------- trees
+
 
 def shown(conv) -> list[tuple[str, int, int]]:
     """The shown path as (content, version index, version count)."""
@@ -194,7 +220,10 @@ def shown(conv) -> list[tuple[str, int, int]]:
 def chat(store, *contents: str):
     """A linear chat of alternating user and assistant messages; returns (conversation, messages)."""
     conv = store.create()
-    msgs = [store.append(conv.id, "user" if i % 2 == 0 else "assistant", c) for i, c in enumerate(contents)]
+    msgs = [
+        store.append(conv.id, "user" if i % 2 == 0 else "assistant", c)
+        for i, c in enumerate(contents)
+    ]
     return conv, msgs
 
 
@@ -220,12 +249,17 @@ def test_append_leaving_unanswered_marks_only_the_questions_after_the_last_reply
     stats = {m.id: m.stats for m in store.get(c).messages}
     assert stats[first.id].unanswered and stats[first.id].tokens == 3, stats[first.id]
     assert stats[second.id].unanswered
-    assert not any(s is not None and s.unanswered for i, s in stats.items() if i not in (first.id, second.id)), stats
+    assert not any(
+        s is not None and s.unanswered for i, s in stats.items() if i not in (first.id, second.id)
+    ), stats
     assert store.get(c).messages[-1].id == new.id
     store.append(c, "assistant", "answers the new one")
-    store.append(c, "user", "next", leave_unanswered=True)  # nothing waits after the last reply: nothing marked
-    assert [m.content for m in store.get(c).messages if m.stats is not None and m.stats.unanswered] == \
-        ["first waiting", "second waiting"]
+    store.append(
+        c, "user", "next", leave_unanswered=True
+    )  # nothing waits after the last reply: nothing marked
+    assert [
+        m.content for m in store.get(c).messages if m.stats is not None and m.stats.unanswered
+    ] == ["first waiting", "second waiting"]
     assert store.get(c).messages[0].id == answered.id
     # a new chat's first message, and the first message of a chat with none: nothing to mark
     empty = store.create().id
@@ -258,7 +292,9 @@ def test_marking_questions_unanswered_reads_no_messages_text(store):
         finally:
             conn.set_authorizer(None)
     assert read and ("messages", "content") not in read, sorted(read)
-    assert [m.content for m in store.get(c).messages if m.stats is not None and m.stats.unanswered] == ["waiting 0", "waiting 1"]
+    assert [
+        m.content for m in store.get(c).messages if m.stats is not None and m.stats.unanswered
+    ] == ["waiting 0", "waiting 1"]
 
 
 def test_regenerate_adds_a_sibling_and_keeps_the_old_version(store):
@@ -278,11 +314,19 @@ def test_edit_adds_a_sibling_question_with_its_own_reply(store):
     conv, [u1, a1, u2, a2] = chat(store, "u1", "a1", "u2", "a2")
     edited = store.add_message(conv.id, u2.parent_id, "user", "u2 edited")
     store.append(conv.id, "assistant", "a2 for the edit")
-    assert shown(store.get(conv.id)) == [("u1", 0, 1), ("a1", 0, 1), ("u2 edited", 1, 2),
-                                         ("a2 for the edit", 0, 1)]
+    assert shown(store.get(conv.id)) == [
+        ("u1", 0, 1),
+        ("a1", 0, 1),
+        ("u2 edited", 1, 2),
+        ("a2 for the edit", 0, 1),
+    ]
     # back to the original question: its reply comes back with it
     assert shown(store.switch_version(conv.id, edited.id, -1)) == [
-        ("u1", 0, 1), ("a1", 0, 1), ("u2", 0, 2), ("a2", 0, 1)]
+        ("u1", 0, 1),
+        ("a1", 0, 1),
+        ("u2", 0, 2),
+        ("a2", 0, 1),
+    ]
     # a streamed reply in the other branch updates in place
     store.update_message(a2.id, "a2, longer", MessageStats(tokens=9))
     assert store.get(conv.id).messages[-1].content == "a2, longer"
@@ -291,22 +335,42 @@ def test_edit_adds_a_sibling_question_with_its_own_reply(store):
 def test_select_message_follows_the_branch_written_to_last(store):
     conv, [u, a1] = chat(store, "u", "a1")
     c1 = store.append(conv.id, "user", "c1")
-    c2 = store.add_message(conv.id, a1.id, "user", "c2")      # the newest child of a1 ...
-    g = store.add_message(conv.id, c1.id, "assistant", "g")   # ... but c1's branch was written to last
+    c2 = store.add_message(conv.id, a1.id, "user", "c2")  # the newest child of a1 ...
+    g = store.add_message(
+        conv.id, c1.id, "assistant", "g"
+    )  # ... but c1's branch was written to last
     a2 = store.add_message(conv.id, u.id, "assistant", "a2")
     assert shown(store.get(conv.id)) == [("u", 0, 1), ("a2", 1, 2)]
-    assert [m.id for m in store.select_message(conv.id, a1.id).messages] == [u.id, a1.id, c1.id, g.id]
+    assert [m.id for m in store.select_message(conv.id, a1.id).messages] == [
+        u.id,
+        a1.id,
+        c1.id,
+        g.id,
+    ]
     assert [m.id for m in store.select_message(conv.id, c2.id).messages] == [u.id, a1.id, c2.id]
-    assert [m.id for m in store.switch_version(conv.id, c2.id, -1).messages] == [u.id, a1.id, c1.id, g.id]
+    assert [m.id for m in store.switch_version(conv.id, c2.id, -1).messages] == [
+        u.id,
+        a1.id,
+        c1.id,
+        g.id,
+    ]
     assert [m.id for m in store.select_message(conv.id, u.id).messages] == [u.id, a2.id]
 
 
 def test_a_new_first_message_is_a_root_version(store):
     conv, [u, a] = chat(store, "first start", "reply")
     other = store.add_message(conv.id, None, "user", "second start")
-    assert (other.parent_id, other.position, other.sibling_index, other.sibling_count) == (None, 0, 1, 2)
+    assert (other.parent_id, other.position, other.sibling_index, other.sibling_count) == (
+        None,
+        0,
+        1,
+        2,
+    )
     assert shown(store.get(conv.id)) == [("second start", 1, 2)]
-    assert shown(store.switch_version(conv.id, other.id, -1)) == [("first start", 0, 2), ("reply", 0, 1)]
+    assert shown(store.switch_version(conv.id, other.id, -1)) == [
+        ("first start", 0, 2),
+        ("reply", 0, 1),
+    ]
 
 
 def test_select_and_switch_do_not_reorder_the_sidebar(store):
@@ -337,11 +401,18 @@ def test_delete_message_deletes_its_subtree_and_shows_another_version(store):
     a3 = store.add_message(conv.id, u.id, "assistant", "a3")
     store.select_message(conv.id, a2.id)
     # the shown version goes: the previous one is shown, with its own continuation
-    assert shown(store.delete_message(conv.id, a2.id)) == [("u", 0, 1), ("a1", 0, 2), ("follow-up", 0, 1)]
+    assert shown(store.delete_message(conv.id, a2.id)) == [
+        ("u", 0, 1),
+        ("a1", 0, 2),
+        ("follow-up", 0, 1),
+    ]
     # the first version goes: the next one is shown; its subtree went with it
     assert shown(store.delete_message(conv.id, a1.id)) == [("u", 0, 1), ("a3", 0, 1)]
     with sqlite3.connect(store.path) as raw:
-        assert raw.execute("SELECT content FROM messages ORDER BY id").fetchall() == [("u",), ("a3",)]
+        assert raw.execute("SELECT content FROM messages ORDER BY id").fetchall() == [
+            ("u",),
+            ("a3",),
+        ]
     # the only version goes: the path ends at its parent, and the next reply continues from there
     assert shown(store.delete_message(conv.id, a3.id)) == [("u", 0, 1)]
     assert store.append(conv.id, "assistant", "again").parent_id == u.id
@@ -364,7 +435,11 @@ def test_truncate_after_drops_everything_below_the_shown_message(store):
     assert shown(store.get(conv.id)) == [("u0", 0, 1), ("a1b", 1, 2), ("u2b", 0, 1)]
     # the other branch is above position 2, so it is kept
     assert shown(store.switch_version(conv.id, a1b.id, -1)) == [
-        ("u0", 0, 1), ("a1", 0, 2), ("u2", 0, 1), ("a3", 0, 1)]
+        ("u0", 0, 1),
+        ("a1", 0, 2),
+        ("u2", 0, 1),
+        ("a3", 0, 1),
+    ]
     store.truncate_after(conv.id, 0)  # below the first message: both versions of the reply go
     assert shown(store.get(conv.id)) == [("u0", 0, 1)]
     assert store.append(conv.id, "assistant", "a1c").sibling_count == 1
@@ -378,7 +453,9 @@ def test_truncate_after_drops_everything_below_the_shown_message(store):
 
 def test_a_chat_deeper_than_sqlites_trigger_limit_can_be_deleted(store):
     # a cascade goes one trigger level per generation and SQLite stops at 1000
-    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(1500)]
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(1500)
+    ]
     conv = store.import_conversation(json.dumps(turns))
     assert conv.messages[-1].position == 1499
     store.truncate_after(conv.id, 1000)
@@ -402,12 +479,14 @@ def test_list_counts_the_messages_shown(store):
 def test_tree_calls_with_missing_or_foreign_ids_raise_not_found(store):
     conv, [u, a] = chat(store, "u", "a")
     other, [x] = chat(store, "x")
-    calls = [lambda: store.add_message(conv.id, x.id, "assistant", "wrong parent"),
-             lambda: store.add_message(999, None, "user", "no conversation"),
-             lambda: store.select_message(conv.id, x.id),
-             lambda: store.switch_version(conv.id, 999, 1),
-             lambda: store.delete_message(conv.id, x.id),
-             lambda: store.delete_message(999, u.id)]
+    calls = [
+        lambda: store.add_message(conv.id, x.id, "assistant", "wrong parent"),
+        lambda: store.add_message(999, None, "user", "no conversation"),
+        lambda: store.select_message(conv.id, x.id),
+        lambda: store.switch_version(conv.id, 999, 1),
+        lambda: store.delete_message(conv.id, x.id),
+        lambda: store.delete_message(999, u.id),
+    ]
     for call in calls:
         with pytest.raises(NotFoundError):
             call()
@@ -428,11 +507,16 @@ def test_a_tree_survives_reopening(data_dir):
 
 # ----------------------------------------------------------------------------- export
 
+
 def test_export_markdown_contains_title_system_prompt_and_messages(store):
     conv = store.create("Capitals", ChatSettings(system_prompt="Answer in one word."))
     store.append(conv.id, "user", "Capital of France?")
-    store.append(conv.id, "assistant", "```\nParis\n```", MessageStats(ttft_ms=30, tok_s=42.0, tokens=4,
-                                                                   stopped=True))
+    store.append(
+        conv.id,
+        "assistant",
+        "```\nParis\n```",
+        MessageStats(ttft_ms=30, tok_s=42.0, tokens=4, stopped=True),
+    )
     md = store.export_markdown(conv.id)
     assert md.startswith("# Capitals\n")
     assert "> Answer in one word." in md
@@ -442,35 +526,55 @@ def test_export_markdown_contains_title_system_prompt_and_messages(store):
 
 
 def test_export_json_round_trips(store):
-    settings = ChatSettings(system_prompt="Réponds en français.", temperature=1.3, top_p=0.5,
-                            max_tokens=2048, thinking=True)
+    settings = ChatSettings(
+        system_prompt="Réponds en français.",
+        temperature=1.3,
+        top_p=0.5,
+        max_tokens=2048,
+        thinking=True,
+    )
     conv = store.create("Deux 🐈", settings)
     store.append(conv.id, "user", "Bonjour")
-    store.append(conv.id, "assistant", "<think>hm</think>Salut", MessageStats(tokens=5, finish_reason="stop"))
+    store.append(
+        conv.id, "assistant", "<think>hm</think>Salut", MessageStats(tokens=5, finish_reason="stop")
+    )
     doc = json.loads(store.export_json(conv.id))
     got = store.get(conv.id)
     assert doc["schema_version"] == SCHEMA_VERSION
     assert (doc["id"], doc["title"]) == (got.id, "Deux 🐈")
     assert ChatSettings.from_dict(doc["settings"]) == settings
-    assert [(m["position"], m["role"], m["content"], m["created_at"],
-             MessageStats.from_dict(m["stats"]) if m["stats"] else None) for m in doc["messages"]] == [
-        (m.position, m.role, m.content, m.created_at, m.stats) for m in got.messages]
+    assert [
+        (
+            m["position"],
+            m["role"],
+            m["content"],
+            m["created_at"],
+            MessageStats.from_dict(m["stats"]) if m["stats"] else None,
+        )
+        for m in doc["messages"]
+    ] == [(m.position, m.role, m.content, m.created_at, m.stats) for m in got.messages]
 
 
 # ----------------------------------------------------------------------------- import
 
+
 def nothing_stored(store) -> bool:
     with sqlite3.connect(store.path) as raw:
-        return (store.list() == []
-                and raw.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0)
+        return (
+            store.list() == [] and raw.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+        )
 
 
 def test_import_of_our_export_round_trips_a_branched_chat(store):
     settings = ChatSettings(system_prompt="Sois bref.", temperature=1.1, top_p=0.5, thinking=True)
     conv = store.create("Branches 🌳", settings)
     u = store.append(conv.id, "user", "Bonjour")
-    a1 = store.append(conv.id, "assistant", "Salut", MessageStats(ttft_ms=9.0, tok_s=50.0, tokens=2,
-                                                                  finish_reason="stop"))
+    a1 = store.append(
+        conv.id,
+        "assistant",
+        "Salut",
+        MessageStats(ttft_ms=9.0, tok_s=50.0, tokens=2, finish_reason="stop"),
+    )
     store.append(conv.id, "user", "Ça va ?")
     a2 = store.add_message(conv.id, u.id, "assistant", "Bonjour !", {"stopped": True})
     store.switch_version(conv.id, a2.id, -1)
@@ -479,15 +583,24 @@ def test_import_of_our_export_round_trips_a_branched_chat(store):
     copy = store.import_conversation(store.export_json(conv.id))
     assert copy.id != conv.id and store.list()[0].id == copy.id
     # beside its source, the copy is marked (test below)
-    assert (copy.title, copy.settings, copy.created_at) == (original.title + " (imported)", settings, original.created_at)
+    assert (copy.title, copy.settings, copy.created_at) == (
+        original.title + " (imported)",
+        settings,
+        original.created_at,
+    )
 
     def same(c):
-        return [(m.role, m.content, m.created_at, m.stats, m.position, m.sibling_index, m.sibling_count)
-                for m in c.messages]
+        return [
+            (m.role, m.content, m.created_at, m.stats, m.position, m.sibling_index, m.sibling_count)
+            for m in c.messages
+        ]
 
     assert same(copy) == same(original)  # the selected branch, a1's, is the one shown
     other = store.switch_version(copy.id, copy.messages[1].id, +1)
-    assert [(m.content, m.sibling_index) for m in other.messages] == [("Bonjour", 0), ("Bonjour !", 1)]
+    assert [(m.content, m.sibling_index) for m in other.messages] == [
+        ("Bonjour", 0),
+        ("Bonjour !", 1),
+    ]
     assert other.messages[-1].stats == MessageStats(stopped=True)
     assert len(json.loads(store.export_json(copy.id))["tree"]) == 4
     assert a1.id not in {m.id for m in copy.messages}  # new ids
@@ -495,34 +608,69 @@ def test_import_of_our_export_round_trips_a_branched_chat(store):
 
 def test_import_reads_exports_written_before_trees(store):
     old_export = {  # what schema 2 wrote: the messages only
-        "format": "minisgl-chat conversation", "schema_version": 2, "id": 3, "title": "Old",
-        "created_at": 100.0, "updated_at": 200.0,
-        "settings": {"system_prompt": "", "temperature": 0.7, "top_p": 0.9, "max_tokens": 64,
-                     "thinking": False, "from_the_future": 1},
+        "format": "minisgl-chat conversation",
+        "schema_version": 2,
+        "id": 3,
+        "title": "Old",
+        "created_at": 100.0,
+        "updated_at": 200.0,
+        "settings": {
+            "system_prompt": "",
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "max_tokens": 64,
+            "thinking": False,
+            "from_the_future": 1,
+        },
         "messages": [
             {"position": 0, "role": "user", "content": "hi", "created_at": 150.0, "stats": None},
-            {"position": 1, "role": "assistant", "content": "hello", "created_at": 160.0,
-             "stats": {"tokens": 2, "finish_reason": "stop", "stopped": False}}]}
+            {
+                "position": 1,
+                "role": "assistant",
+                "content": "hello",
+                "created_at": 160.0,
+                "stats": {"tokens": 2, "finish_reason": "stop", "stopped": False},
+            },
+        ],
+    }
     conv = store.import_conversation(json.dumps(old_export))
     assert (conv.title, conv.settings, conv.created_at) == (
-        "Old", ChatSettings(temperature=0.7, max_tokens=64), 100.0)
-    assert [(m.role, m.content, m.created_at, m.stats, m.parent_id is None) for m in conv.messages] == [
+        "Old",
+        ChatSettings(temperature=0.7, max_tokens=64),
+        100.0,
+    )
+    assert [
+        (m.role, m.content, m.created_at, m.stats, m.parent_id is None) for m in conv.messages
+    ] == [
         ("user", "hi", 150.0, None, True),
-        ("assistant", "hello", 160.0, MessageStats(tokens=2, finish_reason="stop"), False)]
+        ("assistant", "hello", 160.0, MessageStats(tokens=2, finish_reason="stop"), False),
+    ]
 
 
 def test_import_of_openai_messages(store):
-    doc = {"model": "gpt-4o", "messages": [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": [{"type": "text", "text": "What is"},
-                                     {"type": "text", "text": "KV cache?"}]},
-        {"role": "assistant", "content": "Saved keys and values.", "refusal": None},
-        {"role": "user", "content": "Thanks"}]}
+    doc = {
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is"},
+                    {"type": "text", "text": "KV cache?"},
+                ],
+            },
+            {"role": "assistant", "content": "Saved keys and values.", "refusal": None},
+            {"role": "user", "content": "Thanks"},
+        ],
+    }
     conv = store.import_conversation(json.dumps(doc))
     assert conv.settings == ChatSettings(system_prompt="You are terse.")
     assert conv.title == "What is"  # the first line of the first user message
     assert [(m.role, m.content, m.position) for m in conv.messages] == [
-        ("user", "What is\nKV cache?", 0), ("assistant", "Saved keys and values.", 1), ("user", "Thanks", 2)]
+        ("user", "What is\nKV cache?", 0),
+        ("assistant", "Saved keys and values.", 1),
+        ("user", "Thanks", 2),
+    ]
     assert all(m.stats is None for m in conv.messages)
 
 
@@ -532,27 +680,45 @@ def test_an_imported_title_a_chat_already_has_is_marked_imported(store):
     copy = store.import_conversation(store.export_json(source.id))
     assert copy.title == "Trip plans (imported)" and store.get(source.id).title == "Trip plans"
     long = "x" * 200
-    store.import_conversation(json.dumps({"title": long, "messages": [{"role": "user", "content": "hi"}]}))
-    second = store.import_conversation(json.dumps({"title": long, "messages": [{"role": "user", "content": "hi"}]}))
+    store.import_conversation(
+        json.dumps({"title": long, "messages": [{"role": "user", "content": "hi"}]})
+    )
+    second = store.import_conversation(
+        json.dumps({"title": long, "messages": [{"role": "user", "content": "hi"}]})
+    )
     assert second.title == "x" * 189 + " (imported)", "the mark survives the title limit"
 
 
 def test_import_of_a_bare_list_and_a_titled_file(store):
     bare = store.import_conversation('[{"role": "user", "content": "  Plan a trip\\nto Rome"}]')
     assert (bare.title, bare.settings, [m.content for m in bare.messages]) == (
-        "Plan a trip", ChatSettings(), ["  Plan a trip\nto Rome"])
-    titled = store.import_conversation(json.dumps(
-        {"title": "  My   chat ", "messages": [{"role": "assistant", "content": "Hello!"}]}))
+        "Plan a trip",
+        ChatSettings(),
+        ["  Plan a trip\nto Rome"],
+    )
+    titled = store.import_conversation(
+        json.dumps(
+            {"title": "  My   chat ", "messages": [{"role": "assistant", "content": "Hello!"}]}
+        )
+    )
     assert titled.title == "My chat"
     untitled = store.import_conversation('[{"role": "assistant", "content": "Hi"}]')
     assert untitled.title == DEFAULT_TITLE
-    with_bom = store.import_conversation(b'\xef\xbb\xbf[{"role": "user", "content": "caf\xc3\xa9"}]')
+    with_bom = store.import_conversation(
+        b'\xef\xbb\xbf[{"role": "user", "content": "caf\xc3\xa9"}]'
+    )
     assert with_bom.messages[0].content == "café"
 
 
-TREE = {"format": "minisgl-chat conversation", "title": "t", "settings": {},
-        "tree": [{"id": 1, "parent_id": None, "role": "user", "content": "a"},
-                 {"id": 2, "parent_id": 99, "role": "assistant", "content": "b"}]}
+TREE = {
+    "format": "minisgl-chat conversation",
+    "title": "t",
+    "settings": {},
+    "tree": [
+        {"id": 1, "parent_id": None, "role": "user", "content": "a"},
+        {"id": 2, "parent_id": 99, "role": "assistant", "content": "b"},
+    ],
+}
 
 
 BAD_FILES = [  # (test id, the file's text, what the user is told)
@@ -563,49 +729,97 @@ BAD_FILES = [  # (test id, the file's text, what the user is told)
     ("two-documents", "[] []", "not JSON: Extra data at line 1 column 4"),
     ("too-deep", "[" * 100_000, "not JSON that can be read: it is nested too deeply"),
     ("not-utf8", b"[\xff]", "not UTF-8 text: byte 2 (0xff) cannot be read; save the file as UTF-8"),
-    ("a-number", "42", 'expected a minisgl-chat export, an object with a "messages" list, '
-                       "or a list of messages; got a number"),
+    (
+        "a-number",
+        "42",
+        'expected a minisgl-chat export, an object with a "messages" list, '
+        "or a list of messages; got a number",
+    ),
     ("empty-list", "[]", "no messages to import"),
     ("no-messages", '{"messages": []}', "no messages to import"),
-    ("only-system", '{"messages": [{"role": "system", "content": "only a prompt"}]}',
-     "no messages to import"),
+    (
+        "only-system",
+        '{"messages": [{"role": "system", "content": "only a prompt"}]}',
+        "no messages to import",
+    ),
     ("messages-text", '{"messages": "hi"}', "messages: expected a list of messages, got text"),
     ("message-text", '["hi"]', "messages[0]: expected an object with role and content, got text"),
-    ("robot", '[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, '
-              '{"role": "user", "content": "c"}, {"role": "robot", "content": "d"}]',
-     "messages[3].role: 'robot' is not one of user, assistant, system"),
-    ("tool", '[{"role": "tool", "content": "x"}]',
-     "messages[0].role: 'tool' is not one of user, assistant, system"),
+    (
+        "robot",
+        '[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, '
+        '{"role": "user", "content": "c"}, {"role": "robot", "content": "d"}]',
+        "messages[3].role: 'robot' is not one of user, assistant, system",
+    ),
+    (
+        "tool",
+        '[{"role": "tool", "content": "x"}]',
+        "messages[0].role: 'tool' is not one of user, assistant, system",
+    ),
     ("no-content", '[{"role": "user"}]', "messages[0].content is missing"),
     ("no-role", '[{"content": "x"}]', "messages[0].role is missing"),
-    ("null-content", '[{"role": "assistant", "content": null}]',
-     "messages[0].content: expected text or a list of text parts, got null"),
-    ("image", '[{"role": "user", "content": [{"type": "text", "text": "look"}, '
-              '{"type": "image_url", "image_url": {}}]}]',
-     "messages[0].content[1].type: only text parts can be imported, not 'image_url'"),
-    ("cut-emoji", '[{"role": "user", "content": "hi \\ud83d"}]',
-     "messages[0].content: character 4 is '\\ud83d', half of a character pair (a cut emoji?); remove it"),
-    ("part-without-text", '[{"role": "user", "content": [{"type": "text"}]}]',
-     "messages[0].content[0].text: expected text, got null"),
-    ("long-system-prompt",
-     '[{"role": "system", "content": "' + "p" * 20_001 + '"}, {"role": "user", "content": "x"}]',
-     "messages[0]: system prompt is 20,001 characters; the limit is 20,000"),
-    ("title-number", '{"title": 7, "messages": [{"role": "user", "content": "x"}]}',
-     "title: expected text, got a number"),
-    ("bad-settings",
-     '{"format": "minisgl-chat conversation", "settings": {"temperature": 9}, "messages": []}',
-     "settings: temperature must be between 0 and 2 (got 9)"),
-    ("bad-stats", '{"format": "minisgl-chat conversation", "messages": [{"role": "user", "content": "x", '
-                  '"stats": {"tokens": "many"}}]}',
-     "messages[0].stats.tokens: expected a whole number, got 'many'"),
-    ("bad-unanswered", '{"format": "minisgl-chat conversation", "messages": [{"role": "user", "content": "x", '
-                       '"stats": {"unanswered": "no"}}]}',
-     "messages[0].stats.unanswered: expected true or false, got 'no'"),  # 'no' would hide the question from the model
-    ("unknown-parent", json.dumps(TREE), "tree[1].parent_id: 99 is not the id of an earlier message"),
-    ("unknown-leaf", json.dumps({**TREE, "tree": TREE["tree"][:1], "leaf_id": 5}),
-     "leaf_id: 5 is not the id of a message in the tree"),
-    ("too-big", '[{"role": "user", "content": "' + "x" * 21_000_000 + '"}]',
-     "the file is 21.0 MB; the limit is 20 MB"),
+    (
+        "null-content",
+        '[{"role": "assistant", "content": null}]',
+        "messages[0].content: expected text or a list of text parts, got null",
+    ),
+    (
+        "image",
+        '[{"role": "user", "content": [{"type": "text", "text": "look"}, '
+        '{"type": "image_url", "image_url": {}}]}]',
+        "messages[0].content[1].type: only text parts can be imported, not 'image_url'",
+    ),
+    (
+        "cut-emoji",
+        '[{"role": "user", "content": "hi \\ud83d"}]',
+        "messages[0].content: character 4 is '\\ud83d', half of a character pair (a cut emoji?); remove it",
+    ),
+    (
+        "part-without-text",
+        '[{"role": "user", "content": [{"type": "text"}]}]',
+        "messages[0].content[0].text: expected text, got null",
+    ),
+    (
+        "long-system-prompt",
+        '[{"role": "system", "content": "' + "p" * 20_001 + '"}, {"role": "user", "content": "x"}]',
+        "messages[0]: system prompt is 20,001 characters; the limit is 20,000",
+    ),
+    (
+        "title-number",
+        '{"title": 7, "messages": [{"role": "user", "content": "x"}]}',
+        "title: expected text, got a number",
+    ),
+    (
+        "bad-settings",
+        '{"format": "minisgl-chat conversation", "settings": {"temperature": 9}, "messages": []}',
+        "settings: temperature must be between 0 and 2 (got 9)",
+    ),
+    (
+        "bad-stats",
+        '{"format": "minisgl-chat conversation", "messages": [{"role": "user", "content": "x", '
+        '"stats": {"tokens": "many"}}]}',
+        "messages[0].stats.tokens: expected a whole number, got 'many'",
+    ),
+    (
+        "bad-unanswered",
+        '{"format": "minisgl-chat conversation", "messages": [{"role": "user", "content": "x", '
+        '"stats": {"unanswered": "no"}}]}',
+        "messages[0].stats.unanswered: expected true or false, got 'no'",
+    ),  # 'no' would hide the question from the model
+    (
+        "unknown-parent",
+        json.dumps(TREE),
+        "tree[1].parent_id: 99 is not the id of an earlier message",
+    ),
+    (
+        "unknown-leaf",
+        json.dumps({**TREE, "tree": TREE["tree"][:1], "leaf_id": 5}),
+        "leaf_id: 5 is not the id of a message in the tree",
+    ),
+    (
+        "too-big",
+        '[{"role": "user", "content": "' + "x" * 21_000_000 + '"}]',
+        "the file is 21.0 MB; the limit is 20 MB",
+    ),
 ]
 
 
@@ -638,10 +852,16 @@ def test_an_import_that_fails_while_storing_leaves_nothing(store, monkeypatch):
 def test_imported_messages_take_ids_after_every_id_used_and_search_finds_them(store):
     """The batch insert gives ids as AUTOINCREMENT would: after every id ever used (a deleted
     chat's too), parents before children; the search index follows."""
-    first = store.import_conversation(json.dumps([{"role": "user", "content": "alpha"}, {"role": "assistant", "content": "beta"}]))
+    first = store.import_conversation(
+        json.dumps([{"role": "user", "content": "alpha"}, {"role": "assistant", "content": "beta"}])
+    )
     used = max(m.id for m in first.messages)
     store.delete(first.id)
-    again = store.import_conversation(json.dumps([{"role": "user", "content": "gamma words"}, {"role": "assistant", "content": "delta"}]))
+    again = store.import_conversation(
+        json.dumps(
+            [{"role": "user", "content": "gamma words"}, {"role": "assistant", "content": "delta"}]
+        )
+    )
     ids = [m.id for m in again.messages]
     assert ids == [used + 1, used + 2] and again.messages[1].parent_id == ids[0]
     assert [c.id for c in store.search("gamma")] == [again.id]
@@ -651,10 +871,13 @@ def test_imported_messages_take_ids_after_every_id_used_and_search_finds_them(st
 
 # ----------------------------------------------------------------------------- search
 
+
 @pytest.fixture
 def searchable(store):
     """Three chats, oldest first: a Paris chat, a French one with a hidden branch, a CJK one."""
-    paris, [u, _] = chat(store, "What is the capital of France?", "Paris, a city of salt and pepper.")
+    paris, [u, _] = chat(
+        store, "What is the capital of France?", "Paris, a city of salt and pepper."
+    )
     store.rename(paris.id, "Travel plans")
     french, [q, _] = chat(store, "Crème brûlée recipe", "Use cream and sugar.")
     hidden = store.add_message(french.id, q.id, "assistant", "Hidden branch mentions Paris")
@@ -670,7 +893,9 @@ def test_search_finds_titles_and_text_in_any_branch_most_recent_first(store, sea
     assert found[0].snippet == "Hidden branch mentions Paris"
     assert found[1].snippet == "Paris, a city of salt and pepper."
     assert [(r.id, r.snippet) for r in store.search("travel")] == [(paris.id, "")]  # the title
-    assert [r.id for r in store.search("capital fra")] == [paris.id]  # every word; the last a prefix
+    assert [r.id for r in store.search("capital fra")] == [
+        paris.id
+    ]  # every word; the last a prefix
     assert store.search("capital sugar") == []  # words in different chats
     assert [r.id for r in store.search("Pari")] == [french.id, paris.id]
     assert store.search("par", limit=1) == store.search("par")[:1]
@@ -700,11 +925,41 @@ def test_search_matches_unicode_text(store, searchable):
     assert [r.id for r in store.search("привет")] == [cjk.id]  # case folded beyond ASCII
 
 
-@pytest.mark.parametrize("query", [
-    '"', '""', "*", "AND", "OR", "NOT", "and or not", "NEAR(a b)", "(", ")", "a OR", '"unterminated',
-    'salt"', "^salt", "content:salt", "title:x", "-", "+", ":", "{a b}", "", "   ", "🐈", "\x00",
-    "'; DROP TABLE messages; --", "x" * 1000, "a*b", "\\", "%", "_",
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"',
+        '""',
+        "*",
+        "AND",
+        "OR",
+        "NOT",
+        "and or not",
+        "NEAR(a b)",
+        "(",
+        ")",
+        "a OR",
+        '"unterminated',
+        'salt"',
+        "^salt",
+        "content:salt",
+        "title:x",
+        "-",
+        "+",
+        ":",
+        "{a b}",
+        "",
+        "   ",
+        "🐈",
+        "\x00",
+        "'; DROP TABLE messages; --",
+        "x" * 1000,
+        "a*b",
+        "\\",
+        "%",
+        "_",
+    ],
+)
 def test_search_never_raises_on_odd_input(store, searchable, query):
     results = store.search(query)
     assert isinstance(results, list)
@@ -720,24 +975,31 @@ def test_search_treats_operators_and_quotes_as_text(store, searchable):
 
 # ----------------------------------------------------------------------------- settings and titles
 
+
 def test_valid_settings_pass():
     ChatSettings().validate()
     ChatSettings(temperature=0, top_p=1, max_tokens=32768, system_prompt="x" * 20_000).validate()
     ChatSettings(temperature=2.0, top_p=1e-6, max_tokens=1).validate()
 
 
-@pytest.mark.parametrize("bad, words", [
-    (dict(temperature=-0.1), "temperature must be between 0 and 2"),
-    (dict(temperature=2.01), "temperature"),
-    (dict(temperature=float("nan")), "temperature"),
-    (dict(top_p=0.0), "top-p must be greater than 0"),
-    (dict(top_p=1.5), "top-p"),
-    (dict(max_tokens=0), "max tokens must be a whole number from 1 to 32,768"),
-    (dict(max_tokens=32769), "max tokens"),
-    (dict(max_tokens=12.5), "max tokens"),
-    (dict(max_tokens=True), "max tokens"),
-    (dict(system_prompt="x" * 20_001), "system prompt is 20,001 characters; the limit is 20,000"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (dict(temperature=-0.1), "temperature must be between 0 and 2"),
+        (dict(temperature=2.01), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=0.0), "top-p must be greater than 0"),
+        (dict(top_p=1.5), "top-p"),
+        (dict(max_tokens=0), "max tokens must be a whole number from 1 to 32,768"),
+        (dict(max_tokens=32769), "max tokens"),
+        (dict(max_tokens=12.5), "max tokens"),
+        (dict(max_tokens=True), "max tokens"),
+        (
+            dict(system_prompt="x" * 20_001),
+            "system prompt is 20,001 characters; the limit is 20,000",
+        ),
+    ],
+)
 def test_invalid_settings_raise_a_readable_value_error(bad, words):
     with pytest.raises(ValueError, match=words):
         ChatSettings(**bad).validate()
@@ -749,19 +1011,33 @@ def test_every_invalid_setting_is_named_at_once():
     assert "temperature" in str(err.value) and "top-p" in str(err.value)
 
 
-@pytest.mark.parametrize("text, title", [
-    ("What is the capital of France?", "What is the capital of France?"),
-    ("\n\n   Explain   KV cache\nin detail please", "Explain KV cache"),
-    ("", DEFAULT_TITLE),
-    ("   \n  ", DEFAULT_TITLE),
-    ("Please write a long story about a cat who learns to fly over the sea",
-     "Please write a long story about a cat who learns to fly over the sea"),
-    ("Please write a long story about a cat who learns to fly over the sea, then back home again, "
-     "and all the way to the moon", "Please write a long story about a cat who learns to fly over the sea, then back home again, and…"),
-    ("x" * 150, "x" * 99 + "…"),
-    ("**notes.txt**\n```\nbuy milk\n```", "notes.txt"),  # a file sent alone: its name, not its Markdown
-    ("**Important:** read this first", "**Important:** read this first"),  # bold inside a line stays as typed
-])
+@pytest.mark.parametrize(
+    "text, title",
+    [
+        ("What is the capital of France?", "What is the capital of France?"),
+        ("\n\n   Explain   KV cache\nin detail please", "Explain KV cache"),
+        ("", DEFAULT_TITLE),
+        ("   \n  ", DEFAULT_TITLE),
+        (
+            "Please write a long story about a cat who learns to fly over the sea",
+            "Please write a long story about a cat who learns to fly over the sea",
+        ),
+        (
+            "Please write a long story about a cat who learns to fly over the sea, then back home again, "
+            "and all the way to the moon",
+            "Please write a long story about a cat who learns to fly over the sea, then back home again, and…",
+        ),
+        ("x" * 150, "x" * 99 + "…"),
+        (
+            "**notes.txt**\n```\nbuy milk\n```",
+            "notes.txt",
+        ),  # a file sent alone: its name, not its Markdown
+        (
+            "**Important:** read this first",
+            "**Important:** read this first",
+        ),  # bold inside a line stays as typed
+    ],
+)
 def test_title_from_first_line(text, title):
     assert title_from(text) == title
     assert len(title_from(text)) <= TITLE_LENGTH
@@ -774,10 +1050,15 @@ def test_questions_that_start_alike_get_titles_that_differ():
     tour). A first line of up to TITLE_LENGTH (100) characters is the title whole."""
     first = title_from("Can you explain how the Python garbage collector handles reference cycles?")
     second = title_from("Can you explain how the Python garbage collector handles weak references?")
-    assert first != second and first.endswith("reference cycles?") and second.endswith("weak references?"), (first, second)
+    assert (
+        first != second
+        and first.endswith("reference cycles?")
+        and second.endswith("weak references?")
+    ), (first, second)
 
 
 # ----------------------------------------------------------------------------- the file
+
 
 def test_database_lives_in_the_data_dir_and_is_private(data_dir):
     old = os.umask(0)  # SQLite on its own would create 0644 & ~umask: prove we do not rely on it
@@ -854,7 +1135,9 @@ def test_a_version_1_database_is_migrated_and_keeps_its_data(tmp_path):
         conv = s.get(7)
         assert (conv.title, conv.settings) == ("old chat", ChatSettings(temperature=0.3))
         assert [(m.role, m.content, m.stats) for m in conv.messages] == [
-            ("user", "hi", None), ("assistant", "hello", MessageStats(tokens=2, finish_reason="stop"))]
+            ("user", "hi", None),
+            ("assistant", "hello", MessageStats(tokens=2, finish_reason="stop")),
+        ]
         again = s.append(7, "user", "again")
         assert (again.position, again.parent_id) == (2, 2)
     with sqlite3.connect(path) as raw:
@@ -862,8 +1145,9 @@ def test_a_version_1_database_is_migrated_and_keeps_its_data(tmp_path):
         indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         # version 2's unique positions went in version 3, where versions of a message share one
         assert "messages_by_position" not in indexes and "messages_by_conversation" in indexes
-        assert raw.execute("SELECT id, parent_id, position FROM messages ORDER BY id").fetchall() == [
-            (1, None, 0), (2, 1, 1), (3, 2, 2)]
+        assert raw.execute(
+            "SELECT id, parent_id, position FROM messages ORDER BY id"
+        ).fetchall() == [(1, None, 0), (2, 1, 1), (3, 2, 2)]
 
 
 V2_FILE = Path(__file__).resolve().parents[1] / "data" / "chats-v2.sqlite3"
@@ -881,27 +1165,50 @@ def test_the_previous_releases_v2_file_becomes_one_branch_trees(tmp_path):
         assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
     with ConversationStore(path) as s:
         assert [(c.id, c.title, c.message_count) for c in s.list()] == [
-            (4, "empty", 0), (3, "Deux 🐈", 4), (1, "Capitals", 4)]
+            (4, "empty", 0),
+            (3, "Deux 🐈", 4),
+            (1, "Capitals", 4),
+        ]
         capitals = s.get(1)
         assert (capitals.created_at, capitals.updated_at) == (1764000001.0, 1764000006.0)
-        assert capitals.settings == ChatSettings(system_prompt="Answer in one word.", temperature=0.2)
-        assert [(m.id, m.parent_id, m.position, m.role, m.content, m.stats) for m in capitals.messages] == [
+        assert capitals.settings == ChatSettings(
+            system_prompt="Answer in one word.", temperature=0.2
+        )
+        assert [
+            (m.id, m.parent_id, m.position, m.role, m.content, m.stats) for m in capitals.messages
+        ] == [
             (1, None, 0, "user", "What is the capital of France?", None),
             (2, 1, 1, "assistant", "Paris.", MessageStats(12.5, 80.0, 3, "stop", False)),
             (3, 2, 2, "user", "And of Italy?", None),
-            (4, 3, 3, "assistant", "Rome", MessageStats(tokens=2, finish_reason="abort", stopped=True))]
+            (
+                4,
+                3,
+                3,
+                "assistant",
+                "Rome",
+                MessageStats(tokens=2, finish_reason="abort", stopped=True),
+            ),
+        ]
         deux = s.get(3)
         assert deux.settings == ChatSettings(max_tokens=2048, thinking=True)
         assert [(m.id, m.parent_id, m.position, m.content) for m in deux.messages] == [
-            (6, None, 0, "message 0"), (7, 6, 1, "message 1"), (10, 7, 2, "Bonjour, ça va ?"),
-            (11, 10, 3, "<think>hm</think>Très bien.")]
-        assert all((m.sibling_index, m.sibling_count) == (0, 1) for m in capitals.messages + deux.messages)
+            (6, None, 0, "message 0"),
+            (7, 6, 1, "message 1"),
+            (10, 7, 2, "Bonjour, ça va ?"),
+            (11, 10, 3, "<think>hm</think>Très bien."),
+        ]
+        assert all(
+            (m.sibling_index, m.sibling_count) == (0, 1) for m in capitals.messages + deux.messages
+        )
         assert s.get(4).messages == []
         with pytest.raises(NotFoundError):
             s.get(2)
         # the old text is in the search index, and the chats go on as trees
         assert [c.id for c in s.search("rome")] == [1] and [c.id for c in s.search("deux")] == [3]
-        assert (s.append(1, "user", "And Spain?").parent_id, s.get(1).messages[-1].position) == (4, 4)
+        assert (s.append(1, "user", "And Spain?").parent_id, s.get(1).messages[-1].position) == (
+            4,
+            4,
+        )
         regenerated = s.add_message(3, 10, "assistant", "Bien, merci.")
         assert (regenerated.sibling_index, regenerated.sibling_count) == (1, 2)
     with sqlite3.connect(path) as raw:
@@ -909,7 +1216,10 @@ def test_the_previous_releases_v2_file_becomes_one_branch_trees(tmp_path):
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
         assert raw.execute("SELECT id, leaf_id FROM conversations ORDER BY id").fetchall() == [
-            (1, 12), (3, 13), (4, None)]
+            (1, 12),
+            (3, 13),
+            (4, None),
+        ]
 
 
 def test_a_failing_v3_migration_leaves_the_v2_file_as_it_was(tmp_path, monkeypatch):
@@ -927,8 +1237,12 @@ def test_a_failing_v3_migration_leaves_the_v2_file_as_it_was(tmp_path, monkeypat
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
         assert "parent_id" not in {r[1] for r in raw.execute("PRAGMA table_info(messages)")}
-        assert raw.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'messages_by_position'"
-                           ).fetchone()[0] == 1
+        assert (
+            raw.execute(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'messages_by_position'"
+            ).fetchone()[0]
+            == 1
+        )
         assert raw.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 8
     monkeypatch.undo()
     with ConversationStore(path) as s:  # and the next start migrates it
@@ -937,21 +1251,43 @@ def test_a_failing_v3_migration_leaves_the_v2_file_as_it_was(tmp_path, monkeypat
 
 def test_schema_3_has_trees_and_a_search_index(store):
     with sqlite3.connect(store.path) as raw:
-        objects = {(r[0], r[1]) for r in raw.execute("SELECT type, name FROM sqlite_master "
-                                                     "WHERE name NOT LIKE '%fts\\_%' ESCAPE '\\'")}
+        objects = {
+            (r[0], r[1])
+            for r in raw.execute(
+                "SELECT type, name FROM sqlite_master WHERE name NOT LIKE '%fts\\_%' ESCAPE '\\'"
+            )
+        }
         assert objects >= {
-            ("table", "conversations"), ("table", "messages"), ("table", "messages_fts"),
-            ("table", "conversations_fts"), ("index", "conversations_by_update"),
-            ("index", "messages_by_conversation"), ("index", "messages_by_parent"),
-            ("index", "conversations_by_leaf")}
-        triggers = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
-        search = {f"{t}_fts_{op}" for t in ("messages", "conversations") for op in ("insert", "delete", "update")}
-        revisions = {"conversations_revised", *(f"messages_{op}_revise" for op in ("insert", "update", "delete"))}  # version 5
+            ("table", "conversations"),
+            ("table", "messages"),
+            ("table", "messages_fts"),
+            ("table", "conversations_fts"),
+            ("index", "conversations_by_update"),
+            ("index", "messages_by_conversation"),
+            ("index", "messages_by_parent"),
+            ("index", "conversations_by_leaf"),
+        }
+        triggers = {
+            r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        }
+        search = {
+            f"{t}_fts_{op}"
+            for t in ("messages", "conversations")
+            for op in ("insert", "delete", "update")
+        }
+        revisions = {
+            "conversations_revised",
+            *(f"messages_{op}_revise" for op in ("insert", "update", "delete")),
+        }  # version 5
         assert triggers == search | revisions
         keys = {(r[2], r[3], r[6]) for r in raw.execute("PRAGMA foreign_key_list(messages)")}
-        assert keys == {("conversations", "conversation_id", "CASCADE"), ("messages", "parent_id", "CASCADE")}
-        assert [(r[2], r[3], r[6]) for r in raw.execute("PRAGMA foreign_key_list(conversations)")] == [
-            ("messages", "leaf_id", "SET NULL")]
+        assert keys == {
+            ("conversations", "conversation_id", "CASCADE"),
+            ("messages", "parent_id", "CASCADE"),
+        }
+        assert [
+            (r[2], r[3], r[6]) for r in raw.execute("PRAGMA foreign_key_list(conversations)")
+        ] == [("messages", "leaf_id", "SET NULL")]
 
 
 def test_deleting_a_message_outside_the_store_cascades_to_its_subtree(store):
@@ -998,7 +1334,9 @@ def test_a_database_from_a_newer_version_is_refused(tmp_path):
     path = tmp_path / DB_NAME
     with sqlite3.connect(path) as raw:
         raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
-    with pytest.raises(SchemaTooNewError, match=f"schema version {SCHEMA_VERSION + 5}.*upgrade minisgl-chat"):
+    with pytest.raises(
+        SchemaTooNewError, match=f"schema version {SCHEMA_VERSION + 5}.*upgrade minisgl-chat"
+    ):
         ConversationStore(path)
     with sqlite3.connect(path) as raw:  # and left as it was
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 5
@@ -1006,6 +1344,7 @@ def test_a_database_from_a_newer_version_is_refused(tmp_path):
 
 
 # ----------------------------------------------------------------------------- concurrent writers
+
 
 def assert_all_appends_landed(path: Path, conv_id: int, expected: set[str]) -> None:
     with ConversationStore(path) as s:
@@ -1062,8 +1401,10 @@ def test_two_processes_and_a_thread_append_to_one_conversation(tmp_path):
         conv = s.create()
         ctx = multiprocessing.get_context("spawn")
         start = ctx.Event()
-        procs = [ctx.Process(target=_append_from_process, args=(str(path), conv.id, f"p{n}", start))
-                 for n in range(2)]
+        procs = [
+            ctx.Process(target=_append_from_process, args=(str(path), conv.id, f"p{n}", start))
+            for n in range(2)
+        ]
         for p in procs:
             p.start()
         start.set()
@@ -1072,10 +1413,13 @@ def test_two_processes_and_a_thread_append_to_one_conversation(tmp_path):
         for p in procs:
             p.join(60)
         assert [p.exitcode for p in procs] == [0, 0]
-    assert_all_appends_landed(path, conv.id, {f"{tag}-{i}" for tag in ("p0", "p1", "main") for i in range(50)})
+    assert_all_appends_landed(
+        path, conv.id, {f"{tag}-{i}" for tag in ("p0", "p1", "main") for i in range(50)}
+    )
 
 
 # ---- which model wrote each reply (schema version 4)
+
 
 def file_at_version(path: Path, version: int, messages_sql: str, leaf_id: int) -> None:
     """A database as release ``version`` of the schema left it (its first ``version`` migration
@@ -1086,8 +1430,13 @@ def file_at_version(path: Path, version: int, messages_sql: str, leaf_id: int) -
     for step in MIGRATIONS[:version]:
         step(raw)
     raw.execute(f"PRAGMA user_version = {version}")
-    raw.execute("INSERT INTO conversations (id, title, created_at, updated_at, settings) VALUES (1, 'old', 1.0, 2.0, '{}')")
-    raw.execute("INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, stats) " + messages_sql)
+    raw.execute(
+        "INSERT INTO conversations (id, title, created_at, updated_at, settings) VALUES (1, 'old', 1.0, 2.0, '{}')"
+    )
+    raw.execute(
+        "INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, stats) "
+        + messages_sql
+    )
     raw.execute("UPDATE conversations SET leaf_id = ? WHERE id = 1", (leaf_id,))
     raw.commit()
     raw.close()
@@ -1098,17 +1447,29 @@ def test_a_version_3_file_gains_the_reply_model_and_keeps_its_chats(tmp_path):
     before the models panel left it) opens with its chats whole; its old replies have no model
     (unknown), new ones remember theirs, and a stream's updates keep it."""
     path = tmp_path / DB_NAME
-    file_at_version(path, 3, "VALUES (1, 1, NULL, 0, 'user', 'hi', 1.0, NULL), (2, 1, 1, 1, 'assistant', 'hello', 2.0, '{\"tokens\": 2}')",
-                    leaf_id=2)
+    file_at_version(
+        path,
+        3,
+        "VALUES (1, 1, NULL, 0, 'user', 'hi', 1.0, NULL), (2, 1, 1, 1, 'assistant', 'hello', 2.0, '{\"tokens\": 2}')",
+        leaf_id=2,
+    )
     with ConversationStore(path) as s:
         old = s.get(1)
         assert [(m.content, m.model) for m in old.messages] == [("hi", None), ("hello", None)]
         s.append(1, "user", "again")
         reply = s.append(1, "assistant", "", stats={"tokens": 0}, model="tiny-chat")
         s.update_message(reply.id, "growing")  # a stream's update leaves the model alone
-        s.update_message(reply.id, "done", {"tokens": 3, "stopped": True, "stopped_by": "switch to SmolLM2-135M-Instruct"})
+        s.update_message(
+            reply.id,
+            "done",
+            {"tokens": 3, "stopped": True, "stopped_by": "switch to SmolLM2-135M-Instruct"},
+        )
         last = s.get(1).messages[-1]
-        assert (last.content, last.model, last.stats.stopped_by) == ("done", "tiny-chat", "switch to SmolLM2-135M-Instruct")
+        assert (last.content, last.model, last.stats.stopped_by) == (
+            "done",
+            "tiny-chat",
+            "switch to SmolLM2-135M-Instruct",
+        )
         assert [c.title for c in s.search("hello")] == ["old"]
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
@@ -1131,6 +1492,7 @@ def test_the_reply_model_travels_through_export_and_import(store):
 
 
 # ---- each conversation counts its writes (schema version 5)
+
 
 def test_every_write_to_a_chat_raises_its_revision_and_no_other_chats(store):
     """A page compares a chat's revision with the one it showed: every change to the chat,
@@ -1188,11 +1550,19 @@ def test_a_version_4_file_gains_revisions_and_keeps_its_chats(tmp_path):
 # Each of the store's modules imports only modules on a lower floor: plain records at the bottom,
 # the composed ConversationStore at the top.
 STORE_FLOORS = {
-    "records": 0, "database": 0,
-    "schema": 1, "rows": 1, "import_file": 1,
-    "base": 2, "tree": 2,
-    "conversations": 3, "messages": 3, "search": 3, "import_export": 3,
-    "conversation_store": 4, "__init__": 5,
+    "records": 0,
+    "database": 0,
+    "schema": 1,
+    "rows": 1,
+    "import_file": 1,
+    "base": 2,
+    "tree": 2,
+    "conversations": 3,
+    "messages": 3,
+    "search": 3,
+    "import_export": 3,
+    "conversation_store": 4,
+    "__init__": 5,
 }
 
 
@@ -1211,9 +1581,15 @@ def test_the_store_modules_import_only_downward():
     from minisgl_app.chat import store as store_package
 
     folder = Path(store_package.__file__).parent
-    assert {p.stem for p in folder.glob("*.py")} == set(STORE_FLOORS), "give a new module its floor here"
-    upward = [f"{p.stem} imports {name}" for p in sorted(folder.glob("*.py")) for name in sorted(store_imports(p))
-              if STORE_FLOORS[name] >= STORE_FLOORS[p.stem]]
+    assert {p.stem for p in folder.glob("*.py")} == set(STORE_FLOORS), (
+        "give a new module its floor here"
+    )
+    upward = [
+        f"{p.stem} imports {name}"
+        for p in sorted(folder.glob("*.py"))
+        for name in sorted(store_imports(p))
+        if STORE_FLOORS[name] >= STORE_FLOORS[p.stem]
+    ]
     assert not upward, upward
 
 

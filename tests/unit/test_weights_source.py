@@ -92,8 +92,9 @@ def test_folder_without_config(tmp_path: Path) -> None:
     _one_line(exc, str(tmp_path), "no config.json")
 
 
-@pytest.mark.parametrize("path", ["/nonexistent/model", "./no-such-model", "../no-such-model",
-                                  "~/no-such-model-minisgl"])
+@pytest.mark.parametrize(
+    "path", ["/nonexistent/model", "./no-such-model", "../no-such-model", "~/no-such-model-minisgl"]
+)
 def test_missing_path(path: str) -> None:
     with pytest.raises(ModelSourceError) as exc:
         resolve_model(path)
@@ -127,8 +128,11 @@ def test_gguf_converted_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF")
     calls: list[Path] = []
-    monkeypatch.setattr(gguf_convert, "_write_folder",
-                        lambda g, out, p, bars: (calls.append(g), _fake_write(g, out, p)))
+    monkeypatch.setattr(
+        gguf_convert,
+        "_write_folder",
+        lambda g, out, p, bars: (calls.append(g), _fake_write(g, out, p)),
+    )
     first = resolve_model(str(gguf))
     assert first.parent == tmp_path / "cache" / "models" and first.name.startswith("gguf-")
     assert is_complete(first) and (first / "config.json").is_file()
@@ -138,8 +142,9 @@ def test_gguf_converted_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert source._gguf_cache_dir(gguf) != first
 
 
-def test_interrupted_conversion_leaves_nothing(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_conversion_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF")
     out = tmp_path / "models" / "converted"
@@ -201,7 +206,10 @@ def test_pull_demo_flow(fake_demo, tmp_path: Path) -> None:
     assert folder == fake_demo.demo_model_dir() and is_complete(folder)
     assert resolve_model("demo") == folder
     assert sorted(p.name for p in folder.parent.iterdir()) == [
-        "smollm2-135m-instruct", "smollm2-135m-instruct.lock", "smollm2-135m-instruct.pull.lock"]
+        "smollm2-135m-instruct",
+        "smollm2-135m-instruct.lock",
+        "smollm2-135m-instruct.pull.lock",
+    ]
 
 
 def test_pull_demo_checksum_mismatch(fake_demo, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,15 @@ import time
 
 from . import tree
 from .base import StoreBase
-from .records import DEFAULT_TITLE, ChatSettings, Conversation, ConversationSummary, NotFoundError, check_message, default_settings
+from .records import (
+    DEFAULT_TITLE,
+    ChatSettings,
+    Conversation,
+    ConversationSummary,
+    NotFoundError,
+    check_message,
+    default_settings,
+)
 from .rows import SUMMARY_COLUMNS, conversation_from_row, conversation_row, summary_from_row
 
 
@@ -19,8 +27,12 @@ class ConversationsMixin(StoreBase):
         """The settings a new conversation starts with (same as records.default_settings)."""
         return default_settings()
 
-    def create(self, title: str = DEFAULT_TITLE, settings: ChatSettings | None = None,
-               first_message: str | None = None) -> Conversation:
+    def create(
+        self,
+        title: str = DEFAULT_TITLE,
+        settings: ChatSettings | None = None,
+        first_message: str | None = None,
+    ) -> Conversation:
         """A new conversation; it becomes the most recently updated. ``first_message``: the user's
         message it starts with, stored in the same transaction (a failed store of it leaves no
         empty chat behind); None: the conversation starts empty."""
@@ -34,7 +46,8 @@ class ConversationsMixin(StoreBase):
             cur = conn.execute(
                 f"INSERT INTO conversations (title, created_at, updated_at, settings) "
                 f"VALUES (?, ?, {tree.NEWEST}, ?)",
-                (title, now, now, json.dumps(settings.to_dict())))
+                (title, now, now, json.dumps(settings.to_dict())),
+            )
             if first_message is not None:
                 tree.add(conn, cur.lastrowid, None, "user", first_message, None)
             return tree.load(conn, conversation_row(conn, cur.lastrowid))
@@ -72,14 +85,18 @@ class ConversationsMixin(StoreBase):
         settings.validate()
         with self._write() as conn:
             conversation_row(conn, conv_id)
-            conn.execute("UPDATE conversations SET settings = ? WHERE id = ?",
-                         (json.dumps(settings.to_dict()), conv_id))
+            conn.execute(
+                "UPDATE conversations SET settings = ? WHERE id = ?",
+                (json.dumps(settings.to_dict()), conv_id),
+            )
 
     def delete(self, conv_id: int) -> None:
         """Delete the conversation and (by cascade) all its messages."""
         with self._write() as conn:
             # detached first, so the cascade is one level deep (see tree.delete_messages)
-            conn.execute("UPDATE messages SET parent_id = NULL WHERE conversation_id = ?", (conv_id,))
+            conn.execute(
+                "UPDATE messages SET parent_id = NULL WHERE conversation_id = ?", (conv_id,)
+            )
             if conn.execute("DELETE FROM conversations WHERE id = ?", (conv_id,)).rowcount == 0:
                 raise NotFoundError(f"no conversation with id {conv_id}")
 
@@ -87,8 +104,10 @@ class ConversationsMixin(StoreBase):
     def list(self) -> list[ConversationSummary]:
         """Every conversation, most recently updated first."""
         with self._read() as conn:
-            rows = conn.execute(f"SELECT {SUMMARY_COLUMNS} FROM conversations c "
-                                "ORDER BY c.updated_at DESC, c.id DESC").fetchall()
+            rows = conn.execute(
+                f"SELECT {SUMMARY_COLUMNS} FROM conversations c "
+                "ORDER BY c.updated_at DESC, c.id DESC"
+            ).fetchall()
         return [summary_from_row(r) for r in rows]
 
 

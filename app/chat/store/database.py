@@ -47,7 +47,9 @@ def connect(path: Path) -> sqlite3.Connection:
     """A connection with rows by column name, foreign keys on, and writers that wait for each
     other up to BUSY_TIMEOUT_S. ``isolation_level=None``: no implicit transactions; the store
     opens each one explicitly."""
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    conn = sqlite3.connect(
+        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
     conn.row_factory = sqlite3.Row
     conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
     conn.execute("PRAGMA foreign_keys = ON")

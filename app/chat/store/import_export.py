@@ -31,12 +31,18 @@ class ImportExportMixin(StoreBase):
         plan = plan_import(text)
         now = time.time()
         with self._write() as conn:
-            if conn.execute("SELECT 1 FROM conversations WHERE title = ?", (plan.title,)).fetchone():
-                plan = replace(plan, title=plan.title[: IMPORT_TITLE_LIMIT - len(IMPORTED_SUFFIX)] + IMPORTED_SUFFIX)
+            if conn.execute(
+                "SELECT 1 FROM conversations WHERE title = ?", (plan.title,)
+            ).fetchone():
+                plan = replace(
+                    plan,
+                    title=plan.title[: IMPORT_TITLE_LIMIT - len(IMPORTED_SUFFIX)] + IMPORTED_SUFFIX,
+                )
             cur = conn.execute(
                 f"INSERT INTO conversations (title, created_at, updated_at, settings) "
                 f"VALUES (?, ?, {tree.NEWEST}, ?)",
-                (plan.title, plan.created_at or now, now, json.dumps(plan.settings.to_dict())))
+                (plan.title, plan.created_at or now, now, json.dumps(plan.settings.to_dict())),
+            )
             leaf = _insert_messages(conn, cur.lastrowid, plan, now)
             tree.set_leaf(conn, cur.lastrowid, tree.newest_leaf(conn, leaf))
             return tree.load(conn, conversation_row(conn, cur.lastrowid))
@@ -45,15 +51,25 @@ class ImportExportMixin(StoreBase):
         """The shown path as a Markdown document: title, system prompt, then each turn."""
         with self._read() as conn:
             conv = tree.load(conn, conversation_row(conn, conv_id))
-        out = [f"# {conv.title}", "",
-               f"_Exported from minisgl-chat, {_when(time.time())}. "
-               f"Started {_when(conv.created_at)}._", ""]
+        out = [
+            f"# {conv.title}",
+            "",
+            f"_Exported from minisgl-chat, {_when(time.time())}. "
+            f"Started {_when(conv.created_at)}._",
+            "",
+        ]
         if conv.settings.system_prompt:
             out += ["**System prompt:**", "", _quote(conv.settings.system_prompt), ""]
         for m in conv.messages:
             out += [f"## {m.role.capitalize()}", "", m.content, ""]
-            line = " · ".join(x for x in (m.model if m.role == "assistant" else None,
-                                          m.stats.summary() if m.stats is not None else None) if x)
+            line = " · ".join(
+                x
+                for x in (
+                    m.model if m.role == "assistant" else None,
+                    m.stats.summary() if m.stats is not None else None,
+                )
+                if x
+            )
             if line:
                 out += [f"_{line}_", ""]
         return "\n".join(out).rstrip() + "\n"
@@ -65,8 +81,9 @@ class ImportExportMixin(StoreBase):
         with self._read() as conn:
             row = conversation_row(conn, conv_id)
             conv = tree.load(conn, row)
-            rows = conn.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY position, id",
-                                (conv_id,)).fetchall()
+            rows = conn.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position, id", (conv_id,)
+            ).fetchall()
         doc: dict[str, Any] = {
             "format": EXPORT_FORMAT,
             "schema_version": SCHEMA_VERSION,
@@ -76,14 +93,28 @@ class ImportExportMixin(StoreBase):
             "updated_at": conv.updated_at,
             "settings": conv.settings.to_dict(),
             "messages": [
-                {"id": m.id, "position": m.position, "role": m.role, "content": m.content,
-                 "created_at": m.created_at, "stats": m.stats.to_dict() if m.stats else None, "model": m.model}
+                {
+                    "id": m.id,
+                    "position": m.position,
+                    "role": m.role,
+                    "content": m.content,
+                    "created_at": m.created_at,
+                    "stats": m.stats.to_dict() if m.stats else None,
+                    "model": m.model,
+                }
                 for m in conv.messages
             ],
             "leaf_id": row["leaf_id"],
             "tree": [
-                {"id": r["id"], "parent_id": r["parent_id"], "role": r["role"], "content": r["content"],
-                 "created_at": r["created_at"], "stats": stats_dict(r["stats"]), "model": r["model"]}
+                {
+                    "id": r["id"],
+                    "parent_id": r["parent_id"],
+                    "role": r["role"],
+                    "content": r["content"],
+                    "created_at": r["created_at"],
+                    "stats": stats_dict(r["stats"]),
+                    "model": r["model"],
+                }
                 for r in rows
             ],
         }
@@ -94,17 +125,33 @@ def _insert_messages(conn: sqlite3.Connection, conv_id: int, plan: ImportPlan, n
     """Store the plan's messages in one batch and return the id its leaf got. The ids are chosen
     here, after every id used so far, as AUTOINCREMENT would give them (parents first, so each
     parent's id is known): row by row, a chat of 100,000 messages takes some 20 seconds."""
-    (last,) = conn.execute("SELECT MAX(COALESCE((SELECT MAX(id) FROM messages), 0), COALESCE("
-                           "(SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0))").fetchone()
+    (last,) = conn.execute(
+        "SELECT MAX(COALESCE((SELECT MAX(id) FROM messages), 0), COALESCE("
+        "(SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0))"
+    ).fetchone()
     new_ids: dict[int, tuple[int, int]] = {}  # key in the file -> (id, position) here
     rows = []
     for new_id, m in enumerate(plan.messages, start=last + 1):
         parent_id, parent_position = new_ids[m.parent] if m.parent is not None else (None, -1)
         new_ids[m.key] = (new_id, parent_position + 1)
-        rows.append((new_id, conv_id, parent_id, parent_position + 1, m.role, m.content, m.created_at or now,
-                     m.stats, m.model))
-    conn.executemany("INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, "
-                     "stats, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        rows.append(
+            (
+                new_id,
+                conv_id,
+                parent_id,
+                parent_position + 1,
+                m.role,
+                m.content,
+                m.created_at or now,
+                m.stats,
+                m.model,
+            )
+        )
+    conn.executemany(
+        "INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, "
+        "stats, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
     return new_ids[plan.leaf][0]
 
 

@@ -13,7 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .records import ROLES, ChatSettings, MessageStats, default_settings, is_number, is_whole, shown_value, title_from
+from .records import (
+    ROLES,
+    ChatSettings,
+    MessageStats,
+    default_settings,
+    is_number,
+    is_whole,
+    shown_value,
+    title_from,
+)
 
 EXPORT_FORMAT = "minisgl-chat conversation"
 IMPORT_LIMIT_BYTES = 20_000_000  # "20 MB" in what the user is told
@@ -59,8 +68,10 @@ def plan_import(text: str | bytes) -> ImportPlan:
         return _plan_openai(doc["messages"], doc.get("title"))
     if isinstance(doc, list):
         return _plan_openai(doc, None)
-    raise BadImportFile('expected a minisgl-chat export, an object with a "messages" list, '
-                        f"or a list of messages; got {_kind(doc)}")
+    raise BadImportFile(
+        'expected a minisgl-chat export, an object with a "messages" list, '
+        f"or a list of messages; got {_kind(doc)}"
+    )
 
 
 def _decoded(text: str | bytes) -> str:
@@ -71,8 +82,10 @@ def _decoded(text: str | bytes) -> str:
         try:
             text = bytes(text).decode("utf-8")
         except UnicodeDecodeError as e:
-            raise BadImportFile(f"not UTF-8 text: byte {e.start + 1} (0x{text[e.start]:02x}) cannot be "
-                                "read; save the file as UTF-8") from None
+            raise BadImportFile(
+                f"not UTF-8 text: byte {e.start + 1} (0x{text[e.start]:02x}) cannot be "
+                "read; save the file as UTF-8"
+            ) from None
     elif not isinstance(text, str):
         raise TypeError(f"import_conversation takes text or bytes (got {type(text).__name__})")
     size = len(text.encode("utf-8", "surrogatepass"))
@@ -83,7 +96,9 @@ def _decoded(text: str | bytes) -> str:
 
 def _parse_json(text: str) -> object:
     if not text.strip():
-        raise BadImportFile("the file is empty")  # says more than json's "Expecting value at line 1 column 1"
+        raise BadImportFile(
+            "the file is empty"
+        )  # says more than json's "Expecting value at line 1 column 1"
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -93,7 +108,9 @@ def _parse_json(text: str) -> object:
 
 
 def _too_big(size: int) -> BadImportFile:
-    return BadImportFile(f"the file is {size / 1e6:.1f} MB; the limit is {IMPORT_LIMIT_BYTES / 1e6:.0f} MB")
+    return BadImportFile(
+        f"the file is {size / 1e6:.1f} MB; the limit is {IMPORT_LIMIT_BYTES / 1e6:.0f} MB"
+    )
 
 
 def _plan_ours(doc: dict[str, Any]) -> ImportPlan:
@@ -109,15 +126,22 @@ def _plan_ours(doc: dict[str, Any]) -> ImportPlan:
         messages = _chain(_read_messages(doc.get("messages"), "messages"))
         leaf = len(messages) - 1
     created_at = doc.get("created_at")
-    return ImportPlan(_import_title(doc.get("title"), messages), settings,
-                      float(created_at) if is_number(created_at) else None, messages, leaf)
+    return ImportPlan(
+        _import_title(doc.get("title"), messages),
+        settings,
+        float(created_at) if is_number(created_at) else None,
+        messages,
+        leaf,
+    )
 
 
 def _plan_openai(items: object, title: object) -> ImportPlan:
     """OpenAI-style messages; a leading system message becomes the system prompt."""
     parsed = _read_messages(items, "messages")
     system_prompt = parsed.pop(0).content if parsed and parsed[0].role == "system" else ""
-    settings = _checked_settings(replace(default_settings(), system_prompt=system_prompt), "messages[0]")
+    settings = _checked_settings(
+        replace(default_settings(), system_prompt=system_prompt), "messages[0]"
+    )
     messages = _chain(parsed)
     return ImportPlan(_import_title(title, messages), settings, None, messages, len(messages) - 1)
 
@@ -152,7 +176,9 @@ def _read_tree(tree: object, leaf_id: object) -> tuple[list[ImportedMessage], in
         if key in seen:
             raise BadImportFile(f"{where}.id: {key} is also the id of an earlier message")
         if parent is not None and (not is_whole(parent) or parent not in seen):
-            raise BadImportFile(f"{where}.parent_id: {shown_value(parent)} is not the id of an earlier message")
+            raise BadImportFile(
+                f"{where}.parent_id: {shown_value(parent)} is not the id of an earlier message"
+            )
         seen.add(key)
         out.append(replace(message, key=key, parent=parent))
     if not out:
@@ -160,7 +186,9 @@ def _read_tree(tree: object, leaf_id: object) -> tuple[list[ImportedMessage], in
     if leaf_id is None:
         return out, out[-1].key  # listed after its parents, so it has no children
     if not is_whole(leaf_id) or leaf_id not in seen:
-        raise BadImportFile(f"leaf_id: {shown_value(leaf_id)} is not the id of a message in the tree")
+        raise BadImportFile(
+            f"leaf_id: {shown_value(leaf_id)} is not the id of a message in the tree"
+        )
     return out, leaf_id
 
 
@@ -178,9 +206,13 @@ def _read_message(item: object, where: str) -> ImportedMessage:
     model = item.get("model")
     if model is not None and not isinstance(model, str):
         raise BadImportFile(f"{where}.model: expected text or null, got {_kind(model)}")
-    return ImportedMessage(role, _content_text(item["content"], f"{where}.content"),
-                           float(created_at) if is_number(created_at) else None,
-                           _read_stats(item.get("stats"), f"{where}.stats"), model=model)
+    return ImportedMessage(
+        role,
+        _content_text(item["content"], f"{where}.content"),
+        float(created_at) if is_number(created_at) else None,
+        _read_stats(item.get("stats"), f"{where}.stats"),
+        model=model,
+    )
 
 
 def _content_text(content: object, where: str) -> str:
@@ -192,11 +224,15 @@ def _content_text(content: object, where: str) -> str:
     texts = []
     for i, part in enumerate(content):
         if not isinstance(part, dict):
-            raise BadImportFile(f'{where}[{i}]: expected a part like {{"type": "text", "text": "..."}}, '
-                                f"got {_kind(part)}")
+            raise BadImportFile(
+                f'{where}[{i}]: expected a part like {{"type": "text", "text": "..."}}, '
+                f"got {_kind(part)}"
+            )
         if part.get("type") != "text":
-            raise BadImportFile(f"{where}[{i}].type: only text parts can be imported, "
-                                f"not {shown_value(part.get('type'))}")
+            raise BadImportFile(
+                f"{where}[{i}].type: only text parts can be imported, "
+                f"not {shown_value(part.get('type'))}"
+            )
         if not isinstance(part.get("text"), str):
             raise BadImportFile(f"{where}[{i}].text: expected text, got {_kind(part.get('text'))}")
         texts.append(part["text"])
@@ -208,8 +244,10 @@ def _checked_text(text: str, where: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise BadImportFile(f"{where}: character {e.start + 1} is {ascii(text[e.start])}, half of a "
-                            "character pair (a cut emoji?); remove it") from None
+        raise BadImportFile(
+            f"{where}: character {e.start + 1} is {ascii(text[e.start])}, half of a "
+            "character pair (a cut emoji?); remove it"
+        ) from None
     return text
 
 
@@ -237,7 +275,9 @@ def _read_stats(value: object, where: str) -> str | None:
         if v is not None and not ok(v):
             raise BadImportFile(f"{where}.{name}: expected {wanted}, got {shown_value(v)}")
     stats = MessageStats.from_dict(value)
-    return json.dumps(replace(stats, stopped=bool(stats.stopped), unanswered=bool(stats.unanswered)).to_dict())
+    return json.dumps(
+        replace(stats, stopped=bool(stats.stopped), unanswered=bool(stats.unanswered)).to_dict()
+    )
 
 
 def _checked_settings(settings: ChatSettings, where: str) -> ChatSettings:
@@ -255,7 +295,7 @@ def _import_title(title: object, messages: list[ImportedMessage]) -> str:
     text = " ".join(_checked_text(title or "", "title").split())
     if not text:
         text = title_from(next((m.content for m in messages if m.role == "user"), ""))
-    return text if len(text) <= IMPORT_TITLE_LIMIT else text[:IMPORT_TITLE_LIMIT - 1] + "…"
+    return text if len(text) <= IMPORT_TITLE_LIMIT else text[: IMPORT_TITLE_LIMIT - 1] + "…"
 
 
 def _kind(value: object) -> str:

@@ -14,8 +14,15 @@ from .rows import conversation_row, message_row
 class MessagesMixin(StoreBase):
     """The message-level methods of ConversationStore."""
 
-    def append(self, conv_id: int, role: str, content: str, stats: StatsLike | None = None,
-               model: str | None = None, leave_unanswered: bool = False) -> Message:
+    def append(
+        self,
+        conv_id: int,
+        role: str,
+        content: str,
+        stats: StatsLike | None = None,
+        model: str | None = None,
+        leave_unanswered: bool = False,
+    ) -> Message:
         """Add a message below the selected leaf and select it: the next turn of the shown chat.
         ``leave_unanswered``: the questions at the shown path's end (after its last reply) are
         marked as left unanswered first, in the same transaction, so a failed append leaves no
@@ -28,8 +35,15 @@ class MessagesMixin(StoreBase):
                 tree.mark_unanswered(conn, leaf)
             return tree.add(conn, conv_id, leaf, role, content, stored_stats, model)
 
-    def add_message(self, conv_id: int, parent_id: int | None, role: str, content: str,
-                    stats: StatsLike | None = None, model: str | None = None) -> Message:
+    def add_message(
+        self,
+        conv_id: int,
+        parent_id: int | None,
+        role: str,
+        content: str,
+        stats: StatsLike | None = None,
+        model: str | None = None,
+    ) -> Message:
         """Add a child of ``parent_id`` (None: a new first message) and select it. Regenerate and
         edit pass the old message's parent: the new version is its sibling, the old one stays.
         ``model``: the model that writes a reply."""
@@ -41,8 +55,13 @@ class MessagesMixin(StoreBase):
                 message_row(conn, conv_id, parent_id)
             return tree.add(conn, conv_id, parent_id, role, content, stored_stats, model)
 
-    def update_message(self, message_id: int, content: str, stats: StatsLike | None = None,
-                       model: str | None = None) -> None:
+    def update_message(
+        self,
+        message_id: int,
+        content: str,
+        stats: StatsLike | None = None,
+        model: str | None = None,
+    ) -> None:
         """Replace a message's content, whatever its role (a streamed reply as it grows);
         ``stats=None`` keeps the stored stats, so only the final update needs to carry them
         (``model=None`` likewise keeps the stored model).
@@ -52,11 +71,15 @@ class MessagesMixin(StoreBase):
         places in the sidebar under the user's pointer."""
         check_message("assistant", content)
         with self._write() as conn:
-            row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (message_id,)).fetchone()
+            row = conn.execute(
+                "SELECT conversation_id FROM messages WHERE id = ?", (message_id,)
+            ).fetchone()
             if row is None:
                 raise NotFoundError(f"no message with id {message_id}")
-            conn.execute("UPDATE messages SET content = ?, stats = COALESCE(?, stats), model = COALESCE(?, model) WHERE id = ?",
-                         (content, stats_json(stats), model, message_id))
+            conn.execute(
+                "UPDATE messages SET content = ?, stats = COALESCE(?, stats), model = COALESCE(?, model) WHERE id = ?",
+                (content, stats_json(stats), model, message_id),
+            )
 
     def truncate_after(self, conv_id: int, position: int) -> None:
         """Drop everything below the shown path's message at ``position`` (every version, not
@@ -101,6 +124,8 @@ class MessagesMixin(StoreBase):
             tree.delete_messages(conn, doomed)
             if leaf in set(doomed):
                 i = siblings.index(message_id)
-                others = siblings[:i][-1:] + siblings[i + 1:i + 2]  # the previous, else the next
-                tree.set_leaf(conn, conv_id, tree.newest_leaf(conn, others[0]) if others else row["parent_id"])
+                others = siblings[:i][-1:] + siblings[i + 1 : i + 2]  # the previous, else the next
+                tree.set_leaf(
+                    conn, conv_id, tree.newest_leaf(conn, others[0]) if others else row["parent_id"]
+                )
             return tree.load(conn, conversation_row(conn, conv_id))

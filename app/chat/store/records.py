@@ -45,7 +45,9 @@ class ChatSettings:
     seed: int | None = None  # None: a new random draw each reply
     stop: tuple[str, ...] = ()  # the reply ends before any of these strings
     repetition_penalty: float = DEFAULT_REPETITION_PENALTY  # 1: off
-    backend: str | None = None  # where replies come from when the app has several ("local", "remote"); None: the first
+    backend: str | None = (
+        None  # where replies come from when the app has several ("local", "remote"); None: the first
+    )
 
     def problems(self) -> dict[str, str]:
         """Each invalid value's field name and what is wrong with it, in words a user can act on."""
@@ -53,28 +55,54 @@ class ChatSettings:
         if not isinstance(self.system_prompt, str):
             problems["system_prompt"] = "system prompt must be text"
         elif len(self.system_prompt) > SYSTEM_PROMPT_LIMIT:
-            problems["system_prompt"] = (f"system prompt is {len(self.system_prompt):,} characters; "
-                                         f"the limit is {SYSTEM_PROMPT_LIMIT:,}")
+            problems["system_prompt"] = (
+                f"system prompt is {len(self.system_prompt):,} characters; "
+                f"the limit is {SYSTEM_PROMPT_LIMIT:,}"
+            )
         if not is_number(self.temperature) or not 0.0 <= self.temperature <= 2.0:
-            problems["temperature"] = f"temperature must be between 0 and 2 (got {shown_value(self.temperature)})"
+            problems["temperature"] = (
+                f"temperature must be between 0 and 2 (got {shown_value(self.temperature)})"
+            )
         if not is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            problems["top_p"] = f"top-p must be greater than 0 and at most 1 (got {shown_value(self.top_p)})"
+            problems["top_p"] = (
+                f"top-p must be greater than 0 and at most 1 (got {shown_value(self.top_p)})"
+            )
         if not is_whole(self.max_tokens) or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:
-            problems["max_tokens"] = f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT:,} (got {shown_value(self.max_tokens)})"
+            problems["max_tokens"] = (
+                f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT:,} (got {shown_value(self.max_tokens)})"
+            )
         if not isinstance(self.thinking, bool):
             problems["thinking"] = f"thinking must be on or off (got {shown_value(self.thinking)})"
         if not is_whole(self.top_k) or not 0 <= self.top_k <= 1000:
-            problems["top_k"] = f"top-k must be a whole number from 0 (off) to 1000 (got {shown_value(self.top_k)})"
+            problems["top_k"] = (
+                f"top-k must be a whole number from 0 (off) to 1000 (got {shown_value(self.top_k)})"
+            )
         if self.seed is not None and (not is_whole(self.seed) or not 0 <= self.seed < 2**63):
-            problems["seed"] = f"seed must be empty or a whole number from 0 to 2^63-1 (got {shown_value(self.seed)})"
-        if not is_number(self.repetition_penalty) or not 1.0 <= self.repetition_penalty <= REPETITION_PENALTY_MAX:
-            problems["repetition_penalty"] = (f"repetition penalty must be between 1 (off) and {REPETITION_PENALTY_MAX:g} "
-                                              f"(got {shown_value(self.repetition_penalty)})")
-        if not isinstance(self.stop, tuple) or len(self.stop) > STOP_STRINGS_LIMIT \
-                or not all(isinstance(x, str) and 0 < len(x) <= 100 for x in self.stop):
-            problems["stop"] = f"stop strings: at most {STOP_STRINGS_LIMIT}, each 1 to 100 characters"
-        if self.backend is not None and (not isinstance(self.backend, str) or not 0 < len(self.backend) <= 40):
-            problems["backend"] = f"replies from: expected the name of a backend (got {shown_value(self.backend)})"
+            problems["seed"] = (
+                f"seed must be empty or a whole number from 0 to 2^63-1 (got {shown_value(self.seed)})"
+            )
+        if (
+            not is_number(self.repetition_penalty)
+            or not 1.0 <= self.repetition_penalty <= REPETITION_PENALTY_MAX
+        ):
+            problems["repetition_penalty"] = (
+                f"repetition penalty must be between 1 (off) and {REPETITION_PENALTY_MAX:g} "
+                f"(got {shown_value(self.repetition_penalty)})"
+            )
+        if (
+            not isinstance(self.stop, tuple)
+            or len(self.stop) > STOP_STRINGS_LIMIT
+            or not all(isinstance(x, str) and 0 < len(x) <= 100 for x in self.stop)
+        ):
+            problems["stop"] = (
+                f"stop strings: at most {STOP_STRINGS_LIMIT}, each 1 to 100 characters"
+            )
+        if self.backend is not None and (
+            not isinstance(self.backend, str) or not 0 < len(self.backend) <= 40
+        ):
+            problems["backend"] = (
+                f"replies from: expected the name of a backend (got {shown_value(self.backend)})"
+            )
         return problems
 
     def validate(self) -> None:
@@ -149,7 +177,9 @@ class Message:
     parent_id: int | None = None  # None for a first message (one of the root versions)
     sibling_index: int = 0
     sibling_count: int = 1
-    model: str | None = None  # a reply: the model that wrote it (None: unknown, e.g. stored before schema 4)
+    model: str | None = (
+        None  # a reply: the model that wrote it (None: unknown, e.g. stored before schema 4)
+    )
 
 
 @dataclass(frozen=True)
@@ -196,7 +226,7 @@ def title_from(text: str) -> str:
         return DEFAULT_TITLE
     if len(line) <= TITLE_LENGTH:
         return line
-    cut = line[:TITLE_LENGTH - 1]
+    cut = line[: TITLE_LENGTH - 1]
     space = cut.rfind(" ")
     if space >= TITLE_LENGTH // 2:  # end on a whole word when that loses little
         cut = cut[:space]

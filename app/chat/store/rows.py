@@ -5,11 +5,20 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from .records import ChatSettings, Conversation, ConversationSummary, Message, MessageStats, NotFoundError
+from .records import (
+    ChatSettings,
+    Conversation,
+    ConversationSummary,
+    Message,
+    MessageStats,
+    NotFoundError,
+)
 
 # The columns of a summary row; ``n``, the shown path's length, is the leaf's depth + 1.
-SUMMARY_COLUMNS = ("c.id, c.title, c.created_at, c.updated_at, "
-                   "COALESCE((SELECT position + 1 FROM messages WHERE id = c.leaf_id), 0) AS n")
+SUMMARY_COLUMNS = (
+    "c.id, c.title, c.created_at, c.updated_at, "
+    "COALESCE((SELECT position + 1 FROM messages WHERE id = c.leaf_id), 0) AS n"
+)
 
 
 def conversation_row(conn: sqlite3.Connection, conv_id: int) -> sqlite3.Row:
@@ -23,8 +32,9 @@ def conversation_row(conn: sqlite3.Connection, conv_id: int) -> sqlite3.Row:
 def message_row(conn: sqlite3.Connection, conv_id: int, message_id: int) -> sqlite3.Row:
     """The message, which must belong to the conversation; NotFoundError otherwise."""
     conversation_row(conn, conv_id)
-    row = conn.execute("SELECT * FROM messages WHERE id = ? AND conversation_id = ?",
-                       (message_id, conv_id)).fetchone()
+    row = conn.execute(
+        "SELECT * FROM messages WHERE id = ? AND conversation_id = ?", (message_id, conv_id)
+    ).fetchone()
     if row is None:
         raise NotFoundError(f"no message with id {message_id} in conversation {conv_id}")
     return row
@@ -34,15 +44,36 @@ def message_from_row(row: sqlite3.Row, siblings: list[int] | None = None) -> Mes
     """A message from its row; ``siblings``: the ids of its versions, oldest first."""
     stats = MessageStats.from_dict(json.loads(row["stats"])) if row["stats"] is not None else None
     siblings = siblings or [row["id"]]
-    return Message(row["id"], row["conversation_id"], row["position"], row["role"], row["content"],
-                   row["created_at"], stats, row["parent_id"], siblings.index(row["id"]), len(siblings), row["model"])
+    return Message(
+        row["id"],
+        row["conversation_id"],
+        row["position"],
+        row["role"],
+        row["content"],
+        row["created_at"],
+        stats,
+        row["parent_id"],
+        siblings.index(row["id"]),
+        len(siblings),
+        row["model"],
+    )
 
 
 def conversation_from_row(row: sqlite3.Row, messages: list[Message]) -> Conversation:
     settings = ChatSettings.from_dict(json.loads(row["settings"]))
-    return Conversation(row["id"], row["title"], row["created_at"], row["updated_at"], settings, messages, row["revision"])
+    return Conversation(
+        row["id"],
+        row["title"],
+        row["created_at"],
+        row["updated_at"],
+        settings,
+        messages,
+        row["revision"],
+    )
 
 
 def summary_from_row(row: sqlite3.Row, snippet: str = "") -> ConversationSummary:
     """A sidebar row from a row of SUMMARY_COLUMNS."""
-    return ConversationSummary(row["id"], row["title"], row["created_at"], row["updated_at"], row["n"], snippet)
+    return ConversationSummary(
+        row["id"], row["title"], row["created_at"], row["updated_at"], row["n"], snippet
+    )

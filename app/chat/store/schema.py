@@ -58,10 +58,14 @@ def _v3_trees_and_search(conn: sqlite3.Connection) -> None:
     conn.execute("DROP INDEX messages_by_position")  # versions share a depth now
     # ALTER TABLE keeps the rows (rebuilding the table would need foreign keys off, which cannot
     # change inside this transaction); a REFERENCES column may be added as its default is NULL.
-    conn.execute("ALTER TABLE messages ADD COLUMN "
-                 "parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE")
-    conn.execute("ALTER TABLE conversations ADD COLUMN "
-                 "leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL")
+    conn.execute(
+        "ALTER TABLE messages ADD COLUMN "
+        "parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE"
+    )
+    conn.execute(
+        "ALTER TABLE conversations ADD COLUMN "
+        "leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL"
+    )
     _v3_link_linear_chats(conn)
     # by conversation and depth; the parent index also serves the cascade, the leaf index the
     # SET NULL (without them, each deleted message would scan a whole table)
@@ -75,8 +79,9 @@ def _v3_trees_and_search(conn: sqlite3.Connection) -> None:
 def _v3_link_linear_chats(conn: sqlite3.Connection) -> None:
     """Parent = the message one position earlier, leaf = the last message; positions are renumbered
     0, 1, 2, ... in their old order (they had no gaps, but a depth must not have any)."""
-    rows = conn.execute("SELECT id, conversation_id FROM messages "
-                        "ORDER BY conversation_id, position, id").fetchall()
+    rows = conn.execute(
+        "SELECT id, conversation_id FROM messages ORDER BY conversation_id, position, id"
+    ).fetchall()
     last: dict[int, tuple[int, int]] = {}  # conversation -> (id, position) of its last message
     links = []
     for message_id, conv_id in rows:
@@ -84,21 +89,26 @@ def _v3_link_linear_chats(conn: sqlite3.Connection) -> None:
         last[conv_id] = (message_id, parent_position + 1)
         links.append((parent, parent_position + 1, message_id))
     conn.executemany("UPDATE messages SET parent_id = ?, position = ? WHERE id = ?", links)
-    conn.executemany("UPDATE conversations SET leaf_id = ? WHERE id = ?",
-                     [(message_id, conv_id) for conv_id, (message_id, _) in last.items()])
+    conn.executemany(
+        "UPDATE conversations SET leaf_id = ? WHERE id = ?",
+        [(message_id, conv_id) for conv_id, (message_id, _) in last.items()],
+    )
 
 
 def _v3_search_index(conn: sqlite3.Connection, name: str, table: str, column: str) -> None:
     """An external-content FTS5 table over ``table.column`` (no second copy of the text), kept in
     sync by triggers and filled from the rows already there."""
-    conn.execute(f"CREATE VIRTUAL TABLE {name} USING fts5({column}, content='{table}', "
-                 f"content_rowid='id', tokenize='unicode61 remove_diacritics 2')")
+    conn.execute(
+        f"CREATE VIRTUAL TABLE {name} USING fts5({column}, content='{table}', "
+        f"content_rowid='id', tokenize='unicode61 remove_diacritics 2')"
+    )
     add = f"INSERT INTO {name} (rowid, {column}) VALUES (new.id, new.{column})"
     drop = f"INSERT INTO {name} ({name}, rowid, {column}) VALUES ('delete', old.id, old.{column})"
     conn.execute(f"CREATE TRIGGER {name}_insert AFTER INSERT ON {table} BEGIN {add}; END")
     conn.execute(f"CREATE TRIGGER {name}_delete AFTER DELETE ON {table} BEGIN {drop}; END")
-    conn.execute(f"CREATE TRIGGER {name}_update AFTER UPDATE OF {column} ON {table} "
-                 f"BEGIN {drop}; {add}; END")
+    conn.execute(
+        f"CREATE TRIGGER {name}_update AFTER UPDATE OF {column} ON {table} BEGIN {drop}; {add}; END"
+    )
     conn.execute(f"INSERT INTO {name} ({name}) VALUES ('rebuild')")
 
 
@@ -114,16 +124,25 @@ def _v5_revision(conn: sqlite3.Connection) -> None:
     Every write counts: a streamed reply's updates too, which leave ``updated_at`` alone."""
     conn.execute("ALTER TABLE conversations ADD COLUMN revision INTEGER NOT NULL DEFAULT 0")
     bump = "UPDATE conversations SET revision = revision + 1 WHERE id = {row}.{column}"
-    conn.execute("CREATE TRIGGER conversations_revised AFTER UPDATE OF title, settings, leaf_id, updated_at "
-                 f"ON conversations BEGIN {bump.format(row='new', column='id')}; END")
+    conn.execute(
+        "CREATE TRIGGER conversations_revised AFTER UPDATE OF title, settings, leaf_id, updated_at "
+        f"ON conversations BEGIN {bump.format(row='new', column='id')}; END"
+    )
     for event, row in (("INSERT", "new"), ("UPDATE", "new"), ("DELETE", "old")):
-        conn.execute(f"CREATE TRIGGER messages_{event.lower()}_revise AFTER {event} ON messages "
-                     f"BEGIN {bump.format(row=row, column='conversation_id')}; END")
+        conn.execute(
+            f"CREATE TRIGGER messages_{event.lower()}_revise AFTER {event} ON messages "
+            f"BEGIN {bump.format(row=row, column='conversation_id')}; END"
+        )
 
 
 # MIGRATIONS[v] takes a database from version v to v + 1. Append new steps; never edit old ones.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_indexes, _v3_trees_and_search, _v4_reply_model,
-                                                          _v5_revision]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _v1_tables,
+    _v2_indexes,
+    _v3_trees_and_search,
+    _v4_reply_model,
+    _v5_revision,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -157,4 +176,5 @@ def _user_version(conn: sqlite3.Connection) -> int:
 def _too_new(path: Path, version: int, known: int) -> SchemaTooNewError:
     return SchemaTooNewError(
         f"{path} has schema version {version}, but this minisgl-chat knows versions up to {known}; "
-        f"upgrade minisgl-chat, or set {DATA_DIR_ENV} to another folder")
+        f"upgrade minisgl-chat, or set {DATA_DIR_ENV} to another folder"
+    )

@@ -31,7 +31,8 @@ class SearchMixin(StoreBase):
                 "WHERE hits.newest IS NOT NULL "
                 "   OR c.id IN (SELECT rowid FROM conversations_fts WHERE conversations_fts MATCH :match) "
                 "ORDER BY c.updated_at DESC, c.id DESC LIMIT :limit",
-                {"match": match, "limit": int(limit)}).fetchall()
+                {"match": match, "limit": int(limit)},
+            ).fetchall()
             return [summary_from_row(r, _snippet(conn, match, r["newest"])) for r in rows]
 
 
@@ -50,7 +51,9 @@ def _snippet(conn: sqlite3.Connection, match: str, message_id: int | None) -> st
     Looked up by rowid: one message, not every hit of a common word."""
     if message_id is None:
         return ""
-    row = conn.execute("SELECT snippet(messages_fts, 0, '', '', '…', ?) FROM messages_fts "
-                       "WHERE messages_fts MATCH ? AND rowid = ?",
-                       (SNIPPET_TOKENS, match, message_id)).fetchone()
+    row = conn.execute(
+        "SELECT snippet(messages_fts, 0, '', '', '…', ?) FROM messages_fts "
+        "WHERE messages_fts MATCH ? AND rowid = ?",
+        (SNIPPET_TOKENS, match, message_id),
+    ).fetchone()
     return row[0] if row else ""

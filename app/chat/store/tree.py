@@ -41,7 +41,9 @@ _TRAILING_QUESTIONS_SQL = """
 
 def touch(conn: sqlite3.Connection, conv_id: int, now: float) -> None:
     """Mark the conversation as just updated; NotFoundError (the transaction rolls back) if none."""
-    cur = conn.execute(f"UPDATE conversations SET updated_at = {NEWEST} WHERE id = ?", (now, conv_id))
+    cur = conn.execute(
+        f"UPDATE conversations SET updated_at = {NEWEST} WHERE id = ?", (now, conv_id)
+    )
     if cur.rowcount == 0:
         raise NotFoundError(f"no conversation with id {conv_id}")
 
@@ -54,7 +56,8 @@ def load(conn: sqlite3.Connection, row: sqlite3.Row) -> Conversation:
     path = conn.execute(_PATH_SQL, (row["leaf_id"],)).fetchall()
     versions: dict[int | None, list[int]] = {}
     for message_id, parent_id in conn.execute(
-            "SELECT id, parent_id FROM messages WHERE conversation_id = ? ORDER BY id", (row["id"],)):
+        "SELECT id, parent_id FROM messages WHERE conversation_id = ? ORDER BY id", (row["id"],)
+    ):
         versions.setdefault(parent_id, []).append(message_id)
     return conversation_from_row(row, [message_from_row(r, versions[r["parent_id"]]) for r in path])
 
@@ -66,18 +69,27 @@ def path_ids(conn: sqlite3.Connection, leaf_id: int | None) -> list[int]:
 
 def sibling_ids(conn: sqlite3.Connection, conv_id: int, parent_id: int | None) -> list[int]:
     """The versions below ``parent_id`` (None: the first messages), oldest first."""
-    return [r[0] for r in conn.execute(
-        "SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ? ORDER BY id",
-        (conv_id, parent_id))]
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ? ORDER BY id",
+            (conv_id, parent_id),
+        )
+    ]
 
 
 def descendants(conn: sqlite3.Connection, conv_id: int, message_id: int | None) -> list[int]:
     """Every message below ``message_id`` (None: every message of the conversation)."""
-    return [r[0] for r in conn.execute(
-        "WITH RECURSIVE below(id) AS ("
-        "    SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ?"
-        "    UNION ALL SELECT m.id FROM messages m JOIN below ON m.parent_id = below.id) "
-        "SELECT id FROM below", (conv_id, message_id))]
+    return [
+        r[0]
+        for r in conn.execute(
+            "WITH RECURSIVE below(id) AS ("
+            "    SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ?"
+            "    UNION ALL SELECT m.id FROM messages m JOIN below ON m.parent_id = below.id) "
+            "SELECT id FROM below",
+            (conv_id, message_id),
+        )
+    ]
 
 
 def newest_leaf(conn: sqlite3.Connection, message_id: int) -> int:
@@ -88,7 +100,8 @@ def newest_leaf(conn: sqlite3.Connection, message_id: int) -> int:
         "    SELECT ? UNION ALL SELECT m.id FROM messages m JOIN below ON m.parent_id = below.id) "
         "SELECT MAX(id) FROM below "
         "WHERE NOT EXISTS (SELECT 1 FROM messages c WHERE c.parent_id = below.id)",
-        (message_id,)).fetchone()[0]
+        (message_id,),
+    ).fetchone()[0]
 
 
 def set_leaf(conn: sqlite3.Connection, conv_id: int, leaf_id: int | None) -> None:
@@ -96,8 +109,15 @@ def set_leaf(conn: sqlite3.Connection, conv_id: int, leaf_id: int | None) -> Non
     conn.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf_id, conv_id))
 
 
-def add(conn: sqlite3.Connection, conv_id: int, parent_id: int | None, role: str, content: str,
-        stats: str | None, model: str | None = None) -> Message:
+def add(
+    conn: sqlite3.Connection,
+    conv_id: int,
+    parent_id: int | None,
+    role: str,
+    content: str,
+    stats: str | None,
+    model: str | None = None,
+) -> Message:
     """Insert a child of ``parent_id`` and select it; the message as stored, with its versions.
     ``stats``: as stored (records.stats_json)."""
     now = time.time()
@@ -106,7 +126,8 @@ def add(conn: sqlite3.Connection, conv_id: int, parent_id: int | None, role: str
     cur = conn.execute(
         "INSERT INTO messages (conversation_id, parent_id, position, role, content, created_at, stats, model) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (conv_id, parent_id, parent[0] + 1 if parent else 0, role, content, now, stats, model))
+        (conv_id, parent_id, parent[0] + 1 if parent else 0, role, content, now, stats, model),
+    )
     set_leaf(conn, conv_id, cur.lastrowid)
     row = conn.execute("SELECT * FROM messages WHERE id = ?", (cur.lastrowid,)).fetchone()
     return message_from_row(row, sibling_ids(conn, conv_id, parent_id))
@@ -115,10 +136,15 @@ def add(conn: sqlite3.Connection, conv_id: int, parent_id: int | None, role: str
 def mark_unanswered(conn: sqlite3.Connection, leaf_id: int | None) -> None:
     """Mark the questions at the end of the path to ``leaf_id``, after its last reply, as left
     unanswered (their other stats kept)."""
-    for row in conn.execute(_TRAILING_QUESTIONS_SQL, (leaf_id,)).fetchall() if leaf_id is not None else []:
+    for row in (
+        conn.execute(_TRAILING_QUESTIONS_SQL, (leaf_id,)).fetchall() if leaf_id is not None else []
+    ):
         stats = stats_dict(row["stats"]) or {}
         if not stats.get("unanswered"):
-            conn.execute("UPDATE messages SET stats = ? WHERE id = ?", (stats_json({**stats, "unanswered": True}), row["id"]))
+            conn.execute(
+                "UPDATE messages SET stats = ? WHERE id = ?",
+                (stats_json({**stats, "unanswered": True}), row["id"]),
+            )
 
 
 def delete_messages(conn: sqlite3.Connection, ids: list[int]) -> None:
