@@ -9,6 +9,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+# Some test modules import helpers from a test module of another layer (test_model_parity's
+# reference checks, test_browser's reply readers): every layer's folder is importable, whichever
+# subset of the suite runs.
+for layer in ("unit", "server", "browser", "gpu", "soak"):
+    sys.path.append(str(Path(__file__).parent / layer))
 
 from tiny_models import make_tiny_model  # noqa: E402
 

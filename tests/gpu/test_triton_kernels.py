@@ -552,8 +552,13 @@ def test_model_on_triton_kernels_matches_transformers(arch, tiny_model) -> None:
     from minisgl_engine.sampling_params import SamplingParams
 
     folder, hf = tiny_model(arch)
-    llm = LLM(
-        str(folder), device="cpu", max_kv_tokens=2048, max_prefill_tokens=8, max_running_requests=4
+    llm = LLM(  # a float32 KV cache: the kernels are checked against float32 transformers
+        str(folder),
+        device="cpu",
+        kv_dtype="float32",
+        max_kv_tokens=2048,
+        max_prefill_tokens=8,
+        max_running_requests=4,
     )
     use_triton_everywhere(llm.engine.model)
     ids = random_ids(24, seed=5)
