@@ -1478,7 +1478,7 @@ def test_send_is_disabled_while_there_is_nothing_to_send(tab, app, tmp_path):
     while the box is empty or blank, and enabled by text or by a file attached alone (files alone
     are a message); a message typed while a reply streams is sent with it (and answered next)."""
     page = tab().page
-    new_chat(page, max_tokens=48)
+    new_chat(page, max_tokens=256)  # the reply still runs when the second message is typed
     assert wait_until(lambda: send_disabled(page), 5), "Send is enabled with an empty box"
     page.fill("#msg-input textarea", "   \n ")
     assert wait_until(lambda: send_disabled(page), 5), "Send is enabled with a blank box"

@@ -15,6 +15,11 @@ from soak_utils import WORDS, assert_idle, chat_body, long_prompt, run, stream_c
 FIGURES: dict[str, object] = {}
 
 
+# the soak server's KV cache (tests/conftest.py: --kv-dtype float32, pages of one token on a CPU)
+# for the demo model: 30 layers x K and V x 3 KV heads x 64 dims x 4 bytes
+KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 4
+
+
 def rss_by_process(srv) -> dict[str, int]:
     procs = [psutil.Process(srv.proc.pid), *srv.workers()]
     out = {}
@@ -148,7 +153,12 @@ def test_abort_storm_leaves_nothing_behind(soak_server, scale):
     assert aborted + finished <= len(plan) and aborted >= sum(
         v for k, v in counts.items() if k.startswith("mid_decode") and "finished" not in k
     )
-    assert all(g <= 0.10 for g in growth.values()), growth
+    # The KV pool's pages are taken from the OS as they are first written (the pool grows with
+    # use): pages the prefix cache holds after the storm may be resident for the first time. The
+    # scheduler may grow by their bytes beyond the 10% every process is allowed; more is a leak.
+    cached_bytes = int(after["minisgl_kv_pages_cached"]) * KV_BYTES_PER_TOKEN
+    allowed = {k: 0.10 + (cached_bytes / rss_warm[k] if "scheduler" in k else 0) for k in growth}
+    assert all(g <= allowed[k] for k, g in growth.items()), (growth, allowed)
     # and the server still answers
     r = httpx.post(
         f"{url}/v1/chat/completions", json=chat_body("Say hi.", max_tokens=4), timeout=120
