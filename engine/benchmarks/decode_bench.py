@@ -114,7 +114,7 @@ def print_table(rows: list[dict]) -> None:
 def compare_llamacpp(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     from ..weights.gguf_tensors import GGUF_WEIGHTS
     from ..weights.source import resolve_model
-    from .bench_llamacpp import print_compare_table, runcompare_llamacpp
+    from .bench_llamacpp import print_compare_table, run_compare_llamacpp
 
     if args.compare_hf or config.dummy_weights or config.tp > 1:
         raise UserError(
@@ -129,6 +129,6 @@ def compare_llamacpp(args: argparse.Namespace, config: EngineConfig) -> list[dic
     prompts = random_prompts(1, 32, vocab, seed=1) + [
         random_prompts(1, n, vocab, seed=100 + n)[0] for n in args.input_len
     ]
-    rows = runcompare_llamacpp(args, config, gguf, prompts, busy_cores)
+    rows = run_compare_llamacpp(args, config, gguf, prompts, busy_cores)
     print_compare_table(rows)
     return rows

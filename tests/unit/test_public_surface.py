@@ -63,6 +63,37 @@ def test_every_module_of_the_app_and_the_engine_imports():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_every_name_imported_inside_a_function_exists():
+    """Imports inside functions run only when their path does (a bench, a GPU path): each
+    relative ``from .module import name`` in the app and the engine names something its module
+    defines."""
+    import importlib
+
+    missing = []
+    for root, package in ((ENGINE, "minisgl_engine"), (APP, "minisgl_app")):
+        for path in sorted(root.rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            here = [package, *parts[:-1]]  # the package the file is in (its own, for __init__)
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.ImportFrom) or not node.level:
+                    continue
+                base = here[: len(here) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                try:
+                    module = importlib.import_module(target)
+                except ImportError:  # a GPU-only library (flashinfer) on this machine
+                    continue
+                for alias in node.names:
+                    if not hasattr(module, alias.name):
+                        try:
+                            importlib.import_module(f"{target}.{alias.name}")
+                        except ImportError:
+                            missing.append(
+                                f"{path.relative_to(root.parent)}:{node.lineno}: {target}.{alias.name}"
+                            )
+    assert not missing, "\n".join(missing)
+
+
 def test_the_check_sees_a_deep_import(tmp_path):
     """The check above can fail: a file importing an internal module is reported."""
     bad = tmp_path / "bad.py"
