@@ -21,7 +21,7 @@ WHEELS=(flashinfer-python==0.6.6 apache-tvm-ffi==0.1.15.post2 msgspec==0.23.0 pl
         typing-inspection==0.4.5 gguf==0.19.0
         # the server (the serve stages and test_serve_on_cuda_answers_paris start `minisgl-chat serve`)
         fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 click==8.5.1
-        prometheus_client==0.26.0 httpx==0.29.0 httpcore==1.0.9 certifi==2026.10.19.post1 idna==3.20)
+        prometheus_client==0.26.0 opentelemetry-api==1.45.3 annotated-doc==0.0.7 httpx==0.29.0 httpcore==1.0.9 certifi==2026.10.19.post1 idna==3.20)
 PLATFORMS=()
 for tag in manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1; do
   PLATFORMS+=(--platform "${tag}_x86_64")

@@ -543,6 +543,59 @@ def test_gguf_tensors_equal_transformers_reading_of_the_demo_file() -> None:
         assert torch.equal(tensor.float(), torch.as_tensor(theirs[name]).float()), name
 
 
+def test_gguf_layout_reads_what_gguf_wrote(tmp_path) -> None:
+    """Our one-pass header reader against gguf's writer and reader: scalars, strings (not UTF-8
+    too), string and number arrays skipped, each tensor's shape, type and bytes; a cut file is a
+    WeightsError naming it."""
+    import gguf
+
+    from minisgl_engine.errors import WeightsError
+    from minisgl_engine.weights.gguf_tensors import iter_gguf, read_gguf_layout
+
+    path = tmp_path / "model.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_uint32("llama.attention.head_count", 4)
+    writer.add_float32("llama.rope.freq_base", 10000.0)
+    writer.add_bool("tokenizer.ggml.add_bos_token", True)
+    writer.add_string("tokenizer.chat_template", "{{ messages }} é")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bé", "", "\u00ff" * 3] * 50)
+    writer.add_array("tokenizer.ggml.scores", [0.5] * 7)
+    writer.add_uint32("general.alignment", 64)
+    rng = np.random.default_rng(0)
+    floats = rng.standard_normal((8, 32), dtype=np.float32)
+    blocks, _ = _blocks(T.Q8_0, rows=16)
+    writer.add_tensor("token_embd.weight", floats)
+    writer.add_tensor("output.weight", blocks.numpy(), raw_dtype=T.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    layout = read_gguf_layout(path)
+    assert layout.metadata["llama.attention.head_count"] == 4
+    assert layout.metadata["tokenizer.ggml.add_bos_token"] is True
+    assert layout.metadata["tokenizer.chat_template"] == "{{ messages }} é"
+    assert "tokenizer.ggml.tokens" not in layout.metadata  # arrays are skipped
+    reader = gguf.GGUFReader(str(path))
+    assert [(t.name, t.shape, int(t.qtype), t.offset, t.nbytes) for t in layout.tensors] == [
+        (
+            t.name,
+            tuple(int(n) for n in reversed(t.shape.tolist())),
+            int(t.tensor_type),
+            int(t.data_offset),
+            int(t.n_bytes),
+        )
+        for t in reader.tensors
+    ]
+    tensors = dict(iter_gguf(path))
+    assert torch.equal(tensors["model.embed_tokens.weight"], torch.from_numpy(floats))
+    assert torch.equal(tensors["lm_head.weight"].raw, blocks)
+
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(WeightsError, match="could not read GGUF file"):
+        read_gguf_layout(path)
+
+
 @pytest.fixture(params=["c-kernels", "torch-packed"])
 def cpu_kernels(request, monkeypatch):
     """Our C kernels, or (as on a machine without a C compiler) torch's packed kernel."""
