@@ -207,7 +207,19 @@ convert_gguf(Path('$W/demo.gguf'), demo_model_dir(), progress=False)
 print('demo model ready at', demo_model_dir())" || status=1
       fi ;;
     serve)
-      python3 -m pytest -m cuda tests/gpu/test_cuda.py -k serve -q -s -p no:cacheprovider 2>&1 | tee "$OUT/serve.log" || status=1 ;;
+      timeout 300 python3 -m pytest -m cuda tests/gpu/test_cuda.py -k serve -q -s -p no:cacheprovider 2>&1 | tee "$OUT/serve.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    demoserve)  # `serve` of the demo model (its GGUF) on the GPU; a scheduler not ready after 90 s
+      # prints where each of its threads is (faulthandler on SIGABRT) before it is stopped
+      PYTHONFAULTHANDLER=1 timeout 200 "${CLI[@]}" -v serve --device cuda --port 19322 >"$OUT/demoserve.log" 2>&1 &
+      for _ in $(seq 90); do curl -sf localhost:19322/health >/dev/null && break; sleep 1; done
+      if curl -sf localhost:19322/health >/dev/null; then
+        curl -s -m 60 localhost:19322/v1/chat/completions -H 'content-type: application/json' \
+          -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16, "temperature": 0}' | tee -a "$OUT/demoserve.log"
+      else
+        status=1; pkill -ABRT '^minisgl-TP' ; sleep 2
+      fi
+      pkill -TERM -f 'minisgl_app.cli -v serve' ; sleep 3; tail -80 "$OUT/demoserve.log" ;;
     bench)
       Q=(--device cuda --dummy-weights --config qwen3-0.6b)
       "${CLI[@]}" bench decode "${Q[@]}" --compare-hf --input-len 128 2048 --output-len 128 --repeat 3 2>&1 | tee "$OUT/bench_decode.log"
