@@ -168,6 +168,7 @@ class Scheduler:
         generator = None
         if params.seed is not None and not params.is_greedy:
             generator = torch.Generator(device=self.engine.device).manual_seed(params.seed)
+        # a cached prompt token has no logits to score it: such a request does not use the cache
         req = Req(
             uid=uid,
             token_ids=list(token_ids),
@@ -176,7 +177,7 @@ class Scheduler:
             max_new_tokens=max_new,
             generator=generator,
             use_prefix_cache=params.prompt_logprobs is None,
-        )  # a cached prompt token has no logits to score it
+        )
         self.reqs[uid] = req
         if compiling is not None:
             self.grammar_queue.add(req, compiling)
