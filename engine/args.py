@@ -9,8 +9,18 @@ from .config import EngineConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags, as one "engine" group of ``--help`` in this order."""
     d = EngineConfig()
     g = parser.add_argument_group("engine")
+    _add_model_flags(g, d)
+    _add_kv_cache_flags(g, d)
+    _add_batching_flags(g, d)
+    _add_parallel_flags(g, d)
+    _add_kernel_flags(g, d)
+
+
+def _add_model_flags(g: argparse._ArgumentGroup, d: EngineConfig) -> None:
+    """Which model, where it runs and how its weights are stored."""
     g.add_argument(
         "--model",
         default=None,
@@ -42,6 +52,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--config", default=None, help="built-in model shape for --dummy-weights, e.g. qwen3-0.6b"
     )
+
+
+def _add_kv_cache_flags(g: argparse._ArgumentGroup, d: EngineConfig) -> None:
+    """The KV cache: its pages, their storage type and how much memory it takes."""
     g.add_argument(
         "--page-size",
         type=int,
@@ -69,6 +83,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=d.mem_fraction,
         help="share of free memory for the KV cache (default: %(default)s)",
     )
+
+
+def _add_batching_flags(g: argparse._ArgumentGroup, d: EngineConfig) -> None:
+    """What the scheduler runs at once, and how it shares cached prefixes."""
     g.add_argument(
         "--max-running-requests",
         type=int,
@@ -87,6 +105,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=["radix", "naive"],
         help="KV cache manager: radix shares the KV of common prefixes, naive shares nothing (default: %(default)s)",
     )
+
+
+def _add_parallel_flags(g: argparse._ArgumentGroup, d: EngineConfig) -> None:
+    """Tensor and data parallelism."""
     g.add_argument(
         "--tp",
         type=int,
@@ -105,6 +127,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=["prefix", "round-robin"],
         help="with --dp: send a request to the replica holding the longest cached prefix of its prompt, else the least loaded (prefix), or take turns (default: %(default)s)",
     )
+
+
+def _add_kernel_flags(g: argparse._ArgumentGroup, d: EngineConfig) -> None:
+    """Attention and the kernels, CUDA graphs, overlap scheduling, CPU threads."""
     g.add_argument(
         "--attn",
         default=d.attn,
@@ -145,6 +171,14 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argparse.ArgumentParser):
     """The engine's benchmarks; returns the subparsers so that the app adds its own (`bench page`)."""
     sub = parser.add_subparsers(dest="bench", parser_class=parser_class, required=True)
+    _add_decode_bench(sub)
+    _add_offline_bench(sub)
+    _add_multiturn_bench(sub)
+    return sub
+
+
+def _add_decode_bench(sub: argparse._SubParsersAction) -> None:
+    """``bench decode``: fixed batch sizes and lengths."""
     dec = sub.add_parser("decode", help="decode tok/s and time to first token at fixed lengths")
     dec.add_argument("--batch-size", type=int, nargs="+", default=[1])
     dec.add_argument("--input-len", type=int, nargs="+", default=[128])
@@ -170,6 +204,10 @@ def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argpars
         help="keep this many cores busy with other processes for the run (the CPU path under load; default: %(default)s)",
     )
     add_engine_args(dec)
+
+
+def _add_offline_bench(sub: argparse._SubParsersAction) -> None:
+    """``bench offline``: nano-vllm's offline workload."""
     off = sub.add_parser(
         "offline",
         help="nano-vllm's offline workload: 256 requests, random lengths, sampled, ignore_eos",
@@ -202,6 +240,10 @@ def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argpars
         "(needs the model's tokenizer, or --tokenizer); default: %(default)s",
     )
     add_engine_args(off)
+
+
+def _add_multiturn_bench(sub: argparse._SubParsersAction) -> None:
+    """``bench multiturn``: chat turns with the radix cache and without."""
     # defaults sized so that both caches finish in about two minutes on 2 CPU cores (demo model)
     multi = sub.add_parser(
         "multiturn",
@@ -229,4 +271,3 @@ def add_bench_args(parser: argparse.ArgumentParser, parser_class: type = argpars
         "--reply-len", type=int, default=8, help="each reply, tokens (default: %(default)s)"
     )
     add_engine_args(multi)
-    return sub

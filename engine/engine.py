@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from .attention import create_attention_backend
 from .batch import Batch, ForwardBatch
+from .batch_layout import build_forward_batch
 from .config import EngineConfig
 from .cpu_threads import CpuThreads
 from .distributed import fused_all_reduce_norm_wanted, get_tp, local_head_counts, min_over_ranks
@@ -30,7 +30,7 @@ from .logits_processor import LogitsProcessor, Logprobs, PromptLogprobs, TokenMa
 from .model_loader import free_memory_bytes, load_model
 from .models.native_decode import enable_native_decode
 from .models.transformer import enable_flashinfer_ops
-from .request import PLACEHOLDER, TokenLogprobs
+from .request import TokenLogprobs
 from .sampling import Sampler
 from .transfer import to_device
 
@@ -226,12 +226,10 @@ class Engine:
         self.model_dir = loaded.model_dir
         self.device = loaded.device
         self.dtype = loaded.dtype
-        self.quantization = (
-            loaded.quantization
-        )  # gguf | int4 | int8 | none (model_loader.choose_quantization)
-        self.kv_dtype = resolve_kv_dtype(
-            config.kv_dtype, self.dtype, self.device.type
-        )  # the KV pool's (--kv-dtype)
+        # gguf | int4 | int8 | none (model_loader.choose_quantization)
+        self.quantization = loaded.quantization
+        # the KV pool's (--kv-dtype)
+        self.kv_dtype = resolve_kv_dtype(config.kv_dtype, self.dtype, self.device.type)
         # CPU: the cores other processes leave free (a browser beside the chat app is the common
         # case), shared among the tensor-parallel ranks of this machine
         self.cpu_threads = (
@@ -300,9 +298,8 @@ class Engine:
         from .kernels.fused_ops import enable_fused_kernels
 
         chosen = enable_fused_kernels(self.model, on_phase)
-        if (
-            self.tp.size > 1 and self.dtype == torch.bfloat16 and fused_all_reduce_norm_wanted()
-        ):  # every rank alike
+        # every rank alike
+        if self.tp.size > 1 and self.dtype == torch.bfloat16 and fused_all_reduce_norm_wanted():
             from .kernels.fused_ops import enable_fused_all_reduce_norm
 
             chosen["all_reduce_norm"] = enable_fused_all_reduce_norm(
@@ -327,9 +324,10 @@ class Engine:
             try:
                 from .attention.flashinfer_backend import decode_uses_tensor_cores
 
+                # this rank's heads
                 tensor_cores = decode_uses_tensor_cores(
                     self.num_heads, self.num_kv_heads, self.kv_dtype
-                )  # this rank's heads
+                )
                 flashinfer_kernels.build_kernels(
                     self.dtype, self.model_config.head_dim, on_phase, tensor_cores, self.kv_dtype
                 )
@@ -387,64 +385,10 @@ class Engine:
 
     def prepare(self, batch: Batch, pad_to: int | None = None) -> ForwardBatch:
         """Lay the batch out as flat tensors (all requests' new tokens back to back), with one
-        host-to-device copy. ``pad_to`` adds padding rows to a decode batch (CUDA graphs)."""
-        reqs = batch.reqs
-        cached_lens = [req.cached_len for req in reqs]
-        rows = [req.table_slot for req in reqs]
-        assert pad_to is None or batch.is_decode, (
-            "only a decode batch is padded (to a CUDA graph's size)"
-        )
-        layout = (
-            _decode_layout(batch, cached_lens, rows, pad_to)
-            if batch.is_decode
-            else _prefill_layout(batch)
-        )
-        input_ids, positions, token_rows = layout.input_ids, layout.positions, layout.token_rows
-        logits_indices, prompt_targets, num_padding = (
-            layout.logits_indices,
-            layout.prompt_targets,
-            layout.num_padding,
-        )
-        n_tok, n_req = len(input_ids), len(reqs)
-        # the pages the scheduler handed out since the last step travel in the same copy
-        pt_rows, pt_cols, pt_pages = self.page_table.take_pending()
-        n_pt = len(pt_rows)
-        packed = to_device(
-            input_ids
-            + positions
-            + token_rows
-            + rows
-            + logits_indices
-            + prompt_targets
-            + pt_rows
-            + pt_cols
-            + pt_pages,
-            self.device,
-        )
-        ids_t, pos_t, token_rows_t, rows_t, logits_t, targets_t, pt = packed.split(
-            [n_tok, n_tok, n_tok, n_req, len(logits_indices), len(prompt_targets), 3 * n_pt]
-        )
-        if n_pt:
-            self.page_table.apply(*pt.view(3, n_pt))
-        if PLACEHOLDER in input_ids:  # tokens still on the GPU (overlap): take them from there
-            ids_t = torch.where(ids_t >= 0, ids_t, self.last_token[token_rows_t])
-        out_loc = self.page_table.table[token_rows_t, pos_t]
-        if num_padding:
-            out_loc[n_req:] = self.kv_pool.padding_slot
-        return ForwardBatch(
-            phase=batch.phase,
-            input_ids=ids_t,
-            positions=pos_t,
-            out_loc=out_loc,
-            table_rows=rows_t,
-            cached_lens=cached_lens,
-            extend_lens=list(batch.extend_lens),
-            seq_lens=[c + e for c, e in zip(cached_lens, batch.extend_lens)],
-            logits_indices=logits_t,
-            num_padding=num_padding,
-            scored_prompts=layout.scored_prompts,
-            prompt_targets=targets_t,
-            token_rows=token_rows_t,
+        host-to-device copy (:func:`.batch_layout.build_forward_batch`). ``pad_to`` adds padding rows
+        to a decode batch (CUDA graphs)."""
+        return build_forward_batch(
+            batch, self.page_table, self.last_token, self.kv_pool.padding_slot, self.device, pad_to
         )
 
     def _forward(
@@ -520,65 +464,3 @@ class Engine:
             else None
         )
         return StepResult(next_ids, logprobs, prompt)
-
-
-@dataclass
-class _HostLayout:
-    """A batch as flat lists on the host, before the one copy to the device (``ForwardBatch``
-    says what each holds)."""
-
-    input_ids: list[int]
-    positions: list[int]
-    token_rows: list[int]
-    logits_indices: list[int]  # the sampling rows, then the scored prompt rows
-    num_padding: int = 0
-    prompt_targets: list[int] = field(default_factory=list)
-    scored_prompts: list[tuple[int, int]] = field(default_factory=list)
-
-
-def _decode_layout(
-    batch: Batch, cached_lens: list[int], rows: list[int], pad_to: int | None
-) -> _HostLayout:
-    """One token per request (its newest, at position ``cached_lens[i]``, in table row
-    ``rows[i]``), plus padding rows up to a CUDA graph's size."""
-    reqs = batch.reqs
-    layout = _HostLayout(
-        [req.token_ids[c] for req, c in zip(reqs, cached_lens)],
-        list(cached_lens),
-        list(rows),
-        list(range(len(reqs))),
-    )
-    if pad_to is not None:
-        assert pad_to >= len(reqs)
-        layout.num_padding = n = pad_to - len(reqs)
-        layout.input_ids += [0] * n
-        layout.positions += [0] * n
-        layout.token_rows += [0] * n
-        layout.logits_indices += range(len(reqs), pad_to)
-    return layout
-
-
-def _prefill_layout(batch: Batch) -> _HostLayout:
-    """Each request's next ``extend_lens[i]`` prompt tokens; logits for the last one of each
-    request that samples (every one with ``all_logits``), and for the prompt positions of
-    requests that asked for prompt logprobs."""
-    layout = _HostLayout([], [], [], [])
-    scored_rows = []
-    for i, (req, extend) in enumerate(zip(batch.reqs, batch.extend_lens)):
-        start, first = req.cached_len, len(layout.input_ids)
-        layout.input_ids.extend(req.token_ids[start : start + extend])
-        layout.positions.extend(range(start, start + extend))
-        layout.token_rows.extend([req.table_slot] * extend)
-        if batch.all_logits:
-            layout.logits_indices.extend(range(first, first + extend))
-        elif batch.samples(i):
-            layout.logits_indices.append(first + extend - 1)
-        # position p scores prompt token p + 1; the last prompt position scores the first
-        # output token (that is the sampled token's own logprob)
-        end = min(start + extend, req.prompt_len - 1)
-        if req.scores_prompt and not batch.all_logits and end > start:
-            scored_rows.extend(range(first, first + end - start))
-            layout.prompt_targets.extend(req.token_ids[start + 1 : end + 1])
-            layout.scored_prompts.append((i, end - start))
-    layout.logits_indices += scored_rows  # after the sampling rows
-    return layout

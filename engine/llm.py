@@ -13,6 +13,7 @@ from .errors import UserError
 from .request import FinishReason, TokenLogprobs
 from .sampling_params import SamplingParams
 from .scheduler.scheduler import Scheduler
+from .scheduler.scoring import score_batch
 from .tokenizer import chat_prompt_ids, load_tokenizer
 
 
@@ -111,10 +112,12 @@ class LLM:
 
     def score_batch(self, sequences: list[list[int]], prefill_lens: list[int] | None = None):
         """``score`` for many sequences at once, decoded as one batch (the scheduler's
-        teacher forcing, :meth:`Scheduler.score_batch`). Returns one logits tensor per sequence."""
+        teacher forcing, :func:`scheduler.scoring.score_batch`). Returns one logits tensor per
+        sequence."""
         prefill_lens = [len(s) for s in sequences] if prefill_lens is None else prefill_lens
-        return self.scheduler.score_batch(
-            [(next(self._uids), tokens, n) for tokens, n in zip(sequences, prefill_lens)]
+        return score_batch(
+            self.scheduler,
+            [(next(self._uids), tokens, n) for tokens, n in zip(sequences, prefill_lens)],
         )
 
     def generate(self, prompts, sampling_params=None, chat: bool = False) -> list[GenerationResult]:

@@ -26,18 +26,9 @@ from ..env import env_choice, env_ints
 from ..kernels.flashinfer_kernels import WORKSPACE_BYTES, pdl_wanted, triton_unavailable_reason
 from ..kvcache.kv_pool import KVPool, is_fp8
 from ..kvcache.page_table import PageTable
-from ..transfer import host_tensor, to_device
+from ..transfer import host_tensor
 from .base import AttentionBackend
-
-
-@dataclass
-class KVLayout:
-    """FlashInfer's description of which pages each request reads."""
-
-    indptr: torch.Tensor  # [batch + 1] int32, CPU: request i reads indices[indptr[i]:indptr[i+1]]
-    indices: torch.Tensor  # [indptr[-1]] int32, GPU: page ids
-    last_page_len: torch.Tensor  # [batch] int32, CPU: tokens used in each request's last page
-
+from .flashinfer_layout import KVLayoutBuilder
 
 TRITON_DECODE_MAX_BATCH = (
     16  # decode graphs of up to this many rows may run triton_kernels.decode_attention
@@ -175,29 +166,23 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores
         )
-        self.fill_indices = (
-            triton_unavailable_reason() is None
-        )  # one Triton launch instead of ~8 tensor ops
-        self._indices = torch.empty(
-            0, dtype=torch.int32, device=device
-        )  # page ids of eager batches
-        self.graph_wrappers: dict[
-            tuple[int, str], object
-        ] = {}  # (padded batch size, "flashinfer" or "whole") -> its wrapper
+        self.kv_layout = KVLayoutBuilder(
+            kv_pool, page_table, device, fill_indices=triton_unavailable_reason() is None
+        )
+        # (padded batch size, "flashinfer" or "whole") -> its wrapper
+        self.graph_wrappers: dict[tuple[int, str], object] = {}
         self._graph_indices: torch.Tensor | None = None  # one index buffer shared by all graphs
         # FlashInfer copies each plan to the GPU from one pinned host buffer per wrapper; the
         # next plan must not overwrite it before that copy ran (with overlap scheduling the CPU
         # plans step N+1 while step N may not have started).
         self._plan_copied: torch.cuda.Event | None = None
-        fits = (
-            head_dim & (head_dim - 1) == 0 and num_heads // num_kv_heads <= 16
-        )  # the Triton kernels' shapes
+        # the Triton kernels' shapes
+        fits = head_dim & (head_dim - 1) == 0 and num_heads // num_kv_heads <= 16
         limits = DecodeAttentionLimits.from_env()
         if not (fits and triton_decode):
             limits = replace(limits, max_batch=0, max_context=0, fused=False)
-        if (
-            not self.decode_tensor_cores
-        ):  # K/V read whole was measured on the tensor-core decode only
+        # K/V read whole was measured on the tensor-core decode only
+        if not self.decode_tensor_cores:
             limits = replace(limits, whole_kv_rows=1 << 30)
         self.decode_limits = limits
         self.triton_graphs: dict[int, TritonDecode] = {}  # graph size -> its plan-free metadata
@@ -266,62 +251,6 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     # ---- planning ----------------------------------------------------------------------------
 
-    def kv_layout(self, batch: ForwardBatch) -> KVLayout:
-        """Pages of every request (plus one padding page per padding row of a graph batch)."""
-        ps = self.page_size
-        seq_lens = batch.seq_lens
-        counts = [(n + ps - 1) // ps for n in seq_lens]
-        pad = batch.num_padding
-        indptr = [0]
-        for c in counts + [1] * pad:
-            indptr.append(indptr[-1] + c)
-        last_page_len = [(n - 1) % ps + 1 for n in seq_lens] + [1] * pad
-        if self.fill_indices:
-            from ..kernels.triton_kernels import fill_kv_indices
-
-            if self._indices.numel() < indptr[-1]:
-                self._indices = torch.empty(
-                    max(indptr[-1], 2 * self._indices.numel()),
-                    dtype=torch.int32,
-                    device=self.device,
-                )
-            indices = fill_kv_indices(
-                self.page_table.table,
-                batch.table_rows,
-                to_device(indptr, self.device, torch.int32),
-                self._indices,
-                ps,
-                self.kv_pool.padding_page,
-                max(counts + [1]),
-            )[: indptr[-1]]
-            return KVLayout(
-                host_tensor(indptr, torch.int32), indices, host_tensor(last_page_len, torch.int32)
-            )
-        real_total = indptr[len(counts)]
-        # page j of request i is slot table[row_i, j * page_size] // page_size
-        meta = to_device(counts + indptr[: len(counts)], self.device)
-        counts_gpu, starts_gpu = meta[: len(counts)], meta[len(counts) :]
-        rows = batch.table_rows[: len(counts)].repeat_interleave(counts_gpu, output_size=real_total)
-        cols = torch.arange(real_total, device=self.device) - starts_gpu.repeat_interleave(
-            counts_gpu, output_size=real_total
-        )
-        table = self.page_table.table
-        indices = table[rows, cols] if ps == 1 else table[rows, cols * ps] // ps
-        if pad:
-            indices = torch.cat(
-                (
-                    indices,
-                    torch.full(
-                        (pad,), self.kv_pool.padding_page, dtype=indices.dtype, device=self.device
-                    ),
-                )
-            )
-        return KVLayout(
-            host_tensor(indptr, torch.int32),
-            indices.to(torch.int32),
-            host_tensor(last_page_len, torch.int32),
-        )
-
     def decode_kind(self, batch: ForwardBatch) -> str:
         """The attention of a decode batch padded to a graph's size (:class:`DecodeAttentionLimits`)."""
         kind = self.decode_limits.decode_kind(batch.padded_size, batch.seq_lens)
@@ -338,7 +267,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             if kind == "triton":
                 batch.attn_metadata = self.triton_graphs[batch.padded_size]  # nothing to plan
                 return
-        layout = self.kv_layout(batch)
+        layout = self.kv_layout.build(batch)
         if self._plan_copied is not None:
             self._plan_copied.synchronize()
         common = dict(

@@ -11,15 +11,18 @@ CPU work of scheduling and preparing a step hides behind the GPU's work. Everyth
 schedule needs is known without the tokens (each sampling request grows by one token, held as a
 placeholder until its value arrives); what is not known is whether a request just sampled its
 EOS, so a finishing request may ride along in one extra step whose token is dropped.
+
+The scheduler's parts, each with its own state: :class:`PrefillManager` (prefill.py: the waiting
+queue, admission, prefill batches), :class:`DecodeManager` (decode.py: the running set),
+:class:`KVMemory` (kv_memory.py: the pages of admitted requests, preemption, idle release) and
+:class:`GrammarQueue` (grammar_queue.py: requests waiting for their grammar, token masks).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from functools import partial
 
@@ -27,24 +30,19 @@ import torch
 
 from ..engine import Engine, StepResult
 from ..errors import RequestError, UserError, check_prompt_length
-from ..grammar import GrammarCompiler, GrammarState
 from ..kvcache import CacheManager, NaiveCacheManager, PageAllocator, RadixCacheManager
 from ..logits_processor import TokenMasks
 from ..messages import StatsMsg
-from ..model_loader import return_freed_memory
 from ..request import PLACEHOLDER, FinishReason, Req, TokenLogprobs
 from ..sampling_params import SamplingParams
 from .decode import DecodeManager
+from .grammar_queue import GrammarQueue
+from .kv_memory import KVMemory
 from .prefill import PrefillManager, pages_for
 
 logger = logging.getLogger(__name__)
 
 EARLY_ABORTS_KEPT = 4096  # aborts that arrived before their request, remembered for a while
-GRAMMAR_WAIT_S = 0.005  # with nothing else to run, how long one step waits for a grammar to compile
-GRAMMAR_COMPILE_TIMEOUT_S = 30.0
-"""How long a request waits for its grammar (queued behind others' and compiled) before it fails.
-The front end bounds what may be compiled (server/request_limits.py) so that none takes near
-this long; the limit is the last guard, and the compile itself runs on (it cannot be stopped)."""
 IDLE_RELEASE_S = 5.0
 """After this long with nothing to do, the memory of free KV pages goes back to the OS (a CPU
 pool). Between the steps of a reply there is no pause near this long, so only a finished spell of
@@ -61,6 +59,26 @@ CACHE_MANAGERS: dict[str, type[CacheManager]] = {
 }
 Receive = Callable[[bool], None]
 """How a loop takes in new requests and aborts: ``receive(blocking)``."""
+
+
+def check_request(engine: Engine, token_ids: list[int], params: SamplingParams) -> None:
+    """Raises :class:`RequestError` if the engine can never serve this request."""
+    limit = engine.max_context_len
+    capacity = engine.num_pages * engine.page_size
+    check_prompt_length(len(token_ids), limit)
+    if pages_for(len(token_ids) + 1, engine.page_size) > engine.num_pages:
+        raise RequestError(
+            f"the prompt has {len(token_ids)} tokens but the KV cache holds {capacity}; raise --max-kv-tokens"
+        )
+    vocab = engine.model_config.vocab_size
+    if min(token_ids) < 0 or max(token_ids) >= vocab:
+        raise RequestError(f"prompt token ids must be in [0, {vocab})")
+    for name, ids in (
+        ("logit_bias", params.logit_bias),
+        ("stop_token_ids", params.stop_token_ids),
+    ):
+        if any(not 0 <= t < vocab for t in ids):
+            raise RequestError(f"{name} token ids must be in [0, {vocab})")
 
 
 @dataclass
@@ -101,9 +119,8 @@ class Scheduler:
         cfg = engine.config
         self.engine = engine
         self.in_flight: InFlight | None = None
-        self.step: Callable[
-            [Receive | None], list[TokenOutput]
-        ]  # one turn: normal_loop or overlap_loop
+        # one turn: normal_loop or overlap_loop
+        self.step: Callable[[Receive | None], list[TokenOutput]]
         self.overlap = (
             (cfg.overlap and engine.device.type == "cuda") if overlap is None else overlap
         )
@@ -121,19 +138,16 @@ class Scheduler:
             max_prefill_tokens or engine.max_prefill_tokens,
         )
         self.decode_manager = DecodeManager()
+        self.kv_memory = KVMemory(
+            engine, self.cache_manager, self.prefill_manager, self.decode_manager
+        )
         self.reqs: dict[int, Req] = {}  # every live request by uid
         self.eos_token_ids = set(engine.eos_token_ids)
         self._early_aborts: OrderedDict[int, None] = OrderedDict()
         self._counters = dict(prompt=0, generation=0, finished=0, aborted=0)
-        self.grammar_compiler: GrammarCompiler | None = (
-            None  # made for the first structured request
-        )
-        self.grammar_waiting: dict[
-            int, tuple[Req, Future, float]
-        ] = {}  # uid -> request, its compiling grammar, its deadline
-        self.ready_outputs: list[
-            TokenOutput
-        ] = []  # endings decided outside a step (an abort, a bad grammar)
+        self.grammar_queue = GrammarQueue(engine)  # requests waiting for their grammar
+        # endings decided outside a step (an abort, a bad grammar)
+        self.ready_outputs: list[TokenOutput] = []
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -143,30 +157,18 @@ class Scheduler:
             return  # its abort overtook it: drop it silently
         if uid in self.reqs:
             raise RequestError(f"request uid {uid} is already running")
+        check_request(self.engine, token_ids, params)
+        compiling = (
+            self.grammar_queue.compile(params.grammar) if params.grammar is not None else None
+        )
         limit = self.engine.max_context_len
         capacity = self.engine.num_pages * self.page_size
-        check_prompt_length(len(token_ids), limit)
-        if pages_for(len(token_ids) + 1, self.page_size) > self.engine.num_pages:
-            raise RequestError(
-                f"the prompt has {len(token_ids)} tokens but the KV cache holds {capacity}; raise --max-kv-tokens"
-            )
-        vocab = self.engine.model_config.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise RequestError(f"prompt token ids must be in [0, {vocab})")
-        for name, ids in (
-            ("logit_bias", params.logit_bias),
-            ("stop_token_ids", params.stop_token_ids),
-        ):
-            if any(not 0 <= t < vocab for t in ids):
-                raise RequestError(f"{name} token ids must be in [0, {vocab})")
-        compiling = (
-            self._grammar_compiler().submit(params.grammar) if params.grammar is not None else None
-        )
         # Clamp so the sequence fits both the context and (alone) the KV pool: finish "length".
         max_new = min(params.max_tokens, limit - len(token_ids), capacity - len(token_ids))
         generator = None
         if params.seed is not None and not params.is_greedy:
             generator = torch.Generator(device=self.engine.device).manual_seed(params.seed)
+        # a cached prompt token has no logits to score it: such a request does not use the cache
         req = Req(
             uid=uid,
             token_ids=list(token_ids),
@@ -175,84 +177,26 @@ class Scheduler:
             max_new_tokens=max_new,
             generator=generator,
             use_prefix_cache=params.prompt_logprobs is None,
-        )  # a cached prompt token has no logits to score it
+        )
         self.reqs[uid] = req
         if compiling is not None:
-            self.grammar_waiting[uid] = (
-                req,
-                compiling,
-                time.monotonic() + GRAMMAR_COMPILE_TIMEOUT_S,
-            )
+            self.grammar_queue.add(req, compiling)
         else:
             self.prefill_manager.add(req)
         self._counters["prompt"] += len(token_ids)
 
-    def _grammar_compiler(self) -> GrammarCompiler:
-        if self.grammar_compiler is None:
-            from ..tokenizer import load_tokenizer
-
-            path = self.engine.config.tokenizer or self.engine.model_dir
-            tokenizer = load_tokenizer(path) if path is not None else None
-            if tokenizer is None:
-                raise RequestError(
-                    "structured output needs the model's tokenizer, and this model has none"
-                )
-            try:
-                self.grammar_compiler = GrammarCompiler(
-                    tokenizer, self.engine.model_config.vocab_size, list(self.engine.eos_token_ids)
-                )
-            except ImportError:
-                raise RequestError(
-                    "structured output needs xgrammar: pip install xgrammar"
-                ) from None
-            except Exception as exc:  # this request fails; the engine keeps serving the others
-                logger.exception("structured output could not start")
-                raise RequestError(
-                    f"structured output could not start for this model's tokenizer: {exc}"
-                ) from None
-        return self.grammar_compiler
-
     def _admit_compiled(self) -> None:
         """Requests whose grammar is compiled join the prefill queue; a bad grammar ends its
-        request with the compiler's message, and so does one not compiled by its deadline. The
-        step loop never waits for a compile, except a moment when it has nothing else to run
-        (and with --tp, whose ranks must admit the same requests at the same step: there the
-        front end's bounds on grammars are what keeps the wait short). An aborted request's
-        compile is cancelled if it has not begun (``finish``)."""
-        if not self.grammar_waiting:
+        request with the compiler's message, and so does one not compiled by its deadline
+        (:meth:`GrammarQueue.take_compiled`). An aborted request's compile is cancelled if it
+        has not begun (``finish``)."""
+        if not self.grammar_queue.waiting:
             return
-        compiling = [f for _, f, _ in self.grammar_waiting.values()]
-        if self.engine.tp.size > 1:
-            wait(compiling)  # tensor-parallel ranks must admit the same requests at the same step
-        elif (
-            not self.reqs.keys() - self.grammar_waiting.keys()
-        ):  # nothing else to run: wait a little
-            wait(compiling, timeout=GRAMMAR_WAIT_S, return_when=FIRST_COMPLETED)
-        now = time.monotonic()
-        for uid, (req, compiling, deadline) in list(self.grammar_waiting.items()):
-            if not compiling.done():
-                if now > deadline:
-                    message = (
-                        f"the grammar was not compiled within {GRAMMAR_COMPILE_TIMEOUT_S:g} s (GRAMMAR_COMPILE_TIMEOUT_S); "
-                        "simplify the schema, regex or grammar"
-                    )
-                    self.ready_outputs.append(self.finish(req, FinishReason.ERROR, message))
-                continue
-            del self.grammar_waiting[uid]
-            try:
-                req.grammar = GrammarState(
-                    self.grammar_compiler.xgr.GrammarMatcher(compiling.result())
-                )
-            except (
-                Exception
-            ) as exc:  # a RequestError (bad schema) or anything xgrammar raised: this request only
-                message = (
-                    str(exc)
-                    if isinstance(exc, RequestError)
-                    else f"the grammar could not be used: {exc}"
-                )
-                self.ready_outputs.append(self.finish(req, FinishReason.ERROR, message))
-                continue
+        idle = not self.reqs.keys() - self.grammar_queue.waiting.keys()
+        ready, failed = self.grammar_queue.take_compiled(idle)
+        for req, message in failed:
+            self.ready_outputs.append(self.finish(req, FinishReason.ERROR, message))
+        for req in ready:
             self.prefill_manager.add(req)
 
     def abort_request(
@@ -280,25 +224,14 @@ class Scheduler:
             req.token_ids.pop()
         req.cached_len = min(req.cached_len, len(req.token_ids))
         if req.table_slot >= 0:
-            self._release_pages(req)
+            self.kv_memory.release(req)
         if req in self.prefill_manager.waiting:
             self.prefill_manager.remove(req)
-        waiting = self.grammar_waiting.pop(req.uid, None)
-        if waiting is not None:
-            waiting[1].cancel()
+        self.grammar_queue.cancel(req.uid)
         self.decode_manager.remove(req)
         self.reqs.pop(req.uid, None)
         self._counters["aborted" if reason == FinishReason.ABORT else "finished"] += 1
         return TokenOutput(req.uid, None, reason, error)
-
-    def _release_pages(self, req: Req) -> None:
-        """Give back an admitted request's table row and pages: those whose KV is computed go to
-        the cache manager (the radix tree keeps them for later prompts), the prefix it read is
-        unlocked."""
-        match = self.prefill_manager.matches.pop(req.uid, None)
-        self.cache_manager.release(req.token_ids, req.cached_len, req.pages, match)
-        self.engine.page_table.free_row(req.table_slot)
-        req.table_slot, req.pages = -1, []
 
     # ---- one step ----------------------------------------------------------------------------
 
@@ -308,42 +241,9 @@ class Scheduler:
 
     def release_idle_memory(self, evict_cache: bool) -> int:
         """While idle: give the memory of free KV pages (and, with ``evict_cache``, of the prefix
-        cache's) back to the OS, with the C allocator's freed buffers. Returns the KV bytes
-        released; 0 with work in hand or a pool that keeps its memory (a GPU's)."""
-        pool = self.engine.kv_pool
-        if self.has_work or not pool.releasable:
-            return 0
-        if evict_cache:
-            self.cache_manager.evict_unused()
-        released = pool.release(self.cache_manager.allocator.free_runs())
-        return_freed_memory()
-        logger.debug("idle: %d MB of free KV pages released", released >> 20)
-        return released
-
-    def _preempt(self, req: Req) -> None:
-        """Out of KV pages while decoding: send ``req`` back to the queue; it will recompute its
-        prompt and the tokens generated so far when pages are free again."""
-        self._release_pages(req)
-        req.cached_len = 0
-        self.decode_manager.remove(req)
-        self.prefill_manager.add(req, front=True)
-        logger.debug("preempted request %d (KV cache full)", req.uid)
-
-    def _grow_decode_pages(self) -> None:
-        """Every running request needs a slot for the token it is about to compute."""
-        for req in list(self.decode_manager.running.values()):
-            if req.uid not in self.decode_manager.running or req.output_len >= req.max_new_tokens:
-                continue  # preempted below to make room, or nothing left to compute
-            while len(req.pages) * self.page_size <= req.cached_len:
-                pages = self.cache_manager.alloc_pages(1)
-                if pages is not None:
-                    self.engine.page_table.write_pages(req.table_slot, len(req.pages), pages)
-                    req.pages.extend(pages)
-                    continue
-                victim = self.decode_manager.newest()
-                self._preempt(victim)
-                if victim is req:
-                    break
+        cache's) back to the OS (:meth:`KVMemory.release_idle`). Returns the KV bytes released;
+        0 with work in hand or a pool that keeps its memory (a GPU's)."""
+        return 0 if self.has_work else self.kv_memory.release_idle(evict_cache)
 
     def schedule(self):
         self._admit_compiled()
@@ -351,7 +251,7 @@ class Scheduler:
         batch = self.prefill_manager.schedule(max_new_requests=room)
         if batch is not None:
             return batch
-        self._grow_decode_pages()
+        self.kv_memory.grow_decode_pages()
         return self.decode_manager.schedule()
 
     @property
@@ -385,53 +285,6 @@ class Scheduler:
         self.in_flight = self.launch(batch) if batch is not None else None
         return self._take_ready() + (self.collect(last) if last is not None else [])
 
-    def score_batch(self, requests: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
-        """Teacher forcing, for comparing the model with a reference: each ``(uid, tokens,
-        prefill_len)`` prefills its first ``prefill_len`` tokens (chunked by the budget), then
-        decodes with every step fed the next true token instead of a sampled one, all requests
-        as one batch (so decode runs the batched kernels and CUDA graphs). Returns the float32
-        logits of every position [len(tokens), vocab] of each request, in order."""
-        assert not self.has_work, "score_batch() needs an otherwise idle scheduler"
-        reqs, targets = [], {}
-        for uid, tokens, prefill_len in requests:
-            self.add_request(
-                uid,
-                tokens[:prefill_len],
-                SamplingParams(max_tokens=len(tokens) + 1, ignore_eos=True),
-            )
-            req = self.reqs[uid]
-            req.use_prefix_cache = False  # a cached prefix would leave its rows out
-            reqs.append(req)
-            targets[uid] = tokens
-        rows: dict[int, list[torch.Tensor]] = {req.uid: [] for req in reqs}
-        try:
-            while any(not req.finished for req in reqs):
-                batch = self.schedule()
-                assert batch is not None and set(batch.reqs) <= set(reqs), (
-                    "score_batch() needs an otherwise idle scheduler"
-                )
-                batch.all_logits = True
-                logits = self.engine.forward_logits(batch)
-                for req, extend, part in zip(
-                    batch.reqs, batch.extend_lens, logits.split(batch.extend_lens)
-                ):
-                    rows[req.uid].append(part)
-                    req.cached_len += extend
-                    tokens = targets[req.uid]
-                    if req.cached_len < req.seq_len:
-                        continue  # a prefill chunk; the rest of the prompt follows
-                    if req.seq_len == len(tokens):
-                        self.finish(req, FinishReason.LENGTH)
-                        continue
-                    req.token_ids.append(tokens[req.seq_len])  # the true next token, not a sample
-                    if batch.phase == "prefill":
-                        self.decode_manager.add(req)
-        finally:
-            for req in reqs:
-                if not req.finished:
-                    self.finish(req, FinishReason.ABORT)
-        return [torch.cat(rows[req.uid]) for req in reqs]
-
     def _take_ready(self) -> list[TokenOutput]:
         """Endings decided outside a step: aborts, refused requests, grammars that failed."""
         ready, self.ready_outputs = self.ready_outputs, []
@@ -464,33 +317,18 @@ class Scheduler:
 
     def _fill_token_masks(self, batch, sampling: list[int]) -> TokenMasks | None:
         """The grammar rows' bitmasks for ``batch`` (called by the engine once the forward pass
-        is queued, so they are filled while the GPU computes). A grammar must have seen every
-        earlier token: with overlap the previous step's tokens are read here (that step is done
-        or about to be; the GPU is already busy with this one)."""
-        rows = [
-            row
-            for row, i in enumerate(sampling)
-            if batch.reqs[i].grammar is not None and batch.reqs[i].grammar.active
-        ]
-        if not rows:
-            return None  # every grammar here has ended: nothing to wait for
+        is queued, so they are filled while the GPU computes)."""
+        return self.grammar_queue.token_masks(
+            batch, sampling, self.max_running_requests, self._read_in_flight_grammar_tokens
+        )
+
+    def _read_in_flight_grammar_tokens(self) -> None:
+        """A grammar must have seen every earlier token: with overlap the previous step's tokens
+        are read here (that step is done or about to be; the GPU is already busy with this one)."""
         if self.in_flight is not None:
             for (req, index), token in zip(self.in_flight.sampled, self.in_flight.result.tokens()):
                 if req.grammar is not None and not req.finished:
                     req.token_ids[index] = token
-        states = []
-        for row in rows:
-            req = batch.reqs[sampling[row]]
-            req.grammar.advance(req.known_output_ids(since=req.grammar.accepted), req.uid)
-            states.append(req.grammar)
-        active = [j for j, state in enumerate(states) if state.active]  # one may have just ended
-        states, rows = [states[j] for j in active], [rows[j] for j in active]
-        if not rows:
-            return None
-        bitmask = self.grammar_compiler.fill_bitmask(
-            states, self.max_running_requests, self.engine.device.type == "cuda"
-        )
-        return TokenMasks(bitmask, rows, self.grammar_compiler.apply_bitmask)
 
     def collect(self, step: InFlight) -> list[TokenOutput]:
         """Read a launched step's tokens and end the requests they finish."""
@@ -523,12 +361,10 @@ class Scheduler:
             return FinishReason.STOP
         if (
             req.grammar is not None
-            and token in self.grammar_compiler.stop_token_ids
+            and self.grammar_queue.is_stop(token)
             and not req.params.ignore_eos
         ):
-            return (
-                FinishReason.STOP
-            )  # the grammar's end (the tokenizer's EOS where the model names none)
+            return FinishReason.STOP  # the grammar's end
         if index + 1 - req.prompt_len >= req.max_new_tokens:
             return FinishReason.LENGTH
         return None

@@ -129,6 +129,7 @@ FLOORS = {  # a module imports only from its own floor and those below (0: every
     "kernels.fused_ops": 5,
     "kernels.cuda_graph": 5,
     "engine": 5,
+    "batch_layout": 5,
     "scheduler": 6,
     "llm": 7,
     "workers": 8,

@@ -549,11 +549,11 @@ def test_a_grammar_not_compiled_by_its_deadline_fails_its_request_and_others_are
     tiny_llm, monkeypatch
 ):
     from minisgl_engine.sampling_params import GrammarSpec, SamplingParams
-    from minisgl_engine.scheduler import scheduler as scheduler_module
+    from minisgl_engine.scheduler import grammar_queue
 
     sched = tiny_llm.scheduler
-    monkeypatch.setattr(scheduler_module, "GRAMMAR_COMPILE_TIMEOUT_S", 0.3)
-    monkeypatch.setattr(sched, "grammar_compiler", NeverCompiles())
+    monkeypatch.setattr(grammar_queue, "GRAMMAR_COMPILE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(sched.grammar_queue, "compiler", NeverCompiles())
     sched.add_request(
         1, [5, 6, 7], SamplingParams(max_tokens=4, grammar=GrammarSpec("regex", "a+"))
     )
@@ -565,7 +565,7 @@ def test_a_grammar_not_compiled_by_its_deadline_fails_its_request_and_others_are
         "error",
         0,
     ) and "not compiled within 0.3 s (GRAMMAR_COMPILE_TIMEOUT_S)" in error
-    assert not sched.reqs and not sched.grammar_waiting and sched.stats().kv_pages_used == 0
+    assert not sched.reqs and not sched.grammar_queue.waiting and sched.stats().kv_pages_used == 0
 
 
 def test_an_aborted_request_stops_waiting_for_its_compile(tiny_llm, monkeypatch):
@@ -573,11 +573,11 @@ def test_an_aborted_request_stops_waiting_for_its_compile(tiny_llm, monkeypatch)
 
     sched = tiny_llm.scheduler
     compiler = NeverCompiles()
-    monkeypatch.setattr(sched, "grammar_compiler", compiler)
+    monkeypatch.setattr(sched.grammar_queue, "compiler", compiler)
     sched.add_request(
         3, [5, 6, 7], SamplingParams(max_tokens=4, grammar=GrammarSpec("regex", "a+"))
     )
     sched.step()
     out = sched.abort_request(3)
     assert out is not None and out.finish_reason.value == "abort"
-    assert not sched.reqs and not sched.grammar_waiting and compiler.futures[0].cancelled()
+    assert not sched.reqs and not sched.grammar_queue.waiting and compiler.futures[0].cancelled()
