@@ -31,7 +31,16 @@ def comma_list(value: str) -> tuple[str, ...]:
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("server")
+    """The server's flags, then those of running the --tp ranks over several machines."""
+    _add_http_flags(parser.add_argument_group("server"))
+    machines = parser.add_argument_group(
+        "several machines (trusted network only: the rendezvous port is unauthenticated)"
+    )
+    _add_multi_node_flags(machines)
+
+
+def _add_http_flags(g: argparse._ArgumentGroup) -> None:
+    """Where the server listens, who may call it, what a request may bring."""
     g.add_argument(
         "--host",
         default="127.0.0.1",
@@ -82,22 +91,23 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the largest request body /v1 reads; a larger one is a 413 (default: %(default)s, 8 MiB)",
     )
-    d = parser.add_argument_group(
-        "several machines (trusted network only: the rendezvous port is unauthenticated)"
-    )
-    d.add_argument(
+
+
+def _add_multi_node_flags(g: argparse._ArgumentGroup) -> None:
+    """The --tp ranks spread over several machines."""
+    g.add_argument(
         "--nnodes",
         type=int,
         default=1,
         help="machines the --tp ranks are spread over (default: %(default)s)",
     )
-    d.add_argument(
+    g.add_argument(
         "--node-rank",
         type=int,
         default=0,
         help="this machine's index; 0 runs the front end (default: %(default)s)",
     )
-    d.add_argument(
+    g.add_argument(
         "--dist-init-addr",
         default=None,
         metavar="HOST:PORT",
@@ -136,7 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine progress")
     sub = parser.add_subparsers(dest="command", parser_class=ArgumentParser)
+    _add_generate_command(sub)
+    _add_chat_command(sub)
+    _add_serve_command(sub)
+    _add_pull_command(sub)
+    _add_bench_command(sub)
+    return parser
 
+
+def _add_generate_command(sub: argparse._SubParsersAction) -> None:
+    """``generate PROMPT``: one reply in the terminal."""
     gen = sub.add_parser("generate", help="answer one prompt in the terminal (streams the reply)")
     gen.add_argument("prompt")
     gen.add_argument("--max-tokens", type=int, default=256)
@@ -156,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_engine_args(gen)
 
+
+def _add_chat_command(sub: argparse._SubParsersAction) -> None:
+    """``chat``: the app, with the remote-engine flags, the server's and the engine's."""
     chat = sub.add_parser(
         "chat", help="the chat app (the default command): engine + chat page + OpenAI routes"
     )
@@ -196,10 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_args(chat)
     add_engine_args(chat)
 
+
+def _add_serve_command(sub: argparse._SubParsersAction) -> None:
+    """``serve``: the OpenAI-compatible server alone."""
     serve = sub.add_parser("serve", help="headless OpenAI-compatible server (no UI)")
     add_server_args(serve)
     add_engine_args(serve)
 
+
+def _add_pull_command(sub: argparse._SubParsersAction) -> None:
+    """``pull [MODEL]``: download and convert a model once."""
     pull = sub.add_parser(
         "pull", help="download and convert a model once (default: the demo model)"
     )
@@ -210,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="progress and outcome as JSON lines on stdout (the chat page's pull reads them)",
     )
 
+
+def _add_bench_command(sub: argparse._SubParsersAction) -> None:
+    """``bench``: the engine's benchmarks and the app's own (``page``, ``footprint``)."""
     bench = sub.add_parser("bench", help="benchmarks, side by side with Hugging Face transformers")
     benches = add_bench_args(bench, ArgumentParser)
     page = benches.add_parser(
@@ -223,7 +254,6 @@ def build_parser() -> argparse.ArgumentParser:
         "and its time to ready",
     )
     add_footprint_bench_args(footprint)
-    return parser
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
