@@ -7,6 +7,7 @@ here, so this starts in seconds on any machine."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 from collections.abc import Callable
@@ -51,6 +52,16 @@ def run_remote_chat(
         uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
     )
 
+    uvicorn_handle_exit = http.handle_exit
+
+    def handle_exit(sig: int, frame: object) -> None:  # as engine/api/server.py's: exit hooks too
+        uvicorn_handle_exit(sig, frame)
+        loop = asyncio.get_running_loop()
+        for hook in getattr(app.state, "exit_hooks", ()):
+            loop.call_soon_threadsafe(hook)
+
+    http.handle_exit = handle_exit
+
     async def main() -> None:
         await remote.check()  # the first status line already says whether the remote answers
         print(
@@ -63,8 +74,6 @@ def run_remote_chat(
             await http.serve(sockets=[listen_socket])
         finally:
             await remote.close()
-
-    import asyncio
 
     signal.signal(
         signal.SIGTERM, signal.default_int_handler

@@ -121,9 +121,12 @@ class ChatApp:
         return getattr(self.srv, name)
 
     def restart(self) -> None:
-        port = self.srv.port
         self.srv.stop()
-        self.srv = self._start(port)
+        self.start_again()
+
+    def start_again(self) -> None:
+        """After a stop: another app on the same folder and port."""
+        self.srv = self._start(self.srv.port)
 
     def stop(self) -> None:
         self.srv.stop()

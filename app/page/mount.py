@@ -63,6 +63,18 @@ class StreamOfGoneSession:
         await self.app(scope, receive, send)
 
 
+def end_streams_on_exit(app, gradio_app) -> None:
+    """Each open tab holds a heartbeat stream (Gradio's, to see a tab close) that ends only when
+    the Gradio app's ``stop_event`` is set, which ``Blocks.close`` does for a launched app but
+    nothing does for a mounted one: at SIGTERM the server waited for it and then cancelled it,
+    logging a traceback per tab. The server calls ``app.state.exit_hooks`` as it begins to stop
+    (engine/api/server.py; remote_app.py), so those streams end first, in order."""
+    hooks = getattr(app.state, "exit_hooks", None)
+    if hooks is None:
+        hooks = app.state.exit_hooks = []
+    hooks.append(gradio_app.stop_event.set)
+
+
 def mount_ui(
     app,
     source: ReplySource,
@@ -100,6 +112,7 @@ def mount_ui(
     )
     # inside the server's own guards (engine/api/security.py: a foreign Host is refused first)
     page = next(route for route in reversed(app.routes) if isinstance(route, Mount))
+    end_streams_on_exit(app, page.app)
     page.app = StreamOfGoneSession(page.app, getattr(demo, "_queue", None))
     if page_key is not None:
         page.app = PageGuard(page.app, page_key, api_key)

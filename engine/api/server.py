@@ -289,6 +289,7 @@ class _ServerRun:
             trust_request_chat_template=server.trust_request_chat_template,
             max_request_bytes=server.max_request_bytes,
         )
+        self.app = app
         self.http = uvicorn.Server(
             uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
         )
@@ -316,9 +317,12 @@ class _ServerRun:
 
     def handle_exit(self, sig: int, frame: object) -> None:
         """SIGINT/SIGTERM: besides uvicorn's own stop, end the open streams at once with a
-        reason, so that its graceful shutdown need not cancel them half-way."""
+        reason, so that its graceful shutdown need not cancel them half-way; a mounted page ends
+        its own (``app.state.exit_hooks``: its browser connections)."""
         self._uvicorn_handle_exit(sig, frame)
         self.loop.call_soon_threadsafe(self.client.fail_pending, "the server is shutting down")
+        for hook in getattr(self.app.state, "exit_hooks", ()):
+            self.loop.call_soon_threadsafe(hook)
 
     def fail(self, code: int, message: str) -> None:
         """The engine cannot go on (a worker died, the model failed to load): stop with ``code``
