@@ -29,6 +29,7 @@ logger = logging.getLogger("minisgl.app")
 STORE_EVERY_S = 0.5  # how often a growing reply is written to the database
 ORPHAN_GRACE_S = 2.0  # how long a reply outlives the last page that showed it
 TAB_CLOSED = "the tab closed"  # how a reply stopped because its page went away says so
+APP_STOPPED = "the app stopped"  # ... and one the app's own stop (SIGTERM, Ctrl+C) cut short
 NOTHING_TO_ADD = (
     "The model had nothing to add: the reply was already complete."  # a Continue that ended at once
 )
@@ -132,6 +133,7 @@ class ReplyManager:
             str, list[str]
         ] = {}  # session -> what its page is to say (a toast), once
         self.version = 0
+        self.closing = False  # the app is stopping: no turn waiting in line starts
         self._changed = asyncio.Event()
 
     # ---- what pages read
@@ -212,7 +214,7 @@ class ReplyManager:
 
     def _next(self, conv_id: int) -> None:
         line = self.queued.get(conv_id)
-        if line:
+        if line and not self.closing:
             session, make_turn = line.pop(0)
             if not line:
                 del self.queued[conv_id]
@@ -244,6 +246,14 @@ class ReplyManager:
             reply.stop.set()
         self.notify()
         return len(stopped)
+
+    def stop_for_exit(self) -> None:
+        """The app is stopping: every reply in flight ends as stopped, its text kept as a stopped
+        reply's (Continue goes on from it after a restart), not as an error; the questions
+        waiting stay in their chats, unanswered (↻ answers them)."""
+        self.closing = True
+        self.queued.clear()
+        self.stop_every(APP_STOPPED)
 
     def stop_all(self, conv_id: int) -> None:
         """Stop the reply and drop the waiting turns (the conversation is being deleted; a turn
@@ -293,7 +303,8 @@ class ReplyManager:
                     reply.first_token = reply.first_token or time.perf_counter()
                     reply.text += out.incremental_output
                 if out.error:
-                    reply.error = out.error
+                    if reply.stopped_by is None:  # else stopped, and the error says only that
+                        reply.error = out.error
                     break
                 reply.tokens = out.completion_tokens
                 if out.finished:

@@ -18,7 +18,7 @@ from .csp import page_csp
 from .css import PAGE_CSS
 from .gradio_patches import keep_session_queues, quiet_queue
 from .scripts import PAGE_JS
-from .ui import build_ui
+from .ui import chat_page
 
 STATIC = (
     Path(__file__).resolve().parents[1] / "static"
@@ -63,16 +63,17 @@ class StreamOfGoneSession:
         await self.app(scope, receive, send)
 
 
-def end_streams_on_exit(app, gradio_app) -> None:
-    """Each open tab holds a heartbeat stream (Gradio's, to see a tab close) that ends only when
-    the Gradio app's ``stop_event`` is set, which ``Blocks.close`` does for a launched app but
-    nothing does for a mounted one: at SIGTERM the server waited for it and then cancelled it,
-    logging a traceback per tab. The server calls ``app.state.exit_hooks`` as it begins to stop
-    (engine/api/server.py; remote_app.py), so those streams end first, in order."""
+def end_streams_on_exit(app, gradio_app, stop_replies) -> None:
+    """As the server begins to stop (it calls ``app.state.exit_hooks``: engine/api/server.py,
+    remote_app.py), the replies in flight end as stopped (``stop_replies``: their text kept, not
+    an error), and so do the tabs' heartbeat streams (Gradio's, to see a tab close): those end
+    only when the Gradio app's ``stop_event`` is set, which ``Blocks.close`` does for a launched
+    app but nothing does for a mounted one, so the server waited for them and then cancelled
+    them, logging a traceback per tab."""
     hooks = getattr(app.state, "exit_hooks", None)
     if hooks is None:
         hooks = app.state.exit_hooks = []
-    hooks.append(gradio_app.stop_event.set)
+    hooks += [stop_replies, gradio_app.stop_event.set]
 
 
 def mount_ui(
@@ -88,7 +89,8 @@ def mount_ui(
     with ``api_key``); None (``--no-auth``) leaves the page open to whoever reaches the server."""
     from starlette.routing import Mount
 
-    demo = build_ui(source, store, puller)
+    page_state = chat_page(source, store, puller)
+    demo = page_state.build()
     demo.queue(default_concurrency_limit=None)
     quiet_queue(demo)
     keep_session_queues(demo)
@@ -112,7 +114,7 @@ def mount_ui(
     )
     # inside the server's own guards (engine/api/security.py: a foreign Host is refused first)
     page = next(route for route in reversed(app.routes) if isinstance(route, Mount))
-    end_streams_on_exit(app, page.app)
+    end_streams_on_exit(app, page.app, page_state.replies.stop_for_exit)
     page.app = StreamOfGoneSession(page.app, getattr(demo, "_queue", None))
     if page_key is not None:
         page.app = PageGuard(page.app, page_key, api_key)

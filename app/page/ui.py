@@ -121,10 +121,17 @@ class ChatPage(
         self.wire_versions(w)
 
 
+def chat_page(
+    source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None
+) -> ChatPage:
+    """The page's state and handlers, its replies written by ``source`` (reply_source.py), with a
+    Pull in its models panel when given a ``puller``; ``.build()`` lays it out."""
+    let_sliders_take_typed_values()
+    return ChatPage(source, store, puller)
+
+
 def build_ui(
     source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None
 ) -> gr.Blocks:
-    """The whole page, its replies written by ``source`` (reply_source.py), with a Pull in
-    its models panel when given a ``puller``."""
-    let_sliders_take_typed_values()
-    return ChatPage(source, store, puller).build()
+    """The whole page (``chat_page``'s layout)."""
+    return chat_page(source, store, puller).build()

@@ -1,12 +1,15 @@
-"""Stopping the chat app while a tab is open and a reply streams in it: SIGTERM (what `kill`,
-systemd and Ctrl+C's cousin send) ends every process within seconds and writes no traceback."""
+"""Stopping the chat app while a tab is open and a reply streams in it: SIGTERM (what `kill` and
+systemd send) ends it within seconds, writes no traceback, and the reply cut short is kept as a
+stopped reply (its text, no error notice in it)."""
 
 from __future__ import annotations
 
 import time
+from urllib.parse import parse_qs, urlparse
 
 from chat_page_utils import (  # noqa: F401 (browser: fixture)
     BROWSER_MARKS,
+    LINE,
     REPLY,
     browser,
     open_new_chat,
@@ -20,12 +23,15 @@ pytestmark = BROWSER_MARKS
 
 def test_sigterm_with_a_reply_streaming_exits_in_5_s_without_a_traceback(browser, chat_app):
     page = browser.new_page(viewport={"width": 1280, "height": 860})
+    chat = None
     try:
         page.goto(chat_app.page_url)
         wait_page_loaded(page)
         open_new_chat(page)
         send(page, "Write a very long story about a lighthouse keeper. Use many chapters.")
         assert wait_until(lambda: len(page.locator(REPLY).last.inner_text()) > 20, 60)
+        assert wait_until(lambda: "chat=" in page.url, 10), page.url
+        chat = parse_qs(urlparse(page.url).query)["chat"][0]
         log_path = chat_app.srv.log_path
         start = time.monotonic()
         chat_app.stop()  # SIGTERM to the app's process, as `kill` sends
@@ -37,3 +43,13 @@ def test_sigterm_with_a_reply_streaming_exits_in_5_s_without_a_traceback(browser
     assert took < 5, f"the app took {took:.1f} s to exit after SIGTERM"
     # the heartbeat stream of each open tab used to be cancelled by uvicorn after its 2 s grace
     assert "Traceback" not in log and "graceful shutdown exceeded" not in log, log[-3000:]
+
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    try:
+        page.goto(f"{chat_app.page_url}&chat={chat}")  # the page's key may be new
+        wait_page_loaded(page, status="Ready")
+        reply = page.locator(REPLY).last.inner_text()
+        assert len(reply) > 20 and "⚠" not in reply and "shutting down" not in reply, reply
+        assert "the app stopped" in page.locator(LINE).last.inner_text()
+    finally:
+        page.close()
