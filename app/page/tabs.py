@@ -120,7 +120,7 @@ class Tab:
     lost: bool = False  # the chat it showed was found deleted (by another tab): not said yet
     focus: int | None = None  # the message the versions bar acts on (None: view.focus_of's choice)
     # (message, note) the versions bar adds to its label while it acts on that message: where the
-    # messages after an edited one went (Composer.edit; a toast there would cover the edited message)
+    # messages after an edited one went (MessageEdits.edit; a toast there would cover the edited message)
     bar_note: tuple[int, str] | None = None
     search: str = ""  # what the sidebar is filtered by
     window: int = (

@@ -28,15 +28,25 @@ from .chats_panel import ChatsPanel
 from .composer import Composer
 from .following import ViewEvents
 from .gradio_patches import check_uploads_as_launched, let_sliders_take_typed_values
+from .message_edits import MessageEdits
 from .models_panel import ModelsPanel
 from .settings_panel import SettingsPanel
 from .tabs import Tab
+from .turns import ReplyTurns
 from .versions_panel import VersionsPanel
 from .wiring import Wiring
 
 
 class ChatPage(
-    ViewEvents, ChatsPanel, SettingsPanel, Composer, Attachments, VersionsPanel, ModelsPanel
+    ViewEvents,
+    ChatsPanel,
+    SettingsPanel,
+    Composer,
+    MessageEdits,
+    ReplyTurns,
+    Attachments,
+    VersionsPanel,
+    ModelsPanel,
 ):
     """The page's state and event handlers, one panel each; ``build`` lays it out."""
 
