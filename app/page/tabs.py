@@ -75,7 +75,7 @@ class Drawn:
 @dataclass
 class Draft:
     """What the tab is writing: the files attached to its next message, and what it left unsent
-    in each chat, put back when the tab shows that chat again (ChatsPanel.swap_draft)."""
+    in each chat, put back when the tab shows that chat again (Drafts.swap_draft)."""
 
     attachments: list[tuple[str, str]] = field(
         default_factory=list

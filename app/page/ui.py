@@ -24,8 +24,10 @@ from ..chat.store import ConversationStore
 from ..chat.uploads import Uploads
 from ..model_pull import ModelPuller
 from .attachments import Attachments
+from .chat_files import ChatFiles
 from .chats_panel import ChatsPanel
 from .composer import Composer
+from .drafts import Drafts
 from .following import ViewEvents
 from .gradio_patches import check_uploads_as_launched, let_sliders_take_typed_values
 from .message_edits import MessageEdits
@@ -40,6 +42,8 @@ from .wiring import Wiring
 class ChatPage(
     ViewEvents,
     ChatsPanel,
+    ChatFiles,
+    Drafts,
     SettingsPanel,
     Composer,
     MessageEdits,
