@@ -169,7 +169,7 @@ class ChatsPanel(TabState):
     def manage_layout() -> SimpleNamespace:
         """Manage: the title, Delete and Export of a stored chat (else a line saying when they
         come), Import, and the file an export hands the hidden download link."""
-        # shown once the chat is stored (ViewEvents.render: the page's load renders it for a stored chat)
+        # shown once the chat is stored (Rendering.render: the page's load renders it for a stored chat)
         with gr.Column(elem_id="chat-actions", visible=False) as actions:
             title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
             rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
@@ -206,7 +206,7 @@ class ChatsPanel(TabState):
         )  # Drafts.draft_for_box: APPLY_DRAFT_JS reads it
         fields_redrawn = gr.Textbox(
             visible="hidden", elem_id="fields-redrawn"
-        )  # ViewEvents.redraw_boxes: APPLY_REDRAWN_FIELDS_JS reads it
+        )  # Ticks.redraw_boxes: APPLY_REDRAWN_FIELDS_JS reads it
         in_address = gr.Number(
             visible="hidden", elem_id="chat-in-address"
         )  # ASKED_CHATS_JS fills them

@@ -20,7 +20,7 @@ from .page_view import Sidebar
 
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
-# since (TabState.shows_current); an idle tab redraws a chat changed elsewhere (ViewEvents.tick).
+# since (TabState.shows_current); an idle tab redraws a chat changed elsewhere (Ticks.tick).
 CHANGED_ELSEWHERE = (
     "This chat changed in another tab — it has been reloaded. Look it over, then try again."
 )

@@ -32,8 +32,10 @@ from .following import ViewEvents
 from .gradio_patches import check_uploads_as_launched, let_sliders_take_typed_values
 from .message_edits import MessageEdits
 from .models_panel import ModelsPanel
+from .rendering import Rendering
 from .settings_panel import SettingsPanel
 from .tabs import Tab
+from .ticks import Ticks
 from .turns import ReplyTurns
 from .versions_panel import VersionsPanel
 from .wiring import Wiring
@@ -41,6 +43,8 @@ from .wiring import Wiring
 
 class ChatPage(
     ViewEvents,
+    Ticks,
+    Rendering,
     ChatsPanel,
     ChatFiles,
     Drafts,
