@@ -42,21 +42,22 @@ from .wiring import Wiring
 
 
 class ChatPage(
-    ViewEvents,
+    ViewEvents,  # the view: the follow, the load (following.py)
     Ticks,
     Rendering,
-    ChatsPanel,
+    ChatsPanel,  # the sidebar's chats (chats_panel.py)
     ChatFiles,
     Drafts,
     SettingsPanel,
-    Composer,
+    Composer,  # the message box and the chat's buttons (composer.py)
     MessageEdits,
     ReplyTurns,
     Attachments,
     VersionsPanel,
     ModelsPanel,
 ):
-    """The page's state and event handlers, one panel each; ``build`` lays it out."""
+    """The page's state and event handlers, one part each (a panel, or a concern of one: the
+    panel first, then what it is made of); ``build`` lays it out."""
 
     def __init__(
         self, source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None
