@@ -8,6 +8,8 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 from minisgl_engine import (
     UserError,
@@ -345,15 +347,13 @@ def run_chat(args: argparse.Namespace) -> int:
             f"--no-auth is for a page on this machine only (--host 127.0.0.1); on {server.host} the page "
             "needs its key: drop --no-auth"
         )
-    import webbrowser
-
     from minisgl_engine import run_server
 
     from .chat.reply_source import LocalEngine, RemoteEngine, SideBySide
     from .chat.store import ConversationStore
     from .model_pull import ModelPuller
     from .page import mount_ui
-    from .page.access import load_page_key, page_link, write_open_file
+    from .page.access import load_page_key
 
     logging.getLogger("minisgl").setLevel(logging.INFO)
     store = ConversationStore()
@@ -365,27 +365,7 @@ def run_chat(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-
-    def on_listen(url: str) -> None:
-        link = page_link(url, page_key)
-        print(
-            f"minisgl-chat: open {link} in your browser (Ctrl+C quits)", file=sys.stderr, flush=True
-        )
-        if (
-            not args.no_browser
-        ):  # through a private file: a link on the browser's command line is readable by every user
-            webbrowser.open(write_open_file(store.path.parent, link).as_uri() if page_key else link)
-
-    def on_ready(
-        url: str,
-    ) -> (
-        None
-    ):  # the last line a person reads names the link that opens the page, not the bare address
-        print(
-            f"minisgl-chat: the chat is ready: open {page_link(url, page_key)} in your browser",
-            file=sys.stderr,
-            flush=True,
-        )
+    on_listen, on_ready = page_announcements(args, store.path.parent, page_key)
 
     remote = None
     if args.remote is not None:
@@ -413,6 +393,35 @@ def run_chat(args: argparse.Namespace) -> int:
     return run_server(
         engine_config_from_args(args), server, mount=mount, on_listen=on_listen, on_ready=on_ready
     )
+
+
+def page_announcements(
+    args: argparse.Namespace, data_dir: Path, page_key: str | None
+) -> tuple[Callable[[str], None], Callable[[str], None]]:
+    """What the app says on the terminal once it listens (the page's link, with its key; the
+    browser opened on it unless --no-browser) and once the model is ready."""
+    import webbrowser
+
+    from .page.access import page_link, write_open_file
+
+    def on_listen(url: str) -> None:
+        link = page_link(url, page_key)
+        print(
+            f"minisgl-chat: open {link} in your browser (Ctrl+C quits)", file=sys.stderr, flush=True
+        )
+        # through a private file: a link on the browser's command line is readable by every user
+        if not args.no_browser:
+            webbrowser.open(write_open_file(data_dir, link).as_uri() if page_key else link)
+
+    def on_ready(url: str) -> None:
+        # the last line a person reads names the link that opens the page, not the bare address
+        print(
+            f"minisgl-chat: the chat is ready: open {page_link(url, page_key)} in your browser",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return on_listen, on_ready
 
 
 def private_files_dir() -> str:

@@ -145,6 +145,68 @@ def earlier_line(hidden: int) -> ViewMessage:
     )
 
 
+def line_under(m: Message, role: str, title: str, content: str) -> ViewMessage:
+    """A collapsed line that belongs to message ``m`` (its stats, its version, why it waits):
+    ``title`` shows, ``content`` opens under it. Status "done": collapsed, and no spinner (an
+    animation costs a software-rendered browser as much CPU as the engine gets)."""
+    return ViewMessage(
+        {"role": role, "content": content, "metadata": {"title": title, "status": "done"}}, m
+    )
+
+
+def trailing_questions(messages: list[Message]) -> set[int]:
+    """The questions at the chat's end, after its last reply: waiting, or left unanswered."""
+    trailing = set()
+    for j in range(len(messages) - 1, -1, -1):
+        if messages[j].role != "user":
+            break
+        trailing.add(j)
+    return trailing
+
+
+def reply_parts(m: Message, content: str, streaming: bool) -> list[ViewMessage]:
+    """A reply's text, with each thinking section as a collapsed line above the answer (as the
+    stats line under it); nothing yet (or stopped before its first word): no part, only the
+    line under it."""
+    parts = []
+    for text, thinking, still_open in split_thinking(content):
+        if thinking:
+            title = "Thinking…" if still_open and streaming else "Thought"
+            parts.append(line_under(m, "assistant", title, shown_literally(text)))
+        elif text:
+            parts.append(ViewMessage({"role": "assistant", "content": shown_literally(text)}, m))
+    return parts
+
+
+def question_lines(
+    messages: list[Message], i: int, version: str, waiting: bool, trailing: bool
+) -> list[ViewMessage]:
+    """The lines under question ``i``: which of its versions it is, and where its reply would be,
+    why there is none: left for a later question, waiting its turn in a busy chat (``waiting``),
+    or left unanswered at the chat's end (``trailing``: ↻ answers the chat's last ones)."""
+    m = messages[i]
+    lines = [line_under(m, "user", version, VERSIONS_HINT)] if version else []
+    if left_unanswered(messages, i):
+        lines.append(line_under(m, "assistant", LEFT_LINE, LEFT_HINT))
+    elif waiting and trailing:
+        lines.append(line_under(m, "assistant", WAITING_LINE, WAITING_HINT))
+    elif trailing:
+        lines.append(line_under(m, "assistant", UNANSWERED_LINE, UNANSWERED_HINT))
+    return lines
+
+
+def reply_line(m: Message, version: str, streaming: bool) -> list[ViewMessage]:
+    """The line under a reply: its version, its figures (or "replying…") and its model; none for
+    a failed reply (its text says why) or one with nothing to say."""
+    if is_failed(m):
+        return []
+    line = "replying…" if streaming else (shown_stats(m.stats).summary() if m.stats else "")
+    line = " · ".join(
+        x for x in (version, line, markdown_literal(m.model) if line and m.model else None) if x
+    )
+    return [line_under(m, "assistant", line, ending(m, streaming))] if line else []
+
+
 def view_messages(
     conv: Conversation | None,
     live: LiveReply | None = None,
@@ -166,108 +228,21 @@ def view_messages(
         conv, hidden = windowed(conv, window)
         if hidden:
             out.append(earlier_line(hidden))
-    trailing = (
-        set()
-    )  # the questions at the chat's end, after its last reply: waiting, or left unanswered
-    for j in range(len(conv.messages) - 1, -1, -1):
-        if conv.messages[j].role != "user":
-            break
-        trailing.add(j)
+    trailing = trailing_questions(conv.messages)
     for i, m in enumerate(conv.messages):
         if m.role == "system":
             continue
         streaming = live is not None and live.message_id == m.id and not live.done
         content = live.text if streaming else m.content
+        version = f"version {m.sibling_index + 1}/{m.sibling_count}" if m.sibling_count > 1 else ""
         if m.role == "assistant":
-            for text, thinking, still_open in split_thinking(content):
-                if thinking:  # a collapsed line above the answer, as the stats line under it
-                    title = "Thinking…" if still_open and streaming else "Thought"
-                    out.append(
-                        ViewMessage(
-                            {
-                                "role": "assistant",
-                                "content": shown_literally(text),
-                                "metadata": {"title": title, "status": "done"},
-                            },
-                            m,
-                        )
-                    )
-                elif text:  # nothing yet (or stopped before its first word): only the line under it
-                    out.append(
-                        ViewMessage({"role": "assistant", "content": shown_literally(text)}, m)
-                    )
+            out += reply_parts(m, content, streaming)
         else:
             out.append(ViewMessage({"role": m.role, "content": shown_literally(content)}, m))
-        version = f"version {m.sibling_index + 1}/{m.sibling_count}" if m.sibling_count > 1 else ""
         if m.role == "user":
-            if version:  # under your message: which of your versions this is
-                out.append(
-                    ViewMessage(
-                        {
-                            "role": "user",
-                            "content": VERSIONS_HINT,
-                            "metadata": {"title": version, "status": "done"},
-                        },
-                        m,
-                    )
-                )
-            if left_unanswered(conv.messages, i):  # left, and a later question answered instead
-                out.append(
-                    ViewMessage(
-                        {
-                            "role": "assistant",
-                            "content": LEFT_HINT,
-                            "metadata": {"title": LEFT_LINE, "status": "done"},
-                        },
-                        m,
-                    )
-                )
-            elif (
-                busy and i in trailing
-            ):  # a question of a busy chat whose reply has not started yet
-                out.append(
-                    ViewMessage(
-                        {
-                            "role": "assistant",
-                            "content": WAITING_HINT,
-                            "metadata": {"title": WAITING_LINE, "status": "done"},
-                        },
-                        m,
-                    )
-                )
-            elif (
-                i in trailing
-            ):  # a question left without a reply: say so, under it (↻ answers the chat's last ones)
-                out.append(
-                    ViewMessage(
-                        {
-                            "role": "assistant",
-                            "content": UNANSWERED_HINT,
-                            "metadata": {"title": UNANSWERED_LINE, "status": "done"},
-                        },
-                        m,
-                    )
-                )
-            continue
-        if is_failed(m):
-            continue
-        line = "replying…" if streaming else (shown_stats(m.stats).summary() if m.stats else "")
-        line = " · ".join(
-            x for x in (version, line, markdown_literal(m.model) if line and m.model else None) if x
-        )
-        if line:
-            # status "done": collapsed, and no spinner (an animation costs a software-rendered
-            # browser as much CPU as the engine gets)
-            out.append(
-                ViewMessage(
-                    {
-                        "role": "assistant",
-                        "content": ending(m, streaming),
-                        "metadata": {"title": line, "status": "done"},
-                    },
-                    m,
-                )
-            )
+            out += question_lines(conv.messages, i, version, busy, i in trailing)
+        else:  # a reply (or a tool's message): the line under it
+            out += reply_line(m, version, streaming)
     return out
 
 

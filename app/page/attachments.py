@@ -1,5 +1,5 @@
 """Attach: text files that go into the next message, each under its name. They belong to their
-chat's draft (ChatsPanel.swap_attachments)."""
+chat's draft (Drafts.swap_attachments)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,18 @@
-"""The chats sidebar: the list and its search, New chat, and Manage (rename, delete, export,
-import). Showing another chat keeps the message box's draft, and the files attached, with the
-chat left (``swap_draft``, ``swap_attachments``)."""
+"""The chats sidebar: the list and its search, New chat, and Manage (rename, delete; export and
+import in chat_files.py). Showing another chat keeps the message box's draft, and the files
+attached, with the chat left (drafts.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 
-from ..chat.export_name import export_stem
 from ..chat.settings_form import SettingsForm, with_backend_of
-from ..chat.store import IMPORT_LIMIT_BYTES, BadImportFile, NotFoundError, plural
-from ..chat.uploads import NotUploaded
-from ..chat.view import WINDOW, markdown_literal
+from ..chat.store import NotFoundError
+from ..chat.view import WINDOW
 from . import toasts
 from .page_view import as_update
 from .scripts import (
@@ -32,11 +26,6 @@ from .tabs import Tab, TabState
 from .wiring import QUICK, Wiring
 
 TITLE_LIMIT = 200  # characters of a chat's title that Rename keeps
-# Import and Attach take any file and say what is wrong with one they refuse: with Gradio's
-# file_types a file of another type would be refused by Gradio first, in a red "Error" toast.
-IMPORTABLE = (
-    'a chat exported here as JSON (Export JSON) or an OpenAI-style JSON file ({"messages": [...]})'
-)
 # Manage's line for a new chat, in place of Rename, Delete and Export
 NO_CHAT_ACTIONS = (
     "This chat is stored when you send its first message: then you can rename, delete or export it."
@@ -59,50 +48,6 @@ class ChatsPanel(TabState):
         tab.window = WINDOW
         self.replies.notify()
         return self.draft_for_box(clicked_at, text, box)
-
-    @staticmethod
-    def draft_for_box(clicked_at: float | None, text: str | None, draft: str | None):
-        """The answer to an event that took the message box's text (a click that may show another
-        chat, Send), for the page: the event emptied the box (window.minisglTakeBox), and
-        APPLY_DRAFT_JS puts ``draft`` there, before anything typed since; ``draft`` None gives the
-        event's ``text`` back (the chat shown did not change, the message was not sent). JSON
-        with the event's stamp, which names the event the answer is for. A caller that sent no box
-        (``text`` None) leaves it."""
-        if text is None:
-            return gr.skip()
-        return json.dumps({"at": clicked_at, "draft": text if draft is None else draft})
-
-    @staticmethod
-    def swap_attachments(tab: Tab, conv_id: int | None) -> None:
-        """Files attached belong to their chat's draft, as its text does: those of the chat the
-        tab leaves are kept for it, and those kept for ``conv_id`` are attached again (no one
-        has to attach them again on coming back)."""
-        if conv_id == tab.conv_id:
-            return
-        if tab.draft.attachments:
-            tab.draft.unsent_files[tab.conv_id] = tab.draft.attachments
-        else:
-            tab.draft.unsent_files.pop(tab.conv_id, None)
-        tab.draft.attachments = tab.draft.unsent_files.pop(conv_id, [])
-
-    @staticmethod
-    def swap_draft(tab: Tab, conv_id: int | None, text: str | None) -> str | None:
-        """A draft belongs to its chat: the message box's ``text`` (None: not known) is kept for
-        the chat the tab leaves, and the box is to show the unsent text of ``conv_id`` (empty when
-        it has none; None: the chat shown does not change, the box keeps its text). The message
-        just sent from the box is no draft (a click on another chat can reach the server while the
-        box still shows it)."""
-        if text is None or conv_id == tab.conv_id:
-            return None
-        sent = tab.draft.last_send is not None and tab.draft.last_send[:2] == (
-            tab.conv_id,
-            text.strip(),
-        )
-        if text.strip() and not sent:
-            tab.draft.unsent[tab.conv_id] = text
-        else:
-            tab.draft.unsent.pop(tab.conv_id, None)
-        return tab.draft.unsent.pop(conv_id, "")
 
     async def select(
         self,
@@ -194,74 +139,6 @@ class ChatsPanel(TabState):
         tab.draft.unsent_files.pop(deleted, None)
         return (box, *self.fields(tab))
 
-    def export(self, kind: str, request: gr.Request):
-        """Write the shown chat to a file for the hidden download link, which the page clicks."""
-        conv = self.shown(self.tab(request))
-        if conv is None or not conv.messages:
-            toasts.warn("Nothing to export yet: this chat has no messages.")
-            return gr.skip()
-        text = (
-            self.store.export_markdown(conv.id) if kind == "md" else self.store.export_json(conv.id)
-        )
-        # inside the app's private files folder (GRADIO_TEMP_DIR, app/cli.py), removed at exit
-        folder = Path(tempfile.mkdtemp(prefix="export-", dir=os.environ.get("GRADIO_TEMP_DIR")))
-        path = folder / f"{export_stem(conv.title)}.{kind}"
-        path.write_text(text, encoding="utf-8")
-        return str(path)
-
-    async def export_md(self, request: gr.Request):
-        return self.export("md", request)
-
-    async def export_json(self, request: gr.Request):
-        return self.export("json", request)
-
-    async def import_chat(
-        self,
-        path: str | None,
-        clicked_at: float | None,
-        request: gr.Request,
-        text: str | None = None,
-    ):
-        """Import a chat file and show it. What was imported is said in a line under the Import
-        button, not a toast: a toast opens over the top of the chat, where the imported chat's first
-        message and its buttons are, and would cover them for ten seconds. A refused file gets a
-        toast (nothing was imported, and the reason must be seen); the message box's text, taken
-        by the upload (LEAVE_CHAT_IMPORT_JS), is given back."""
-        tab = self.tab(request)
-        if not path:
-            return (
-                self.draft_for_box(clicked_at, text, None),
-                *self.fields(tab),
-                gr.skip(),
-                gr.skip(),
-            )
-        try:
-            file = self.uploads.take(path)
-            try:
-                if file.suffix.lower() != ".json":
-                    raise BadImportFile(f"{file.name} is not a .json file; import {IMPORTABLE}")
-                if file.stat().st_size > IMPORT_LIMIT_BYTES:
-                    raise BadImportFile(
-                        f"the file is larger than {IMPORT_LIMIT_BYTES // 1_000_000} MB"
-                    )
-                data = file.read_bytes()
-            finally:
-                self.uploads.discard(str(file))  # read (or refused): its text is all the page keeps
-            conv = self.store.import_conversation(data)
-        except NotUploaded as exc:
-            toasts.warn(f"Not imported: {exc}.")
-            return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), "")
-        except BadImportFile as exc:
-            toasts.warn(f"Not imported: {exc}")
-            return (self.draft_for_box(clicked_at, text, None), *self.fields(tab), gr.skip(), "")
-        tab.search = ""  # the imported chat is listed
-        box = self.show(tab, conv.id, clicked_at, text)
-        count = len(conv.messages)
-        shown = f"{count:,} {plural('message', count)}" + (
-            f"; the last {WINDOW} shown" if count > WINDOW else " shown"
-        )
-        return (box, *self.fields(tab), "", f"Imported “{markdown_literal(conv.title)}” ({shown}).")
-
     async def search(self, query: str, request: gr.Request):
         tab = self.tab(request)
         tab.search = (query or "").strip()
@@ -282,38 +159,30 @@ class ChatsPanel(TabState):
             choices=[], label="Conversations", elem_id="conv-list", interactive=True
         )
         with gr.Accordion("Manage", open=False, elem_id="manage"):
-            # shown once the chat is stored (ViewEvents.render: the page's load renders it for a stored chat)
-            with gr.Column(elem_id="chat-actions", visible=False) as actions:
-                title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
-                rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
-                delete_btn = gr.Button(
-                    "Delete chat", elem_id="delete-btn", size="sm", variant="stop"
-                )
-                export_md = gr.Button("Export Markdown", elem_id="export-md-btn", size="sm")
-                export_json = gr.Button("Export JSON", elem_id="export-json-btn", size="sm")
-            no_actions = gr.Markdown(NO_CHAT_ACTIONS, elem_id="no-chat-actions", visible=False)
-            import_btn = gr.UploadButton(
-                "Import chat (JSON)", elem_id="import-btn", size="sm"
-            )  # any file: see IMPORTABLE
-            import_note = gr.Markdown("", elem_id="import-note")  # what the last import brought in
-            export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
-            confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
-            clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
-            after_click = gr.Number(visible="hidden", elem_id="after-click")  # SEND_JS fills it
-            shown_draft = gr.Textbox(
-                visible="hidden", elem_id="shown-draft"
-            )  # ChatsPanel.draft_for_box: APPLY_DRAFT_JS reads it
-            fields_redrawn = gr.Textbox(
-                visible="hidden", elem_id="fields-redrawn"
-            )  # ViewEvents.redraw_boxes: APPLY_REDRAWN_FIELDS_JS reads it
-            in_address = gr.Number(
-                visible="hidden", elem_id="chat-in-address"
-            )  # ASKED_CHATS_JS fills them
-            remembered = gr.Number(visible="hidden", elem_id="chat-remembered")
+            manage = ChatsPanel.manage_layout()
+            hidden = ChatsPanel.script_boxes_layout()
         return SimpleNamespace(
-            new_btn=new_btn,
-            search=search,
-            conv_list=conv_list,
+            new_btn=new_btn, search=search, conv_list=conv_list, **vars(manage), **vars(hidden)
+        )
+
+    @staticmethod
+    def manage_layout() -> SimpleNamespace:
+        """Manage: the title, Delete and Export of a stored chat (else a line saying when they
+        come), Import, and the file an export hands the hidden download link."""
+        # shown once the chat is stored (Rendering.render: the page's load renders it for a stored chat)
+        with gr.Column(elem_id="chat-actions", visible=False) as actions:
+            title_box = gr.Textbox(label="Title", elem_id="title-input", max_lines=1)
+            rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
+            delete_btn = gr.Button("Delete chat", elem_id="delete-btn", size="sm", variant="stop")
+            export_md = gr.Button("Export Markdown", elem_id="export-md-btn", size="sm")
+            export_json = gr.Button("Export JSON", elem_id="export-json-btn", size="sm")
+        no_actions = gr.Markdown(NO_CHAT_ACTIONS, elem_id="no-chat-actions", visible=False)
+        import_btn = gr.UploadButton(
+            "Import chat (JSON)", elem_id="import-btn", size="sm"
+        )  # any file: see IMPORTABLE
+        import_note = gr.Markdown("", elem_id="import-note")  # what the last import brought in
+        export_file = gr.File(elem_id="export-file", visible="hidden", interactive=False)
+        return SimpleNamespace(
             actions=actions,
             no_actions=no_actions,
             title_box=title_box,
@@ -324,6 +193,25 @@ class ChatsPanel(TabState):
             import_btn=import_btn,
             import_note=import_note,
             export_file=export_file,
+        )
+
+    @staticmethod
+    def script_boxes_layout() -> SimpleNamespace:
+        """Hidden boxes that the page's scripts fill for an event, or read its answer from."""
+        confirmed = gr.Checkbox(visible="hidden", elem_id="confirmed")
+        clicked_at = gr.Number(visible="hidden", elem_id="clicked-at")  # STAMP_JS fills it
+        after_click = gr.Number(visible="hidden", elem_id="after-click")  # SEND_JS fills it
+        shown_draft = gr.Textbox(
+            visible="hidden", elem_id="shown-draft"
+        )  # Drafts.draft_for_box: APPLY_DRAFT_JS reads it
+        fields_redrawn = gr.Textbox(
+            visible="hidden", elem_id="fields-redrawn"
+        )  # Ticks.redraw_boxes: APPLY_REDRAWN_FIELDS_JS reads it
+        in_address = gr.Number(
+            visible="hidden", elem_id="chat-in-address"
+        )  # ASKED_CHATS_JS fills them
+        remembered = gr.Number(visible="hidden", elem_id="chat-remembered")
+        return SimpleNamespace(
             confirmed=confirmed,
             clicked_at=clicked_at,
             after_click=after_click,
@@ -334,8 +222,14 @@ class ChatsPanel(TabState):
         )
 
     def wire_chats(self, w: Wiring) -> None:
-        """Each of these shows another chat: the message box's text stays with the chat left, and
-        the box shows the draft of the chat shown (swap_draft, LEAVE_CHAT_*_JS)."""
+        """Each of New chat, a click in the list, Delete and Import shows another chat: the
+        message box's text stays with the chat left, and the box shows the draft of the chat
+        shown (swap_draft, LEAVE_CHAT_*_JS)."""
+        self.wire_chat_list(w)
+        self.wire_manage(w)
+
+    def wire_chat_list(self, w: Wiring) -> None:
+        """New chat, a click on a chat, and the search."""
         c, m = w.chats, w.main
 
         async def new_chat_from_page(
@@ -367,12 +261,12 @@ class ChatsPanel(TabState):
         # .change, not .input: Gradio's Textbox sends .input on key presses only (not on
         # Backspace, cut or paste); the box is never an output, so only the user changes it
         c.search.change(self.search, inputs=c.search, outputs=c.conv_list, **QUICK)
-        c.rename_btn.click(
-            self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **QUICK
-        )
-        c.title_box.submit(
-            self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **QUICK
-        )
+
+    def wire_manage(self, w: Wiring) -> None:
+        """Manage: Rename (its button or Enter in the title), Delete, Export, Import."""
+        c, m = w.chats, w.main
+        for rename in (c.rename_btn.click, c.title_box.submit):
+            rename(self.rename, inputs=c.title_box, outputs=[c.conv_list, c.title_box], **QUICK)
         w.then_redraw(
             c.delete_btn.click(
                 self.delete,

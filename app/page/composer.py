@@ -1,22 +1,19 @@
-"""The message box and the replies: Send, Stop, Continue, ↻ (regenerate) and ✎ (edit). Each
-asks ReplyManager (app/chat/live.py) for a reply and returns at once; the follow renders it."""
+"""The message box and the chat's buttons: Send, Stop, Continue and ↻ (regenerate); with ✎
+(message_edits.py), their layout and events. Each asks for a reply (turns.py) and returns at once;
+the follow renders it."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 
-from minisgl_engine import GenerateRequest, SamplingParams
-
-from ..chat.composing import branch_note, edit_text, with_attachments
-from ..chat.live import Turn
+from ..chat.composing import with_attachments
 from ..chat.settings_form import SettingsForm
 from ..chat.store import NotFoundError, title_from
-from ..chat.view import can_continue, engine_messages, typed_text
+from ..chat.view import can_continue, typed_text
 from . import toasts
 from .scripts import SEND_JS, STAMP_JS, SYNC_SEND_JS
 from .tabs import BUSY_HINT, Tab, TabState
@@ -25,108 +22,10 @@ from .wiring import QUICK, Wiring
 DOUBLE_SEND_MS = (
     1000  # the same text sent again within this is a double click or Enter, not a second message
 )
-# an edit refused (✎'s box closes on Save) keeps its text in the message box (kept_edit)
-EDIT_KEPT = (
-    "Your edit was not saved: its text is now in the message box, to copy into ✎ on the message once you have "
-    "looked the chat over."
-)
-
-
-def kept_edit(box: str | None, edited: str):
-    """The message box holding a refused edit's text: after what the box held (a draft is kept),
-    or alone; nothing to keep for an empty edit."""
-    if not edited:
-        return gr.skip()
-    return f"{box.rstrip()}\n\n{edited}" if box and box.strip() else edited
 
 
 class Composer(TabState):
     """What the message box and the chat's own buttons ask of the replies."""
-
-    def turn_for(self, conv_id: int, after: int | None = None, continue_id: int | None = None):
-        """The next reply of ``conv_id``, made when it starts (after any reply before it): a new
-        reply to the shown chat's last message, a new version of the reply to ``after`` (a user
-        message on the path), or more of reply ``continue_id``."""
-
-        def make_turn() -> Turn | None:
-            conv = self.store.get(conv_id)
-            path = conv.messages
-            ids = [m.id for m in path]
-            cut = after if after is not None else continue_id
-            if cut is not None:
-                if cut not in ids:
-                    return None  # that message is gone or no longer shown
-                path = path[: ids.index(cut) + 1]
-            if not path or path[-1].role != ("assistant" if continue_id is not None else "user"):
-                return None  # nothing to answer (stopped, deleted or answered meanwhile)
-            s = conv.settings
-            backend, source = self.backend_of(s)
-            params = SamplingParams(
-                max_tokens=int(s.max_tokens),
-                temperature=float(s.temperature),
-                top_p=float(s.top_p),
-                top_k=int(s.top_k) or -1,
-                seed=s.seed,
-                stop=list(s.stop),
-                repetition_penalty=float(s.repetition_penalty),
-            )
-            kwargs = {"enable_thinking": bool(s.thinking)} if source.supports_thinking else {}
-            messages = engine_messages(replace(conv, messages=path), s)
-            if continue_id is not None:
-                kwargs["continue_final_message"] = True
-                last = path[-1]
-                request = GenerateRequest(
-                    params=params, messages=messages, chat_template_kwargs=kwargs
-                )
-                return Turn(
-                    request,
-                    last.id,
-                    text=last.content,
-                    earlier=last.stats,
-                    backend=backend,
-                    generate=source.generate,
-                )
-            request = GenerateRequest(
-                params=params, messages=messages, chat_template_kwargs=kwargs or None
-            )
-            question = path[-1]
-            if (
-                question.stats is not None and question.stats.unanswered
-            ):  # answered now (↻): its mark goes
-                self.store.update_message(
-                    question.id,
-                    question.content,
-                    replace(question.stats, unanswered=False).to_dict(),
-                )
-            reply = self.store.add_message(
-                conv_id, question.id, "assistant", "", stats={"tokens": 0}, model=source.model_name
-            )
-            return Turn(
-                request,
-                reply.id,
-                backend=backend,
-                generate=source.generate,
-                model_of=lambda: source.model_name,
-            )
-
-        return make_turn
-
-    def submit(
-        self,
-        tab: Tab,
-        conv_id: int,
-        request: gr.Request,
-        make_turn,
-        clicked_at: float | None = None,
-    ) -> None:
-        """Start (or queue) a reply of ``conv_id`` for this tab; stopped at once if the tab's Stop
-        was clicked after it (``clicked_at``, browser ms) but handled before it."""
-        self.replies.submit(
-            conv_id, request.session_hash if request is not None else None, make_turn
-        )
-        if clicked_at is not None and tab.events.early_stop > clicked_at:
-            tab.events.early_stop = 0.0
-            self.replies.stop(conv_id)
 
     async def send(
         self,
@@ -154,69 +53,74 @@ class Composer(TabState):
         if clicked_at is not None and clicked_at <= tab.events.shown_since:
             self.keep_unsent(tab, text)  # sent from the chat shown before a click handled first
             return sent, gr.skip()  # (kept as that chat's draft, not put back here)
-        if not text and (after_click or not tab.draft.attachments):
-            return (
-                sent,
-                gr.skip(),
-            )  # Enter on an empty box: nothing happens (nor after a click: not its files)
         sent_at = clicked_at if clicked_at is not None else time.time() * 1000
-        last = tab.draft.last_send
-        # either order: Gradio may start the second send of a double click before the first
-        if (
-            last is not None
-            and last[:2] == (tab.conv_id, text)
-            and abs(sent_at - last[2]) < DOUBLE_SEND_MS
-        ):
-            return (
-                sent,
-                gr.skip(),
-            )  # the same message again at once: a double click or Enter, sent once
-        conv = self.shown(tab)
-        if not self.shows_current(tab, conv, appending=True):
-            return (
-                kept,
-                gr.skip(),
-            )  # the message goes back to the box; the page shows the chat as it is now
-        # the settings boxes as Enter found them, saved first; after a click whose answer had not
-        # come (``after_click``), they were still those of the chat shown before: that chat's, not saved here
-        checked = self.checked_form(form, self.settings_of(tab, conv))
-        if not after_click and not self.save_settings(tab, *checked):
-            return kept, gr.skip()  # the toast says which setting; the message goes back to the box
-        if not self.backend_of(self.settings_in_force(tab))[1].ready:
-            toasts.warn(
-                "The model is still loading; send your message once it has loaded (the status line stops saying Loading)."
-            )
-            return kept, gr.skip()
-        raw_text, text = text, with_attachments(text, tab.draft.attachments)
-        # A message sent to a chat that is not replying is answered on its own: the questions at
-        # the chat's end that nothing answers (the chat stopped before their turn: Stop, a closed
-        # tab, the app stopped) are marked as left unanswered, in the transaction that stores it,
-        # so the model does not see them and they keep their mark (view.left_unanswered). Messages
-        # sent while it replies are answered together by the reply after the last of them. (A
-        # reply being stopped answers nothing more: ReplyManager.answers_later.)
-        leave_unanswered = tab.conv_id is not None and not self.replies.answers_later(tab.conv_id)
-        if (
-            tab.conv_id is None
-        ):  # the chat and its first message: one transaction, so a failure leaves no empty chat
-            tab.conv_id = self.store.create(
-                title=title_from(text), settings=tab.new_chat_settings, first_message=text
-            ).id
-            tab.picked = True
-            if (
-                tab.drawn.fields_shown is not None and tab.drawn.fields_shown[0] is None
-            ):  # the boxes show its settings: its title
-                tab.drawn.fields_shown = (
-                    tab.conv_id,
-                    tab.drawn.fields_shown[1],
-                )  # box (empty) is redrawn, alone
-        else:
-            self.store.append(tab.conv_id, "user", text, leave_unanswered=leave_unanswered)
-        tab.draft.attachments = []  # sent with the message: only now (a failed store keeps them attached)
-        tab.draft.last_send = (tab.conv_id, raw_text, sent_at)
+        if self.nothing_to_send(tab, text, sent_at, after_click):
+            return sent, gr.skip()
+        if not self.may_send(tab, form, after_click):
+            return kept, gr.skip()  # the message goes back to the box; a toast said why
+        self.store_question(tab, text, sent_at)
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
         tab.drawn.status = self.status_of(tab)
         return sent, tab.drawn.status
+
+    @staticmethod
+    def nothing_to_send(tab: Tab, text: str, sent_at: float, after_click: float | None) -> bool:
+        """Whether a send sends nothing: Enter on an empty box (nor after a click: not its
+        files), or the same message again at once, a double click or Enter, sent once (in either
+        order: Gradio may start the second send of a double click before the first)."""
+        if not text and (after_click or not tab.draft.attachments):
+            return True
+        last = tab.draft.last_send
+        return (
+            last is not None
+            and last[:2] == (tab.conv_id, text)
+            and abs(sent_at - last[2]) < DOUBLE_SEND_MS
+        )
+
+    def may_send(self, tab: Tab, form: SettingsForm, after_click: float | None) -> bool:
+        """Whether the message may go into the chat shown, else a toast says why: the chat is
+        as the tab shows it (else the page shows the chat as it is now), the settings boxes as
+        Enter found them are saved first, and the model has loaded. After a click whose answer
+        had not come (``after_click``), the boxes were still those of the chat shown before:
+        that chat's, not saved here."""
+        conv = self.shown(tab)
+        if not self.shows_current(tab, conv, appending=True):
+            return False
+        checked = self.checked_form(form, self.settings_of(tab, conv))
+        if not after_click and not self.save_settings(tab, *checked):
+            return False  # the toast says which setting
+        if not self.backend_of(self.settings_in_force(tab))[1].ready:
+            toasts.warn(
+                "The model is still loading; send your message once it has loaded (the status line stops saying Loading)."
+            )
+            return False
+        return True
+
+    def store_question(self, tab: Tab, text: str, sent_at: float) -> None:
+        """Store the message, with the files attached, at the end of the tab's chat (a new chat:
+        the chat and its first message in one transaction, so a failure leaves no empty chat).
+
+        A message sent to a chat that is not replying is answered on its own: the questions at
+        the chat's end that nothing answers (the chat stopped before their turn: Stop, a closed
+        tab, the app stopped) are marked as left unanswered, in the transaction that stores it,
+        so the model does not see them and they keep their mark (view.left_unanswered). Messages
+        sent while it replies are answered together by the reply after the last of them. (A
+        reply being stopped answers nothing more: ReplyManager.answers_later.)"""
+        raw_text, text = text, with_attachments(text, tab.draft.attachments)
+        leave_unanswered = tab.conv_id is not None and not self.replies.answers_later(tab.conv_id)
+        if tab.conv_id is None:
+            tab.conv_id = self.store.create(
+                title=title_from(text), settings=tab.new_chat_settings, first_message=text
+            ).id
+            tab.picked = True
+            shown = tab.drawn.fields_shown
+            if shown is not None and shown[0] is None:  # the boxes show its settings: its title
+                tab.drawn.fields_shown = (tab.conv_id, shown[1])  # box (empty) is redrawn, alone
+        else:
+            self.store.append(tab.conv_id, "user", text, leave_unanswered=leave_unanswered)
+        tab.draft.attachments = []  # sent with the message: only now (a failed store keeps them)
+        tab.draft.last_send = (tab.conv_id, raw_text, sent_at)
 
     def keep_unsent(self, tab: Tab, text: str) -> None:
         """A message sent (Enter) just before a click that showed another chat, and reached by
@@ -273,61 +177,6 @@ class Composer(TabState):
             self.submit(
                 tab, conv.id, request, self.turn_for(conv.id, continue_id=conv.messages[-1].id)
             )
-
-    async def edit(self, edit: gr.EditData, request: gr.Request, text: str | None = None):
-        """✎ on any message makes a new version of it (the old one stays). An edited question is
-        answered again; an edited reply is kept as you wrote it. Returns the title box (the chat's
-        new title when the edit renamed it: ``retitle``) and the message box (``text``, the box's
-        own): an edit refused because the chat changed elsewhere or is replying is put there,
-        as ✎'s box is closed and the page shows the stored chat again (``kept_edit``)."""
-        tab = self.tab(request)
-        title = box = gr.skip()
-        conv = self.shown(tab)
-        shown = self.view_of(conv, tab)
-        index = edit.index if isinstance(edit.index, int) else edit.index[0]
-        item = shown[index] if conv is not None and 0 <= index < len(shown) else None
-        new_text = edit_text(edit.value)
-        if new_text == edit_text(edit.previous_value):
-            pass  # unchanged (Gradio edits a reply and the line under it together: the line is no edit)
-        elif not self.shows_current(tab, conv, note=EDIT_KEPT):
-            box = kept_edit(
-                text, new_text
-            )  # the edit's index is into the chat as the tab showed it
-        elif item is None or item.is_line or item.source is None:
-            toasts.warn("Edit the message's own text, not the line above or under it.")
-        elif self.replies.is_busy(conv.id):
-            toasts.warn(f"{BUSY_HINT} {EDIT_KEPT}")
-            box = kept_edit(text, new_text)
-        elif not new_text:
-            toasts.warn("A message cannot be empty.")
-        elif new_text != item.source.content:
-            target = item.source
-            new = self.store.add_message(conv.id, target.parent_id, target.role, new_text)
-            if self.retitle(tab, conv, target, new_text):
-                title = title_from(new_text)
-            later = len(conv.messages) - 1 - [m.id for m in conv.messages].index(target.id)
-            # the versions bar acts on the new version; when messages leave the view with the
-            # old one, its label says where they went (not a toast: it opened over the edited message)
-            tab.focus, tab.bar_note = new.id, (new.id, branch_note(later)) if later else None
-            if target.role == "user":
-                self.submit(tab, conv.id, request, self.turn_for(conv.id))
-        self.replies.notify()  # the view shows the stored chat again (Gradio changed it in place)
-        return title, box
-
-    def retitle(self, tab: Tab, conv, edited, new_text: str) -> bool:
-        """A chat's title is made from its first message: when that message is edited (or another
-        of its versions is shown: ‹ ›) and the title is still the one made from it (the user never
-        renamed the chat), the title follows the new text. Whether it was renamed."""
-        first = edited.role == "user" and edited.parent_id is None
-        if (
-            not first
-            or conv.title != title_from(edited.content)
-            or conv.title == title_from(new_text)
-        ):
-            return False
-        self.store.rename(conv.id, title_from(new_text))
-        self.note_fields(tab, conv.id, title=title_from(new_text))  # the title box is sent it
-        return True
 
     async def stop(self, clicked_at: float | None, request: gr.Request) -> None:
         """Stop the chat this tab shows: its reply ends, and a message sent while it replied stays

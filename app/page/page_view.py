@@ -17,7 +17,7 @@ class Sidebar(NamedTuple):
 
 
 class PageView(NamedTuple):
-    """One render of a tab (ViewEvents.render), in the order of the components that show it
+    """One render of a tab (Rendering.render), in the order of the components that show it
     (Wiring.view)."""
 
     chat: list  # the messages as the chatbot lists them

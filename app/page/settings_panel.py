@@ -135,10 +135,25 @@ class SettingsPanel(TabState):
 
     def settings_layout(self) -> SimpleNamespace:
         """The chat's settings: ``fields`` in SETTING_FIELDS' order, ``boxes`` by field name."""
-        d = self.store.default_settings()
+        backend = self.backend_layout()
+        boxes = self.setting_boxes(self.store.default_settings())
+        gr.Markdown(
+            "Settings apply to this chat once you leave a box (or press Enter) or let go of a slider.",
+            elem_classes="hint",
+        )
+        fields = [boxes[name] for name in SETTING_FIELDS]
+        return SimpleNamespace(
+            fields=fields,
+            boxes=dict(zip(SETTING_FIELDS, fields)),
+            thinking=boxes["thinking"],
+            backend=backend,
+        )
+
+    def backend_layout(self) -> gr.Radio:
+        """Where the chat's replies come from: shown when the app has a local engine and a remote
+        (--remote URL --local)."""
         backends = self.source.backends
-        # shown when the app has a local engine and a remote (--remote URL --local)
-        backend = gr.Radio(
+        return gr.Radio(
             choices=[(source.label, name) for name, source in backends.items()],
             value=next(iter(backends)),
             label="Replies from (this chat)",
@@ -146,7 +161,12 @@ class SettingsPanel(TabState):
             visible=len(backends) > 1,
             interactive=True,
         )
-        system_box = gr.Textbox(
+
+    @staticmethod
+    def setting_boxes(d: ChatSettings) -> dict[str, Any]:
+        """A box for each setting, by field name, showing the defaults ``d``; laid out in this
+        order (the form's is SETTING_FIELDS'): the penalty beside the other sampling settings."""
+        system_prompt = gr.Textbox(
             label="System prompt", value=d.system_prompt, lines=3, elem_id="system-prompt"
         )
         temperature = gr.Slider(
@@ -178,27 +198,16 @@ class SettingsPanel(TabState):
         stop = gr.Textbox(
             label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings"
         )
-        gr.Markdown(
-            "Settings apply to this chat once you leave a box (or press Enter) or let go of a slider.",
-            elem_classes="hint",
-        )
-        # the form's order is SETTING_FIELDS'; the penalty shows beside the other sampling settings
-        fields = [
-            system_box,
-            temperature,
-            top_p,
-            max_tokens,
-            thinking,
-            top_k,
-            seed,
-            stop,
-            repetition_penalty,
-        ]
-        return SimpleNamespace(
-            fields=fields,
-            boxes=dict(zip(SETTING_FIELDS, fields)),
+        return dict(
+            system_prompt=system_prompt,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            repetition_penalty=repetition_penalty,
             thinking=thinking,
-            backend=backend,
+            top_k=top_k,
+            seed=seed,
+            stop=stop,
         )
 
     def wire_settings(self, w: Wiring) -> None:

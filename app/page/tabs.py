@@ -20,7 +20,7 @@ from .page_view import Sidebar
 
 BUSY_HINT = "This chat is replying: press Stop (or Escape) first."
 # Several tabs may show one chat. An action on what a tab shows is refused when the chat changed
-# since (TabState.shows_current); an idle tab redraws a chat changed elsewhere (ViewEvents.tick).
+# since (TabState.shows_current); an idle tab redraws a chat changed elsewhere (Ticks.tick).
 CHANGED_ELSEWHERE = (
     "This chat changed in another tab — it has been reloaded. Look it over, then try again."
 )
@@ -75,7 +75,7 @@ class Drawn:
 @dataclass
 class Draft:
     """What the tab is writing: the files attached to its next message, and what it left unsent
-    in each chat, put back when the tab shows that chat again (ChatsPanel.swap_draft)."""
+    in each chat, put back when the tab shows that chat again (Drafts.swap_draft)."""
 
     attachments: list[tuple[str, str]] = field(
         default_factory=list
@@ -120,7 +120,7 @@ class Tab:
     lost: bool = False  # the chat it showed was found deleted (by another tab): not said yet
     focus: int | None = None  # the message the versions bar acts on (None: view.focus_of's choice)
     # (message, note) the versions bar adds to its label while it acts on that message: where the
-    # messages after an edited one went (Composer.edit; a toast there would cover the edited message)
+    # messages after an edited one went (MessageEdits.edit; a toast there would cover the edited message)
     bar_note: tuple[int, str] | None = None
     search: str = ""  # what the sidebar is filtered by
     window: int = (

@@ -24,21 +24,40 @@ from ..chat.store import ConversationStore
 from ..chat.uploads import Uploads
 from ..model_pull import ModelPuller
 from .attachments import Attachments
+from .chat_files import ChatFiles
 from .chats_panel import ChatsPanel
 from .composer import Composer
+from .drafts import Drafts
 from .following import ViewEvents
 from .gradio_patches import check_uploads_as_launched, let_sliders_take_typed_values
+from .message_edits import MessageEdits
 from .models_panel import ModelsPanel
+from .rendering import Rendering
 from .settings_panel import SettingsPanel
 from .tabs import Tab
+from .ticks import Ticks
+from .turns import ReplyTurns
 from .versions_panel import VersionsPanel
 from .wiring import Wiring
 
 
 class ChatPage(
-    ViewEvents, ChatsPanel, SettingsPanel, Composer, Attachments, VersionsPanel, ModelsPanel
+    ViewEvents,  # the view: the follow, the load (following.py)
+    Ticks,
+    Rendering,
+    ChatsPanel,  # the sidebar's chats (chats_panel.py)
+    ChatFiles,
+    Drafts,
+    SettingsPanel,
+    Composer,  # the message box and the chat's buttons (composer.py)
+    MessageEdits,
+    ReplyTurns,
+    Attachments,
+    VersionsPanel,
+    ModelsPanel,
 ):
-    """The page's state and event handlers, one panel each; ``build`` lays it out."""
+    """The page's state and event handlers, one part each (a panel, or a concern of one: the
+    panel first, then what it is made of); ``build`` lays it out."""
 
     def __init__(
         self, source: ReplySource, store: ConversationStore, puller: ModelPuller | None = None

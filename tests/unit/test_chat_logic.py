@@ -1665,7 +1665,7 @@ async def test_an_edit_refused_in_a_tab_behind_the_chat_keeps_its_text_in_the_me
     import gradio as gr
 
     from minisgl_app.page import toasts
-    from minisgl_app.page.composer import EDIT_KEPT
+    from minisgl_app.page.message_edits import EDIT_KEPT
     from minisgl_app.page.tabs import CHANGED_ELSEWHERE
     from minisgl_app.page.ui import ChatPage
 
