@@ -52,15 +52,7 @@ def run_remote_chat(
         uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
     )
 
-    uvicorn_handle_exit = http.handle_exit
-
-    def handle_exit(sig: int, frame: object) -> None:  # as engine/api/server.py's: exit hooks too
-        uvicorn_handle_exit(sig, frame)
-        loop = asyncio.get_running_loop()
-        for hook in getattr(app.state, "exit_hooks", ()):
-            loop.call_soon_threadsafe(hook)
-
-    http.handle_exit = handle_exit
+    call_exit_hooks_on_stop(http, app)
 
     async def main() -> None:
         await remote.check()  # the first status line already says whether the remote answers
@@ -85,3 +77,17 @@ def run_remote_chat(
     finally:
         listen_socket.close()
     return 0
+
+
+def call_exit_hooks_on_stop(http, app) -> None:
+    """When ``http`` (a uvicorn.Server) begins to stop, also run ``app.state.exit_hooks`` (the
+    page's: page/mount.py), as engine/api/server.py does for the engine's server."""
+    uvicorn_handle_exit = http.handle_exit
+
+    def handle_exit(sig: int, frame: object) -> None:
+        uvicorn_handle_exit(sig, frame)
+        loop = asyncio.get_running_loop()
+        for hook in getattr(app.state, "exit_hooks", ()):
+            loop.call_soon_threadsafe(hook)
+
+    http.handle_exit = handle_exit
