@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from minisgl_engine import GenerateRequest, UserReply
 
+from .context_fit import ContextOverflow
 from .store import ConversationStore, MessageStats, NotFoundError
 
 logger = logging.getLogger("minisgl.app")
@@ -61,6 +62,7 @@ class LiveReply:
     )
     model_of: Callable[[], str | None] | None = None  # the backend's model now (Turn.model_of)
     model: str | None = None  # the model that answered, read at its first output (None: as stored)
+    read_from: int | None = None  # the first message the model read (Turn.read_from)
     done: bool = False
 
     @property
@@ -97,6 +99,7 @@ class LiveReply:
             "finish_reason": self.finish_reason,
             "stopped": stopped,
             "stopped_by": self.stopped_by if stopped else None,
+            "read_from": self.read_from,
         }
 
 
@@ -115,6 +118,9 @@ class Turn:
     # the backend's model name, read once the reply's first output comes: a remote whose
     # models were not listed yet knows it only then (the reply was stored without one)
     model_of: Callable[[], str | None] | None = None
+    # the first stored message the model reads, when the oldest turns were dropped to fit its
+    # context (context_fit); None: it reads the whole chat
+    read_from: int | None = None
 
 
 class ReplyManager:
@@ -192,6 +198,10 @@ class ReplyManager:
             turn = make_turn()
         except NotFoundError:  # the conversation was deleted meanwhile
             turn = None
+        except ContextOverflow as exc:  # nothing is sent: the page says why (the chat marks it)
+            if session is not None:
+                self.notices.setdefault(session, []).append(f"Not sent: {exc}.")
+            turn = None
         if turn is None:
             self._next(conv_id)
             return
@@ -203,6 +213,7 @@ class ReplyManager:
             earlier=turn.earlier,
             backend=turn.backend,
             model_of=turn.model_of,
+            read_from=turn.read_from,
         )
         self.live[conv_id] = reply
         task = asyncio.get_running_loop().create_task(

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minisgl_engine import GenerateRequest, SamplingParams
+from minisgl_engine import GenerateRequest, SamplingParams, UserError
 
+from .context_fit import Fit, fit_messages, reply_room
 from .reply_protocol import ReplySource
 from .store import ChatSettings, Conversation, Message
-from .view import engine_messages
+from .view import engine_messages, seen_messages
 
 
 def answered_path(
@@ -59,3 +60,56 @@ def reply_request(
         messages=engine_messages(replace(conv, messages=path), s),
         chat_template_kwargs=kwargs or None,
     )
+
+
+class NoCount(Exception):
+    """The source cannot count this prompt (a remote, a model without tokenizer or template)."""
+
+
+def fit_prompt(
+    messages: list[dict],
+    source: ReplySource,
+    settings: ChatSettings,
+    kwargs: dict | None,
+    policy: str,
+) -> Fit:
+    """``messages`` fitted into the context of ``source`` under ``policy`` (context_fit), counted
+    by its tokenizer; NoCount when it has none (a remote) or its chat template refuses them (the
+    engine then says why); context_fit.ContextOverflow when they cannot be sent."""
+    count = getattr(source, "count_prompt_tokens", None)
+    context = getattr(source, "context_len", None)
+    if count is None or not context:
+        raise NoCount()
+
+    def tokens(msgs: list[dict]) -> int:
+        try:
+            n = count(msgs, kwargs)
+        except UserError:
+            n = None
+        if n is None:
+            raise NoCount()
+        return n
+
+    return fit_messages(messages, tokens, context, reply_room(settings.max_tokens, context), policy)
+
+
+def fitted_request(
+    conv: Conversation,
+    path: list[Message],
+    request: GenerateRequest,
+    source: ReplySource,
+    policy: str,
+) -> tuple[GenerateRequest, int | None]:
+    """``request`` (``reply_request``'s for ``path``) with its messages fitted into the model's
+    context, and the id of the first stored message the model reads when older ones were left
+    out (None: it reads them all, or the source cannot count). Raises ContextOverflow."""
+    try:
+        fit = fit_prompt(
+            request.messages, source, conv.settings, request.chat_template_kwargs, policy
+        )
+    except NoCount:
+        return request, None
+    if not fit.dropped:
+        return request, None
+    seen = seen_messages(replace(conv, messages=path))
+    return replace(request, messages=fit.messages), seen[fit.dropped].id

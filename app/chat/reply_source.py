@@ -175,6 +175,26 @@ class LocalEngine:
     def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
         return self.client.generate(request, stop)
 
+    def count_prompt_tokens(self, messages: list[dict], template_kwargs: dict | None) -> int | None:
+        """The prompt's length in tokens as the engine's tokenizers make it (the same tokenizer
+        and chat template, loaded here once per model); None: this model has no tokenizer."""
+        tokenizer = prompt_tokenizer(self.client.tokenizer_path)
+        if tokenizer is None:
+            return None
+        from minisgl_engine import chat_prompt_ids
+
+        return len(chat_prompt_ids(tokenizer, messages, template_kwargs))
+
+
+@functools.lru_cache(maxsize=2)
+def prompt_tokenizer(tokenizer_path: str | None):
+    """The model's tokenizer in the front end, to count prompts (None: none to load)."""
+    if tokenizer_path is None:
+        return None
+    from minisgl_engine import load_tokenizer
+
+    return load_tokenizer(tokenizer_path)
+
 
 @functools.lru_cache(maxsize=8)
 def chat_template_supports_thinking(tokenizer_path: str | None) -> bool:

@@ -7,7 +7,13 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass, fields, replace
 from typing import Any
 
-from .store import DEFAULT_REPETITION_PENALTY, MAX_TOKENS_LIMIT, ChatSettings, shown_value
+from .store import (
+    DEFAULT_REPETITION_PENALTY,
+    DROP_OLDEST,
+    MAX_TOKENS_LIMIT,
+    ChatSettings,
+    shown_value,
+)
 
 # a refused value, or an emptied box, shows the value in force again (an empty seed is a value: a random one)
 RESET_FIELDS = ("temperature", "top_p", "max_tokens", "top_k", "seed", "repetition_penalty")
@@ -38,6 +44,7 @@ class SettingsForm:
     seed: Any = None
     stop: Any = ""
     repetition_penalty: Any = DEFAULT_REPETITION_PENALTY
+    context_policy: Any = DROP_OLDEST
 
     @classmethod
     def showing(cls, settings: ChatSettings) -> SettingsForm:
@@ -90,6 +97,7 @@ def form_settings(
         system_prompt=form.system_prompt or "",
         thinking=bool(form.thinking),
         stop=stop_strings(form.stop),
+        context_policy=form.context_policy or DROP_OLDEST,
         **numbers,
     )
     for name, text in settings.problems().items():

@@ -27,6 +27,19 @@ UNANSWERED_HINT = (
     "The chat stopped before this message's turn came (Stop was pressed while it waited, its tab was "
     "closed, or the app stopped). ↻ below asks for the reply."
 )
+OVER_CONTEXT_LINE = (
+    "not answered: the chat is longer than the model reads · ↻ answers it without the oldest turns"
+)
+OVER_CONTEXT_HINT = (
+    "This chat's setting *When the chat is longer than the model's context* is *Stop and say so*. "
+    "↻ below answers this message once with the oldest turns left out (they stay in the chat); "
+    "the other setting does that every time."
+)
+BEYOND_CONTEXT_LINE = "earlier messages are beyond what the model reads"
+BEYOND_CONTEXT_HINT = (
+    "The chat is longer than the model's context: for the last reply the model read the system prompt "
+    "and the messages below this line only. The messages above stay in the chat."
+)
 # a question left unanswered with a later question sent after it: the reply answers the later one
 LEFT_LINE = "not answered"
 LEFT_HINT = (
@@ -190,9 +203,22 @@ def question_lines(
         lines.append(line_under(m, "assistant", LEFT_LINE, LEFT_HINT))
     elif waiting and trailing:
         lines.append(line_under(m, "assistant", WAITING_LINE, WAITING_HINT))
+    elif trailing and m.stats is not None and m.stats.over_context:
+        lines.append(line_under(m, "assistant", OVER_CONTEXT_LINE, OVER_CONTEXT_HINT))
     elif trailing:
         lines.append(line_under(m, "assistant", UNANSWERED_LINE, UNANSWERED_HINT))
     return lines
+
+
+def last_unread(messages: list[Message]) -> int | None:
+    """The id of the last message the chat's latest reply did not read (the turns before it
+    were dropped to fit the model's context); None: it read them all."""
+    reply = next((m for m in reversed(messages) if m.role == "assistant"), None)
+    read_from = reply.stats.read_from if reply is not None and reply.stats is not None else None
+    ids = [m.id for m in messages]
+    if read_from is None or read_from not in ids or ids.index(read_from) == 0:
+        return None
+    return ids[ids.index(read_from) - 1]
 
 
 def reply_line(m: Message, version: str, streaming: bool) -> list[ViewMessage]:
@@ -228,6 +254,7 @@ def view_messages(
         conv, hidden = windowed(conv, window)
         if hidden:
             out.append(earlier_line(hidden))
+    unread = last_unread(conv.messages)
     trailing = trailing_questions(conv.messages)
     for i, m in enumerate(conv.messages):
         if m.role == "system":
@@ -243,6 +270,8 @@ def view_messages(
             out += question_lines(conv.messages, i, version, busy, i in trailing)
         else:  # a reply (or a tool's message): the line under it
             out += reply_line(m, version, streaming)
+        if m.id == unread:
+            out.append(line_under(m, "assistant", BEYOND_CONTEXT_LINE, BEYOND_CONTEXT_HINT))
     return out
 
 
@@ -412,16 +441,22 @@ def ending(m: Message, streaming: bool) -> str:
 
 
 def engine_messages(conv: Conversation, settings: ChatSettings) -> list[dict]:
-    """What the model sees: the system prompt, then every stored turn, leaving out a turn the
-    engine refused (its question and the reason shown in its place), a turn whose reply is empty
-    with the chat gone on after it (stopped before its first word, or the model said nothing:
-    the question would otherwise run into the next one), empty replies, and the questions left
-    unanswered before a later one (``left_unanswered``: the reply answers that one)."""
+    """What the model sees: the system prompt, then ``seen_messages``."""
     msgs = (
         [{"role": "system", "content": settings.system_prompt}]
         if settings.system_prompt.strip()
         else []
     )
+    return msgs + [{"role": m.role, "content": m.content} for m in seen_messages(conv)]
+
+
+def seen_messages(conv: Conversation) -> list[Message]:
+    """The stored turns the model sees, leaving out a turn the engine refused (its question and
+    the reason shown in its place), a turn whose reply is empty with the chat gone on after it
+    (stopped before its first word, or the model said nothing: the question would otherwise run
+    into the next one), empty replies, and the questions left unanswered before a later one
+    (``left_unanswered``: the reply answers that one)."""
+    seen = []
     turns = [m for m in conv.messages if m.role in ("user", "assistant")]
     for i, m in enumerate(turns):
         answer = turns[i + 1] if m.role == "user" and i + 1 < len(turns) else None
@@ -434,8 +469,8 @@ def engine_messages(conv: Conversation, settings: ChatSettings) -> list[dict]:
             continue
         if m.role == "assistant" and not m.content:
             continue
-        msgs.append({"role": m.role, "content": m.content})
-    return msgs
+        seen.append(m)
+    return seen
 
 
 def sidebar_choices(

@@ -24,6 +24,7 @@ FIELD_IDS = (
     "seed",
     "stop-strings",
     "repetition-penalty",
+    "context-policy",
     "backend",
 )
 DRAFT_KEY_PREFIX = "minisgl-chat:draft:"  # + the chat's id ('' for a new chat): its unsent text in the browser's storage

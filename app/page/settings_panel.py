@@ -19,7 +19,13 @@ from ..chat.settings_form import (
     max_tokens_problem,
     with_backend_of,
 )
-from ..chat.store import REPETITION_PENALTY_MAX, ChatSettings, NotFoundError
+from ..chat.store import (
+    DROP_OLDEST,
+    REPETITION_PENALTY_MAX,
+    STOP_AT_CONTEXT,
+    ChatSettings,
+    NotFoundError,
+)
 from . import toasts
 from .scripts import STAMP_JS
 from .tabs import Tab, TabState
@@ -198,6 +204,16 @@ class SettingsPanel(TabState):
         stop = gr.Textbox(
             label="Stop strings (one per line)", value="", lines=2, elem_id="stop-strings"
         )
+        context_policy = gr.Radio(
+            choices=[
+                ("Drop the oldest turns (the system prompt stays)", DROP_OLDEST),
+                ("Stop and say so", STOP_AT_CONTEXT),
+            ],
+            value=d.context_policy,
+            label="When the chat is longer than the model's context",
+            elem_id="context-policy",
+            interactive=True,
+        )
         return dict(
             system_prompt=system_prompt,
             temperature=temperature,
@@ -208,6 +224,7 @@ class SettingsPanel(TabState):
             top_k=top_k,
             seed=seed,
             stop=stop,
+            context_policy=context_policy,
         )
 
     def wire_settings(self, w: Wiring) -> None:
@@ -226,7 +243,7 @@ class SettingsPanel(TabState):
                 box.release
                 if isinstance(box, gr.Slider)
                 else box.input
-                if isinstance(box, gr.Checkbox)
+                if isinstance(box, (gr.Checkbox, gr.Radio))
                 else box.blur
             )
             committed(

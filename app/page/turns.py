@@ -9,10 +9,11 @@ import gradio as gr
 
 from minisgl_engine import GenerateRequest
 
+from ..chat.context_fit import ContextOverflow
 from ..chat.live import Turn
 from ..chat.reply_protocol import ReplySource
-from ..chat.reply_request import answered_path, reply_request
-from ..chat.store import Message
+from ..chat.reply_request import answered_path, fitted_request, reply_request
+from ..chat.store import DROP_OLDEST, Conversation, Message, MessageStats
 from .tabs import Tab, TabState
 
 
@@ -31,6 +32,7 @@ class ReplyTurns(TabState):
                 return None
             backend, source = self.backend_of(conv.settings)
             request = reply_request(conv, path, source, continuing=continue_id is not None)
+            request, read_from = self.fitted(conv, path, request, source, continue_id is None)
             if continue_id is not None:
                 last = path[-1]
                 return Turn(
@@ -40,10 +42,34 @@ class ReplyTurns(TabState):
                     earlier=last.stats,
                     backend=backend,
                     generate=source.generate,
+                    read_from=read_from,
                 )
-            return self.new_reply(conv_id, path[-1], request, backend, source)
+            return self.new_reply(conv_id, path[-1], request, backend, source, read_from)
 
         return make_turn
+
+    def fitted(
+        self, conv: Conversation, path: list[Message], request, source, answering: bool
+    ) -> tuple[GenerateRequest, int | None]:
+        """The request fitted into the model's context under the chat's policy (↻ on a question
+        that the "stop" policy left: the oldest turns dropped, once). A chat that cannot be sent
+        raises ContextOverflow, which ReplyManager says in a toast; its question is left
+        unanswered and marked so (view.OVER_CONTEXT_LINE, when dropping turns would help)."""
+        question = path[-1]
+        over = answering and question.stats is not None and question.stats.over_context
+        policy = DROP_OLDEST if over else conv.settings.context_policy
+        try:
+            return fitted_request(conv, path, request, source, policy)
+        except ContextOverflow as exc:
+            if answering:
+                stats = question.stats or MessageStats()
+                mark = replace(
+                    stats,
+                    unanswered=True,
+                    over_context=exc.prompt_tokens if exc.droppable else None,
+                )
+                self.store.update_message(question.id, question.content, mark.to_dict())
+            raise
 
     def new_reply(
         self,
@@ -52,17 +78,24 @@ class ReplyTurns(TabState):
         request: GenerateRequest,
         backend: str,
         source: ReplySource,
+        read_from: int | None = None,
     ) -> Turn:
         """A new reply to ``question``, stored empty in advance (the reply fills it); a question
-        left unanswered is answered now (↻): its mark goes."""
+        left unanswered is answered now (↻): its mark goes. ``read_from``: the first message the
+        model reads, when the oldest turns were dropped to fit the context."""
         if question.stats is not None and question.stats.unanswered:
             self.store.update_message(
                 question.id,
                 question.content,
-                replace(question.stats, unanswered=False).to_dict(),
+                replace(question.stats, unanswered=False, over_context=None).to_dict(),
             )
         reply = self.store.add_message(
-            conv_id, question.id, "assistant", "", stats={"tokens": 0}, model=source.model_name
+            conv_id,
+            question.id,
+            "assistant",
+            "",
+            stats={"tokens": 0, "read_from": read_from},
+            model=source.model_name,
         )
         return Turn(
             request,
@@ -70,6 +103,7 @@ class ReplyTurns(TabState):
             backend=backend,
             generate=source.generate,
             model_of=lambda: source.model_name,
+            read_from=read_from,
         )
 
     def submit(

@@ -15,7 +15,7 @@ import pytest
 
 from minisgl_app.chat import live, view
 from minisgl_app.chat.live import ReplyManager, Turn
-from minisgl_app.chat.settings_form import SettingsForm
+from minisgl_app.chat.settings_form import SETTING_FIELDS, SettingsForm
 from minisgl_app.chat.store import ConversationStore
 from minisgl_app.chat.view import (
     can_continue,
@@ -596,7 +596,8 @@ async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_e
     await page.settings_changed(replace(SETTINGS, repetition_penalty=1.3), None, FakeRequest())
     assert (
         store.get(conv_id).settings.repetition_penalty == 1.3
-        and page.fields(page.tab(FakeRequest()))[-2] == 1.3
+        and page.fields(page.tab(FakeRequest()))[1 + SETTING_FIELDS.index("repetition_penalty")]
+        == 1.3
     )
     await page.send("again", replace(SETTINGS, repetition_penalty=1.3), None, FakeRequest())
     await until_idle(page.replies)
@@ -608,7 +609,7 @@ async def test_the_pages_repetition_penalty_is_a_chat_setting_that_reaches_the_e
     )
     assert (
         await page.settings_changed(replace(SETTINGS, repetition_penalty=3), None, FakeRequest())
-    )[-1] == 1.3
+    )[SETTING_FIELDS.index("repetition_penalty")] == 1.3
     # a chat stored before the setting existed takes the page's default
     assert (
         ChatSettings.from_dict({"temperature": 0.5}).repetition_penalty
@@ -635,8 +636,8 @@ async def test_a_settings_box_left_by_a_click_on_another_chat_is_saved_to_the_ch
 
     await page.select(a, 1000.0, request)
     await page.select(b, 2000.0, request)  # the click on chat B, handled first
-    assert (
-        await page.settings_changed(form(77), 1990.0, request) == (SKIP,) * 9
+    assert await page.settings_changed(form(77), 1990.0, request) == (SKIP,) * len(
+        SETTING_FIELDS
     )  # A's box, left by that click
     assert (store.get(a).settings.max_tokens, store.get(b).settings.max_tokens) == (77, default)
     await page.settings_changed(form(88), 2500.0, request)  # a box of B, left later
@@ -774,7 +775,9 @@ async def test_an_emptied_settings_box_saves_nothing_and_shows_the_saved_value_a
         (5, "top_k"),
         (8, "repetition_penalty"),
     ):
-        form = list(page.fields(page.tab(request))[1:10])  # the boxes as the page shows them
+        form = list(
+            page.fields(page.tab(request))[1 : 1 + len(SETTING_FIELDS)]
+        )  # the boxes as the page shows them
         for empty in (None, ""):
             form[index] = empty
             assert (await page.settings_changed(SettingsForm(*form), None, request))[
@@ -782,11 +785,11 @@ async def test_an_emptied_settings_box_saves_nothing_and_shows_the_saved_value_a
             ] == getattr(saved, name), name
             assert store.get(conv_id).settings == saved, name
             assert form_settings(SettingsForm(*form), in_force=saved) == (saved, {}), name
-    form = list(page.fields(page.tab(request))[1:10])
+    form = list(page.fields(page.tab(request))[1 : 1 + len(SETTING_FIELDS)])
     for seed in (7, None):
         form[6] = seed
-        assert (
-            await page.settings_changed(SettingsForm(*form), None, request) == (SKIP,) * 9
+        assert await page.settings_changed(SettingsForm(*form), None, request) == (SKIP,) * len(
+            SETTING_FIELDS
         )  # no box is touched (one may be typed into)
         assert store.get(conv_id).settings.seed == seed
 
@@ -1786,7 +1789,7 @@ async def test_max_tokens_above_the_serving_models_context_is_refused_naming_the
     stays in the box."""
     page, client, request, said, conv_id = await a_chat_on_an_8k_model(store, monkeypatch)
     in_force = store.get(conv_id).settings.max_tokens
-    form = list(page.fields(page.tab(request))[1:10])
+    form = list(page.fields(page.tab(request))[1 : 1 + len(SETTING_FIELDS)])
     form[3] = 32768
     assert (await page.settings_changed(SettingsForm(*form), None, request))[3] == in_force
     assert store.get(conv_id).settings.max_tokens == in_force
@@ -1816,7 +1819,7 @@ async def test_settings_saved_in_quick_succession_keep_the_newest_values_whichev
     request = FakeRequest()
     conv_id = store.create(title="a").id
     await page.select(conv_id, None, request)
-    form = list(page.fields(page.tab(request))[1:10])
+    form = list(page.fields(page.tab(request))[1 : 1 + len(SETTING_FIELDS)])
     older, newer = list(form), list(form)
     older[1] = newer[1] = 0.9  # temperature, committed first
     newer[3] = 33  # max tokens, committed next
@@ -1853,7 +1856,7 @@ async def test_a_bad_max_tokens_is_refused_naming_one_range_from_1_to_the_servin
         (40000, "40,000"),
         (10**300, "1e+300"),
     ):
-        form = list(page.fields(page.tab(request))[1:10])
+        form = list(page.fields(page.tab(request))[1 : 1 + len(SETTING_FIELDS)])
         form[3] = typed
         assert (await page.settings_changed(SettingsForm(*form), None, request))[3] == in_force, (
             typed
@@ -2323,8 +2326,8 @@ async def test_new_chat_says_why_a_value_typed_in_a_settings_box_was_not_kept(
     typed = SettingsForm("", 0.0, 1.0, 2.5, False, 0, None, "", 1.15)
     _, *fields = await page.new_chat(2000.0, request, "", typed)
     assert dict(zip(FIELD_IDS, fields))["max-tokens"] == in_force
-    assert (
-        await page.settings_changed(typed, 1990.0, request) == (SKIP,) * 9
+    assert await page.settings_changed(typed, 1990.0, request) == (SKIP,) * len(
+        SETTING_FIELDS
     )  # the box's save, after the click
     assert (
         len(said) == 1

@@ -23,11 +23,14 @@ from .conversation_store import ConversationStore
 from .database import APP_NAME, BUSY_TIMEOUT_S, DATA_DIR_ENV, DB_NAME, data_dir, default_path
 from .import_file import EXPORT_FORMAT, IMPORT_LIMIT_BYTES, IMPORT_TITLE_LIMIT, BadImportFile
 from .records import (
+    CONTEXT_POLICIES,
     DEFAULT_REPETITION_PENALTY,
     DEFAULT_TITLE,
+    DROP_OLDEST,
     MAX_TOKENS_LIMIT,
     REPETITION_PENALTY_MAX,
     ROLES,
+    STOP_AT_CONTEXT,
     STOP_STRINGS_LIMIT,
     SYSTEM_PROMPT_LIMIT,
     TITLE_LENGTH,
@@ -49,10 +52,12 @@ from .search import SNIPPET_TOKENS
 __all__ = [
     "APP_NAME",
     "BUSY_TIMEOUT_S",
+    "CONTEXT_POLICIES",
     "DATA_DIR_ENV",
     "DB_NAME",
     "DEFAULT_REPETITION_PENALTY",
     "DEFAULT_TITLE",
+    "DROP_OLDEST",
     "EXPORT_FORMAT",
     "IMPORT_LIMIT_BYTES",
     "IMPORT_TITLE_LIMIT",
@@ -62,6 +67,7 @@ __all__ = [
     "ROLES",
     "SCHEMA_VERSION",
     "SNIPPET_TOKENS",
+    "STOP_AT_CONTEXT",
     "STOP_STRINGS_LIMIT",
     "SYSTEM_PROMPT_LIMIT",
     "TITLE_LENGTH",

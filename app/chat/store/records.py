@@ -23,6 +23,11 @@ SYSTEM_PROMPT_LIMIT = 20_000
 DEFAULT_REPETITION_PENALTY = 1.15
 REPETITION_PENALTY_MAX = 2.0
 STOP_STRINGS_LIMIT = 8
+# What a chat does when it is longer than the model's context (app/chat/context_fit.py): keep the
+# system prompt and drop the oldest turns until it fits, or stop and say so. The first is the default.
+DROP_OLDEST = "drop_oldest"
+STOP_AT_CONTEXT = "stop"
+CONTEXT_POLICIES = (DROP_OLDEST, STOP_AT_CONTEXT)
 
 
 class NotFoundError(KeyError):
@@ -48,6 +53,7 @@ class ChatSettings:
     backend: str | None = (
         None  # where replies come from when the app has several ("local", "remote"); None: the first
     )
+    context_policy: str = DROP_OLDEST  # a chat longer than the context: one of CONTEXT_POLICIES
 
     def problems(self) -> dict[str, str]:
         """Each invalid value's field name and what is wrong with it, in words a user can act on."""
@@ -103,6 +109,11 @@ class ChatSettings:
             problems["backend"] = (
                 f"replies from: expected the name of a backend (got {shown_value(self.backend)})"
             )
+        if self.context_policy not in CONTEXT_POLICIES:
+            problems["context_policy"] = (
+                f"a chat longer than the context: expected one of {', '.join(CONTEXT_POLICIES)} "
+                f"(got {shown_value(self.context_policy)})"
+            )
         return problems
 
     def validate(self) -> None:
@@ -135,6 +146,12 @@ class MessageStats:
     stopped: bool = False
     stopped_by: str | None = None  # why it stopped when not by the user, e.g. "switch to <model>"
     unanswered: bool = False  # a question: left without a reply (see above)
+    # a question left unanswered because the chat was past the model's context (its policy is
+    # "stop"): the chat's length in tokens then; ↻ answers it with the oldest turns dropped
+    over_context: int | None = None
+    # a reply: the first message of the chat that the model read (the turns before it were
+    # dropped to fit the context); None: it read the whole chat
+    read_from: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
