@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from minisgl_engine import GenerateRequest, SamplingParams, UserError
 
-from .context_fit import Fit, fit_messages, reply_room
+from .context_fit import ContextOverflow, Fit, fit_messages, reply_room
 from .reply_protocol import ReplySource
 from .store import ChatSettings, Conversation, Message
 from .view import engine_messages, seen_messages
@@ -113,3 +113,33 @@ def fitted_request(
         return request, None
     seen = seen_messages(replace(conv, messages=path))
     return replace(request, messages=fit.messages), seen[fit.dropped].id
+
+
+def meter_text(
+    conv: Conversation | None, settings: ChatSettings, typed: str, source: ReplySource
+) -> str:
+    """The line under the message box: the tokens of the prompt that sending ``typed`` now would
+    make (the chat so far, fitted to the context by its policy, and the message), of the
+    model's context: "2,345 / 8,192 tokens". Empty where the source cannot count (a remote)."""
+    if conv is not None:
+        history = engine_messages(conv, settings)
+    else:  # a new chat: its system prompt only
+        history = engine_messages(Conversation(0, "", 0.0, 0.0, settings), settings)
+    messages = history + [{"role": "user", "content": typed}]
+    kwargs = {"enable_thinking": bool(settings.thinking)} if source.supports_thinking else None
+    context = getattr(source, "context_len", None)
+    try:
+        fit = fit_prompt(messages, source, settings, kwargs, settings.context_policy)
+    except NoCount:
+        return ""
+    except ContextOverflow as exc:
+        if not exc.droppable:
+            return f"⚠ your message is too long for the model: shorten it · {context:,} tokens of context"
+        return (
+            f"⚠ {exc.prompt_tokens:,} / {context:,} tokens: past the context "
+            "(this chat stops; its setting can drop the oldest turns instead)"
+        )
+    text = f"{fit.prompt_tokens:,} / {context:,} tokens"
+    if fit.dropped:
+        text += f" · the oldest {fit.dropped:,} messages left out"
+    return text

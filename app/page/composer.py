@@ -225,7 +225,19 @@ class Composer(TabState):
             stop_btn = gr.Button(
                 "Stop", elem_id="stop-btn", variant="secondary", scale=1, min_width=80
             )
-        return SimpleNamespace(attach_btn=attach_btn, msg=msg, send_btn=send_btn, stop_btn=stop_btn)
+        # the tokens the next message would use of the model's context (Rendering.meter_of)
+        meter = gr.Markdown("", elem_id="context-meter", elem_classes="hint")
+        return SimpleNamespace(
+            attach_btn=attach_btn, msg=msg, send_btn=send_btn, stop_btn=stop_btn, meter=meter
+        )
+
+    async def typed(self, text: str | None, request: gr.Request) -> str:
+        """The meter for the text now in the message box (typed, pasted, emptied by Send or by
+        showing another chat); Gradio runs only the last of the changes that came while one
+        was counted (trigger_mode "always_last"), so fast typing costs a count now and then."""
+        tab = self.tab(request)
+        tab.meter.typed = typed_text(text or "").strip()
+        return self.meter_of(tab, self.shown(tab))
 
     def wire_composer(self, w: Wiring) -> None:
         c, m = w.chats, w.main
@@ -257,6 +269,14 @@ class Composer(TabState):
                 draft=True,
             )
         m.msg.change(None, js=SYNC_SEND_JS)
+        m.msg.change(
+            self.typed,
+            inputs=m.msg,
+            outputs=m.meter,
+            show_progress="hidden",
+            concurrency_limit=None,
+            trigger_mode="always_last",
+        )
         m.chatbot.retry(self.regenerate, **QUICK).then(**w.follow)
         m.chatbot.edit(self.edit, inputs=m.msg, outputs=[c.title_box, m.msg], **QUICK).then(
             **w.follow

@@ -31,6 +31,7 @@ class PageView(NamedTuple):
     next: bool | None  # ›: as ‹
     chat_actions: bool  # Manage offers Rename, Delete and Export (a chat stored)
     no_chat_actions: bool  # Manage says when it will instead (a new chat)
+    meter: str  # the line under the message box: the next prompt's tokens of the context
 
     def outputs(self, sent: set[str] | frozenset[str] | None = None) -> tuple:
         """The view as Gradio outputs; the parts not in ``sent`` (None: all) are skipped."""

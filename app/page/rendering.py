@@ -4,6 +4,8 @@ bar and the buttons that depend on them. The follow and the tick (following.py) 
 
 from __future__ import annotations
 
+from ..chat.composing import with_attachments
+from ..chat.reply_request import meter_text
 from ..chat.view import (
     can_continue,
     focus_of,
@@ -74,7 +76,29 @@ class Rendering(TabState):
             next=next_,
             chat_actions=conv is not None,
             no_chat_actions=conv is None,
+            meter=self.meter_of(tab, conv, recount=not busy),
         )
+
+    def meter_of(self, tab: Tab, conv, recount: bool = True) -> str:
+        """The line under the message box for the chat shown and the text in the box, counted
+        again only when one of them (or its settings, or the model) changed; while the chat
+        replies (``recount`` False) the line drawn before stays: the chat changes at every
+        stored piece of the reply, and the count is for the next message."""
+        if not recount and tab.meter.key is not None:
+            return tab.meter.text
+        settings = self.settings_of(tab, conv)
+        source = self.backend_of(settings)[1]
+        typed = with_attachments(tab.meter.typed, tab.draft.attachments)
+        key = (
+            conv.id if conv is not None else None,
+            conv.revision if conv is not None else None,
+            settings,
+            typed,
+            source.model_name,
+        )
+        if key != tab.meter.key:
+            tab.meter.key, tab.meter.text = key, meter_text(conv, settings, typed, source)
+        return tab.meter.text
 
     def status_of(self, tab: Tab) -> str:
         """The status line of where the shown chat's replies come from (the tick's: the chat is

@@ -73,6 +73,17 @@ class Drawn:
 
 
 @dataclass
+class Meter:
+    """The line under the message box (reply_request.meter_text): the box's text as its last
+    change sent it, and the line last drawn with what it counted (``key``), so a render counts
+    again only when the chat, its settings or the text changed."""
+
+    typed: str = ""
+    key: tuple | None = None
+    text: str = ""
+
+
+@dataclass
 class Draft:
     """What the tab is writing: the files attached to its next message, and what it left unsent
     in each chat, put back when the tab shows that chat again (Drafts.swap_draft)."""
@@ -130,6 +141,7 @@ class Tab:
     drawn: Drawn = field(default_factory=Drawn)
     draft: Draft = field(default_factory=Draft)
     events: Events = field(default_factory=Events)
+    meter: Meter = field(default_factory=Meter)
 
 
 class TabState:

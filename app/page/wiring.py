@@ -69,6 +69,7 @@ class Wiring:
             m.next_btn,
             c.actions,
             c.no_actions,
+            m.meter,
         ]
 
     @property
