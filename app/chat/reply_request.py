@@ -72,10 +72,12 @@ def fit_prompt(
     settings: ChatSettings,
     kwargs: dict | None,
     policy: str,
+    wait: bool = True,
 ) -> Fit:
     """``messages`` fitted into the context of ``source`` under ``policy`` (context_fit), counted
     by its tokenizer; NoCount when it has none (a remote) or its chat template refuses them (the
-    engine then says why); context_fit.ContextOverflow when they cannot be sent."""
+    engine then says why), or (``wait`` False: the meter) while its tokenizer loads;
+    context_fit.ContextOverflow when they cannot be sent."""
     count = getattr(source, "count_prompt_tokens", None)
     context = getattr(source, "context_len", None)
     if count is None or not context:
@@ -83,7 +85,7 @@ def fit_prompt(
 
     def tokens(msgs: list[dict]) -> int:
         try:
-            n = count(msgs, kwargs)
+            n = count(msgs, kwargs) if wait else count(msgs, kwargs, wait=False)
         except UserError:
             n = None
         if n is None:
@@ -129,7 +131,7 @@ def meter_text(
     kwargs = {"enable_thinking": bool(settings.thinking)} if source.supports_thinking else None
     context = getattr(source, "context_len", None)
     try:
-        fit = fit_prompt(messages, source, settings, kwargs, settings.context_policy)
+        fit = fit_prompt(messages, source, settings, kwargs, settings.context_policy, wait=False)
     except NoCount:
         return ""
     except ContextOverflow as exc:

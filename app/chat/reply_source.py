@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -170,15 +171,21 @@ class LocalEngine:
         return self.client.max_context_len
 
     def status_line(self) -> str:
+        # asked by the page's tick: the tokenizer that counts prompts loads meanwhile
+        if getattr(self.client, "ready", False):
+            PROMPT_TOKENIZERS.load_soon(self.client.tokenizer_path)
         return status_line(self.client)
 
     def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
         return self.client.generate(request, stop)
 
-    def count_prompt_tokens(self, messages: list[dict], template_kwargs: dict | None) -> int | None:
+    def count_prompt_tokens(
+        self, messages: list[dict], template_kwargs: dict | None, wait: bool = True
+    ) -> int | None:
         """The prompt's length in tokens as the engine's tokenizers make it (the same tokenizer
-        and chat template, loaded here once per model); None: this model has no tokenizer."""
-        tokenizer = prompt_tokenizer(self.client.tokenizer_path)
+        and chat template, loaded here once per model). None: this model has no tokenizer, or
+        (``wait`` False: the meter) it has not loaded yet."""
+        tokenizer = PROMPT_TOKENIZERS.get(self.client.tokenizer_path, wait)
         if tokenizer is None:
             return None
         from minisgl_engine import chat_prompt_ids
@@ -186,14 +193,46 @@ class LocalEngine:
         return len(chat_prompt_ids(tokenizer, messages, template_kwargs))
 
 
-@functools.lru_cache(maxsize=2)
-def prompt_tokenizer(tokenizer_path: str | None):
-    """The model's tokenizer in the front end, to count prompts (None: none to load)."""
-    if tokenizer_path is None:
-        return None
-    from minisgl_engine import load_tokenizer
+class PromptTokenizers:
+    """The served model's tokenizer in the front end, to count prompts: loaded once per model in a
+    thread (it took 5 s on a busy 2-core machine, which the page's event loop must not wait)."""
 
-    return load_tokenizer(tokenizer_path)
+    def __init__(self) -> None:
+        self.loaded: dict[str, object] = {}  # tokenizer folder -> tokenizer (None: it has none)
+        self.lock = threading.Lock()
+        self.loading: set[str] = set()
+
+    def get(self, path: str | None, wait: bool):
+        """The tokenizer of folder ``path``, loaded now if ``wait``, else None until a thread has."""
+        if path is None:
+            return None
+        if path not in self.loaded and wait:
+            self._load(path)
+        elif path not in self.loaded:
+            self.load_soon(path)
+        return self.loaded.get(path)
+
+    def load_soon(self, path: str | None) -> None:
+        """Start loading ``path``'s tokenizer in a thread, unless it is loaded or loading."""
+        if path is None or path in self.loaded or path in self.loading:
+            return
+        self.loading.add(path)
+        threading.Thread(target=self._load, args=(path,), daemon=True).start()
+
+    def _load(self, path: str) -> None:
+        from minisgl_engine import load_tokenizer
+
+        with self.lock:
+            if path not in self.loaded:
+                try:
+                    self.loaded[path] = load_tokenizer(path)
+                except Exception:  # noqa: BLE001 (no count: the chat is sent whole, the engine checks it)
+                    logger.exception("loading the tokenizer of %s to count prompts failed", path)
+                    self.loaded[path] = None
+            self.loading.discard(path)
+
+
+PROMPT_TOKENIZERS = PromptTokenizers()
 
 
 @functools.lru_cache(maxsize=8)

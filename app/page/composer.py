@@ -4,6 +4,7 @@ the follow renders it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -234,10 +235,11 @@ class Composer(TabState):
     async def typed(self, text: str | None, request: gr.Request) -> str:
         """The meter for the text now in the message box (typed, pasted, emptied by Send or by
         showing another chat); Gradio runs only the last of the changes that came while one
-        was counted (trigger_mode "always_last"), so fast typing costs a count now and then."""
+        was counted (trigger_mode "always_last"), so fast typing costs a count now and then. The
+        count runs in a thread: a long chat's takes a tenth of a second or more."""
         tab = self.tab(request)
         tab.meter.typed = typed_text(text or "").strip()
-        return self.meter_of(tab, self.shown(tab))
+        return await asyncio.to_thread(self.meter_of, tab, self.shown(tab))
 
     def wire_composer(self, w: Wiring) -> None:
         c, m = w.chats, w.main

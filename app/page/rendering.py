@@ -97,7 +97,9 @@ class Rendering(TabState):
             source.model_name,
         )
         if key != tab.meter.key:
-            tab.meter.key, tab.meter.text = key, meter_text(conv, settings, typed, source)
+            text = meter_text(conv, settings, typed, source)
+            # an empty line (no tokenizer loaded yet) is counted again at the next render
+            tab.meter.key, tab.meter.text = (key if text else None), text
         return tab.meter.text
 
     def status_of(self, tab: Tab) -> str:
