@@ -136,12 +136,9 @@ def meter_text(
         return ""
     except ContextOverflow as exc:
         if not exc.droppable:
-            return f"⚠ your message is too long for the model: shorten it · {context:,} tokens of context"
-        return (
-            f"⚠ {exc.prompt_tokens:,} / {context:,} tokens: past the context "
-            "(this chat stops; its setting can drop the oldest turns instead)"
-        )
+            return f"⚠ your message is too long for the {context:,} tokens of context"
+        return f"⚠ {exc.prompt_tokens:,} / {context:,} tokens: past the context"
     text = f"{fit.prompt_tokens:,} / {context:,} tokens"
     if fit.dropped:
-        text += f" · the oldest {fit.dropped:,} messages left out"
+        text += f" · {fit.dropped:,} earlier messages left out"
     return text

@@ -220,14 +220,17 @@ class Composer(TabState):
                 autofocus=True,
                 placeholder="Message (Enter sends, Shift+Enter for a new line)",
             )
+            # the tokens the next message would use of the model's context (Rendering.meter_of,
+            # Composer.typed), beside the box: a line under it made the page taller than the screen
+            meter = gr.Markdown(
+                "", elem_id="context-meter", elem_classes="hint", scale=0, min_width=150
+            )
             send_btn = gr.Button(
                 "Send", elem_id="send-btn", variant="primary", scale=1, min_width=80
             )
             stop_btn = gr.Button(
                 "Stop", elem_id="stop-btn", variant="secondary", scale=1, min_width=80
             )
-        # the tokens the next message would use of the model's context (Rendering.meter_of)
-        meter = gr.Markdown("", elem_id="context-meter", elem_classes="hint")
         return SimpleNamespace(
             attach_btn=attach_btn, msg=msg, send_btn=send_btn, stop_btn=stop_btn, meter=meter
         )
