@@ -122,7 +122,7 @@ def meter_text(
 ) -> str:
     """The line under the message box: the tokens of the prompt that sending ``typed`` now would
     make (the chat so far, fitted to the context by its policy, and the message), of the
-    model's context: "2,345 / 8,192 tokens". Empty where the source cannot count (a remote)."""
+    model's context: "2,345 / 8,192 tokens", short enough for two lines beside the box. Empty where the source cannot count (a remote)."""
     if conv is not None:
         history = engine_messages(conv, settings)
     else:  # a new chat: its system prompt only
@@ -136,9 +136,9 @@ def meter_text(
         return ""
     except ContextOverflow as exc:
         if not exc.droppable:
-            return f"⚠ your message is too long for the {context:,} tokens of context"
-        return f"⚠ {exc.prompt_tokens:,} / {context:,} tokens: past the context"
+            return f"⚠ message too long for {context:,} tokens"
+        return f"⚠ {exc.prompt_tokens:,} / {context:,} tokens: too long"
     text = f"{fit.prompt_tokens:,} / {context:,} tokens"
     if fit.dropped:
-        text += f" · {fit.dropped:,} earlier messages left out"
+        text += f" · oldest {fit.dropped:,} left out"
     return text

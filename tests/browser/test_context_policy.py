@@ -199,4 +199,4 @@ def test_the_meter_shows_the_servers_count_of_the_next_prompt(page, app, tmp_pat
     expected = server_prompt_tokens(app, [{"role": "user", "content": QUESTION}])
     # (the line for the empty box says "left out" too: wait for the count of the typed question)
     assert wait_until(lambda: meter_tokens(page) == expected, 90), (meter(page), expected)
-    assert "4 earlier messages left out" in meter(page), meter(page)
+    assert "oldest 4 left out" in meter(page), meter(page)
