@@ -322,8 +322,9 @@ class Scheduler:
             sampled.append((req, len(req.token_ids) - 1))
             if batch.phase == "prefill":
                 self.decode_manager.add(req)
-                if req.reports_progress:
+                if req.reports_progress:  # once: not again for a recompute after preemption
                     read.append(PromptProgressMsg(req.uid, req.prompt_len, req.prompt_len))
+                    req.reports_progress = False
         if read and self.report_progress is not None:
             self.report_progress(read)
         return InFlight(result, sampled)
