@@ -4,7 +4,7 @@ says how far it has read ("reading your message: 4,096 / 8,343 tokens · ~40 s l
 line counts the request as running, and Stop ends it mid-prefill.
 
 The app here reads prompts in 64-token chunks (``--max-prefill-tokens 64``), so the progress moves
-within a second or two even on a busy two-core machine; the default CPU chunk is 2,048 tokens."""
+within a second or two even on a busy two-core machine; the default CPU chunk is 512 tokens."""
 
 from __future__ import annotations
 
