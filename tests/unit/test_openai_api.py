@@ -440,6 +440,7 @@ async def test_metrics_expose_latest_stats_under_exact_names():
             requests_finished_total=8,
             requests_aborted_total=1,
             prefix_cache_hit_tokens_total=321,
+            prompt_tokens_pending=4000,
         )
         client.pending_count = 3
         r = await c.get("/metrics")
@@ -466,6 +467,7 @@ async def test_metrics_expose_latest_stats_under_exact_names():
         "minisgl_requests_finished_total": 8,
         "minisgl_requests_aborted_total": 1,
         "minisgl_prefix_cache_hit_tokens_total": 321,
+        "minisgl_prompt_tokens_pending": 4000,
     }
     assert "# TYPE minisgl_prompt_tokens_total counter" in r.text
     assert "# TYPE minisgl_prefix_cache_hit_tokens_total counter" in r.text
