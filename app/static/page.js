@@ -277,6 +277,19 @@ function answerKeys() {
       e.target.dispatchEvent(new PointerEvent('pointerup'));
     }
   }, true);
+  // A slider's number box left: its value is sent as typed (a pointerup, which Gradio turns into
+  // the slider's release), and Gradio's own blur handler is kept from running. That handler sends
+  // the value and then clamps the box into the slider's range: the clamped value (top-p 7 → 1)
+  // went to the server with the next event reading the box and was saved, while the toast said
+  // the typed value was refused.
+  document.addEventListener('blur', (e) => {
+    const box = e.target;
+    if (!(box instanceof HTMLInputElement) || !box.matches('#settings input[type=number]')) return;
+    const slider = box.closest('.block');
+    if (!slider || !slider.querySelector('input[type=range]')) return;
+    e.stopImmediatePropagation();
+    box.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
+  }, true);
 }
 
 // HTML in a message is shown as text by a mark after its "<" (view.shown_literally), an image as

@@ -1,0 +1,123 @@
+"""Defects new users found on the chat page (issue 45, round 3, and the walkthrough of
+2026-12-05), each as a person meets it in Debian's Chromium (Playwright), against the app that
+the browser tests share (conftest.py's ``chat_app``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from chat_page_utils import (  # noqa: F401 (browser: fixture)
+    BROWSER_MARKS,
+    browser,
+    engine_idle,
+    wait_page_loaded,
+)
+from server_utils import wait_until
+
+from minisgl_app.chat.store import ConversationStore
+
+pytestmark = BROWSER_MARKS
+
+
+@pytest.fixture
+def app(chat_app):
+    return chat_app
+
+
+@pytest.fixture
+def context(browser, app):
+    """A browser context (its tabs share the page's cookie), closed after the test."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860})
+    yield ctx
+    ctx.close()
+    wait_until(lambda: engine_idle(app), 15)
+
+
+def open_tab(context, app, chat_id: int | None = None):
+    page = context.new_page()
+    url = app.page_url + (f"&chat={chat_id}" if chat_id is not None else "")
+    page.goto(url)
+    wait_page_loaded(page)
+    return page
+
+
+def stored_chat(app, title: str) -> int:
+    """A chat with one question and its answer, written to the app's database."""
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title=title)
+        store.append(conv.id, "user", f"{title}: say hi.")
+        store.append(conv.id, "assistant", "Hi.")
+        return conv.id
+
+
+def stored_settings(app, chat_id: int):
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        return store.get(chat_id).settings
+
+
+def toasts(page) -> list[str]:
+    return page.locator(".toast-body").all_inner_texts()
+
+
+def close_toasts(page) -> None:
+    for button in page.locator(".toast-close").all():
+        button.click()
+
+
+def open_settings(page) -> None:
+    if not page.locator("#max-tokens input").is_visible():
+        page.get_by_text("Settings", exact=True).first.click()
+        page.locator("#max-tokens input").wait_for(state="visible", timeout=5_000)
+
+
+# ---- A. a refused setting is never saved, not even clamped into its range
+
+
+SLIDER_VALUES_OUT_OF_RANGE = [
+    ("#top-p input[type=number]", "top_p", "7"),
+    ("#top-p input[type=number]", "top_p", "1.5"),
+    ("#temperature input[type=number]", "temperature", "5"),
+    ("#temperature input[type=number]", "temperature", "-5"),
+    ("#repetition-penalty input[type=number]", "repetition_penalty", "3"),
+    ("#repetition-penalty input[type=number]", "repetition_penalty", "-1"),
+]
+
+
+def test_a_slider_value_out_of_range_is_refused_and_its_clamp_never_saved(context, app):
+    """Typed into a slider's number box and left with Tab, a value out of the slider's range was
+    refused in a toast, yet the database then held the slider's end (top-p 7 → 1.0): Gradio's
+    slider sends the typed value on blur and then clamps its box to the range, and that clamped
+    value went to the server with the next event that read the form. Two tabs on the chat, as
+    the walkthrough had them."""
+    chat_id = stored_chat(app, "Clamped Okapi")
+    page = open_tab(context, app, chat_id)
+    other = open_tab(context, app, chat_id)
+    open_settings(page)
+    open_settings(other)
+    before = stored_settings(app, chat_id)
+    for selector, field, typed in SLIDER_VALUES_OUT_OF_RANGE:
+        close_toasts(page)
+        shown = page.input_value(selector)
+        box = page.locator(selector)
+        box.click()
+        box.press("Control+a")
+        box.press_sequentially(typed, delay=20)
+        box.press("Tab")
+        assert wait_until(lambda: any("not saved" in t for t in toasts(page)), 10), (
+            f"{typed} in {selector}: no refusal: {toasts(page)}"
+        )
+        assert wait_until(lambda: page.input_value(selector) == shown, 5), (
+            f"{typed} in {selector}: the box shows {page.input_value(selector)!r}, not {shown!r}"
+        )
+        time.sleep(1.5)  # the tick of both tabs, and any event the blur set off
+        now = stored_settings(app, chat_id)
+        assert getattr(now, field) == getattr(before, field), (
+            f"{typed} in {selector} was refused, but {field} was saved as {getattr(now, field)}"
+        )
+    page.reload()
+    wait_page_loaded(page)
+    open_settings(page)
+    assert stored_settings(app, chat_id) == before
+    for selector, field, _ in SLIDER_VALUES_OUT_OF_RANGE:
+        assert float(page.input_value(selector)) == getattr(before, field), selector
