@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from importlib.resources import files
 
+from ..chat.store import ChatSettings
 from .css import NARROW_QUERY
 
 ANSWER_WAIT_S = 15.0  # how long an event that takes the box waits for the answer of the one before
@@ -36,6 +37,11 @@ PAGE_CONFIG = {
     "fieldIds": list(FIELD_IDS),
     "draftKeyPrefix": DRAFT_KEY_PREFIX,
     "shownChatKey": SHOWN_CHAT_KEY,
+    "sliderDefaults": {
+        "temperature": ChatSettings.temperature,
+        "top-p": ChatSettings.top_p,
+        "repetition-penalty": ChatSettings.repetition_penalty,
+    },
 }
 PAGE_SCRIPT = (files("minisgl_app") / "static" / "page.js").read_text(encoding="utf-8")
 # Gradio 6 runs a `js` that is not one function expression as the body of a function, at once:

@@ -6,6 +6,7 @@
 //   fieldIds        the ids of the title box, the settings boxes and the backend (ChatPage.fields' order)
 //   draftKeyPrefix  + a chat's id ('' for a new chat): that chat's unsent text in the browser's storage
 //   shownChatKey    the chat the tab showed last, in the browser's storage
+//   sliderDefaults  each slider's value in a new chat, by its element id (its ↺ puts it back)
 // It sets the window.minisgl* functions that the events' own small functions (scripts.*_JS, one
 // call each) run in the browser before or after their handler.
 //
@@ -30,6 +31,7 @@ function minisglStartPage(config) {
   disableSendWhenEmpty();
   countFieldChanges(config);
   answerKeys();
+  resetSlidersToDefaults(config);
   keepTypedTextTyped();
   nameDetailsToggles();
   placeToastsUnderStatusLine();
@@ -288,6 +290,22 @@ function answerKeys() {
     const slider = box.closest('.block');
     if (!slider || !slider.querySelector('input[type=range]')) return;
     e.stopImmediatePropagation();
+    box.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
+  }, true);
+}
+
+// A slider's ↺ puts in the value a new chat starts with, and saves it as a value typed is.
+// Gradio's own ↺ puts back the value the slider had when it was first drawn: the value of the
+// chat shown then, which it saved to whichever chat is shown now.
+function resetSlidersToDefaults(config) {
+  document.addEventListener('click', (e) => {
+    const button = e.target instanceof Element && e.target.closest('#settings button[data-testid=reset-button]');
+    const slider = button && button.closest('.block[id]');
+    if (!slider || !(slider.id in config.sliderDefaults)) return;
+    e.stopImmediatePropagation(); e.preventDefault();
+    const box = slider.querySelector('input[type=number]');
+    box.value = String(config.sliderDefaults[slider.id]);
+    box.dispatchEvent(new Event('input', {bubbles: true}));
     box.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
   }, true);
 }

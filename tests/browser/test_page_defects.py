@@ -15,7 +15,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
 )
 from server_utils import wait_until
 
-from minisgl_app.chat.store import ConversationStore
+from minisgl_app.chat.store import ChatSettings, ConversationStore
 
 pytestmark = BROWSER_MARKS
 
@@ -121,3 +121,43 @@ def test_a_slider_value_out_of_range_is_refused_and_its_clamp_never_saved(contex
     assert stored_settings(app, chat_id) == before
     for selector, field, _ in SLIDER_VALUES_OUT_OF_RANGE:
         assert float(page.input_value(selector)) == getattr(before, field), selector
+
+
+# ---- B. a slider's ↺ gives the default of a new chat
+
+
+def put_slider(page, selector: str, value: str) -> None:
+    """Type ``value`` into a slider's number box and leave it (saved), as a person does."""
+    box = page.locator(selector)
+    box.click()
+    box.press("Control+a")
+    box.press_sequentially(value, delay=20)
+    box.press("Tab")
+
+
+def test_a_sliders_reset_button_gives_the_default_of_a_new_chat(context, app):
+    """↺ beside a slider put back the value the page loaded with (a chat at temperature 1.2, set
+    to 0.5: ↺ gave 1.2 and saved it), not the default a new chat starts with."""
+    defaults = ChatSettings()
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Reset Ibex", settings=ChatSettings(temperature=1.2, top_p=0.5))
+        chat_id = conv.id
+    page = open_tab(context, app, chat_id)
+    open_settings(page)
+    for name, field, typed in (
+        ("temperature", "temperature", "0.5"),
+        ("top-p", "top_p", "0.7"),
+        ("repetition-penalty", "repetition_penalty", "1.5"),
+    ):
+        put_slider(page, f"#{name} input[type=number]", typed)
+        assert wait_until(lambda: getattr(stored_settings(app, chat_id), field) == float(typed), 10)
+        page.click(f"#{name} button[data-testid=reset-button]")
+        default = getattr(defaults, field)
+        assert wait_until(lambda: getattr(stored_settings(app, chat_id), field) == default, 10), (
+            f"↺ of {name}: {field} is {getattr(stored_settings(app, chat_id), field)}, not the default {default}"
+        )
+        assert float(page.input_value(f"#{name} input[type=number]")) == default
+    page.reload()
+    wait_page_loaded(page)
+    open_settings(page)
+    assert float(page.input_value("#temperature input[type=number]")) == defaults.temperature
