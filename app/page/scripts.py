@@ -74,6 +74,8 @@ SEND_JS = page_call("minisglSend")
 EDITING_JS = page_call(
     "minisglEditing"
 )  # whether a message's edit box (✎) is open: the tick leaves the chat alone then
+# the tick answered: a note that the page cannot reach the app goes (page.js, noteWhenUnanswered)
+TICK_ANSWERED_JS = page_call("minisglTickAnswered")
 # A redraw of the title and settings boxes (after a change elsewhere) is asked, with its number,
 # and answered later (ChatPage.redraw_boxes): a box the user changed in between keeps the user's value.
 FOCUSED_FIELD_JS = page_call("minisglFocusedField")  # asked: the box with the keyboard's focus

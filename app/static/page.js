@@ -21,7 +21,11 @@ function minisglStartPage(config) {
   // the stamp is an event's last input: the browser's click time (scripts.STAMP_JS)
   window.minisglStamp = (...inputs) => [...inputs.slice(0, -1), Date.now()];
   // whether a message's edit box (✎) is open: the tick leaves the chat alone then
-  window.minisglEditing = () => [!!document.querySelector('#chatbot textarea.edit-textarea')];
+  window.minisglEditing = () => {
+    noteWhenUnanswered();
+    return [!!document.querySelector('#chatbot textarea.edit-textarea')];
+  };
+  window.minisglTickAnswered = () => { ticks.answeredAt = Date.now(); noteWhenUnanswered(); };
   window.minisglClickDownload = () => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); };
   // asked in the browser first; the handler gets the answer as its input
   window.minisglConfirm = (question) => [confirm(`${question} This cannot be undone.`)];
@@ -292,6 +296,28 @@ function answerKeys() {
     e.stopImmediatePropagation();
     box.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
   }, true);
+}
+
+// The tick asks the server once a second (Ticks.wire_tick). Unanswered for UNANSWERED_MS, the
+// page says it cannot reach the app, in a note over the status line, instead of waiting without
+// a word: the browser's six connections to one host may all be held by other tabs of the app (a
+// tab's event stream and Gradio's heartbeat each hold one), or the app stopped. Read at each tick
+// asked (minisglEditing) and answered (minisglTickAnswered).
+const UNANSWERED_MS = 8000;
+const ticks = {answeredAt: Date.now()};
+function noteWhenUnanswered() {
+  let note = document.getElementById('unreachable-note');
+  const unanswered = Date.now() - ticks.answeredAt > UNANSWERED_MS;
+  if (!unanswered) { if (note) note.hidden = true; return; }
+  if (!note) {
+    note = document.createElement('div');
+    note.id = 'unreachable-note';
+    note.setAttribute('role', 'alert');
+    note.textContent = 'The page cannot reach the app: it may have stopped, or other tabs of it '
+      + 'hold all of this browser\'s connections to it (close one). Waiting…';
+    document.body.append(note);
+  }
+  note.hidden = false;
 }
 
 // A slider's ↺ puts in the value a new chat starts with, and saves it as a value typed is.

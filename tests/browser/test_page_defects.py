@@ -161,3 +161,43 @@ def test_a_sliders_reset_button_gives_the_default_of_a_new_chat(context, app):
     wait_page_loaded(page)
     open_settings(page)
     assert float(page.input_value("#temperature input[type=number]")) == defaults.temperature
+
+
+# ---- C (and issue 45, item 8). a page that cannot reach the app says so
+
+
+UNREACHABLE = "#unreachable-note"
+
+
+def test_a_page_that_cannot_reach_the_app_says_so_and_clears_it_once_answered(context, app):
+    """A tab whose requests wait unanswered (the browser's six connections to the app taken by
+    other tabs of it, or the app stopped) kept its last status line ("Ready · 0 running") or
+    "Connecting…", and Enter did nothing and said nothing. It says it cannot reach the app, and
+    takes the note back once the app answers again."""
+    page = open_tab(context, app)
+    assert not page.locator(UNREACHABLE).is_visible()
+    held = []
+    page.route("**/gradio_api/queue/join*", lambda route: held.append(route))  # never answered
+    page.locator(UNREACHABLE).wait_for(state="visible", timeout=30_000)
+    assert "cannot reach the app" in page.inner_text(UNREACHABLE)
+    page.unroute("**/gradio_api/queue/join*")  # the requests held go on (Playwright continues them)
+    page.locator(UNREACHABLE).wait_for(state="hidden", timeout=30_000)
+
+
+def test_a_sixth_tab_of_the_app_says_it_cannot_reach_it(context, app):
+    """Chromium opens at most six connections to one host: with six tabs of the app open in one
+    browser, the sixth stayed on "Connecting…" without a word. Every tab either loads or says it
+    cannot reach the app."""
+    pages = []
+    for _ in range(6):
+        page = context.new_page()
+        page.goto(app.page_url)
+        pages.append(page)
+
+    def said_or_loaded(page) -> bool:
+        loaded = page.locator("body[data-chat-loaded='1']").count() > 0
+        return loaded or page.locator(UNREACHABLE).is_visible()
+
+    assert wait_until(lambda: all(said_or_loaded(p) for p in pages), 60), [
+        (p.inner_text("#status-line"), p.locator(UNREACHABLE).count()) for p in pages
+    ]
