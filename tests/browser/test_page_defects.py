@@ -201,3 +201,20 @@ def test_a_sixth_tab_of_the_app_says_it_cannot_reach_it(context, app):
     assert wait_until(lambda: all(said_or_loaded(p) for p in pages), 60), [
         (p.inner_text("#status-line"), p.locator(UNREACHABLE).count()) for p in pages
     ]
+
+
+# ---- the web app manifest a logged-in page asks for
+
+
+def test_a_logged_in_page_gets_its_web_app_manifest(context, app):
+    """The browser fetches the page's web app manifest without cookies (a manifest link is not
+    sent with credentials), so the page key's check refused it: "Manifest fetch from
+    /manifest.json failed, code 401" in the console at every load of a headed Chromium. Headless
+    Chromium fetches it when asked (DevTools' Page.getAppManifest, as the browser does)."""
+    page = open_tab(context, app)
+    refused = []
+    page.on("response", lambda r: r.status >= 400 and refused.append(f"{r.status} {r.url}"))
+    cdp = context.new_cdp_session(page)
+    manifest = cdp.send("Page.getAppManifest")
+    assert not manifest.get("errors") and '"name"' in manifest.get("data", ""), manifest
+    assert not [x for x in refused if "manifest" in x], refused
