@@ -36,6 +36,13 @@ function minisglStartPage(config) {
   countFieldChanges(config);
   answerKeys();
   resetSlidersToDefaults(config);
+  // Import's chooser lists JSON files (Gradio's file_types would also refuse another file itself,
+  // in a red "Error" toast: the app refuses it with a sentence instead, chat_files.IMPORTABLE)
+  document.addEventListener('click', (e) => {
+    const button = e.target instanceof Element && e.target.closest('#import-btn');
+    const input = button && button.parentElement.querySelector('input[type=file]');
+    if (input) input.accept = '.json,application/json';
+  }, true);
   keepTypedTextTyped();
   nameDetailsToggles();
   placeToastsUnderStatusLine();

@@ -218,3 +218,19 @@ def test_a_logged_in_page_gets_its_web_app_manifest(context, app):
     manifest = cdp.send("Page.getAppManifest")
     assert not manifest.get("errors") and '"name"' in manifest.get("data", ""), manifest
     assert not [x for x in refused if "manifest" in x], refused
+
+
+# ---- the import chooser
+
+
+def test_the_import_chooser_offers_json_files(context, app):
+    """Import's file chooser offered every file (accept=""): it now lists JSON files first (a
+    file of another type can still be picked there, and is refused with a sentence)."""
+    page = open_tab(context, app)
+    if not page.locator("#import-btn").is_visible():
+        page.get_by_text("Manage", exact=True).first.click()
+        page.locator("#import-btn").wait_for(state="visible", timeout=5_000)
+    with page.expect_file_chooser() as chooser:
+        page.click("#import-btn")
+    accept = chooser.value.element.get_attribute("accept") or ""
+    assert ".json" in accept.split(","), accept
