@@ -5,6 +5,8 @@ the browser tests share (conftest.py's ``chat_app``)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from chat_page_utils import (  # noqa: F401 (browser: fixture)
@@ -234,3 +236,33 @@ def test_the_import_chooser_offers_json_files(context, app):
         page.click("#import-btn")
     accept = chooser.value.element.get_attribute("accept") or ""
     assert ".json" in accept.split(","), accept
+
+
+# ---- the Markdown export
+
+
+def test_the_markdown_export_keeps_a_messages_line_breaks(context, app):
+    """A message's lines, one under the other on the page, were exported as lines joined by a
+    single newline: a Markdown viewer runs them into one paragraph. Each keeps its break (two
+    spaces at its end), and a code block is left as it was."""
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Lines Tapir")
+        store.append(conv.id, "user", "Tapir line one\nTapir line two")
+        store.append(conv.id, "assistant", "Sure:\n```\ncode one\ncode two\n```\nDone.")
+        chat_id = conv.id
+    page = open_tab(context, app, chat_id)
+    if not page.locator("#export-md-btn").is_visible():
+        page.get_by_text("Manage", exact=True).first.click()
+        page.locator("#export-md-btn").wait_for(state="visible", timeout=5_000)
+    with page.expect_download(timeout=10_000) as info:
+        page.click("#export-md-btn")
+    app.files_seen.append(
+        next(
+            p
+            for p in Path(unquote(info.value.url.split("file=", 1)[1])).parents
+            if p.name.startswith("minisgl-chat-files-")
+        )
+    )
+    md = Path(info.value.path()).read_text()
+    assert "Tapir line one  \nTapir line two\n" in md, md
+    assert "Sure:  \n```\ncode one\ncode two\n```\nDone." in md, md
