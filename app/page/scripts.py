@@ -98,5 +98,8 @@ def confirm_js(question: str) -> str:
     return f"() => window.minisglConfirm({json.dumps(question)})"
 
 
+# Delete message asks first, unless the chat replies (Stop has a reply to stop): then the handler
+# gets None and refuses at once, instead of asking and then refusing
+CONFIRM_DELETE_MESSAGE_JS = page_call("minisglConfirmDeleteMessage")
 # Delete chat names the chat in its question; confirmed, the click is its own (a stamp, the box emptied)
 CONFIRM_DELETE_CHAT_JS = page_call("minisglConfirmDeleteChat")

@@ -29,6 +29,8 @@ function minisglStartPage(config) {
   window.minisglClickDownload = () => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); };
   // asked in the browser first; the handler gets the answer as its input
   window.minisglConfirm = (question) => [confirm(`${question} This cannot be undone.`)];
+  window.minisglConfirmDeleteMessage = () => (document.querySelector('#stop-btn.stop') ? [null]
+    : window.minisglConfirm('Delete this message and what follows it?'));
   const turns = takeTurnsAtTheMessageBox(config);
   keepDraftsInStorage(config, turns);
   keepTheShownChat(config);

@@ -266,3 +266,26 @@ def test_the_markdown_export_keeps_a_messages_line_breaks(context, app):
     md = Path(info.value.path()).read_text()
     assert "Tapir line one  \nTapir line two\n" in md, md
     assert "Sure:  \n```\ncode one\ncode two\n```\nDone." in md, md
+
+
+# ---- Delete message while the chat replies
+
+
+LONG_PROMPT = "Write a very long story about a dragon who learns to cook. Use many chapters."
+
+
+def test_delete_message_while_the_chat_replies_is_refused_without_asking_first(context, app):
+    """Delete message while the chat replied asked "Delete this message …?" and, once confirmed,
+    refused ("This chat is replying"): it refuses at once, without the question."""
+    page = open_tab(context, app)
+    page.fill("#msg-input textarea", LONG_PROMPT)
+    page.press("#msg-input textarea", "Enter")
+    page.locator("#stop-btn.stop").wait_for(timeout=30_000)  # Stop has a reply to stop
+    page.locator("#chatbot [data-testid='user']").first.click()  # the versions bar acts on it
+    page.locator("#delete-message-btn").wait_for(state="visible", timeout=10_000)
+    questions = []
+    page.on("dialog", lambda d: (questions.append(d.message), d.accept()))
+    page.click("#delete-message-btn")
+    assert wait_until(lambda: any("replying" in t for t in toasts(page)), 10), toasts(page)
+    assert not questions, questions
+    page.click("#stop-btn")
