@@ -182,7 +182,7 @@ class PullProgress:
 
 
 class PullError(Exception):
-    """A pull that cannot start (another is under way)."""
+    """A pull that cannot start (another is under way, a path that names nothing)."""
 
 
 class ModelPuller:
@@ -210,6 +210,11 @@ class ModelPuller:
             raise PullError(
                 f"{self.progress.model} is being pulled; wait for it or cancel it first."
             )
+        if names_a_path(model) and not Path(model).expanduser().exists():
+            # said at once: the pull's own process takes seconds to start only to say the same
+            from minisgl_engine import UserError
+
+            raise PullError(pull_failure(model, UserError(f"{model}: no such file or folder")))
         self.progress, self.output = PullProgress(model), deque(maxlen=20)
         # its own session: Ctrl+C in the terminal reaches the app, which ends the pull in order
         self.proc = await asyncio.create_subprocess_exec(

@@ -34,6 +34,7 @@ _PUBLIC = {
     "FrontendClient": ".workers.frontend",
     "GenerateRequest": ".workers.frontend",
     "UserReply": ".messages",
+    "PromptProgressMsg": ".messages",  # how far a long prompt has been read (the page shows it)
     "ServerConfig": ".api.server",
     "run_server": ".api.server",
     "EngineHost": ".workers.engine_host",  # the workers behind the front end; switches the model
@@ -78,7 +79,7 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
     from .detokenize import DecodeState
     from .errors import UserError
     from .llm import LLM
-    from .messages import UserReply
+    from .messages import PromptProgressMsg, UserReply
     from .sampling_params import SamplingParams
     from .tokenizer import chat_prompt_ids, load_tokenizer
     from .weights.catalog import LocalModel, local_models

@@ -97,7 +97,7 @@ def _add_batching_flags(g: argparse._ArgumentGroup, d: EngineConfig) -> None:
         "--max-prefill-tokens",
         type=int,
         default=None,
-        help="token budget of one prefill batch; longer prompts are chunked (default: 8192 on a GPU, 2048 on CPU)",
+        help="token budget of one prefill batch; longer prompts are chunked (default: 8192 on a GPU, 512 on CPU)",
     )
     g.add_argument(
         "--cache",

@@ -36,7 +36,11 @@ from .transfer import to_device
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PREFILL_TOKENS_CPU = 2048
+# A CPU prefill chunk should take seconds, not minutes: on two shared cores (the demo model) a
+# 2,048-token chunk took 25-85 s, during which a long prompt's progress stood still, a Stop left
+# the CPU busy and running replies stalled; 512-token chunks (llama.cpp's default physical batch)
+# took 9-14 s there, and a 4,096-token prompt took as long in either (55-122 s against 54-82 s).
+DEFAULT_PREFILL_TOKENS_CPU = 512
 DEFAULT_PREFILL_TOKENS_GPU = 8192
 # A GPU's attention kernels read a page's tokens as one contiguous block: nano-vllm's offline
 # workload ran 24,908 / 24,935 tok/s with 32-token pages against 24,005 / 24,025 with 1-token ones

@@ -6,7 +6,8 @@ sends one batch wrapper per channel.
 
     front end --TokenizerBatch--> tokenizer-i --BackendBatch--> scheduler
     scheduler --DetokenizerBatch--> detokenizer --FrontendBatch--> front end
-    scheduler --FrontendBatch(StatsMsg)--> front end; tokenizer errors --FrontendBatch--> front end
+    scheduler --FrontendBatch(StatsMsg, PromptProgressMsg)--> front end
+    tokenizer errors --FrontendBatch--> front end
 """
 
 from __future__ import annotations
@@ -92,6 +93,16 @@ class UserReply(msgspec.Struct, tag=True):
     )
 
 
+class PromptProgressMsg(msgspec.Struct, tag=True):
+    """A prompt read in several prefill chunks: ``done`` of its ``total`` tokens have their KV
+    (those found in the prefix cache count). The scheduler sends one as each chunk starts and one
+    when the last is done, straight to the front end; a prompt read in one chunk sends none."""
+
+    uid: int
+    done: int
+    total: int
+
+
 @dataclass(frozen=True)
 class Metric:
     """How a StatsMsg figure shows on /metrics (server/metrics.py reads these): a ``gauge`` or a
@@ -107,10 +118,15 @@ class StatsMsg(msgspec.Struct, tag=True):
     once, here, with its /metrics name and help; ``Scheduler.stats`` fills it in."""
 
     running: Annotated[
-        int, Metric("minisgl_running_requests", "gauge", "Requests in the decode batch.")
+        int,
+        Metric(
+            "minisgl_running_requests",
+            "gauge",
+            "Requests admitted: reading their prompt (prefill) or generating.",
+        ),
     ]
     waiting: Annotated[
-        int, Metric("minisgl_waiting_requests", "gauge", "Requests waiting for prefill.")
+        int, Metric("minisgl_waiting_requests", "gauge", "Requests waiting to be admitted.")
     ]
     kv_pages_total: Annotated[
         int, Metric("minisgl_kv_pages_total", "gauge", "KV cache pages in the pool.")
@@ -157,6 +173,14 @@ class StatsMsg(msgspec.Struct, tag=True):
             "Prompt tokens whose KV came from the prefix cache.",
         ),
     ]
+    prompt_tokens_pending: Annotated[
+        int,
+        Metric(
+            "minisgl_prompt_tokens_pending",
+            "gauge",
+            "Prompt tokens not computed yet, of the requests waiting or reading their prompt.",
+        ),
+    ] = 0
     replica: int = 0
 
 
@@ -204,7 +228,7 @@ class DetokenizerBatch(msgspec.Struct):
 
 
 class FrontendBatch(msgspec.Struct):
-    msgs: list[UserReply | StatsMsg | ReadyMsg | StartupMsg]
+    msgs: list[UserReply | StatsMsg | PromptProgressMsg | ReadyMsg | StartupMsg]
 
 
 BATCH_TYPES = (TokenizerBatch, BackendBatch, DetokenizerBatch, FrontendBatch)

@@ -54,6 +54,9 @@ class Req:
         True  # False for teacher-forced scoring, which needs every token's logits
     )
     finish_reason: FinishReason | None = None
+    # its prompt takes several prefill chunks: the scheduler reports how far it has read, until
+    # it has read the whole prompt
+    reports_progress: bool = False
     grammar: GrammarState | None = None  # structured output: where the request is in its grammar
     # params.prompt_logprobs: the logprobs of prompt tokens 1, 2, ... as prefill computes them
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)

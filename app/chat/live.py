@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from minisgl_engine import GenerateRequest, UserReply
+from minisgl_engine import GenerateRequest, PromptProgressMsg, UserReply
 
 from .context_fit import ContextOverflow
 from .store import ConversationStore, MessageStats, NotFoundError
@@ -35,8 +35,36 @@ NOTHING_TO_ADD = (
     "The model had nothing to add: the reply was already complete."  # a Continue that ended at once
 )
 
-# generate(request, stop) -> replies: the engine's client (FrontendClient.generate)
-Generate = Callable[[GenerateRequest, asyncio.Event], AsyncIterator[UserReply]]
+# generate(request, stop) -> replies, and a long prompt's progress before them: the engine's
+# client (FrontendClient.generate)
+Generate = Callable[[GenerateRequest, asyncio.Event], AsyncIterator[UserReply | PromptProgressMsg]]
+
+
+@dataclass
+class PromptReading:
+    """How far the engine has read a long prompt (``PromptProgressMsg``, one per prefill chunk),
+    and when: the line under the reply says it until the first word, with the time left
+    estimated from the chunks read so far."""
+
+    done: int
+    total: int
+    first_done: int  # at the first report
+    first_at: float  # time.perf_counter() of the first report
+    at: float  # ... of the latest
+
+    @classmethod
+    def after(cls, before: PromptReading | None, msg: PromptProgressMsg, now: float):
+        if before is None:
+            return cls(msg.done, msg.total, msg.done, now, now)
+        return cls(msg.done, msg.total, before.first_done, before.first_at, now)
+
+    @property
+    def seconds_left(self) -> float | None:
+        """At the pace of the chunks read so far; None before the first chunk is read."""
+        read, took = self.done - self.first_done, self.at - self.first_at
+        if read <= 0 or took <= 0:
+            return None
+        return (self.total - self.done) * took / read
 
 
 @dataclass
@@ -62,6 +90,7 @@ class LiveReply:
     )
     model_of: Callable[[], str | None] | None = None  # the backend's model now (Turn.model_of)
     model: str | None = None  # the model that answered, read at its first output (None: as stored)
+    reading: PromptReading | None = None  # a long prompt being read, before the first word
     read_from: int | None = None  # the first message the model read (Turn.read_from)
     done: bool = False
 
@@ -306,6 +335,10 @@ class ReplyManager:
         last_store = time.perf_counter()
         try:
             async for out in generate(request, reply.stop):
+                if isinstance(out, PromptProgressMsg):
+                    reply.reading = PromptReading.after(reply.reading, out, time.perf_counter())
+                    self.notify()
+                    continue
                 if reply.model is None and reply.model_of is not None:
                     reply.model = reply.model_of()
                 if (

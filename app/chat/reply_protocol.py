@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from minisgl_engine import GenerateRequest, UserReply
+from minisgl_engine import GenerateRequest, PromptProgressMsg, UserReply
 
 
 @dataclass(frozen=True)
@@ -74,5 +74,8 @@ class ReplySource(Protocol):
     def status_line(self) -> str:
         """The one line under the chat: the model, where it runs, its load or what is wrong."""
 
-    def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
-        """The reply, piece by piece; ends early, unfinished, once ``stop`` is set."""
+    def generate(
+        self, request: GenerateRequest, stop: asyncio.Event
+    ) -> AsyncIterator[UserReply | PromptProgressMsg]:
+        """The reply, piece by piece (before it, maybe how far a long prompt has been read); ends
+        early, unfinished, once ``stop`` is set."""

@@ -12,7 +12,9 @@ The page talks to one interface, :class:`ReplySource`, and has no branch on whic
 - :class:`SideBySide` (``--remote URL --local``) holds both: each chat picks one of its
   ``backends`` in its settings.
 
-Both yield the engine's :class:`UserReply` messages, which :class:`~.live.ReplyManager` reads.
+Both yield the engine's :class:`UserReply` messages, which :class:`~.live.ReplyManager` reads;
+the local engine also how far it has read a long prompt (``PromptProgressMsg``), which an
+OpenAI stream has no place for.
 
 The interface lives in reply_protocol.py, :class:`SideBySide` in side_by_side.py and the OpenAI
 stream's details in remote_wire.py; every one of those names is importable from here too.
@@ -29,7 +31,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from minisgl_engine import GenerateRequest, UserError, UserReply
+from minisgl_engine import GenerateRequest, PromptProgressMsg, UserError, UserReply
 
 from .remote_wire import (
     FINISHED,
@@ -176,8 +178,10 @@ class LocalEngine:
             PROMPT_TOKENIZERS.load_soon(self.client.tokenizer_path)
         return status_line(self.client)
 
-    def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
-        return self.client.generate(request, stop)
+    def generate(
+        self, request: GenerateRequest, stop: asyncio.Event
+    ) -> AsyncIterator[UserReply | PromptProgressMsg]:
+        return self.client.generate(request, stop, progress=True)
 
     def count_prompt_tokens(
         self, messages: list[dict], template_kwargs: dict | None, wait: bool = True

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from minisgl_engine import GenerateRequest, UserReply
+from minisgl_engine import GenerateRequest, PromptProgressMsg, UserReply
 
 from .reply_protocol import ModelEntry, ReplySource
 
@@ -75,5 +75,7 @@ class SideBySide:
     def status_line(self) -> str:
         return self.local.status_line()
 
-    def generate(self, request: GenerateRequest, stop: asyncio.Event) -> AsyncIterator[UserReply]:
+    def generate(
+        self, request: GenerateRequest, stop: asyncio.Event
+    ) -> AsyncIterator[UserReply | PromptProgressMsg]:
         return self.local.generate(request, stop)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from .live import LiveReply
+from .live import LiveReply, PromptReading
 from .store import ChatSettings, Conversation, ConversationSummary, Message, MessageStats
 
 VERSIONS_HINT = "Click a message, then ‹ › under the chat to see its other versions."
@@ -221,12 +221,30 @@ def last_unread(messages: list[Message]) -> int | None:
     return ids[ids.index(read_from) - 1]
 
 
-def reply_line(m: Message, version: str, streaming: bool) -> list[ViewMessage]:
-    """The line under a reply: its version, its figures (or "replying…") and its model; none for
-    a failed reply (its text says why) or one with nothing to say."""
+def reading_line(reading: PromptReading) -> str:
+    """How far the engine has read a long prompt: "reading your message: 4,096 / 8,343 tokens ·
+    ~40 s left" (the time left once a chunk has been read)."""
+    line = f"reading your message: {reading.done:,} / {reading.total:,} tokens"
+    left = reading.seconds_left
+    if left is None or reading.done >= reading.total:
+        return line
+    return (
+        f"{line} · ~{round(left)} s left" if left < 90 else f"{line} · ~{round(left / 60)} min left"
+    )
+
+
+def reply_line(
+    m: Message, version: str, streaming: bool, reading: PromptReading | None = None
+) -> list[ViewMessage]:
+    """The line under a reply: its version, its figures (or "replying…", or how far a long
+    prompt has been read before the first word) and its model; none for a failed reply (its text
+    says why) or one with nothing to say."""
     if is_failed(m):
         return []
-    line = "replying…" if streaming else (shown_stats(m.stats).summary() if m.stats else "")
+    if streaming:
+        line = reading_line(reading) if reading is not None else "replying…"
+    else:
+        line = shown_stats(m.stats).summary() if m.stats else ""
     line = " · ".join(
         x for x in (version, line, markdown_literal(m.model) if line and m.model else None) if x
     )
@@ -269,7 +287,8 @@ def view_messages(
         if m.role == "user":
             out += question_lines(conv.messages, i, version, busy, i in trailing)
         else:  # a reply (or a tool's message): the line under it
-            out += reply_line(m, version, streaming)
+            reading = live.reading if streaming and live.first_token is None else None
+            out += reply_line(m, version, streaming, reading)
         if m.id == unread:
             out.append(line_under(m, "assistant", BEYOND_CONTEXT_LINE, BEYOND_CONTEXT_HINT))
     return out

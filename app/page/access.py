@@ -40,6 +40,11 @@ PAGE_KEY_FILE = "page-key"  # in the app's data folder (0700), itself 0600
 OPEN_FILE = "open-page.html"  # the redirect file the browser is opened on
 TOKEN_PARAM = "token"
 LOGIN_PATH = "/page-login"
+# The web app manifest the page links to (Gradio's <link rel="manifest">): a browser fetches it
+# without cookies, so the key's check refused it ("Manifest fetch ... failed, code 401" in the
+# console at every load). Answered to anyone, as it says nothing but the app's name.
+MANIFEST_PATH = "/manifest.json"
+MANIFEST = json.dumps({"name": "minisgl-chat", "start_url": "./", "display": "standalone"}).encode()
 COOKIE_MAX_AGE_S = (
     180 * 24 * 3600
 )  # the key stays until its file is deleted; so may the browser's cookie
@@ -140,6 +145,9 @@ class PageGuard:
             )
             return
         method, path = scope["method"], scope["path"]
+        if path == MANIFEST_PATH and method in ("GET", "HEAD"):
+            await respond(send, 200, "application/manifest+json", MANIFEST)
+            return
         if path == LOGIN_PATH and method == "POST":
             await self.login_form(scope, receive, send)
             return

@@ -1,4 +1,4 @@
-"""Attach: text files that go into the next message, each under its name. They belong to their
+"""Attach: files whose text goes into the next message (text, PDF, .docx, HTML), each under its name. They belong to their
 chat's draft (Drafts.swap_attachments)."""
 
 from __future__ import annotations
@@ -9,31 +9,21 @@ from types import SimpleNamespace
 import gradio as gr
 
 from ..chat.composing import attachments_line
+from ..chat.documents import DocumentError, attachment_text
 from ..chat.uploads import NotUploaded
 from . import toasts
 from .tabs import TabState
 from .wiring import QUICK, Wiring
 
-ATTACH_LIMIT_BYTES = 1_000_000
-
 
 def readable_attachment(file: Path) -> tuple[str, str] | None:
-    """A file to attach as (its name, its text); None, with a warning naming it, for a file that is
-    not UTF-8 text or is larger than ATTACH_LIMIT_BYTES."""
-    name = file.name
+    """A file to attach as (its name, its text: a PDF's, a .docx's, an HTML page's, or the file
+    as UTF-8 text); None, with a warning saying why, for one that cannot be read."""
     try:
-        if file.stat().st_size > ATTACH_LIMIT_BYTES:
-            raise ValueError(f"{name} is larger than 1 MB")
-        text = file.read_bytes().decode("utf-8")
-        if "\x00" in text:
-            raise ValueError(f"{name} is not a text file")
-    except UnicodeDecodeError:
-        toasts.warn(f"Not attached: {name} is not UTF-8 text.")
-        return None
-    except ValueError as exc:
+        return file.name, attachment_text(file)
+    except DocumentError as exc:
         toasts.warn(f"Not attached: {exc}.")
         return None
-    return name, text
 
 
 class Attachments(TabState):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from importlib.resources import files
 
+from ..chat.store import ChatSettings
 from .css import NARROW_QUERY
 
 ANSWER_WAIT_S = 15.0  # how long an event that takes the box waits for the answer of the one before
@@ -37,6 +38,11 @@ PAGE_CONFIG = {
     "fieldIds": list(FIELD_IDS),
     "draftKeyPrefix": DRAFT_KEY_PREFIX,
     "shownChatKey": SHOWN_CHAT_KEY,
+    "sliderDefaults": {
+        "temperature": ChatSettings.temperature,
+        "top-p": ChatSettings.top_p,
+        "repetition-penalty": ChatSettings.repetition_penalty,
+    },
 }
 PAGE_SCRIPT = (files("minisgl_app") / "static" / "page.js").read_text(encoding="utf-8")
 # Gradio 6 runs a `js` that is not one function expression as the body of a function, at once:
@@ -69,6 +75,8 @@ SEND_JS = page_call("minisglSend")
 EDITING_JS = page_call(
     "minisglEditing"
 )  # whether a message's edit box (✎) is open: the tick leaves the chat alone then
+# the tick answered: a note that the page cannot reach the app goes (page.js, noteWhenUnanswered)
+TICK_ANSWERED_JS = page_call("minisglTickAnswered")
 # A redraw of the title and settings boxes (after a change elsewhere) is asked, with its number,
 # and answered later (ChatPage.redraw_boxes): a box the user changed in between keeps the user's value.
 FOCUSED_FIELD_JS = page_call("minisglFocusedField")  # asked: the box with the keyboard's focus
@@ -91,5 +99,8 @@ def confirm_js(question: str) -> str:
     return f"() => window.minisglConfirm({json.dumps(question)})"
 
 
+# Delete message asks first, unless the chat replies (Stop has a reply to stop): then the handler
+# gets None and refuses at once, instead of asking and then refusing
+CONFIRM_DELETE_MESSAGE_JS = page_call("minisglConfirmDeleteMessage")
 # Delete chat names the chat in its question; confirmed, the click is its own (a stamp, the box emptied)
 CONFIRM_DELETE_CHAT_JS = page_call("minisglConfirmDeleteChat")

@@ -13,7 +13,13 @@ import gradio as gr
 from . import toasts
 from .following import IDLE_CHECK_S
 from .page_view import PageView, as_update
-from .scripts import APPLY_REDRAWN_FIELDS_JS, EDITING_JS, FIELD_IDS, FOCUSED_FIELD_JS
+from .scripts import (
+    APPLY_REDRAWN_FIELDS_JS,
+    EDITING_JS,
+    FIELD_IDS,
+    FOCUSED_FIELD_JS,
+    TICK_ANSWERED_JS,
+)
 from .tabs import TabState
 from .wiring import QUICK, Wiring
 
@@ -128,7 +134,7 @@ class Ticks(TabState):
         # held messages: the page would stand still until the person did something. A tick does
         # not await, so two never overlap on the server.
         # show_progress_on: a tick must not mark the chat as pending (Gradio shows a pending bubble)
-        gr.Timer(IDLE_CHECK_S).tick(
+        ticked = gr.Timer(IDLE_CHECK_S).tick(
             self.tick,
             inputs=m.editing,
             outputs=[*w.view, m.redraw_chat, m.refresh],
@@ -138,6 +144,7 @@ class Ticks(TabState):
             concurrency_limit=None,
             trigger_mode="multiple",
         )
+        ticked.then(None, js=TICK_ANSWERED_JS, show_progress="hidden")  # the page reaches the app
         m.redraw_chat.change(**w.follow)  # the tick saw the chat changed elsewhere: redraw it
         # its title and settings boxes behind: redrawn through a hidden box, as a box changed by
         # the user since the redraw was asked keeps what the user put there

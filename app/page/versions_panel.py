@@ -10,7 +10,7 @@ import gradio as gr
 from ..chat.store import title_from
 from ..chat.view import WINDOW, focus_of
 from . import toasts
-from .scripts import confirm_js
+from .scripts import CONFIRM_DELETE_MESSAGE_JS
 from .tabs import BUSY_HINT, TabState
 from .wiring import QUICK, Wiring
 
@@ -69,11 +69,15 @@ class VersionsPanel(TabState):
     async def next_version(self, request: gr.Request):
         return self.switch_version(+1, request)
 
-    async def delete_message(self, confirmed: bool, request: gr.Request):
+    async def delete_message(self, confirmed: bool | None, request: gr.Request):
         """Delete the message the versions bar acts on and what follows it; deleting a version of
         the first message retitles the chat as ✎ and ‹ › do (to the version shown after it)."""
         tab = self.tab(request)
         conv = self.shown(tab)
+        if confirmed is None:  # not asked: the page saw the chat replying
+            if conv is not None and self.replies.is_busy(conv.id):
+                toasts.warn(BUSY_HINT)
+            return gr.skip()
         if not confirmed or not self.shows_current(tab, conv):
             return gr.skip()
         target = focus_of(conv, tab.focus)
@@ -118,6 +122,6 @@ class VersionsPanel(TabState):
             self.delete_message,
             inputs=c.confirmed,
             outputs=c.title_box,
-            js=confirm_js("Delete this message and what follows it?"),
+            js=CONFIRM_DELETE_MESSAGE_JS,
             **QUICK,
         ).then(**w.follow)

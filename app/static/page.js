@@ -6,6 +6,7 @@
 //   fieldIds        the ids of the title box, the settings boxes and the backend (ChatPage.fields' order)
 //   draftKeyPrefix  + a chat's id ('' for a new chat): that chat's unsent text in the browser's storage
 //   shownChatKey    the chat the tab showed last, in the browser's storage
+//   sliderDefaults  each slider's value in a new chat, by its element id (its ↺ puts it back)
 // It sets the window.minisgl* functions that the events' own small functions (scripts.*_JS, one
 // call each) run in the browser before or after their handler.
 //
@@ -20,16 +21,30 @@ function minisglStartPage(config) {
   // the stamp is an event's last input: the browser's click time (scripts.STAMP_JS)
   window.minisglStamp = (...inputs) => [...inputs.slice(0, -1), Date.now()];
   // whether a message's edit box (✎) is open: the tick leaves the chat alone then
-  window.minisglEditing = () => [!!document.querySelector('#chatbot textarea.edit-textarea')];
+  window.minisglEditing = () => {
+    noteWhenUnanswered();
+    return [!!document.querySelector('#chatbot textarea.edit-textarea')];
+  };
+  window.minisglTickAnswered = () => { ticks.answeredAt = Date.now(); noteWhenUnanswered(); };
   window.minisglClickDownload = () => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); };
   // asked in the browser first; the handler gets the answer as its input
   window.minisglConfirm = (question) => [confirm(`${question} This cannot be undone.`)];
+  window.minisglConfirmDeleteMessage = () => (document.querySelector('#stop-btn.stop') ? [null]
+    : window.minisglConfirm('Delete this message and what follows it?'));
   const turns = takeTurnsAtTheMessageBox(config);
   keepDraftsInStorage(config, turns);
   keepTheShownChat(config);
   disableSendWhenEmpty();
   countFieldChanges(config);
   answerKeys();
+  resetSlidersToDefaults(config);
+  // Import's chooser lists JSON files (Gradio's file_types would also refuse another file itself,
+  // in a red "Error" toast: the app refuses it with a sentence instead, chat_files.IMPORTABLE)
+  document.addEventListener('click', (e) => {
+    const button = e.target instanceof Element && e.target.closest('#import-btn');
+    const input = button && button.parentElement.querySelector('input[type=file]');
+    if (input) input.accept = '.json,application/json';
+  }, true);
   keepTypedTextTyped();
   nameDetailsToggles();
   placeToastsUnderStatusLine();
@@ -276,6 +291,57 @@ function answerKeys() {
         && ['ArrowLeft', 'ArrowRight', 'ArrowUp', 'ArrowDown', 'PageUp', 'PageDown', 'Home', 'End'].includes(e.key)) {
       e.target.dispatchEvent(new PointerEvent('pointerup'));
     }
+  }, true);
+  // A slider's number box left: its value is sent as typed (a pointerup, which Gradio turns into
+  // the slider's release), and Gradio's own blur handler is kept from running. That handler sends
+  // the value and then clamps the box into the slider's range: the clamped value (top-p 7 → 1)
+  // went to the server with the next event reading the box and was saved, while the toast said
+  // the typed value was refused.
+  document.addEventListener('blur', (e) => {
+    const box = e.target;
+    if (!(box instanceof HTMLInputElement) || !box.matches('#settings input[type=number]')) return;
+    const slider = box.closest('.block');
+    if (!slider || !slider.querySelector('input[type=range]')) return;
+    e.stopImmediatePropagation();
+    box.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
+  }, true);
+}
+
+// The tick asks the server once a second (Ticks.wire_tick). Unanswered for UNANSWERED_MS, the
+// page says it cannot reach the app, in a note over the status line, instead of waiting without
+// a word: the browser's six connections to one host may all be held by other tabs of the app (a
+// tab's event stream and Gradio's heartbeat each hold one), or the app stopped. Read at each tick
+// asked (minisglEditing) and answered (minisglTickAnswered).
+const UNANSWERED_MS = 8000;
+const ticks = {answeredAt: Date.now()};
+function noteWhenUnanswered() {
+  let note = document.getElementById('unreachable-note');
+  const unanswered = Date.now() - ticks.answeredAt > UNANSWERED_MS;
+  if (!unanswered) { if (note) note.hidden = true; return; }
+  if (!note) {
+    note = document.createElement('div');
+    note.id = 'unreachable-note';
+    note.setAttribute('role', 'alert');
+    note.textContent = 'The page cannot reach the app: it may have stopped, or other tabs of it '
+      + 'hold all of this browser\'s connections to it (close one). Waiting…';
+    document.body.append(note);
+  }
+  note.hidden = false;
+}
+
+// A slider's ↺ puts in the value a new chat starts with, and saves it as a value typed is.
+// Gradio's own ↺ puts back the value the slider had when it was first drawn: the value of the
+// chat shown then, which it saved to whichever chat is shown now.
+function resetSlidersToDefaults(config) {
+  document.addEventListener('click', (e) => {
+    const button = e.target instanceof Element && e.target.closest('#settings button[data-testid=reset-button]');
+    const slider = button && button.closest('.block[id]');
+    if (!slider || !(slider.id in config.sliderDefaults)) return;
+    e.stopImmediatePropagation(); e.preventDefault();
+    const box = slider.querySelector('input[type=number]');
+    box.value = String(config.sliderDefaults[slider.id]);
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+    box.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
   }, true);
 }
 

@@ -29,6 +29,7 @@ from ..messages import LogprobEntry, UserReply
 from ..reasoning import ReasoningSplitter, split_reasoning
 from ..sampling_params import SamplingParams
 from ..tool_calls import ToolCall, ToolCallParser, parse_tool_calls
+from ..tool_prompt import DEFAULT_TOOL_FORMAT
 from ..workers.frontend import GenerateRequest
 from .api_key import RequireApiKey
 from .completions import CompletionFormat, prompt_texts
@@ -483,15 +484,9 @@ def _chat_format(
     )
     split = client.thinks if body.separate_reasoning and not constrained else None
     tool_format = None
-    if body.uses_tools:
-        tool_format = client.tool_format
-        if tool_format is None:
-            raise APIError(
-                400,
-                "this model's chat template has no tool calls; send the request without tools",
-                param="tools",
-            )
-        body.use_tool_format(tool_format)
+    if body.uses_tools:  # a template without tools gets the default tool prompt
+        tool_format = client.tool_format or DEFAULT_TOOL_FORMAT
+        body.use_tool_format(tool_format, default_prompt=client.tool_format is None)
     return _ChatFormat(model, split, tool_format)
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_valid
 
 from ..errors import RequestError
 from ..sampling_params import GrammarSpec, SamplingParams
+from ..tool_prompt import with_tool_prompt
 from ..workers.frontend import GenerateRequest
 from .request_limits import (
     MAX_LOGIT_BIAS,
@@ -325,6 +326,7 @@ class ChatCompletionRequest(_SamplingRequest):
     _tool_format: str | None = PrivateAttr(
         default=None
     )  # the model's tool-call convention, set by the route
+    _tool_prompt: bool = PrivateAttr(default=False)  # tools laid out by tool_prompt.py
 
     @field_validator("tools")
     @classmethod
@@ -362,8 +364,10 @@ class ChatCompletionRequest(_SamplingRequest):
                 raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
         return self
 
-    def use_tool_format(self, tool_format: str) -> None:
-        self._tool_format = tool_format
+    def use_tool_format(self, tool_format: str, default_prompt: bool = False) -> None:
+        """Calls are written in ``tool_format``; with ``default_prompt`` the model's template
+        knows no tools, so the request lays them out itself (tool_prompt.py)."""
+        self._tool_format, self._tool_prompt = tool_format, default_prompt
 
     def grammar(self) -> GrammarSpec | None:
         """With tool_choice 'required' or named, the reply is constrained to a call (the model's
@@ -418,13 +422,12 @@ class ChatCompletionRequest(_SamplingRequest):
             kwargs = {**(kwargs or {}), "chat_template": self.chat_template}
         if self.continue_final_message:
             kwargs = {**(kwargs or {}), "continue_final_message": True}
-        if (
-            self.uses_tools
-        ):  # the template lays the tools out in the prompt, in its model's convention
-            kwargs = {
-                **(kwargs or {}),
-                "tools": [tool.model_dump(exclude_none=True) for tool in self.tools],
-            }
+        if self.uses_tools:
+            tools = [tool.model_dump(exclude_none=True) for tool in self.tools]
+            if self._tool_prompt:  # a template without tools: the default tool prompt
+                messages = with_tool_prompt(messages, tools)
+            else:  # the template lays the tools out in the prompt, in its model's convention
+                kwargs = {**(kwargs or {}), "tools": tools}
         return [
             [
                 GenerateRequest(params=params, messages=messages, chat_template_kwargs=kwargs)

@@ -32,7 +32,7 @@ from ..engine import Engine, StepResult
 from ..errors import RequestError, UserError, check_prompt_length
 from ..kvcache import CacheManager, NaiveCacheManager, PageAllocator, RadixCacheManager
 from ..logits_processor import TokenMasks
-from ..messages import StatsMsg
+from ..messages import PromptProgressMsg, StatsMsg
 from ..request import PLACEHOLDER, FinishReason, Req, TokenLogprobs
 from ..sampling_params import SamplingParams
 from .decode import DecodeManager
@@ -59,6 +59,11 @@ CACHE_MANAGERS: dict[str, type[CacheManager]] = {
 }
 Receive = Callable[[bool], None]
 """How a loop takes in new requests and aborts: ``receive(blocking)``."""
+ReportProgress = Callable[[list[PromptProgressMsg]], None]
+"""Called as each prefill batch starts, with how far its long prompts have been read (maybe
+none), and as a long prompt is read whole. The scheduler worker sends that and the stats on at
+once, before the forward pass: a CPU chunk may take tens of seconds, and the request counts as
+running from its first chunk on."""
 
 
 def check_request(engine: Engine, token_ids: list[int], params: SamplingParams) -> None:
@@ -148,6 +153,7 @@ class Scheduler:
         self.grammar_queue = GrammarQueue(engine)  # requests waiting for their grammar
         # endings decided outside a step (an abort, a bad grammar)
         self.ready_outputs: list[TokenOutput] = []
+        self.report_progress: ReportProgress | None = None  # None: nobody listens (offline)
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -302,8 +308,11 @@ class Scheduler:
             if any(r.grammar is not None for r in batch.reqs)
             else None
         )
+        if batch.phase == "prefill" and self.report_progress is not None:
+            self.report_progress(self._chunks_starting(batch))
         result = self.engine.forward_batch(batch, token_masks)
         sampled = []
+        read: list[PromptProgressMsg] = []  # prompts read in several chunks, now whole
         for i, (req, extend) in enumerate(zip(batch.reqs, batch.extend_lens)):
             samples = batch.samples(i)
             req.cached_len += extend
@@ -313,7 +322,23 @@ class Scheduler:
             sampled.append((req, len(req.token_ids) - 1))
             if batch.phase == "prefill":
                 self.decode_manager.add(req)
+                if req.reports_progress:  # once: not again for a recompute after preemption
+                    read.append(PromptProgressMsg(req.uid, req.prompt_len, req.prompt_len))
+                    req.reports_progress = False
+        if read and self.report_progress is not None:
+            self.report_progress(read)
         return InFlight(result, sampled)
+
+    def _chunks_starting(self, batch) -> list[PromptProgressMsg]:
+        """How far each prompt of a prefill batch that takes several chunks has been read, as
+        its next chunk starts. A prompt is such once a chunk is cut from it (a prompt recomputed
+        after preemption is not: its reply is already showing)."""
+        progress = []
+        for req, extend in zip(batch.reqs, batch.extend_lens):
+            if req.output_len == 0 and (req.reports_progress or extend < req.extend_len):
+                req.reports_progress = True
+                progress.append(PromptProgressMsg(req.uid, req.cached_len, req.prompt_len))
+        return progress
 
     def _fill_token_masks(self, batch, sampling: list[int]) -> TokenMasks | None:
         """The grammar rows' bitmasks for ``batch`` (called by the engine once the forward pass
@@ -372,9 +397,13 @@ class Scheduler:
     def stats(self, replica: int = 0) -> StatsMsg:
         """Load and totals, as the front end's /metrics shows them (StatsMsg declares each)."""
         c, kv = self._counters, self.cache_manager.stats()
+        queued = self.prefill_manager.waiting
+        # Running: admitted, reading its prompt (a CPU prefill may take minutes) or generating.
+        # Waiting: not admitted yet (for its pages, a free row, its grammar).
+        waiting = sum(1 for req in queued if req.table_slot < 0) + len(self.grammar_queue.waiting)
         return StatsMsg(
-            running=len(self.decode_manager.running),
-            waiting=len(self.prefill_manager.waiting),
+            running=len(self.reqs) - waiting,
+            waiting=waiting,
             kv_pages_total=kv.total,
             kv_pages_used=kv.used,
             kv_pages_cached=kv.cached,
@@ -384,5 +413,6 @@ class Scheduler:
             requests_finished_total=c["finished"],
             requests_aborted_total=c["aborted"],
             prefix_cache_hit_tokens_total=self.prefill_manager.prefix_hit_tokens,
+            prompt_tokens_pending=sum(req.extend_len for req in queued),
             replica=replica,
         )

@@ -13,7 +13,7 @@ from .gguf_convert import COMPLETE_MARKER, is_complete
 from .gguf_tensors import GGUF_WEIGHTS
 from .safetensors_io import weight_files
 
-WEIGHT_SUFFIXES = (".safetensors",)
+WEIGHT_SUFFIXES = (".safetensors", ".gguf")  # what a model folder's size counts
 
 
 @dataclass(frozen=True)

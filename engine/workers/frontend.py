@@ -26,6 +26,7 @@ from ..errors import RequestError, check_prompt_chars, prompt_chars
 from ..messages import (
     AbortMsg,
     FrontendBatch,
+    PromptProgressMsg,
     ReadyMsg,
     StartupMsg,
     StatsMsg,
@@ -106,7 +107,7 @@ class FrontendClient:
         # for the report, which travels apart from the exit (engine_host.EngineHost.on_exit)
         self.error_reported = threading.Event()
         self.pending: dict[
-            int, asyncio.Queue[UserReply | None]
+            int, asyncio.Queue[UserReply | PromptProgressMsg | None]
         ] = {}  # None: the request was stopped
         self._uids = itertools.count(1)
         self._decoder = decoder(FrontendBatch)
@@ -241,7 +242,7 @@ class FrontendClient:
                 logger.warning("dropped an invalid message (%d bytes): %s", len(raw), exc)
                 continue
             for msg in batch.msgs:
-                if isinstance(msg, UserReply):
+                if isinstance(msg, UserReply | PromptProgressMsg):
                     queue = self.pending.get(msg.uid)
                     if queue is not None:  # else: its consumer is gone (aborted) — drop it
                         queue.put_nowait(msg)
@@ -298,11 +299,13 @@ class FrontendClient:
         )
 
     async def generate(
-        self, req: GenerateRequest, stop: asyncio.Event | None = None
-    ) -> AsyncIterator[UserReply]:
+        self, req: GenerateRequest, stop: asyncio.Event | None = None, progress: bool = False
+    ) -> AsyncIterator[UserReply | PromptProgressMsg]:
         """Yield the request's replies until it finishes. Setting ``stop`` (the chat's Stop
         button) ends the stream at once, even mid-prefill when no reply is due yet, and aborts
-        the request in the engine, the same as abandoning the iterator."""
+        the request in the engine, the same as abandoning the iterator. ``progress``: also yield
+        how far a long prompt has been read (``PromptProgressMsg``, before the first reply; the
+        chat page shows it), which the OpenAI routes have no place for."""
         self.check_prompt_chars(req)
         uid = next(self._uids)
         if self.switching:  # the workers are restarting: nothing would answer
@@ -316,9 +319,9 @@ class FrontendClient:
             return
         replica = self._replica_for(req)
         data = _encoded_tokenize(uid, req, replica)
-        queue: asyncio.Queue[UserReply | None] = asyncio.Queue()
+        queue: asyncio.Queue[UserReply | PromptProgressMsg | None] = asyncio.Queue()
         self.pending[uid] = queue
-        finished = False
+        finished = replied = False
         stop_watch = (
             asyncio.create_task(_put_none_when_set(stop, queue)) if stop is not None else None
         )
@@ -329,7 +332,12 @@ class FrontendClient:
                 reply = await queue.get()
                 if reply is None:  # stopped
                     return
-                finished = reply.finished
+                if isinstance(reply, PromptProgressMsg):
+                    # sent apart from the replies: the last may come after the first reply
+                    if progress and not replied:
+                        yield reply
+                    continue
+                finished, replied = reply.finished, True
                 yield reply
         finally:
             if stop_watch is not None:

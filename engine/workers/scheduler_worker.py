@@ -3,6 +3,7 @@
 
 Each turn: receive messages (block only when idle), schedule and launch one batch, send the new
 tokens to the detokenizer, push stats to the front end when they changed (and before blocking).
+A prefill batch also pushes them as it starts, with the progress of the long prompts in it.
 On CUDA the scheduler overlaps: the tokens sent in a turn are those of the step launched in the
 turn before, so receiving, sending and scheduling happen while the GPU computes.
 
@@ -36,6 +37,7 @@ from ..messages import (
     DetokenizeMsg,
     DetokenizerBatch,
     FrontendBatch,
+    PromptProgressMsg,
     ReadyMsg,
     StartupMsg,
     StatsMsg,
@@ -92,8 +94,10 @@ class SchedulerWorker:
         self.last_stats: StatsMsg | None = None
         if self.tp.size == 1:
             self.receive_msgs, self.send_results = self._receive_alone, self._send_results
+            scheduler.report_progress = self.push_progress
         elif self.tp.rank == 0:
             self.receive_msgs, self.send_results = self._receive_and_forward, self._send_results
+            scheduler.report_progress = self.push_progress
         else:
             self.receive_msgs, self.send_results = self._receive_forwarded, self._send_nothing
 
@@ -201,10 +205,19 @@ class SchedulerWorker:
         )
 
     def push_stats(self) -> None:
+        self.push_progress([])
+
+    def push_progress(self, progress: list[PromptProgressMsg]) -> None:
+        """Long prompts' progress and the stats when they changed, in one message to the front end
+        (``Scheduler.report_progress``: also as a prefill batch starts, so the status line counts
+        a request as running while its first chunk is computed)."""
+        msgs: list = list(progress)
         stats = self.scheduler.stats(self.replica)
         if stats != self.last_stats:
-            self.to_frontend.send(FrontendBatch([stats]))
+            msgs.append(stats)
             self.last_stats = stats
+        if msgs:
+            self.to_frontend.send(FrontendBatch(msgs))
 
 
 def check_ranks_agree(engine, scheduler: Scheduler) -> None:

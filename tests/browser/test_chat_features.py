@@ -1128,6 +1128,37 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
     shot(page, "08-sent")
 
 
+def test_attach_pdf_and_word_documents_and_refuse_a_scan_or_a_long_pdf(page, app, tmp_path):
+    """A PDF's pages (with their numbers) and a Word file's paragraphs and table go into the
+    message; a PDF without text (a scan) and one of 500 pages are refused, saying why."""
+    from documents_utils import blank_pdf, text_pdf, word_file
+
+    new_chat(page, temperature=0, max_tokens=4)
+    attach_file(page, blank_pdf(tmp_path / "scanned-letter.pdf"))
+    assert wait_until(lambda: "scanned-letter.pdf has no text" in toasts(page), 30), toasts(page)
+    close_toasts(page)
+    attach_file(page, text_pdf(tmp_path / "long-book.pdf", [f"page {n}" for n in range(500)]))
+    assert wait_until(lambda: "long-book.pdf has 500 pages" in toasts(page), 60), toasts(page)
+    close_toasts(page)
+    attach_file(
+        page, text_pdf(tmp_path / "trip.pdf", ["MARKER-4410 leave at nine.", "Hotel Lune."])
+    )
+    assert wait_until(lambda: "trip.pdf" in page.inner_text("#attached"), 30)
+    attach_file(
+        page, word_file(tmp_path / "menu.docx", ["MARKER-8812 soup first."], [["day", "dish"]])
+    )
+    assert wait_until(lambda: "menu.docx" in page.inner_text("#attached"), 30)
+    assert "long-book" not in page.inner_text("#attached") and "scanned" not in page.inner_text(
+        "#attached"
+    )
+    send(page, "Where is the hotel?")
+    assert wait_until(lambda: len(users(page)) == 1, 30), users(page)
+    sent = users(page)[0]
+    for part in ("[page 2]", "Hotel Lune.", "MARKER-4410", "MARKER-8812 soup first.", "day | dish"):
+        assert part in sent, (part, sent)
+    wait_reply(page, app, "reply about the documents", tokens=None)
+
+
 def test_attached_files_can_be_removed_and_stay_with_their_chat_when_another_is_shown(
     page, app, tmp_path
 ):

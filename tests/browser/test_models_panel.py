@@ -82,6 +82,8 @@ def test_local_models_lists_the_demo_hub_ids_and_converted_gguf_files(tmp_path, 
         cache / "models" / "gguf-0123456789abcdef", {"architectures": ["MistralForCausalLM"]}
     )
     (gguf / ".complete").write_text(json.dumps({"layout": LAYOUT, "source": "tiny.Q4_0.gguf"}))
+    (gguf / "model.safetensors").unlink()
+    (gguf / "model.gguf").write_bytes(b"\0" * 3000)  # a GGUF kept as it is (the demo's layout)
     fake_folder(
         cache / "models" / "gguf-unfinished", {"model_type": "llama"}
     )  # no marker: a conversion cut short
@@ -112,9 +114,10 @@ def test_local_models_lists_the_demo_hub_ids_and_converted_gguf_files(tmp_path, 
     )
     assert (
         found["tiny.Q4_0"].kind,
+        found["tiny.Q4_0"].size_bytes,
         found["tiny.Q4_0"].architecture,
         found["tiny.Q4_0"].context_len,
-    ) == ("gguf", "MistralForCausalLM", None)
+    ) == ("gguf", 3000, "MistralForCausalLM", None)
 
 
 def test_the_panel_labels_name_size_architecture_and_context():

@@ -215,3 +215,49 @@ def test_required_and_named_tool_choice_always_give_a_valid_call(tool_server):
             jsonschema.validate(
                 json.loads(calls[0].function.arguments), schemas[calls[0].function.name]
             )
+
+
+# ---- a model whose chat template knows no tools (the demo model's own): the default tool prompt
+
+
+def test_a_template_without_tools_gets_them_in_the_default_tool_prompt(demo_server):
+    """Tools, a tool turn and a forced call through the demo model's own template, which has no
+    tools: the schemas and the turns reach the prompt (tool_prompt.py), a named or required
+    choice returns a call whose arguments fit the schema, streamed as tool_calls deltas."""
+    import jsonschema
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{demo_server.url}/v1", api_key="unused")
+    model = served_model(demo_server.url)
+    plain = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=1)
+    tools = [WEATHER_TOOL, TIME_TOOL]
+    auto = client.chat.completions.create(
+        model=model, messages=QUESTION, tools=tools, max_tokens=24, temperature=0
+    )
+    assert auto.usage.prompt_tokens > plain.usage.prompt_tokens + 80, "the schemas are in it"
+    assert well_formed(auto.choices[0].message)
+    answered = client.chat.completions.create(
+        model=model, messages=QUESTION + CALLED, tools=tools, max_tokens=24, temperature=0
+    )
+    assert answered.usage.prompt_tokens > auto.usage.prompt_tokens + 15, "the call and answer"
+    assert well_formed(answered.choices[0].message)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, stream in (("required", False), (named, True), (named, False)):
+        kw = dict(model=model, messages=QUESTION, tools=tools, tool_choice=choice, max_tokens=80)
+        if stream:
+            calls, finish = [], None
+            for chunk in client.chat.completions.create(stream=True, **kw):
+                for c in chunk.choices:
+                    calls += c.delta.tool_calls or []
+                    finish = c.finish_reason or finish
+        else:
+            reply = client.chat.completions.create(**kw)
+            calls, finish = (
+                reply.choices[0].message.tool_calls or [],
+                reply.choices[0].finish_reason,
+            )
+        assert finish == "tool_calls" and len(calls) == 1, (choice, calls, finish)
+        name = calls[0].function.name
+        assert name == "get_weather" or choice == "required", name
+        schema = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[name]["function"]
+        jsonschema.validate(json.loads(calls[0].function.arguments), schema["parameters"])

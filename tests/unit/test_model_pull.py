@@ -202,3 +202,20 @@ def test_a_local_path_outside_home_and_the_model_caches_fails_with_one_sentence(
     assert len(set(inside.values())) == 3 and model_pull.NOT_A_MODEL not in " ".join(
         inside.values()
     ), inside
+
+
+@pytest.mark.anyio
+async def test_a_path_that_names_nothing_fails_at_once_without_a_child(
+    tmp_path, monkeypatch
+) -> None:
+    """The pull's own process took 7-10 s to start only to say that a typed path does not exist
+    (a new user's tour): said at once now, in the same sentences as the child's."""
+    from minisgl_app import model_pull
+
+    monkeypatch.setattr(model_pull, "disclosed_roots", lambda: [tmp_path.resolve()])
+    puller = ModelPuller(child("raise SystemExit('the child must not start')"))
+    with pytest.raises(PullError, match="no such file or folder"):
+        await puller.start(str(tmp_path / "missing.gguf"))
+    with pytest.raises(PullError, match=model_pull.NOT_A_MODEL):
+        await puller.start("/nowhere-at-all/model.gguf")  # outside: nothing told apart
+    assert puller.proc is None and puller.progress is None

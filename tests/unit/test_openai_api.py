@@ -440,6 +440,7 @@ async def test_metrics_expose_latest_stats_under_exact_names():
             requests_finished_total=8,
             requests_aborted_total=1,
             prefix_cache_hit_tokens_total=321,
+            prompt_tokens_pending=4000,
         )
         client.pending_count = 3
         r = await c.get("/metrics")
@@ -466,6 +467,7 @@ async def test_metrics_expose_latest_stats_under_exact_names():
         "minisgl_requests_finished_total": 8,
         "minisgl_requests_aborted_total": 1,
         "minisgl_prefix_cache_hit_tokens_total": 321,
+        "minisgl_prompt_tokens_pending": 4000,
     }
     assert "# TYPE minisgl_prompt_tokens_total counter" in r.text
     assert "# TYPE minisgl_prefix_cache_hit_tokens_total counter" in r.text
@@ -1043,10 +1045,14 @@ async def test_a_required_or_named_tool_choice_constrains_the_reply_to_a_call(to
     )
 
 
-async def test_tools_for_a_model_without_tool_calls_are_400():
-    async with http(create_app(FakeClient())) as c:
+async def test_tools_for_a_model_without_tool_calls_get_the_default_tool_prompt():
+    client = FakeClient()  # its template knows no tools (tool_format None)
+    async with http(create_app(client)) as c:
         r = await c.post("/v1/chat/completions", json={**CHAT, "tools": [WEATHER_TOOL]})
-    assert_openai_error(r, 400, "no tool calls")
+    assert r.status_code == 200, r.text
+    [req] = client.requests
+    assert req.messages[0]["role"] == "system" and "get_weather" in req.messages[0]["content"]
+    assert "tools" not in (req.chat_template_kwargs or {})
 
 
 def test_tool_turns_reach_the_template_as_transformers_reads_them():

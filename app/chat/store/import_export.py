@@ -61,7 +61,7 @@ class ImportExportMixin(StoreBase):
         if conv.settings.system_prompt:
             out += ["**System prompt:**", "", _quote(conv.settings.system_prompt), ""]
         for m in conv.messages:
-            out += [f"## {m.role.capitalize()}", "", m.content, ""]
+            out += [f"## {m.role.capitalize()}", "", _with_line_breaks(m.content), ""]
             line = " · ".join(
                 x
                 for x in (
@@ -157,6 +157,20 @@ def _insert_messages(conn: sqlite3.Connection, conv_id: int, plan: ImportPlan, n
 
 def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+def _with_line_breaks(text: str) -> str:
+    """``text`` with each line that another follows ending in a Markdown hard break (two spaces),
+    as the page shows it: a viewer would run the lines into one paragraph. Code blocks (and their
+    fences) are left as they are."""
+    lines, in_code = text.split("\n"), False
+    for i, line in enumerate(lines[:-1]):
+        fence = line.lstrip().startswith(("```", "~~~"))
+        if fence:
+            in_code = not in_code
+        elif not in_code and line.strip() and lines[i + 1].strip() and not line.endswith("  "):
+            lines[i] = line + "  "
+    return "\n".join(lines)
 
 
 def _quote(text: str) -> str:

@@ -1,0 +1,121 @@
+"""A long message in the chat page, in Debian's Chromium, against the real app (issue 45, item 1:
+"a long message looks like a hang"). While the engine reads the prompt, the line under the reply
+says how far it has read ("reading your message: 4,096 / 8,343 tokens · ~40 s left"), the status
+line counts the request as running, and Stop ends it mid-prefill.
+
+The app here reads prompts in 64-token chunks (``--max-prefill-tokens 64``), so the progress moves
+within a second or two even on a busy two-core machine; the default CPU chunk is 512 tokens."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from chat_page_utils import (  # noqa: F401 (browser: fixture)
+    BROWSER_MARKS,
+    browser,
+    engine_idle,
+    open_new_chat,
+    wait_page_loaded,
+)
+from server_utils import ServerProcess, wait_until
+
+pytestmark = BROWSER_MARKS
+
+CHUNK = 64
+# 20,000+ characters, ~5,000 tokens of the demo model: some eighty chunks
+LONG_MESSAGE = " ".join(
+    f"Note {i}: the heron waits by the reeds while the river runs slowly to the sea."
+    for i in range(260)
+)
+READING = re.compile(r"reading your message: ([\d,]+) / ([\d,]+) tokens")
+
+# Each new "reading your message" count the chat shows, with when it showed (performance.now()).
+WATCH_READING_JS = """(pattern) => {
+  window.readingSeen = [];
+  const reading = new RegExp(pattern);
+  const look = () => {
+    for (const line of document.querySelectorAll('#chatbot .thought-group')) {
+      const m = reading.exec(line.innerText);
+      if (!m) continue;
+      const done = Number(m[1].replace(/,/g, '')), last = window.readingSeen.at(-1);
+      if (!last || last.done !== done) {
+        window.readingSeen.push({done, total: Number(m[2].replace(/,/g, '')), at: performance.now(),
+                                 line: line.innerText.trim()});
+      }
+    }
+  };
+  new MutationObserver(look).observe(document.querySelector('#chatbot'),
+                                     {subtree: true, childList: true, characterData: true});
+}"""
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """A chat app of the demo model that reads prompts in small chunks, on its own data folder."""
+    srv = ServerProcess(
+        "--no-browser",
+        "--max-kv-tokens",
+        "16384",
+        "--max-prefill-tokens",
+        str(CHUNK),
+        command="chat",
+        log_path=tmp_path_factory.mktemp("progress-app") / "app.log",
+        env={"MINISGL_DATA_DIR": str(tmp_path_factory.mktemp("progress-app-data"))},
+    )
+    yield srv
+    srv.stop()
+
+
+def test_a_long_message_shows_its_prompt_progress_at_once_counts_as_running_and_stops(
+    browser, app
+) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        page = context.new_page()
+        page.goto(app.page_url)
+        wait_page_loaded(page)
+        open_new_chat(page)
+        assert len(LONG_MESSAGE) >= 20_000
+        page.fill("#msg-input textarea", LONG_MESSAGE)
+        page.evaluate(WATCH_READING_JS, READING.pattern)
+        sent_at = page.evaluate("() => performance.now()")
+        page.press("#msg-input textarea", "Enter")
+
+        def seen() -> list[dict]:
+            return page.evaluate("window.readingSeen")
+
+        # it moves: a count read after another, each higher, all of one prompt's length
+        assert wait_until(lambda: len(seen()) >= 3, 60), (
+            f"no moving progress under the reply: {page.inner_text('#chatbot')[-300:]!r}"
+        )
+        counts = seen()
+        first_s = (counts[0]["at"] - sent_at) / 1000
+        moved_s = (counts[1]["at"] - sent_at) / 1000
+        print(
+            f"Send → first progress {first_s:.2f} s ({counts[0]['line']!r}), moved at {moved_s:.2f} s"
+        )
+        assert first_s <= 2.0, f"the first progress showed {first_s:.2f} s after Send"
+        assert [c["done"] for c in counts] == sorted({c["done"] for c in counts})
+        total = counts[0]["total"]
+        assert total > 40 * CHUNK and all(c["total"] == total for c in counts)
+        assert counts[-1]["done"] < total, "the whole prompt was read before the checks"
+        assert any(" left" in c["line"] for c in counts[1:]), counts
+
+        # the status line counts it as running while it is read (it said "0 running")
+        assert wait_until(lambda: "1 running" in page.inner_text("#status-line"), 10), (
+            page.inner_text("#status-line")
+        )
+        assert page.inner_text("#status-line").startswith("Generating")
+        assert seen()[-1]["done"] < total, "the prompt was read before the status line was"
+
+        # Stop ends it mid-prefill: the engine holds nothing, the progress line is gone
+        page.click("#stop-btn")
+        assert wait_until(lambda: engine_idle(app), 15), app.metrics()
+        assert wait_until(lambda: "reading your message" not in page.inner_text("#chatbot"), 10)
+        assert wait_until(lambda: "0 running" in page.inner_text("#status-line"), 10), (
+            page.inner_text("#status-line")
+        )
+        assert app.metrics()["minisgl_prompt_tokens_pending"] == 0
+    finally:
+        context.close()
