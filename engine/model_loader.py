@@ -3,10 +3,8 @@ the weights fit in memory, build our implementation and fill it."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import psutil
@@ -14,45 +12,13 @@ import torch
 
 from .config import EngineConfig, ModelConfig
 from .distributed import get_tp
-from .errors import ModelSourceError, UserError, WeightsError
+from .errors import UserError, WeightsError
+from .hf_config import builtin_config_names, load_hf_config
 from .models import CausalLM, build_model
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def builtin_config_names() -> list[str]:
-    return sorted(
-        p.name.removesuffix(".json")
-        for p in resources.files("minisgl_engine.configs").iterdir()
-        if p.name.endswith(".json")
-    )
-
-
-def load_hf_config(config: EngineConfig, model_dir: Path | None):
-    """The transformers config object: a built-in shape for --dummy-weights --config NAME, else
-    the model folder's config.json."""
-    from transformers import AutoConfig
-
-    if config.config is not None:
-        names = builtin_config_names()
-        if config.config not in names:
-            raise UserError(
-                f"unknown --config {config.config!r}; built-in configs: {', '.join(names)}"
-            )
-        data = json.loads(
-            resources.files("minisgl_engine.configs").joinpath(f"{config.config}.json").read_text()
-        )
-        cls = AutoConfig.for_model(data["model_type"]).__class__
-        return cls.from_dict(data)
-    assert model_dir is not None
-    try:
-        return AutoConfig.from_pretrained(model_dir)
-    except (ValueError, KeyError) as exc:
-        raise ModelSourceError(
-            f"cannot read {model_dir / 'config.json'}: {str(exc).splitlines()[0]}"
-        ) from None
 
 
 def resolve_device(name: str) -> torch.device:

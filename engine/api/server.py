@@ -123,7 +123,7 @@ def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str 
     """Resolve (download / convert) the model once here, with progress in this terminal, so
     every worker gets a local folder. Returns the config, the model's shape and the tokenizer
     folder."""
-    from ..model_loader import load_hf_config
+    from ..hf_config import read_model_config
 
     model_dir = None
     if not (config.dummy_weights and config.config is not None):
@@ -131,10 +131,11 @@ def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str 
 
         model_dir = resolve_model(config.model)
         config = replace(config, model=str(model_dir))
-    model_config = ModelConfig.from_hf(load_hf_config(config, model_dir))
-    from ..distributed import check_tp
+    model_config = read_model_config(config, model_dir)
+    if config.tp * config.dp > 1:  # one rank fits any model's heads (and needs no torch here)
+        from ..distributed import check_tp
 
-    check_tp(model_config, config.tp, config.device, config.dp)
+        check_tp(model_config, config.tp, config.device, config.dp)
     tokenizer = config.tokenizer or (str(model_dir) if model_dir is not None else None)
     return config, model_config, tokenizer
 
