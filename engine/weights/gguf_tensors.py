@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import WeightsError
-
-GGUF_WEIGHTS = "model.gguf"
+from .layout import GGUF_WEIGHTS  # noqa: F401 (this module's name too)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -103,23 +102,22 @@ def _unpermute_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
 
 def iter_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor | GGUFTensor]]:
     """``(hf_name, tensor)`` for every weight of the file, in file order."""
-    from gguf import GGUFReader
+    from .gguf_index import GGUFIndex
 
     try:
-        reader = GGUFReader(str(path))
-    except (OSError, ValueError) as exc:
+        index = GGUFIndex(path)
+    except (OSError, ValueError, KeyError) as exc:
         raise WeightsError(f"could not read GGUF file {path}: {exc}") from exc
-    field = reader.fields.get("general.architecture")
-    arch = bytes(field.parts[field.data[0]]).decode() if field is not None else ""
-    heads = _int_field(reader, f"{arch}.attention.head_count")
-    kv_heads = _int_field(reader, f"{arch}.attention.head_count_kv") or heads
-    for tensor in reader.tensors:
+    arch = str(index.metadata.get("general.architecture", ""))
+    heads = index.metadata.get(f"{arch}.attention.head_count")
+    kv_heads = index.metadata.get(f"{arch}.attention.head_count_kv") or heads
+    for tensor in index.tensors:
         name = hf_name(tensor.name)
         if name is None:
             continue
-        qtype = int(tensor.tensor_type)
-        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-        data = np.array(tensor.data)  # a private copy: the file may change under a memmap
+        qtype = tensor.qtype
+        shape = tuple(reversed(tensor.dims))
+        data = index.data(tensor)  # a private copy: the file may change under a memmap
         if qtype in _FLOAT_TYPES:
             value: torch.Tensor | GGUFTensor = torch.from_numpy(data).reshape(shape)
         else:
@@ -133,20 +131,9 @@ def iter_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor | GGUFTensor]]:
         yield name, value
 
 
-def _int_field(reader, key: str) -> int | None:
-    field = reader.fields.get(key)
-    return int(field.parts[field.data[0]][0]) if field is not None else None
-
-
 def gguf_weights_nbytes(path: Path, dtype: torch.dtype | None) -> int:
     """Bytes the weights take: quantized ones as stored (``dtype`` None) or widened to ``dtype``."""
-    from gguf import GGUFReader
+    from .gguf_index import GGUFIndex
 
-    reader = GGUFReader(str(path))
-    total = 0
-    for tensor in reader.tensors:
-        if dtype is None:
-            total += int(tensor.n_bytes)
-        else:
-            total += int(tensor.n_elements) * torch.empty((), dtype=dtype).element_size()
-    return total
+    size = None if dtype is None else torch.empty((), dtype=dtype).element_size()
+    return sum(t.n_bytes if size is None else t.n_elements * size for t in GGUFIndex(path).tensors)
