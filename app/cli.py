@@ -319,15 +319,14 @@ def run_chat(args: argparse.Namespace) -> int:
 
     from minisgl_engine import run_server
 
-    from .chat.reply_source import LocalEngine, RemoteEngine, SideBySide
+    from .chat.reply_source import RemoteEngine
     from .chat.store import ConversationStore
-    from .model_pull import ModelPuller
-    from .page import mount_ui
-    from .page.access import load_page_key, page_link, write_open_file
 
+    # The page's modules (Gradio: seconds to import) are imported by `mount`, once the engine's
+    # workers are starting, so the two overlap.
     logging.getLogger("minisgl").setLevel(logging.INFO)
     store = ConversationStore()
-    page_key = None if args.no_auth else load_page_key(store.path.parent)
+    page_key = None
     if args.no_auth:
         print(
             "minisgl-chat: WARNING: --no-auth: the chat page needs no key; every user and program on this machine "
@@ -337,6 +336,8 @@ def run_chat(args: argparse.Namespace) -> int:
         )
 
     def on_listen(url: str) -> None:
+        from .page.access import page_link, write_open_file
+
         link = page_link(url, page_key)
         print(
             f"minisgl-chat: open {link} in your browser (Ctrl+C quits)", file=sys.stderr, flush=True
@@ -351,6 +352,8 @@ def run_chat(args: argparse.Namespace) -> int:
     ) -> (
         None
     ):  # the last line a person reads names the link that opens the page, not the bare address
+        from .page.access import page_link
+
         print(
             f"minisgl-chat: the chat is ready: open {page_link(url, page_key)} in your browser",
             file=sys.stderr,
@@ -365,11 +368,20 @@ def run_chat(args: argparse.Namespace) -> int:
             args.remote_model,
         )
         if not args.local:  # no engine here: the page's replies come from that server
+            from .page.access import load_page_key
             from .remote_app import run_remote_chat
 
+            page_key = None if args.no_auth else load_page_key(store.path.parent)
             return run_remote_chat(remote, server, store, on_listen, page_key)
 
     def mount(app, client, engine) -> None:
+        nonlocal page_key
+        from .chat.reply_source import LocalEngine, SideBySide
+        from .model_pull import ModelPuller
+        from .page import mount_ui
+        from .page.access import load_page_key
+
+        page_key = None if args.no_auth else load_page_key(store.path.parent)
         local = LocalEngine(client, engine)
         mount_ui(
             app,
