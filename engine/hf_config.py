@@ -116,3 +116,15 @@ def read_model_config(config: EngineConfig, model_dir: Path | None) -> ModelConf
     if attrs is None:
         return ModelConfig.from_hf(load_hf_config(config, model_dir))
     return ModelConfig.from_hf(attrs)
+
+
+def generation_eos_token_ids(model_dir: Path) -> list[int]:
+    """The end-of-sequence ids ``generation_config.json`` lists (chat models often list several
+    there), as transformers' GenerationConfig reads them; none without the file."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    if eos is None:
+        return []
+    return [int(token) for token in eos] if isinstance(eos, list) else [int(eos)]

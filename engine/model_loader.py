@@ -13,7 +13,7 @@ import torch
 from .config import EngineConfig, ModelConfig
 from .distributed import get_tp
 from .errors import UserError, WeightsError
-from .hf_config import builtin_config_names, load_hf_config
+from .hf_config import builtin_config_names, load_hf_config, read_model_config
 from .models import CausalLM, build_model
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def check_fits(
 class LoadedModel:
     model: CausalLM
     config: ModelConfig
-    hf_config: object
+    hf_config: object | None  # transformers' config, only where the file needed it to be read
     model_dir: Path | None
     device: torch.device
     dtype: torch.dtype
@@ -184,8 +184,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         from .weights.source import resolve_model
 
         model_dir = resolve_model(config.model)
-    hf_config = load_hf_config(config, model_dir)
-    model_config = ModelConfig.from_hf(hf_config)
+    model_config = read_model_config(config, model_dir)  # transformers only where needed
     device = resolve_device(config.device)
     if (
         device.type == "cuda" and device.index is not None
@@ -240,7 +239,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     model.eval()
     if device.type == "cpu" and dtype == torch.float32:
         transpose_cpu_weights(model)
-    return LoadedModel(model, model_config, hf_config, model_dir, device, dtype, quantization)
+    return LoadedModel(model, model_config, None, model_dir, device, dtype, quantization)
 
 
-__all__ = ["LoadedModel", "WeightsError", "builtin_config_names", "load_model"]
+__all__ = ["LoadedModel", "WeightsError", "builtin_config_names", "load_hf_config", "load_model"]
