@@ -148,3 +148,18 @@ def test_reading_a_spelled_out_config_imports_no_transformers(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("eos", [2, [128001, 128009], None], ids=["one", "several", "none"])
+def test_generation_config_end_ids_as_transformers_reads_them(tmp_path, eos):
+    from transformers import GenerationConfig
+
+    from minisgl_engine.hf_config import generation_eos_token_ids
+
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": eos, "do_sample": False})
+    )
+    theirs = GenerationConfig.from_pretrained(tmp_path).eos_token_id
+    expected = theirs if isinstance(theirs, list) else [] if theirs is None else [theirs]
+    assert generation_eos_token_ids(tmp_path) == expected
+    assert generation_eos_token_ids(tmp_path / "elsewhere") == []
