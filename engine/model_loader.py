@@ -4,6 +4,8 @@ the weights fit in memory, build our implementation and fill it."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +136,23 @@ def transpose_cpu_weights(model: CausalLM) -> None:
         store_transposed(model.model.embed_tokens.weight)
 
 
+@contextmanager
+def one_thread_if(wanted: bool) -> Iterator[None]:
+    """torch on one thread within the block (``wanted``): repacking a GGUF's blocks is thousands
+    of small element-wise operations, where a second thread saves little on an idle machine and,
+    with the other core busy, makes each operation wait for it (measured on 2 busy cores: the
+    demo model's load took 11-18 s with two threads, 2-3 s with one)."""
+    if not wanted:
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 def return_freed_memory() -> None:
     """Freed buffers stay in the C allocator's arenas, still counted as resident (repacking the
     weights leaves ~150 MB of file copies and decoded codes; a long prefill, its activations);
@@ -228,7 +247,8 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     else:
         logger.info("loading weights from %s", model_dir)
         if gguf_file is not None:
-            model.load_weights(iter_gguf(gguf_file), keep_quantized=quantization == "gguf")
+            with one_thread_if(quantization == "gguf"):
+                model.load_weights(iter_gguf(gguf_file), keep_quantized=quantization == "gguf")
         else:
             # with tensor parallelism each rank reads only its slices of the checkpoint
             model.load_weights(iter_safetensors(model_dir, lazy=get_tp().size > 1))
