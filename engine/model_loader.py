@@ -105,7 +105,9 @@ def check_fits(
 class LoadedModel:
     model: CausalLM
     config: ModelConfig
-    hf_config: object | None  # transformers' config, only where the file needed it to be read
+    # None: the shape is read without transformers (a transformers model that needs its config
+    # object, the benchmarks' reference, reads it with hf_config.load_hf_config)
+    hf_config: object | None
     model_dir: Path | None
     device: torch.device
     dtype: torch.dtype
