@@ -6,8 +6,9 @@ model from disk; later ones are warm starts). On the last start it waits ``--set
 reads every process of the app (the front end and each worker, by process title) from /proc:
 RSS and PSS (PSS splits a page shared by N processes N ways, so the sum over processes is what
 the app holds). Then one long chat (``--chat-tokens`` of prompt through ``/v1/chat/completions``)
-with the same figures sampled while it runs (the peak of the sum) and after it. With ``--page``,
-the time Chromium takes to show the page once the server is ready. One JSON line, for
+with the same figures sampled while it runs (the peak of the sum) and after it, and the
+machine's 1-minute load average before and after (other work on it slows the starts). With
+``--page``, the time Chromium takes to show the page once the server is ready. One JSON line, for
 docs/benchmarks.md; ``--pythonpath`` runs another checkout (a folder with its ``minisgl_app`` and
 ``minisgl_engine``) for a before/after in the same run.
 """
@@ -167,6 +168,8 @@ def run_footprint_bench(args: argparse.Namespace) -> int:
         "label": args.label,
         "app": args.app_command,
         "app_args": args.app_args,
+        # what else the machine ran: the ready times of a shared machine move with it
+        "load_avg_1m": [round(os.getloadavg()[0], 2)],
     }
     for start in range(args.starts):
         with started_app(args.app_args, args.app_command, args.pythonpath) as app:
@@ -194,5 +197,6 @@ def run_footprint_bench(args: argparse.Namespace) -> int:
                     after_chat=after,
                 )
     row["ready_s"] = ready
+    row["load_avg_1m"].append(round(os.getloadavg()[0], 2))
     print(json.dumps(row), flush=True)
     return 0

@@ -349,15 +349,14 @@ def run_chat(args: argparse.Namespace) -> int:
         )
     from minisgl_engine import run_server
 
-    from .chat.reply_source import LocalEngine, RemoteEngine, SideBySide
+    from .chat.reply_source import RemoteEngine
     from .chat.store import ConversationStore
-    from .model_pull import ModelPuller
-    from .page import mount_ui
-    from .page.access import load_page_key
 
+    # The page's modules (Gradio: seconds to import) are imported by `mount`, once the engine's
+    # workers are starting, so the two overlap.
     logging.getLogger("minisgl").setLevel(logging.INFO)
     store = ConversationStore()
-    page_key = None if args.no_auth else load_page_key(store.path.parent)
+    page_key = None
     if args.no_auth:
         print(
             "minisgl-chat: WARNING: --no-auth: the chat page needs no key; every user and program on this machine "
@@ -365,7 +364,8 @@ def run_chat(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    on_listen, on_ready = page_announcements(args, store.path.parent, page_key)
+    # the page's key is read by `mount` (its module imports Gradio), before the app listens
+    on_listen, on_ready = page_announcements(args, store.path.parent, lambda: page_key)
 
     remote = None
     if args.remote is not None:
@@ -375,11 +375,20 @@ def run_chat(args: argparse.Namespace) -> int:
             args.remote_model,
         )
         if not args.local:  # no engine here: the page's replies come from that server
+            from .page.access import load_page_key
             from .remote_app import run_remote_chat
 
+            page_key = None if args.no_auth else load_page_key(store.path.parent)
             return run_remote_chat(remote, server, store, on_listen, page_key)
 
     def mount(app, client, engine) -> None:
+        nonlocal page_key
+        from .chat.reply_source import LocalEngine, SideBySide
+        from .model_pull import ModelPuller
+        from .page import mount_ui
+        from .page.access import load_page_key
+
+        page_key = None if args.no_auth else load_page_key(store.path.parent)
         local = LocalEngine(client, engine)
         mount_ui(
             app,
@@ -396,15 +405,17 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 def page_announcements(
-    args: argparse.Namespace, data_dir: Path, page_key: str | None
+    args: argparse.Namespace, data_dir: Path, key: Callable[[], str | None]
 ) -> tuple[Callable[[str], None], Callable[[str], None]]:
-    """What the app says on the terminal once it listens (the page's link, with its key; the
-    browser opened on it unless --no-browser) and once the model is ready."""
+    """What the app says on the terminal once it listens (the page's link, with its key, which
+    ``key()`` gives by then; the browser opened on it unless --no-browser) and once the model is
+    ready."""
     import webbrowser
 
-    from .page.access import page_link, write_open_file
-
     def on_listen(url: str) -> None:
+        from .page.access import page_link, write_open_file
+
+        page_key = key()
         link = page_link(url, page_key)
         print(
             f"minisgl-chat: open {link} in your browser (Ctrl+C quits)", file=sys.stderr, flush=True
@@ -414,9 +425,11 @@ def page_announcements(
             webbrowser.open(write_open_file(data_dir, link).as_uri() if page_key else link)
 
     def on_ready(url: str) -> None:
+        from .page.access import page_link
+
         # the last line a person reads names the link that opens the page, not the bare address
         print(
-            f"minisgl-chat: the chat is ready: open {page_link(url, page_key)} in your browser",
+            f"minisgl-chat: the chat is ready: open {page_link(url, key())} in your browser",
             file=sys.stderr,
             flush=True,
         )

@@ -69,6 +69,24 @@ class DecodeState:
         return text[: len(text) - keep], False
 
 
+def byte_level_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as the printable character that spells it in a
+    byte-level BPE vocabulary (printable Latin-1 bytes as themselves, the others shifted past
+    U+0100)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\u00a1"), ord("\u00ac") + 1),
+        *range(ord("\u00ae"), ord("\u00ff") + 1),
+    ]
+    chars: dict[int, str] = {byte: chr(byte) for byte in printable}
+    shifted = 0
+    for byte in range(256):
+        if byte not in chars:
+            chars[byte] = chr(256 + shifted)
+            shifted += 1
+    return chars
+
+
 class TokenBytes:
     """Each token's own bytes and text, as OpenAI's logprobs list them (a token may be part of a
     multi-byte character: its text then shows U+FFFD, its bytes are exact). Cached per id."""
@@ -79,9 +97,7 @@ class TokenBytes:
         self.byte_of_char: dict[str, int] | None = None
         decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
         if type(decoder).__name__ == "ByteLevel":  # GPT-2-style: each byte is spelled as one char
-            from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-            self.byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
+            self.byte_of_char = {char: byte for byte, char in byte_level_chars().items()}
 
     def get(self, token_id: int) -> tuple[str, list[int]]:
         found = self.cache.get(token_id)

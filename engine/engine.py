@@ -348,11 +348,10 @@ class Engine:
     def _eos_token_ids(self) -> tuple[int, ...]:
         """EOS ids from config.json and generation_config.json (chat models often list several)."""
         ids = set(self.model_config.eos_token_ids)
-        if self.model_dir is not None and (self.model_dir / "generation_config.json").exists():
-            from transformers import GenerationConfig
+        if self.model_dir is not None:
+            from .hf_config import generation_eos_token_ids
 
-            eos = GenerationConfig.from_pretrained(self.model_dir).eos_token_id
-            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+            ids.update(generation_eos_token_ids(self.model_dir))
         return tuple(sorted(ids))
 
     def _num_kv_pages(self) -> int:

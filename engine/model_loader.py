@@ -3,10 +3,10 @@ the weights fit in memory, build our implementation and fill it."""
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import psutil
@@ -14,45 +14,13 @@ import torch
 
 from .config import EngineConfig, ModelConfig
 from .distributed import get_tp
-from .errors import ModelSourceError, UserError, WeightsError
+from .errors import UserError, WeightsError
+from .hf_config import builtin_config_names, load_hf_config, read_model_config
 from .models import CausalLM, build_model
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def builtin_config_names() -> list[str]:
-    return sorted(
-        p.name.removesuffix(".json")
-        for p in resources.files("minisgl_engine.configs").iterdir()
-        if p.name.endswith(".json")
-    )
-
-
-def load_hf_config(config: EngineConfig, model_dir: Path | None):
-    """The transformers config object: a built-in shape for --dummy-weights --config NAME, else
-    the model folder's config.json."""
-    from transformers import AutoConfig
-
-    if config.config is not None:
-        names = builtin_config_names()
-        if config.config not in names:
-            raise UserError(
-                f"unknown --config {config.config!r}; built-in configs: {', '.join(names)}"
-            )
-        data = json.loads(
-            resources.files("minisgl_engine.configs").joinpath(f"{config.config}.json").read_text()
-        )
-        cls = AutoConfig.for_model(data["model_type"]).__class__
-        return cls.from_dict(data)
-    assert model_dir is not None
-    try:
-        return AutoConfig.from_pretrained(model_dir)
-    except (ValueError, KeyError) as exc:
-        raise ModelSourceError(
-            f"cannot read {model_dir / 'config.json'}: {str(exc).splitlines()[0]}"
-        ) from None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -137,7 +105,9 @@ def check_fits(
 class LoadedModel:
     model: CausalLM
     config: ModelConfig
-    hf_config: object
+    # None: the shape is read without transformers (a transformers model that needs its config
+    # object, the benchmarks' reference, reads it with hf_config.load_hf_config)
+    hf_config: object | None
     model_dir: Path | None
     device: torch.device
     dtype: torch.dtype
@@ -166,6 +136,23 @@ def transpose_cpu_weights(model: CausalLM) -> None:
             store_transposed(module.weight)
     if model.lm_head is None:
         store_transposed(model.model.embed_tokens.weight)
+
+
+@contextmanager
+def one_thread_if(wanted: bool) -> Iterator[None]:
+    """torch on one thread within the block (``wanted``): repacking a GGUF's blocks is thousands
+    of small element-wise operations, where a second thread saves little on an idle machine and,
+    with the other core busy, makes each operation wait for it (measured on 2 busy cores: the
+    demo model's load took 11-18 s with two threads, 2-3 s with one)."""
+    if not wanted:
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def return_freed_memory() -> None:
@@ -218,8 +205,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         from .weights.source import resolve_model
 
         model_dir = resolve_model(config.model)
-    hf_config = load_hf_config(config, model_dir)
-    model_config = ModelConfig.from_hf(hf_config)
+    model_config = read_model_config(config, model_dir)  # transformers only where needed
     device = resolve_device(config.device)
     if (
         device.type == "cuda" and device.index is not None
@@ -263,7 +249,8 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     else:
         logger.info("loading weights from %s", model_dir)
         if gguf_file is not None:
-            model.load_weights(iter_gguf(gguf_file), keep_quantized=quantization == "gguf")
+            with one_thread_if(quantization == "gguf"):
+                model.load_weights(iter_gguf(gguf_file), keep_quantized=quantization == "gguf")
         else:
             # with tensor parallelism each rank reads only its slices of the checkpoint
             model.load_weights(iter_safetensors(model_dir, lazy=get_tp().size > 1))
@@ -274,7 +261,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     model.eval()
     if device.type == "cpu" and dtype == torch.float32:
         transpose_cpu_weights(model)
-    return LoadedModel(model, model_config, hf_config, model_dir, device, dtype, quantization)
+    return LoadedModel(model, model_config, None, model_dir, device, dtype, quantization)
 
 
-__all__ = ["LoadedModel", "WeightsError", "builtin_config_names", "load_model"]
+__all__ = ["LoadedModel", "WeightsError", "builtin_config_names", "load_hf_config", "load_model"]

@@ -1,5 +1,10 @@
-"""Loading a model's tokenizer (transformers' fast tokenizers and chat templates), kept apart
-from the engine so that tokenizer processes start without loading the model code."""
+"""Loading a model's tokenizer and turning a chat into prompt ids, kept apart from the engine so
+that tokenizer processes start without loading the model code.
+
+Two implementations satisfy :class:`TextTokenizer`: :class:`~.light_tokenizer.LightTokenizer`
+(the ``tokenizers`` library and our chat-template rendering: what the tokenizer and detokenizer
+workers and the front end use) and transformers' own tokenizer (folders the light one cannot
+read; the offline ``LLM`` and the scheduler's grammars, which xgrammar builds from it)."""
 
 from __future__ import annotations
 
@@ -8,8 +13,29 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Protocol
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class TextTokenizer(Protocol):
+    """What the engine asks of a tokenizer (a subset of transformers' tokenizer interface)."""
+
+    chat_template: str | dict[str, str] | None
+    backend_tokenizer: Any  # the ``tokenizers.Tokenizer`` (its decoder tells byte-level BPE)
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
+
+    def convert_ids_to_tokens(self, token_id: int) -> str | None: ...
+
+    def get_vocab(self) -> dict[str, int]: ...
+
+    def apply_chat_template(self, conversation: list[dict], **kwargs: Any) -> Any: ...
 
 
 CHAT_TEMPLATE_TIME_LIMIT_S = 2.0
@@ -88,10 +114,29 @@ def chat_prompt_ids(
     return list(out)
 
 
+def has_tokenizer(path) -> bool:
+    return any((Path(path) / name).exists() for name in TOKENIZER_FILES)
+
+
 def load_tokenizer(path):
-    """The folder's tokenizer, or None when it ships none (e.g. a weights-only test model)."""
+    """The folder's tokenizer in transformers, or None when it ships none (e.g. a weights-only
+    test model)."""
     from transformers import AutoTokenizer
 
-    if not any((Path(path) / name).exists() for name in TOKENIZER_FILES):
+    if not has_tokenizer(path):
         return None
     return AutoTokenizer.from_pretrained(path)
+
+
+def load_text_tokenizer(path) -> TextTokenizer | None:
+    """The folder's tokenizer without transformers where it can be (a ``tokenizer.json`` of a
+    class transformers reads as it is: ``light_tokenizer.can_load``), else transformers' (a
+    SentencePiece ``tokenizer.model`` or a ``vocab.json`` only, or a class with its own
+    pipeline); None when the folder ships none."""
+    from .light_tokenizer import LightTokenizer, can_load
+
+    if not has_tokenizer(path):
+        return None
+    if can_load(path):
+        return LightTokenizer(path)
+    return load_tokenizer(path)

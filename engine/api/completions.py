@@ -130,6 +130,6 @@ async def prompt_texts(tokenizer_path: str | None, prompts: list[str | list[int]
 
 @functools.lru_cache(maxsize=2)
 def _tokenizer(path: str):
-    from ..tokenizer import load_tokenizer
+    from ..tokenizer import load_text_tokenizer
 
-    return load_tokenizer(path)
+    return load_text_tokenizer(path)

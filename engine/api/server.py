@@ -123,7 +123,7 @@ def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str 
     """Resolve (download / convert) the model once here, with progress in this terminal, so
     every worker gets a local folder. Returns the config, the model's shape and the tokenizer
     folder."""
-    from ..model_loader import load_hf_config
+    from ..hf_config import read_model_config
 
     model_dir = None
     if not (config.dummy_weights and config.config is not None):
@@ -131,10 +131,11 @@ def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str 
 
         model_dir = resolve_model(config.model)
         config = replace(config, model=str(model_dir))
-    model_config = ModelConfig.from_hf(load_hf_config(config, model_dir))
-    from ..distributed import check_tp
+    model_config = read_model_config(config, model_dir)
+    if config.tp * config.dp > 1:  # one rank fits any model's heads (and needs no torch here)
+        from ..distributed import check_tp
 
-    check_tp(model_config, config.tp, config.device, config.dp)
+        check_tp(model_config, config.tp, config.device, config.dp)
     tokenizer = config.tokenizer or (str(model_dir) if model_dir is not None else None)
     return config, model_config, tokenizer
 
@@ -246,6 +247,8 @@ class _ServerRun:
         host = f"[{server.host}]" if ":" in server.host else server.host
         self.url = f"http://{host}:{self.listen_socket.getsockname()[1]}"  # --port 0: the port the system picked
         self.engine = None  # the EngineHost, made on the event loop, stopped after it
+        self.app = None  # the FastAPI app (http_server)
+        self.http = None  # the uvicorn server, made once the workers are starting
         self.exit_code = 0
 
     def run(self) -> int:
@@ -267,43 +270,29 @@ class _ServerRun:
     async def serve(self) -> None:
         import threading
 
-        import uvicorn
-
         from ..workers.engine_host import EngineHost
         from ..workers.frontend import FrontendClient
         from ..workers.launcher import reporting_workers
-        from .openai_api import create_app
 
         config, server = self.config, self.server
+        self.loop = asyncio.get_running_loop()
         self.client = FrontendClient(
             self.paths,
             served_model_name(config),
             reporting_workers(server.num_tokenizers, config.dp, config.tp),
             config.dp_routing,
         )
-        app = create_app(
-            self.client,
-            server.api_key,
-            server.access_policy(),
-            server.served_model_names,
-            trust_request_chat_template=server.trust_request_chat_template,
-            max_request_bytes=server.max_request_bytes,
-        )
-        self.app = app
-        self.http = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
-        )
-        self.loop = asyncio.get_running_loop()
-        self._uvicorn_handle_exit = self.http.handle_exit
-        self.http.handle_exit = self.handle_exit
         log_level = logging.getLogger("minisgl").getEffectiveLevel()
         self.engine = EngineHost(
             config, self.paths, self.client, log_level, self.fail, prepare_model
         )
-        if self.mount is not None:
-            self.mount(app, self.client, self.engine)
         self.client.start()
+        # The workers start first: they load the model while this process imports the web stack
+        # (FastAPI, and Gradio for the chat page), seconds each on a small machine.
         threading.Thread(target=self.engine.start, name="engine-start", daemon=True).start()
+        self.http = self.http_server()
+        if self.exit_code:  # the engine failed while the web stack was imported
+            self.http.should_exit = True
         announcer = asyncio.create_task(self.announce())
         if self.on_listen is not None:
             self.on_listen(
@@ -315,10 +304,35 @@ class _ServerRun:
             announcer.cancel()
             self.client.close()
 
+    def http_server(self):
+        """The HTTP server: the OpenAI routes, and what ``mount`` adds (the chat page)."""
+        import uvicorn
+
+        from .openai_api import create_app
+
+        server = self.server
+        app = create_app(
+            self.client,
+            server.api_key,
+            server.access_policy(),
+            server.served_model_names,
+            trust_request_chat_template=server.trust_request_chat_template,
+            max_request_bytes=server.max_request_bytes,
+        )
+        if self.mount is not None:
+            self.mount(app, self.client, self.engine)
+        self.app = app
+        http = uvicorn.Server(
+            uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
+        )
+        self._uvicorn_handle_exit = http.handle_exit
+        http.handle_exit = self.handle_exit
+        return http
+
     def handle_exit(self, sig: int, frame: object) -> None:
         """SIGINT/SIGTERM: besides uvicorn's own stop, end the open streams at once with a
         reason, so that its graceful shutdown need not cancel them half-way; a mounted page ends
-        its own (``app.state.exit_hooks``: its browser connections)."""
+        its own (``app.state.exit_hooks``: its replies and its browser connections)."""
         self._uvicorn_handle_exit(sig, frame)
         self.loop.call_soon_threadsafe(self.client.fail_pending, "the server is shutting down")
         for hook in getattr(self.app.state, "exit_hooks", ()):
@@ -329,7 +343,8 @@ class _ServerRun:
         (called from a watcher thread)."""
         print(f"minisgl-chat: error: {message}", file=sys.stderr, flush=True)
         self.exit_code = code
-        self.http.should_exit = True
+        if self.http is not None:  # else it is still being made, and stops once it is
+            self.http.should_exit = True
         try:  # open requests end now, with the reason
             self.loop.call_soon_threadsafe(
                 self.client.fail_pending, f"the engine stopped: {message}"

@@ -87,7 +87,10 @@ def hf_model_for(llm, seed: int):
         )
     else:  # random weights: let transformers draw them, then copy them into our model
         torch.manual_seed(seed)
-        hf = AutoModelForCausalLM.from_config(llm.engine.hf_config, dtype=llm.engine.dtype)
+        from ..hf_config import load_hf_config
+
+        hf_config = load_hf_config(llm.config, llm.engine.model_dir)
+        hf = AutoModelForCausalLM.from_config(hf_config, dtype=llm.engine.dtype)
         llm.engine.model.load_weights(hf.state_dict().items())
     return hf.to(llm.engine.device).eval()
 

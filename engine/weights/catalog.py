@@ -10,8 +10,7 @@ from pathlib import Path
 
 from .demo import DEMO_MODEL_NAME, cache_root, demo_model_dir
 from .gguf_convert import COMPLETE_MARKER, is_complete
-from .gguf_tensors import GGUF_WEIGHTS
-from .safetensors_io import weight_files
+from .layout import GGUF_WEIGHTS, weight_files
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf")  # what a model folder's size counts
 

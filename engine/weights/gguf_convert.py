@@ -21,7 +21,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from ..errors import ModelSourceError
-from .gguf_tensors import GGUF_WEIGHTS
+from .layout import GGUF_WEIGHTS
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ kernels (layers/quantized.py) or dequantizes (``--quantization none``, GPUs).
 from __future__ import annotations
 
 import re
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import WeightsError
-
-GGUF_WEIGHTS = "model.gguf"
+from .layout import GGUF_WEIGHTS  # noqa: F401 (this module's name too)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -102,160 +100,40 @@ def _unpermute_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
     return rows.reshape(heads, half, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
 
 
-@dataclass(frozen=True)
-class GGUFTensorInfo:
-    """Where one tensor lies in a GGUF file (``shape`` as torch has it: outermost first)."""
-
-    name: str
-    shape: tuple[int, ...]
-    qtype: int
-    offset: int  # from the start of the file
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class GGUFLayout:
-    """A GGUF file's scalar metadata and its tensors' places; arrays (the tokenizer's vocabulary
-    and merges, ~100,000 strings) are skipped, not decoded: ``gguf.GGUFReader`` builds a numpy
-    view of every one of them, which took seconds of each scheduler start."""
-
-    metadata: dict[str, int | float | bool | str]
-    tensors: list[GGUFTensorInfo]
-
-
-_SCALARS = {
-    0: "<B",
-    1: "<b",
-    2: "<H",
-    3: "<h",
-    4: "<I",
-    5: "<i",
-    6: "<f",
-    7: "<?",
-    10: "<Q",
-    11: "<q",
-    12: "<d",
-}
-_STRING, _ARRAY = 8, 9
-
-
-def read_gguf_layout(path: Path) -> GGUFLayout:
-    """The header of a little-endian GGUF file (versions 2 and 3), read in one pass."""
-    try:
-        data = path.read_bytes() if path.stat().st_size < 1 << 20 else None
-        if data is None:
-            import mmap
-
-            with path.open("rb") as file:
-                data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        return _parse_layout(memoryview(data))
-    except (OSError, ValueError, struct.error, IndexError, UnicodeDecodeError) as exc:
-        raise WeightsError(f"could not read GGUF file {path}: {exc}") from exc
-
-
-def _parse_layout(buf: memoryview) -> GGUFLayout:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    pos = 0
-
-    def take(fmt: str):
-        nonlocal pos
-        (value,) = struct.unpack_from(fmt, buf, pos)
-        pos += struct.calcsize(fmt)
-        return value
-
-    def string() -> str:
-        nonlocal pos
-        length = take("<Q")
-        pos += length
-        return bytes(buf[pos - length : pos]).decode("utf-8", errors="replace")
-
-    def skip_value(kind: int) -> None:
-        nonlocal pos
-        if kind == _STRING:
-            length = take("<Q")
-            pos += length
-        elif kind == _ARRAY:
-            item, count = take("<I"), take("<Q")
-            if item in _SCALARS:
-                pos += count * struct.calcsize(_SCALARS[item])
-            else:
-                for _ in range(count):
-                    skip_value(item)
-        else:
-            pos += struct.calcsize(_SCALARS[kind])
-
-    if bytes(buf[:4]) != b"GGUF":
-        raise ValueError("not a GGUF file (no GGUF magic)")
-    pos = 4
-    version = take("<I")
-    if version not in (2, 3):
-        raise ValueError(
-            f"GGUF version {version} (big-endian or unknown); versions 2 and 3 are read"
-        )
-    n_tensors, n_kv = take("<Q"), take("<Q")
-    metadata: dict[str, int | float | bool | str] = {}
-    for _ in range(n_kv):
-        key, kind = string(), take("<I")
-        if kind == _STRING:
-            metadata[key] = string()
-        elif kind in _SCALARS:
-            metadata[key] = take(_SCALARS[kind])
-        else:
-            skip_value(kind)
-    infos = []
-    for _ in range(n_tensors):
-        name = string()
-        dims = [take("<Q") for _ in range(take("<I"))]
-        qtype, offset = take("<I"), take("<Q")
-        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
-        numel = 1
-        for dim in dims:
-            numel *= dim
-        infos.append((name, tuple(reversed(dims)), qtype, offset, numel // block * block_bytes))
-    alignment = int(metadata.get("general.alignment", 32))
-    start = -(-pos // alignment) * alignment
-    tensors = [GGUFTensorInfo(n, s, q, start + o, b) for n, s, q, o, b in infos]
-    return GGUFLayout(metadata, tensors)
-
-
 def iter_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor | GGUFTensor]]:
     """``(hf_name, tensor)`` for every weight of the file, in file order."""
-    layout = read_gguf_layout(path)
-    arch = str(layout.metadata.get("general.architecture", ""))
-    heads = layout.metadata.get(f"{arch}.attention.head_count")
-    kv_heads = layout.metadata.get(f"{arch}.attention.head_count_kv") or heads
-    file = np.memmap(path, dtype=np.uint8, mode="r")
-    for info in layout.tensors:
-        name = hf_name(info.name)
+    from .gguf_index import GGUFIndex
+
+    try:
+        index = GGUFIndex(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise WeightsError(f"could not read GGUF file {path}: {exc}") from exc
+    arch = str(index.metadata.get("general.architecture", ""))
+    heads = index.metadata.get(f"{arch}.attention.head_count")
+    kv_heads = index.metadata.get(f"{arch}.attention.head_count_kv") or heads
+    for tensor in index.tensors:
+        name = hf_name(tensor.name)
         if name is None:
             continue
-        shape = info.shape
-        # a private copy: the file may change under a memmap
-        data = torch.from_numpy(np.array(file[info.offset : info.offset + info.nbytes]))
-        if info.qtype in _FLOAT_TYPES:
-            value: torch.Tensor | GGUFTensor = data.view(_FLOAT_TYPES[info.qtype]).reshape(shape)
+        qtype = tensor.qtype
+        shape = tuple(reversed(tensor.dims))
+        data = index.data(tensor)  # a private copy: the file may change under a memmap
+        if qtype in _FLOAT_TYPES:
+            value: torch.Tensor | GGUFTensor = torch.from_numpy(data).reshape(shape)
         else:
-            value = GGUFTensor(data.reshape(shape[0], -1), info.qtype, shape)
+            value = GGUFTensor(torch.from_numpy(data).reshape(shape[0], -1), qtype, shape)
         if arch == "llama" and heads and name.endswith(("q_proj.weight", "k_proj.weight")):
-            count = int(heads if "q_proj" in name else kv_heads)
+            count = heads if "q_proj" in name else kv_heads
             if isinstance(value, GGUFTensor):
-                value = GGUFTensor(_unpermute_rows(value.raw, count), info.qtype, shape)
+                value = GGUFTensor(_unpermute_rows(value.raw, count), qtype, shape)
             else:
                 value = _unpermute_rows(value, count)
         yield name, value
-    del file
 
 
 def gguf_weights_nbytes(path: Path, dtype: torch.dtype | None) -> int:
     """Bytes the weights take: quantized ones as stored (``dtype`` None) or widened to ``dtype``."""
-    total = 0
-    for info in read_gguf_layout(path).tensors:
-        if dtype is None:
-            total += info.nbytes
-        else:
-            numel = 1
-            for dim in info.shape:
-                numel *= dim
-            total += numel * dtype.itemsize
-    return total
+    from .gguf_index import GGUFIndex
+
+    size = None if dtype is None else torch.empty((), dtype=dtype).element_size()
+    return sum(t.n_bytes if size is None else t.n_elements * size for t in GGUFIndex(path).tensors)

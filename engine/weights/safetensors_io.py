@@ -15,9 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import WeightsError
-
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+from .layout import INDEX_FILE, SINGLE_FILE, weight_files  # noqa: F401 (this module's names too)
 
 # Stored dtype names (safetensors header) -> bytes per element; floating types are the ones a
 # load-time dtype cast applies to.
@@ -33,37 +31,6 @@ _OTHER_SIZES = {
     "U8": 1,
     "BOOL": 1,
 }
-
-
-def weight_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of ``model_dir``, each once, in index order (checks they exist)."""
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise WeightsError(f"model folder {model_dir} does not exist; pass an existing folder")
-    index = model_dir / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            names = list(dict.fromkeys(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise WeightsError(
-                f"{index} is not a valid safetensors index ({type(exc).__name__}); "
-                "download the model again"
-            ) from exc
-        files = [model_dir / name for name in names]
-        for file in files:
-            if not file.is_file():
-                raise WeightsError(
-                    f"shard {file} listed in {index.name} is missing; download the model again"
-                )
-        return files
-    single = model_dir / SINGLE_FILE
-    if single.is_file():
-        return [single]
-    raise WeightsError(
-        f"no {SINGLE_FILE} or {INDEX_FILE} in {model_dir}; "
-        "the model needs weights in safetensors format"
-    )
 
 
 def _corrupt(file: Path, exc: BaseException) -> WeightsError:

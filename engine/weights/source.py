@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import ModelSourceError
 from .demo import cache_root, pull_demo
 from .gguf_convert import convert_gguf
-from .safetensors_io import INDEX_FILE, SINGLE_FILE
+from .layout import INDEX_FILE, SINGLE_FILE
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.jinja"]
 _PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")

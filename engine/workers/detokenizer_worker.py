@@ -20,6 +20,7 @@ from ..messages import (
     ReadyMsg,
     UserReply,
 )
+from ..tokenizer import TextTokenizer
 from .ipc import DETOKENIZER_NAME, Receiver, Sender, SocketPaths, reporting_startup
 from .process import init_worker
 
@@ -29,7 +30,7 @@ RECENTLY_STOPPED_KEPT = 4096
 
 
 class Detokenizer:
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer: TextTokenizer | None) -> None:
         self.tokenizer = tokenizer
         self.token_bytes = TokenBytes(tokenizer)
         self.states: dict[int, DecodeState] = {}
@@ -100,9 +101,9 @@ def run_detokenizer_worker(args: DetokenizerWorkerArgs) -> None:
     ctx = zmq.Context()
     to_frontend = Sender(ctx, args.paths.frontend)
     with reporting_startup(name, to_frontend):
-        from ..tokenizer import load_tokenizer
+        from ..tokenizer import load_text_tokenizer
 
-        tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
+        tokenizer = load_text_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
         receiver = Receiver(ctx, args.paths.detokenizer, DetokenizerBatch)
     to_schedulers = [Sender(ctx, args.paths.scheduler(i)) for i in range(args.paths.num_replicas)]
     detokenizer = Detokenizer(tokenizer)

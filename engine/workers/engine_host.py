@@ -22,7 +22,7 @@ from ..config import EngineConfig
 from ..errors import UserError
 from .frontend import FrontendClient, wait_first
 from .ipc import SocketPaths
-from .launcher import EngineProcesses
+from .launcher import EngineProcesses, start_fork_server
 
 logger = logging.getLogger("minisgl.server")
 
@@ -73,7 +73,9 @@ class EngineHost:
     # ---- start-up and shutdown
 
     def start(self) -> None:
-        """The start-up model (call in a thread: it may download and convert it)."""
+        """The start-up model (call in a thread: it may download and convert it). The
+        schedulers' fork server starts first: it imports torch while the model is resolved."""
+        start_fork_server()
         try:
             self.client.phase = "preparing the model (the first run downloads and converts it)"
             prepared = self.prepare_model(self.config, self.client.model_name)

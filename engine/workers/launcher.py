@@ -1,12 +1,14 @@
 """Starts the worker processes, watches them, and stops them all together.
 
-Workers are not forked from the main process (it runs an event loop and threads) but from a
-fork server: a fresh process, started with the first worker, that imported torch, transformers
-and the engine once (``worker_preload``), so a worker (and a model switch's new scheduler) starts
-without importing them again. Its own socket sits in multiprocessing's private (0700) folder,
-removed at exit. Each worker reports ready (or its error) to the front end. If any worker dies,
-``on_exit`` is called so the whole group can go down; workers in turn exit when the main
-process dies.
+Workers are not forked from the main process (it runs an event loop and threads). Schedulers
+come from a fork server: a fresh process that imported torch, transformers and the engine once
+(``worker_preload``), so a scheduler (and a model switch's new one) starts without importing
+them again; its socket sits in multiprocessing's private (0700) folder, removed at exit. The
+tokenizers and the detokenizer import neither torch nor transformers (``LightTokenizer``): each
+is spawned as a fresh interpreter that imports only its own module, so none of them maps
+libtorch or shares the fork server's memory. The front end imports this module without torch.
+Each worker reports ready (or its error) to the front end. If any worker dies, ``on_exit`` is
+called so the whole group can go down; workers in turn exit when the main process dies.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from multiprocessing.process import BaseProcess
 from ..config import EngineConfig
 from .detokenizer_worker import DetokenizerWorkerArgs, run_detokenizer_worker
 from .ipc import DETOKENIZER_NAME, SocketPaths, scheduler_name, tokenizer_name
-from .scheduler_worker import SchedulerWorkerArgs, run_scheduler_worker
+from .scheduler_args import SchedulerWorkerArgs
 from .tokenizer_worker import TokenizerWorkerArgs, run_tokenizer_worker
 
 logger = logging.getLogger("minisgl.launcher")
@@ -49,7 +51,7 @@ def reporting_workers(num_tokenizers: int, dp: int = 1, tp: int = 1) -> list[str
 
 
 def worker_context() -> mp.context.BaseContext:
-    """Where workers come from: the fork server, preloaded (spawn where there is none)."""
+    """Where schedulers come from: the fork server, preloaded (spawn where there is none)."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
@@ -57,6 +59,28 @@ def worker_context() -> mp.context.BaseContext:
         ["minisgl_engine.workers.worker_preload"]
     )  # read when the server starts (the first worker)
     return ctx
+
+
+def light_context() -> mp.context.BaseContext:
+    """Where the tokenizers and the detokenizer come from: a fresh interpreter each."""
+    return mp.get_context("spawn")
+
+
+def start_fork_server() -> None:
+    """Start the schedulers' fork server now (it imports torch and the engine, seconds), so it is
+    ready by the time the model is resolved and the first scheduler is asked of it."""
+    if "forkserver" in mp.get_all_start_methods():
+        from multiprocessing import forkserver
+
+        worker_context()
+        forkserver.ensure_running()
+
+
+def run_scheduler(args: SchedulerWorkerArgs) -> None:
+    """A scheduler worker's entry, importing its module (torch) in the worker only."""
+    from .scheduler_worker import run_scheduler_worker
+
+    run_scheduler_worker(args)
 
 
 class EngineProcesses:
@@ -69,7 +93,7 @@ class EngineProcesses:
         log_level: int = logging.WARNING,
     ) -> None:
         """``paths`` None: a machine other than node 0, which runs only its scheduler ranks."""
-        ctx = worker_context()
+        ctx, light = worker_context(), light_context()
         pid = os.getpid()
         self.processes: dict[str, BaseProcess] = {}
         if paths is not None:
@@ -77,10 +101,10 @@ class EngineProcesses:
                 args = TokenizerWorkerArgs(
                     i, paths, tokenizer_path, max_context_len, pid, log_level
                 )
-                self.processes[tokenizer_name(i)] = ctx.Process(
+                self.processes[tokenizer_name(i)] = light.Process(
                     target=run_tokenizer_worker, args=(args,), daemon=True
                 )
-            self.processes[DETOKENIZER_NAME] = ctx.Process(
+            self.processes[DETOKENIZER_NAME] = light.Process(
                 target=run_detokenizer_worker,
                 args=(DetokenizerWorkerArgs(paths, tokenizer_path, pid, log_level),),
                 daemon=True,
@@ -106,9 +130,7 @@ class EngineProcesses:
                     replica=replica,
                 )
                 name = scheduler_name(replica, rank, config.dp, config.tp)
-                self.processes[name] = ctx.Process(
-                    target=run_scheduler_worker, args=(args,), daemon=True
-                )
+                self.processes[name] = ctx.Process(target=run_scheduler, args=(args,), daemon=True)
         self._stopping = threading.Event()
 
     @property

@@ -15,14 +15,17 @@ PR_SET_PDEATHSIG = 1
 
 def exit_when_parent_dies(main_pid: int) -> None:
     """End this process when the main process ``main_pid`` ends, however it ends."""
-    # The kernel's parent-death signal covers SIGKILL on Linux: the parent is the main process
-    # itself (spawn) or its fork server, which exits as soon as the main process is gone. The
-    # polling thread covers other systems and the race where either died before prctl ran.
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    # The kernel's parent-death signal covers SIGKILL on Linux where the parent is the fork
+    # server, which exits as soon as the main process is gone. A worker spawned by the main
+    # process itself is not given it: the kernel sends it when the *thread* that started the
+    # worker ends (a start-up thread, long before the process). The polling thread covers those,
+    # other systems and the race where the parent died before prctl ran.
     parent = os.getppid()
+    if parent != main_pid:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
 
     def gone(pid: int) -> bool:
         try:

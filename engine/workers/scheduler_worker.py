@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import signal
-from dataclasses import dataclass
 
 import msgspec
 import torch
@@ -47,22 +46,11 @@ from ..messages import (
 )
 from ..request import FinishReason
 from ..scheduler.scheduler import IDLE_CACHE_EVICT_S, IDLE_RELEASE_S, Scheduler, TokenOutput
-from .ipc import Receiver, Sender, SocketPaths, reporting_startup, scheduler_name
+from .ipc import Receiver, Sender, reporting_startup, scheduler_name
 from .process import init_worker
+from .scheduler_args import SchedulerWorkerArgs
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SchedulerWorkerArgs:
-    config: EngineConfig
-    paths: SocketPaths
-    rank: int
-    parent_pid: int
-    log_level: int = logging.WARNING
-    dist_init_addr: str | None = None  # host:port of rank 0's rendezvous (tp > 1)
-    local_rank: int = 0  # which GPU of this machine
-    replica: int = 0  # --dp: which replica this rank belongs to
 
 
 IDLE_HEARTBEAT_MS = 1000

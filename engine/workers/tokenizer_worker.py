@@ -24,7 +24,7 @@ from ..messages import (
     UserMsg,
     UserReply,
 )
-from ..tokenizer import chat_prompt_ids
+from ..tokenizer import TextTokenizer, chat_prompt_ids
 from .ipc import Receiver, Sender, SocketPaths, reporting_startup, tokenizer_name
 from .process import init_worker
 
@@ -41,13 +41,13 @@ class TokenizerWorkerArgs:
     log_level: int = logging.WARNING
 
 
-def max_token_chars(tokenizer) -> int:
+def max_token_chars(tokenizer: TextTokenizer) -> int:
     """The most characters one token of ``tokenizer``'s vocabulary spells."""
     return max((len(token) for token in tokenizer.get_vocab()), default=1)
 
 
 class PromptEncoder:
-    def __init__(self, tokenizer, max_context_len: int) -> None:
+    def __init__(self, tokenizer: TextTokenizer | None, max_context_len: int) -> None:
         self.tokenizer = tokenizer
         self.max_context_len = max_context_len
         self.max_token_chars = max_token_chars(tokenizer) if tokenizer is not None else 1
@@ -78,9 +78,9 @@ def run_tokenizer_worker(args: TokenizerWorkerArgs) -> None:
     ctx = zmq.Context()
     to_frontend = Sender(ctx, args.paths.frontend)
     with reporting_startup(name, to_frontend):
-        from ..tokenizer import load_tokenizer
+        from ..tokenizer import load_text_tokenizer
 
-        tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
+        tokenizer = load_text_tokenizer(args.tokenizer_path) if args.tokenizer_path else None
         receiver = Receiver(ctx, args.paths.tokenizer(args.index), TokenizerBatch)
     to_schedulers = [Sender(ctx, args.paths.scheduler(i)) for i in range(args.paths.num_replicas)]
     encoder = PromptEncoder(tokenizer, args.max_context_len)

@@ -1,10 +1,14 @@
-"""What the fork server imports once, before any worker exists (``launcher.worker_context``).
+"""What the schedulers' fork server imports once, before any scheduler exists
+(``launcher.worker_context``).
 
-Workers are forked from the fork server, so each starts with torch, transformers' tokenizer
-classes and the engine's code already imported. Each worker importing them on its own cost ~3 s
-of CPU; on a 2-core laptop three at once made every start and every model switch seconds slower.
+Schedulers are forked from the fork server, so each starts with torch and the engine's code
+already imported. Each importing them on its own cost seconds of CPU; on a 2-core laptop that
+made every start and every model switch slower. transformers is not imported: the scheduler
+reads config.json without it (``hf_config``) and imports it only where a model needs it (a
+config that leaves numbers to a class default, a grammar's tokenizer for xgrammar).
 Imports only, and the process title: nothing here may touch CUDA or start a thread, because
-every worker is a fork of this state. Importing this module anywhere else renames that process.
+every scheduler is a fork of this state. Importing this module anywhere else renames that
+process. (The tokenizers and the detokenizer are spawned light, without any of this.)
 """
 
 import setproctitle
@@ -14,7 +18,6 @@ setproctitle.setproctitle(
 )  # in `ps`, beside the workers it forks (each renames itself)
 
 import torch  # noqa: E402, F401
-from transformers import AutoConfig, AutoTokenizer  # noqa: E402, F401 (transformers loads these lazily: here, once)
 
-from .. import engine, tokenizer  # noqa: E402, F401
-from . import detokenizer_worker, scheduler_worker, tokenizer_worker  # noqa: E402, F401
+from .. import engine  # noqa: E402, F401
+from . import launcher, scheduler_worker  # noqa: E402, F401

@@ -543,14 +543,15 @@ def test_gguf_tensors_equal_transformers_reading_of_the_demo_file() -> None:
         assert torch.equal(tensor.float(), torch.as_tensor(theirs[name]).float()), name
 
 
-def test_gguf_layout_reads_what_gguf_wrote(tmp_path) -> None:
-    """Our one-pass header reader against gguf's writer and reader: scalars, strings (not UTF-8
-    too), string and number arrays skipped, each tensor's shape, type and bytes; a cut file is a
-    WeightsError naming it."""
+def test_gguf_index_reads_what_gguf_wrote(tmp_path) -> None:
+    """The quick header reader against gguf's writer and reader on a written file: scalars,
+    strings, string and number arrays skipped, an alignment of 64, each tensor's shape, type,
+    place and bytes; a cut file is a WeightsError naming it."""
     import gguf
 
     from minisgl_engine.errors import WeightsError
-    from minisgl_engine.weights.gguf_tensors import iter_gguf, read_gguf_layout
+    from minisgl_engine.weights.gguf_index import GGUFIndex
+    from minisgl_engine.weights.gguf_tensors import iter_gguf
 
     path = tmp_path / "model.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -571,16 +572,17 @@ def test_gguf_layout_reads_what_gguf_wrote(tmp_path) -> None:
     writer.write_tensors_to_file()
     writer.close()
 
-    layout = read_gguf_layout(path)
-    assert layout.metadata["llama.attention.head_count"] == 4
-    assert layout.metadata["tokenizer.ggml.add_bos_token"] is True
-    assert layout.metadata["tokenizer.chat_template"] == "{{ messages }} é"
-    assert "tokenizer.ggml.tokens" not in layout.metadata  # arrays are skipped
+    index = GGUFIndex(path)
+    assert index.metadata["llama.attention.head_count"] == 4
+    assert index.metadata["tokenizer.ggml.add_bos_token"] is True
+    assert index.metadata["tokenizer.chat_template"] == "{{ messages }} é"
+    assert "tokenizer.ggml.tokens" not in index.metadata  # arrays are skipped
     reader = gguf.GGUFReader(str(path))
-    assert [(t.name, t.shape, int(t.qtype), t.offset, t.nbytes) for t in layout.tensors] == [
+    ours = [(t.name, t.dims, t.qtype, t.offset, t.n_bytes) for t in index.tensors]
+    assert ours == [
         (
             t.name,
-            tuple(int(n) for n in reversed(t.shape.tolist())),
+            tuple(int(n) for n in t.shape.tolist()),
             int(t.tensor_type),
             int(t.data_offset),
             int(t.n_bytes),
@@ -593,7 +595,7 @@ def test_gguf_layout_reads_what_gguf_wrote(tmp_path) -> None:
 
     path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(WeightsError, match="could not read GGUF file"):
-        read_gguf_layout(path)
+        list(iter_gguf(path))
 
 
 @pytest.fixture(params=["c-kernels", "torch-packed"])
