@@ -45,7 +45,7 @@ _PUBLIC = {
     "free_port": ".workers.launcher",
     "exit_when_parent_dies": ".workers.process",  # a helper process of the app (a model pull) ends with it
     # a chat's prompt as the tokenizers make it (the page counts its tokens to fit the context)
-    "load_tokenizer": ".tokenizer",
+    "load_text_tokenizer": ".tokenizer",
     "chat_prompt_ids": ".tokenizer",
 }
 
@@ -81,7 +81,7 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
     from .llm import LLM
     from .messages import PromptProgressMsg, UserReply
     from .sampling_params import SamplingParams
-    from .tokenizer import chat_prompt_ids, load_tokenizer
+    from .tokenizer import chat_prompt_ids, load_text_tokenizer
     from .weights.catalog import LocalModel, local_models
     from .weights.source import resolve_model
     from .workers.engine_host import EngineHost

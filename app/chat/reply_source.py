@@ -198,8 +198,9 @@ class LocalEngine:
 
 
 class PromptTokenizers:
-    """The served model's tokenizer in the front end, to count prompts: loaded once per model in a
-    thread (it took 5 s on a busy 2-core machine, which the page's event loop must not wait)."""
+    """The served model's tokenizer in the front end, to count prompts: the light one (no torch
+    or transformers in the front end) where the model allows, loaded once per model in a thread
+    (transformers' took 5 s on a busy 2-core machine, which the page's event loop must not wait)."""
 
     def __init__(self) -> None:
         self.loaded: dict[str, object] = {}  # tokenizer folder -> tokenizer (None: it has none)
@@ -224,12 +225,12 @@ class PromptTokenizers:
         threading.Thread(target=self._load, args=(path,), daemon=True).start()
 
     def _load(self, path: str) -> None:
-        from minisgl_engine import load_tokenizer
+        from minisgl_engine import load_text_tokenizer
 
         with self.lock:
             if path not in self.loaded:
                 try:
-                    self.loaded[path] = load_tokenizer(path)
+                    self.loaded[path] = load_text_tokenizer(path)
                 except Exception:  # noqa: BLE001 (no count: the chat is sent whole, the engine checks it)
                     logger.exception("loading the tokenizer of %s to count prompts failed", path)
                     self.loaded[path] = None
