@@ -358,12 +358,7 @@ def run_chat(args: argparse.Namespace) -> int:
     store = ConversationStore()
     page_key = None
     if args.no_auth:
-        print(
-            "minisgl-chat: WARNING: --no-auth: the chat page needs no key; every user and program on this machine "
-            "can read, change and delete your chats",
-            file=sys.stderr,
-            flush=True,
-        )
+        warn_no_auth()
     # the page's key is read by `mount` (its module imports Gradio), before the app listens
     on_listen, on_ready = page_announcements(args, store.path.parent, lambda: page_key)
 
@@ -401,6 +396,15 @@ def run_chat(args: argparse.Namespace) -> int:
 
     return run_server(
         engine_config_from_args(args), server, mount=mount, on_listen=on_listen, on_ready=on_ready
+    )
+
+
+def warn_no_auth() -> None:
+    print(
+        "minisgl-chat: WARNING: --no-auth: the chat page needs no key; every user and program on this machine "
+        "can read, change and delete your chats",
+        file=sys.stderr,
+        flush=True,
     )
 
 

@@ -192,19 +192,46 @@ def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: b
     return "gguf" if kind == "auto" and from_gguf and cpu_packed else "none"
 
 
+def model_folder(config: EngineConfig) -> Path | None:
+    """The model's folder (resolved, downloaded or converted); None for random weights of a
+    built-in config."""
+    if config.dummy_weights and config.config is not None:
+        return None
+    if config.dummy_weights and config.model is None:
+        raise UserError(
+            "--dummy-weights needs --config NAME (or a --model folder for its config.json)"
+        )
+    from .weights.source import resolve_model
+
+    return resolve_model(config.model)
+
+
+def check_model_fits(
+    config: EngineConfig,
+    model_config: ModelConfig,
+    name: str,
+    weight_bytes: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> None:
+    """The weights and a KV cache of up to 4,096 tokens fit the device, or a UserError says so."""
+    from .kvcache.kv_pool import KVPool, resolve_kv_dtype
+
+    kv_dtype = resolve_kv_dtype(config.kv_dtype, dtype, device.type)
+    per_token = KVPool.bytes_per_token(
+        model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, kv_dtype
+    )
+    tp = get_tp().size  # each rank holds about 1/tp of the weights and of the KV heads
+    check_fits(
+        name, weight_bytes, per_token * min(model_config.max_context_len, 4096), device, dtype, tp
+    )
+
+
 def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedModel:
     from .weights.gguf_tensors import GGUF_WEIGHTS, iter_gguf
     from .weights.safetensors_io import iter_safetensors, weights_nbytes
 
-    model_dir = None
-    if not (config.dummy_weights and config.config is not None):
-        if config.dummy_weights and config.model is None:
-            raise UserError(
-                "--dummy-weights needs --config NAME (or a --model folder for its config.json)"
-            )
-        from .weights.source import resolve_model
-
-        model_dir = resolve_model(config.model)
+    model_dir = model_folder(config)
     model_config = read_model_config(config, model_dir)  # transformers only where needed
     device = resolve_device(config.device)
     if (
@@ -226,16 +253,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         weight_bytes = param_bytes(model_config, dtype)
     else:
         weight_bytes = weights_nbytes(model_dir, dtype, keep_gguf_blocks=quantization == "gguf")
-    from .kvcache.kv_pool import KVPool, resolve_kv_dtype
-
-    kv_dtype = resolve_kv_dtype(config.kv_dtype, dtype, device.type)
-    per_token = KVPool.bytes_per_token(
-        model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, kv_dtype
-    )
-    tp = get_tp().size  # each rank holds about 1/tp of the weights and of the KV heads
-    check_fits(
-        name, weight_bytes, per_token * min(model_config.max_context_len, 4096), device, dtype, tp
-    )
+    check_model_fits(config, model_config, name, weight_bytes, device, dtype)
 
     with torch.device(device):
         default_dtype = torch.get_default_dtype()
