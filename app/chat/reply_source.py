@@ -255,6 +255,19 @@ def chat_template_supports_thinking(tokenizer_path: str | None) -> bool:
     return any("enable_thinking" in t for t in texts)
 
 
+def is_transport_error(exc: BaseException) -> bool:
+    """A connection that failed under the openai client without its wrapping: a stream cut in
+    mid-body surfaces as the HTTP library's own error (httpx's; httpx2's for openai 3.x), not
+    as openai.APIConnectionError."""
+    import sys
+
+    return any(
+        isinstance(exc, module.TransportError)
+        for module in (sys.modules.get("httpx"), sys.modules.get("httpx2"))
+        if module is not None
+    )
+
+
 class RemoteEngine:
     """An OpenAI-compatible server elsewhere (SGLang, vLLM, another ``minisgl-chat serve``).
 
@@ -388,7 +401,7 @@ class RemoteEngine:
             return f"it answered HTTP {exc.status_code}: {remote_message(exc)}"
         if isinstance(exc, openai.APITimeoutError):
             return "it did not answer in time"
-        if isinstance(exc, openai.APIConnectionError):
+        if isinstance(exc, openai.APIConnectionError) or is_transport_error(exc):
             return (
                 "the connection broke mid-reply" if mid_reply else "cannot connect; is it running?"
             )
@@ -425,10 +438,12 @@ class RemoteEngine:
                 async for reply in replies:
                     yield reply
         except Exception as exc:  # noqa: BLE001 (a remote's failure is a sentence in the chat, never a traceback)
-            if not isinstance(exc, openai.APIError):
+            if not isinstance(exc, openai.APIError) and not is_transport_error(exc):
                 logger.exception("the reply from %s failed", self.shown_url)
             reason = self.describe(exc, mid_reply=tally.started)
-            if isinstance(exc, (openai.APIConnectionError, openai.AuthenticationError)):
+            if isinstance(exc, (openai.APIConnectionError, openai.AuthenticationError)) or (
+                is_transport_error(exc)
+            ):
                 self.error, self.checked_at = (
                     reason,
                     time.monotonic(),
