@@ -186,25 +186,6 @@ def test_a_page_that_cannot_reach_the_app_says_so_and_clears_it_once_answered(co
     page.locator(UNREACHABLE).wait_for(state="hidden", timeout=30_000)
 
 
-def test_a_sixth_tab_of_the_app_says_it_cannot_reach_it(context, app):
-    """Chromium opens at most six connections to one host: with six tabs of the app open in one
-    browser, the sixth stayed on "Connecting…" without a word. Every tab either loads or says it
-    cannot reach the app."""
-    pages = []
-    for _ in range(6):
-        page = context.new_page()
-        page.goto(app.page_url)
-        pages.append(page)
-
-    def said_or_loaded(page) -> bool:
-        loaded = page.locator("body[data-chat-loaded='1']").count() > 0
-        return loaded or page.locator(UNREACHABLE).is_visible()
-
-    assert wait_until(lambda: all(said_or_loaded(p) for p in pages), 60), [
-        (p.inner_text("#status-line"), p.locator(UNREACHABLE).count()) for p in pages
-    ]
-
-
 # ---- the web app manifest a logged-in page asks for
 
 
