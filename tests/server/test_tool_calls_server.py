@@ -101,6 +101,19 @@ def well_formed(message) -> bool:
     return message.content is not None
 
 
+def calls_and_finish(client, kw: dict, stream: bool) -> tuple[list, str | None]:
+    """A chat request's tool calls and finish reason, streamed (the deltas joined) or not."""
+    if not stream:
+        reply = client.chat.completions.create(**kw)
+        return reply.choices[0].message.tool_calls or [], reply.choices[0].finish_reason
+    calls, finish = [], None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            calls += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    return calls, finish
+
+
 def test_a_two_turn_tool_conversation(tool_server):
     from openai import OpenAI
 
@@ -198,18 +211,7 @@ def test_required_and_named_tool_choice_always_give_a_valid_call(tool_server):
                 max_tokens=80,
                 **sampling,
             )
-            if stream:
-                calls, finish = [], None
-                for chunk in client.chat.completions.create(stream=True, **kw):
-                    for c in chunk.choices:
-                        calls += c.delta.tool_calls or []
-                        finish = c.finish_reason or finish
-            else:
-                reply = client.chat.completions.create(**kw)
-                calls, finish = (
-                    reply.choices[0].message.tool_calls or [],
-                    reply.choices[0].finish_reason,
-                )
+            calls, finish = calls_and_finish(client, kw, stream)
             assert finish == "tool_calls" and len(calls) == 1, (choice, calls, finish)
             assert calls[0].function.name in allowed
             jsonschema.validate(
@@ -244,18 +246,7 @@ def test_a_template_without_tools_gets_them_in_the_default_tool_prompt(demo_serv
     named = {"type": "function", "function": {"name": "get_weather"}}
     for choice, stream in (("required", False), (named, True), (named, False)):
         kw = dict(model=model, messages=QUESTION, tools=tools, tool_choice=choice, max_tokens=80)
-        if stream:
-            calls, finish = [], None
-            for chunk in client.chat.completions.create(stream=True, **kw):
-                for c in chunk.choices:
-                    calls += c.delta.tool_calls or []
-                    finish = c.finish_reason or finish
-        else:
-            reply = client.chat.completions.create(**kw)
-            calls, finish = (
-                reply.choices[0].message.tool_calls or [],
-                reply.choices[0].finish_reason,
-            )
+        calls, finish = calls_and_finish(client, kw, stream)
         assert finish == "tool_calls" and len(calls) == 1, (choice, calls, finish)
         name = calls[0].function.name
         assert name == "get_weather" or choice == "required", name
