@@ -95,6 +95,16 @@ def open_chat_list(page) -> None:
         page.locator("#conv-list").wait_for(state="visible", timeout=5_000)
 
 
+def pick_import_file(page, path) -> None:
+    """Manage → Import chat, and ``path`` given to its file chooser."""
+    if not page.locator("#import-btn").is_visible():
+        page.click("text=Manage")
+        page.wait_for_selector("#import-btn", state="visible")
+    with page.expect_file_chooser() as chooser:
+        page.click("#import-btn")
+    chooser.value.set_files(str(path))
+
+
 def send(page, text: str) -> None:
     """Type a message and press Enter, as a person does."""
     page.fill("#msg-input textarea", text)

@@ -25,6 +25,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     browser,
     open_chat_list,
     open_new_chat,
+    pick_import_file,
     put_setting,
     send,
     wait_page_loaded,
@@ -85,12 +86,7 @@ def meter(page) -> str:
 def import_chat(page, path: Path, messages: list[dict]) -> None:
     """Import an OpenAI-style chat file; the page shows it."""
     path.write_text(json.dumps({"messages": messages}), encoding="utf-8")
-    if not page.locator("#import-btn").is_visible():
-        page.click("text=Manage")
-        page.wait_for_selector("#import-btn", state="visible")
-    with page.expect_file_chooser() as chooser:
-        page.click("#import-btn")
-    chooser.value.set_files(str(path))
+    pick_import_file(page, path)
     asked = [m["content"] for m in messages if m["role"] == "user"]
 
     def shown() -> bool:  # this chat, not the one shown before with as many questions

@@ -11,7 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from chat_page_utils import BROWSER_MARKS, REPLY, browser, wait_page_loaded  # noqa: F401 (browser: fixture)
+from chat_page_utils import (  # noqa: F401 (browser: fixture)
+    BROWSER_MARKS,
+    REPLY,
+    browser,
+    pick_import_file,
+    wait_page_loaded,
+)
 from server_utils import wait_until
 
 pytestmark = BROWSER_MARKS
@@ -67,12 +73,7 @@ def listener():
 
 
 def import_chat(page, path: Path) -> None:
-    if not page.locator("#import-btn").is_visible():
-        page.click("text=Manage")
-        page.wait_for_selector("#import-btn", state="visible")
-    with page.expect_file_chooser() as chooser:
-        page.click("#import-btn")
-    chooser.value.set_files(str(path))
+    pick_import_file(page, path)
 
 
 def test_a_chat_with_images_from_another_host_loads_nothing_from_it(tab, app, listener, tmp_path):
