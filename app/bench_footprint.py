@@ -9,7 +9,8 @@ the app holds). Then one long chat (``--chat-tokens`` of prompt through ``/v1/ch
 with the same figures sampled while it runs (the peak of the sum) and after it, and the
 machine's 1-minute load average before and after (other work on it slows the starts). With
 ``--page``, the time Chromium takes to show the page once the server is ready. One JSON line, for
-docs/benchmarks.md; ``--pythonpath`` runs another checkout (a folder with its ``minisgl_app`` and
+docs/benchmarks.md; on a GPU it adds the GPU memory each process holds (nvidia-smi) and the
+CUDA graphs captured at start-up (count and seconds, from the ready line). ``--pythonpath`` runs another checkout (a folder with its ``minisgl_app`` and
 ``minisgl_engine``) for a before/after in the same run.
 """
 
@@ -98,6 +99,51 @@ def process_memory(app: StartedApp) -> dict[str, dict[str, float]]:
     return found
 
 
+def gpu_memory(app: StartedApp) -> dict[str, float]:
+    """Process title -> GPU memory in MB (nvidia-smi's per-process figure, CUDA context
+    included) for the app's processes that hold any; empty without nvidia-smi."""
+    import shutil
+    import subprocess
+
+    import psutil
+
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    used = {
+        int(pid): float(mb)
+        for pid, mb in (line.split(",") for line in out.splitlines() if "," in line)
+    }
+    root = psutil.Process(app.proc.pid)
+    found: dict[str, float] = {}
+    for proc in [root, *root.children(recursive=True)]:
+        if proc.pid in used:
+            try:
+                title = (proc.cmdline() or [proc.name()])[0].split("/")[-1]
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            found["front end" if proc.pid == root.pid else title] = used[proc.pid]
+    return found
+
+
+def cuda_graphs(app: StartedApp) -> dict[str, float]:
+    """The ready line's "N CUDA graphs captured in T s" (nothing on CPU)."""
+    import re
+
+    with open(app.log_path) as f:
+        found = re.search(r"(\d+) CUDA graphs captured in ([\d.]+) s", f.read())
+    return (
+        {"cuda_graphs": int(found.group(1)), "graph_capture_s": float(found.group(2))}
+        if found
+        else {}
+    )
+
+
 def total_pss(processes: dict[str, dict[str, float]]) -> float:
     return round(sum(p["pss_mb"] for p in processes.values()), 1)
 
@@ -180,7 +226,10 @@ def run_footprint_bench(args: argparse.Namespace) -> int:
                 row["page_load_s"] = page_load_s(app.link, args.chromium)
             time.sleep(args.settle)
             idle = process_memory(app)
-            row.update(idle_pss_mb=total_pss(idle), idle=idle)
+            row.update(idle_pss_mb=total_pss(idle), idle=idle, **cuda_graphs(app))
+            gpu = gpu_memory(app)
+            if gpu:
+                row.update(idle_gpu_mb=round(sum(gpu.values()), 1), idle_gpu=gpu)
             if args.chat_tokens > 0:
                 result, send = long_chat(server_url(app.link), args.chat_tokens)
                 peak = sample_while(app, send)

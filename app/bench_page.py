@@ -66,11 +66,12 @@ def add_page_bench_args(parser: argparse.ArgumentParser) -> None:
 @dataclass
 class StartedApp:
     """A `minisgl-chat` this bench started: the page's link (…/?token=KEY; the server's address
-    for `serve`), its process, and how long it took from the command to /health 200."""
+    for `serve`), its process, how long it took from the command to /health 200, and its log."""
 
     link: str
     proc: subprocess.Popen
     ready_s: float
+    log_path: str = ""
 
 
 @contextmanager
@@ -108,7 +109,7 @@ def started_app(
             ready_s = time.perf_counter() - start
             with open(log_path) as f:
                 found = re.search(r"open (http://\S+) in your browser", f.read())
-            yield StartedApp(found.group(1) if found else f"{url}/", proc, ready_s)
+            yield StartedApp(found.group(1) if found else f"{url}/", proc, ready_s, log_path)
         finally:
             proc.terminate()
             try:

@@ -220,6 +220,32 @@ print('demo model ready at', demo_model_dir())" || status=1
         status=1; pkill -ABRT '^minisgl-TP' ; sleep 2
       fi
       pkill -TERM -f 'minisgl_app.cli -v serve' ; sleep 3; tail -80 "$OUT/demoserve.log" ;;
+    ggufserve)  # a GGUF model folder on the GPU (carry .tiny: `python scripts/gguf_shrink.py DEMO_FOLDER .tiny/model`):
+      # first in one process (no fork server), then `serve`; whatever is not done in 60 s prints its threads' stacks
+      GGUF_MODEL=${GGUF_MODEL:-.tiny/model}
+      timeout 150 python3 -c "
+import faulthandler, logging, time
+logging.basicConfig(level=logging.INFO)
+faulthandler.dump_traceback_later(60, exit=True)
+start = time.perf_counter()
+from minisgl_engine.llm import LLM
+llm = LLM('$GGUF_MODEL', device='cuda')
+print(f'in-process engine ready in {time.perf_counter() - start:.1f} s')
+print(llm.generate(['The capital of France is'])[0])
+" 2>&1 | tee "$OUT/ggufserve.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      PYTHONFAULTHANDLER=1 timeout 150 "${CLI[@]}" -v serve --device cuda --model "$GGUF_MODEL" --port 19323 >>"$OUT/ggufserve.log" 2>&1 &
+      for _ in $(seq 60); do curl -sf localhost:19323/health >/dev/null && break; sleep 1; done
+      if curl -sf localhost:19323/health >/dev/null; then
+        curl -s -m 60 localhost:19323/v1/chat/completions -H 'content-type: application/json' \
+          -d '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "temperature": 0}' | tee -a "$OUT/ggufserve.log"
+      else
+        status=1; pkill -ABRT '^minisgl-TP' ; sleep 2
+      fi
+      pkill -TERM -f "minisgl_app.cli -v serve --device cuda --model" ; sleep 3; tail -60 "$OUT/ggufserve.log" ;;
+    footprint)  # issue 44's figures on the GPU: `serve` of the demo model, host PSS and GPU memory idle and under an 8,000-token chat, ready time, CUDA graphs
+      timeout 400 "${CLI[@]}" bench footprint --app serve --app-args "--device cuda" --starts 2 --chat-tokens 8000 --label "$(git log --format=%h -1 2>/dev/null)" 2>&1 | tee "$OUT/footprint.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       Q=(--device cuda --dummy-weights --config qwen3-0.6b)
       "${CLI[@]}" bench decode "${Q[@]}" --compare-hf --input-len 128 2048 --output-len 128 --repeat 3 2>&1 | tee "$OUT/bench_decode.log"

@@ -361,7 +361,8 @@ class _ServerRun:
             self.server.served_model_names,
         )
         fast = f", {config.dp} replicas" if config.dp > 1 else ""
-        fast += ", CUDA graphs" if info.get("cuda_graphs") else ""
+        if info.get("cuda_graphs"):
+            fast += f", {info['cuda_graphs']} CUDA graphs captured in {info.get('graph_capture_s', 0):.1f} s"
         fast += ", overlap scheduling" if info.get("overlap") else ""
         served_as = f" as {', '.join(names)}" if names else ""
         print(

@@ -123,7 +123,8 @@ class CudaGraphRunner:
             torch.cuda.current_stream().wait_stream(stream)
             self.graphs[bs, kind] = graph
         torch.cuda.synchronize(engine.device)
-        logger.info("captured %d CUDA graphs in %.1f s", len(shapes), time.perf_counter() - start)
+        self.capture_s = time.perf_counter() - start  # reported in the ready line
+        logger.info("captured %d CUDA graphs in %.1f s", len(shapes), self.capture_s)
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits [padded size, vocab] of a decode batch that ``Engine.prepare`` padded and the

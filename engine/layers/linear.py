@@ -7,6 +7,7 @@ so the model's loader stays a short loop.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,10 +21,15 @@ if TYPE_CHECKING:
     from .quantized import PackedWeight
 
 
-def _probe_onednn_linear():
+@functools.cache
+def onednn_linear():
     """oneDNN's linear (the kernel torch.compile uses on CPU) runs a float32 matrix-vector
     product ~1.7x faster than ``F.linear``'s default path on a laptop-class CPU, which is most of
-    a small model's decode step. It is an internal op: use it only if it exists and agrees."""
+    a small model's decode step. It is an internal op: use it only if it exists and agrees.
+
+    Probed at the first product, not at import: the schedulers' fork server imports this module,
+    and a product run there starts the OpenMP thread team, which a forked child cannot use (its
+    first parallel operation waits forever)."""
     op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
     if op is None or not torch.backends.mkldnn.is_available():
         return None
@@ -34,9 +40,6 @@ def _probe_onednn_linear():
     except (RuntimeError, NotImplementedError):
         pass
     return None
-
-
-_onednn_linear = _probe_onednn_linear()
 
 
 def store_transposed(param: torch.Tensor) -> None:
@@ -57,8 +60,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             halves = torch.bmm(x.reshape(2, 1, k // 2), weight.t().view(2, k // 2, weight.shape[0]))
             out = halves[0] + halves[1]
             return out if bias is None else out + bias
-        if _onednn_linear is not None:
-            return _onednn_linear(x, weight, bias, "none", [], "")
+        op = onednn_linear()
+        if op is not None:
+            return op(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 

@@ -289,7 +289,11 @@ def run_scheduler_worker(args: SchedulerWorkerArgs) -> None:
             "kv_tokens": engine.num_pages * engine.page_size,
             "max_context_len": engine.max_context_len,
             "attention": engine.attn_name,
-            "cuda_graphs": engine.uses_cuda_graphs,
+            # how many decode graphs were captured and in how long (start-up time on a GPU)
+            "cuda_graphs": len(engine.graph_runner.graphs) if engine.graph_runner else 0,
+            "graph_capture_s": round(engine.graph_runner.capture_s, 1)
+            if engine.graph_runner
+            else 0.0,
             "overlap": scheduler.overlap,
         }
         to_frontend.send(FrontendBatch([ReadyMsg(name, info=info)]))

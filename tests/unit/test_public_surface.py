@@ -215,3 +215,18 @@ def test_the_structure_check_sees_a_cycle_and_an_import_up(tmp_path):
         "kvcache (floor 1) imports scheduler (floor 6)",
         "import cycle through scheduler -> kvcache",
     ]
+
+
+def test_the_fork_servers_preload_runs_no_torch_operation():
+    """Schedulers are forked from a process that imported ``worker_preload``. A torch operation
+    run there at import (a kernel probe, a constant table) starts OpenMP's thread team, and a
+    forked scheduler's first parallel operation then never returns."""
+    code = (
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "with profile(activities=[ProfilerActivity.CPU]) as prof:\n"
+        "    import minisgl_engine.workers.worker_preload\n"
+        "print(sorted({event.key for event in prof.key_averages()}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
