@@ -39,10 +39,11 @@ def _add_model_flags(g: argparse._ArgumentGroup, d: EngineConfig) -> None:
     g.add_argument(
         "--quantization",
         default=d.quantization,
-        choices=["auto", "none", "int4", "int8"],
-        help="CPU weights: auto = a GGUF's quantized weights stay quantized, other checkpoints as stored; "
-        "none = widen every weight to --dtype (the reference); int4 | int8 = quantize a float "
-        "checkpoint at load, in groups of 32 (default: %(default)s)",
+        choices=["auto", "none", "int4", "int8", "fp8"],
+        help="auto = a GGUF's quantized weights stay quantized on CPU, other checkpoints as stored; "
+        "none = widen every weight to --dtype (the reference); int4 | int8 (CPU) = quantize a float "
+        "checkpoint at load, in groups of 32; fp8 (GPU, compute capability 8.9+) = the decoder "
+        "layers' projections in FP8 with a scale per row, half the bytes of bf16 (default: %(default)s)",
     )
     g.add_argument(
         "--dummy-weights",

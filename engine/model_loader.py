@@ -111,7 +111,7 @@ class LoadedModel:
     model_dir: Path | None
     device: torch.device
     dtype: torch.dtype
-    quantization: str = "none"  # gguf | int4 | int8 | none (choose_quantization)
+    quantization: str = "none"  # gguf | int4 | int8 | fp8 | none (choose_quantization)
 
 
 def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
@@ -170,12 +170,24 @@ def return_freed_memory() -> None:
 
 def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: bool) -> str:
     """How the weights are held: "gguf" (a GGUF's blocks repacked for the CPU kernels), "int4" or
-    "int8" (a float checkpoint quantized at load), or "none" (every weight in the model dtype)."""
+    "int8" (a float checkpoint quantized at load, CPU), "fp8" (the decoder layers' projections
+    in FP8 at load, GPU), or "none" (every weight in the model dtype)."""
     from .layers.quantized import packed_kernels_available
 
     kind = config.quantization
-    if kind not in ("auto", "none", "int4", "int8"):
-        raise UserError(f"unsupported --quantization {kind!r}; use auto, none, int4 or int8")
+    if kind not in ("auto", "none", "int4", "int8", "fp8"):
+        raise UserError(
+            f"unsupported --quantization {kind!r}; use auto, none, int4, int8 (CPU) or fp8 (GPU)"
+        )
+    if kind == "fp8":
+        from .layers.fp8 import fp8_unavailable_reason
+
+        reason = fp8_unavailable_reason(device)
+        if reason is not None:
+            raise UserError(
+                f"--quantization fp8: {reason}; use int8 or int4 on CPU, or --quantization none"
+            )
+        return kind
     cpu_packed = device.type == "cpu" and get_tp().size == 1 and packed_kernels_available()
     if kind in ("int4", "int8"):
         if not cpu_packed:
@@ -274,6 +286,16 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
             model.load_weights(iter_safetensors(model_dir, lazy=get_tp().size > 1))
     if quantization in ("int4", "int8"):
         model.quantize(quantization)
+    if quantization == "fp8":
+        from .layers.fp8 import scaled_mm_works
+
+        saved = model.quantize_fp8()
+        torch.cuda.empty_cache()  # the 16-bit copies' memory back for the KV cache
+        logger.info(
+            "FP8 weights: %.2f GiB saved; products of several rows on %s",
+            saved / 2**30,
+            "the FP8 tensor cores" if scaled_mm_works(device) else "weights widened per product",
+        )
     if quantization != "none":
         return_freed_memory()
     model.eval()

@@ -25,6 +25,7 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels decodesweep   # the Triton decode attention's tilings, then the offline workload with the best
 #   ENVAB_RUNS="MINISGL_PDL_TRIGGER=first :: qwen3-8b decode --input-len 128" bash scripts/gpu_check.sh setup loadcache kernels envab
 #   bash scripts/gpu_check.sh setup loadcache kernels fp8 fp8bench   # --kv-dtype fp8: its kernels and agreement, then the benches
+#   bash scripts/gpu_check.sh setup kernels fp8weights   # --quantization fp8: its tests, then batch-1 decode bf16 vs fp8 (8B and 0.6B shapes)
 #   bash scripts/gpu_check.sh setup loadcache kernels fp8ab   # the offline workload over an FP8 pool with each decode attention
 #   bash scripts/gpu_check.sh setup loadcache kernels kernelab oldnew   # this tree against the committed one (carry .old, made by:
 #     rm -rf .old && mkdir .old && git archive HEAD engine app | tar -x -C .old && mv .old/engine .old/minisgl_engine && mv .old/app .old/minisgl_app)
@@ -246,6 +247,14 @@ print(llm.generate(['The capital of France is'])[0])
     footprint)  # issue 44's figures on the GPU: `serve` of the demo model, host PSS and GPU memory idle and under an 8,000-token chat, ready time, CUDA graphs
       timeout 400 "${CLI[@]}" bench footprint --app serve --app-args "--device cuda" --starts 2 --chat-tokens 8000 --label "$(git log --format=%h -1 2>/dev/null)" 2>&1 | tee "$OUT/footprint.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    fp8weights)  # --quantization fp8: its kernel and agreement tests, then batch-1 decode of the 8B and 0.6B shapes in bf16 and in fp8
+      timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_triton_kernels.py tests/gpu/test_cuda.py -k "fp8_weights" 2>&1 | tee "$OUT/fp8weights.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      for config in qwen3-8b qwen3-0.6b; do
+        for q in none fp8; do
+          timeout 150 "${CLI[@]}" bench decode --device cuda --dummy-weights --config $config --quantization $q --input-len 128 --output-len 128 --repeat 2 2>&1 | tail -3 | tee -a "$OUT/fp8weights.log"
+        done
+      done ;;
     bench)
       Q=(--device cuda --dummy-weights --config qwen3-0.6b)
       "${CLI[@]}" bench decode "${Q[@]}" --compare-hf --input-len 128 2048 --output-len 128 --repeat 3 2>&1 | tee "$OUT/bench_decode.log"

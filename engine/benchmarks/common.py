@@ -46,6 +46,7 @@ def row_header(bench: str, config: EngineConfig, engine) -> dict:
         "model": config.config if config.dummy_weights and config.config else str(engine.model_dir),
         "dtype": str(engine.dtype).removeprefix("torch."),
         "kv_dtype": str(engine.kv_dtype).removeprefix("torch."),
+        "quantization": engine.quantization,
         "tp": config.tp,
         "dp": config.dp,
     }

@@ -67,15 +67,26 @@ def faster_up_to(
     return best, timings
 
 
-def cublas(linear, silu_mul: bool, rows: int) -> Callable[[], object]:
-    """What runs without the Triton kernels: cuBLAS (and FlashInfer's SwiGLU kernel)."""
-    from ..layers.activation import silu_and_mul
+def input_dtype(linear) -> torch.dtype:
+    """The dtype of a product's input: the weight's, or an FP8 layer's activations'."""
+    return linear.compute_dtype or linear.weight.dtype
 
-    weight, bias = linear.weight, linear.bias
-    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+
+def cublas(linear, silu_mul: bool, rows: int) -> Callable[[], object]:
+    """What runs without the Triton kernels: cuBLAS (and FlashInfer's SwiGLU kernel); for an
+    FP8 layer, its FP8 tensor-core product (layers/fp8.py)."""
+    from ..layers.activation import silu_and_mul
+    from ..layers.fp8 import fp8_linear
+
+    weight, bias, scale = linear.weight, linear.bias, linear.weight_scale
+    x = torch.randn(rows, weight.shape[1], dtype=input_dtype(linear), device=weight.device)
+
+    def product():
+        return F.linear(x, weight, bias) if scale is None else fp8_linear(x, weight, scale, bias)
+
     if silu_mul:
-        return lambda: silu_and_mul(F.linear(x, weight, bias), fused=True)
-    return lambda: F.linear(x, weight, bias)
+        return lambda: silu_and_mul(product(), fused=True)
+    return product
 
 
 def choose(linear, silu_mul: bool) -> tuple[int, list]:
@@ -84,8 +95,8 @@ def choose(linear, silu_mul: bool) -> tuple[int, list]:
     from .triton_kernels import skinny_block_k, skinny_matmul
 
     weight, bias = linear.weight, linear.bias
-    if skinny_block_k(weight.shape[1]) is None:
-        return 0, []
+    if skinny_block_k(weight.shape[1]) is None or linear.weight_scale is not None:
+        return 0, []  # (the skinny kernel multiplies 16-bit weights only)
 
     def ours(rows: int):
         x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
@@ -119,8 +130,8 @@ def choose_gemv(
     of the product) each plan is timed as it then runs: ``add_norm_gemv``, the norm inside."""
     from .triton_kernels import GemvPlan, add_norm_gemv, gemv, gemv_block_k
 
-    weight, bias = linear.weight, linear.bias
-    x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    weight, bias, scale = linear.weight, linear.bias, linear.weight_scale
+    x = torch.randn(1, weight.shape[1], dtype=input_dtype(linear), device=weight.device)
     residual = torch.randn_like(x)
     timings, best_plan = [], GemvPlan()
     for plan in gemv_plans():
@@ -137,6 +148,7 @@ def choose_gemv(
                     block_n=plan.block_n,
                     per_sm=plan.per_sm,
                     pdl=pdl,
+                    scale=scale,
                 )
         else:
 
@@ -152,6 +164,7 @@ def choose_gemv(
                     block_n=plan.block_n,
                     per_sm=plan.per_sm,
                     pdl=pdl,
+                    scale=scale,
                 )
 
         try:

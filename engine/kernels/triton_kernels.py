@@ -250,6 +250,7 @@ def _gemv_kernel(
     r_ptr,
     h_ptr,
     g_ptr,
+    s_ptr,
     eps,
     N,
     stride_wn,
@@ -257,6 +258,7 @@ def _gemv_kernel(
     up_offset,
     K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     SILU_MUL: tl.constexpr,
     NORM: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -301,6 +303,10 @@ def _gemv_kernel(
         y = y * inv_rms
         if SILU_MUL:
             y_up = y_up * inv_rms
+    if HAS_SCALE:  # FP8 weights: each weight row's scale
+        y = y * tl.load(s_ptr + cols, mask=col_ok, other=0.0)
+        if SILU_MUL:
+            y_up = y_up * tl.load(s_ptr + up_offset + cols, mask=col_ok, other=0.0)
     if HAS_BIAS:
         y += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     if SILU_MUL:
@@ -317,6 +323,7 @@ def _gemv_rows_kernel(
     r_ptr,
     h_ptr,
     g_ptr,
+    s_ptr,
     eps,
     N,
     stride_wn,
@@ -324,6 +331,7 @@ def _gemv_rows_kernel(
     K: tl.constexpr,
     K_PAD: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     SILU_MUL: tl.constexpr,
     NORM: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -367,10 +375,14 @@ def _gemv_rows_kernel(
         if SILU_MUL:
             w_up_next = tl.load(w_rows + up_offset * stride_wn, mask=mask, other=0.0)
         y = tl.sum(w.to(tl.float32) * x[None, :], axis=1) * scale
+        if HAS_SCALE:  # FP8 weights: each weight row's scale
+            y = y * tl.load(s_ptr + cols, mask=cols < N, other=0.0)
         if HAS_BIAS:
             y += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
         if SILU_MUL:
             y_up = tl.sum(w_up.to(tl.float32) * x[None, :], axis=1) * scale
+            if HAS_SCALE:
+                y_up = y_up * tl.load(s_ptr + up_offset + cols, mask=cols < N, other=0.0)
             y = y * tl.sigmoid(y) * y_up
         tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=cols < N)
         w = w_next
@@ -421,13 +433,15 @@ def gemv(
     block_n: int = 4,
     pdl: bool = False,
     per_sm: int = 0,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` for one row ``x`` [1, k] (batch-1 decode), with SwiGLU fused in
     as in :func:`skinny_matmul`. Unlike it, no tensor-core tile of 16 rows: each program reduces
     ``block_n`` weight rows, so even a projection with few outputs spreads over every SM.
     ``per_sm``: the row-walking grid (:class:`GemvPlan`). ``pdl``: launched as a programmatic
-    dependent (see :func:`pdl_supported`)."""
-    return _launch_gemv(x, weight, bias, silu_mul, GemvPlan(block_n, per_sm), pdl, None)[0]
+    dependent (see :func:`pdl_supported`). ``scale``: an FP8 weight's float32 scale per row (the
+    weight is read as 8 bits, widened in registers: half the bytes of a 16-bit weight)."""
+    return _launch_gemv(x, weight, bias, silu_mul, GemvPlan(block_n, per_sm), pdl, None, scale)[0]
 
 
 def add_norm_gemv(
@@ -441,18 +455,26 @@ def add_norm_gemv(
     block_n: int = 4,
     pdl: bool = False,
     per_sm: int = 0,
+    scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A decoder layer's residual add and RMSNorm in front of :func:`gemv`: ``h = x +
     residual``, then ``rmsnorm(h) * norm_weight`` goes through the product. Every program
     computes the norm of the one row itself, so the norm's own kernel disappears. Returns
     (the product, ``h``: the next residual)."""
     return _launch_gemv(
-        x, weight, bias, silu_mul, GemvPlan(block_n, per_sm), pdl, (residual, norm_weight, eps)
+        x,
+        weight,
+        bias,
+        silu_mul,
+        GemvPlan(block_n, per_sm),
+        pdl,
+        (residual, norm_weight, eps),
+        scale,
     )
 
 
 def _launch_gemv(
-    x, weight, bias, silu_mul: bool, plan: GemvPlan, pdl: bool, add_norm
+    x, weight, bias, silu_mul: bool, plan: GemvPlan, pdl: bool, add_norm, scale=None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     m, k = x.shape
     assert m == 1 and x.stride(1) == 1 and weight.shape[1] == k
@@ -469,6 +491,7 @@ def _launch_gemv(
         residual,
         h if h is not None else x,
         norm_weight,
+        scale if scale is not None else norm_weight,
         eps,
         n,
         weight.stride(0),
@@ -482,6 +505,7 @@ def _launch_gemv(
             K=k,
             K_PAD=triton.next_power_of_2(k),
             HAS_BIAS=bias is not None,
+            HAS_SCALE=scale is not None,
             SILU_MUL=silu_mul,
             NORM=add_norm is not None,
             BLOCK_N=plan.block_n,
@@ -498,6 +522,7 @@ def _launch_gemv(
         n,
         K=k,
         HAS_BIAS=bias is not None,
+        HAS_SCALE=scale is not None,
         SILU_MUL=silu_mul,
         NORM=add_norm is not None,
         BLOCK_N=plan.block_n,

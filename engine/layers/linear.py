@@ -105,6 +105,10 @@ class Linear(nn.Module):
     # CPU, quantized weights (layers/quantized.py): the packed matrix; ``weight`` is then a
     # meta tensor that keeps only its shape
     quant: PackedWeight | None = None
+    # GPU, --quantization fp8 (layers/fp8.py): ``weight`` is float8, this its float32 scale per
+    # row, and ``compute_dtype`` the activations' dtype
+    weight_scale: torch.Tensor | None = None
+    compute_dtype: torch.dtype | None = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -125,7 +129,12 @@ class Linear(nn.Module):
                 block_n=self.gemv_plan[0],
                 per_sm=self.gemv_plan[1],
                 pdl=self.gemv_pdl,
+                scale=self.weight_scale,
             )
+        if self.weight_scale is not None:
+            from .fp8 import fp8_linear
+
+            return fp8_linear(x, self.weight, self.weight_scale, self.bias)
         if 0 < x.shape[0] <= self.skinny_max_rows:
             from ..kernels.triton_kernels import skinny_matmul
 

@@ -88,6 +88,7 @@ class MLP(nn.Module):
                     block_n=self.gemv_plan[0],
                     per_sm=self.gemv_plan[1],
                     pdl=self.gemv_pdl,
+                    scale=self.gate_up_proj.weight_scale,
                 )
             )
         if 0 < x.shape[0] <= self.fused_max_rows:
@@ -156,6 +157,7 @@ class DecoderLayer(nn.Module):
             block_n=qkv_proj.gemv_plan[0],
             per_sm=qkv_proj.gemv_plan[1],
             pdl=qkv_proj.gemv_pdl,
+            scale=qkv_proj.weight_scale,
         )
         hidden = self.self_attn.attend_qkv(qkv, rope, batch, attn)
         norm = self.post_attention_layernorm
@@ -169,6 +171,7 @@ class DecoderLayer(nn.Module):
             block_n=mlp.gemv_plan[0],
             per_sm=mlp.gemv_plan[1],
             pdl=mlp.gemv_pdl,
+            scale=mlp.gate_up_proj.weight_scale,
         )
         return mlp.down_proj(act), residual
 
@@ -359,6 +362,26 @@ class CausalLM(nn.Module):
             )
         module.quant = pack_weight(planes)
         module.weight = drop_weight(module.weight)
+
+    def quantize_fp8(self) -> int:
+        """``--quantization fp8`` (GPU): every projection of the decoder layers to FP8 with a
+        scale per row (layers/fp8.py); the embedding and the LM head stay. One matrix at a time
+        (the 16-bit copy of each is freed as it goes). Returns the bytes saved."""
+        from ..layers.fp8 import quantize_fp8
+
+        saved = 0
+        for module in self.model.layers.modules():
+            if isinstance(module, Linear) and module.quant is None:
+                weight = module.weight
+                fp8_weight, scale = quantize_fp8(weight.data)
+                saved += (
+                    weight.numel() * weight.element_size() - fp8_weight.numel() - 4 * scale.numel()
+                )
+                module.compute_dtype = weight.dtype  # the activations' dtype: the products' inputs
+                module.weight = nn.Parameter(fp8_weight, requires_grad=False)
+                module.weight_scale = scale
+                del weight
+        return saved
 
     def quantize(self, kind: str) -> None:
         """``--quantization int4 | int8``: pack every projection and the LM head of a float

@@ -232,6 +232,88 @@ def test_fp8_kv_cache_agrees_as_well_as_transformers_with_its_kv_rounded_to_fp8(
 
 
 @pytest.fixture(scope="module")
+def fp8_weight_baseline(reference_models, agreement_baselines):
+    """For ``--quantization fp8``: transformers' bf16 run with every decoder-layer projection's
+    weight rounded to FP8 and back (each row scaled as layers/fp8.py does): what the weights'
+    rounding alone costs, without our kernels or the activations' rounding."""
+    from minisgl_engine.layers.fp8 import dequantize_fp8, quantize_fp8
+
+    _, hf16 = reference_models
+    seqs, _, _ = agreement_baselines
+    saved = {}
+    with torch.no_grad():
+        for name, module in hf16.model.layers.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                saved[name] = module.weight.detach().clone()
+                module.weight.copy_(dequantize_fp8(*quantize_fp8(module.weight), torch.bfloat16))
+        try:
+            rounded = hf_last_logits(hf16, seqs, POSITIONS)
+        finally:
+            for name, module in hf16.model.layers.named_modules():
+                if name in saved:
+                    module.weight.copy_(saved[name])
+    return rounded
+
+
+def test_fp8_weights_agree_as_well_as_transformers_with_its_weights_rounded_to_fp8(
+    reference_models, agreement_baselines, fp8_weight_baseline, tmp_path
+):
+    """``--quantization fp8`` as a user runs it: a bf16 checkpoint folder loaded and its
+    projections turned to FP8 at load (the fused kernels then measured on them, CUDA graphs
+    captured); 64 sequences prefilled (FP8 tensor-core products of per-token-scaled
+    activations) and decoded 32 steps in batch (the same) against float32 transformers, as well
+    as transformers' bf16 run with its weights rounded to FP8 gets; then a batch-1 reply
+    through the one-row FP8 kernel equal to the batched one's tokens."""
+    _, hf16 = reference_models
+    seqs, ref, bf16_baselines = agreement_baselines
+    hf16.save_pretrained(tmp_path)
+    fast = LLM(
+        config=engine_config(
+            dummy_weights=False, config=None, model=str(tmp_path), quantization="fp8"
+        )
+    )
+    qkv = fast.engine.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight.dtype == torch.float8_e4m3fn and qkv.weight_scale is not None
+    assert fast.engine.uses_cuda_graphs
+    ours = our_last_logits(fast, seqs, POSITIONS)
+    # four sequences one at a time: their decode steps are batch-1, the one-row FP8 kernel
+    one_row = torch.cat([our_last_logits(fast, [seq], POSITIONS) for seq in seqs[:4]])
+    plans = (qkv.gemv_plan, fast.engine.model.model.layers[0].mlp.gemv_plan)
+    del fast
+    torch.cuda.empty_cache()
+
+    first = slice(0, 4 * POSITIONS)
+    baseline_rows = fp8_weight_baseline[first]
+    figures = {
+        name: (agreement(x, ref[rows]), rel_error(x, ref[rows]))
+        for name, x, rows in (
+            ("ours, fp8 weights", ours, slice(None)),
+            ("transformers bf16, weights rounded to fp8", fp8_weight_baseline, slice(None)),
+            ("transformers bf16", bf16_baselines["transformers bf16"], slice(None)),
+            ("ours, fp8 weights, batch 1 (4 sequences)", one_row, first),
+            ("transformers rounded to fp8, the same 4", baseline_rows, first),
+        )
+    }
+    print(
+        f"--quantization fp8 (one-row plans {plans}): top-1 agreement with float32 transformers (%), relative logit error:",
+        figures,
+    )
+    assert plans[0][0] > 0 and plans[1][0] > 0, plans  # batch 1 ran the one-row kernel
+    # our products also round the activations to FP8 (per token, at several rows): allowed a
+    # little more than the weights' rounding alone
+    for ours_name, baseline_name, points in (
+        ("ours, fp8 weights", "transformers bf16, weights rounded to fp8", 3.0),
+        (
+            "ours, fp8 weights, batch 1 (4 sequences)",
+            "transformers rounded to fp8, the same 4",
+            5.0,
+        ),
+    ):
+        assert figures[ours_name][0] >= figures[baseline_name][0] - points, figures
+        assert figures[ours_name][1] <= 2.0 * figures[baseline_name][1], figures
+
+
+@pytest.fixture(scope="module")
 def graph_llm():
     # the default rules: graphs of up to 16 rows attend with the Triton kernels (FlashInfer for
     # long contexts); from DECODE_WHOLE_KV_FROM rows FlashInfer reads K/V whole (split for long contexts)

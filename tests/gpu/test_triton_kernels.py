@@ -162,6 +162,47 @@ def test_add_norm_gemv_is_the_residual_add_and_rmsnorm_then_the_product(
     close(out, expected)
 
 
+@pytest.mark.parametrize("block_n,per_sm", [(4, 0), (1, 4)])
+@pytest.mark.parametrize(
+    "silu_mul,bias,norm", [(False, True, False), (True, False, False), (True, False, True)]
+)
+def test_gemv_of_fp8_weights_is_the_product_of_the_widened_weights(
+    block_n, per_sm, silu_mul, bias, norm
+) -> None:
+    """--quantization fp8 at one row: the kernel reads 8-bit weights and their per-row scales
+    (gate and up rows scaled apart with SwiGLU; with the norm inside too) and gives the product
+    of the widened weights, up to the one rounding of the result."""
+    from minisgl_engine.layers.fp8 import dequantize_fp8, quantize_fp8
+
+    gen = torch.Generator().manual_seed(11 + 2 * silu_mul + norm)
+    n, k, eps = 40, 256, 1e-6
+    rows = 2 * n if silu_mul else n
+    # rows of very different magnitudes: each needs its own scale
+    w16 = (torch.randn(rows, k, generator=gen) * torch.logspace(-2, 1, rows)[:, None] / k**0.5).to(
+        DTYPE
+    )
+    weight, scale = quantize_fp8(w16.to(DEVICE))
+    wide = dequantize_fp8(weight, scale, torch.float32)
+    x = torch.randn(1, k, generator=gen).to(DTYPE).to(DEVICE)
+    b = torch.randn(n, generator=gen).to(DTYPE).to(DEVICE) if bias else None
+    inputs = x.float()
+    if norm:
+        residual = torch.randn(1, k, generator=gen).to(DTYPE).to(DEVICE)
+        g = (1 + 0.2 * torch.randn(k, generator=gen)).to(DTYPE).to(DEVICE)
+        h = (x.float() + residual.float()).to(DTYPE).float()
+        inputs = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * g.float()
+    expected = inputs @ wide.T + (b.float() if bias else 0)
+    if silu_mul:
+        expected = torch.nn.functional.silu(expected[:, :n]) * expected[:, n:]
+    plan = dict(block_n=block_n, per_sm=per_sm, pdl=tk.pdl_supported(DEVICE), scale=scale)
+    if norm:
+        out, _ = tk.add_norm_gemv(x, residual, g, eps, weight, b, silu_mul=silu_mul, **plan)
+    else:
+        out = tk.gemv(x, weight, b, silu_mul=silu_mul, **plan)
+    assert out.shape == (1, n) and out.dtype == DTYPE
+    close(out, expected)
+
+
 def test_gemv_tiles_k_within_the_register_budget() -> None:
     assert (
         tk.gemv_block_k(3072, 4) == 1024
