@@ -247,13 +247,11 @@ print(llm.generate(['The capital of France is'])[0])
     footprint)  # issue 44's figures on the GPU: `serve` of the demo model, host PSS and GPU memory idle and under an 8,000-token chat, ready time, CUDA graphs
       timeout 400 "${CLI[@]}" bench footprint --app serve --app-args "--device cuda" --starts 2 --chat-tokens 8000 --label "$(git log --format=%h -1 2>/dev/null)" 2>&1 | tee "$OUT/footprint.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
-    fp8weights)  # --quantization fp8: its kernel and agreement tests, then batch-1 decode of the 8B and 0.6B shapes in bf16 and in fp8
-      timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_triton_kernels.py tests/gpu/test_cuda.py -k "fp8_weights" 2>&1 | tee "$OUT/fp8weights.log"
+    fp8weights)  # --quantization fp8: its kernel and agreement tests, then batch-1 decode (FP8_RUNS: config:quantization pairs)
+      timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_triton_kernels.py tests/gpu/test_cuda.py -k "fp8_weights or quantized_to_fp8" 2>&1 | tee "$OUT/fp8weights.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      for config in qwen3-8b qwen3-0.6b; do
-        for q in none fp8; do
-          timeout 150 "${CLI[@]}" bench decode --device cuda --dummy-weights --config $config --quantization $q --input-len 128 --output-len 128 --repeat 2 2>&1 | tail -3 | tee -a "$OUT/fp8weights.log"
-        done
+      for run in ${FP8_RUNS:-qwen3-8b:none qwen3-8b:fp8 qwen3-0.6b:none qwen3-0.6b:fp8}; do
+        timeout 150 "${CLI[@]}" bench decode --device cuda --dummy-weights --config "${run%%:*}" --quantization "${run##*:}" --input-len 128 --output-len 128 --repeat 2 2>&1 | tail -3 | tee -a "$OUT/fp8weights.log"
       done ;;
     bench)
       Q=(--device cuda --dummy-weights --config qwen3-0.6b)

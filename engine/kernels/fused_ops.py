@@ -135,7 +135,10 @@ def choose_gemv(
     residual = torch.randn_like(x)
     timings, best_plan = [], GemvPlan()
     for plan in gemv_plans():
-        if not plan.per_sm and gemv_block_k(weight.shape[1], plan.block_n) is None:
+        if (
+            not plan.per_sm
+            and gemv_block_k(weight.shape[1], plan.block_n, weight.element_size()) is None
+        ):
             continue
         if norm is None:
 

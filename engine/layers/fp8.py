@@ -60,14 +60,27 @@ def scaled_mm_works(device: torch.device) -> bool:
         return False
 
 
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``x`` in FP8, float32 scale per row [rows, 1]): each row scaled by its own largest
+    magnitude; one Triton kernel on a GPU with Triton, torch's operations otherwise."""
+    if x.is_cuda and x.stride(-1) == 1:
+        from ..kernels.flashinfer_kernels import triton_unavailable_reason
+
+        if triton_unavailable_reason() is None:
+            from ..kernels.triton_kernels import quantize_rows_fp8
+
+            return quantize_rows_fp8(x, FP8_MAX)
+    amax = x.abs().amax(dim=1, keepdim=True).float()
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
 def fp8_linear_scaled(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """``x @ dequantized(weight).T (+ bias)`` on the FP8 tensor cores: each row of ``x`` scaled
     to FP8 by its own largest magnitude, the float32 result scaled back by both scales."""
-    x_amax = x.abs().amax(dim=1, keepdim=True).float()
-    x_scale = torch.where(x_amax > 0, x_amax / FP8_MAX, torch.ones_like(x_amax))
-    x_fp8 = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    x_fp8, x_scale = quantize_rows(x)
     out = torch._scaled_mm(
         x_fp8, weight.t(), scale_a=x_scale, scale_b=scale.view(1, -1), out_dtype=x.dtype
     )

@@ -203,6 +203,26 @@ def test_gemv_of_fp8_weights_is_the_product_of_the_widened_weights(
     close(out, expected)
 
 
+@STORES_FP8
+@pytest.mark.parametrize("rows,k", [(1, 4096), (5, 12288), (33, 96)])
+def test_rows_quantized_to_fp8_in_one_kernel_are_torchs_rounding(rows, k) -> None:
+    """The FP8 product's input: each row scaled by its largest magnitude (a zero row by 1),
+    then rounded to FP8, as torch's operations do it."""
+    from minisgl_engine.layers.fp8 import FP8_MAX
+
+    gen = torch.Generator().manual_seed(rows + k)
+    x = (torch.randn(rows, k, generator=gen) * torch.logspace(-3, 2, rows)[:, None]).to(DTYPE)
+    x[0, :] = 0
+    x = x.to(DEVICE)
+    q, scale = tk.quantize_rows_fp8(x, FP8_MAX)
+    amax = x.float().abs().amax(dim=1, keepdim=True)
+    want_scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    want = (x.float() / want_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    assert q.dtype == FP8 and scale.shape == (rows, 1)
+    assert torch.allclose(scale, want_scale, rtol=1e-6)
+    assert torch.equal(q.float(), want.float())
+
+
 def test_gemv_tiles_k_within_the_register_budget() -> None:
     assert (
         tk.gemv_block_k(3072, 4) == 1024
