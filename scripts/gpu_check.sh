@@ -104,6 +104,21 @@ for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
   { [ "$code" -eq 0 ] && [ "$left" -eq 0 ]; } || status=1
 }
 
+serve_and_ask() {  # NAME PORT QUESTION SERVE_ARGS...: `serve` on the GPU answers one chat; a scheduler not ready in
+  # 90 s prints where each of its threads is (faulthandler on SIGABRT) before it is stopped
+  local name=$1 port=$2 question=$3
+  shift 3
+  PYTHONFAULTHANDLER=1 timeout 200 "${CLI[@]}" -v serve --device cuda --port "$port" "$@" >>"$OUT/$name.log" 2>&1 &
+  for _ in $(seq 90); do curl -sf "localhost:$port/health" >/dev/null && break; sleep 1; done
+  if curl -sf "localhost:$port/health" >/dev/null; then
+    curl -s -m 60 "localhost:$port/v1/chat/completions" -H 'content-type: application/json' \
+      -d "{\"messages\": [{\"role\": \"user\", \"content\": \"$question\"}], \"max_tokens\": 16, \"temperature\": 0}" | tee -a "$OUT/$name.log"
+  else
+    status=1; pkill -ABRT '^minisgl-TP' ; sleep 2
+  fi
+  pkill -TERM -f "minisgl_app.cli -v serve --device cuda --port $port" ; sleep 3; tail -80 "$OUT/$name.log"
+}
+
 for stage in "$@"; do
   echo "=== $stage $(date -u +%H:%M:%S)"
   case $stage in
@@ -210,17 +225,8 @@ print('demo model ready at', demo_model_dir())" || status=1
     serve)
       timeout 300 python3 -m pytest -m cuda tests/gpu/test_cuda.py -k serve -q -s -p no:cacheprovider 2>&1 | tee "$OUT/serve.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
-    demoserve)  # `serve` of the demo model (its GGUF) on the GPU; a scheduler not ready after 90 s
-      # prints where each of its threads is (faulthandler on SIGABRT) before it is stopped
-      PYTHONFAULTHANDLER=1 timeout 200 "${CLI[@]}" -v serve --device cuda --port 19322 >"$OUT/demoserve.log" 2>&1 &
-      for _ in $(seq 90); do curl -sf localhost:19322/health >/dev/null && break; sleep 1; done
-      if curl -sf localhost:19322/health >/dev/null; then
-        curl -s -m 60 localhost:19322/v1/chat/completions -H 'content-type: application/json' \
-          -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16, "temperature": 0}' | tee -a "$OUT/demoserve.log"
-      else
-        status=1; pkill -ABRT '^minisgl-TP' ; sleep 2
-      fi
-      pkill -TERM -f 'minisgl_app.cli -v serve' ; sleep 3; tail -80 "$OUT/demoserve.log" ;;
+    demoserve)  # `serve` of the demo model (its GGUF) on the GPU answers a chat
+      : >"$OUT/demoserve.log"; serve_and_ask demoserve 19322 "What is the capital of France?" ;;
     ggufserve)  # a GGUF model folder on the GPU (carry .tiny: `python scripts/gguf_shrink.py DEMO_FOLDER .tiny/model`):
       # first in one process (no fork server), then `serve`; whatever is not done in 60 s prints its threads' stacks
       GGUF_MODEL=${GGUF_MODEL:-.tiny/model}
@@ -235,15 +241,7 @@ print(f'in-process engine ready in {time.perf_counter() - start:.1f} s')
 print(llm.generate(['The capital of France is'])[0])
 " 2>&1 | tee "$OUT/ggufserve.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      PYTHONFAULTHANDLER=1 timeout 150 "${CLI[@]}" -v serve --device cuda --model "$GGUF_MODEL" --port 19323 >>"$OUT/ggufserve.log" 2>&1 &
-      for _ in $(seq 60); do curl -sf localhost:19323/health >/dev/null && break; sleep 1; done
-      if curl -sf localhost:19323/health >/dev/null; then
-        curl -s -m 60 localhost:19323/v1/chat/completions -H 'content-type: application/json' \
-          -d '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "temperature": 0}' | tee -a "$OUT/ggufserve.log"
-      else
-        status=1; pkill -ABRT '^minisgl-TP' ; sleep 2
-      fi
-      pkill -TERM -f "minisgl_app.cli -v serve --device cuda --model" ; sleep 3; tail -60 "$OUT/ggufserve.log" ;;
+      serve_and_ask ggufserve 19323 "Hello" --model "$GGUF_MODEL" ;;
     footprint)  # issue 44's figures on the GPU: `serve` of the demo model, host PSS and GPU memory idle and under an 8,000-token chat, ready time, CUDA graphs
       timeout 400 "${CLI[@]}" bench footprint --app serve --app-args "--device cuda" --starts 2 --chat-tokens 8000 --label "$(git log --format=%h -1 2>/dev/null)" 2>&1 | tee "$OUT/footprint.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;

@@ -59,8 +59,14 @@ def test_every_module_of_the_app_and_the_engine_imports():
         "    for module in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
         "        importlib.import_module(module.name)\n"
     )
+    run_fresh(code)
+
+
+def run_fresh(code: str) -> str:
+    """``code`` in a fresh interpreter (nothing imported yet); its standard output."""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
 
 
 def test_every_name_imported_inside_a_function_exists():
@@ -227,6 +233,4 @@ def test_the_fork_servers_preload_runs_no_torch_operation():
         "    import minisgl_engine.workers.worker_preload\n"
         "print(sorted({event.key for event in prof.key_averages()}))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert run_fresh(code).strip().splitlines()[-1] == "[]"
