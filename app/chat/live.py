@@ -123,6 +123,8 @@ class LiveReply:
         )
         if self.first_token is None and self.earlier is not None:
             ttft, rate = self.earlier.ttft_ms, self.earlier.tok_s
+        if self.tool_calls:  # the time spent on tools (and waiting for the user) is no rate
+            rate = None
         stopped = self.finish_reason is None and self.error is None
         return {
             "ttft_ms": ttft,
@@ -355,6 +357,7 @@ class ReplyManager:
         try:
             async for out in stream:
                 if isinstance(out, ToolStep):  # a call made, decided or answered: shown and kept
+                    reply.first_token = reply.first_token or time.perf_counter()
                     reply.tool_calls = out.calls
                     self._store(reply)
                     self.notify()

@@ -227,8 +227,9 @@ class ToolLoop:
     shown: int = 0  # characters of reply text yielded so far (where a call sits)
 
     def waiting(self) -> list[ToolCallRecord]:
-        """The calls that wait for the user's decision."""
-        return [c for c in self.calls if c.state == "waiting"]
+        """The calls that wait for the user's decision now (not those of the round that wait
+        for the calls before them)."""
+        return [c for c in self.calls if c.state == "waiting" and c.id in self.decisions]
 
     def decide(self, call_id: str, decision: str) -> bool:
         """The user's decision on a waiting call (one of DECISIONS); False if none waits."""

@@ -243,7 +243,7 @@ async def test_a_chat_reply_runs_a_real_mcp_tool_after_allow_and_stores_the_call
     record = store.add_tool_server(
         "test", command=sys.executable, args=(SERVER, str(tmp_path / "pid"))
     )
-    assert {t.name for t in await box.start(record)} == {"add", "slow", "fail"}
+    assert {t.name for t in await box.start(record)} == {"add", "slow", "fail", "hang"}
     pid = int((tmp_path / "pid").read_text())
     try:
         settings = ChatSettings(tools=("test/add",), tool_choice="test/add")
@@ -287,3 +287,22 @@ async def test_tools_are_offered_only_where_they_run_and_the_source_can_call_the
     box.tools["test"] = [ADD]
     assert tool_loop_for(conv, [], req, box, object())[1] is None, "a remote calls no tools"
     assert tool_loop_for(conv, [], req, box, LocalSource())[1].tools == [ADD]
+
+
+# ---- what the page shows
+
+
+def test_a_reply_shows_each_call_as_a_collapsed_line_where_it_was_made(store):
+    from minisgl_app.chat.view import view_messages
+    from minisgl_app.page.page_view import Picked, as_update
+
+    conv = store.create("tools")
+    store.append(conv.id, "user", "2 + 40?")
+    reply = store.append(conv.id, "assistant", "")
+    call = ToolCallRecord("c1", "test/add", '{"a": 2, "b": 40}', 6, "done", "42")
+    store.update_message(reply.id, "Sure. It is 42.", tool_calls=(call,))
+    shown = [v.shown for v in view_messages(store.get(conv.id))][1:4]
+    assert [s.get("metadata", {}).get("title") for s in shown] == [None, "🔧 test/add · done", None]
+    assert "42" in shown[1]["content"] and '{"a": 2, "b": 40}' in shown[1]["content"]
+    update = as_update("chat_tools", Picked(("test/add", "test/slow"), ("test/add",)))
+    assert update["value"] == ["test/add"], "a checkbox group's value is a list"
