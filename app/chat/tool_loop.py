@@ -74,11 +74,16 @@ class ToolBox:
         self.servers: dict[str, McpServer] = {}
         self.tools: dict[str, list[ToolInfo]] = {}  # server name -> its tools
         self.errors: dict[str, str] = {}  # server name -> why it does not run
+        self.starting = asyncio.Lock()  # two tabs opening the panel start a server once
 
     async def start(self, record: ToolServerRecord) -> list[ToolInfo]:
         """Start (or reach) the server and list its tools; McpError says why it cannot."""
-        if record.name in self.servers:
-            return self.tools[record.name]
+        async with self.starting:
+            if record.name in self.servers:
+                return self.tools[record.name]
+            return await self._start(record)
+
+    async def _start(self, record: ToolServerRecord) -> list[ToolInfo]:
         spec = McpServerSpec(
             record.name, record.command, tuple(record.args), dict(record.env), record.url
         )

@@ -52,7 +52,8 @@ class ToolsPanel(TabState):
         if reply is None or reply.tool_loop is None or not reply.tool_loop.waiting():
             return ""
         call = reply.tool_loop.waiting()[0]
-        return f"The model asks to run **{markdown_literal(call.tool)}** with `{call.arguments}`"
+        arguments = call.arguments.replace("`", "ˋ")  # a code span no backtick in it can end
+        return f"The model asks to run **{markdown_literal(call.tool)}** with `{arguments}`"
 
     # ---- the panel's events
 
