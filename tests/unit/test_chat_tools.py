@@ -197,8 +197,7 @@ async def test_an_always_allowed_tool_runs_without_asking_and_always_sticks():
 @pytest.mark.anyio
 async def test_stop_while_a_tool_runs_cancels_it_and_while_waiting_ends_the_wait():
     runner = Runner()
-    loop, stop = ToolLoop(Runner(), [SLOW], always={"test/slow"}), asyncio.Event()
-    loop.runner = runner
+    loop, stop = ToolLoop(runner, [SLOW], always={"test/slow"}), asyncio.Event()
     task = asyncio.create_task(run(loop, ToolModel(("slow", {"seconds": 60})), stop))
     while not loop.calls or loop.calls[0].state != "running":
         await asyncio.sleep(0.01)
