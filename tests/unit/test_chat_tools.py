@@ -305,3 +305,16 @@ def test_a_reply_shows_each_call_as_a_collapsed_line_where_it_was_made(store):
     assert "42" in shown[1]["content"] and '{"a": 2, "b": 40}' in shown[1]["content"]
     update = as_update("chat_tools", Picked(("test/add", "test/slow"), ("test/add",)))
     assert update["value"] == ["test/add"], "a checkbox group's value is a list"
+
+
+def test_a_settings_form_saved_keeps_the_chats_tools():
+    from minisgl_app.chat.settings_form import with_backend_of
+
+    in_force = ChatSettings(tools=("test/add",), always_allow=("test/add",), tool_choice="test/add")
+    saved = with_backend_of(ChatSettings(temperature=0.0), in_force)
+    assert (saved.tools, saved.always_allow, saved.tool_choice, saved.temperature) == (
+        ("test/add",),
+        ("test/add",),
+        "test/add",
+        0.0,
+    )
