@@ -47,6 +47,11 @@ _PUBLIC = {
     # a chat's prompt as the tokenizers make it (the page counts its tokens to fit the context)
     "load_text_tokenizer": ".tokenizer",
     "chat_prompt_ids": ".tokenizer",
+    # tools in the chat page's replies: offered as the OpenAI route offers them, calls parsed
+    "GrammarSpec": ".sampling_params",
+    "ToolCallParser": ".tool_calls",
+    "with_tool_prompt": ".tool_prompt",
+    "DEFAULT_TOOL_FORMAT": ".tool_prompt",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -80,8 +85,10 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
     from .errors import UserError
     from .llm import LLM
     from .messages import PromptProgressMsg, UserReply
-    from .sampling_params import SamplingParams
+    from .sampling_params import GrammarSpec, SamplingParams
     from .tokenizer import chat_prompt_ids, load_text_tokenizer
+    from .tool_calls import ToolCallParser
+    from .tool_prompt import DEFAULT_TOOL_FORMAT, with_tool_prompt
     from .weights.catalog import LocalModel, local_models
     from .weights.source import resolve_model
     from .workers.engine_host import EngineHost

@@ -1,4 +1,5 @@
-"""An MCP server for the tests (stdio): ``add(a, b)`` and ``slow(seconds)``; with an argument,
+"""An MCP server for the tests (stdio): ``add(a, b)``, ``slow(seconds)``, ``fail(reason)`` and
+``hang()`` (waits until cancelled); with an argument,
 its process id is written to that file (to check it is gone after the client closes)."""
 
 import asyncio
@@ -22,6 +23,13 @@ async def slow(seconds: float) -> str:
     """Wait for a number of seconds, then say so."""
     await asyncio.sleep(seconds)
     return f"waited {seconds:g} s"
+
+
+@server.tool()
+async def hang() -> str:
+    """Wait until cancelled."""
+    await asyncio.Event().wait()
+    return "never"
 
 
 @server.tool()

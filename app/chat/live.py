@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from minisgl_engine import GenerateRequest, PromptProgressMsg, UserReply
 
 from .context_fit import ContextOverflow
-from .store import ConversationStore, MessageStats, NotFoundError
+from .store import ConversationStore, MessageStats, NotFoundError, ToolCallRecord
+from .tool_loop import ToolLoop, ToolStep
 
 logger = logging.getLogger("minisgl.app")
 
@@ -92,6 +93,8 @@ class LiveReply:
     model: str | None = None  # the model that answered, read at its first output (None: as stored)
     reading: PromptReading | None = None  # a long prompt being read, before the first word
     read_from: int | None = None  # the first message the model read (Turn.read_from)
+    tool_loop: ToolLoop | None = None  # its tool rounds (Turn.tool_loop)
+    tool_calls: tuple[ToolCallRecord, ...] = ()  # the tools it called so far
     done: bool = False
 
     @property
@@ -120,6 +123,8 @@ class LiveReply:
         )
         if self.first_token is None and self.earlier is not None:
             ttft, rate = self.earlier.ttft_ms, self.earlier.tok_s
+        if self.tool_calls:  # the time spent on tools (and waiting for the user) is no rate
+            rate = None
         stopped = self.finish_reason is None and self.error is None
         return {
             "ttft_ms": ttft,
@@ -150,6 +155,9 @@ class Turn:
     # the first stored message the model reads, when the oldest turns were dropped to fit its
     # context (context_fit); None: it reads the whole chat
     read_from: int | None = None
+    # the chat offers tools: the reply runs through this loop (tool_loop.py), which asks the
+    # user before each call
+    tool_loop: ToolLoop | None = None
 
 
 class ReplyManager:
@@ -243,6 +251,7 @@ class ReplyManager:
             backend=turn.backend,
             model_of=turn.model_of,
             read_from=turn.read_from,
+            tool_loop=turn.tool_loop,
         )
         self.live[conv_id] = reply
         task = asyncio.get_running_loop().create_task(
@@ -262,6 +271,14 @@ class ReplyManager:
         else:
             self.queued.pop(conv_id, None)
             self.notify()
+
+    def decide(self, conv_id: int | None, call_id: str, decision: str) -> bool:
+        """The user's decision on a tool call that the chat's reply waits on (tool_loop.DECISIONS);
+        False when no such call waits (answered in another tab, or the reply ended)."""
+        reply = self.live.get(conv_id) if conv_id is not None else None
+        if reply is None or reply.tool_loop is None:
+            return False
+        return reply.tool_loop.decide(call_id, decision)
 
     def stop(self, conv_id: int | None) -> bool:
         """Stop the conversation (its user pressed Stop): the reply ends (the engine aborts it and
@@ -333,8 +350,18 @@ class ReplyManager:
 
     async def _run(self, reply: LiveReply, request: GenerateRequest, generate: Generate) -> None:
         last_store = time.perf_counter()
+        if reply.tool_loop is not None:
+            stream = reply.tool_loop.generate(request, reply.stop, generate)
+        else:
+            stream = generate(request, reply.stop)
         try:
-            async for out in generate(request, reply.stop):
+            async for out in stream:
+                if isinstance(out, ToolStep):  # a call made, decided or answered: shown and kept
+                    reply.first_token = reply.first_token or time.perf_counter()
+                    reply.tool_calls = out.calls
+                    self._store(reply)
+                    self.notify()
+                    continue
                 if isinstance(out, PromptProgressMsg):
                     reply.reading = PromptReading.after(reply.reading, out, time.perf_counter())
                     self.notify()
@@ -382,6 +409,12 @@ class ReplyManager:
             stats = {**stats, "finish_reason": "error", "stopped": False}
             text = f"{reply.text}\n\n⚠️ {reply.error}" if reply.text else f"⚠️ {reply.error}"
         try:
-            self.store.update_message(reply.message_id, text, stats, model=reply.model)
+            self.store.update_message(
+                reply.message_id,
+                text,
+                stats,
+                model=reply.model,
+                tool_calls=reply.tool_calls or None,
+            )
         except NotFoundError:
             reply.stop.set()  # deleted while it streamed: nothing left to write to

@@ -11,6 +11,7 @@ from minisgl_engine import GenerateRequest, SamplingParams, UserError
 from .context_fit import ContextOverflow, Fit, fit_messages, reply_room
 from .reply_protocol import ReplySource
 from .store import ChatSettings, Conversation, Message
+from .tool_loop import ToolBox, ToolLoop, call_turns, tool_key
 from .view import engine_messages, seen_messages
 
 
@@ -60,6 +61,33 @@ def reply_request(
         messages=engine_messages(replace(conv, messages=path), s),
         chat_template_kwargs=kwargs or None,
     )
+
+
+def tool_messages(conv: Conversation, settings: ChatSettings) -> list[dict]:
+    """What the model sees in a request that offers tools: ``engine_messages``, with each reply
+    that called tools spelled out as its call turns (tool_loop.call_turns)."""
+    out = engine_messages(replace(conv, messages=[]), settings)  # the system prompt
+    for m in seen_messages(conv):
+        if m.tool_calls:
+            out += call_turns(m.content, list(m.tool_calls))
+        else:
+            out.append({"role": m.role, "content": m.content})
+    return out
+
+
+def tool_loop_for(
+    conv: Conversation, path: list[Message], request: GenerateRequest, box: ToolBox, source
+) -> tuple[GenerateRequest, ToolLoop | None]:
+    """The reply's tool loop, when the chat offers tools that run now and its source can call
+    them (the local engine): then ``request`` reads the chat with its earlier tool calls."""
+    s = conv.settings
+    tools = box.offered(s.tools)
+    if not tools or not hasattr(source, "tool_format"):
+        return request, None
+    forced = [t for t in tools if s.tool_choice in ("required", tool_key(t))]
+    loop = ToolLoop(box, tools, forced, set(s.always_allow), source.tool_format)
+    messages = tool_messages(replace(conv, messages=path), s)
+    return replace(request, messages=messages), loop
 
 
 class NoCount(Exception):

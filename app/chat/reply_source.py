@@ -172,6 +172,12 @@ class LocalEngine:
     def context_len(self) -> int | None:
         return self.client.max_context_len
 
+    @property
+    def tool_format(self) -> str | None:
+        """How the model's chat template writes tool calls (None: it knows no tools, and the
+        chat's tools go in the default tool prompt); tool_loop.py offers them so."""
+        return self.client.tool_format
+
     def status_line(self) -> str:
         # asked by the page's tick: the tokenizer that counts prompts loads meanwhile
         if getattr(self.client, "ready", False):

@@ -106,8 +106,12 @@ def form_settings(
 
 
 def with_backend_of(settings: ChatSettings, in_force: ChatSettings) -> ChatSettings:
-    """The form's settings with the chat's backend (the form's fields do not hold it)."""
-    return settings if settings.backend is not None else replace(settings, backend=in_force.backend)
+    """The form's settings with what the form's fields do not hold: the chat's backend (unless
+    the form names one) and its tools (the Tools panel sets those)."""
+    kept = {name: getattr(in_force, name) for name in ("tools", "always_allow", "tool_choice")}
+    if settings.backend is None:
+        kept["backend"] = in_force.backend
+    return replace(settings, **kept)
 
 
 def max_tokens_problem(value: Any, context: int | None, model: str | None) -> str:

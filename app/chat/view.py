@@ -14,7 +14,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from .live import LiveReply, PromptReading
-from .store import ChatSettings, Conversation, ConversationSummary, Message, MessageStats
+from .store import (
+    ChatSettings,
+    Conversation,
+    ConversationSummary,
+    Message,
+    MessageStats,
+    ToolCallRecord,
+)
 
 VERSIONS_HINT = "Click a message, then ‹ › under the chat to see its other versions."
 WAITING_LINE = "waiting: answered when the reply above ends"
@@ -191,6 +198,44 @@ def reply_parts(m: Message, content: str, streaming: bool) -> list[ViewMessage]:
     return parts
 
 
+TOOL_STATES = {
+    "waiting": "asks to run: Allow once, Always allow or Deny, under the chat",
+    "running": "running…",
+    "done": "done",
+    "error": "failed",
+    "denied": "denied",
+    "stopped": "stopped",
+}
+
+
+def reply_with_calls(
+    m: Message, content: str, calls: tuple[ToolCallRecord, ...], streaming: bool
+) -> list[ViewMessage]:
+    """A reply's parts with its tool calls where the model made them: each a collapsed line
+    (the tool and how it went) that opens on its arguments and result."""
+    out: list[ViewMessage] = []
+    start = 0
+    for call in sorted(calls, key=lambda c: c.offset):
+        out += reply_parts(m, content[start : call.offset], streaming)
+        out.append(tool_call_line(m, call))
+        start = max(start, call.offset)
+    return out + reply_parts(m, content[start:], streaming)
+
+
+def tool_call_line(m: Message, call: ToolCallRecord) -> ViewMessage:
+    title = f"🔧 {markdown_literal(call.tool)} · {TOOL_STATES.get(call.state, call.state)}"
+    body = f"Arguments:\n\n{code_block(call.arguments)}"
+    if call.result:
+        body += f"\n\nResult:\n\n{code_block(call.result)}"
+    return line_under(m, "assistant", title, body)
+
+
+def code_block(text: str) -> str:
+    """``text`` as a fenced code block that no backticks in it can close."""
+    fence = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", text)), default=0))
+    return f"{fence}\n{text}\n{fence}"
+
+
 def question_lines(
     messages: list[Message], i: int, version: str, waiting: bool, trailing: bool
 ) -> list[ViewMessage]:
@@ -281,7 +326,8 @@ def view_messages(
         content = live.text if streaming else m.content
         version = f"version {m.sibling_index + 1}/{m.sibling_count}" if m.sibling_count > 1 else ""
         if m.role == "assistant":
-            out += reply_parts(m, content, streaming)
+            calls = live.tool_calls if streaming else m.tool_calls
+            out += reply_with_calls(m, content, calls, streaming)
         else:
             out.append(ViewMessage({"role": m.role, "content": shown_literally(content)}, m))
         if m.role == "user":

@@ -115,6 +115,7 @@ def mount_ui(
     # inside the server's own guards (engine/api/security.py: a foreign Host is refused first)
     page = next(route for route in reversed(app.routes) if isinstance(route, Mount))
     end_streams_on_exit(app, page.app, page_state.replies.stop_for_exit)
+    app.state.exit_hooks.append(page_state.close_tools_soon)  # MCP servers end with the app
     page.app = StreamOfGoneSession(page.app, getattr(demo, "_queue", None))
     if page_key is not None:
         page.app = PageGuard(page.app, page_key, api_key)

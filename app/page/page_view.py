@@ -16,6 +16,13 @@ class Sidebar(NamedTuple):
     note: str
 
 
+class Picked(NamedTuple):
+    """A list to pick from (a checkbox group's or a dropdown's) and what is picked."""
+
+    choices: tuple
+    value: object
+
+
 class PageView(NamedTuple):
     """One render of a tab (Rendering.render), in the order of the components that show it
     (Wiring.view)."""
@@ -32,6 +39,10 @@ class PageView(NamedTuple):
     chat_actions: bool  # Manage offers Rename, Delete and Export (a chat stored)
     no_chat_actions: bool  # Manage says when it will instead (a new chat)
     meter: str  # the line under the message box: the next prompt's tokens of the context
+    approval: bool  # a tool call of the shown chat waits for Allow or Deny (the buttons show)
+    approval_text: str  # which tool, with which arguments
+    chat_tools: Picked  # the Tools panel: the tools the chat may call
+    tool_choice: Picked  # ... and the one it must call first (or auto, required)
 
     def outputs(self, sent: set[str] | frozenset[str] | None = None) -> tuple:
         """The view as Gradio outputs; the parts not in ``sent`` (None: all) are skipped."""
@@ -57,15 +68,23 @@ SENT_AS_UPDATES = frozenset(
         "next",
         "chat_actions",
         "no_chat_actions",
+        "approval",
+        "chat_tools",
+        "tool_choice",
     }
 )
-SHOWN_OR_HIDDEN = frozenset({"versions_bar", "can_continue", "chat_actions", "no_chat_actions"})
+SHOWN_OR_HIDDEN = frozenset(
+    {"versions_bar", "can_continue", "chat_actions", "no_chat_actions", "approval"}
+)
 
 
 def as_update(name: str, value: Any) -> Any:
     """The view's part ``name`` as Gradio takes it for the component that shows it."""
     if name == "sidebar":
         return gr.update(choices=list(value.choices), value=value.selected, info=value.note)
+    if name in ("chat_tools", "tool_choice"):  # a checkbox group takes a list, not a tuple
+        picked = list(value.value) if isinstance(value.value, tuple) else value.value
+        return gr.update(choices=list(value.choices), value=picked)
     if name in SHOWN_OR_HIDDEN:
         return gr.update(visible=value)
     if name == "replying":  # Stop: red while the shown chat replies

@@ -4,8 +4,11 @@ bar and the buttons that depend on them. The follow and the tick (following.py) 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..chat.composing import with_attachments
 from ..chat.reply_request import meter_text
+from ..chat.store import ChatSettings
 from ..chat.view import (
     can_continue,
     focus_of,
@@ -15,12 +18,16 @@ from ..chat.view import (
     view_messages,
     while_replying,
 )
-from .page_view import PageView, Sidebar
+from .page_view import PageView, Picked, Sidebar
 from .tabs import Seen, Tab, TabState
 
 
 class Rendering(TabState):
     """A tab's chat and what goes with it, as the page shows them now."""
+
+    # the Tools panel's parts of the view (tools_panel.py)
+    tools_view: Callable[[ChatSettings], tuple[Picked, Picked]]
+    approval_of: Callable[[Tab], str]
 
     def render_sidebar(self, tab: Tab) -> Sidebar:
         """The chats listed, the one shown, and a line under the list when it is empty."""
@@ -64,6 +71,7 @@ class Rendering(TabState):
         continuable = can_continue(conv) and not busy
         status = self.backend_of(self.settings_of(tab, conv))[1].status_line()
         previous, next_ = version_steps(focus)
+        chat_tools, tool_choice = self.tools_view(self.settings_of(tab, conv))
         return PageView(
             chat=chat,
             status=while_replying(status) if busy else status,
@@ -77,6 +85,10 @@ class Rendering(TabState):
             chat_actions=conv is not None,
             no_chat_actions=conv is None,
             meter=self.meter_of(tab, conv, recount=not busy),
+            approval=bool(approval := self.approval_of(tab)),
+            approval_text=approval,
+            chat_tools=chat_tools,
+            tool_choice=tool_choice,
         )
 
     def meter_of(self, tab: Tab, conv, recount: bool = True) -> str:

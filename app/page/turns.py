@@ -12,13 +12,16 @@ from minisgl_engine import GenerateRequest
 from ..chat.context_fit import ContextOverflow
 from ..chat.live import Turn
 from ..chat.reply_protocol import ReplySource
-from ..chat.reply_request import answered_path, fitted_request, reply_request
+from ..chat.reply_request import answered_path, fitted_request, reply_request, tool_loop_for
 from ..chat.store import DROP_OLDEST, Conversation, Message, MessageStats
+from ..chat.tool_loop import ToolBox
 from .tabs import Tab, TabState
 
 
 class ReplyTurns(TabState):
     """The turns that Send, ↻, Continue and ✎ ask for."""
+
+    toolbox: ToolBox  # the MCP servers running now (tools_panel.py)
 
     def turn_for(self, conv_id: int, after: int | None = None, continue_id: int | None = None):
         """The next reply of ``conv_id``, made when it starts (after any reply before it): a new
@@ -44,7 +47,11 @@ class ReplyTurns(TabState):
                     generate=source.generate,
                     read_from=read_from,
                 )
-            return self.new_reply(conv_id, path[-1], request, backend, source, read_from)
+            # a chat with tools: the model reads their earlier calls, the reply runs its loop
+            request, loop = tool_loop_for(conv, path, request, self.toolbox, source)
+            read_from = read_from if loop is None else None  # sent whole (not fitted)
+            turn = self.new_reply(conv_id, path[-1], request, backend, source, read_from)
+            return replace(turn, tool_loop=loop)
 
         return make_turn
 

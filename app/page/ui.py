@@ -21,6 +21,7 @@ import gradio as gr
 from ..chat.live import ReplyManager
 from ..chat.reply_source import ModelEntry, ReplySource
 from ..chat.store import ConversationStore
+from ..chat.tool_loop import ToolBox
 from ..chat.uploads import Uploads
 from ..model_pull import ModelPuller
 from .attachments import Attachments
@@ -36,6 +37,7 @@ from .rendering import Rendering
 from .settings_panel import SettingsPanel
 from .tabs import Tab
 from .ticks import Ticks
+from .tools_panel import ToolsPanel
 from .turns import ReplyTurns
 from .versions_panel import VersionsPanel
 from .wiring import Wiring
@@ -55,6 +57,7 @@ class ChatPage(
     Attachments,
     VersionsPanel,
     ModelsPanel,
+    ToolsPanel,  # MCP servers, the chat's tools, a call's approval (tools_panel.py)
 ):
     """The page's state and event handlers, one part each (a panel, or a concern of one: the
     panel first, then what it is made of); ``build`` lays it out."""
@@ -67,13 +70,14 @@ class ChatPage(
         self.puller = puller  # pulls models onto this machine (None: a remote engine's models are the remote's)
         self.listed: dict[str, ModelEntry] = {}  # the models panel's last listing, by model name
         self.replies = ReplyManager(store, source.generate)
+        self.toolbox = ToolBox()  # the MCP servers added in the Tools panel, once started
         self.tabs: dict[str, Tab] = {}
         self.uploads = (
             Uploads()
         )  # the files Attach and Import may read (build: Gradio's upload list)
 
     def build(self) -> gr.Blocks:
-        """The page: a sidebar (chats, settings, models) beside the chat, then its events."""
+        """The page: a sidebar (chats, settings, models, tools) beside the chat, then its events."""
         with gr.Blocks(title="minisgl-chat", fill_height=True) as demo:
             with gr.Row(equal_height=False):
                 with gr.Column(scale=1, min_width=220, elem_id="sidebar"):
@@ -90,10 +94,13 @@ class ChatPage(
                         with gr.Accordion("Models", open=False, elem_id="models") as models_box:
                             models = self.models_layout()
                             models.box = models_box
+                        with gr.Accordion("Tools", open=False, elem_id="tools") as tools_box:
+                            tools = self.tools_layout()
+                            tools.box = tools_box
                 # the sidebar a quarter of the row (~300 px at 1280): at a fifth (238 px) a chat's title shows ~14 letters
                 with gr.Column(scale=3, elem_id="main"):
                     main = self._chat_column()
-            self._wire(demo, chats, settings, models, main)
+            self._wire(demo, chats, settings, models, main, tools)
         self.uploads.stored = getattr(
             demo, "upload_file_set", set()
         )  # filled by Gradio's upload route
@@ -105,6 +112,7 @@ class ChatPage(
         parts = (
             self.chat_layout(),
             self.continue_layout(),
+            self.approval_layout(),
             self.versions_layout(),
             self.composer_layout(),
             self.attachments_layout(),
@@ -121,6 +129,7 @@ class ChatPage(
         settings: SimpleNamespace,
         models: SimpleNamespace,
         main: SimpleNamespace,
+        tools: SimpleNamespace,
     ) -> None:
         """Every event of the page: what each control calls, and the follow that renders after it."""
         w = Wiring(
@@ -130,6 +139,7 @@ class ChatPage(
             main=main,
             follow_fn=self.follow,
             attachments_note_fn=self.attachments_note,
+            tools=tools,
         )
         self.wire_view(demo, w)
         self.wire_models(w)
@@ -138,6 +148,7 @@ class ChatPage(
         self.wire_composer(w)
         self.wire_attachments(w)
         self.wire_versions(w)
+        self.wire_tools(w)
 
 
 def chat_page(

@@ -32,6 +32,7 @@ class Wiring:
     main: SimpleNamespace
     follow_fn: Callable[..., Any]  # ViewEvents.follow
     attachments_note_fn: Callable[..., Any]  # Attachments.attachments_note
+    tools: SimpleNamespace | None = None  # the Tools panel's (tools_panel.py)
 
     @property
     def follow(self) -> dict[str, Any]:
@@ -70,6 +71,10 @@ class Wiring:
             c.actions,
             c.no_actions,
             m.meter,
+            m.approval,
+            m.approval_text,
+            self.tools.picked,
+            self.tools.forced,
         ]
 
     @property

@@ -32,7 +32,7 @@ async def test_tools_listed_called_limited_and_cancelled_then_the_process_is_gon
     try:
         pid = int((tmp_path / "pid").read_text())
         tools = {t.name: t for t in await server.tools()}
-        assert set(tools) == {"add", "slow", "fail"}
+        assert set(tools) == {"add", "slow", "fail", "hang"}
         add = tools["add"].openai_tool()["function"]
         assert add["description"] == "Add two whole numbers."
         assert add["parameters"]["required"] == ["a", "b"]

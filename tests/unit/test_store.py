@@ -1212,7 +1212,7 @@ def test_the_previous_releases_v2_file_becomes_one_branch_trees(tmp_path):
         regenerated = s.add_message(3, 10, "assistant", "Bien, merci.")
         assert (regenerated.sibling_index, regenerated.sibling_count) == (1, 2)
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
         assert raw.execute("SELECT id, leaf_id FROM conversations ORDER BY id").fetchall() == [
@@ -1472,7 +1472,7 @@ def test_a_version_3_file_gains_the_reply_model_and_keeps_its_chats(tmp_path):
         )
         assert [c.title for c in s.search("hello")] == ["old"]
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
@@ -1541,7 +1541,7 @@ def test_a_version_4_file_gains_revisions_and_keeps_its_chats(tmp_path):
         s.append(1, "assistant", "hello")
         assert s.revision(1) > before
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
@@ -1561,6 +1561,7 @@ STORE_FLOORS = {
     "messages": 3,
     "search": 3,
     "import_export": 3,
+    "tool_servers": 3,
     "conversation_store": 4,
     "__init__": 5,
 }

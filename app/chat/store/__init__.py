@@ -10,7 +10,7 @@ leaf (schema.py says how the tables hold it). The package, from the bottom up:
 - ``base``: StoreBase, the open file and its read and write transactions.
 - ``rows`` and ``tree``: rows read as records; queries on the tree (the shown path, versions,
   branches), each inside the caller's transaction.
-- ``conversations``, ``messages``, ``search``, ``import_export`` (with ``import_file``, which
+- ``conversations``, ``messages``, ``search``, ``tool_servers``, ``import_export`` (with ``import_file``, which
   checks a file before anything is stored): the store's methods by concern, one mixin each.
 - ``conversation_store``: ConversationStore, composed of those mixins.
 
@@ -41,6 +41,8 @@ from .records import (
     MessageStats,
     NotFoundError,
     StatsLike,
+    ToolCallRecord,
+    ToolServerRecord,
     default_settings,
     plural,
     shown_value,
@@ -81,6 +83,8 @@ __all__ = [
     "NotFoundError",
     "SchemaTooNewError",
     "StatsLike",
+    "ToolCallRecord",
+    "ToolServerRecord",
     "data_dir",
     "default_path",
     "default_settings",

@@ -6,13 +6,16 @@ from .conversations import ConversationsMixin
 from .import_export import ImportExportMixin
 from .messages import MessagesMixin
 from .search import SearchMixin
+from .tool_servers import ToolServersMixin
 
 
-class ConversationStore(ConversationsMixin, MessagesMixin, SearchMixin, ImportExportMixin):
+class ConversationStore(
+    ConversationsMixin, MessagesMixin, SearchMixin, ImportExportMixin, ToolServersMixin
+):
     """Conversations on disk. Safe to share between threads; several processes may open one file.
 
     Each concern lives in its own mixin over StoreBase (the open file and its transactions):
-    conversations, messages in the tree, search, import and export. A streamed reply is appended
+    conversations, messages in the tree, search, import and export, the MCP tool servers. A streamed reply is appended
     once and then updated as it grows; its last update is what the user saw, a stopped reply
     included.
     """

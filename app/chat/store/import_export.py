@@ -12,7 +12,7 @@ from typing import Any
 from . import tree
 from .base import StoreBase
 from .import_file import EXPORT_FORMAT, IMPORT_TITLE_LIMIT, ImportPlan, plan_import
-from .records import Conversation, stats_dict
+from .records import Conversation, ToolCallRecord, stats_dict, tool_calls_from_json
 from .rows import conversation_row
 from .schema import SCHEMA_VERSION
 
@@ -62,6 +62,7 @@ class ImportExportMixin(StoreBase):
             out += ["**System prompt:**", "", _quote(conv.settings.system_prompt), ""]
         for m in conv.messages:
             out += [f"## {m.role.capitalize()}", "", _with_line_breaks(m.content), ""]
+            out += [line for call in m.tool_calls for line in _tool_call_markdown(call)]
             line = " · ".join(
                 x
                 for x in (
@@ -101,6 +102,7 @@ class ImportExportMixin(StoreBase):
                     "created_at": m.created_at,
                     "stats": m.stats.to_dict() if m.stats else None,
                     "model": m.model,
+                    "tool_calls": [c.to_dict() for c in m.tool_calls],
                 }
                 for m in conv.messages
             ],
@@ -114,6 +116,7 @@ class ImportExportMixin(StoreBase):
                     "created_at": r["created_at"],
                     "stats": stats_dict(r["stats"]),
                     "model": r["model"],
+                    "tool_calls": [c.to_dict() for c in tool_calls_from_json(r["tool_calls"])],
                 }
                 for r in rows
             ],
@@ -145,14 +148,31 @@ def _insert_messages(conn: sqlite3.Connection, conv_id: int, plan: ImportPlan, n
                 m.created_at or now,
                 m.stats,
                 m.model,
+                m.tool_calls,
             )
         )
     conn.executemany(
         "INSERT INTO messages (id, conversation_id, parent_id, position, role, content, created_at, "
-        "stats, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "stats, model, tool_calls) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
     return new_ids[plan.leaf][0]
+
+
+def _tool_call_markdown(call: ToolCallRecord) -> list[str]:
+    """A tool call under its reply: the tool, its arguments and its result, as code blocks."""
+    return [
+        f"**Tool call** `{call.tool}` ({call.state}):",
+        "",
+        "```json",
+        call.arguments,
+        "```",
+        "",
+        "```text",
+        call.result.replace("```", "ˋˋˋ"),
+        "```",
+        "",
+    ]
 
 
 def _when(ts: float) -> str:

@@ -17,11 +17,13 @@ from .records import (
     ROLES,
     ChatSettings,
     MessageStats,
+    ToolCallRecord,
     default_settings,
     is_number,
     is_whole,
     shown_value,
     title_from,
+    tool_calls_json,
 )
 
 EXPORT_FORMAT = "minisgl-chat conversation"
@@ -46,6 +48,7 @@ class ImportedMessage:
     key: int = 0  # its id in the file's tree, or its index in a list
     parent: int | None = None  # its parent's key
     model: str | None = None  # the model that wrote a reply (our export's "model")
+    tool_calls: str | None = None  # as stored: a reply's ToolCallRecords as JSON
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,23 @@ def _read_message(item: object, where: str) -> ImportedMessage:
         float(created_at) if is_number(created_at) else None,
         _read_stats(item.get("stats"), f"{where}.stats"),
         model=model,
+        tool_calls=_read_tool_calls(item.get("tool_calls"), f"{where}.tool_calls"),
     )
+
+
+def _read_tool_calls(value: object, where: str) -> str | None:
+    """A reply's tool calls (our export's ``tool_calls``), checked, as stored."""
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise BadImportFile(f"{where}: expected a list of tool calls, got {_kind(value)}")
+    try:
+        calls = tuple(ToolCallRecord.from_dict(c) for c in value if isinstance(c, dict))
+    except (TypeError, ValueError) as exc:
+        raise BadImportFile(f"{where}: {exc}") from None
+    if len(calls) != len(value):
+        raise BadImportFile(f"{where}: each tool call is an object")
+    return tool_calls_json(calls)
 
 
 def _content_text(content: object, where: str) -> str:

@@ -7,7 +7,16 @@ import time
 
 from . import tree
 from .base import StoreBase
-from .records import Conversation, Message, NotFoundError, StatsLike, check_message, stats_json
+from .records import (
+    Conversation,
+    Message,
+    NotFoundError,
+    StatsLike,
+    ToolCallRecord,
+    check_message,
+    stats_json,
+    tool_calls_json,
+)
 from .rows import conversation_row, message_row
 
 
@@ -61,10 +70,11 @@ class MessagesMixin(StoreBase):
         content: str,
         stats: StatsLike | None = None,
         model: str | None = None,
+        tool_calls: tuple[ToolCallRecord, ...] | None = None,
     ) -> None:
         """Replace a message's content, whatever its role (a streamed reply as it grows);
         ``stats=None`` keeps the stored stats, so only the final update needs to carry them
-        (``model=None`` likewise keeps the stored model).
+        (``model=None`` and ``tool_calls=None`` likewise keep the stored ones).
 
         The conversation's updated_at is left alone: the turn was dated when its reply was added,
         and a stream that re-dated its chat every half second would make two replying chats swap
@@ -77,8 +87,9 @@ class MessagesMixin(StoreBase):
             if row is None:
                 raise NotFoundError(f"no message with id {message_id}")
             conn.execute(
-                "UPDATE messages SET content = ?, stats = COALESCE(?, stats), model = COALESCE(?, model) WHERE id = ?",
-                (content, stats_json(stats), model, message_id),
+                "UPDATE messages SET content = ?, stats = COALESCE(?, stats), "
+                "model = COALESCE(?, model), tool_calls = COALESCE(?, tool_calls) WHERE id = ?",
+                (content, stats_json(stats), model, tool_calls_json(tool_calls), message_id),
             )
 
     def truncate_after(self, conv_id: int, position: int) -> None:

@@ -54,6 +54,13 @@ class ChatSettings:
         None  # where replies come from when the app has several ("local", "remote"); None: the first
     )
     context_policy: str = DROP_OLDEST  # a chat longer than the context: one of CONTEXT_POLICIES
+    # MCP tools (app/chat/tool_loop.py), each "server/tool": those the model is offered, and
+    # those that run without asking (the user chose "Always allow this tool")
+    tools: tuple[str, ...] = ()
+    always_allow: tuple[str, ...] = ()
+    # "auto": the model decides; "required": it must call one of the tools; a tool's
+    # "server/tool": it must call that one (in the first round of each reply)
+    tool_choice: str = "auto"
 
     def problems(self) -> dict[str, str]:
         """Each invalid value's field name and what is wrong with it, in words a user can act on."""
@@ -114,6 +121,24 @@ class ChatSettings:
                 f"a chat longer than the context: expected one of {', '.join(CONTEXT_POLICIES)} "
                 f"(got {shown_value(self.context_policy)})"
             )
+        problems.update(self._tool_problems())
+        return problems
+
+    def _tool_problems(self) -> dict[str, str]:
+        problems = {}
+        for name in ("tools", "always_allow"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(
+                isinstance(x, str) and 0 < len(x) <= 200 and "/" in x for x in value
+            ):
+                problems[name] = f"{name}: expected tools named server/tool"
+        if self.tool_choice not in ("auto", "required") and (
+            not isinstance(self.tool_choice, str) or self.tool_choice not in self.tools
+        ):
+            problems["tool_choice"] = (
+                f"tool choice: auto, required or one of the chat's tools "
+                f"(got {shown_value(self.tool_choice)})"
+            )
         return problems
 
     def validate(self) -> None:
@@ -128,8 +153,9 @@ class ChatSettings:
     def from_dict(cls, data: dict[str, Any]) -> ChatSettings:
         """Known keys only; missing keys take their defaults (files written by other versions)."""
         known = _known_fields(cls, data)
-        if isinstance(known.get("stop"), list):  # JSON has no tuples
-            known["stop"] = tuple(known["stop"])
+        for name in ("stop", "tools", "always_allow"):
+            if isinstance(known.get(name), list):  # JSON has no tuples
+                known[name] = tuple(known[name])
         return cls(**known)
 
 
@@ -178,6 +204,65 @@ class MessageStats:
         return " · ".join(parts)
 
 
+TOOL_CALL_STATES = ("waiting", "running", "done", "error", "denied", "stopped")
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """One tool call the model made in a reply, kept with the reply so it survives a reload and
+    an export: what was called, where in the reply's text, what the user decided and what came
+    back (``result``: the tool's text, an error, or why it did not run)."""
+
+    id: str  # the call's id, which its ``tool`` message answers
+    tool: str  # "server/tool"
+    arguments: str  # JSON text, as the model wrote it
+    offset: int  # the reply's text before the call: content[:offset]
+    state: str = "waiting"  # one of TOOL_CALL_STATES
+    result: str = ""
+
+    @property
+    def name(self) -> str:
+        """The tool's own name (what the model calls it)."""
+        return self.tool.split("/", 1)[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolCallRecord:
+        """From stored or imported JSON; ValueError for a record that is not one."""
+        record = cls(**_known_fields(cls, dict(data)))
+        if not all(isinstance(x, str) for x in (record.id, record.tool, record.arguments)):
+            raise ValueError("a tool call's id, tool and arguments are text")
+        if not is_whole(record.offset) or record.offset < 0:
+            raise ValueError("a tool call's offset is a whole number")
+        if record.state not in TOOL_CALL_STATES or not isinstance(record.result, str):
+            raise ValueError(f"a tool call's state is one of {', '.join(TOOL_CALL_STATES)}")
+        return record
+
+
+def tool_calls_json(calls: tuple[ToolCallRecord, ...] | None) -> str | None:
+    """A reply's tool calls as the database stores them (None: none)."""
+    return json.dumps([c.to_dict() for c in calls]) if calls else None
+
+
+def tool_calls_from_json(stored: str | None) -> tuple[ToolCallRecord, ...]:
+    return tuple(ToolCallRecord.from_dict(d) for d in json.loads(stored)) if stored else ()
+
+
+@dataclass(frozen=True)
+class ToolServerRecord:
+    """An MCP server the user added in the Tools panel: a stdio ``command`` (run with the
+    user's rights) or a streamable-HTTP ``url``."""
+
+    id: int
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    url: str | None = None
+
+
 @dataclass(frozen=True)
 class Message:
     """One node of a conversation's tree. ``sibling_index``/``sibling_count`` place it among the
@@ -197,6 +282,7 @@ class Message:
     model: str | None = (
         None  # a reply: the model that wrote it (None: unknown, e.g. stored before schema 4)
     )
+    tool_calls: tuple[ToolCallRecord, ...] = ()  # a reply: the tools it called, in order
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from .records import (
     Message,
     MessageStats,
     NotFoundError,
+    tool_calls_from_json,
 )
 
 # The columns of a summary row; ``n``, the shown path's length, is the leaf's depth + 1.
@@ -56,6 +57,7 @@ def message_from_row(row: sqlite3.Row, siblings: list[int] | None = None) -> Mes
         siblings.index(row["id"]),
         len(siblings),
         row["model"],
+        tool_calls_from_json(row["tool_calls"]),
     )
 
 

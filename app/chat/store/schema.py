@@ -135,6 +135,19 @@ def _v5_revision(conn: sqlite3.Connection) -> None:
         )
 
 
+def _v6_tools(conn: sqlite3.Connection) -> None:
+    """MCP tools: the servers the user added (the Tools panel), and each reply's tool calls
+    (records.ToolCallRecord as JSON, NULL: none)."""
+    conn.execute("""
+        CREATE TABLE mcp_servers (
+            id         INTEGER PRIMARY KEY AUTOINCREMENT,
+            name       TEXT NOT NULL UNIQUE,
+            spec       TEXT NOT NULL,           -- {"command", "args", "env"} or {"url"} as JSON
+            created_at REAL NOT NULL
+        )""")
+    conn.execute("ALTER TABLE messages ADD COLUMN tool_calls TEXT")
+
+
 # MIGRATIONS[v] takes a database from version v to v + 1. Append new steps; never edit old ones.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_tables,
@@ -142,6 +155,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v3_trees_and_search,
     _v4_reply_model,
     _v5_revision,
+    _v6_tools,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
