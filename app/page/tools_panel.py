@@ -24,7 +24,7 @@ from .wiring import QUICK, Wiring
 TOOLS_NOTE = (
     "Tools come from MCP servers that you add here. A **stdio** server is a program that runs "
     "on this machine **with your rights** (it can read and change your files): add only ones you "
-    "trust. Nothing starts until you add a server or open this panel. Each call waits for your "
+    "trust. A server starts when you add it, and with the page in later runs of the app. Each call waits for your "
     "approval under the chat unless you chose *Always allow* for that tool in that chat."
 )
 AUTO, REQUIRED = "auto", "required"
@@ -58,7 +58,8 @@ class ToolsPanel(TabState):
     # ---- the panel's events
 
     async def open_tools(self) -> str:
-        """The panel opened: the servers added before start now (once per app run)."""
+        """A page loaded, or the panel opened: the servers added in an earlier run start now
+        (once per app run), so a chat with tools has them before its first message."""
         for record in self.store.tool_servers():
             if record.name not in self.toolbox.servers:
                 try:
@@ -240,9 +241,10 @@ class ToolsPanel(TabState):
             deny_btn=deny,
         )
 
-    def wire_tools(self, w: Wiring) -> None:
+    def wire_tools(self, demo: gr.Blocks, w: Wiring) -> None:
         t, m = w.tools, w.main
         # each then renders the tab: the chat's tools list follows the servers running
+        demo.load(self.open_tools, outputs=t.servers, **QUICK).then(**w.follow)
         t.box.expand(self.open_tools, outputs=t.servers, **QUICK).then(**w.follow)
         add = [t.name, t.command, t.args, t.env, t.url]
         t.add_btn.click(self.add_server, inputs=add, outputs=t.servers, **QUICK).then(**w.follow)

@@ -148,7 +148,7 @@ class ChatPage(
         self.wire_composer(w)
         self.wire_attachments(w)
         self.wire_versions(w)
-        self.wire_tools(w)
+        self.wire_tools(demo, w)
 
 
 def chat_page(
