@@ -46,6 +46,7 @@ function minisglStartPage(config) {
     if (input) input.accept = '.json,application/json';
   }, true);
   keepTypedTextTyped();
+  letTheBoxGrowIntoTheChat();
   nameDetailsToggles();
   placeToastsUnderStatusLine();
   chatListByKeyboard();
@@ -385,6 +386,20 @@ function keepTypedTextTyped() {
     }
   };
   watchTheChat(unmarkEditBoxes);
+}
+
+// The message box grows with its text into the chat above it (page.css): what it takes beyond
+// its least height (one line) is kept in --box-grown, which the chat's height gives up, so the
+// page keeps to the window
+function letTheBoxGrowIntoTheChat() {
+  const box = document.querySelector('#msg-input textarea');
+  if (!box) return setTimeout(letTheBoxGrowIntoTheChat, 200);
+  new ResizeObserver(() => {
+    if (!box.offsetHeight) return;  // not shown
+    const least = parseFloat(getComputedStyle(box).minHeight) || 0;
+    const grown = Math.max(0, box.offsetHeight - least);
+    document.documentElement.style.setProperty('--box-grown', `${grown}px`);
+  }).observe(box);
 }
 
 // The ▸ of a line under a message (a reply's figures, a version, its thinking) opens its details;
