@@ -7,11 +7,14 @@ from __future__ import annotations
 import pytest
 from chat_page_utils import (  # noqa: F401 (browser: fixture)
     BROWSER_MARKS,
+    USER,
     browser,
     engine_idle,
     wait_page_loaded,
 )
 from server_utils import wait_until
+
+from minisgl_app.chat.store import ConversationStore
 
 pytestmark = BROWSER_MARKS
 
@@ -66,3 +69,97 @@ def test_a_long_message_scrolls_inside_the_message_box_and_the_page_does_not_scr
     where = box.bounding_box()
     assert where["y"] + where["height"] <= 800, where
     assert box.evaluate("t => t.scrollHeight > t.clientHeight"), "the box shows all of its text"
+
+
+def stored_long_chat(app, title: str, turns: int, two_versions_at: int | None = None) -> int:
+    """A chat of ``turns`` questions, each answered, written to the app's database. The question
+    of turn ``two_versions_at`` (None: none) has two versions, each followed by the turns after
+    it; the second is shown."""
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title=title)
+        parent = None
+        for turn in range(turns):
+            if turn == two_versions_at:
+                for version in (1, 2):
+                    text = f"{title} question {turn}, version {version}."
+                    store.add_message(conv.id, parent, "user", text)
+                    answer_turns(store, conv.id, title, turn, turns)
+                return conv.id
+            store.append(conv.id, "user", f"{title} question {turn}.")
+            parent = store.append(conv.id, "assistant", answer(title, turn)).id
+        return conv.id
+
+
+def answer(title: str, turn: int) -> str:
+    return f"{title} answer {turn}. " + "Some words of the answer. " * 12
+
+
+def answer_turns(
+    store: ConversationStore, conv_id: int, title: str, first: int, turns: int
+) -> None:
+    """The answer of turn ``first`` and the turns after it, below the message shown last."""
+    store.append(conv_id, "assistant", answer(title, first))
+    for turn in range(first + 1, turns):
+        store.append(conv_id, "user", f"{title} question {turn}.")
+        store.append(conv_id, "assistant", answer(title, turn))
+
+
+def pick_message(page, text: str) -> None:
+    """Click the message that says ``text``: the versions bar acts on it."""
+    message = page.locator(USER, has_text=text).first
+    message.scroll_into_view_if_needed()
+    message.click()
+    page.locator("#versions").wait_for(state="visible", timeout=10_000)
+
+
+# ---- 4. a disabled button looks disabled in dark mode
+
+
+DRAWN_COLOURS_JS = """(b) => {
+  const style = getComputedStyle(b), page = getComputedStyle(document.body);
+  return [style.backgroundColor, style.color, style.opacity, page.backgroundColor];
+}"""
+
+
+def rgba(css: str) -> tuple[float, float, float, float]:
+    """A computed CSS colour, rgb() or rgba(), as (r, g, b, alpha)."""
+    parts = [float(x) for x in css[css.index("(") + 1 : -1].replace("/", ",").split(",")]
+    return (*parts[:3], parts[3] if len(parts) > 3 else 1.0)
+
+
+def drawn(page, selector: str) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """A button's fill and text as drawn over the page (its alpha and opacity blended into the
+    page's background), and that background."""
+    fill, text, opacity, ground = page.locator(selector).evaluate(DRAWN_COLOURS_JS)
+    base = rgba(ground)[:3]
+
+    def over(css: str) -> tuple[float, ...]:
+        *rgb, alpha = rgba(css)
+        a = alpha * float(opacity)
+        return tuple(a * c + (1 - a) * g for c, g in zip(rgb, base, strict=True))
+
+    return over(fill), over(text), base
+
+
+def distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def test_in_dark_mode_a_disabled_button_looks_disabled(open_page, app):
+    """In dark mode a disabled › (no next version) was filled indigo and a disabled Send blue,
+    while the ‹ that works was grey: the buttons that do nothing looked like the ones to press.
+    A disabled button is drawn with no colour of its own, standing out from the page less than a
+    button that works, its text fainter."""
+    chat_id = stored_long_chat(app, "Dusky Serow", turns=2, two_versions_at=0)
+    page = open_page(1280, 800, dark=True, chat_id=chat_id)
+    assert "dark" in page.evaluate("document.body.className"), "the page is not drawn dark"
+    pick_message(page, "version 2")
+    assert page.locator("#next-version-btn").is_disabled()
+    assert page.locator("#prev-version-btn").is_enabled()
+    assert page.locator("#send-btn").is_disabled()  # the box is empty
+    usable_fill, usable_text, ground = drawn(page, "#prev-version-btn")
+    for selector in ("#next-version-btn", "#send-btn"):
+        fill, text, _ = drawn(page, selector)
+        assert max(fill) - min(fill) < 30, f"{selector} disabled is filled with a colour: {fill}"
+        assert distance(fill, ground) < distance(usable_fill, ground), (selector, fill, usable_fill)
+        assert distance(text, ground) < distance(usable_text, ground), (selector, text, usable_text)
