@@ -14,7 +14,7 @@
 // Enter on an empty box does nothing (Send is disabled then). In a message's edit box (✎) Enter
 // saves and Shift+Enter starts a new line, as in the message box, and Escape cancels the edit.
 // Enter in a settings number box saves it (it is left, as a click elsewhere does). Toasts open
-// under the status line (page.css): its bottom edge is kept in --status-bottom.
+// over the sidebar's bottom on a wide screen, at the screen's top on a narrow one.
 
 /* exported minisglStartPage */
 function minisglStartPage(config) {
@@ -48,7 +48,7 @@ function minisglStartPage(config) {
   keepTypedTextTyped();
   letTheBoxGrowIntoTheChat();
   nameDetailsToggles();
-  placeToastsUnderStatusLine();
+  placeToastsOverTheSidebar(config);
   chatListByKeyboard();
   narrowSidebar(config);
 }
@@ -426,25 +426,24 @@ function watchTheChat(changed) {
   changed();
 }
 
-// Toasts open under the status line while it is in the screen's upper half; else (scrolled away,
-// or a phone's open ☰ Chats pushing it ~1,300 px down) at the screen's top: a refusal opened off
-// the screen. A value left from before a panel moved the line is in the upper half too: on the screen
-function placeToastsUnderStatusLine() {
+// Toasts open at the bottom of the sidebar, as wide as it, on a wide screen, clear of the chat's
+// messages and of the message box; on a narrow screen (config.narrowQuery) at the screen's top, over
+// the bar of ☰ Chats and the status line. Their place is kept in --mc-toast-top, --mc-toast-bottom,
+// --mc-toast-left and --mc-toast-width (page.css), as the window or the sidebar changes.
+function placeToastsOverTheSidebar(config) {
+  const sidebar = document.querySelector('#sidebar');
+  if (!sidebar) return setTimeout(placeToastsOverTheSidebar, 200, config);
   const place = () => {
-    const line = document.querySelector('#status-line');
-    if (!line) return;
-    const bottom = line.getBoundingClientRect().bottom;
-    document.documentElement.style.setProperty('--status-bottom', (bottom > 0 && bottom < innerHeight / 2 ? bottom : 0) + 'px');
+    const box = sidebar.getBoundingClientRect(), gap = parseFloat(getComputedStyle(sidebar).paddingRight) || 0;
+    const wide = !matchMedia(config.narrowQuery).matches && box.width > 0;
+    const vars = wide
+      ? {top: 'auto', bottom: '16px', left: `${Math.max(0, box.left)}px`, width: `${Math.max(0, box.width - gap)}px`}
+      : {top: '4px', bottom: 'auto', left: '12px', width: 'calc(100vw - 24px)'};
+    for (const [name, value] of Object.entries(vars)) document.documentElement.style.setProperty(`--mc-toast-${name}`, value);
   };
-  const watch = () => {
-    const line = document.querySelector('#status-line');
-    if (!line) return setTimeout(watch, 200);
-    new ResizeObserver(place).observe(line);
-    addEventListener('resize', place);
-    addEventListener('scroll', place, true);
-    place();
-  };
-  watch();
+  new ResizeObserver(place).observe(sidebar);
+  addEventListener('resize', place);
+  place();
 }
 
 // A long title in the chat list is cut with "…" before its time, which stays in view (page.css: .chat-when),

@@ -1785,7 +1785,7 @@ def test_on_a_phone_chats_open_looks_pressed_and_says_which_way_it_goes(tab, app
 
 
 def test_on_a_phone_a_refusal_opens_on_the_screen_with_the_chat_list_open(tab, app):
-    """Toasts open under the status line; on a phone with ☰ Chats open the line sits far below the
+    """Toasts opened under the status line; on a phone with ☰ Chats open the line sat far below the
     screen, and a refused setting's toast opened there (y ~1,510 px of 844: a new user's tour saw
     nothing happen). A toast stays on the screen wherever the status line is."""
     page = tab(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).page

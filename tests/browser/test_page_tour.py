@@ -10,6 +10,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     USER,
     browser,
     engine_idle,
+    open_chat_list,
     wait_page_loaded,
 )
 from server_utils import wait_until
@@ -163,3 +164,48 @@ def test_in_dark_mode_a_disabled_button_looks_disabled(open_page, app):
         assert max(fill) - min(fill) < 30, f"{selector} disabled is filled with a colour: {fill}"
         assert distance(fill, ground) < distance(usable_fill, ground), (selector, fill, usable_fill)
         assert distance(text, ground) < distance(usable_text, ground), (selector, text, usable_text)
+
+
+# ---- 12. toasts hide no message and do not pile up
+
+
+def refuse_max_tokens(page, values: tuple[str, ...]) -> None:
+    """Type each value into Settings' max tokens and press Enter: each is refused in a toast."""
+    if not page.locator("#max-tokens input").is_visible():
+        open_chat_list(page)  # on a phone Settings is under ☰ Chats
+        page.get_by_text("Settings", exact=True).first.click()
+    box = page.locator("#max-tokens input")
+    box.wait_for(state="visible", timeout=5_000)
+    for value in values:
+        box.scroll_into_view_if_needed()
+        box.fill(value)
+        box.press("Enter")
+        page.locator(".toast-body", has_text=f"got {value}").wait_for(timeout=10_000)
+
+
+def overlap(a: dict, b: dict) -> bool:
+    """Whether two bounding boxes share any area."""
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
+
+
+def test_toasts_hide_no_message_and_the_latest_replaces_the_ones_before(open_page, app):
+    """Toasts opened over the chat's top right, on the messages, and three refusals piled into one
+    "Warning (3)" box listing all three. They open over the sidebar, clear of the chat and the
+    message box, and show the latest refusal only."""
+    chat_id = stored_long_chat(app, "Toasted Oribi", turns=3)
+    page = open_page(1280, 800, chat_id=chat_id)
+    refuse_max_tokens(page, ("0", "-5", "-7"))
+    toast = page.locator(".toast-body")
+    assert toast.count() == 1, toast.all_inner_texts()
+    shown = toast.inner_text()
+    assert "got -7" in shown and "got -5" not in shown and "got 0" not in shown, shown
+    assert "(3)" not in shown, shown
+    where = toast.bounding_box()
+    for part in ("#chatbot", "#composer"):
+        assert not overlap(where, page.locator(part).bounding_box()), (part, where)
+    assert where["y"] >= 0 and where["y"] + where["height"] <= 800, where
