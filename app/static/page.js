@@ -47,6 +47,7 @@ function minisglStartPage(config) {
   }, true);
   keepTypedTextTyped();
   letTheBoxGrowIntoTheChat();
+  keepASwitchedMessageInView();
   nameDetailsToggles();
   placeToastsOverTheSidebar(config);
   chatListByKeyboard();
@@ -400,6 +401,43 @@ function letTheBoxGrowIntoTheChat() {
     const grown = Math.max(0, box.offsetHeight - least);
     document.documentElement.style.setProperty('--box-grown', `${grown}px`);
   }).observe(box);
+}
+
+// ‹ › keep the message whose version changed where it was in the chat: the chat, drawn anew with
+// the other version's turns below it, followed its new end (Gradio scrolls a chat that was at its
+// end to the end), and the message went off the screen. The versions bar names the message ("Your
+// message 7", "Reply 7": the 7th of its kind in the chat); for a moment after the click, each
+// scroll or redraw of the chat puts it back where it was, until the user scrolls or clicks. A chat
+// shown in part (its first messages behind "Show N earlier messages") is left alone: its bubbles do
+// not count from the chat's first message.
+function keepASwitchedMessageInView() {
+  const HOLD_MS = 10000;  // the chat may take seconds to be drawn anew on a busy machine
+  const switchers = '#prev-version-btn, #next-version-btn';
+  let held = null;  // {kind, n, top: its top below the chat's visible top, until}
+  const scroller = () => document.querySelector('#chatbot .bubble-wrap');
+  const messageOf = ({kind, n}) => document.querySelectorAll(`#chatbot [data-testid='${kind}']:not(:has(.thought-group))`)[n - 1];
+  const topIn = (message, box) => message.getBoundingClientRect().top - box.getBoundingClientRect().top;
+  document.addEventListener('click', (e) => {
+    if (!(e.target instanceof Element) || !e.target.closest(switchers)) return;
+    const named = /^(Your message|Reply) (\d+)/.exec((document.querySelector('#versions-label')?.innerText || '').trim());
+    const box = scroller();
+    held = null;
+    if (!named || !box || document.querySelector('#chatbot .earlier-line')) return;
+    const place = {kind: named[1] === 'Reply' ? 'bot' : 'user', n: Number(named[2])};
+    const message = messageOf(place);
+    if (message) held = {...place, top: topIn(message, box), until: Date.now() + HOLD_MS};
+  }, true);
+  const keep = () => {
+    if (held && Date.now() > held.until) held = null;
+    const box = held && scroller(), message = box && messageOf(held);
+    if (!message) return;
+    const drift = topIn(message, box) - held.top;
+    if (Math.abs(drift) > 1) box.scrollTop += drift;
+  };
+  const letGo = (e) => { if (!(e.target instanceof Element && e.target.closest(switchers))) held = null; };
+  for (const type of ['wheel', 'touchstart', 'keydown', 'pointerdown']) addEventListener(type, letGo, true);
+  document.addEventListener('scroll', keep, true);
+  watchTheChat(keep);
 }
 
 // The ▸ of a line under a message (a reply's figures, a version, its thinking) opens its details;

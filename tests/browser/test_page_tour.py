@@ -74,18 +74,18 @@ def test_a_long_message_scrolls_inside_the_message_box_and_the_page_does_not_scr
 
 def stored_long_chat(app, title: str, turns: int, two_versions_at: int | None = None) -> int:
     """A chat of ``turns`` questions, each answered, written to the app's database. The question
-    of turn ``two_versions_at`` (None: none) has two versions, each followed by the turns after
-    it; the second is shown."""
+    of turn ``two_versions_at`` (None: none) has two versions, as an edit leaves it: the first
+    followed by the turns after it, the second (shown) by its answer only."""
     with ConversationStore(app.data_dir / "chats.sqlite3") as store:
         conv = store.create(title=title)
         parent = None
         for turn in range(turns):
             if turn == two_versions_at:
-                for version in (1, 2):
-                    text = f"{title} question {turn}, version {version}."
-                    store.add_message(conv.id, parent, "user", text)
-                    answer_turns(store, conv.id, title, turn, turns)
-                return conv.id
+                store.add_message(conv.id, parent, "user", f"{title} question {turn}, version 1.")
+                answer_turns(store, conv.id, title, turn, turns)
+                store.add_message(conv.id, parent, "user", f"{title} question {turn}, version 2.")
+                answer_turns(store, conv.id, title, turn, turn + 1)
+                break
             store.append(conv.id, "user", f"{title} question {turn}.")
             parent = store.append(conv.id, "assistant", answer(title, turn)).id
         return conv.id
@@ -95,12 +95,11 @@ def answer(title: str, turn: int) -> str:
     return f"{title} answer {turn}. " + "Some words of the answer. " * 12
 
 
-def answer_turns(
-    store: ConversationStore, conv_id: int, title: str, first: int, turns: int
-) -> None:
-    """The answer of turn ``first`` and the turns after it, below the message shown last."""
+def answer_turns(store: ConversationStore, conv_id: int, title: str, first: int, end: int) -> None:
+    """The answer of turn ``first`` and the turns after it up to ``end``, below the message
+    shown last."""
     store.append(conv_id, "assistant", answer(title, first))
-    for turn in range(first + 1, turns):
+    for turn in range(first + 1, end):
         store.append(conv_id, "user", f"{title} question {turn}.")
         store.append(conv_id, "assistant", answer(title, turn))
 
@@ -209,3 +208,46 @@ def test_toasts_hide_no_message_and_the_latest_replaces_the_ones_before(open_pag
     for part in ("#chatbot", "#composer"):
         assert not overlap(where, page.locator(part).bounding_box()), (part, where)
     assert where["y"] >= 0 and where["y"] + where["height"] <= 800, where
+
+
+# ---- 11. ‹ › keep the message whose version changed in view
+
+
+CHAT_SCROLL_JS = "document.querySelector('#chatbot .bubble-wrap').scrollTop"
+
+
+def wait_chat_still(page, timeout: float = 10) -> None:
+    """Wait until the chat's scroll position stays where it is from one look to the next."""
+    last: list[float | None] = [None]
+
+    def still() -> bool:
+        now = page.evaluate(CHAT_SCROLL_JS)
+        same, last[0] = now == last[0], now
+        return same
+
+    assert wait_until(still, timeout, interval=0.5), "the chat kept scrolling"
+
+
+def in_chat_view(page, locator) -> bool:
+    """The element is shown whole inside the chat's visible area."""
+    box, chat = locator.bounding_box(), page.locator("#chatbot").bounding_box()
+    return (
+        box is not None
+        and chat["y"] <= box["y"]
+        and box["y"] + box["height"] <= chat["y"] + chat["height"]
+    )
+
+
+def test_switching_a_messages_version_keeps_that_message_in_view(open_page, app):
+    """‹ on a message whose earlier version is followed by more turns drew the chat anew and
+    scrolled it to its new end: the message whose version changed went off the screen (the chat
+    had been at its end, and Gradio follows a chat's end). It stays where it was."""
+    chat_id = stored_long_chat(app, "Scrolled Saola", turns=12, two_versions_at=6)
+    page = open_page(1280, 800, chat_id=chat_id)
+    pick_message(page, "question 6, version 2")
+    page.click("#prev-version-btn")
+    page.locator(USER, has_text="question 11.").wait_for(state="attached", timeout=10_000)
+    assert "version 1 of 2" in page.inner_text("#versions-label")
+    wait_chat_still(page)
+    message = page.locator(USER, has_text="question 6, version 1").first
+    assert in_chat_view(page, message), (message.bounding_box(), page.evaluate(CHAT_SCROLL_JS))
