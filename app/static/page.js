@@ -48,6 +48,7 @@ function minisglStartPage(config) {
   keepTypedTextTyped();
   letTheBoxGrowIntoTheChat();
   keepASwitchedMessageInView();
+  bringAnEditBoxIntoView();
   nameDetailsToggles();
   placeToastsOverTheSidebar(config);
   chatListByKeyboard();
@@ -438,6 +439,18 @@ function keepASwitchedMessageInView() {
   for (const type of ['wheel', 'touchstart', 'keydown', 'pointerdown']) addEventListener(type, letGo, true);
   document.addEventListener('scroll', keep, true);
   watchTheChat(keep);
+}
+
+// ✎ opens a message's edit box where the message was: for a long message scrolled up until only
+// its ✎ showed at the chat's top, that was above the chat's visible part, under the status line.
+// An edit box that opens is brought into the chat's view, its top first.
+function bringAnEditBoxIntoView() {
+  let shown = null;
+  watchTheChat(() => {
+    const box = document.querySelector('#chatbot textarea.edit-textarea');
+    if (box && box !== shown) box.scrollIntoView({block: 'nearest'});
+    shown = box;
+  });
 }
 
 // The ▸ of a line under a message (a reply's figures, a version, its thinking) opens its details;

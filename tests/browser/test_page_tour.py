@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from chat_page_utils import (  # noqa: F401 (browser: fixture)
     BROWSER_MARKS,
+    REPLY,
     USER,
     browser,
     engine_idle,
@@ -251,3 +252,39 @@ def test_switching_a_messages_version_keeps_that_message_in_view(open_page, app)
     wait_chat_still(page)
     message = page.locator(USER, has_text="question 6, version 1").first
     assert in_chat_view(page, message), (message.bounding_box(), page.evaluate(CHAT_SCROLL_JS))
+
+
+# ---- 10. ✎ brings its edit box into view
+
+
+def test_editing_a_long_first_message_brings_its_edit_box_into_view(open_page, app):
+    """A long first message scrolled up until only its ✎ showed at the chat's top: ✎ opened the
+    edit box where the message was, above the chat's visible part, under the status line. The
+    edit box is brought into view, its top first."""
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Edited Gerenuk")
+        store.append(
+            conv.id, "user", "Gerenuk question. " + "A long question, line after line. " * 60
+        )
+        for turn in range(8):
+            store.append(conv.id, "assistant", answer("Gerenuk", turn))
+            store.append(conv.id, "user", f"Gerenuk question {turn + 1}.")
+        store.append(conv.id, "assistant", answer("Gerenuk", 9))
+    page = open_page(1280, 800, chat_id=conv.id)
+    first = page.locator(USER).first
+    edit = page.locator("#chatbot .message-buttons-right button[aria-label='Edit']").first
+    page.locator(REPLY).last.wait_for(timeout=10_000)
+    wait_chat_still(page)
+    # the chat scrolled so that the first message's ✎ is at its top, the message above
+    page.locator("#chatbot .bubble-wrap").evaluate(
+        """(chat, message) => { chat.scrollTop += message.getBoundingClientRect().bottom - chat.getBoundingClientRect().top; }""",
+        first.element_handle(),
+    )
+    assert in_chat_view(page, edit), edit.bounding_box()
+    assert not in_chat_view(page, first)
+    edit.click()
+    editor = page.locator("#chatbot textarea.edit-textarea")
+    editor.wait_for(timeout=10_000)
+    wait_chat_still(page)
+    top, chat = editor.bounding_box()["y"], page.locator("#chatbot").bounding_box()
+    assert chat["y"] <= top <= chat["y"] + chat["height"] - 50, (top, chat)
