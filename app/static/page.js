@@ -49,6 +49,7 @@ function minisglStartPage(config) {
   letTheBoxGrowIntoTheChat();
   keepASwitchedMessageInView();
   bringAnEditBoxIntoView();
+  messagesByKeyboard();
   nameDetailsToggles();
   placeToastsOverTheSidebar(config);
   chatListByKeyboard();
@@ -450,6 +451,25 @@ function bringAnEditBoxIntoView() {
     const box = document.querySelector('#chatbot textarea.edit-textarea');
     if (box && box !== shown) box.scrollIntoView({block: 'nearest'});
     shown = box;
+  });
+}
+
+// Messages by keyboard: Gradio draws a message as a clickable bubble that takes no focus, so the
+// versions bar (‹ ›, Delete message), which acts on the message picked, was out of the keyboard's
+// reach. Each message takes the focus with Tab, in order, before its own Copy and Edit (page.css
+// rings it); Enter or Space picks it, as a click does. (The lines under a message, its figures or
+// its versions, keep their own ▸ button.)
+function messagesByKeyboard() {
+  const MESSAGES = "#chatbot [data-testid='user'], #chatbot [data-testid='bot']";
+  const isMessage = (e) => e instanceof Element && e.matches(MESSAGES) && !e.querySelector('.thought-group');
+  watchTheChat(() => {
+    for (const message of document.querySelectorAll(MESSAGES))
+      if (isMessage(message) && message.tabIndex !== 0) message.tabIndex = 0;
+  });
+  document.addEventListener('keydown', (e) => {
+    if (!isMessage(e.target) || (e.key !== 'Enter' && e.key !== ' ')) return;
+    e.preventDefault();
+    e.target.click();
   });
 }
 

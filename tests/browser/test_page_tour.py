@@ -288,3 +288,42 @@ def test_editing_a_long_first_message_brings_its_edit_box_into_view(open_page, a
     wait_chat_still(page)
     top, chat = editor.bounding_box()["y"], page.locator("#chatbot").bounding_box()
     assert chat["y"] <= top <= chat["y"] + chat["height"] - 50, (top, chat)
+
+
+# ---- 5. messages by keyboard
+
+
+FOCUSED_JS = """() => { const e = document.activeElement;
+  return e ? [e.id || e.getAttribute('aria-label') || e.getAttribute('data-testid') || e.tagName, e.closest('#delete-message-btn') !== null] : null; }"""
+
+
+def test_messages_take_the_focus_in_order_and_their_actions_work_from_the_keyboard(open_page, app):
+    """Messages took no focus: Delete message and ‹ › reached only a message picked with the
+    mouse. Each message takes the focus with Tab, before its own Copy and Edit, ringed (dark mode
+    here); Enter picks it, and Tab goes on to the versions bar's Delete message, which asks first."""
+    chat_id = stored_long_chat(app, "Keyed Numbat", turns=2)
+    page = open_page(1280, 800, dark=True, chat_id=chat_id)
+    first = page.locator(USER).first
+    copy = page.locator("#chatbot button[aria-label='Copy message']").first
+    copy.focus()
+    page.keyboard.press("Shift+Tab")
+    assert first.evaluate("m => m === document.activeElement"), page.evaluate(FOCUSED_JS)
+    ring = first.evaluate(
+        "m => [getComputedStyle(m).outlineStyle, getComputedStyle(m).outlineWidth]"
+    )
+    assert ring[0] != "none" and float(ring[1].removesuffix("px")) >= 2, ring
+    page.keyboard.press("Enter")
+    page.locator("#versions").wait_for(state="visible", timeout=10_000)
+    assert "Your message 1" in page.inner_text("#versions-label")
+    for _ in range(40):
+        if page.evaluate(FOCUSED_JS)[1]:
+            break
+        page.keyboard.press("Tab")
+    assert page.evaluate(FOCUSED_JS)[1], (
+        f"Tab never reached Delete message: {page.evaluate(FOCUSED_JS)}"
+    )
+    asked = []
+    page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    page.keyboard.press("Enter")
+    assert wait_until(lambda: asked, 5), "Enter on Delete message asked nothing"
+    assert "Delete this message" in asked[0]
