@@ -42,10 +42,12 @@ class ViewEvents(TabState):
     async def load_page(
         self, request: gr.Request, in_address: float | None = None, remembered: float | None = None
     ):
-        """The tab opens the chat its address names (a reload), else the one the browser last
-        showed (ASKED_CHATS_JS), else the newest."""
+        """The tab opens the chat its address names (a reload; 0: a new chat, whose text the
+        browser keeps), else the one the browser last showed (ASKED_CHATS_JS), else the newest."""
         tab = self.tab(request)
-        if not tab.picked:  # a click that came first (New chat at once) is kept
+        if in_address == 0 and not tab.picked:
+            tab.conv_id = None
+        elif not tab.picked:  # a click that came first (New chat at once) is kept
             asked = next(
                 (int(c) for c in (in_address, remembered) if c is not None and self.exists(int(c))),
                 None,

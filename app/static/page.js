@@ -5,6 +5,8 @@
 //   answerWaitMs    how long an event that takes the message box waits for the answer of the one before
 //   fieldIds        the ids of the title box, the settings boxes and the backend (ChatPage.fields' order)
 //   draftKeyPrefix  + a chat's id ('' for a new chat): that chat's unsent text in the browser's storage
+//   newChat         what the address says for a new chat (?chat=new): a reload keeps it, and its text
+//   attachedKey     the names of the files attached in the tab, in the tab's own storage
 //   shownChatKey    the chat the tab showed last, in the browser's storage
 //   sliderDefaults  each slider's value in a new chat, by its element id (its ↺ puts it back)
 // It sets the window.minisgl* functions that the events' own small functions (scripts.*_JS, one
@@ -34,6 +36,7 @@ function minisglStartPage(config) {
   const turns = takeTurnsAtTheMessageBox(config);
   keepDraftsInStorage(config, turns);
   keepTheShownChat(config);
+  sayFilesDroppedByAReload(config);
   disableSendWhenEmpty();
   countFieldChanges(config);
   answerKeys();
@@ -151,7 +154,11 @@ function takeTurnsAtTheMessageBox(config) {
 // click, New chat) and the box is empty once every answer that gives text back has come, that
 // chat's stored draft goes into the box.
 function keepDraftsInStorage(config, turns) {
-  const draftKey = (chat) => `${config.draftKeyPrefix}${chat ?? (new URLSearchParams(location.search).get('chat') || '')}`;
+  // by the chat the address names (the one given, else the one in the address now; a new chat: '')
+  const draftKey = (chat) => {
+    const named = chat ?? new URLSearchParams(location.search).get('chat');
+    return `${config.draftKeyPrefix}${named === config.newChat ? '' : named || ''}`;
+  };
   window.minisglSaveDraft = (text) => {
     try {
       if (text.trim()) localStorage.setItem(draftKey(), text); else localStorage.removeItem(draftKey());
@@ -174,30 +181,64 @@ function keepDraftsInStorage(config, turns) {
 }
 
 // A reload opens the chat the tab showed: the chat shown is kept in the page's address (?chat=ID,
-// replaced in place, so Back is not filled with chats) and in the browser's storage (a new tab
-// opens the chat last shown); the page's load asks for the one the address names, else the stored
-// one (ChatPage.load_page: the newest when neither exists any more; a chat the address names that
-// is not there is said, and the address then names the chat shown).
+// or ?chat=new for a new chat; replaced in place, so Back is not filled with chats) and, a saved
+// one, in the browser's storage (a new tab opens the chat last saved and shown); the page's load
+// asks for the one the address names (0: a new chat), else the stored one (ChatPage.load_page: the
+// newest when neither exists any more; a chat the address names that is not there is said, and
+// the address then names the chat shown).
 function keepTheShownChat(config) {
   window.minisglAskedChats = () => {
     const id = (text) => /^\d+$/.test(text || '') ? Number(text) : null;
     const asked = new URLSearchParams(location.search).get('chat');  // -1: the address names something that is no chat id
-    return [asked === null ? null : id(asked) ?? -1, id(localStorage.getItem(config.shownChatKey))];
+    const inAddress = asked === null ? null : asked === config.newChat ? 0 : id(asked) ?? -1;
+    return [inAddress, id(localStorage.getItem(config.shownChatKey))];
   };
   window.minisglRememberShownChat = (id) => {
     const url = new URL(location.href);
     if (id !== null && id !== '' && Number.isInteger(Number(id))) {
       url.searchParams.set('chat', String(id)); localStorage.setItem(config.shownChatKey, String(id));
     }
-    else { url.searchParams.delete('chat'); localStorage.removeItem(config.shownChatKey); }
+    else { url.searchParams.set('chat', config.newChat); localStorage.removeItem(config.shownChatKey); }
     if (url.href !== location.href) history.replaceState(history.state, '', url);
-    window.minisglRestoreDraft(new URLSearchParams(url.search).get('chat') || '');  // its unsent text, if the box has none
+    window.minisglRestoreDraft(new URLSearchParams(url.search).get('chat'));  // its unsent text, if the box has none
     return [];
   };
   // Set once the page's load has been answered and drawn (the chat list, the shown chat's
   // settings): a value typed before then is overwritten by the load's. Tests wait for it; people
   // never notice.
   window.minisglMarkLoaded = () => { document.body.dataset.chatLoaded = '1'; };
+}
+
+// The files attached wait in the tab's session on the server, which a reload ends: they were gone
+// after it without a word. The names of the files attached (the line under the message box) are
+// kept in the tab's own storage, which a reload keeps; after a reload, those names are said in a
+// note under the message box (#dropped-files-note), until Dismiss or the next files attached.
+function sayFilesDroppedByAReload(config) {
+  const attached = () => document.querySelector('#attached');
+  if (!attached()) return setTimeout(sayFilesDroppedByAReload, 200, config);
+  let dropped = [];
+  try { dropped = JSON.parse(sessionStorage.getItem(config.attachedKey) || '[]'); } catch { /* none kept */ }
+  const names = () => [...attached().querySelectorAll('code')].map((code) => code.textContent);
+  const keep = () => {
+    const now = names();
+    try {
+      if (now.length) sessionStorage.setItem(config.attachedKey, JSON.stringify(now)); else sessionStorage.removeItem(config.attachedKey);
+    } catch { /* storage blocked: nothing is said after a reload */ }
+    if (now.length) document.getElementById('dropped-files-note')?.remove();
+  };
+  new MutationObserver(keep).observe(attached(), {subtree: true, childList: true, characterData: true});
+  keep();
+  if (!dropped.length) return;
+  const note = document.createElement('div');
+  note.id = 'dropped-files-note';
+  note.setAttribute('role', 'status');
+  note.textContent = `Not kept by the reload: ${dropped.join(', ')}, attached to your next message. Attach again what you still want to send. `;
+  const dismiss = document.createElement('button');
+  dismiss.type = 'button';
+  dismiss.textContent = 'Dismiss';
+  dismiss.addEventListener('click', () => note.remove());
+  note.append(dismiss);
+  (attached().closest('#attached-row') || attached()).after(note);
 }
 
 // Send is disabled while there is nothing to send, as in other chat apps: a box empty or blank

@@ -1010,9 +1010,9 @@ def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
     assert wait_until(lambda: shows_only(other, "Wapiti", ("Quoll",)), 10), (
         f"a new tab showed another chat: {users(other)}"
     )
-    # New chat leaves the address; a chat that no longer exists opens the newest
+    # New chat names a new chat in the address (a reload keeps it); a chat that no longer exists opens the newest
     open_new_chat(page)
-    assert wait_until(lambda: shown_chat_in_address(page) is None, 5), page.url
+    assert wait_until(lambda: shown_chat_in_address(page) == "new", 5), page.url
     # ... and says so, and the address then names the chat shown (it showed another chat, unsaid,
     # under the old address; ?chat=-1 kept its address for good)
     for asked in (str(int(wapiti) + 100000), "-1"):

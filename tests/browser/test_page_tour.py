@@ -12,6 +12,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     browser,
     engine_idle,
     open_chat_list,
+    open_new_chat,
     wait_page_loaded,
 )
 from server_utils import wait_until
@@ -327,3 +328,34 @@ def test_messages_take_the_focus_in_order_and_their_actions_work_from_the_keyboa
     page.keyboard.press("Enter")
     assert wait_until(lambda: asked, 5), "Enter on Delete message asked nothing"
     assert "Delete this message" in asked[0]
+
+
+# ---- 14. a new chat's draft, and files attached, across a reload
+
+
+def test_a_new_chats_draft_comes_back_after_a_reload_and_files_dropped_are_said(
+    open_page, app, tmp_path
+):
+    """The text typed in a new chat was lost on reload (the address became `/`, and the reload
+    opened the newest saved chat); files attached went without a word. The reload shows the new
+    chat with its text, and says which files it did not keep."""
+    stored_long_chat(app, "Reloaded Fossa", turns=1)  # a saved chat the reload could open instead
+    page = open_page(1280, 800)
+    open_new_chat(page)
+    page.locator(BOX).press_sequentially("Fossa draft of a new chat")
+    notes = tmp_path / "fossa-notes.txt"
+    notes.write_text("Fossa notes\n", encoding="utf-8")
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach-btn")
+    chooser.value.set_files(str(notes))
+    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 30)
+    page.reload()
+    wait_page_loaded(page)
+    assert wait_until(lambda: page.input_value(BOX) == "Fossa draft of a new chat", 10), (
+        page.input_value(BOX),
+        page.locator(USER).all_inner_texts()[:2],
+    )
+    assert page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0
+    note = page.locator("#dropped-files-note")
+    note.wait_for(state="visible", timeout=10_000)
+    assert notes.name in note.inner_text() and "attach" in note.inner_text().lower()
