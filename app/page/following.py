@@ -24,6 +24,15 @@ FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces t
 # tick send the whole view once more, RECHECK_AFTER_S after it ends (see Ticks.tick).
 RACE_S = 2.0
 RECHECK_AFTER_S = 1.0
+# Math in messages, as models write it: inline between $ … $ or \( … \), on its own line between
+# $$ … $$ or \[ … \] (Gradio's default, $$ alone, left `$x^2$` as typed). A price ("$5 and $10")
+# reads as math too, as in other chat apps that render $ … $.
+LATEX_DELIMITERS = [
+    {"left": "$$", "right": "$$", "display": True},
+    {"left": "\\[", "right": "\\]", "display": True},
+    {"left": "$", "right": "$", "display": False},
+    {"left": "\\(", "right": "\\)", "display": False},
+]
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 
 
@@ -159,6 +168,7 @@ class ViewEvents(TabState):
             buttons=["copy"],
             feedback_options=None,
             placeholder="Ask anything. Replies stream in; **Stop** (or Escape) ends one at once.",
+            latex_delimiters=LATEX_DELIMITERS,
         )
         return SimpleNamespace(status=status, chatbot=chatbot)
 

@@ -359,3 +359,29 @@ def test_a_new_chats_draft_comes_back_after_a_reload_and_files_dropped_are_said(
     note = page.locator("#dropped-files-note")
     note.wait_for(state="visible", timeout=10_000)
     assert notes.name in note.inner_text() and "attach" in note.inner_text().lower()
+
+
+# ---- 15. tables, math, the phone's layout, an imported chat's date
+
+TABLE_AND_MATH = (
+    "| Name | Count |\n|:-----|------:|\n| Okapi | 1 |\n| Bilby | 22 |\n\n"
+    "Inline math $x^2$, and on its own line $$\\frac{1}{2}$$"
+)
+
+
+def test_a_reply_aligns_its_table_columns_and_renders_inline_math(open_page, app):
+    """A right-aligned column (`---:`) was drawn left-aligned, and `$x^2$` stayed as typed (only
+    `$$ … $$` was math)."""
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Aligned Dikdik")
+        store.append(conv.id, "user", "Dikdik: a table and some math, please.")
+        store.append(conv.id, "assistant", TABLE_AND_MATH)
+    page = open_page(1280, 800, chat_id=conv.id)
+    reply = page.locator(REPLY).first
+    reply.locator("table").wait_for(timeout=10_000)
+    aligns = reply.locator("td").evaluate_all(
+        "cells => cells.map((c) => getComputedStyle(c).textAlign)"
+    )
+    assert aligns == ["left", "right", "left", "right"], aligns
+    assert reply.locator(".katex").count() == 2, reply.inner_html()[:500]
+    assert "$x^2$" not in reply.inner_text(), reply.inner_text()
