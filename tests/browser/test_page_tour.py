@@ -4,6 +4,9 @@ and 390x844, in light and dark mode), each as a person meets it in Debian's Chro
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 from chat_page_utils import (  # noqa: F401 (browser: fixture)
     BROWSER_MARKS,
@@ -13,11 +16,13 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     engine_idle,
     open_chat_list,
     open_new_chat,
+    pick_import_file,
     wait_page_loaded,
 )
 from server_utils import wait_until
 
 from minisgl_app.chat.store import ConversationStore
+from minisgl_app.chat.store.import_file import EXPORT_FORMAT
 
 pytestmark = BROWSER_MARKS
 
@@ -385,3 +390,33 @@ def test_a_reply_aligns_its_table_columns_and_renders_inline_math(open_page, app
     assert aligns == ["left", "right", "left", "right"], aligns
     assert reply.locator(".katex").count() == 2, reply.inner_html()[:500]
     assert "$x^2$" not in reply.inner_text(), reply.inner_text()
+
+
+A_YEAR_AGO = time.time() - 365 * 86400
+
+
+def test_an_imported_chat_keeps_its_own_date_and_place_in_the_list(open_page, app, tmp_path):
+    """An imported chat was dated at the import: a chat last used a year ago went to the top of
+    the list, with today's time. It keeps the date its file gives (our export's updated_at)."""
+    stored_long_chat(app, "Recent Zorilla", turns=1)  # a chat used after the imported one
+    exported = {
+        "format": EXPORT_FORMAT,
+        "title": "Old Zorilla",
+        "created_at": A_YEAR_AGO,
+        "updated_at": A_YEAR_AGO + 60,
+        "messages": [
+            {"role": "user", "content": "Old Zorilla: say hi.", "created_at": A_YEAR_AGO},
+            {"role": "assistant", "content": "Hi.", "created_at": A_YEAR_AGO + 60},
+        ],
+    }
+    path = tmp_path / "old-zorilla.json"
+    path.write_text(json.dumps(exported), encoding="utf-8")
+    page = open_page(1280, 800)
+    pick_import_file(page, path)
+    page.locator(USER, has_text="Old Zorilla: say hi.").wait_for(timeout=15_000)
+    labels = page.locator("#conv-list label")
+    titles = [t.split(" · ")[0].lstrip("● ") for t in labels.all_inner_texts()]
+    assert titles.index("Old Zorilla") > titles.index("Recent Zorilla"), titles
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        imported = next(c for c in store.list() if c.title == "Old Zorilla")
+    assert imported.updated_at == pytest.approx(A_YEAR_AGO + 60), imported.updated_at
