@@ -420,3 +420,20 @@ def test_an_imported_chat_keeps_its_own_date_and_place_in_the_list(open_page, ap
     with ConversationStore(app.data_dir / "chats.sqlite3") as store:
         imported = next(c for c in store.list() if c.title == "Old Zorilla")
     assert imported.updated_at == pytest.approx(A_YEAR_AGO + 60), imported.updated_at
+
+
+EMPTY_UNDER_THE_COMPOSER_JS = """() => document.documentElement.scrollHeight - Math.max(
+  ...['#send-btn', '#context-meter'].map((s) => document.querySelector(s).getBoundingClientRect().bottom + scrollY))"""
+
+
+def test_on_a_phone_the_chat_takes_the_room_under_the_send_row(open_page):
+    """On a phone (390x844) a band of ~100 px lay empty under Send and the meter: the chat was
+    55% of the screen's height, whatever room the rest left. The chat takes it; what is left under
+    them is the page's margin."""
+    page = open_page(390, 844)
+    open_new_chat(page)
+    assert wait_until(lambda: page.evaluate(EMPTY_UNDER_THE_COMPOSER_JS) <= 32, 10), (
+        page.evaluate(EMPTY_UNDER_THE_COMPOSER_JS),
+        page.locator("#chatbot").bounding_box(),
+    )
+    assert page_height(page) <= 844, page_height(page)
