@@ -426,14 +426,18 @@ EMPTY_UNDER_THE_COMPOSER_JS = """() => document.documentElement.scrollHeight - M
   ...['#send-btn', '#context-meter'].map((s) => document.querySelector(s).getBoundingClientRect().bottom + scrollY))"""
 
 
-def test_on_a_phone_the_chat_takes_the_room_under_the_send_row(open_page):
+def test_on_a_phone_the_chat_takes_the_room_under_the_send_row(open_page, app):
     """On a phone (390x844) a band of ~100 px lay empty under Send and the meter: the chat was
     55% of the screen's height, whatever room the rest left. The chat takes it; what is left under
-    them is the page's margin."""
-    page = open_page(390, 844)
-    open_new_chat(page)
-    assert wait_until(lambda: page.evaluate(EMPTY_UNDER_THE_COMPOSER_JS) <= 32, 10), (
+    them is the page's margin, and with the versions bar shown Stop is still on the screen."""
+    chat_id = stored_long_chat(app, "Narrow Quoll", turns=2)
+    page = open_page(390, 844, chat_id=chat_id)
+    assert wait_until(lambda: page.evaluate(EMPTY_UNDER_THE_COMPOSER_JS) <= 40, 10), (
         page.evaluate(EMPTY_UNDER_THE_COMPOSER_JS),
         page.locator("#chatbot").bounding_box(),
     )
     assert page_height(page) <= 844, page_height(page)
+    pick_message(page, "Narrow Quoll question 1")
+    page.evaluate("scrollTo(0, 0)")
+    stop = page.locator("#stop-btn").bounding_box()
+    assert stop["y"] + stop["height"] <= 844, f"Stop is below the first screen: {stop}"
