@@ -24,6 +24,15 @@ FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces t
 # tick send the whole view once more, RECHECK_AFTER_S after it ends (see Ticks.tick).
 RACE_S = 2.0
 RECHECK_AFTER_S = 1.0
+# Math in messages, as models write it: inline between $ … $ or \( … \), on its own line between
+# $$ … $$ or \[ … \] (Gradio's default, $$ alone, left `$x^2$` as typed). A price ("$5 and $10")
+# reads as math too, as in other chat apps that render $ … $.
+LATEX_DELIMITERS = [
+    {"left": "$$", "right": "$$", "display": True},
+    {"left": "\\[", "right": "\\]", "display": True},
+    {"left": "$", "right": "$", "display": False},
+    {"left": "\\(", "right": "\\)", "display": False},
+]
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
 
 
@@ -42,10 +51,12 @@ class ViewEvents(TabState):
     async def load_page(
         self, request: gr.Request, in_address: float | None = None, remembered: float | None = None
     ):
-        """The tab opens the chat its address names (a reload), else the one the browser last
-        showed (ASKED_CHATS_JS), else the newest."""
+        """The tab opens the chat its address names (a reload; 0: a new chat, whose text the
+        browser keeps), else the one the browser last showed (ASKED_CHATS_JS), else the newest."""
         tab = self.tab(request)
-        if not tab.picked:  # a click that came first (New chat at once) is kept
+        if in_address == 0 and not tab.picked:
+            tab.conv_id = None
+        elif not tab.picked:  # a click that came first (New chat at once) is kept
             asked = next(
                 (int(c) for c in (in_address, remembered) if c is not None and self.exists(int(c))),
                 None,
@@ -157,6 +168,7 @@ class ViewEvents(TabState):
             buttons=["copy"],
             feedback_options=None,
             placeholder="Ask anything. Replies stream in; **Stop** (or Escape) ends one at once.",
+            latex_delimiters=LATEX_DELIMITERS,
         )
         return SimpleNamespace(status=status, chatbot=chatbot)
 

@@ -30,6 +30,10 @@ FIELD_IDS = (
 )
 DRAFT_KEY_PREFIX = "minisgl-chat:draft:"  # + the chat's id ('' for a new chat): its unsent text in the browser's storage
 SHOWN_CHAT_KEY = "minisgl-chat:shown"  # the chat the tab showed last, in the browser's storage (ChatPage.load_page)
+# ?chat=new: the tab shows a new chat (its load asks for chat 0: ViewEvents.load_page)
+NEW_CHAT = "new"
+# the names of the files attached in a tab, in the tab's own storage: said after a reload
+ATTACHED_KEY = "minisgl-chat:attached"
 
 # What page.js reads as `config` (its header says what each is for).
 PAGE_CONFIG = {
@@ -38,6 +42,8 @@ PAGE_CONFIG = {
     "fieldIds": list(FIELD_IDS),
     "draftKeyPrefix": DRAFT_KEY_PREFIX,
     "shownChatKey": SHOWN_CHAT_KEY,
+    "newChat": NEW_CHAT,
+    "attachedKey": ATTACHED_KEY,
     "sliderDefaults": {
         "temperature": ChatSettings.temperature,
         "top-p": ChatSettings.top_p,

@@ -66,7 +66,11 @@ class Ticks(TabState):
             if fields_behind:
                 tab.drawn.refreshes += 1
                 refresh = tab.drawn.refreshes
-        status, side = self.status_of(tab), self.render_sidebar(tab)
+        # While the tab's follow runs, the status line is the follow's, drawn with the chat and
+        # Stop in one render: the tick's own line said Ready as a reply ended, beside the reply
+        # still drawn "replying…" with Stop red until the follow's next render
+        status = tab.drawn.status if following else self.status_of(tab)
+        side = self.render_sidebar(tab)
         # only what changed goes to the browser: a redraw there costs the engine CPU on a laptop
         view = {
             "status": status if status != tab.drawn.status else gr.skip(),

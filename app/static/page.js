@@ -5,6 +5,8 @@
 //   answerWaitMs    how long an event that takes the message box waits for the answer of the one before
 //   fieldIds        the ids of the title box, the settings boxes and the backend (ChatPage.fields' order)
 //   draftKeyPrefix  + a chat's id ('' for a new chat): that chat's unsent text in the browser's storage
+//   newChat         what the address says for a new chat (?chat=new): a reload keeps it, and its text
+//   attachedKey     the names of the files attached in the tab, in the tab's own storage
 //   shownChatKey    the chat the tab showed last, in the browser's storage
 //   sliderDefaults  each slider's value in a new chat, by its element id (its ↺ puts it back)
 // It sets the window.minisgl* functions that the events' own small functions (scripts.*_JS, one
@@ -14,7 +16,7 @@
 // Enter on an empty box does nothing (Send is disabled then). In a message's edit box (✎) Enter
 // saves and Shift+Enter starts a new line, as in the message box, and Escape cancels the edit.
 // Enter in a settings number box saves it (it is left, as a click elsewhere does). Toasts open
-// under the status line (page.css): its bottom edge is kept in --status-bottom.
+// over the sidebar's bottom on a wide screen, at the screen's top on a narrow one.
 
 /* exported minisglStartPage */
 function minisglStartPage(config) {
@@ -34,6 +36,7 @@ function minisglStartPage(config) {
   const turns = takeTurnsAtTheMessageBox(config);
   keepDraftsInStorage(config, turns);
   keepTheShownChat(config);
+  sayFilesDroppedByAReload(config);
   disableSendWhenEmpty();
   countFieldChanges(config);
   answerKeys();
@@ -46,8 +49,12 @@ function minisglStartPage(config) {
     if (input) input.accept = '.json,application/json';
   }, true);
   keepTypedTextTyped();
+  letTheBoxGrowIntoTheChat();
+  keepASwitchedMessageInView();
+  bringAnEditBoxIntoView();
+  messagesByKeyboard();
   nameDetailsToggles();
-  placeToastsUnderStatusLine();
+  placeToastsOverTheSidebar(config);
   chatListByKeyboard();
   narrowSidebar(config);
 }
@@ -147,7 +154,11 @@ function takeTurnsAtTheMessageBox(config) {
 // click, New chat) and the box is empty once every answer that gives text back has come, that
 // chat's stored draft goes into the box.
 function keepDraftsInStorage(config, turns) {
-  const draftKey = (chat) => `${config.draftKeyPrefix}${chat ?? (new URLSearchParams(location.search).get('chat') || '')}`;
+  // by the chat the address names (the one given, else the one in the address now; a new chat: '')
+  const draftKey = (chat) => {
+    const named = chat ?? new URLSearchParams(location.search).get('chat');
+    return `${config.draftKeyPrefix}${named === config.newChat ? '' : named || ''}`;
+  };
   window.minisglSaveDraft = (text) => {
     try {
       if (text.trim()) localStorage.setItem(draftKey(), text); else localStorage.removeItem(draftKey());
@@ -170,30 +181,64 @@ function keepDraftsInStorage(config, turns) {
 }
 
 // A reload opens the chat the tab showed: the chat shown is kept in the page's address (?chat=ID,
-// replaced in place, so Back is not filled with chats) and in the browser's storage (a new tab
-// opens the chat last shown); the page's load asks for the one the address names, else the stored
-// one (ChatPage.load_page: the newest when neither exists any more; a chat the address names that
-// is not there is said, and the address then names the chat shown).
+// or ?chat=new for a new chat; replaced in place, so Back is not filled with chats) and, a saved
+// one, in the browser's storage (a new tab opens the chat last saved and shown); the page's load
+// asks for the one the address names (0: a new chat), else the stored one (ChatPage.load_page: the
+// newest when neither exists any more; a chat the address names that is not there is said, and
+// the address then names the chat shown).
 function keepTheShownChat(config) {
   window.minisglAskedChats = () => {
     const id = (text) => /^\d+$/.test(text || '') ? Number(text) : null;
     const asked = new URLSearchParams(location.search).get('chat');  // -1: the address names something that is no chat id
-    return [asked === null ? null : id(asked) ?? -1, id(localStorage.getItem(config.shownChatKey))];
+    const inAddress = asked === null ? null : asked === config.newChat ? 0 : id(asked) ?? -1;
+    return [inAddress, id(localStorage.getItem(config.shownChatKey))];
   };
   window.minisglRememberShownChat = (id) => {
     const url = new URL(location.href);
     if (id !== null && id !== '' && Number.isInteger(Number(id))) {
       url.searchParams.set('chat', String(id)); localStorage.setItem(config.shownChatKey, String(id));
     }
-    else { url.searchParams.delete('chat'); localStorage.removeItem(config.shownChatKey); }
+    else { url.searchParams.set('chat', config.newChat); localStorage.removeItem(config.shownChatKey); }
     if (url.href !== location.href) history.replaceState(history.state, '', url);
-    window.minisglRestoreDraft(new URLSearchParams(url.search).get('chat') || '');  // its unsent text, if the box has none
+    window.minisglRestoreDraft(new URLSearchParams(url.search).get('chat'));  // its unsent text, if the box has none
     return [];
   };
   // Set once the page's load has been answered and drawn (the chat list, the shown chat's
   // settings): a value typed before then is overwritten by the load's. Tests wait for it; people
   // never notice.
   window.minisglMarkLoaded = () => { document.body.dataset.chatLoaded = '1'; };
+}
+
+// The files attached wait in the tab's session on the server, which a reload ends: they were gone
+// after it without a word. The names of the files attached (the line under the message box) are
+// kept in the tab's own storage, which a reload keeps; after a reload, those names are said in a
+// note under the message box (#dropped-files-note), until Dismiss or the next files attached.
+function sayFilesDroppedByAReload(config) {
+  const attached = () => document.querySelector('#attached');
+  if (!attached()) return setTimeout(sayFilesDroppedByAReload, 200, config);
+  let dropped = [];
+  try { dropped = JSON.parse(sessionStorage.getItem(config.attachedKey) || '[]'); } catch { /* none kept */ }
+  const names = () => [...attached().querySelectorAll('code')].map((code) => code.textContent);
+  const keep = () => {
+    const now = names();
+    try {
+      if (now.length) sessionStorage.setItem(config.attachedKey, JSON.stringify(now)); else sessionStorage.removeItem(config.attachedKey);
+    } catch { /* storage blocked: nothing is said after a reload */ }
+    if (now.length) document.getElementById('dropped-files-note')?.remove();
+  };
+  new MutationObserver(keep).observe(attached(), {subtree: true, childList: true, characterData: true});
+  keep();
+  if (!dropped.length) return;
+  const note = document.createElement('div');
+  note.id = 'dropped-files-note';
+  note.setAttribute('role', 'status');
+  note.textContent = `Not kept by the reload: ${dropped.join(', ')}, attached to your next message. Attach again what you still want to send. `;
+  const dismiss = document.createElement('button');
+  dismiss.type = 'button';
+  dismiss.textContent = 'Dismiss';
+  dismiss.addEventListener('click', () => note.remove());
+  note.append(dismiss);
+  (attached().closest('#attached-row') || attached()).after(note);
 }
 
 // Send is disabled while there is nothing to send, as in other chat apps: a box empty or blank
@@ -387,6 +432,88 @@ function keepTypedTextTyped() {
   watchTheChat(unmarkEditBoxes);
 }
 
+// The message box grows with its text into the chat above it (page.css): what it takes beyond
+// its least height (one line) is kept in --box-grown, which the chat's height gives up, so the
+// page keeps to the window
+function letTheBoxGrowIntoTheChat() {
+  const box = document.querySelector('#msg-input textarea');
+  if (!box) return setTimeout(letTheBoxGrowIntoTheChat, 200);
+  new ResizeObserver(() => {
+    if (!box.offsetHeight) return;  // not shown
+    const least = parseFloat(getComputedStyle(box).minHeight) || 0;
+    const grown = Math.max(0, box.offsetHeight - least);
+    document.documentElement.style.setProperty('--box-grown', `${grown}px`);
+  }).observe(box);
+}
+
+// ‹ › keep the message whose version changed where it was in the chat: the chat, drawn anew with
+// the other version's turns below it, followed its new end (Gradio scrolls a chat that was at its
+// end to the end), and the message went off the screen. The versions bar names the message ("Your
+// message 7", "Reply 7": the 7th of its kind in the chat); for a moment after the click, each
+// scroll or redraw of the chat puts it back where it was, until the user scrolls or clicks. A chat
+// shown in part (its first messages behind "Show N earlier messages") is left alone: its bubbles do
+// not count from the chat's first message.
+function keepASwitchedMessageInView() {
+  const HOLD_MS = 10000;  // the chat may take seconds to be drawn anew on a busy machine
+  const switchers = '#prev-version-btn, #next-version-btn';
+  let held = null;  // {kind, n, top: its top below the chat's visible top, until}
+  const scroller = () => document.querySelector('#chatbot .bubble-wrap');
+  const messageOf = ({kind, n}) => document.querySelectorAll(`#chatbot [data-testid='${kind}']:not(:has(.thought-group))`)[n - 1];
+  const topIn = (message, box) => message.getBoundingClientRect().top - box.getBoundingClientRect().top;
+  document.addEventListener('click', (e) => {
+    if (!(e.target instanceof Element) || !e.target.closest(switchers)) return;
+    const named = /^(Your message|Reply) (\d+)/.exec((document.querySelector('#versions-label')?.innerText || '').trim());
+    const box = scroller();
+    held = null;
+    if (!named || !box || document.querySelector('#chatbot .earlier-line')) return;
+    const place = {kind: named[1] === 'Reply' ? 'bot' : 'user', n: Number(named[2])};
+    const message = messageOf(place);
+    if (message) held = {...place, top: topIn(message, box), until: Date.now() + HOLD_MS};
+  }, true);
+  const keep = () => {
+    if (held && Date.now() > held.until) held = null;
+    const box = held && scroller(), message = box && messageOf(held);
+    if (!message) return;
+    const drift = topIn(message, box) - held.top;
+    if (Math.abs(drift) > 1) box.scrollTop += drift;
+  };
+  const letGo = (e) => { if (!(e.target instanceof Element && e.target.closest(switchers))) held = null; };
+  for (const type of ['wheel', 'touchstart', 'keydown', 'pointerdown']) addEventListener(type, letGo, true);
+  document.addEventListener('scroll', keep, true);
+  watchTheChat(keep);
+}
+
+// ✎ opens a message's edit box where the message was: for a long message scrolled up until only
+// its ✎ showed at the chat's top, that was above the chat's visible part, under the status line.
+// An edit box that opens is brought into the chat's view, its top first.
+function bringAnEditBoxIntoView() {
+  let shown = null;
+  watchTheChat(() => {
+    const box = document.querySelector('#chatbot textarea.edit-textarea');
+    if (box && box !== shown) box.scrollIntoView({block: 'nearest'});
+    shown = box;
+  });
+}
+
+// Messages by keyboard: Gradio draws a message as a clickable bubble that takes no focus, so the
+// versions bar (‹ ›, Delete message), which acts on the message picked, was out of the keyboard's
+// reach. Each message takes the focus with Tab, in order, before its own Copy and Edit (page.css
+// rings it); Enter or Space picks it, as a click does. (The lines under a message, its figures or
+// its versions, keep their own ▸ button.)
+function messagesByKeyboard() {
+  const MESSAGES = "#chatbot [data-testid='user'], #chatbot [data-testid='bot']";
+  const isMessage = (e) => e instanceof Element && e.matches(MESSAGES) && !e.querySelector('.thought-group');
+  watchTheChat(() => {
+    for (const message of document.querySelectorAll(MESSAGES))
+      if (isMessage(message) && message.tabIndex !== 0) message.tabIndex = 0;
+  });
+  document.addEventListener('keydown', (e) => {
+    if (!isMessage(e.target) || (e.key !== 'Enter' && e.key !== ' ')) return;
+    e.preventDefault();
+    e.target.click();
+  });
+}
+
 // The ▸ of a line under a message (a reply's figures, a version, its thinking) opens its details;
 // Gradio draws it as a button with an empty name: it is named, and its line says whether it is open.
 function nameDetailsToggles() {
@@ -411,25 +538,24 @@ function watchTheChat(changed) {
   changed();
 }
 
-// Toasts open under the status line while it is in the screen's upper half; else (scrolled away,
-// or a phone's open ☰ Chats pushing it ~1,300 px down) at the screen's top: a refusal opened off
-// the screen. A value left from before a panel moved the line is in the upper half too: on the screen
-function placeToastsUnderStatusLine() {
+// Toasts open at the bottom of the sidebar, as wide as it, on a wide screen, clear of the chat's
+// messages and of the message box; on a narrow screen (config.narrowQuery) at the screen's top, over
+// the bar of ☰ Chats and the status line. Their place is kept in --mc-toast-top, --mc-toast-bottom,
+// --mc-toast-left and --mc-toast-width (page.css), as the window or the sidebar changes.
+function placeToastsOverTheSidebar(config) {
+  const sidebar = document.querySelector('#sidebar');
+  if (!sidebar) return setTimeout(placeToastsOverTheSidebar, 200, config);
   const place = () => {
-    const line = document.querySelector('#status-line');
-    if (!line) return;
-    const bottom = line.getBoundingClientRect().bottom;
-    document.documentElement.style.setProperty('--status-bottom', (bottom > 0 && bottom < innerHeight / 2 ? bottom : 0) + 'px');
+    const box = sidebar.getBoundingClientRect(), gap = parseFloat(getComputedStyle(sidebar).paddingRight) || 0;
+    const wide = !matchMedia(config.narrowQuery).matches && box.width > 0;
+    const vars = wide
+      ? {top: 'auto', bottom: '16px', left: `${Math.max(0, box.left)}px`, width: `${Math.max(0, box.width - gap)}px`}
+      : {top: '4px', bottom: 'auto', left: '12px', width: 'calc(100vw - 24px)'};
+    for (const [name, value] of Object.entries(vars)) document.documentElement.style.setProperty(`--mc-toast-${name}`, value);
   };
-  const watch = () => {
-    const line = document.querySelector('#status-line');
-    if (!line) return setTimeout(watch, 200);
-    new ResizeObserver(place).observe(line);
-    addEventListener('resize', place);
-    addEventListener('scroll', place, true);
-    place();
-  };
-  watch();
+  new ResizeObserver(place).observe(sidebar);
+  addEventListener('resize', place);
+  place();
 }
 
 // A long title in the chat list is cut with "…" before its time, which stays in view (page.css: .chat-when),

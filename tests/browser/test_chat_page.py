@@ -1010,9 +1010,9 @@ def test_reload_opens_the_chat_shown_and_a_new_tab_the_last_one_shown(tab, app):
     assert wait_until(lambda: shows_only(other, "Wapiti", ("Quoll",)), 10), (
         f"a new tab showed another chat: {users(other)}"
     )
-    # New chat leaves the address; a chat that no longer exists opens the newest
+    # New chat names a new chat in the address (a reload keeps it); a chat that no longer exists opens the newest
     open_new_chat(page)
-    assert wait_until(lambda: shown_chat_in_address(page) is None, 5), page.url
+    assert wait_until(lambda: shown_chat_in_address(page) == "new", 5), page.url
     # ... and says so, and the address then names the chat shown (it showed another chat, unsaid,
     # under the old address; ?chat=-1 kept its address for good)
     for asked in (str(int(wapiti) + 100000), "-1"):
@@ -1785,7 +1785,7 @@ def test_on_a_phone_chats_open_looks_pressed_and_says_which_way_it_goes(tab, app
 
 
 def test_on_a_phone_a_refusal_opens_on_the_screen_with_the_chat_list_open(tab, app):
-    """Toasts open under the status line; on a phone with ☰ Chats open the line sits far below the
+    """Toasts opened under the status line; on a phone with ☰ Chats open the line sat far below the
     screen, and a refused setting's toast opened there (y ~1,510 px of 844: a new user's tour saw
     nothing happen). A toast stays on the screen wherever the status line is."""
     page = tab(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).page

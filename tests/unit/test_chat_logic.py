@@ -903,6 +903,29 @@ async def test_the_status_line_says_generating_as_soon_as_a_reply_starts_in_the_
     )
 
 
+@pytest.mark.anyio
+async def test_the_tick_leaves_the_status_line_to_a_running_follow(store) -> None:
+    """Issue 45, item 9: as a reply ended, the tick said "Ready · 0 running" while the page
+    still showed the reply "replying…" and Stop red: the follow draws the reply's end a moment
+    later (its next render), the tick's line came first. While the tab's follow runs, the status
+    line is the follow's, drawn with the chat and Stop in one render."""
+    from minisgl_app.page.page_view import PageView
+    from minisgl_app.page.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine(step_s=0.01)), store)
+    request = FakeRequest()
+    await page.send("one two three", SETTINGS, None, request)
+    follow = page.follow(request)
+    first = await anext(follow)  # what the page shows: the reply running
+    status = PageView._fields.index("status")
+    assert first[status].startswith("**Generating**"), first[status]
+    await until_idle(page.replies)  # the reply ends before the follow renders again
+    said = (await page.tick(False, request))[status]
+    assert said == SKIP, f"the tick said {said!r} while the page showed the reply running"
+    last = [output async for output in follow][0]
+    assert last[status] == "**Ready** · fake", last[status]
+
+
 # ---- the view after a view change: two follow events of one tab
 
 SKIP = {"__type__": "update"}  # gr.skip(): leaves an output as it is

@@ -27,9 +27,12 @@ class ImportExportMixin(StoreBase):
         one) or OpenAI-style messages, ``{"messages": [...]}`` or a bare list, where a leading
         system message becomes the system prompt. The file is checked whole before anything is
         stored; BadImportFile says what is wrong, and then nothing is. A title a chat already has
-        gets " (imported)" (re-importing an export), so the sidebar tells the two apart."""
+        gets " (imported)" (re-importing an export), so the sidebar tells the two apart. The chat
+        keeps the date it was last used as the file says (``ImportPlan.used_at``, never later than
+        now), and so its place in the list; a file that says none dates it now."""
         plan = plan_import(text)
         now = time.time()
+        used = plan.used_at
         with self._write() as conn:
             if conn.execute(
                 "SELECT 1 FROM conversations WHERE title = ?", (plan.title,)
@@ -38,10 +41,16 @@ class ImportExportMixin(StoreBase):
                     plan,
                     title=plan.title[: IMPORT_TITLE_LIMIT - len(IMPORTED_SUFFIX)] + IMPORTED_SUFFIX,
                 )
+            updated_at = tree.NEWEST if used is None else "?"
             cur = conn.execute(
                 f"INSERT INTO conversations (title, created_at, updated_at, settings) "
-                f"VALUES (?, ?, {tree.NEWEST}, ?)",
-                (plan.title, plan.created_at or now, now, json.dumps(plan.settings.to_dict())),
+                f"VALUES (?, ?, {updated_at}, ?)",
+                (
+                    plan.title,
+                    plan.created_at or now,
+                    now if used is None else min(used, now),
+                    json.dumps(plan.settings.to_dict()),
+                ),
             )
             leaf = _insert_messages(conn, cur.lastrowid, plan, now)
             tree.set_leaf(conn, cur.lastrowid, tree.newest_leaf(conn, leaf))

@@ -60,6 +60,15 @@ class ImportPlan:
     created_at: float | None
     messages: list[ImportedMessage]  # parents before children
     leaf: int  # key of the message to show the path to
+    updated_at: float | None = None  # when the chat was last used, as our export says
+
+    @property
+    def used_at(self) -> float | None:
+        """When the chat was last used, as the file says: its updated_at, else its newest
+        message's date; None when it says neither (an OpenAI-style list)."""
+        if self.updated_at is not None:
+            return self.updated_at
+        return max((m.created_at for m in self.messages if m.created_at is not None), default=None)
 
 
 def plan_import(text: str | bytes) -> ImportPlan:
@@ -128,13 +137,14 @@ def _plan_ours(doc: dict[str, Any]) -> ImportPlan:
     else:
         messages = _chain(_read_messages(doc.get("messages"), "messages"))
         leaf = len(messages) - 1
-    created_at = doc.get("created_at")
+    created_at, updated_at = doc.get("created_at"), doc.get("updated_at")
     return ImportPlan(
         _import_title(doc.get("title"), messages),
         settings,
         float(created_at) if is_number(created_at) else None,
         messages,
         leaf,
+        float(updated_at) if is_number(updated_at) else None,
     )
 
 
