@@ -27,9 +27,9 @@ from .launcher import EngineProcesses, start_fork_server
 logger = logging.getLogger("minisgl.server")
 
 DRAIN_S = 0.2  # after the old workers stop: time for their last messages to reach the front end
-ERROR_REPORT_WAIT_S = (
-    1.0  # how long a worker's exit waits for its start-up error report (usually ms)
-)
+# how long a worker's exit waits for its start-up error report: usually milliseconds, but on a
+# loaded 2-core machine the front end's loop that reads it was seen more than 1 s late
+ERROR_REPORT_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
