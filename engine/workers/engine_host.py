@@ -123,9 +123,13 @@ class EngineHost:
         if procs is not self.procs:
             return  # a generation already stopped
         error = self.client.startup_errors.get(name)
-        if error is None and self.client.error_reported.wait(
-            ERROR_REPORT_WAIT_S
-        ):  # its report may still be on the way
+        # still starting: its start-up error report may be on the way (once every worker is
+        # ready none is sent, and a killed worker must end the app at once)
+        if (
+            error is None
+            and not self.client.ready
+            and self.client.error_reported.wait(ERROR_REPORT_WAIT_S)
+        ):
             error = self.client.startup_errors.get(name)
         if self.switching and not self.client.ready:
             self.give_up(error or f"{name} exited (exit code {code})")
