@@ -230,8 +230,9 @@ class Engine:
         self.model_dir = loaded.model_dir
         self.device = loaded.device
         self.dtype = loaded.dtype
-        # gguf | int4 | int8 | none (model_loader.choose_quantization)
+        # gguf | int4 | int8 | fp8 | none (model_loader.choose_quantization)
         self.quantization = loaded.quantization
+        self.weight_bytes = loaded.weight_bytes  # as held on the device
         # the KV pool's (--kv-dtype)
         self.kv_dtype = resolve_kv_dtype(config.kv_dtype, self.dtype, self.device.type)
         # CPU: the cores other processes leave free (a browser beside the chat app is the common

@@ -112,6 +112,21 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     quantization: str = "none"  # gguf | int4 | int8 | fp8 | none (choose_quantization)
+    weight_bytes: int = 0  # what the weights hold on their device (held_weight_bytes)
+
+
+def held_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes the weights hold on their device: the parameters with data, plus quantized
+    weights' codes and scales (a tied CPU LM head's own copy included)."""
+    held = sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
+    held += sum(
+        m.weight_scale.nbytes
+        for m in model.modules()
+        if getattr(m, "weight_scale", None) is not None
+    )
+    packed = [getattr(m, "quant", None) for m in model.modules()]
+    packed.append(getattr(model, "tied_lm_head_packed", None))
+    return held + sum(q.nbytes for q in packed if q is not None)
 
 
 def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
@@ -169,15 +184,14 @@ def return_freed_memory() -> None:
 
 
 def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: bool) -> str:
-    """How the weights are held: "gguf" (a GGUF's blocks repacked for the CPU kernels), "int4" or
-    "int8" (a float checkpoint quantized at load, CPU), "fp8" (the decoder layers' projections
-    in FP8 at load, GPU), or "none" (every weight in the model dtype)."""
-    from .layers.quantized import packed_kernels_available
-
+    """How the weights are held: "gguf" (a GGUF's blocks kept quantized: repacked for the CPU
+    kernels, or the GPU's group kernels), "int4" or "int8" (a float checkpoint quantized at load,
+    for the same kernels), "fp8" (the decoder layers' projections in FP8 at load, GPU), or
+    "none" (every weight in the model dtype)."""
     kind = config.quantization
     if kind not in ("auto", "none", "int4", "int8", "fp8"):
         raise UserError(
-            f"unsupported --quantization {kind!r}; use auto, none, int4, int8 (CPU) or fp8 (GPU)"
+            f"unsupported --quantization {kind!r}; use auto, none, int4, int8 or fp8 (GPU)"
         )
     if kind == "fp8":
         from .layers.fp8 import fp8_unavailable_reason
@@ -188,20 +202,34 @@ def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: b
                 f"--quantization fp8: {reason}; use int8 or int4 on CPU, or --quantization none"
             )
         return kind
-    cpu_packed = device.type == "cpu" and get_tp().size == 1 and packed_kernels_available()
+    reason = group_kernels_unavailable_reason(device)
     if kind in ("int4", "int8"):
-        if not cpu_packed:
-            raise UserError(
-                f"--quantization {kind} runs on CPU with one rank (this torch build or device has no packed "
-                "4-bit kernel); use --quantization none"
-            )
+        if reason is not None:
+            raise UserError(f"--quantization {kind}: {reason}; use --quantization none")
         if from_gguf:
             raise UserError(
                 f"--quantization {kind} quantizes a float checkpoint; a GGUF file is already quantized "
                 "(use --quantization auto to keep its blocks, or none)"
             )
         return kind
-    return "gguf" if kind == "auto" and from_gguf and cpu_packed else "none"
+    return "gguf" if kind == "auto" and from_gguf and reason is None else "none"
+
+
+def group_kernels_unavailable_reason(device: torch.device) -> str | None:
+    """Why 4- and 8-bit weights cannot be kept quantized on ``device`` (None: they can): our
+    kernels take one rank, on CPU torch's packed kernel (or our C kernels), on a GPU Triton."""
+    if get_tp().size > 1:
+        return "quantized weights run with one rank (no --tp)"
+    if device.type == "cuda":
+        from .kernels.flashinfer_kernels import triton_unavailable_reason
+
+        reason = triton_unavailable_reason()
+        return None if reason is None else f"the GPU's 4-bit kernels need Triton ({reason})"
+    from .layers.quantized import packed_kernels_available
+
+    if device.type != "cpu" or not packed_kernels_available():
+        return "this torch build or device has no packed 4-bit kernel"
+    return None
 
 
 def model_folder(config: EngineConfig) -> Path | None:
@@ -279,7 +307,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     else:
         logger.info("loading weights from %s", model_dir)
         if gguf_file is not None:
-            with one_thread_if(quantization == "gguf"):
+            with one_thread_if(quantization == "gguf" and device.type == "cpu"):
                 model.load_weights(iter_gguf(gguf_file), keep_quantized=quantization == "gguf")
         else:
             # with tensor parallelism each rank reads only its slices of the checkpoint
@@ -301,7 +329,9 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     model.eval()
     if device.type == "cpu" and dtype == torch.float32:
         transpose_cpu_weights(model)
-    return LoadedModel(model, model_config, None, model_dir, device, dtype, quantization)
+    held = held_weight_bytes(model)
+    logger.info("weights: %.2f GiB on %s (quantization: %s)", held / 2**30, device, quantization)
+    return LoadedModel(model, model_config, None, model_dir, device, dtype, quantization, held)
 
 
 __all__ = ["LoadedModel", "WeightsError", "builtin_config_names", "load_hf_config", "load_model"]

@@ -25,6 +25,7 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels decodesweep   # the Triton decode attention's tilings, then the offline workload with the best
 #   ENVAB_RUNS="MINISGL_PDL_TRIGGER=first :: qwen3-8b decode --input-len 128" bash scripts/gpu_check.sh setup loadcache kernels envab
 #   bash scripts/gpu_check.sh setup loadcache kernels fp8 fp8bench   # --kv-dtype fp8: its kernels and agreement, then the benches
+#   bash scripts/gpu_check.sh setup kernels groupweights   # 4- and 8-bit weights on the GPU: tests, the one-row kernel's plans, batch-1 decode
 #   bash scripts/gpu_check.sh setup kernels fp8weights   # --quantization fp8: its tests, then batch-1 decode bf16 vs fp8 (8B and 0.6B shapes)
 #   bash scripts/gpu_check.sh setup loadcache kernels fp8ab   # the offline workload over an FP8 pool with each decode attention
 #   bash scripts/gpu_check.sh setup loadcache kernels kernelab oldnew   # this tree against the committed one (carry .old, made by:
@@ -250,6 +251,15 @@ print(llm.generate(['The capital of France is'])[0])
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       for run in ${FP8_RUNS:-qwen3-8b:none qwen3-8b:fp8 qwen3-0.6b:none qwen3-0.6b:fp8}; do
         timeout 150 "${CLI[@]}" bench decode --device cuda --dummy-weights --config "${run%%:*}" --quantization "${run##*:}" --input-len 128 --output-len 128 --repeat 2 2>&1 | tail -3 | tee -a "$OUT/fp8weights.log"
+      done ;;
+    groupweights)  # 4- and 8-bit weights on the GPU (GGUF kept quantized, --quantization int4|int8): the kernels'
+      # tests compiled and the agreement tests, the one-row kernel's plans at the 8B shapes, then batch-1 decode
+      # (GROUP_RUNS: config:quantization pairs)
+      timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_group_kernels.py tests/gpu/test_cuda.py -k "group or gguf_stays" 2>&1 | tee "$OUT/groupweights.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      timeout 200 python3 scripts/gpu_group_sweep.py 2>&1 | tee -a "$OUT/groupweights.log"
+      for run in ${GROUP_RUNS:-qwen3-8b:none qwen3-8b:int4 qwen3-8b:int8 qwen3-8b:fp8 qwen3-0.6b:none qwen3-0.6b:int4}; do
+        timeout 150 "${CLI[@]}" bench decode --device cuda --dummy-weights --config "${run%%:*}" --quantization "${run##*:}" --input-len 128 --output-len 128 --repeat 2 2>&1 | tail -3 | tee -a "$OUT/groupweights.log"
       done ;;
     bench)
       Q=(--device cuda --dummy-weights --config qwen3-0.6b)

@@ -47,6 +47,7 @@ def row_header(bench: str, config: EngineConfig, engine) -> dict:
         "dtype": str(engine.dtype).removeprefix("torch."),
         "kv_dtype": str(engine.kv_dtype).removeprefix("torch."),
         "quantization": engine.quantization,
+        "weight_gib": round(engine.weight_bytes / 2**30, 3),  # as held on the device
         "tp": config.tp,
         "dp": config.dp,
     }

@@ -196,7 +196,11 @@ class _KernelChoices:
     ) -> tuple[int, tuple[int, int], tuple[int, int]]:
         """(rows up to which the skinny kernel runs, the one-row kernel's plan or (0, 0), the
         same where the layer's norm moves into the product: timed with the norm inside against
-        the norm's kernel plus the fastest product without it)."""
+        the norm's kernel plus the fastest product without it). A layer with quantized
+        weights keeps its own kernels (layers/quantized_gpu.py)."""
+        if linear.quant is not None:
+            self.report[label] = {"quantized": True}
+            return 0, (0, 0), (0, 0)
         key = (label, tuple(linear.weight.shape), linear.bias is not None)
         if key not in self.chosen:
             self.chosen[key] = self._measure(label, key, linear, silu_mul, norm)

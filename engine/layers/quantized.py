@@ -1,6 +1,7 @@
-"""Quantized weights on CPU: GGUF blocks written once as "planes" of 4-bit codes, then stored for
-our C kernels (``NativeWeight``, cpu_kernels.c) or, without a C compiler, for torch's packed
-4-bit kernel (``PackedWeight``).
+"""Quantized weights: GGUF blocks written once as "planes" of 4-bit codes, then stored for our C
+kernels (``NativeWeight``, cpu_kernels.c) or, without a C compiler, for torch's packed 4-bit
+kernel (``PackedWeight``); on a GPU, in the C kernels' layout (``GroupCodes``) for the Triton
+kernels (quantized_gpu.py).
 
 A plane is ``code * scale + offset`` per group of 32 inputs with a 4-bit code. Every GGUF type we
 keep is written as one or two planes over the same groups:
@@ -22,10 +23,14 @@ per plane.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..weights.gguf_tensors import dequantize_gguf
+
+if TYPE_CHECKING:
+    from .quantized_gpu import GpuGroupWeight
 
 GROUP = 32  # inputs per scale in the packed kernel
 _ROW_MULTIPLE = 16  # the packing wants the output dimension in multiples of 16
@@ -100,7 +105,9 @@ def _nibbles(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _bits(qh: torch.Tensor, count: int) -> torch.Tensor:
     """Bits of ``qh`` [..., bytes] little-endian: [..., count, bytes] (bit b of every byte)."""
-    shifts = torch.arange(count, dtype=torch.uint8).view(*([1] * (qh.dim() - 1)), count, 1)
+    shifts = torch.arange(count, dtype=torch.uint8, device=qh.device).view(
+        *([1] * (qh.dim() - 1)), count, 1
+    )
     return (qh.unsqueeze(-2) >> shifts) & 1
 
 
@@ -109,11 +116,11 @@ def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ([..., 12] bytes -> two [..., 8]), unpacked by the gguf package."""
     from gguf.quants import Q4_K as Q4_K_BLOCKS
 
-    sc, mins = Q4_K_BLOCKS.get_scale_min(scales.reshape(-1, 12).numpy())
+    sc, mins = Q4_K_BLOCKS.get_scale_min(scales.reshape(-1, 12).cpu().numpy())
     shape = (*scales.shape[:-1], 8)
-    return torch.from_numpy(sc).reshape(shape).float(), torch.from_numpy(mins).reshape(
-        shape
-    ).float()
+    return tuple(
+        torch.from_numpy(t).reshape(shape).to(scales.device, torch.float32) for t in (sc, mins)
+    )
 
 
 def _group_planes(
@@ -252,40 +259,68 @@ class PackedWeight:
         return out if out.shape[1] == self.out_features else out[:, : self.out_features]
 
 
+@dataclass
+class GroupCodes:
+    """Planes in the layout both our C kernels (cpu_kernels.c's ``QWeight``) and the GPU's
+    Triton kernels (kernels/triton_quant.py) read: ``kind`` 4, one plane as 4-bit codes, two
+    per byte (byte ``j`` of each 64-input block holds input ``j`` in its low nibble and input
+    ``32 + j`` in its high one); ``kind`` 8, two planes as 8-bit codes (``low + 16 * high``).
+    ``scales``: [rows, in / 32, 2] float16 (each group's scale and offset) times ``1 / mult``,
+    a power of two that keeps the largest near 2^14 (float16's range ends at 65504)."""
+
+    kind: int
+    codes: torch.Tensor
+    scales: torch.Tensor
+    mult: float
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scales.nbytes
+
+    def to(self, device: torch.device) -> GroupCodes:
+        return GroupCodes(self.kind, self.codes.to(device), self.scales.to(device), self.mult)
+
+
+def group_codes(planes: Planes) -> GroupCodes:
+    """One or two planes (of a multiple of 64 inputs) in the :class:`GroupCodes` layout."""
+    num_planes, rows, cols = planes.codes.shape
+    if cols % (2 * GROUP) or num_planes > 2:
+        raise ValueError(f"the group kernels take 1-2 planes of a multiple of {2 * GROUP} inputs")
+    groups = planes.codes.reshape(num_planes, rows, cols // GROUP, GROUP)
+    if num_planes == 1:
+        kind = 4
+        pairs = groups[0].reshape(rows, cols // (2 * GROUP), 2, GROUP)
+        codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
+    else:
+        # the high plane must weigh 16 low steps wherever it has codes (a zero plane added by
+        # stack_rows has scale 0 and no codes)
+        high_used = groups[1].amax(dim=-1) > 0
+        if not bool(torch.where(high_used, planes.scales[1] == 16 * planes.scales[0], True).all()):
+            raise ValueError("planes whose high plane is not 16 low steps")
+        kind = 8
+        codes = (planes.codes[0] + (planes.codes[1] << 4)).contiguous()
+    scale_offset = torch.stack((planes.scales[0], planes.offset), dim=-1)  # [rows, groups, 2]
+    largest = float(scale_offset.abs().max())
+    # f16 holds up to 65504: scale everything by a power of two that puts the largest at ~2^14
+    exponent = 0 if largest == 0 else 14 - int(torch.tensor(largest).log2().floor())
+    scales = (scale_offset * 2.0**exponent).to(torch.float16).contiguous()
+    return GroupCodes(kind, codes, scales, 2.0**-exponent)
+
+
 class NativeWeight:
-    """A [out, in] weight in the layout of our own C kernels (cpu_kernels.c's ``QWeight``):
-    4-bit codes (one plane) or 8-bit codes (two planes, ``code = low + 16 * high``) with an f16
-    scale and offset per group of 32 and a power-of-two multiplier for the whole matrix.
+    """A [out, in] weight in the layout of our own C kernels (:class:`GroupCodes`).
     ``matmul(x)`` is ``x @ weight.T`` in float32, activations quantized to 8 bits per group."""
 
     def __init__(self, planes: Planes, lib) -> None:
         num_planes, rows, cols = planes.codes.shape
-        if cols % (2 * GROUP) or num_planes > 2:
-            raise ValueError(f"the C kernels take 1-2 planes of a multiple of {2 * GROUP} inputs")
         self.lib, self.out_features, self.in_features = lib, rows, cols
-        groups = planes.codes.reshape(num_planes, rows, cols // GROUP, GROUP)
-        if num_planes == 1:
-            self.kind = 4
-            pairs = groups[0].reshape(rows, cols // (2 * GROUP), 2, GROUP)
-            self.codes = (
-                (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
-            )
-        else:
-            # the high plane must weigh 16 low steps wherever it has codes (a zero plane added by
-            # stack_rows has scale 0 and no codes)
-            high_used = groups[1].amax(dim=-1) > 0
-            if not bool(
-                torch.where(high_used, planes.scales[1] == 16 * planes.scales[0], True).all()
-            ):
-                raise ValueError("planes whose high plane is not 16 low steps")
-            self.kind = 8
-            self.codes = (planes.codes[0] + (planes.codes[1] << 4)).contiguous()
-        scale_offset = torch.stack((planes.scales[0], planes.offset), dim=-1)  # [rows, groups, 2]
-        largest = float(scale_offset.abs().max())
-        # f16 holds up to 65504: scale everything by a power of two that puts the largest at ~2^14
-        exponent = 0 if largest == 0 else 14 - int(torch.tensor(largest).log2().floor())
-        self.mult = 2.0**-exponent
-        self.scales = (scale_offset * 2.0**exponent).to(torch.float16).contiguous()
+        layout = group_codes(planes)
+        self.kind, self.codes, self.scales, self.mult = (
+            layout.kind,
+            layout.codes,
+            layout.scales,
+            layout.mult,
+        )
         self.struct = self.describe()
 
     def describe(self, bias: torch.Tensor | None = None):
@@ -357,9 +392,14 @@ class NativeRows:
         return out.to(dtype).reshape(*ids.shape, self.head.in_features)
 
 
-def pack_weight(planes: Planes) -> NativeWeight | PackedWeight:
-    """The fastest CPU form of these planes: our C kernels where they are built and take the
-    shape, else torch's packed 4-bit kernel."""
+def pack_weight(planes: Planes) -> NativeWeight | PackedWeight | GpuGroupWeight | None:
+    """The fastest form of these planes on their device: on a GPU the group kernels (None where
+    they do not take the shape: the caller widens the weight); on CPU our C kernels where they
+    are built and take the shape, else torch's packed 4-bit kernel."""
+    if planes.codes.is_cuda:
+        from .quantized_gpu import gpu_group_weight
+
+        return gpu_group_weight(planes, planes.codes.device)
     from ..kernels.cpu_native import native_kernels
 
     lib = native_kernels()
@@ -393,10 +433,17 @@ class QuantizedRows:
         return values.to(dtype).reshape(*ids.shape, self.dim)
 
 
-def planes_of(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> Planes:
-    """A GGUF matrix as planes: exact where the type has a plane form, else re-quantized to 8 bits."""
-    planes = gguf_planes(raw, qtype, shape[1])
-    return planes if planes is not None else int8_planes(dequantize_gguf(raw, qtype, shape))
+def planes_of(
+    raw: torch.Tensor, qtype: int, shape: tuple[int, int], device: torch.device | None = None
+) -> Planes:
+    """A GGUF matrix as planes on ``device`` (default: the CPU): exact where the type has a plane
+    form, else re-quantized to 8 bits. On a GPU the blocks are decoded there (an 8B model's
+    blocks decode in seconds instead of minutes on the CPU)."""
+    planes = gguf_planes(raw if device is None else raw.to(device), qtype, shape[1])
+    if planes is not None:
+        return planes
+    widened = dequantize_gguf(raw, qtype, shape)
+    return int8_planes(widened if device is None else widened.to(device))
 
 
 def stack_rows(parts: list[Planes]) -> Planes:

@@ -33,6 +33,7 @@ from ..layers.quantized import (
     NativeRows,
     NativeWeight,
     PackedWeight,
+    Planes,
     QuantizedRows,
     drop_weight,
     pack_weight,
@@ -40,6 +41,7 @@ from ..layers.quantized import (
     quantize_float,
     stack_rows,
 )
+from ..layers.quantized_gpu import GpuGroupWeight
 from ..layers.rotary import RopeInputs, RotaryEmbedding
 from ..weights.gguf_tensors import GGUFTensor
 
@@ -77,6 +79,9 @@ class MLP(nn.Module):
         )  # attention's uses 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        quant = self.gate_up_proj.quant
+        if isinstance(quant, GpuGroupWeight) and self.gate_up_proj.bias is None:
+            return self.down_proj(quant.matmul(x, silu_mul=True))
         if x.shape[0] == 1 and self.gemv_plan[0]:
             from ..kernels.triton_kernels import gemv
 
@@ -232,9 +237,9 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     @property
-    def lm_head_packed(self) -> NativeWeight | PackedWeight | None:
-        """The LM head's packed matrix on CPU with quantized weights (tied: its own copy, since
-        the embedding keeps its blocks for lookups)."""
+    def lm_head_packed(self) -> NativeWeight | PackedWeight | GpuGroupWeight | None:
+        """The LM head's packed matrix with quantized weights (tied, CPU only: its own copy,
+        since the embedding keeps its blocks for lookups)."""
         return self.tied_lm_head_packed if self.lm_head is None else self.lm_head.quant
 
     def forward(
@@ -245,6 +250,9 @@ class CausalLM(nn.Module):
         hidden = self.model(batch, attn)
         if not batch.is_decode:  # a decode step samples every row: no rows to pick
             hidden = hidden[batch.logits_indices]
+        if isinstance(self.lm_head_packed, GpuGroupWeight):
+            logits = self.lm_head_packed.matmul(hidden, out_dtype=torch.float32)
+            return logits if logits_out is None else logits_out.copy_(logits)
         if self.lm_head_packed is not None:
             logits = self.lm_head_packed.matmul(hidden).float()
             if isinstance(self.lm_head_packed, PackedWeight):  # bf16 output: see _refine_top_logits
@@ -334,12 +342,17 @@ class CausalLM(nn.Module):
         self, module_name: str, parts: dict[str | int | None, GGUFTensor]
     ) -> None:
         module = self.get_submodule(module_name)
+        device = module.weight.device
+        on_gpu = device.type == "cuda"
         if isinstance(module, Embedding):
             (table,) = parts.values()
             if table.shape != tuple(module.weight.shape):
                 raise WeightsError(
                     f"checkpoint tensor {module_name}.weight {table.shape} does not fit the config"
                 )
+            if on_gpu:  # lookups and a tied LM head read the table widened (one copy)
+                module.weight.data.copy_(table.dequantize())
+                return
             if self.lm_head is None:  # tied: the LM head multiplies by the same table
                 self.tied_lm_head_packed = pack_weight(
                     planes_of(table.raw, table.qtype, table.shape)
@@ -354,13 +367,28 @@ class CausalLM(nn.Module):
             return
         order = list(getattr(module, "shards", {None: None}))
         planes = stack_rows(
-            [planes_of(parts[key].raw, parts[key].qtype, parts[key].shape) for key in order]
+            [
+                planes_of(
+                    parts[key].raw, parts[key].qtype, parts[key].shape, device if on_gpu else None
+                )
+                for key in order
+            ]
         )
         if planes.codes.shape[1:] != tuple(module.weight.shape):
             raise WeightsError(
                 f"checkpoint tensor {module_name}.weight {tuple(planes.codes.shape[1:])} does not fit the config"
             )
-        module.quant = pack_weight(planes)
+        self._hold_quantized(module, planes)
+
+    @staticmethod
+    def _hold_quantized(module: Linear, planes: Planes) -> None:
+        """``module``'s weight held as ``planes`` in its device's kernel form; widened into the
+        weight where that form does not take the shape (the GPU's group kernels)."""
+        quant = pack_weight(planes)
+        if quant is None:
+            module.weight.data.copy_(planes.dequantize())
+            return
+        module.quant = quant
         module.weight = drop_weight(module.weight)
 
     def quantize_fp8(self) -> int:
@@ -388,9 +416,9 @@ class CausalLM(nn.Module):
         checkpoint (the embedding stays float for lookups)."""
         for module in self.modules():
             if isinstance(module, Linear) and module.weight.shape[1] % GROUP == 0:
-                module.quant = pack_weight(quantize_float(module.weight.data, kind))
-                module.weight = drop_weight(module.weight)
-        if self.lm_head is None and self.config.hidden_size % GROUP == 0:
+                self._hold_quantized(module, quantize_float(module.weight.data, kind))
+        on_gpu = self.model.embed_tokens.weight.is_cuda  # a tied head reads the float table there
+        if self.lm_head is None and self.config.hidden_size % GROUP == 0 and not on_gpu:
             self.tied_lm_head_packed = pack_weight(
                 quantize_float(self.model.embed_tokens.weight.data, kind)
             )

@@ -313,6 +313,121 @@ def test_fp8_weights_agree_as_well_as_transformers_with_its_weights_rounded_to_f
         assert figures[ours_name][1] <= 2.0 * figures[baseline_name][1], figures
 
 
+def rounded_to_groups(hf16, kind: str) -> torch.Tensor:
+    """Logits of transformers' bf16 run with every decoder-layer projection's weight rounded as
+    ``--quantization int4 | int8`` rounds it (layers/quantized.py) and widened back: what the
+    weights' rounding alone costs."""
+    from minisgl_engine.layers.quantized import quantize_float
+
+    saved = {}
+    with torch.no_grad():
+        for name, module in hf16.model.layers.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                saved[name] = module.weight.detach().clone()
+                widened = quantize_float(module.weight.float(), kind).dequantize()
+                module.weight.copy_(widened.to(torch.bfloat16))
+        try:
+            return hf_last_logits(hf16, GROUP_SEQS, POSITIONS)
+        finally:
+            for name, module in hf16.model.layers.named_modules():
+                if name in saved:
+                    module.weight.copy_(saved[name])
+
+
+GROUP_SEQS = random_sequences(16, POSITIONS, seed=7)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_group_quantized_weights_agree_as_well_as_transformers_with_the_same_rounding(
+    kind, reference_models, tmp_path
+):
+    """``--quantization int4 | int8`` on the GPU as a user runs it (a bf16 checkpoint folder):
+    every decoder projection held as group codes (layers/quantized_gpu.py), batch-1 decode in
+    the one-row group kernel, prefill on the widened weight; against float32 transformers, as
+    well as transformers' bf16 run with the same weights rounded the same way."""
+    hf32, hf16 = reference_models
+    ref = hf_last_logits(hf32, GROUP_SEQS, POSITIONS)
+    baseline = rounded_to_groups(hf16, kind)
+    hf16.save_pretrained(tmp_path)
+    llm = LLM(
+        config=engine_config(
+            dummy_weights=False, config=None, model=str(tmp_path), quantization=kind
+        )
+    )
+    from minisgl_engine.layers.quantized_gpu import GpuGroupWeight
+
+    layer = llm.engine.model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj.quant, GpuGroupWeight)
+    assert isinstance(layer.mlp.gate_up_proj.quant, GpuGroupWeight)
+    assert llm.engine.uses_cuda_graphs and llm.engine.quantization == kind
+    batched = our_last_logits(llm, GROUP_SEQS, POSITIONS)
+    one_row = torch.cat([our_last_logits(llm, [seq], POSITIONS) for seq in GROUP_SEQS[:4]])
+    weight_gib = llm.engine.weight_bytes / 2**30
+    del llm
+    torch.cuda.empty_cache()
+    first = slice(0, 4 * POSITIONS)
+    figures = {
+        f"ours, {kind}": (agreement(batched, ref), rel_error(batched, ref)),
+        f"transformers bf16, weights rounded to {kind}": (
+            agreement(baseline, ref),
+            rel_error(baseline, ref),
+        ),
+        f"ours, {kind}, batch 1 (4 sequences)": (
+            agreement(one_row, ref[first]),
+            rel_error(one_row, ref[first]),
+        ),
+        "transformers rounded, the same 4": (
+            agreement(baseline[first], ref[first]),
+            rel_error(baseline[first], ref[first]),
+        ),
+    }
+    print(f"--quantization {kind} ({weight_gib:.2f} GiB of weights held):", figures)
+    for ours_name, baseline_name in (
+        (f"ours, {kind}", f"transformers bf16, weights rounded to {kind}"),
+        (f"ours, {kind}, batch 1 (4 sequences)", "transformers rounded, the same 4"),
+    ):
+        assert figures[ours_name][0] >= figures[baseline_name][0] - 3.0, figures
+        assert figures[ours_name][1] <= 1.5 * figures[baseline_name][1], figures
+
+
+def test_a_gguf_stays_quantized_on_the_gpu_and_agrees_with_its_widened_weights():
+    """The demo GGUF served on the GPU with ``--quantization auto`` keeps its 4-bit blocks
+    (group codes, about a quarter of the widened bytes) and agrees with the same file widened
+    to bf16, both judged against the file widened to float32."""
+    from minisgl_engine.layers.quantized_gpu import GpuGroupWeight
+    from minisgl_engine.weights.demo import demo_model_dir
+
+    if not (demo_model_dir() / ".complete").exists():
+        pytest.skip("the demo model is not in the cache (run `minisgl-chat pull` first)")
+    seqs = [[t % 40000 for t in seq] for seq in GROUP_SEQS]
+    demo = dict(dummy_weights=False, config=None, model=str(demo_model_dir()), max_kv_tokens=20_000)
+    runs, held = {}, {}
+    for name, overrides in (
+        (
+            "float32, widened",
+            dict(dtype="float32", quantization="none", attn="torch", cuda_graph_max_bs=0),
+        ),
+        ("bf16, widened", dict(quantization="none")),
+        ("bf16, kept quantized", dict(quantization="auto")),
+    ):
+        llm = LLM(config=engine_config(**demo, **overrides))
+        if name == "bf16, kept quantized":
+            assert llm.engine.quantization == "gguf"
+            assert isinstance(llm.engine.model.model.layers[0].mlp.down_proj.quant, GpuGroupWeight)
+        runs[name] = our_last_logits(llm, seqs, POSITIONS).float()
+        held[name] = round(llm.engine.weight_bytes / 2**20, 1)
+        del llm
+        torch.cuda.empty_cache()
+    ref = runs["float32, widened"]
+    figures = {name: (agreement(x, ref), rel_error(x, ref)) for name, x in runs.items()}
+    print(
+        "demo GGUF on the GPU: agreement with float32 (%), relative error; MiB held:", figures, held
+    )
+    assert held["bf16, kept quantized"] < 0.75 * held["bf16, widened"], held
+    kept, widened = figures["bf16, kept quantized"], figures["bf16, widened"]
+    assert kept[0] >= widened[0] - 3.0 and kept[1] <= 1.5 * widened[1] + 1e-3, figures
+
+
 @pytest.fixture(scope="module")
 def graph_llm():
     # the default rules: graphs of up to 16 rows attend with the Triton kernels (FlashInfer for

@@ -1,0 +1,247 @@
+"""GPU products with weights held as 4- or 8-bit codes in groups of 32 inputs (GGUF files kept
+quantized, ``--quantization int4 | int8``): the layout our CPU kernels read
+(``layers.quantized.GroupCodes``), so both devices share the formats and the loader.
+
+Each group of 32 inputs of a weight row is ``code * scale + offset``. A group's share of a
+product is then ``scale * sum(code * x) + offset * sum(x)``: the codes are widened in registers
+and the scale and offset applied once per group.
+
+- :func:`group_gemv`: one row (batch-1 decode), which reads every weight once and does little
+  else: 4-bit codes are a quarter of a bf16 weight's bytes (plus a float16 scale and offset per
+  32). A program reduces ``block_n`` weight rows; with ``silu_mul`` the gate and up rows of a
+  merged MLP projection go through SwiGLU in the same kernel.
+- :func:`group_dequantize`: more rows (prefill, batched decode): the weight widened to the
+  activations' dtype by one kernel, then cuBLAS's product.
+
+Tests run both under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``) and compiled on
+the GPU (tests/gpu/test_triton_kernels.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+GROUP = 32  # inputs per scale and offset
+
+
+@triton.jit
+def _group_rows_dot(
+    x_ptr,
+    c_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    K: tl.constexpr,
+    BITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``sum_k w[row, k] * x[k]`` for ``BLOCK_N`` rows, the weights widened from their codes
+    (without the matrix's power-of-two ``mult``)."""
+    GROUPS: tl.constexpr = K // 32
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if BITS == 4:
+        # byte j of a 64-input block: input j in the low nibble, input 32 + j in the high one
+        HALF: tl.constexpr = BLOCK_K // 2
+        PAIRS: tl.constexpr = HALF // 32
+        t = tl.arange(0, HALF)
+        low_inputs = (t // 32) * 64 + t % 32
+        pair = tl.arange(0, PAIRS)
+        for k0 in range(0, K, BLOCK_K):
+            b = tl.load(
+                c_ptr + rows[:, None] * (K // 2) + (k0 // 2 + t)[None, :],
+                mask=row_ok[:, None],
+                other=0,
+            )
+            x_lo = tl.load(x_ptr + k0 + low_inputs).to(tl.float32)
+            x_hi = tl.load(x_ptr + k0 + 32 + low_inputs).to(tl.float32)
+            dot_lo = tl.sum(
+                tl.reshape((b & 15).to(tl.float32) * x_lo[None, :], (BLOCK_N, PAIRS, 32)), axis=2
+            )
+            dot_hi = tl.sum(
+                tl.reshape((b >> 4).to(tl.float32) * x_hi[None, :], (BLOCK_N, PAIRS, 32)), axis=2
+            )
+            sum_lo = tl.sum(tl.reshape(x_lo, (PAIRS, 32)), axis=1)
+            sum_hi = tl.sum(tl.reshape(x_hi, (PAIRS, 32)), axis=1)
+            so = s_ptr + (rows[:, None] * GROUPS + (k0 // 32 + 2 * pair)[None, :]) * 2
+            ok = row_ok[:, None]
+            acc += tl.sum(
+                tl.load(so, mask=ok, other=0.0).to(tl.float32) * dot_lo
+                + tl.load(so + 1, mask=ok, other=0.0).to(tl.float32) * sum_lo[None, :]
+                + tl.load(so + 2, mask=ok, other=0.0).to(tl.float32) * dot_hi
+                + tl.load(so + 3, mask=ok, other=0.0).to(tl.float32) * sum_hi[None, :],
+                axis=1,
+            )
+    else:
+        TILE_GROUPS: tl.constexpr = BLOCK_K // 32
+        t = tl.arange(0, BLOCK_K)
+        group = tl.arange(0, TILE_GROUPS)
+        for k0 in range(0, K, BLOCK_K):
+            c = tl.load(
+                c_ptr + rows[:, None] * K + (k0 + t)[None, :], mask=row_ok[:, None], other=0
+            )
+            x = tl.load(x_ptr + k0 + t).to(tl.float32)
+            dot = tl.sum(
+                tl.reshape(c.to(tl.float32) * x[None, :], (BLOCK_N, TILE_GROUPS, 32)), axis=2
+            )
+            sums = tl.sum(tl.reshape(x, (TILE_GROUPS, 32)), axis=1)
+            so = s_ptr + (rows[:, None] * GROUPS + (k0 // 32 + group)[None, :]) * 2
+            ok = row_ok[:, None]
+            acc += tl.sum(
+                tl.load(so, mask=ok, other=0.0).to(tl.float32) * dot
+                + tl.load(so + 1, mask=ok, other=0.0).to(tl.float32) * sums[None, :],
+                axis=1,
+            )
+    return acc
+
+
+@triton.jit
+def _group_gemv_kernel(
+    x_ptr,
+    c_ptr,
+    s_ptr,
+    y_ptr,
+    N,
+    up_offset,
+    mult,
+    K: tl.constexpr,
+    BITS: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    y = _group_rows_dot(x_ptr, c_ptr, s_ptr, rows, row_ok, K, BITS, BLOCK_N, BLOCK_K) * mult
+    if SILU_MUL:  # the up projection's rows sit ``up_offset`` rows below the gate's
+        up = (
+            _group_rows_dot(
+                x_ptr, c_ptr, s_ptr, rows + up_offset, row_ok, K, BITS, BLOCK_N, BLOCK_K
+            )
+            * mult
+        )
+        y = y * tl.sigmoid(y) * up
+    tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _group_dequantize_kernel(
+    c_ptr,
+    s_ptr,
+    w_ptr,
+    N,
+    mult,
+    K: tl.constexpr,
+    BITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    ok = (rows < N)[:, None]
+    GROUPS: tl.constexpr = K // 32
+    if BITS == 4:
+        HALF: tl.constexpr = BLOCK_K // 2
+        t = tl.arange(0, HALF)
+        low_inputs = k0 + (t // 32) * 64 + t % 32
+        b = tl.load(c_ptr + rows[:, None] * (K // 2) + (k0 // 2 + t)[None, :], mask=ok, other=0)
+        so = s_ptr + (rows[:, None] * GROUPS + (low_inputs // 32)[None, :]) * 2
+        for nibble in tl.static_range(2):
+            code = (b >> (4 * nibble)) & 15
+            scale = tl.load(so + 2 * nibble, mask=ok, other=0.0).to(tl.float32)
+            offset = tl.load(so + 2 * nibble + 1, mask=ok, other=0.0).to(tl.float32)
+            w = (code.to(tl.float32) * scale + offset) * mult
+            tl.store(
+                w_ptr + rows[:, None] * K + (low_inputs + 32 * nibble)[None, :],
+                w.to(w_ptr.dtype.element_ty),
+                mask=ok,
+            )
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        c = tl.load(c_ptr + rows[:, None] * K + ks[None, :], mask=ok, other=0)
+        so = s_ptr + (rows[:, None] * GROUPS + (ks // 32)[None, :]) * 2
+        scale = tl.load(so, mask=ok, other=0.0).to(tl.float32)
+        offset = tl.load(so + 1, mask=ok, other=0.0).to(tl.float32)
+        w = (c.to(tl.float32) * scale + offset) * mult
+        tl.store(w_ptr + rows[:, None] * K + ks[None, :], w.to(w_ptr.dtype.element_ty), mask=ok)
+
+
+class GroupGemvPlan(NamedTuple):
+    """Weight rows per program, inputs per step and warps per program of :func:`group_gemv`."""
+
+    block_n: int = 4
+    block_k: int = 1024
+    warps: int = 4
+
+
+# codes one program widens at a time: 64 float32 values per thread at 4 warps, as the 16-bit
+# one-row kernel holds
+GROUP_TILE_ELEMENTS = 8192
+
+
+def group_block_k(k: int, block_n: int) -> int:
+    """The largest power of two (at least 64) that divides ``k`` and keeps a step within
+    GROUP_TILE_ELEMENTS codes."""
+    block = 64
+    while k % (block * 2) == 0 and block * 2 * block_n <= GROUP_TILE_ELEMENTS:
+        block *= 2
+    return block
+
+
+def default_gemv_plan(k: int) -> GroupGemvPlan:
+    return GroupGemvPlan(4, group_block_k(k, 4))
+
+
+def group_gemv(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    mult: float,
+    bits: int,
+    out_dtype: torch.dtype | None = None,
+    silu_mul: bool = False,
+    plan: GroupGemvPlan | None = None,
+) -> torch.Tensor:
+    """``x @ W.T`` for one row ``x`` [1, k], ``W`` given by its codes ([n, k / 2] for 4 bits,
+    [n, k] for 8) and ``scales`` [n, k / 32, 2] float16, times ``mult``. ``silu_mul``: ``W``
+    stacks gate and up rows; the result is ``silu(x @ gate.T) * (x @ up.T)``. The result in
+    ``out_dtype`` (default ``x``'s)."""
+    m, k = x.shape
+    assert m == 1 and x.stride(1) == 1 and k % 64 == 0
+    n = codes.shape[0] // 2 if silu_mul else codes.shape[0]
+    plan = plan or default_gemv_plan(k)
+    y = torch.empty(1, n, dtype=out_dtype or x.dtype, device=x.device)
+    _group_gemv_kernel[(triton.cdiv(n, plan.block_n),)](
+        x,
+        codes,
+        scales,
+        y,
+        n,
+        n,
+        mult,
+        K=k,
+        BITS=bits,
+        SILU_MUL=silu_mul,
+        BLOCK_N=plan.block_n,
+        BLOCK_K=plan.block_k,
+        num_warps=plan.warps,
+    )
+    return y
+
+
+def group_dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, mult: float, bits: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The weight [n, k] in ``dtype`` from its codes and scales."""
+    n = codes.shape[0]
+    k = scales.shape[1] * GROUP
+    out = torch.empty(n, k, dtype=dtype, device=codes.device)
+    block_n, block_k = 16, 64 if k % 128 else 128
+    _group_dequantize_kernel[(triton.cdiv(n, block_n), k // block_k)](
+        codes, scales, out, n, mult, K=k, BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4
+    )
+    return out
