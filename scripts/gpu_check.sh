@@ -254,12 +254,14 @@ print(llm.generate(['The capital of France is'])[0])
       done ;;
     groupweights)  # 4- and 8-bit weights on the GPU (GGUF kept quantized, --quantization int4|int8): the kernels'
       # tests compiled and the agreement tests, the one-row kernel's plans at the 8B shapes, then batch-1 decode
-      # (GROUP_RUNS: config:quantization pairs)
-      timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_group_kernels.py tests/gpu/test_cuda.py -k "group or gguf_stays" 2>&1 | tee "$OUT/groupweights.log"
+      # (GROUP_TESTS: the test files; GROUP_RUNS: config:quantization pairs; GROUP_ARGS: the bench's shape)
+      # shellcheck disable=SC2086
+      timeout 300 python3 -m pytest -q -s -p no:cacheprovider ${GROUP_TESTS:-tests/gpu/test_group_kernels.py tests/gpu/test_cuda.py} -k "group or gguf_stays" 2>&1 | tee "$OUT/groupweights.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      timeout 200 python3 scripts/gpu_group_sweep.py 2>&1 | tee -a "$OUT/groupweights.log"
+      timeout 240 python3 scripts/gpu_group_sweep.py 2>&1 | tee -a "$OUT/groupweights.log"
       for run in ${GROUP_RUNS:-qwen3-8b:none qwen3-8b:int4 qwen3-8b:int8 qwen3-8b:fp8 qwen3-0.6b:none qwen3-0.6b:int4}; do
-        timeout 150 "${CLI[@]}" bench decode --device cuda --dummy-weights --config "${run%%:*}" --quantization "${run##*:}" --input-len 128 --output-len 128 --repeat 2 2>&1 | tail -3 | tee -a "$OUT/groupweights.log"
+        # shellcheck disable=SC2086
+        timeout 200 "${CLI[@]}" bench decode --device cuda --dummy-weights --config "${run%%:*}" --quantization "${run##*:}" ${GROUP_ARGS:---input-len 128 --output-len 128 --repeat 2} 2>&1 | grep -E '^ +[0-9]|^\{' | tee -a "$OUT/groupweights.log"
       done ;;
     bench)
       Q=(--device cuda --dummy-weights --config qwen3-0.6b)

@@ -29,18 +29,33 @@ SHAPES = {  # name: (rows, inputs, silu_mul)
 PLANS = [
     tq.GroupGemvPlan(*p)
     for p in (
-        (1, 4096, 4),
-        (2, 1024, 4),
-        (2, 2048, 4),
-        (4, 512, 4),
-        (4, 1024, 4),
-        (4, 2048, 4),
-        (4, 2048, 8),
-        (8, 512, 4),
-        (8, 1024, 4),
-        (8, 1024, 8),
-        (16, 512, 4),
-        (16, 512, 8),
+        (2, 2048, 4, 0),
+        (4, 1024, 4, 0),
+        (4, 2048, 4, 0),
+        (8, 1024, 8, 0),
+        (2, 2048, 4, 1),
+        (4, 1024, 4, 1),
+        (4, 2048, 4, 1),
+        (8, 1024, 8, 1),
+        (8, 512, 4, 1),
+        (2, 1024, 4, 2),
+        (4, 512, 4, 2),
+        (4, 1024, 4, 2),
+        (8, 512, 4, 2),
+        (8, 1024, 8, 2),
+    )
+]
+MATMUL_ROWS = (2, 8, 16, 32, 64, 128, 256, 512, 2048)
+MATMUL_TILES = [
+    tq.GroupMatmulTiles(*t)
+    for t in (
+        (16, 32, 4, 3),
+        (16, 64, 4, 3),
+        (32, 64, 4, 3),
+        (64, 64, 4, 3),
+        (64, 128, 8, 3),
+        (128, 128, 8, 3),
+        (128, 64, 4, 4),
     )
 ]
 BANDWIDTH_GBS = float(os.environ.get("READ_GBS", "4800"))  # H200's HBM3e; H100 SXM: 3350
@@ -102,5 +117,46 @@ def main() -> None:
             layouts.clear()
 
 
+def matmuls() -> None:
+    """Several rows: the tiled kernel (codes widened in registers) at its tiles, against the weight
+    widened into memory then cuBLAS, and bf16 cuBLAS; 4-bit codes."""
+    for name in ("qkv_proj", "down_proj"):
+        rows_w, cols, _ = SHAPES[name]
+        w16 = torch.randn(rows_w, cols, device="cuda", dtype=torch.bfloat16) / cols**0.5
+        layout = group_codes(int4_planes(w16.float()))
+        for m in MATMUL_ROWS:
+            x = torch.randn(m, cols, device="cuda", dtype=torch.bfloat16)
+            bf16 = graph_us(lambda: F.linear(x, w16), calls=5, replays=5)
+            widened = graph_us(
+                lambda: F.linear(
+                    x,
+                    tq.group_dequantize(
+                        layout.codes, layout.scales, layout.mult, 4, torch.bfloat16
+                    ),
+                ),
+                calls=5,
+                replays=5,
+            )
+            tiled = []
+            for tiles in [tq.group_matmul_tiles(m)] + MATMUL_TILES:
+                try:
+                    us = graph_us(
+                        lambda tiles=tiles: tq.group_matmul(
+                            x, layout.codes, layout.scales, layout.mult, 4, tiles=tiles
+                        ),
+                        calls=5,
+                        replays=5,
+                    )
+                except Exception as exc:
+                    print(f"    {tuple(tiles)}: {type(exc).__name__}")
+                    continue
+                tiled.append((round(us, 1), tuple(tiles)))
+            default = tiled[0]
+            print(
+                f"{name} {m} rows: bf16 cuBLAS {bf16:.1f} us, widened + cuBLAS {widened:.1f} us, tiled default {default}, best {sorted(tiled)[:3]}"
+            )
+
+
 if __name__ == "__main__":
     main()
+    matmuls()

@@ -10,8 +10,11 @@ and the scale and offset applied once per group.
   else: 4-bit codes are a quarter of a bf16 weight's bytes (plus a float16 scale and offset per
   32). A program reduces ``block_n`` weight rows; with ``silu_mul`` the gate and up rows of a
   merged MLP projection go through SwiGLU in the same kernel.
-- :func:`group_dequantize`: more rows (prefill, batched decode): the weight widened to the
-  activations' dtype by one kernel, then cuBLAS's product.
+- :func:`group_matmul`: several rows (batched decode, short prefills): ``tl.dot`` tiles, the
+  codes widened in registers step by step.
+- :func:`group_dequantize`: many rows (long prefills, where the product's arithmetic outweighs
+  reading the weight twice): the weight widened to the activations' dtype by one kernel, then
+  cuBLAS's product.
 
 Tests run both under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``) and compiled on
 the GPU (tests/gpu/test_triton_kernels.py).
@@ -39,12 +42,63 @@ def _group_rows_dot(
     BITS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    VARIANT: tl.constexpr,
 ):
     """``sum_k w[row, k] * x[k]`` for ``BLOCK_N`` rows, the weights widened from their codes
-    (without the matrix's power-of-two ``mult``)."""
+    (without the matrix's power-of-two ``mult``). ``VARIANT`` (4-bit): how a step's tile is
+    reduced (:class:`GroupGemvPlan`)."""
     GROUPS: tl.constexpr = K // 32
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if BITS == 4:
+    if BITS == 4 and VARIANT == 1:
+        # the same with the tile loaded as [rows, 64-input blocks, 32 bytes] (no reshapes)
+        PAIRS3: tl.constexpr = BLOCK_K // 64
+        p3 = tl.arange(0, PAIRS3)[None, :, None]
+        j3 = tl.arange(0, 32)[None, None, :]
+        pair = tl.arange(0, PAIRS3)
+        ok3 = row_ok[:, None, None]
+        for k0 in range(0, K, BLOCK_K):
+            b = tl.load(
+                c_ptr + rows[:, None, None] * (K // 2) + k0 // 2 + p3 * 32 + j3, mask=ok3, other=0
+            )
+            x_lo = tl.load(x_ptr + k0 + p3 * 64 + j3).to(tl.float32)
+            x_hi = tl.load(x_ptr + k0 + 32 + p3 * 64 + j3).to(tl.float32)
+            dot_lo = tl.sum((b & 15).to(tl.float32) * x_lo, axis=2)
+            dot_hi = tl.sum((b >> 4).to(tl.float32) * x_hi, axis=2)
+            sum_lo = tl.sum(x_lo, axis=2)
+            sum_hi = tl.sum(x_hi, axis=2)
+            so = s_ptr + (rows[:, None] * GROUPS + (k0 // 32 + 2 * pair)[None, :]) * 2
+            ok = row_ok[:, None]
+            acc += tl.sum(
+                tl.load(so, mask=ok, other=0.0).to(tl.float32) * dot_lo
+                + tl.load(so + 1, mask=ok, other=0.0).to(tl.float32) * sum_lo
+                + tl.load(so + 2, mask=ok, other=0.0).to(tl.float32) * dot_hi
+                + tl.load(so + 3, mask=ok, other=0.0).to(tl.float32) * sum_hi,
+                axis=1,
+            )
+    elif BITS == 4 and VARIANT == 2:
+        # each weight widened with its group's scale and offset (read per element, from L1),
+        # one reduction at the end, as the 16-bit one-row kernel does
+        HALF2: tl.constexpr = BLOCK_K // 2
+        t2 = tl.arange(0, HALF2)
+        low2 = (t2 // 32) * 64 + t2 % 32
+        acc2 = tl.zeros([BLOCK_N, HALF2], dtype=tl.float32)
+        ok2 = row_ok[:, None]
+        for k0 in range(0, K, BLOCK_K):
+            b = tl.load(
+                c_ptr + rows[:, None] * (K // 2) + (k0 // 2 + t2)[None, :], mask=ok2, other=0
+            )
+            x_lo = tl.load(x_ptr + k0 + low2).to(tl.float32)
+            x_hi = tl.load(x_ptr + k0 + 32 + low2).to(tl.float32)
+            so = s_ptr + (rows[:, None] * GROUPS + (k0 // 32 + 2 * (t2 // 32))[None, :]) * 2
+            w_lo = (b & 15).to(tl.float32) * tl.load(so, mask=ok2, other=0.0).to(
+                tl.float32
+            ) + tl.load(so + 1, mask=ok2, other=0.0).to(tl.float32)
+            w_hi = (b >> 4).to(tl.float32) * tl.load(so + 2, mask=ok2, other=0.0).to(
+                tl.float32
+            ) + tl.load(so + 3, mask=ok2, other=0.0).to(tl.float32)
+            acc2 += w_lo * x_lo[None, :] + w_hi * x_hi[None, :]
+        acc = tl.sum(acc2, axis=1)
+    elif BITS == 4:
         # byte j of a 64-input block: input j in the low nibble, input 32 + j in the high one
         HALF: tl.constexpr = BLOCK_K // 2
         PAIRS: tl.constexpr = HALF // 32
@@ -113,14 +167,18 @@ def _group_gemv_kernel(
     SILU_MUL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    VARIANT: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    y = _group_rows_dot(x_ptr, c_ptr, s_ptr, rows, row_ok, K, BITS, BLOCK_N, BLOCK_K) * mult
+    y = (
+        _group_rows_dot(x_ptr, c_ptr, s_ptr, rows, row_ok, K, BITS, BLOCK_N, BLOCK_K, VARIANT)
+        * mult
+    )
     if SILU_MUL:  # the up projection's rows sit ``up_offset`` rows below the gate's
         up = (
             _group_rows_dot(
-                x_ptr, c_ptr, s_ptr, rows + up_offset, row_ok, K, BITS, BLOCK_N, BLOCK_K
+                x_ptr, c_ptr, s_ptr, rows + up_offset, row_ok, K, BITS, BLOCK_N, BLOCK_K, VARIANT
             )
             * mult
         )
@@ -170,12 +228,80 @@ def _group_dequantize_kernel(
         tl.store(w_ptr + rows[:, None] * K + ks[None, :], w.to(w_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _group_matmul_kernel(
+    x_ptr,
+    c_ptr,
+    s_ptr,
+    y_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_ym,
+    mult,
+    K: tl.constexpr,
+    BITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """A [BLOCK_M, BLOCK_N] tile of ``x @ W.T`` on the tensor cores: each 64-input step widens
+    the tile's two groups of codes to the activations' dtype in registers (no widened copy of
+    the weight in memory) and multiplies them with ``tl.dot``."""
+    GROUPS: tl.constexpr = K // 32
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = (rows < M)[:, None]
+    col_ok = cols < N
+    j = tl.arange(0, 32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, 64):
+        so = s_ptr + (cols * GROUPS + k0 // 32) * 2
+        if BITS == 4:
+            b = tl.load(
+                c_ptr + cols[:, None] * (K // 2) + (k0 // 2 + j)[None, :],
+                mask=col_ok[:, None],
+                other=0,
+            )
+            q0 = b & 15
+            q1 = b >> 4
+        else:
+            q = c_ptr + cols[:, None] * K + (k0 + j)[None, :]
+            q0 = tl.load(q, mask=col_ok[:, None], other=0)
+            q1 = tl.load(q + 32, mask=col_ok[:, None], other=0)
+        x0 = tl.load(x_ptr + rows[:, None] * stride_xm + (k0 + j)[None, :], mask=row_ok, other=0.0)
+        x1 = tl.load(
+            x_ptr + rows[:, None] * stride_xm + (k0 + 32 + j)[None, :], mask=row_ok, other=0.0
+        )
+        for half in tl.static_range(2):
+            scale = tl.load(so + 2 * half, mask=col_ok, other=0.0).to(tl.float32) * mult
+            offset = tl.load(so + 2 * half + 1, mask=col_ok, other=0.0).to(tl.float32) * mult
+            if half == 0:
+                w = (q0.to(tl.float32) * scale[:, None] + offset[:, None]).to(
+                    x_ptr.dtype.element_ty
+                )
+                acc += tl.dot(x0, tl.trans(w))
+            else:
+                w = (q1.to(tl.float32) * scale[:, None] + offset[:, None]).to(
+                    x_ptr.dtype.element_ty
+                )
+                acc += tl.dot(x1, tl.trans(w))
+    tl.store(
+        y_ptr + rows[:, None] * stride_ym + cols[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=row_ok & col_ok[None, :],
+    )
+
+
 class GroupGemvPlan(NamedTuple):
-    """Weight rows per program, inputs per step and warps per program of :func:`group_gemv`."""
+    """Weight rows per program, inputs per step and warps per program of :func:`group_gemv`;
+    ``variant`` (4-bit codes): 0, each step's products summed per group through a reshape; 1,
+    the same on a tile loaded in three dimensions; 2, each weight widened with its group's scale
+    and one reduction at the end."""
 
     block_n: int = 4
     block_k: int = 1024
     warps: int = 4
+    variant: int = 0
 
 
 # codes one program widens at a time: 64 float32 values per thread at 4 warps, as the 16-bit
@@ -228,7 +354,60 @@ def group_gemv(
         SILU_MUL=silu_mul,
         BLOCK_N=plan.block_n,
         BLOCK_K=plan.block_k,
+        VARIANT=plan.variant,
         num_warps=plan.warps,
+    )
+    return y
+
+
+class GroupMatmulTiles(NamedTuple):
+    block_m: int
+    block_n: int
+    warps: int = 4
+    stages: int = 3
+
+
+def group_matmul_tiles(rows: int) -> GroupMatmulTiles:
+    """Tiles for ``rows`` activations: few rows need narrow weight tiles, so that enough programs
+    stream the weight at once (a 4,096-row weight in 32-row tiles: 128 programs)."""
+    if rows <= 16:
+        return GroupMatmulTiles(16, 32)
+    if rows <= 64:
+        return GroupMatmulTiles(rows if rows in (32, 64) else 64, 64)
+    return GroupMatmulTiles(64, 128, 8)
+
+
+def group_matmul(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    mult: float,
+    bits: int,
+    out_dtype: torch.dtype | None = None,
+    tiles: GroupMatmulTiles | None = None,
+) -> torch.Tensor:
+    """``x @ W.T`` for ``x`` [m, k] (16-bit), the codes widened tile by tile inside the product."""
+    m, k = x.shape
+    assert x.stride(1) == 1 and k % 64 == 0
+    n = codes.shape[0]
+    tiles = tiles or group_matmul_tiles(m)
+    y = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
+    _group_matmul_kernel[(triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n))](
+        x,
+        codes,
+        scales,
+        y,
+        m,
+        n,
+        x.stride(0),
+        y.stride(0),
+        mult,
+        K=k,
+        BITS=bits,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
     )
     return y
 

@@ -4,8 +4,9 @@ multiplied by the Triton kernels of ``kernels/triton_quant.py``, instead of wide
 
 Batch-1 decode reads every weight once per token, so its speed is the weight bytes over the
 memory bandwidth: a 4-bit weight with a float16 scale and offset per 32 inputs is 5 bits a
-weight against bf16's 16. Products of several rows widen the weight to the activations' dtype
-in one kernel and use cuBLAS.
+weight against bf16's 16. Products of a few rows run on the tensor cores with the codes widened
+in registers; long prefills widen the weight to the activations' dtype in one kernel and use
+cuBLAS.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from .quantized import GroupCodes, Planes, group_codes
+
+# up to this many rows the tiled kernel widens the codes in registers; above, the weight is
+# widened once into memory and cuBLAS multiplies (a long prefill, where the product's arithmetic
+# outweighs reading the weight twice)
+TILED_MAX_ROWS = 256
 
 
 class GpuGroupWeight:
@@ -52,6 +58,17 @@ class GpuGroupWeight:
                 out_dtype=out_dtype,
                 silu_mul=silu_mul,
             )
+        if x.shape[0] <= TILED_MAX_ROWS:
+            from ..kernels.triton_quant import group_matmul
+
+            layout = self.layout
+            out = group_matmul(
+                x, layout.codes, layout.scales, layout.mult, layout.kind, out_dtype=out_dtype
+            )
+            if silu_mul:
+                gate, up = out.chunk(2, dim=-1)
+                out = F.silu(gate) * up
+            return out
         weight = self.widened(x.dtype)
         if out_dtype == torch.float32 and x.dtype != torch.float32:
             from .linear import float32_logits

@@ -73,10 +73,10 @@ def planes_for(route: str, rows: int, cols: int, seed: int) -> Planes:
     return planes_of(gguf_blocks(qtype, rows, cols, seed), qtype, (rows, cols))
 
 
-def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+def close(actual: torch.Tensor, expected: torch.Tensor, rtol: float = RTOL) -> None:
     scale = expected.abs().max().item()
     err = (actual.float() - expected.float()).abs().max().item()
-    assert err <= 2 * RTOL * scale + 1e-6, f"max error {err} (scale {scale})"
+    assert err <= 2 * rtol * scale + 1e-6, f"max error {err} (scale {scale})"
 
 
 ROUTES = ["int4", "int8", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
@@ -98,7 +98,9 @@ def test_group_gemv_is_the_product_of_the_widened_weight(route, silu_mul) -> Non
     if silu_mul:
         gate, up = expected.chunk(2, dim=-1)
         expected = torch.nn.functional.silu(gate) * up
-    for plan in (None, tq.GroupGemvPlan(2, 64), tq.GroupGemvPlan(8, 256)):
+    plans = (None, tq.GroupGemvPlan(2, 64), tq.GroupGemvPlan(8, 256))
+    plans += (tq.GroupGemvPlan(2, 128, 4, 1), tq.GroupGemvPlan(4, 256, 4, 2))  # 4-bit variants
+    for plan in plans:
         out = tq.group_gemv(
             x.to(DEVICE),
             layout.codes,
@@ -113,6 +115,24 @@ def test_group_gemv_is_the_product_of_the_widened_weight(route, silu_mul) -> Non
 
 
 @pytest.mark.parametrize("route", ["int4", "int8", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("rows", [2, 17, 70])
+def test_group_matmul_is_the_product_of_the_widened_weight(route, rows) -> None:
+    """Several rows (batched decode, short prefills): tensor-core tiles over codes widened in
+    registers, partial row and column tiles included (70 rows, 96 outputs)."""
+    planes = planes_for(route, 96, 512, seed=rows)
+    layout = group_codes(planes).to(DEVICE)
+    x = (torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 0.05).to(DTYPE)
+    expected = x.float() @ planes.dequantize().T
+    for tiles in (None, tq.GroupMatmulTiles(16, 32), tq.GroupMatmulTiles(32, 64)):
+        out = tq.group_matmul(
+            x.to(DEVICE), layout.codes, layout.scales, layout.mult, layout.kind, tiles=tiles
+        )
+        assert out.shape == (rows, 96) and out.dtype == DTYPE
+        # each weight rounded to the activations' dtype before the product
+        close(out.cpu(), expected, 2 * RTOL)
+
+
+@pytest.mark.parametrize("route", ["int4", "int8", "Q4_K", "Q6_K"])
 def test_group_dequantize_writes_the_widened_weight(route) -> None:
     planes = planes_for(route, 40, 768, seed=3)  # 40 rows: a partial row tile
     layout = group_codes(planes).to(DEVICE)
@@ -123,10 +143,10 @@ def test_group_dequantize_writes_the_widened_weight(route) -> None:
     assert (out.cpu() - wide).abs().max().item() <= 2**-10 * wide.abs().max().item()
 
 
-@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("rows", [1, 5, 300])
 def test_a_gpu_group_weight_multiplies_any_number_of_rows(rows) -> None:
-    """``GpuGroupWeight.matmul``: one row through the one-row kernel, more through the widened
-    weight; float32 results on request (an LM head's logits)."""
+    """``GpuGroupWeight.matmul``: one row through the one-row kernel, a few through the tiled
+    kernel, many through the widened weight; float32 results on request (an LM head's logits)."""
     planes = planes_for("Q4_K", 64, 256, seed=5)
     weight = GpuGroupWeight(group_codes(planes).to(DEVICE))
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(2)).to(DTYPE)
@@ -145,7 +165,7 @@ def test_group_block_k_keeps_the_tile_within_the_register_budget() -> None:
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_a_model_on_group_weights_gives_the_logits_of_its_widened_weights(kind, tiny_model) -> None:
-    """The model's side of the GPU's quantized weights (run here on the CPU, the kernels
+    """The model's side of the GPU's quantized weights (without a GPU: on the CPU, the kernels
     interpreted): every projection and the untied LM head held as group codes, SwiGLU inside
     the one-row kernel, logits in float32; the same logits as the model whose weights are
     those codes widened, batched (the widened-weight path) and one sequence alone (one row)."""
@@ -154,19 +174,27 @@ def test_a_model_on_group_weights_gives_the_logits_of_its_widened_weights(kind, 
     from minisgl_engine.llm import LLM
 
     folder, _ = tiny_model("qwen3")
-    llm = LLM(str(folder), device="cpu", dtype="float32", cuda_graph_max_bs=0)
+    # (on a GPU without the fused kernels, whose one-row plans were measured on the widened weights)
+    llm = LLM(
+        str(folder),
+        device=DEVICE.type,
+        dtype="float32",
+        attn="torch",
+        cuda_graph_max_bs=0,
+        fused_kernels=False,
+    )
     model = llm.engine.model
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert model.lm_head in linears  # tiny qwen3: an untied head
     planes = [quantize_float(m.weight.data.float(), kind) for m in linears]
     for module, p in zip(linears, planes):
-        module.weight.data.copy_(p.dequantize())
+        module.weight.data.copy_(p.dequantize().to(DEVICE))
     rng = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, 320, (n,), generator=rng).tolist() for n in (9, 14, 21)]
     starts = [len(s) - 4 for s in seqs]
     widened = llm.score_batch(seqs, starts) + llm.score_batch(seqs[:1], starts[:1])
     for module, p in zip(linears, planes):
-        module.quant = GpuGroupWeight(group_codes(p))
+        module.quant = GpuGroupWeight(group_codes(p).to(DEVICE))
         module.weight = drop_weight(module.weight)
     grouped = llm.score_batch(seqs, starts) + llm.score_batch(seqs[:1], starts[:1])
     for ours, want in zip(grouped, widened):
