@@ -55,17 +55,26 @@ def free_memory_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def param_bytes(model_config: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes our model's parameters take, computed from the config alone."""
+# bytes a weight of a projection takes held each way on a GPU: 4- or 8-bit codes with a float16
+# scale and offset per 32 (layers/quantized.py's GroupCodes); FP8 with a float32 scale per row
+QUANTIZED_BYTES_PER_WEIGHT = {"int4": 0.5 + 4 / 32, "int8": 1 + 4 / 32, "fp8": 1.0}
+
+
+def param_bytes(model_config: ModelConfig, dtype: torch.dtype, quantization: str = "none") -> int:
+    """Bytes our model's parameters take, computed from the config alone; with ``quantization``
+    (int4, int8, fp8) as a GPU holds them: the decoder's projections quantized (and an untied LM
+    head too with int4 and int8), the embedding in ``dtype``."""
     c = model_config
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     per_layer = (
         c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
     )
-    total = c.num_layers * per_layer + c.vocab_size * c.hidden_size * (
-        1 if c.tie_word_embeddings else 2
-    )
-    return total * torch.empty((), dtype=dtype).element_size()
+    size = torch.empty((), dtype=dtype).element_size()
+    projection = QUANTIZED_BYTES_PER_WEIGHT.get(quantization, size)
+    table = c.vocab_size * c.hidden_size
+    head = 0 if c.tie_word_embeddings else table
+    head_size = projection if quantization in ("int4", "int8") else size
+    return int(c.num_layers * per_layer * projection + table * size + head * head_size)
 
 
 def check_fits(
@@ -75,17 +84,26 @@ def check_fits(
     device: torch.device,
     dtype: torch.dtype,
     tp: int = 1,
+    quantized: dict[str, int] | None = None,
 ) -> None:
     """Refuse a model whose share of weights and a minimal KV cache (``weight_bytes`` and
     ``kv_bytes_min`` are the whole model's; each of ``tp`` ranks holds about 1/tp) does not fit
-    the device's free memory. On GPUs the message says which --tp would fit."""
+    the device's free memory. On GPUs the message says which ``--quantization`` (of
+    ``quantized``: each one's weight bytes) or --tp would fit."""
     free = free_memory_bytes(device)
     if (weight_bytes + kv_bytes_min) // tp <= free:
         return
     gib = 1 << 30
     share = "" if tp == 1 else f" (its 1/{tp} share with --tp {tp})"
     advice = "pick a smaller model or a smaller --dtype"
-    if device.type == "cuda":
+    fitting = [
+        f"--quantization {kind} ({nbytes // tp / gib:.1f} GiB of weights)"
+        for kind, nbytes in (quantized or {}).items()
+        if (nbytes + kv_bytes_min) // tp <= free
+    ]
+    if fitting:
+        advice = f"{' or '.join(fitting)} would fit it, or pick a smaller model"
+    elif device.type == "cuda":
         fits = next(
             (n for n in (2, 4, 8, 16) if n > tp and (weight_bytes + kv_bytes_min) // n <= free),
             None,
@@ -262,9 +280,35 @@ def check_model_fits(
         model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, kv_dtype
     )
     tp = get_tp().size  # each rank holds about 1/tp of the weights and of the KV heads
+    quantized = {}
+    if device.type == "cuda" and config.quantization in ("auto", "none") and weight_bytes:
+        from .layers.fp8 import fp8_unavailable_reason
+
+        kinds = ["fp8"] if fp8_unavailable_reason(device) is None else []
+        if group_kernels_unavailable_reason(device) is None:
+            kinds += ["int8", "int4"]
+        quantized = {kind: param_bytes(model_config, dtype, kind) for kind in kinds}
     check_fits(
-        name, weight_bytes, per_token * min(model_config.max_context_len, 4096), device, dtype, tp
+        name,
+        weight_bytes,
+        per_token * min(model_config.max_context_len, 4096),
+        device,
+        dtype,
+        tp,
+        quantized,
     )
+
+
+def move_to(model: torch.nn.Module, device: torch.device) -> None:
+    """Every parameter and buffer with data onto ``device``, in place (the parameter objects
+    and what they carry stay; placeholders of quantized weights stay on "meta")."""
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            if not param.is_meta and param.device != device:
+                param.data = param.data.to(device)
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer.device != device:
+                setattr(module, name, buffer.to(device))
 
 
 def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedModel:
@@ -289,13 +333,19 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     if gguf_file is not None and not gguf_file.is_file():
         gguf_file = None
     quantization = choose_quantization(config, device, gguf_file is not None)
+    # Quantized at load on a GPU: the checkpoint is read into host memory and each matrix goes
+    # to the GPU quantized, so only the quantized weights need to fit there (random weights are
+    # drawn on the GPU, in the model's dtype first)
+    staged = device.type == "cuda" and quantization != "none" and not config.dummy_weights
     if config.dummy_weights:
         weight_bytes = param_bytes(model_config, dtype)
+    elif staged and quantization in QUANTIZED_BYTES_PER_WEIGHT:
+        weight_bytes = param_bytes(model_config, dtype, quantization)
     else:
         weight_bytes = weights_nbytes(model_dir, dtype, keep_gguf_blocks=quantization == "gguf")
     check_model_fits(config, model_config, name, weight_bytes, device, dtype)
 
-    with torch.device(device):
+    with torch.device("cpu" if staged else device):
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
@@ -308,22 +358,26 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         logger.info("loading weights from %s", model_dir)
         if gguf_file is not None:
             with one_thread_if(quantization == "gguf" and device.type == "cpu"):
-                model.load_weights(iter_gguf(gguf_file), keep_quantized=quantization == "gguf")
+                model.load_weights(
+                    iter_gguf(gguf_file), keep_quantized=quantization == "gguf", quantize_on=device
+                )
         else:
             # with tensor parallelism each rank reads only its slices of the checkpoint
             model.load_weights(iter_safetensors(model_dir, lazy=get_tp().size > 1))
     if quantization in ("int4", "int8"):
-        model.quantize(quantization)
+        model.quantize(quantization, device)
     if quantization == "fp8":
         from .layers.fp8 import scaled_mm_works
 
-        saved = model.quantize_fp8()
+        saved = model.quantize_fp8(device)
         torch.cuda.empty_cache()  # the 16-bit copies' memory back for the KV cache
         logger.info(
             "FP8 weights: %.2f GiB saved; products of several rows on %s",
             saved / 2**30,
             "the FP8 tensor cores" if scaled_mm_works(device) else "weights widened per product",
         )
+    if staged:
+        move_to(model, device)
     if quantization != "none":
         return_freed_memory()
     model.eval()

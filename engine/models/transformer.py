@@ -284,13 +284,17 @@ class CausalLM(nn.Module):
         return logits.scatter_(1, top, exact)
 
     def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor | GGUFTensor]], keep_quantized: bool = False
+        self,
+        weights: Iterable[tuple[str, torch.Tensor | GGUFTensor]],
+        keep_quantized: bool = False,
+        quantize_on: torch.device | None = None,
     ) -> None:
         """Copy checkpoint tensors into our parameters (casting dtype); every parameter must be
         filled exactly once, so a truncated or mismatched checkpoint fails loudly.
 
-        A GGUF's quantized matrices are widened, or with ``keep_quantized`` (CPU) repacked for
-        the packed kernels once all parts of each merged matrix are in."""
+        A GGUF's quantized matrices are widened, or with ``keep_quantized`` repacked for the
+        quantized kernels of ``quantize_on`` (default: the parameters' device) once all parts of
+        each merged matrix are in."""
         quantized: dict[str, dict[str | int | None, GGUFTensor]] = {}
         params = dict(self.named_parameters())
         missing = {
@@ -336,13 +340,16 @@ class CausalLM(nn.Module):
             example = name if shard is None else f"{name} ({shard} part)"
             raise WeightsError(f"checkpoint is missing {len(missing)} tensors, e.g. {example!r}")
         for module_name, parts in quantized.items():
-            self._install_quantized(module_name, parts)
+            self._install_quantized(module_name, parts, quantize_on)
 
     def _install_quantized(
-        self, module_name: str, parts: dict[str | int | None, GGUFTensor]
+        self,
+        module_name: str,
+        parts: dict[str | int | None, GGUFTensor],
+        device: torch.device | None,
     ) -> None:
         module = self.get_submodule(module_name)
-        device = module.weight.device
+        device = device or module.weight.device
         on_gpu = device.type == "cuda"
         if isinstance(module, Embedding):
             (table,) = parts.values()
@@ -391,17 +398,18 @@ class CausalLM(nn.Module):
         module.quant = quant
         module.weight = drop_weight(module.weight)
 
-    def quantize_fp8(self) -> int:
+    def quantize_fp8(self, device: torch.device | None = None) -> int:
         """``--quantization fp8`` (GPU): every projection of the decoder layers to FP8 with a
         scale per row (layers/fp8.py); the embedding and the LM head stay. One matrix at a time
-        (the 16-bit copy of each is freed as it goes). Returns the bytes saved."""
+        (the 16-bit copy of each is freed as it goes; from host memory, each goes to ``device``).
+        Returns the bytes saved."""
         from ..layers.fp8 import quantize_fp8
 
         saved = 0
         for module in self.model.layers.modules():
             if isinstance(module, Linear) and module.quant is None:
                 weight = module.weight
-                fp8_weight, scale = quantize_fp8(weight.data)
+                fp8_weight, scale = quantize_fp8(weight.data.to(device or weight.device))
                 saved += (
                     weight.numel() * weight.element_size() - fp8_weight.numel() - 4 * scale.numel()
                 )
@@ -411,13 +419,16 @@ class CausalLM(nn.Module):
                 del weight
         return saved
 
-    def quantize(self, kind: str) -> None:
+    def quantize(self, kind: str, device: torch.device | None = None) -> None:
         """``--quantization int4 | int8``: pack every projection and the LM head of a float
-        checkpoint (the embedding stays float for lookups)."""
+        checkpoint (the embedding stays float for lookups) for ``device``'s kernels (default: the
+        weights' device; from host memory, each matrix goes there quantized)."""
+        device = device or self.model.embed_tokens.weight.device
         for module in self.modules():
             if isinstance(module, Linear) and module.weight.shape[1] % GROUP == 0:
-                self._hold_quantized(module, quantize_float(module.weight.data, kind))
-        on_gpu = self.model.embed_tokens.weight.is_cuda  # a tied head reads the float table there
+                weight = module.weight.data.to(device)
+                self._hold_quantized(module, quantize_float(weight, kind))
+        on_gpu = device.type == "cuda"  # a tied head reads the float table there
         if self.lm_head is None and self.config.hidden_size % GROUP == 0 and not on_gpu:
             self.tied_lm_head_packed = pack_weight(
                 quantize_float(self.model.embed_tokens.weight.data, kind)

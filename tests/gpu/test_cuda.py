@@ -390,6 +390,31 @@ def test_group_quantized_weights_agree_as_well_as_transformers_with_the_same_rou
         assert figures[ours_name][1] <= 1.5 * figures[baseline_name][1], figures
 
 
+def test_a_checkpoint_quantized_at_load_never_holds_its_16_bit_weights_on_the_gpu(
+    reference_models, tmp_path
+):
+    """``--quantization int4`` of a bf16 checkpoint folder: read into host memory, each matrix
+    sent to the GPU quantized, so the GPU's peak during the load stays under the 16-bit
+    weights' size (what lets a model too big for the card in bf16 load quantized)."""
+    from minisgl_engine.model_loader import load_model, param_bytes
+
+    _, hf16 = reference_models
+    hf16.save_pretrained(tmp_path)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loaded = load_model(
+        engine_config(dummy_weights=False, config=None, model=str(tmp_path), quantization="int4")
+    )
+    peak = torch.cuda.max_memory_allocated() - before
+    bf16 = param_bytes(loaded.config, torch.bfloat16)
+    print(
+        f"int4 load: GPU peak {peak / 2**20:.0f} MiB, held {loaded.weight_bytes / 2**20:.0f} MiB, bf16 weights {bf16 / 2**20:.0f} MiB"
+    )
+    assert loaded.model.model.embed_tokens.weight.is_cuda
+    assert loaded.weight_bytes < 0.6 * bf16 and peak < 0.75 * bf16, (peak, bf16)
+
+
 def test_a_gguf_stays_quantized_on_the_gpu_and_agrees_with_its_widened_weights():
     """The demo GGUF served on the GPU with ``--quantization auto`` keeps its 4-bit blocks
     (group codes, about a quarter of the widened bytes) and agrees with the same file widened

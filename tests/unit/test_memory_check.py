@@ -84,3 +84,38 @@ def test_a_model_too_big_for_one_gpu_names_the_tp_that_fits(monkeypatch):
     model_loader.check_fits(
         "big", 70 << 30, 1 << 30, torch.device("cuda"), torch.bfloat16, tp=2
     )  # fits: no error
+
+
+def test_a_model_too_big_for_the_gpu_in_16_bits_names_the_quantization_that_fits(monkeypatch):
+    """Qwen3-8B on a GPU with 10 GiB free: its 15.3 GiB of bf16 weights do not fit; held as 8-bit
+    codes (9.1 GiB) or 4-bit (5.6 GiB) they would, and the message names both with their sizes."""
+    import torch
+
+    from minisgl_engine.config import ModelConfig
+
+    hf = model_loader.load_hf_config(EngineConfig(config="qwen3-8b"), None)
+    config = ModelConfig.from_hf(hf)
+    sizes = {
+        kind: model_loader.param_bytes(config, torch.bfloat16, kind)
+        for kind in ("none", "fp8", "int8", "int4")
+    }
+    gib = {kind: round(n / 2**30, 1) for kind, n in sizes.items()}
+    # the figures the engine reported holding on an H100 (bench JSON weight_gib): 15.256, 5.565
+    assert gib["none"] == 15.3 and gib["int4"] == 5.6 and gib["int8"] == 9.1 and gib["fp8"] == 8.8
+    monkeypatch.setattr(model_loader, "free_memory_bytes", lambda device: 10 << 30)
+    quantized = {kind: sizes[kind] for kind in ("fp8", "int8", "int4")}
+    with pytest.raises(UserError) as err:
+        model_loader.check_fits(
+            "qwen3-8b", sizes["none"], 1 << 29, torch.device("cuda"), torch.bfloat16, 1, quantized
+        )
+    msg = str(err.value)
+    assert "\n" not in msg and "15.3 GiB of weights" in msg, msg
+    assert (
+        "--quantization fp8 (8.8 GiB of weights) or --quantization int8 (9.1 GiB of weights) or "
+        "--quantization int4 (5.6 GiB of weights) would fit it" in msg
+    ), msg
+    monkeypatch.setattr(model_loader, "free_memory_bytes", lambda device: 7 << 30)
+    with pytest.raises(UserError, match=r"--quantization int4 \(5.6 GiB of weights\) would fit"):
+        model_loader.check_fits(
+            "qwen3-8b", sizes["none"], 1 << 29, torch.device("cuda"), torch.bfloat16, 1, quantized
+        )
