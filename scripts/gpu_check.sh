@@ -252,6 +252,10 @@ print(llm.generate(['The capital of France is'])[0])
       for run in ${FP8_RUNS:-qwen3-8b:none qwen3-8b:fp8 qwen3-0.6b:none qwen3-0.6b:fp8}; do
         timeout 150 "${CLI[@]}" bench decode --device cuda --dummy-weights --config "${run%%:*}" --quantization "${run##*:}" --input-len 128 --output-len 128 --repeat 2 2>&1 | tail -3 | tee -a "$OUT/fp8weights.log"
       done ;;
+    prefillprofile)  # a 128-token prefill of the 8B shape under each PREFILL_KINDS quantization: its time and top kernels
+      # shellcheck disable=SC2086
+      timeout 300 python3 scripts/gpu_prefill_profile.py ${PREFILL_KINDS:-none int4 fp8} 2>&1 | grep -v "CUDA graphs:" | tee "$OUT/prefillprofile.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     groupweights)  # 4- and 8-bit weights on the GPU (GGUF kept quantized, --quantization int4|int8): the kernels'
       # tests compiled and the agreement tests, the one-row kernel's plans at the 8B shapes, then batch-1 decode
       # (GROUP_TESTS: the test files; GROUP_RUNS: config:quantization pairs; GROUP_ARGS: the bench's shape)
