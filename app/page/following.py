@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from ..chat.view import MATH_MARK
 from . import toasts
 from .page_view import SENT_AS_UPDATES, VIEW_SIZE, PageView
 from .scripts import ASKED_CHATS_JS, MARK_LOADED_JS, REMEMBER_SHOWN_CHAT_JS
@@ -25,12 +26,13 @@ FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces t
 RACE_S = 2.0
 RECHECK_AFTER_S = 1.0
 # Math in messages, as models write it: inline between $ … $ or \( … \), on its own line between
-# $$ … $$ or \[ … \] (Gradio's default, $$ alone, left `$x^2$` as typed). A price ("$5 and $10")
-# reads as math too, as in other chat apps that render $ … $.
+# $$ … $$ or \[ … \] (Gradio's default, $$ alone, left `$x^2$` as typed). Which $ … $ is math is
+# decided by view.shown_literally, which puts MATH_MARKs around it: with a bare "$" as a
+# delimiter, KaTeX took the text between two prices ("$5 and $10") for math.
 LATEX_DELIMITERS = [
     {"left": "$$", "right": "$$", "display": True},
     {"left": "\\[", "right": "\\]", "display": True},
-    {"left": "$", "right": "$", "display": False},
+    {"left": MATH_MARK + "$", "right": "$" + MATH_MARK, "display": False},
     {"left": "\\(", "right": "\\)", "display": False},
 ]
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line

@@ -391,11 +391,13 @@ function resetSlidersToDefaults(config) {
 }
 
 // HTML in a message is shown as text by a mark after its "<" (view.shown_literally), an image as
-// a link whose alt text is between two marks (U+2062): what is copied (Copy, a code block's copy,
-// a selection) is the text as typed, without the marks (view.typed_text)
+// a link whose alt text is between two marks (U+2062), inline math between two marks (U+2063):
+// what is copied (Copy, a code block's copy, a selection) is the text as typed, without the marks
+// (view.typed_text)
 function keepTypedTextTyped() {
   const unmark = (text) => String(text).replace(/\[🖼 \u2062([^\u2062]*)\u2062[^\]\u2062]*\]\(/g, '![$1](')
-    .replace(/([<&!])\u2060/g, '$1');
+    .replace(/([<&!])\u2060/g, '$1').replace(/\u2063/g, '');
+  const hasMarks = /[<&!]\u2060|[\u2062\u2063]/;
   if (navigator.clipboard && navigator.clipboard.writeText) {
     const write = navigator.clipboard.writeText.bind(navigator.clipboard);
     navigator.clipboard.writeText = (text) => write(unmark(text));
@@ -404,7 +406,7 @@ function keepTypedTextTyped() {
     const box = document.activeElement;
     const text = box && 'selectionStart' in box && typeof box.value === 'string'
       ? box.value.slice(box.selectionStart, box.selectionEnd) : String(getSelection());
-    if (/[<&!]\u2060|\u2062/.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
+    if (hasMarks.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
   }, true);
   // ✓ (or Enter) in an edit box: Gradio shows the edited text as Markdown at once, before the
   // page's answer redraws it as typed, so an <img src=x> typed there would be fetched. The
@@ -424,7 +426,7 @@ function keepTypedTextTyped() {
   // mark in the message saved
   const unmarkEditBoxes = () => {
     for (const box of document.querySelectorAll('#chatbot textarea.edit-textarea')) {
-      if (!/[<&!]\u2060|\u2062/.test(box.value)) continue;
+      if (!hasMarks.test(box.value)) continue;
       box.value = unmark(box.value);
       box.dispatchEvent(new Event('input', {bubbles: true}));  // Gradio's copy of the box's text follows
     }

@@ -2603,6 +2603,28 @@ def test_a_messages_images_show_as_links_and_copy_or_edit_gives_them_back_as_typ
         assert view.shown_literally(code) == code
 
 
+def test_inline_math_follows_pandocs_dollar_rule_and_prices_stay_prose() -> None:
+    """Issue 45, item 15: with a bare "$" as KaTeX's delimiter, "It costs $5 and $10." showed the
+    text between the prices as math. Inline math is found by Pandoc's rule (a non-space after the
+    opening "$", a non-space before the closing one and no digit after it, "\\$" a dollar, no
+    blank line inside) and put between MATH_MARKs, the page's delimiters; typed_text gives the
+    text back."""
+    m = view.MATH_MARK
+    cases = {
+        "It costs $5 and $10.": "It costs $5 and $10.",
+        "$5-$10, US$5 or US$10": "$5-$10, US$5 or US$10",
+        "Square it: $x^2$.": f"Square it: {m}$x^2${m}.",
+        "costs $5 and $x^2$": f"costs $5 and {m}$x^2${m}",
+        "\\$3 and \\$4": "\\$3 and \\$4",
+        "$a \\$ b$ and $a<b$": f"{m}$a \\$ b${m} and {m}$a<b${m}",
+        "$ x $ and $a\n\nb$": "$ x $ and $a\n\nb$",
+        "$$\\frac12$$ and `$x$`": "$$\\frac12$$ and `$x$`",
+    }
+    for text, shown in cases.items():
+        assert view.shown_literally(text) == shown, (text, view.shown_literally(text))
+        assert view.typed_text(shown) == text
+
+
 def test_a_long_chat_shows_its_last_messages_under_a_line_that_shows_earlier_ones(store) -> None:
     """Issue 41, item 9: a 100,000-message chat crashed the browser's tab as it opened. The view
     shows the last view.WINDOW messages of the path, under a line saying how many earlier ones a
