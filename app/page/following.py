@@ -1,7 +1,7 @@
 """The view: one long-running ``follow`` event per tab renders its conversation (rendering.py:
 stored messages plus the live reply) after each action and while a reply streams in it; the
 once-a-second tick (ticks.py) keeps the status line and the sidebar current and has a chat changed
-elsewhere redrawn. Also the page's load and unload, and the chat's layout."""
+elsewhere redrawn. Also the page's load and the chat's layout (a tab's closing is TabState.tab_closed)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def changed_parts(now: PageView, last: PageView | None) -> set[str]:
 
 
 class ViewEvents(TabState):
-    """Renders a tab: the page's load, the follow after each action, the unload."""
+    """Renders a tab: the page's load, the follow after each action."""
 
     async def load_page(
         self, request: gr.Request, in_address: float | None = None, remembered: float | None = None
@@ -149,11 +149,6 @@ class ViewEvents(TabState):
             if raced:
                 tab.follows.recheck_at = tab.follows.ended_at + RECHECK_AFTER_S
 
-    async def unload(self, request: gr.Request) -> None:
-        session = request.session_hash if request is not None else None
-        self.replies.page_gone(session)
-        self.tabs.pop(session or "-", None)
-
     @staticmethod
     def chat_layout() -> SimpleNamespace:
         """The status line and the chat."""
@@ -175,7 +170,7 @@ class ViewEvents(TabState):
         return SimpleNamespace(status=status, chatbot=chatbot)
 
     def wire_view(self, demo: gr.Blocks, w: Wiring) -> None:
-        """The page's load and unload, the tick, and the redraws it asks for."""
+        """The page's load, the tick, and the redraws it asks for."""
         c = w.chats
         loaded = demo.load(
             self.load_page,
@@ -190,5 +185,4 @@ class ViewEvents(TabState):
         loaded.then(None, js=MARK_LOADED_JS)
         # the list's value may not change at the load (the chat asked for was gone): the address names the chat shown
         loaded.then(None, inputs=c.conv_list, js=REMEMBER_SHOWN_CHAT_JS, **QUICK)
-        demo.unload(self.unload)
         self.wire_tick(w)

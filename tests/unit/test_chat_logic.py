@@ -522,6 +522,31 @@ def uploaded(page, file) -> str:
 
 
 @pytest.mark.anyio
+async def test_a_tab_silent_for_long_is_closed_by_another_tabs_tick(store, monkeypatch) -> None:
+    """Without Gradio's heartbeat stream (it held a connection per tab: a seventh tab never
+    loaded), a tab that went without its beacon (its browser crashed, or froze it) is known by
+    its silence: no event of it for TAB_SILENT_S. Another tab's tick closes it: its reply stops
+    as a closed tab's, its state goes; the ticking tab is kept."""
+    from minisgl_app.page import tabs
+    from minisgl_app.page.ui import ChatPage
+
+    monkeypatch.setattr(live, "ORPHAN_GRACE_S", 0.05)
+    monkeypatch.setattr(tabs, "TAB_SILENT_S", 0.2)
+    page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)
+    gone, ticking = FakeRequest(), FakeRequest()
+    ticking.session_hash = "tab-2"
+    await page.send(" ".join(["w"] * 200), SETTINGS, 1000.0, gone)
+    conv_id = page.tab(gone).conv_id
+    assert page.replies.is_busy(conv_id)
+    for _ in range(4):  # only the other tab's events come
+        await page.tick(False, ticking)
+        await asyncio.sleep(0.1)
+    await until_idle(page.replies)
+    assert set(page.tabs) == {"tab-2"}, set(page.tabs)
+    assert store.get(conv_id).messages[-1].stats.stopped_by == live.TAB_CLOSED
+
+
+@pytest.mark.anyio
 async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(store) -> None:
     """Enter then Stop at once: Gradio may start the two events in either order. Both carry the
     browser's click time: a Stop that found nothing to stop stops a message clicked before it,
@@ -2234,6 +2259,17 @@ async def test_manage_actions_start_hidden_and_the_first_render_shows_them_for_a
     request = FakeRequest()
     await page.load_page(request)
     assert manage_shown(page.render(page.tab(request))) == (True, False)
+
+
+def test_the_page_asks_gradio_for_no_heartbeat_stream(store) -> None:
+    """Gradio opens a heartbeat stream per tab, held as long as the tab lives, when the page has
+    an unload event or a gr.State (utils.connect_heartbeat): six tabs then held all six of
+    Chromium's connections to the app, and a seventh never loaded. The page has neither (a tab's
+    end is TabState.tab_closed)."""
+    from minisgl_app.page.ui import ChatPage
+
+    demo = ChatPage(FakeClient(FakeEngine()), store).build()
+    assert demo.get_config_file()["connect_heartbeat"] is False
 
 
 @pytest.mark.anyio
