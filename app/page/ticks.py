@@ -29,7 +29,8 @@ class Ticks(TabState):
 
     async def tick(self, editing: bool, request: gr.Request):
         """Every second: the status line, the sidebar when another chat starts or ends replying,
-        and what the tab's replies have to say (a toast: ReplyManager.notices).
+        and what the tab's replies have to say (a toast: ReplyManager.notices); tabs gone silent
+        are closed (TabState.close_silent_tabs).
 
         Once after a follow that took over from another one, the whole view: the browser runs
         the follows of a tab as separate submissions and does not keep their order (a message of
