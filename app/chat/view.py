@@ -345,19 +345,30 @@ def view_messages(
 # at "the". Gradio escapes per chatbot, not per message, and its Copy and edit box take a
 # message's text as sent, so the text is not HTML-escaped either: a word joiner (invisible, and
 # no tag or entity starts with it) follows each "<" that would open a tag and each "&" that would
-# start an entity, outside code (where Markdown shows them as they are) and $$ math.
+# start an entity, outside code (where Markdown shows them as they are) and math.
 # ``typed_text`` takes the marks out again (ui.edit_text; PAGE_JS for Copy and copies).
 MARK = "\u2060"
+# Inline math between single dollars is found here, by Pandoc's rule (tex_math_dollars), not by
+# KaTeX, which takes any two dollars for math: "It costs $5 and $10." showed "5 and " typeset. A
+# "$" opens math only with a non-space after it, the next "$" closes it only with a non-space
+# before it and no digit after it, a "$" after a backslash is a dollar, and no blank line lies
+# inside. Each math found is put between MATH_MARKs (invisible), the page's delimiters for it
+# (page/following.py); a "$" left alone is a dollar (and "\$" one too, by Markdown's escape).
+MATH_MARK = "\u2063"
+_INLINE_MATH = r"(?<![\\$])\$(?![\s$])(?:[^$\\\n]|\\.|\n(?![ \t]*\n))+(?<!\s)\$(?![\d$])"
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _KEPT = re.compile(
-    r"(`+)(?:.+?)(?<!`)\1(?!`)|\$\$.+?\$\$|<[A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>", re.S
+    r"(`+)(?:.+?)(?<!`)\1(?!`)|\$\$.+?\$\$|(?P<math>" + _INLINE_MATH + r")"
+    r"|<[A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>",
+    re.S,
 )  # code spans, math, autolinks
 _OPENS_HTML = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)")
 
 
 def shown_literally(text: str) -> str:
-    """``text`` (Markdown) with its HTML marked to show as typed (MARK)."""
-    if "<" not in text and "&" not in text and "![" not in text:
+    """``text`` (Markdown) with its HTML marked to show as typed (MARK), its inline math between
+    MATH_MARKs."""
+    if "<" not in text and "&" not in text and "![" not in text and "$" not in text:
         return text
     out, prose, fence = [], [], None
     for line in text.splitlines(keepends=True):
@@ -383,7 +394,11 @@ def shown_literally(text: str) -> str:
 def _mark_prose(text: str) -> str:
     parts, at = [], 0
     for kept in _KEPT.finditer(text):
-        parts += [_mark_span(text[at : kept.start()]), kept.group(0)]
+        math = kept.group("math")
+        parts += [
+            _mark_span(text[at : kept.start()]),
+            MATH_MARK + math + MATH_MARK if math else kept.group(0),
+        ]
         at = kept.end()
     parts.append(_mark_span(text[at:]))
     return "".join(parts)
@@ -450,7 +465,8 @@ def typed_text(shown: str) -> str:
     """A message's text as the user typed it, from the text the page showed (``shown_literally``)."""
     if IMAGE_MARK in shown:
         shown = _IMAGE_LINK.sub(lambda m: "![" + m.group(1) + "](", shown)
-    return shown.replace("<" + MARK, "<").replace("&" + MARK, "&").replace("!" + MARK, "!")
+    shown = shown.replace("<" + MARK, "<").replace("&" + MARK, "&").replace("!" + MARK, "!")
+    return shown.replace(MATH_MARK, "")
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

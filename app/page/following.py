@@ -1,7 +1,7 @@
 """The view: one long-running ``follow`` event per tab renders its conversation (rendering.py:
 stored messages plus the live reply) after each action and while a reply streams in it; the
 once-a-second tick (ticks.py) keeps the status line and the sidebar current and has a chat changed
-elsewhere redrawn. Also the page's load and unload, and the chat's layout."""
+elsewhere redrawn. Also the page's load and the chat's layout (a tab's closing is TabState.tab_closed)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from ..chat.view import MATH_MARK
 from . import toasts
 from .page_view import SENT_AS_UPDATES, VIEW_SIZE, PageView
 from .scripts import ASKED_CHATS_JS, MARK_LOADED_JS, REMEMBER_SHOWN_CHAT_JS
@@ -25,12 +26,13 @@ FOLLOW_HANDOVER_S = 3.0  # how long a new follow waits for the one it replaces t
 RACE_S = 2.0
 RECHECK_AFTER_S = 1.0
 # Math in messages, as models write it: inline between $ … $ or \( … \), on its own line between
-# $$ … $$ or \[ … \] (Gradio's default, $$ alone, left `$x^2$` as typed). A price ("$5 and $10")
-# reads as math too, as in other chat apps that render $ … $.
+# $$ … $$ or \[ … \] (Gradio's default, $$ alone, left `$x^2$` as typed). Which $ … $ is math is
+# decided by view.shown_literally, which puts MATH_MARKs around it: with a bare "$" as a
+# delimiter, KaTeX took the text between two prices ("$5 and $10") for math.
 LATEX_DELIMITERS = [
     {"left": "$$", "right": "$$", "display": True},
     {"left": "\\[", "right": "\\]", "display": True},
-    {"left": "$", "right": "$", "display": False},
+    {"left": MATH_MARK + "$", "right": "$" + MATH_MARK, "display": False},
     {"left": "\\(", "right": "\\)", "display": False},
 ]
 IDLE_CHECK_S = 1.0  # how often an idle page looks at the status line
@@ -46,7 +48,7 @@ def changed_parts(now: PageView, last: PageView | None) -> set[str]:
 
 
 class ViewEvents(TabState):
-    """Renders a tab: the page's load, the follow after each action, the unload."""
+    """Renders a tab: the page's load, the follow after each action."""
 
     async def load_page(
         self, request: gr.Request, in_address: float | None = None, remembered: float | None = None
@@ -147,11 +149,6 @@ class ViewEvents(TabState):
             if raced:
                 tab.follows.recheck_at = tab.follows.ended_at + RECHECK_AFTER_S
 
-    async def unload(self, request: gr.Request) -> None:
-        session = request.session_hash if request is not None else None
-        self.replies.page_gone(session)
-        self.tabs.pop(session or "-", None)
-
     @staticmethod
     def chat_layout() -> SimpleNamespace:
         """The status line and the chat."""
@@ -173,7 +170,7 @@ class ViewEvents(TabState):
         return SimpleNamespace(status=status, chatbot=chatbot)
 
     def wire_view(self, demo: gr.Blocks, w: Wiring) -> None:
-        """The page's load and unload, the tick, and the redraws it asks for."""
+        """The page's load, the tick, and the redraws it asks for."""
         c = w.chats
         loaded = demo.load(
             self.load_page,
@@ -188,5 +185,4 @@ class ViewEvents(TabState):
         loaded.then(None, js=MARK_LOADED_JS)
         # the list's value may not change at the load (the chat asked for was gone): the address names the chat shown
         loaded.then(None, inputs=c.conv_list, js=REMEMBER_SHOWN_CHAT_JS, **QUICK)
-        demo.unload(self.unload)
         self.wire_tick(w)

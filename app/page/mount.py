@@ -1,6 +1,7 @@
 """The page served on a FastAPI app: Gradio mounted at ``/``, its queue tuned
 (gradio_patches.py), and the page's guards around it: the login wall (access.py), the
-Content-Security-Policy (csp.py) and the early answer for an event stream of a gone session."""
+Content-Security-Policy (csp.py), the early answer for an event stream of a gone session and
+the beacon of a tab that goes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from .access import PageGuard
 from .csp import page_csp
 from .css import PAGE_CSS
 from .gradio_patches import keep_session_queues, quiet_queue
-from .scripts import PAGE_JS
+from .scripts import PAGE_JS, TAB_CLOSED_PATH
 from .ui import chat_page
 
 STATIC = (
@@ -63,13 +64,42 @@ class StreamOfGoneSession:
         await self.app(scope, receive, send)
 
 
+class TabClosedBeacon:
+    """Takes a page's beacon as its tab goes (``POST /tab-closed``: the tab's Gradio session in
+    its body: page.js, sayWhenTheTabGoes) and closes that tab (``close``: TabState.tab_closed),
+    answering 204. It stands for Gradio's heartbeat stream, which each tab held open to say the
+    same by closing it: a seventh tab of the app in one browser then never loaded (Chromium opens
+    six connections per host). Inside the page's guards: only the page's own browser sends it."""
+
+    def __init__(self, app, close) -> None:
+        self.app, self.close = app, close
+
+    async def __call__(self, scope, receive, send) -> None:
+        if not (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"].endswith("/" + TAB_CLOSED_PATH)
+        ):
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more and len(body) <= 200:  # a session is a dozen characters
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        session = body[:200].decode("utf-8", "replace").strip()
+        if session:
+            self.close(session)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
 def end_streams_on_exit(app, gradio_app, stop_replies) -> None:
     """As the server begins to stop (it calls ``app.state.exit_hooks``: engine/api/server.py,
     remote_app.py), the replies in flight end as stopped (``stop_replies``: their text kept, not
-    an error), and so do the tabs' heartbeat streams (Gradio's, to see a tab close): those end
-    only when the Gradio app's ``stop_event`` is set, which ``Blocks.close`` does for a launched
-    app but nothing does for a mounted one, so the server waited for them and then cancelled
-    them, logging a traceback per tab."""
+    an error), and so does any heartbeat stream of Gradio's (the page opens none: a page from
+    before TabClosedBeacon may): those end only when the Gradio app's ``stop_event`` is set,
+    which ``Blocks.close`` does for a launched app but nothing does for a mounted one, so the
+    server waited for them and then cancelled them, logging a traceback per tab."""
     hooks = getattr(app.state, "exit_hooks", None)
     if hooks is None:
         hooks = app.state.exit_hooks = []
@@ -117,6 +147,7 @@ def mount_ui(
     end_streams_on_exit(app, page.app, page_state.replies.stop_for_exit)
     app.state.exit_hooks.append(page_state.close_tools_soon)  # MCP servers end with the app
     page.app = StreamOfGoneSession(page.app, getattr(demo, "_queue", None))
+    page.app = TabClosedBeacon(page.app, page_state.tab_closed)
     if page_key is not None:
         page.app = PageGuard(page.app, page_key, api_key)
     page.app = page_csp(page.app)  # outermost of the page's: its login form too

@@ -11,6 +11,7 @@ from importlib.resources import files
 
 from ..chat.store import ChatSettings
 from .css import NARROW_QUERY
+from .tabs import TAB_SILENT_S
 
 ANSWER_WAIT_S = 15.0  # how long an event that takes the box waits for the answer of the one before
 # The title box, the settings and the backend, in the order of ChatPage.fields (the page's tab_fields)
@@ -34,6 +35,8 @@ SHOWN_CHAT_KEY = "minisgl-chat:shown"  # the chat the tab showed last, in the br
 NEW_CHAT = "new"
 # the names of the files attached in a tab, in the tab's own storage: said after a reload
 ATTACHED_KEY = "minisgl-chat:attached"
+# where a page's beacon goes as its tab goes (mount.TabClosedBeacon), from the page's address
+TAB_CLOSED_PATH = "tab-closed"
 
 # What page.js reads as `config` (its header says what each is for).
 PAGE_CONFIG = {
@@ -44,6 +47,8 @@ PAGE_CONFIG = {
     "shownChatKey": SHOWN_CHAT_KEY,
     "newChat": NEW_CHAT,
     "attachedKey": ATTACHED_KEY,
+    "tabClosedPath": TAB_CLOSED_PATH,
+    "tabSilentMs": round(TAB_SILENT_S * 1000),
     "sliderDefaults": {
         "temperature": ChatSettings.temperature,
         "top-p": ChatSettings.top_p,

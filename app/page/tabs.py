@@ -4,6 +4,7 @@ finds a tab's state and reads the chat it shows: the base of every panel's handl
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,11 @@ SEND_CHANGED_ELSEWHERE = (
     "This chat changed in another tab — it has been reloaded. Your message is still in the box: "
     "send it again to add it to the chat as it is now."
 )
+# A tab none of whose events came for this long is taken as closed (TabState.close_silent_tabs):
+# a tab ticks every second, a hidden one at least once a minute (Chromium throttles the timers of
+# hidden tabs to that), so only a tab that went without a word (its browser crashed, or froze it)
+# is this silent.
+TAB_SILENT_S = 180.0
 DELETED_ELSEWHERE = "This chat was deleted in another tab."
 SEND_DELETED_ELSEWHERE = (
     DELETED_ELSEWHERE
@@ -142,6 +148,7 @@ class Tab:
     draft: Draft = field(default_factory=Draft)
     events: Events = field(default_factory=Events)
     meter: Meter = field(default_factory=Meter)
+    seen_at: float = field(default_factory=time.monotonic)  # when an event of the tab last came
 
 
 class TabState:
@@ -156,7 +163,25 @@ class TabState:
 
     def tab(self, request: gr.Request | None) -> Tab:
         key = request.session_hash if request is not None and request.session_hash else "-"
-        return self.tabs.setdefault(key, Tab(new_chat_settings=self.store.default_settings()))
+        tab = self.tabs.setdefault(key, Tab(new_chat_settings=self.store.default_settings()))
+        tab.seen_at = time.monotonic()
+        return tab
+
+    def tab_closed(self, session: str) -> None:
+        """The tab of ``session`` is gone: its replies stop unless a page shows them again soon
+        (ReplyManager.page_gone), and its state goes. A page says so as it goes (its beacon:
+        mount.TabClosedBeacon); one that went without a word is found by its silence
+        (close_silent_tabs). Not Gradio's unload event: the heartbeat stream it needs held one of
+        the browser's six connections to the app for as long as the tab was open."""
+        self.replies.page_gone(session)
+        self.tabs.pop(session, None)
+
+    def close_silent_tabs(self) -> None:
+        """Close each tab none of whose events came for TAB_SILENT_S (every tab's tick calls it)."""
+        now = time.monotonic()
+        for session, tab in list(self.tabs.items()):
+            if now - tab.seen_at > TAB_SILENT_S:
+                self.tab_closed(session)
 
     def shown(self, tab: Tab):
         """The tab's conversation (None for a new chat); a deleted one turns the tab to a new chat."""

@@ -29,7 +29,8 @@ class Ticks(TabState):
 
     async def tick(self, editing: bool, request: gr.Request):
         """Every second: the status line, the sidebar when another chat starts or ends replying,
-        and what the tab's replies have to say (a toast: ReplyManager.notices).
+        and what the tab's replies have to say (a toast: ReplyManager.notices); tabs gone silent
+        are closed (TabState.close_silent_tabs).
 
         Once after a follow that took over from another one, the whole view: the browser runs
         the follows of a tab as separate submissions and does not keep their order (a message of
@@ -42,6 +43,7 @@ class Ticks(TabState):
         tab = self.tab(request)
         session = request.session_hash if request is not None else None
         self.replies.page_seen(session, tab.conv_id)
+        self.close_silent_tabs()
         for notice in self.replies.take_notices(session):
             toasts.inform(notice)
         following = tab.follows.following is not None and not tab.follows.following.is_set()
@@ -131,8 +133,8 @@ class Ticks(TabState):
         # while the browser has not yet seen that close has its messages (a render, a toast)
         # held on the server until a later queued event opens a stream: a refused setting's toast
         # or a New chat's render would never be shown. Not an event as long as the tab instead:
-        # with Gradio's heartbeat that holds two of the browser's six connections to the server
-        # per tab, and a fourth tab would never load. trigger_mode "multiple": a tick so held (it
+        # that would hold one of the browser's six connections to the server per tab, and a
+        # seventh tab would never load. trigger_mode "multiple": a tick so held (it
         # was the event accepted in that moment) would stop every later tick under Gradio's
         # default ("once": no new run while one is pending), and with them the stream that brings
         # held messages: the page would stand still until the person did something. A tick does

@@ -9,6 +9,8 @@
 //   attachedKey     the names of the files attached in the tab, in the tab's own storage
 //   shownChatKey    the chat the tab showed last, in the browser's storage
 //   sliderDefaults  each slider's value in a new chat, by its element id (its ↺ puts it back)
+//   tabClosedPath   where the page's beacon goes as its tab goes, from the page's address
+//   tabSilentMs     how long a tab may send nothing before the app takes it as closed
 // It sets the window.minisgl* functions that the events' own small functions (scripts.*_JS, one
 // call each) run in the browser before or after their handler.
 //
@@ -57,6 +59,28 @@ function minisglStartPage(config) {
   placeToastsOverTheSidebar(config);
   chatListByKeyboard();
   narrowSidebar(config);
+  sayWhenTheTabGoes(config);
+}
+
+// The app learns that a tab went from the tab itself: a beacon as the page goes (a reload, a
+// close, another address), which stops the tab's replies unless a page shows them again soon
+// (TabState.tab_closed). Not from Gradio's heartbeat, a stream each tab held open as long as it
+// lived: the browser's six connections to the app were then all held by six tabs, and a seventh
+// never loaded. A tab that sent nothing for config.tabSilentMs is taken as closed too (its browser
+// froze it, or crashed): a page the app has let go (kept by the browser for Back, or frozen that
+// long) reloads when shown again, as the app no longer knows what it shows.
+function sayWhenTheTabGoes(config) {
+  window.addEventListener('pagehide', () => {
+    const session = window.__gradio_session_hash__;
+    if (session) navigator.sendBeacon(config.tabClosedPath, session);
+  });
+  window.addEventListener('pageshow', (e) => { if (e.persisted) location.reload(); });
+  let frozenAt = null;
+  document.addEventListener('freeze', () => { frozenAt = Date.now(); });
+  document.addEventListener('resume', () => {
+    if (frozenAt !== null && Date.now() - frozenAt > config.tabSilentMs) location.reload();
+    frozenAt = null;
+  });
 }
 
 // The events that take the message box's text: the clicks that show another chat (a chat in the
@@ -355,7 +379,7 @@ function answerKeys() {
 // The tick asks the server once a second (Ticks.wire_tick). Unanswered for UNANSWERED_MS, the
 // page says it cannot reach the app, in a note over the status line, instead of waiting without
 // a word: the browser's six connections to one host may all be held by other tabs of the app (a
-// tab's event stream and Gradio's heartbeat each hold one), or the app stopped. Read at each tick
+// tab's event stream holds one while its events run), or the app stopped. Read at each tick
 // asked (minisglEditing) and answered (minisglTickAnswered).
 const UNANSWERED_MS = 8000;
 const ticks = {answeredAt: Date.now()};
@@ -391,11 +415,13 @@ function resetSlidersToDefaults(config) {
 }
 
 // HTML in a message is shown as text by a mark after its "<" (view.shown_literally), an image as
-// a link whose alt text is between two marks (U+2062): what is copied (Copy, a code block's copy,
-// a selection) is the text as typed, without the marks (view.typed_text)
+// a link whose alt text is between two marks (U+2062), inline math between two marks (U+2063):
+// what is copied (Copy, a code block's copy, a selection) is the text as typed, without the marks
+// (view.typed_text)
 function keepTypedTextTyped() {
   const unmark = (text) => String(text).replace(/\[🖼 \u2062([^\u2062]*)\u2062[^\]\u2062]*\]\(/g, '![$1](')
-    .replace(/([<&!])\u2060/g, '$1');
+    .replace(/([<&!])\u2060/g, '$1').replace(/\u2063/g, '');
+  const hasMarks = /[<&!]\u2060|[\u2062\u2063]/;
   if (navigator.clipboard && navigator.clipboard.writeText) {
     const write = navigator.clipboard.writeText.bind(navigator.clipboard);
     navigator.clipboard.writeText = (text) => write(unmark(text));
@@ -404,7 +430,7 @@ function keepTypedTextTyped() {
     const box = document.activeElement;
     const text = box && 'selectionStart' in box && typeof box.value === 'string'
       ? box.value.slice(box.selectionStart, box.selectionEnd) : String(getSelection());
-    if (/[<&!]\u2060|\u2062/.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
+    if (hasMarks.test(text) && e.clipboardData) { e.clipboardData.setData('text/plain', unmark(text)); e.preventDefault(); }
   }, true);
   // ✓ (or Enter) in an edit box: Gradio shows the edited text as Markdown at once, before the
   // page's answer redraws it as typed, so an <img src=x> typed there would be fetched. The
@@ -424,7 +450,7 @@ function keepTypedTextTyped() {
   // mark in the message saved
   const unmarkEditBoxes = () => {
     for (const box of document.querySelectorAll('#chatbot textarea.edit-textarea')) {
-      if (!/[<&!]\u2060|\u2062/.test(box.value)) continue;
+      if (!hasMarks.test(box.value)) continue;
       box.value = unmark(box.value);
       box.dispatchEvent(new Event('input', {bubbles: true}));  // Gradio's copy of the box's text follows
     }

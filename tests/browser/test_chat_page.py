@@ -727,6 +727,22 @@ def test_reload_mid_reply_and_closing_the_tab(tab, app):
     assert time.monotonic() - t0 < 5
 
 
+def test_closing_a_tab_stops_the_reply_it_left_streaming_in_another_chat(tab, app):
+    """A tab says it goes as its page goes (a beacon: page.js, sayWhenTheTabGoes), not through
+    Gradio's heartbeat stream, which held one of the browser's six connections per tab. A reply
+    the tab started in a chat it no longer shows (no event of the tab follows it) stops too."""
+    page = tab().page
+    new_chat(page, max_tokens=3000)
+    send(page, story("Margay"))
+    assert wait_until(lambda: running(app) == 1, 30), app.metrics()
+    open_new_chat(page)  # the reply goes on in its chat, which the tab no longer shows
+    assert running(app) == 1, "the reply stopped when its tab showed another chat"
+    page.close()
+    assert wait_until(lambda: engine_idle(app), 10), (
+        f"closing the tab did not stop its reply: {app.metrics()}"
+    )
+
+
 # ---- 7. temperature and top-p steps
 
 

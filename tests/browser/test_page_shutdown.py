@@ -1,4 +1,4 @@
-"""Stopping the chat app while a tab is open and a reply streams in it: SIGTERM (what `kill` and
+"""Stopping the chat app while tabs are open and a reply streams in one: SIGTERM (what `kill` and
 systemd send) ends it within seconds, writes no traceback, and the reply cut short is kept as a
 stopped reply (its text, no error notice in it)."""
 
@@ -22,9 +22,16 @@ pytestmark = BROWSER_MARKS
 
 
 def test_sigterm_with_a_reply_streaming_exits_in_5_s_without_a_traceback(browser, chat_app):
-    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    """Three tabs open in one browser, a reply streaming in one of them (issue 45, item 7: one
+    tab made the exit take 7 s and log a traceback)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
     chat = None
     try:
+        for _ in range(2):  # two more tabs, idle
+            other = context.new_page()
+            other.goto(chat_app.page_url)
+            wait_page_loaded(other)
         page.goto(chat_app.page_url)
         wait_page_loaded(page)
         open_new_chat(page)
@@ -37,11 +44,12 @@ def test_sigterm_with_a_reply_streaming_exits_in_5_s_without_a_traceback(browser
         chat_app.stop()  # SIGTERM to the app's process, as `kill` sends
         took = time.monotonic() - start
     finally:
-        page.close()
+        context.close()
         chat_app.start_again()  # the other tests' app
     log = log_path.read_text(errors="replace")
     assert took < 5, f"the app took {took:.1f} s to exit after SIGTERM"
     # the heartbeat stream of each open tab used to be cancelled by uvicorn after its 2 s grace
+    # (the page opens none now; a page open across an upgrade still may)
     assert "Traceback" not in log and "graceful shutdown exceeded" not in log, log[-3000:]
 
     page = browser.new_page(viewport={"width": 1280, "height": 860})

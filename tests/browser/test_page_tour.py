@@ -27,6 +27,7 @@ from minisgl_app.chat.store.import_file import EXPORT_FORMAT
 pytestmark = BROWSER_MARKS
 
 BOX = "#msg-input textarea"
+COPY = "#chatbot .message-buttons-left button[aria-label='Copy message']"
 
 
 @pytest.fixture
@@ -390,6 +391,36 @@ def test_a_reply_aligns_its_table_columns_and_renders_inline_math(open_page, app
     assert aligns == ["left", "right", "left", "right"], aligns
     assert reply.locator(".katex").count() == 2, reply.inner_html()[:500]
     assert "$x^2$" not in reply.inner_text(), reply.inner_text()
+
+
+def test_prices_stay_prose_while_dollar_math_still_renders(open_page, app):
+    """With `$ … $` as math, "It costs $5 and $10." showed "It costs" and a typeset "5 and "
+    (the text between two prices). A `$` opens math only before a non-space and closes it only
+    after a non-space and before no digit (Pandoc's rule); `\\$` is a dollar."""
+    prices, math = "It costs $5 and $10.", "Square it: $x^2$. Escaped: \\$3 and \\$4."
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Priced Genet")
+        store.append(conv.id, "user", "Genet: how much?")
+        store.append(conv.id, "assistant", prices)
+        store.append(conv.id, "user", "Genet: and some math?")
+        store.append(conv.id, "assistant", math)
+    page = open_page(1280, 800, chat_id=conv.id)
+    replies = page.locator(REPLY)
+    assert wait_until(lambda: replies.count() == 2, 10), page.inner_text("#chatbot")[:300]
+    with_math = replies.nth(1)
+    with_math.locator(".katex").first.wait_for(timeout=10_000)
+    priced = replies.nth(0)
+    assert priced.locator(".katex, math").count() == 0, priced.inner_html()[:500]
+    assert priced.inner_text().strip() == prices, priced.inner_text()
+    assert with_math.locator(".katex").count() == 1, with_math.inner_html()[:500]
+    shown = with_math.inner_text()
+    assert "Escaped: $3 and $4." in shown and "$x^2$" not in shown, shown
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.evaluate("navigator.clipboard.writeText('')")
+    with_math.hover()
+    page.locator(COPY).filter(visible=True).last.click()  # the last reply's (its line has none)
+    assert wait_until(lambda: page.evaluate("navigator.clipboard.readText()"), 5), "none copied"
+    assert page.evaluate("navigator.clipboard.readText()") == math  # as typed, without marks
 
 
 A_YEAR_AGO = time.time() - 365 * 86400

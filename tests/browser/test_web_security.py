@@ -41,6 +41,7 @@ ROUTES = [
     ("GET", "/gradio_api/info"),
     ("POST", "/gradio_api/call/load_page"),
     ("POST", "/gradio_api/queue/join"),
+    ("POST", "/tab-closed"),
     ("GET", "/v1/models"),
     ("POST", "/v1/chat/completions"),
     ("GET", "/metrics"),
@@ -200,6 +201,7 @@ def test_refusals_are_logged_without_bodies(app):
         ("POST", "/v1/chat/completions"),
         ("POST", "/gradio_api/queue/join"),
         ("POST", "/gradio_api/upload"),
+        ("POST", "/tab-closed"),
     ],
 )
 def test_foreign_origin_cannot_change_state(app, method, path):
@@ -340,6 +342,7 @@ def test_the_pages_events_need_the_page_key(app):
         ("GET", "/"),
         ("GET", "/gradio_api/info"),
         ("POST", "/gradio_api/upload"),
+        ("POST", "/tab-closed"),
         ("GET", f"/gradio_api/file={app.data_dir / 'chats.sqlite3'}"),
         ("GET", "/theme.css"),
     ]:

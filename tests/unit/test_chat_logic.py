@@ -522,6 +522,31 @@ def uploaded(page, file) -> str:
 
 
 @pytest.mark.anyio
+async def test_a_tab_silent_for_long_is_closed_by_another_tabs_tick(store, monkeypatch) -> None:
+    """Without Gradio's heartbeat stream (it held a connection per tab: a seventh tab never
+    loaded), a tab that went without its beacon (its browser crashed, or froze it) is known by
+    its silence: no event of it for TAB_SILENT_S. Another tab's tick closes it: its reply stops
+    as a closed tab's, its state goes; the ticking tab is kept."""
+    from minisgl_app.page import tabs
+    from minisgl_app.page.ui import ChatPage
+
+    monkeypatch.setattr(live, "ORPHAN_GRACE_S", 0.05)
+    monkeypatch.setattr(tabs, "TAB_SILENT_S", 0.2)
+    page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)
+    gone, ticking = FakeRequest(), FakeRequest()
+    ticking.session_hash = "tab-2"
+    await page.send(" ".join(["w"] * 200), SETTINGS, 1000.0, gone)
+    conv_id = page.tab(gone).conv_id
+    assert page.replies.is_busy(conv_id)
+    for _ in range(4):  # only the other tab's events come
+        await page.tick(False, ticking)
+        await asyncio.sleep(0.1)
+    await until_idle(page.replies)
+    assert set(page.tabs) == {"tab-2"}, set(page.tabs)
+    assert store.get(conv_id).messages[-1].stats.stopped_by == live.TAB_CLOSED
+
+
+@pytest.mark.anyio
 async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(store) -> None:
     """Enter then Stop at once: Gradio may start the two events in either order. Both carry the
     browser's click time: a Stop that found nothing to stop stops a message clicked before it,
@@ -2236,6 +2261,17 @@ async def test_manage_actions_start_hidden_and_the_first_render_shows_them_for_a
     assert manage_shown(page.render(page.tab(request))) == (True, False)
 
 
+def test_the_page_asks_gradio_for_no_heartbeat_stream(store) -> None:
+    """Gradio opens a heartbeat stream per tab, held as long as the tab lives, when the page has
+    an unload event or a gr.State (utils.connect_heartbeat): six tabs then held all six of
+    Chromium's connections to the app, and a seventh never loaded. The page has neither (a tab's
+    end is TabState.tab_closed)."""
+    from minisgl_app.page.ui import ChatPage
+
+    demo = ChatPage(FakeClient(FakeEngine()), store).build()
+    assert demo.get_config_file()["connect_heartbeat"] is False
+
+
 @pytest.mark.anyio
 async def test_a_new_chat_starts_from_the_settings_of_the_chat_shown_when_new_chat_is_pressed(
     store,
@@ -2601,6 +2637,28 @@ def test_a_messages_images_show_as_links_and_copy_or_edit_gives_them_back_as_typ
         assert view.typed_text(shown) == text, (text, shown)
     for code in ("`![x](http://e.example/y.png)`", "```\n![x](http://e.example/y.png)\n```"):
         assert view.shown_literally(code) == code
+
+
+def test_inline_math_follows_pandocs_dollar_rule_and_prices_stay_prose() -> None:
+    """Issue 45, item 15: with a bare "$" as KaTeX's delimiter, "It costs $5 and $10." showed the
+    text between the prices as math. Inline math is found by Pandoc's rule (a non-space after the
+    opening "$", a non-space before the closing one and no digit after it, "\\$" a dollar, no
+    blank line inside) and put between MATH_MARKs, the page's delimiters; typed_text gives the
+    text back."""
+    m = view.MATH_MARK
+    cases = {
+        "It costs $5 and $10.": "It costs $5 and $10.",
+        "$5-$10, US$5 or US$10": "$5-$10, US$5 or US$10",
+        "Square it: $x^2$.": f"Square it: {m}$x^2${m}.",
+        "costs $5 and $x^2$": f"costs $5 and {m}$x^2${m}",
+        "\\$3 and \\$4": "\\$3 and \\$4",
+        "$a \\$ b$ and $a<b$": f"{m}$a \\$ b${m} and {m}$a<b${m}",
+        "$ x $ and $a\n\nb$": "$ x $ and $a\n\nb$",
+        "$$\\frac12$$ and `$x$`": "$$\\frac12$$ and `$x$`",
+    }
+    for text, shown in cases.items():
+        assert view.shown_literally(text) == shown, (text, view.shown_literally(text))
+        assert view.typed_text(shown) == text
 
 
 def test_a_long_chat_shows_its_last_messages_under_a_line_that_shows_earlier_ones(store) -> None:
