@@ -259,6 +259,7 @@ print(llm.generate(['The capital of France is'])[0])
     groupweights)  # 4- and 8-bit weights on the GPU (GGUF kept quantized, --quantization int4|int8): the kernels'
       # tests compiled and the agreement tests, the one-row kernel's plans at the 8B shapes, then batch-1 decode
       # (GROUP_TESTS: the test files; GROUP_RUNS: config:quantization pairs; GROUP_ARGS: the bench's shape)
+      [ -d .tiny/model ] && export MINISGL_GPU_GGUF_MODEL=$PWD/.tiny/model
       # shellcheck disable=SC2086
       timeout 300 python3 -m pytest -q -s -p no:cacheprovider ${GROUP_TESTS:-tests/gpu/test_group_kernels.py tests/gpu/test_cuda.py} -k "group or gguf_stays or quantized_at_load" 2>&1 | tee "$OUT/groupweights.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
