@@ -79,13 +79,15 @@ def tool_loop_for(
     conv: Conversation, path: list[Message], request: GenerateRequest, box: ToolBox, source
 ) -> tuple[GenerateRequest, ToolLoop | None]:
     """The reply's tool loop, when the chat offers tools that run now and its source can call
-    them (the local engine): then ``request`` reads the chat with its earlier tool calls."""
+    them (its ``tool_wire``: this machine's engine, or a remote that takes OpenAI ``tools``):
+    then ``request`` reads the chat with its earlier tool calls."""
     s = conv.settings
     tools = box.offered(s.tools)
-    if not tools or not hasattr(source, "tool_format"):
+    wire = getattr(source, "tool_wire", None)
+    if not tools or wire is None:
         return request, None
     forced = [t for t in tools if s.tool_choice in ("required", tool_key(t))]
-    loop = ToolLoop(box, tools, forced, set(s.always_allow), source.tool_format)
+    loop = ToolLoop(box, tools, forced, set(s.always_allow), wire)
     messages = tool_messages(replace(conv, messages=path), s)
     return replace(request, messages=messages), loop
 

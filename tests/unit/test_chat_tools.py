@@ -26,6 +26,7 @@ from minisgl_app.chat.tool_loop import (
     DENIED,
     ROUND_LIMIT,
     STOPPED,
+    EngineTools,
     ToolBox,
     ToolLoop,
     ToolStep,
@@ -231,9 +232,10 @@ async def test_calls_past_the_round_limit_are_not_run():
 
 
 class LocalSource:
-    """What tool_loop_for asks of the chat's source: the template's tool format (none)."""
+    """What tool_loop_for asks of the chat's source: how tools reach its model (this machine's
+    engine, whose template knows no tools)."""
 
-    tool_format = None
+    tool_wire = EngineTools(None)
 
 
 @pytest.mark.anyio
@@ -318,3 +320,48 @@ def test_a_settings_form_saved_keeps_the_chats_tools():
         "test/add",
         0.0,
     )
+
+
+# ---- a remote's tools
+
+
+def test_a_remotes_streamed_tool_call_pieces_are_joined_into_one_call():
+    from openai.types.chat import ChatCompletionChunk
+
+    from minisgl_app.chat.remote_wire import ReplyTally
+
+    def chunk(delta: dict, finish: str | None = None) -> ChatCompletionChunk:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return ChatCompletionChunk.model_validate(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "m",
+                "choices": [choice],
+            }
+        )
+
+    def piece(**function) -> dict:
+        return {"index": 0, "id": "call_1" if "name" in function else None, "function": function}
+
+    tally = ReplyTally()
+    assert tally.add(chunk({"content": "Let me add. "})) == "Let me add. "
+    tally.add(chunk({"tool_calls": [piece(name="add", arguments='{"a": 2, ')]}))
+    tally.add(chunk({"tool_calls": [piece(arguments='"b": 40}')]}, "tool_calls"))
+    [call] = tally.calls().calls
+    assert (call.id, call.name, json.loads(call.arguments)) == ("call_1", "add", {"a": 2, "b": 40})
+    assert tally.ended("the remote").finish_reason == "stop"
+
+
+def test_a_remote_reads_the_chats_calls_as_openai_messages_with_a_forced_tool():
+    from minisgl_app.chat.remote_wire import OpenAITools
+
+    turns = call_turns(
+        "Sum: ", [ToolCallRecord("c1", "test/add", '{"a": 1, "b": 1}', 5, "done", "2")]
+    )
+    asked = OpenAITools().ask(request(), request().messages + turns, [ADD], [ADD])
+    assert asked.tool_choice == {"type": "function", "function": {"name": "add"}}
+    assert asked.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"a": 1, "b": 1}'
+    assert asked.messages[2] == {"role": "tool", "tool_call_id": "c1", "content": "2"}
+    assert OpenAITools().ask(request(), [], [ADD], []).tool_choice == "auto"
