@@ -105,6 +105,13 @@ def pick_import_file(page, path) -> None:
     chooser.value.set_files(str(path))
 
 
+def attach_file(page, path) -> None:
+    """Attach a file with the page's Attach button, as a person does (the chooser)."""
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach-btn")
+    chooser.value.set_files(str(path))
+
+
 def send(page, text: str) -> None:
     """Type a message and press Enter, as a person does."""
     page.fill("#msg-input textarea", text)
