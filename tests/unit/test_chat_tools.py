@@ -365,3 +365,45 @@ def test_a_remote_reads_the_chats_calls_as_openai_messages_with_a_forced_tool():
     assert asked.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"a": 1, "b": 1}'
     assert asked.messages[2] == {"role": "tool", "tool_call_id": "c1", "content": "2"}
     assert OpenAITools().ask(request(), [], [ADD], []).tool_choice == "auto"
+
+
+# ---- a streamable-HTTP MCP server
+
+
+@pytest.mark.anyio
+async def test_a_streamable_http_server_added_by_url_lists_and_runs_its_tools(store, tmp_path):
+    import socket
+    import subprocess
+
+    from server_utils import wait_until
+
+    from minisgl_engine import free_port
+
+    port = free_port()
+    log = (tmp_path / "mcp-http.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, SERVER, "--http", str(port)], stdout=log, stderr=subprocess.STDOUT
+    )
+
+    def listening() -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    box = ToolBox()
+    try:
+        assert await asyncio.to_thread(wait_until, listening, 30), "the HTTP server did not start"
+        record = store.add_tool_server("web", url=f"http://127.0.0.1:{port}/mcp")
+        assert [(r.name, r.url) for r in store.tool_servers()] == [("web", record.url)]
+        assert {t.name for t in await box.start(record)} == {"add", "slow", "fail", "hang"}
+        assert await box.call("web/add", {"a": 2, "b": 40}) == ToolResult("42")
+        failed = await box.call("web/fail", {"reason": "no network"})
+        assert failed.is_error and "no network" in failed.text
+        await box.stop("web")
+        assert await box.call("web/add", {"a": 1, "b": 1}) == ToolResult(
+            "the MCP server 'web' is not running", True
+        )
+    finally:
+        await box.close()
+        proc.terminate()
+        proc.wait(10)
+        log.close()
