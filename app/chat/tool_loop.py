@@ -216,6 +216,20 @@ class EngineTools:
         return TextCalls(ToolCallParser(self.tool_format or DEFAULT_TOOL_FORMAT))
 
 
+CALLS = "tool_call_records"  # a stored reply's calls, on its message until it is spelled out
+
+
+def spelled_out(messages: list[dict]) -> list[dict]:
+    """``messages`` as the model reads them: each one that carries its reply's calls (CALLS: one
+    message per stored message, so that a chat is fitted to the context by whole turns) as its
+    call turns (``call_turns``); the others as they are."""
+    out: list[dict] = []
+    for m in messages:
+        calls = m.get(CALLS)
+        out += call_turns(m["content"], list(calls)) if calls else [m]
+    return out
+
+
 def call_turns(content: str, calls: list[ToolCallRecord]) -> list[dict]:
     """A reply's calls as the model reads them back: per call offset, the text before it as an
     assistant turn with its calls, then one ``tool`` turn per call; the text after the last
@@ -286,6 +300,11 @@ class ToolLoop:
     decisions: dict[str, asyncio.Future] = field(default_factory=dict)  # call id -> decision
     shown: int = 0  # characters of reply text yielded so far (where a call sits)
 
+    def first_round(self, request: GenerateRequest) -> GenerateRequest:
+        """What the reply's first round asks: ``request``'s chat spelled out, with the tools
+        offered (and the forced call), as the model reads it; fitting the chat counts this."""
+        return self.wire.ask(request, spelled_out(request.messages or []), self.tools, self.forced)
+
     def waiting(self) -> list[ToolCallRecord]:
         """The calls that wait for the user's decision now (not those of the round that wait
         for the calls before them)."""
@@ -306,7 +325,7 @@ class ToolLoop:
     ) -> AsyncIterator[UserReply | PromptProgressMsg | ToolStep]:
         """The reply through every round: its text (tool-call blocks left out), the reply's
         calls as ToolSteps, and its end once the model answers without calling a tool."""
-        messages = list(request.messages or [])
+        messages = spelled_out(request.messages or [])
         spent = 0  # tokens of the rounds before
         for round_no in range(self.max_rounds + 1):
             forced = self.forced if round_no == 0 else []
