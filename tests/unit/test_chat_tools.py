@@ -407,3 +407,19 @@ async def test_a_streamable_http_server_added_by_url_lists_and_runs_its_tools(st
         proc.terminate()
         proc.wait(10)
         log.close()
+
+
+def test_the_markdown_export_places_each_call_where_the_model_made_it(store):
+    conv = store.create("tools")
+    store.append(conv.id, "user", "2 + 40, then 1 + 1?")
+    reply = store.append(conv.id, "assistant", "")
+    text = "Let me add.\nFirst: 42. Then: 2."
+    first = ToolCallRecord(
+        "c1", "test/add", '{"a": 2, "b": 40}', len("Let me add.\n"), "done", "42"
+    )
+    second = ToolCallRecord("c2", "test/add", '{"a": 1, "b": 1}', len(text) - 2, "done", "2")
+    store.update_message(reply.id, text, tool_calls=(first, second))
+    md = store.export_markdown(conv.id)
+    order = [md.index(s) for s in ("Let me add.", '"b": 40', "First: 42. Then:", '"b": 1}', "2.\n")]
+    assert order == sorted(order), md
+    assert md.count("**Tool call** `test/add` (done):") == 2
