@@ -230,6 +230,16 @@ def add_test_tool_server(page, pid_file: Path, name: str = "test") -> None:
     assert wait_until(lambda: "hang" in page.inner_text("#tool-servers"), 60)
 
 
+def remove_tool_server(page, name: str = "test") -> None:
+    """Remove (by name) in the Tools panel: the server stops and is forgotten."""
+    if not page.locator("#tool-server-name textarea").is_visible():
+        page.click('#tools >> text="Tools"')
+        page.click("#add-tool-server >> text=Add an MCP server")
+    page.fill("#tool-server-name textarea", name)
+    page.click("#remove-tool-server-btn")
+    assert wait_until(lambda: "hang" not in page.inner_text("#tool-servers"), 30)
+
+
 def pick_tool(page, tool: str) -> None:
     """The chat may call ``tool``, and must call it first in each reply."""
     page.click(f"#chat-tools label:has-text('{tool}')")

@@ -19,6 +19,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     open_new_chat,
     pick_tool,
     put_setting,
+    remove_tool_server,
     wait_page_loaded,
 )
 from server_utils import wait_until
@@ -94,10 +95,7 @@ def test_a_forced_tool_call_is_approved_denied_and_stopped(page, chat_app, tmp_p
     assert "test/hang · stopped" in chat_lines(page)
 
     # Remove: the server's process ends
-    page.click('#tools >> text="Tools"')
-    page.click("#add-tool-server >> text=Add an MCP server")
-    page.fill("#tool-server-name textarea", "test")
-    page.click("#remove-tool-server-btn")
+    remove_tool_server(page)
     assert wait_until(lambda: not alive(pid), 30), "the MCP server's process is still running"
 
 

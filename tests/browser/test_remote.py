@@ -22,6 +22,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     chat_lines,
     open_new_chat,
     pick_tool,
+    remove_tool_server,
     send,
     wait_page_loaded,
 )
@@ -454,22 +455,25 @@ def test_a_remote_chat_calls_the_pages_mcp_tool_after_approval_and_goes_on(
     page = open_remote_page(browser, app)
     new_greedy_chat(page, 64)  # room for a call (the grammar lets the model write a long number)
     add_test_tool_server(page, tmp_path / "pid")
-    pick_tool(page, "test/add")
-    before = engine_figures(srv)
-    ask_and_wait_for_approval(page, "What is 2 + 40?", "test/add")
-    page.click("#allow-once-btn")
-    assert wait_until(lambda: "test/add · done" in chat_lines(page), 180), chat_lines(page)
-    assert wait_until(lambda: "tokens" in stats_text(page), 180), stats_text(page)
-    after = engine_figures(srv)
-    rounds = after["requests_finished_total"] - before["requests_finished_total"]
-    assert rounds == 2, "the call's round, then the answer with its result"
-    page.locator(LINE, has_text="test/add · done").locator("button").first.click()
-    opened = page.locator(LINE, has_text="test/add · done").inner_text()
-    found = re.search(r"Arguments:\s*(\{.*?\})\s*Result:\s*(-?\d+)", opened, re.S)
-    assert found, opened
-    arguments = json.loads(found.group(1))
-    assert int(found.group(2)) == arguments["a"] + arguments["b"], opened
-    page.close()
+    try:
+        pick_tool(page, "test/add")
+        before = engine_figures(srv)
+        ask_and_wait_for_approval(page, "What is 2 + 40?", "test/add")
+        page.click("#allow-once-btn")
+        assert wait_until(lambda: "test/add · done" in chat_lines(page), 180), chat_lines(page)
+        assert wait_until(lambda: "tokens" in stats_text(page), 180), stats_text(page)
+        after = engine_figures(srv)
+        rounds = after["requests_finished_total"] - before["requests_finished_total"]
+        assert rounds == 2, "the call's round, then the answer with its result"
+        page.locator(LINE, has_text="test/add · done").locator("button").first.click()
+        opened = page.locator(LINE, has_text="test/add · done").inner_text()
+        found = re.search(r"Arguments:\s*(\{.*?\})\s*Result:\s*(-?\d+)", opened, re.S)
+        assert found, opened
+        arguments = json.loads(found.group(1))
+        assert int(found.group(2)) == arguments["a"] + arguments["b"], opened
+    finally:  # the later tests' chats (new ones start from this one's settings) call no tool
+        remove_tool_server(page)
+        page.close()
 
 
 @browser_test
