@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from minisgl_engine import GenerateRequest, ToolCall, UserReply
@@ -190,6 +190,27 @@ def remote_message(exc) -> str:
 
 
 @dataclass
+class StreamedCall:
+    """One call of a remote's reply as its pieces come: the id and name first, the arguments
+    in parts (vLLM streams them so; SGLang and this engine send them whole)."""
+
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+    def add(self, piece) -> None:
+        """A ``ChoiceDeltaToolCall``'s part of the call."""
+        self.id = piece.id or self.id
+        if piece.function is not None:
+            self.name += piece.function.name or ""
+            self.arguments += piece.function.arguments or ""
+
+    def call(self) -> ToolCall:
+        made = ToolCall(self.name, self.arguments or "{}")
+        return replace(made, id=self.id) if self.id else made
+
+
+@dataclass
 class ReplyTally:
     """One remote reply as its chunks come: the text (reasoning joined back in a <think> block),
     the tokens counted so far and the finish reason."""
@@ -198,7 +219,7 @@ class ReplyTally:
     tokens: int = 0
     finish_reason: str | None = None
     started: bool = False  # a chunk came: a broken connection is then a break mid-reply
-    tool_calls: dict[int, list[str]] = field(default_factory=dict)  # index -> [id, name, arguments]
+    tool_calls: dict[int, StreamedCall] = field(default_factory=dict)  # by the call's index
 
     def add(self, chunk) -> str:
         """The text ``chunk`` adds (an OpenAI ``ChatCompletionChunk``)."""
@@ -211,11 +232,7 @@ class ReplyTally:
         reasoning = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
         text = self.pieces.push(delta.content, reasoning)
         for piece in getattr(delta, "tool_calls", None) or []:  # a call streams in pieces
-            call = self.tool_calls.setdefault(piece.index, ["", "", ""])
-            function = piece.function
-            call[0] = piece.id or call[0]
-            call[1] += (function.name or "") if function is not None else ""
-            call[2] += (function.arguments or "") if function is not None else ""
+            self.tool_calls.setdefault(piece.index, StreamedCall()).add(piece)
         if chunk.usage is not None:  # vLLM's continuous usage stats: the count so far
             self.tokens = chunk.usage.completion_tokens or self.tokens
         elif text:
@@ -227,13 +244,7 @@ class ReplyTally:
         """The reply's calls, once its stream has ended (None: it made none)."""
         if not self.tool_calls:
             return None
-        made = [
-            ToolCall(name, arguments or "{}", id=call_id)
-            if call_id
-            else ToolCall(name, arguments or "{}")
-            for call_id, name, arguments in (self.tool_calls[i] for i in sorted(self.tool_calls))
-        ]
-        return ToolCallsMade(made)
+        return ToolCallsMade([self.tool_calls[i].call() for i in sorted(self.tool_calls)])
 
     def stopped(self) -> UserReply | None:
         """What is left to send when Stop closes the stream: an open <think> block's end."""
