@@ -50,6 +50,7 @@ _PUBLIC = {
     # tools in the chat page's replies: offered as the OpenAI route offers them, calls parsed
     "GrammarSpec": ".sampling_params",
     "ToolCallParser": ".tool_calls",
+    "ToolCall": ".tool_calls",
     "with_tool_prompt": ".tool_prompt",
     "DEFAULT_TOOL_FORMAT": ".tool_prompt",
 }
@@ -87,7 +88,7 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
     from .messages import PromptProgressMsg, UserReply
     from .sampling_params import GrammarSpec, SamplingParams
     from .tokenizer import chat_prompt_ids, load_text_tokenizer
-    from .tool_calls import ToolCallParser
+    from .tool_calls import ToolCall, ToolCallParser
     from .tool_prompt import DEFAULT_TOOL_FORMAT, with_tool_prompt
     from .weights.catalog import LocalModel, local_models
     from .weights.source import resolve_model

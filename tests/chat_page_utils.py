@@ -105,6 +105,13 @@ def pick_import_file(page, path) -> None:
     chooser.value.set_files(str(path))
 
 
+def attach_file(page, path) -> None:
+    """Attach a file with the page's Attach button, as a person does (the chooser)."""
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach-btn")
+    chooser.value.set_files(str(path))
+
+
 def send(page, text: str) -> None:
     """Type a message and press Enter, as a person does."""
     page.fill("#msg-input textarea", text)
@@ -196,3 +203,55 @@ def miss_checks(page) -> None:
             route.continue_()
 
     page.route("**/gradio_api/queue/join*", hold)
+
+
+# ---- tools (MCP) in the page
+
+MCP_TEST_SERVER = Path(__file__).parent / "mcp_test_server.py"
+TOOL_WAIT_S = 180  # a reply up to its tool call, on a loaded 2-core machine
+
+
+def chat_lines(page) -> str:
+    """The chat's text once it has a line under a message (a call's, a reply's stats); else ""."""
+    return page.inner_text("#chatbot") if page.locator(LINE).count() else ""
+
+
+def add_test_tool_server(page, pid_file: Path, name: str = "test") -> None:
+    """Add tests/mcp_test_server.py (stdio) in the Tools panel; wait until its tools are listed."""
+    import shlex
+    import sys
+
+    page.click('#tools >> text="Tools"')
+    page.click("#add-tool-server >> text=Add an MCP server")
+    page.fill("#tool-server-name textarea", name)
+    page.fill("#tool-command textarea", sys.executable)
+    page.fill("#tool-args textarea", shlex.join([str(MCP_TEST_SERVER), str(pid_file)]))
+    page.click("#add-tool-server-btn")
+    assert wait_until(lambda: "hang" in page.inner_text("#tool-servers"), 60)
+
+
+def remove_tool_server(page, name: str = "test") -> None:
+    """Remove (by name) in the Tools panel: the server stops and is forgotten."""
+    if not page.locator("#tool-server-name textarea").is_visible():
+        page.click('#tools >> text="Tools"')
+        page.click("#add-tool-server >> text=Add an MCP server")
+    page.fill("#tool-server-name textarea", name)
+    page.click("#remove-tool-server-btn")
+    assert wait_until(lambda: "hang" not in page.inner_text("#tool-servers"), 30)
+
+
+def pick_tool(page, tool: str) -> None:
+    """The chat may call ``tool``, and must call it first in each reply."""
+    page.click(f"#chat-tools label:has-text('{tool}')")
+    choice = page.locator(f"#tool-choice label:has-text('{tool}')")
+    choice.wait_for(state="visible", timeout=10_000)
+    choice.click()
+    assert wait_until(lambda: choice.locator("input").is_checked(), 10)
+
+
+def ask_and_wait_for_approval(page, text: str, tool: str) -> None:
+    """Send ``text``; the reply's call of ``tool`` shows and waits for Allow or Deny."""
+    send(page, text)
+    page.wait_for_selector("#tool-approval", state="visible", timeout=TOOL_WAIT_S * 1000)
+    assert tool in page.inner_text("#tool-approval")
+    assert f"{tool} · asks to run" in chat_lines(page)

@@ -1,6 +1,7 @@
-"""An MCP server for the tests (stdio): ``add(a, b)``, ``slow(seconds)``, ``fail(reason)`` and
-``hang()`` (waits until cancelled); with an argument,
-its process id is written to that file (to check it is gone after the client closes)."""
+"""An MCP server for the tests: ``add(a, b)``, ``slow(seconds)``, ``fail(reason)`` and ``hang()``
+(waits until cancelled). Over stdio; with ``--http PORT``, over streamable HTTP at
+``http://127.0.0.1:PORT/mcp``. With another argument, its process id is written to that file
+(to check it is gone after the client closes)."""
 
 import asyncio
 import os
@@ -39,7 +40,16 @@ def fail(reason: str) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as file:
+    args = sys.argv[1:]
+    port = None
+    if "--http" in args:
+        at = args.index("--http")
+        port = int(args[at + 1])
+        del args[at : at + 2]
+    if args:
+        with open(args[0], "w") as file:
             file.write(str(os.getpid()))
-    server.run()
+    if port is None:
+        server.run()
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=port)

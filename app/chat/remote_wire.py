@@ -1,14 +1,18 @@
 """The OpenAI chat-completions stream as :class:`~.reply_source.RemoteEngine` speaks it: the
 request body, a stream's chunks added up into the engine's :class:`UserReply`, a remote's error
-as a short sentence, an address without its credentials."""
+as a short sentence, an address without its credentials; and a chat's tools as a remote takes
+them (:class:`OpenAITools`: ``tools`` and ``tool_choice`` in the request, the streamed
+``tool_calls`` joined into the calls the page's tool loop runs)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
-from minisgl_engine import GenerateRequest, UserReply
+from minisgl_engine import GenerateRequest, ToolCall, UserReply
 
 # a remote's finish reasons that end a reply well, as the page knows them; any other ("abort",
 # "error", ...) is shown as a failure
@@ -74,6 +78,71 @@ class ReasoningJoiner:
         return "</think>"
 
 
+@dataclass
+class ToolsRequest(GenerateRequest):
+    """A chat turn that offers tools to a remote: OpenAI's ``tools`` and ``tool_choice``, sent
+    as they are (the remote lays them out in its own chat template and parses its model's calls)."""
+
+    tools: list[dict] = field(default_factory=list)
+    tool_choice: str | dict = "auto"
+
+
+@dataclass(frozen=True)
+class ToolCallsMade:
+    """The calls of a remote's reply (its ``tool_calls`` deltas joined), yielded just before
+    the reply's last UserReply."""
+
+    calls: list[ToolCall]
+
+
+def openai_messages(messages: list[dict]) -> list[dict]:
+    """``messages`` as OpenAI's API takes them: a call's arguments as JSON text (the chat's
+    turns hold them as objects, which chat templates read)."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [
+                {**c, "function": {**c["function"], "arguments": _json_text(c["function"])}}
+                for c in m["tool_calls"]
+            ]
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
+
+
+def _json_text(function: dict) -> str:
+    args = function.get("arguments")
+    return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+
+
+class RemoteCalls:
+    """A remote reply's calls come apart from its text: ToolCallsMade."""
+
+    def push(self, out: Any) -> tuple[str, list[ToolCall]]:
+        if isinstance(out, ToolCallsMade):
+            return "", list(out.calls)
+        return out.incremental_output, []
+
+
+@dataclass(frozen=True)
+class OpenAITools:
+    """A remote OpenAI-compatible server (RemoteEngine.tool_wire): the chat's tools go in the
+    request; ``forced``, one tool, is a named ``tool_choice``, several are ``required``."""
+
+    def ask(self, request, messages, tools, forced) -> ToolsRequest:
+        choice: str | dict = "auto"
+        if len(forced) == 1:
+            choice = {"type": "function", "function": {"name": forced[0].name}}
+        elif forced:
+            choice = "required"
+        same = {f.name: getattr(request, f.name) for f in fields(GenerateRequest)}
+        same["messages"] = openai_messages(messages)
+        return ToolsRequest(**same, tools=[t.openai_tool() for t in tools], tool_choice=choice)
+
+    def reader(self) -> RemoteCalls:
+        return RemoteCalls()
+
+
 def chat_body(request: GenerateRequest, model: str) -> dict:
     """The chat turn as an OpenAI streamed request; top_k and the template's options are the
     extensions SGLang, vLLM and this engine read."""
@@ -87,6 +156,8 @@ def chat_body(request: GenerateRequest, model: str) -> dict:
         "temperature": p.temperature,
         "top_p": p.top_p,
     }
+    if isinstance(request, ToolsRequest) and request.tools:
+        body.update(tools=request.tools, tool_choice=request.tool_choice)
     if p.seed is not None:
         body["seed"] = p.seed
     if p.stop:
@@ -119,6 +190,27 @@ def remote_message(exc) -> str:
 
 
 @dataclass
+class StreamedCall:
+    """One call of a remote's reply as its pieces come: the id and name first, the arguments
+    in parts (vLLM streams them so; SGLang and this engine send them whole)."""
+
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+    def add(self, piece) -> None:
+        """A ``ChoiceDeltaToolCall``'s part of the call."""
+        self.id = piece.id or self.id
+        if piece.function is not None:
+            self.name += piece.function.name or ""
+            self.arguments += piece.function.arguments or ""
+
+    def call(self) -> ToolCall:
+        made = ToolCall(self.name, self.arguments or "{}")
+        return replace(made, id=self.id) if self.id else made
+
+
+@dataclass
 class ReplyTally:
     """One remote reply as its chunks come: the text (reasoning joined back in a <think> block),
     the tokens counted so far and the finish reason."""
@@ -127,6 +219,7 @@ class ReplyTally:
     tokens: int = 0
     finish_reason: str | None = None
     started: bool = False  # a chunk came: a broken connection is then a break mid-reply
+    tool_calls: dict[int, StreamedCall] = field(default_factory=dict)  # by the call's index
 
     def add(self, chunk) -> str:
         """The text ``chunk`` adds (an OpenAI ``ChatCompletionChunk``)."""
@@ -138,12 +231,20 @@ class ReplyTally:
         # SGLang's and older vLLM's reasoning_content; vLLM now calls it reasoning
         reasoning = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
         text = self.pieces.push(delta.content, reasoning)
+        for piece in getattr(delta, "tool_calls", None) or []:  # a call streams in pieces
+            self.tool_calls.setdefault(piece.index, StreamedCall()).add(piece)
         if chunk.usage is not None:  # vLLM's continuous usage stats: the count so far
             self.tokens = chunk.usage.completion_tokens or self.tokens
         elif text:
             self.tokens += 1  # a chunk per token from SGLang, vLLM and this engine; `usage` corrects it at the end
         self.finish_reason = chunk.choices[0].finish_reason or self.finish_reason
         return text
+
+    def calls(self) -> ToolCallsMade | None:
+        """The reply's calls, once its stream has ended (None: it made none)."""
+        if not self.tool_calls:
+            return None
+        return ToolCallsMade([self.tool_calls[i].call() for i in sorted(self.tool_calls)])
 
     def stopped(self) -> UserReply | None:
         """What is left to send when Stop closes the stream: an open <think> block's end."""

@@ -71,11 +71,17 @@ class ReplySource(Protocol):
     def context_len(self) -> int | None:
         """The serving model's context in tokens (None: not known), the most a reply can be."""
 
+    @property
+    def tool_wire(self):
+        """How a chat's tools reach its model and its calls come back (tool_loop.ToolWire:
+        EngineTools for this machine's engine, remote_wire.OpenAITools for a remote)."""
+
     def status_line(self) -> str:
         """The one line under the chat: the model, where it runs, its load or what is wrong."""
 
     def generate(
         self, request: GenerateRequest, stop: asyncio.Event
     ) -> AsyncIterator[UserReply | PromptProgressMsg]:
-        """The reply, piece by piece (before it, maybe how far a long prompt has been read); ends
-        early, unfinished, once ``stop`` is set."""
+        """The reply, piece by piece (before it, maybe how far a long prompt has been read; a
+        remote asked with tools, the calls it made: remote_wire.ToolCallsMade); ends early,
+        unfinished, once ``stop`` is set."""

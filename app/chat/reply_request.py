@@ -4,6 +4,7 @@ chat's own settings. The page's turns (app/page/turns.py) store the reply and st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from minisgl_engine import GenerateRequest, SamplingParams, UserError
@@ -11,7 +12,7 @@ from minisgl_engine import GenerateRequest, SamplingParams, UserError
 from .context_fit import ContextOverflow, Fit, fit_messages, reply_room
 from .reply_protocol import ReplySource
 from .store import ChatSettings, Conversation, Message
-from .tool_loop import ToolBox, ToolLoop, call_turns, tool_key
+from .tool_loop import CALLS, ToolBox, ToolLoop, spelled_out, tool_key
 from .view import engine_messages, seen_messages
 
 
@@ -63,35 +64,54 @@ def reply_request(
     )
 
 
+def with_calls(conv: Conversation, settings: ChatSettings) -> list[dict]:
+    """``engine_messages``, each reply that called tools carrying its calls (tool_loop.CALLS):
+    still one message per stored message, so the chat is fitted to the context by whole turns
+    (a call never apart from its result); ToolLoop spells them out."""
+    out = engine_messages(replace(conv, messages=[]), settings)  # the system prompt
+    for m in seen_messages(conv):
+        message = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            message[CALLS] = list(m.tool_calls)
+        out.append(message)
+    return out
+
+
 def tool_messages(conv: Conversation, settings: ChatSettings) -> list[dict]:
     """What the model sees in a request that offers tools: ``engine_messages``, with each reply
     that called tools spelled out as its call turns (tool_loop.call_turns)."""
-    out = engine_messages(replace(conv, messages=[]), settings)  # the system prompt
-    for m in seen_messages(conv):
-        if m.tool_calls:
-            out += call_turns(m.content, list(m.tool_calls))
-        else:
-            out.append({"role": m.role, "content": m.content})
-    return out
+    return spelled_out(with_calls(conv, settings))
 
 
 def tool_loop_for(
     conv: Conversation, path: list[Message], request: GenerateRequest, box: ToolBox, source
 ) -> tuple[GenerateRequest, ToolLoop | None]:
-    """The reply's tool loop, when the chat offers tools that run now and its source can call
-    them (the local engine): then ``request`` reads the chat with its earlier tool calls."""
-    s = conv.settings
-    tools = box.offered(s.tools)
-    if not tools or not hasattr(source, "tool_format"):
+    """The reply's tool loop (``chat_tool_loop``), and then ``request`` reading the chat with
+    its earlier tool calls."""
+    loop = chat_tool_loop(conv.settings, box, source)
+    if loop is None:
         return request, None
-    forced = [t for t in tools if s.tool_choice in ("required", tool_key(t))]
-    loop = ToolLoop(box, tools, forced, set(s.always_allow), source.tool_format)
-    messages = tool_messages(replace(conv, messages=path), s)
-    return replace(request, messages=messages), loop
+    return replace(request, messages=with_calls(replace(conv, messages=path), conv.settings)), loop
+
+
+def chat_tool_loop(settings: ChatSettings, box: ToolBox, source) -> ToolLoop | None:
+    """A tool loop for a reply of a chat of ``settings``, when the chat offers tools that run
+    now and its source can call them (its ``tool_wire``: this machine's engine, or a remote
+    that takes OpenAI ``tools``); None otherwise."""
+    tools = box.offered(settings.tools)
+    wire = getattr(source, "tool_wire", None)
+    if not tools or wire is None:
+        return None
+    forced = [t for t in tools if settings.tool_choice in ("required", tool_key(t))]
+    return ToolLoop(box, tools, forced, set(settings.always_allow), wire)
 
 
 class NoCount(Exception):
     """The source cannot count this prompt (a remote, a model without tokenizer or template)."""
+
+
+# the messages of a request -> the prompt the model reads for them (messages, template kwargs)
+PromptOf = Callable[[list[dict]], tuple[list[dict], dict | None]]
 
 
 def fit_prompt(
@@ -101,19 +121,27 @@ def fit_prompt(
     kwargs: dict | None,
     policy: str,
     wait: bool = True,
+    prompt_of: PromptOf | None = None,
 ) -> Fit:
     """``messages`` fitted into the context of ``source`` under ``policy`` (context_fit), counted
     by its tokenizer; NoCount when it has none (a remote) or its chat template refuses them (the
     engine then says why), or (``wait`` False: the meter) while its tokenizer loads;
-    context_fit.ContextOverflow when they cannot be sent."""
+    context_fit.ContextOverflow when they cannot be sent. ``prompt_of``: what the model reads
+    for some of the messages, where that is more than they are (a chat with tools: their
+    calls spelled out, the tools offered); by default the messages and ``kwargs``."""
     count = getattr(source, "count_prompt_tokens", None)
     context = getattr(source, "context_len", None)
     if count is None or not context:
         raise NoCount()
 
     def tokens(msgs: list[dict]) -> int:
+        prompt, template_kwargs = prompt_of(msgs) if prompt_of is not None else (msgs, kwargs)
         try:
-            n = count(msgs, kwargs) if wait else count(msgs, kwargs, wait=False)
+            n = (
+                count(prompt, template_kwargs)
+                if wait
+                else count(prompt, template_kwargs, wait=False)
+            )
         except UserError:
             n = None
         if n is None:
@@ -123,19 +151,39 @@ def fit_prompt(
     return fit_messages(messages, tokens, context, reply_room(settings.max_tokens, context), policy)
 
 
+def first_round_prompt(loop: ToolLoop, request: GenerateRequest) -> PromptOf:
+    """What the model reads for some of ``request``'s messages in the first round of ``loop``:
+    the calls spelled out, the tools offered (ToolLoop.first_round)."""
+
+    def prompt_of(messages: list[dict]) -> tuple[list[dict], dict | None]:
+        asked = loop.first_round(replace(request, messages=messages))
+        return asked.messages, asked.chat_template_kwargs
+
+    return prompt_of
+
+
 def fitted_request(
     conv: Conversation,
     path: list[Message],
     request: GenerateRequest,
     source: ReplySource,
     policy: str,
+    loop: ToolLoop | None = None,
 ) -> tuple[GenerateRequest, int | None]:
-    """``request`` (``reply_request``'s for ``path``) with its messages fitted into the model's
-    context, and the id of the first stored message the model reads when older ones were left
-    out (None: it reads them all, or the source cannot count). Raises ContextOverflow."""
+    """``request`` (``reply_request``'s for ``path``, or ``tool_loop_for``'s with its ``loop``)
+    with its messages fitted into the model's context, and the id of the first stored message
+    the model reads when older ones were left out (None: it reads them all, or the source cannot
+    count). A chat with tools is counted as its first round asks (``ToolLoop.first_round``),
+    and a reply's calls go with it. Raises ContextOverflow."""
+
     try:
         fit = fit_prompt(
-            request.messages, source, conv.settings, request.chat_template_kwargs, policy
+            request.messages,
+            source,
+            conv.settings,
+            request.chat_template_kwargs,
+            policy,
+            prompt_of=first_round_prompt(loop, request) if loop is not None else None,
         )
     except NoCount:
         return request, None
@@ -146,20 +194,30 @@ def fitted_request(
 
 
 def meter_text(
-    conv: Conversation | None, settings: ChatSettings, typed: str, source: ReplySource
+    conv: Conversation | None,
+    settings: ChatSettings,
+    typed: str,
+    source: ReplySource,
+    loop: ToolLoop | None = None,
 ) -> str:
     """The line under the message box: the tokens of the prompt that sending ``typed`` now would
     make (the chat so far, fitted to the context by its policy, and the message), of the
-    model's context: "2,345 / 8,192 tokens", short enough for two lines beside the box. Empty where the source cannot count (a remote)."""
-    if conv is not None:
-        history = engine_messages(conv, settings)
-    else:  # a new chat: its system prompt only
-        history = engine_messages(Conversation(0, "", 0.0, 0.0, settings), settings)
+    model's context: "2,345 / 8,192 tokens", short enough for two lines beside the box. Empty
+    where the source cannot count (a remote). ``loop``: the chat's tools (``tool_loop_for``),
+    counted as the reply's first round offers them, with the earlier calls spelled out."""
+    conv = conv if conv is not None else Conversation(0, "", 0.0, 0.0, settings)  # a new chat
+    history = with_calls(conv, settings) if loop is not None else engine_messages(conv, settings)
     messages = history + [{"role": "user", "content": typed}]
     kwargs = {"enable_thinking": bool(settings.thinking)} if source.supports_thinking else None
     context = getattr(source, "context_len", None)
+    prompt_of = None
+    if loop is not None:
+        request = GenerateRequest(sampling_params(settings), chat_template_kwargs=kwargs)
+        prompt_of = first_round_prompt(loop, request)
     try:
-        fit = fit_prompt(messages, source, settings, kwargs, settings.context_policy, wait=False)
+        fit = fit_prompt(
+            messages, source, settings, kwargs, settings.context_policy, False, prompt_of
+        )
     except NoCount:
         return ""
     except ContextOverflow as exc:

@@ -35,6 +35,7 @@ from minisgl_engine import GenerateRequest, PromptProgressMsg, UserError, UserRe
 
 from .remote_wire import (
     FINISHED,
+    OpenAITools,
     ReasoningJoiner,
     ReplyTally,
     chat_body,
@@ -44,6 +45,7 @@ from .remote_wire import (
 )
 from .reply_protocol import ModelEntry, ModelError, ReplySource
 from .side_by_side import SideBySide
+from .tool_loop import EngineTools
 from .view import status_line
 
 # the page, the CLI and the tests import these from here, whichever module defines them
@@ -173,10 +175,10 @@ class LocalEngine:
         return self.client.max_context_len
 
     @property
-    def tool_format(self) -> str | None:
-        """How the model's chat template writes tool calls (None: it knows no tools, and the
-        chat's tools go in the default tool prompt); tool_loop.py offers them so."""
-        return self.client.tool_format
+    def tool_wire(self) -> EngineTools:
+        """How a chat's tools reach the model: in its prompt, as its chat template writes tool
+        calls (``tool_format``; None: it knows no tools, and they go in the default tool prompt)."""
+        return EngineTools(self.client.tool_format)
 
     def status_line(self) -> str:
         # asked by the page's tick: the tokenizer that counts prompts loads meanwhile
@@ -354,6 +356,11 @@ class RemoteEngine:
             self.context_lens.get(self.model_name) if self.model_name else None
         )  # where the remote lists it
 
+    @property
+    def tool_wire(self) -> OpenAITools:
+        """A chat's tools are the page's; the remote's model gets them as OpenAI ``tools``."""
+        return OpenAITools()
+
     def status_line(self) -> str:
         self._look_again()
         if self.error is not None:
@@ -481,6 +488,8 @@ class RemoteEngine:
             text = tally.add(chunk)
             if text:
                 yield UserReply(0, text, completion_tokens=tally.tokens)
+        if (calls := tally.calls()) is not None:
+            yield calls  # the page's tool loop runs them (none come unless it offered tools)
         yield tally.ended(where)
 
     async def close(self) -> None:

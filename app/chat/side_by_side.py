@@ -72,6 +72,10 @@ class SideBySide:
     def context_len(self) -> int | None:
         return self.local.context_len
 
+    @property
+    def tool_wire(self):
+        return self.local.tool_wire  # a chat's own backend (``backends``) is asked, as for replies
+
     def status_line(self) -> str:
         return self.local.status_line()
 

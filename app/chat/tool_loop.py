@@ -5,7 +5,9 @@ model goes on with its result; all inside one reply, with no page involved.
   user adds one in the Tools panel (or, for those added before, when the app starts); nothing
   runs before that. A stdio server runs on this machine with the user's rights.
 - :class:`ToolLoop` wraps one reply's ``generate``: it offers the chat's tools to the model,
-  reads the calls out of the reply's text (the engine's tool-call parser), waits for the
+  reads the calls out of the reply (through the source's :class:`ToolWire`: this machine's
+  engine takes them in its prompt and writes calls in the reply's text, a remote OpenAI server
+  takes ``tools`` and streams ``tool_calls``), waits for the
   user's decision on each (``decide``: allow once, always, deny; a tool the chat always allows
   runs at once), runs it, and asks the model again with the results as ``tool`` messages, up to
   ``MAX_ROUNDS`` rounds. Between the reply's pieces it yields :class:`ToolStep`: the reply's
@@ -29,6 +31,7 @@ from minisgl_engine import (
     GenerateRequest,
     GrammarSpec,
     PromptProgressMsg,
+    ToolCall,
     ToolCallParser,
     UserReply,
     with_tool_prompt,
@@ -59,6 +62,28 @@ class ToolStep:
     """The reply's tool calls so far (each time one is made, decided or answered)."""
 
     calls: tuple[ToolCallRecord, ...]
+
+
+class CallReader(Protocol):
+    """One round's reply read for calls: ``push`` takes each thing the source yields (its
+    UserReply, or a remote's ToolCallsMade) and gives back the reply's text and the calls in it."""
+
+    def push(self, out: Any) -> tuple[str, list[ToolCall]]: ...
+
+
+class ToolWire(Protocol):
+    """How a reply source takes the chat's tools and gives back the model's calls: ``ask`` is the
+    round's request (``forced``: it must call one of these), ``reader`` reads its reply."""
+
+    def ask(
+        self,
+        request: GenerateRequest,
+        messages: list[dict],
+        tools: list[ToolInfo],
+        forced: list[ToolInfo],
+    ) -> GenerateRequest: ...
+
+    def reader(self) -> CallReader: ...
 
 
 class ToolRunner(Protocol):
@@ -161,6 +186,50 @@ def tool_request(
     return replace(request, params=params, messages=messages, chat_template_kwargs=kwargs or None)
 
 
+@dataclass
+class TextCalls:
+    """The engine's calls, in its reply's text (``tool_format``'s tags, or the default tool
+    prompt's): the parser takes them out of the text as it streams."""
+
+    parser: ToolCallParser
+
+    def push(self, out: UserReply) -> tuple[str, list[ToolCall]]:
+        text, calls = self.parser.push(out.incremental_output)
+        if out.finished or out.error:
+            more, more_calls = self.parser.flush()
+            text, calls = text + more, calls + more_calls
+        return text, calls
+
+
+@dataclass(frozen=True)
+class EngineTools:
+    """This machine's engine (LocalEngine.tool_wire): tools in the prompt, as the OpenAI route
+    puts them (``tool_format``: the chat template's convention, None for the default tool
+    prompt), a forced call held by the engine's grammar, calls read out of the text."""
+
+    tool_format: str | None = None
+
+    def ask(self, request, messages, tools, forced) -> GenerateRequest:
+        return tool_request(request, messages, tools, forced, self.tool_format)
+
+    def reader(self) -> TextCalls:
+        return TextCalls(ToolCallParser(self.tool_format or DEFAULT_TOOL_FORMAT))
+
+
+CALLS = "tool_call_records"  # a stored reply's calls, on its message until it is spelled out
+
+
+def spelled_out(messages: list[dict]) -> list[dict]:
+    """``messages`` as the model reads them: each one that carries its reply's calls (CALLS: one
+    message per stored message, so that a chat is fitted to the context by whole turns) as its
+    call turns (``call_turns``); the others as they are."""
+    out: list[dict] = []
+    for m in messages:
+        calls = m.get(CALLS)
+        out += call_turns(m["content"], list(calls)) if calls else [m]
+    return out
+
+
 def call_turns(content: str, calls: list[ToolCallRecord]) -> list[dict]:
     """A reply's calls as the model reads them back: per call offset, the text before it as an
     assistant turn with its calls, then one ``tool`` turn per call; the text after the last
@@ -218,18 +287,23 @@ def _answer(call: ToolCallRecord) -> str:
 class ToolLoop:
     """One reply's tool rounds (see the module's docstring). ``tools``: those the chat offers
     that run now; ``forced``: the first round must call one of these (``tool_choice``);
-    ``always``: the tools the chat runs without asking; ``tool_format``: the template's
-    tool-call convention, None where it knows none (the default tool prompt)."""
+    ``always``: the tools the chat runs without asking; ``wire``: how the reply's source takes
+    tools and gives calls back (EngineTools, or remote_wire.OpenAITools for a remote)."""
 
     runner: ToolRunner
     tools: list[ToolInfo]
     forced: list[ToolInfo] = field(default_factory=list)
     always: set[str] = field(default_factory=set)
-    tool_format: str | None = None
+    wire: ToolWire = field(default_factory=EngineTools)
     max_rounds: int = MAX_ROUNDS
     calls: list[ToolCallRecord] = field(default_factory=list)
     decisions: dict[str, asyncio.Future] = field(default_factory=dict)  # call id -> decision
     shown: int = 0  # characters of reply text yielded so far (where a call sits)
+
+    def first_round(self, request: GenerateRequest) -> GenerateRequest:
+        """What the reply's first round asks: ``request``'s chat spelled out, with the tools
+        offered (and the forced call), as the model reads it; fitting the chat counts this."""
+        return self.wire.ask(request, spelled_out(request.messages or []), self.tools, self.forced)
 
     def waiting(self) -> list[ToolCallRecord]:
         """The calls that wait for the user's decision now (not those of the round that wait
@@ -251,22 +325,22 @@ class ToolLoop:
     ) -> AsyncIterator[UserReply | PromptProgressMsg | ToolStep]:
         """The reply through every round: its text (tool-call blocks left out), the reply's
         calls as ToolSteps, and its end once the model answers without calling a tool."""
-        messages = list(request.messages or [])
+        messages = spelled_out(request.messages or [])
         spent = 0  # tokens of the rounds before
         for round_no in range(self.max_rounds + 1):
             forced = self.forced if round_no == 0 else []
-            asked = tool_request(request, messages, self.tools, forced, self.tool_format)
-            parser = ToolCallParser(self.tool_format or DEFAULT_TOOL_FORMAT)
+            asked = self.wire.ask(request, messages, self.tools, forced)
+            reader = self.wire.reader()
             content, found, last = "", [], None
             async for out in inner(asked, stop):
                 if isinstance(out, PromptProgressMsg):
                     yield out
                     continue
-                text, new = parser.push(out.incremental_output)
-                if out.finished or out.error:
-                    more, more_calls = parser.flush()
-                    text, new = text + more, new + more_calls
-                content, found, last = content + text, found + new, out
+                text, new = reader.push(out)
+                found += new
+                if not isinstance(out, UserReply):  # a remote's calls: no text of their own
+                    continue
+                content, last = content + text, out
                 self.shown += len(text)
                 yield UserReply(
                     out.uid,

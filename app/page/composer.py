@@ -11,6 +11,7 @@ from typing import Any
 
 import gradio as gr
 
+from ..chat.attachment_fit import attachments_too_long
 from ..chat.composing import with_attachments
 from ..chat.settings_form import SettingsForm
 from ..chat.store import NotFoundError, title_from
@@ -59,6 +60,8 @@ class Composer(TabState):
             return sent, gr.skip()
         if not self.may_send(tab, form, after_click):
             return kept, gr.skip()  # the message goes back to the box; a toast said why
+        if await self.files_too_long(tab, text):
+            return kept, gr.skip()  # the notice under the box offers their first part
         self.store_question(tab, text, sent_at)
         tab.focus = None  # a message clicked above: the versions bar follows the new last turn
         self.submit(tab, tab.conv_id, request, self.turn_for(tab.conv_id), clicked_at)
@@ -97,6 +100,20 @@ class Composer(TabState):
             )
             return False
         return True
+
+    async def files_too_long(self, tab: Tab, text: str) -> bool:
+        """Whether the files attached make the message too long for the model: then it is not
+        sent, and the notice under the box (Attachments.attachments_note) says how long they
+        are and how much fits, with their first part ready to send (attachment_fit.py)."""
+        tab.draft.too_long = None
+        if not tab.draft.attachments:
+            return False
+        settings = self.settings_in_force(tab)
+        source = self.backend_of(settings)[1]
+        tab.draft.too_long = await asyncio.to_thread(
+            attachments_too_long, settings, source, text, list(tab.draft.attachments)
+        )
+        return tab.draft.too_long is not None
 
     def store_question(self, tab: Tab, text: str, sent_at: float) -> None:
         """Store the message, with the files attached, at the end of the tab's chat (a new chat:

@@ -32,6 +32,7 @@ class Drafts:
         has to attach them again on coming back)."""
         if conv_id == tab.conv_id:
             return
+        tab.draft.too_long = None  # a notice about this chat's message
         if tab.draft.attachments:
             tab.draft.unsent_files[tab.conv_id] = tab.draft.attachments
         else:

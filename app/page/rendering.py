@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..chat.composing import with_attachments
-from ..chat.reply_request import meter_text
+from ..chat.reply_request import chat_tool_loop, meter_text
 from ..chat.store import ChatSettings
+from ..chat.tool_loop import ToolBox
 from ..chat.view import (
     can_continue,
     focus_of,
@@ -28,6 +29,7 @@ class Rendering(TabState):
     # the Tools panel's parts of the view (tools_panel.py)
     tools_view: Callable[[ChatSettings], tuple[Picked, Picked]]
     approval_of: Callable[[Tab], str]
+    toolbox: ToolBox  # the MCP servers running now: a chat's tools count in its meter
 
     def render_sidebar(self, tab: Tab) -> Sidebar:
         """The chats listed, the one shown, and a line under the list when it is empty."""
@@ -101,15 +103,17 @@ class Rendering(TabState):
         settings = self.settings_of(tab, conv)
         source = self.backend_of(settings)[1]
         typed = with_attachments(tab.meter.typed, tab.draft.attachments)
+        loop = chat_tool_loop(settings, self.toolbox, source)
         key = (
             conv.id if conv is not None else None,
             conv.revision if conv is not None else None,
             settings,
             typed,
             source.model_name,
+            tuple(t.name for t in loop.tools) if loop is not None else (),
         )
         if key != tab.meter.key:
-            text = meter_text(conv, settings, typed, source)
+            text = meter_text(conv, settings, typed, source, loop)
             # an empty line (no tokenizer loaded yet) is counted again at the next render
             tab.meter.key, tab.meter.text = (key if text else None), text
         return tab.meter.text

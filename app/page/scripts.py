@@ -103,6 +103,9 @@ SYNC_SEND_JS = page_call(
     "minisglSyncSend"
 )  # the message box written by Gradio (a refused edit's text)
 CLICK_DOWNLOAD_JS = page_call("minisglClickDownload")
+CLICK_SEND_JS = page_call(
+    "minisglClickSend"
+)  # Send pressed for the user (Attachments.send_first_part)
 
 
 def confirm_js(question: str) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from ..chat.attachment_fit import TooLong
 from ..chat.live import ReplyManager
 from ..chat.reply_source import ReplySource
 from ..chat.settings_form import SettingsForm
@@ -104,6 +105,9 @@ class Draft:
     # the last message sent: (chat, text, browser time in ms of its click or Enter), to drop the
     # second send of a double click or a double Enter (the box empties only when the first is done)
     last_send: tuple[int, str, float] | None = None
+    # the files attached make the message too long for the model: the page says so and offers
+    # to send their first part (``too_long.cut``) or cancel (attachments.py); None: no notice
+    too_long: TooLong | None = None
 
 
 @dataclass

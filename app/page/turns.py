@@ -14,7 +14,7 @@ from ..chat.live import Turn
 from ..chat.reply_protocol import ReplySource
 from ..chat.reply_request import answered_path, fitted_request, reply_request, tool_loop_for
 from ..chat.store import DROP_OLDEST, Conversation, Message, MessageStats
-from ..chat.tool_loop import ToolBox
+from ..chat.tool_loop import ToolBox, ToolLoop
 from .tabs import Tab, TabState
 
 
@@ -35,7 +35,10 @@ class ReplyTurns(TabState):
                 return None
             backend, source = self.backend_of(conv.settings)
             request = reply_request(conv, path, source, continuing=continue_id is not None)
-            request, read_from = self.fitted(conv, path, request, source, continue_id is None)
+            loop = None
+            if continue_id is None:  # a chat with tools: the model reads their earlier calls
+                request, loop = tool_loop_for(conv, path, request, self.toolbox, source)
+            request, read_from = self.fitted(conv, path, request, source, continue_id is None, loop)
             if continue_id is not None:
                 last = path[-1]
                 return Turn(
@@ -47,16 +50,19 @@ class ReplyTurns(TabState):
                     generate=source.generate,
                     read_from=read_from,
                 )
-            # a chat with tools: the model reads their earlier calls, the reply runs its loop
-            request, loop = tool_loop_for(conv, path, request, self.toolbox, source)
-            read_from = read_from if loop is None else None  # sent whole (not fitted)
             turn = self.new_reply(conv_id, path[-1], request, backend, source, read_from)
-            return replace(turn, tool_loop=loop)
+            return replace(turn, tool_loop=loop)  # the reply runs its loop
 
         return make_turn
 
     def fitted(
-        self, conv: Conversation, path: list[Message], request, source, answering: bool
+        self,
+        conv: Conversation,
+        path: list[Message],
+        request,
+        source,
+        answering: bool,
+        loop: ToolLoop | None = None,
     ) -> tuple[GenerateRequest, int | None]:
         """The request fitted into the model's context under the chat's policy (↻ on a question
         that the "stop" policy left: the oldest turns dropped, once). A chat that cannot be sent
@@ -66,7 +72,7 @@ class ReplyTurns(TabState):
         over = answering and question.stats is not None and question.stats.over_context
         policy = DROP_OLDEST if over else conv.settings.context_policy
         try:
-            return fitted_request(conv, path, request, source, policy)
+            return fitted_request(conv, path, request, source, policy, loop)
         except ContextOverflow as exc:
             if answering:
                 stats = question.stats or MessageStats()

@@ -50,7 +50,12 @@ class Wiring:
         """The arguments of an event that redraws the line naming the files attached."""
         return dict(
             fn=self.attachments_note_fn,
-            outputs=[self.main.attached, self.main.unattach_btn],
+            outputs=[
+                self.main.attached,
+                self.main.unattach_btn,
+                self.main.too_long,
+                self.main.too_long_text,
+            ],
             **QUICK,
         )
 

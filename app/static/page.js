@@ -31,6 +31,8 @@ function minisglStartPage(config) {
   };
   window.minisglTickAnswered = () => { ticks.answeredAt = Date.now(); noteWhenUnanswered(); };
   window.minisglClickDownload = () => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); };
+  // "Send the first part" of files too long for the model: Send, as the user would press it
+  window.minisglClickSend = () => { const send = document.querySelector('#send-btn'); if (send) send.click(); };
   // asked in the browser first; the handler gets the answer as its input
   window.minisglConfirm = (question) => [confirm(`${question} This cannot be undone.`)];
   window.minisglConfirmDeleteMessage = () => (document.querySelector('#stop-btn.stop') ? [null]

@@ -21,6 +21,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     LINE,
     REPLY,
     USER,
+    attach_file,
     below,
     browser,
     empty_button_boxes,
@@ -184,12 +185,6 @@ def import_file(page, path: Path) -> None:
     open_manage(page)
     with page.expect_file_chooser() as chooser:
         page.click("#import-btn")
-    chooser.value.set_files(str(path))
-
-
-def attach_file(page, path: Path) -> None:
-    with page.expect_file_chooser() as chooser:
-        page.click("#attach-btn")
     chooser.value.set_files(str(path))
 
 

@@ -7,19 +7,19 @@ shown; Stop while ``hang`` runs cancels it; removing the server ends its process
 from __future__ import annotations
 
 import json
-import shlex
-import sys
-from pathlib import Path
 
 import psutil
 import pytest
 from chat_page_utils import (  # noqa: F401 (browser: fixture)
     BROWSER_MARKS,
-    LINE,
+    add_test_tool_server,
+    ask_and_wait_for_approval,
     browser,
+    chat_lines,
     open_new_chat,
+    pick_tool,
     put_setting,
-    send,
+    remove_tool_server,
     wait_page_loaded,
 )
 from server_utils import wait_until
@@ -29,7 +29,6 @@ from minisgl_app.chat.tool_loop import DENIED, STOPPED
 
 pytestmark = BROWSER_MARKS
 
-SERVER = Path(__file__).parents[1] / "mcp_test_server.py"
 REPLY_WAIT_S = 180  # a loaded 2-core machine is slow
 
 
@@ -43,30 +42,10 @@ def page(browser, chat_app):
     context.close()
 
 
-def lines(page) -> str:
-    return page.inner_text("#chatbot") if page.locator(LINE).count() else ""
-
-
 def last_reply(chat_app):
     with ConversationStore(chat_app.data_dir / DB_NAME) as store:
         newest = store.list()[0]
         return store.get(newest.id).messages[-1]
-
-
-def pick_tool(page, tool: str) -> None:
-    """The chat may call ``tool``, and must call it first in each reply."""
-    page.click(f"#chat-tools label:has-text('{tool}')")
-    choice = page.locator(f"#tool-choice label:has-text('{tool}')")
-    choice.wait_for(state="visible", timeout=10_000)
-    choice.click()
-    assert wait_until(lambda: choice.locator("input").is_checked(), 10)
-
-
-def ask_and_wait_for_approval(page, text: str, tool: str) -> None:
-    send(page, text)
-    page.wait_for_selector("#tool-approval", state="visible", timeout=REPLY_WAIT_S * 1000)
-    assert tool in page.inner_text("#tool-approval")
-    assert f"{tool} · asks to run" in lines(page)
 
 
 def test_a_forced_tool_call_is_approved_denied_and_stopped(page, chat_app, tmp_path):
@@ -75,22 +54,16 @@ def test_a_forced_tool_call_is_approved_denied_and_stopped(page, chat_app, tmp_p
     # greedy, and room for a call (the grammar lets the model write a long number)
     put_setting(page, "#temperature input[type=number]", "0")
     put_setting(page, "#max-tokens input", "64")
-    page.click('#tools >> text="Tools"')
+    add_test_tool_server(page, tmp_path / "pid")
     assert "with your rights" in page.inner_text("#tools-note")
-    page.click("#add-tool-server >> text=Add an MCP server")
-    page.fill("#tool-server-name textarea", "test")
-    page.fill("#tool-command textarea", sys.executable)
-    page.fill("#tool-args textarea", shlex.join([str(SERVER), str(tmp_path / "pid")]))
-    page.click("#add-tool-server-btn")
-    assert wait_until(lambda: "hang" in page.inner_text("#tool-servers"), 60)
     pid = int((tmp_path / "pid").read_text())
     pick_tool(page, "test/add")
 
     # Allow once: the tool runs, its result is stored with the reply, and the model goes on
     ask_and_wait_for_approval(page, "What is 2 + 40?", "test/add")
     page.click("#allow-once-btn")
-    assert wait_until(lambda: "test/add · done" in lines(page), REPLY_WAIT_S), lines(page)
-    assert wait_until(lambda: "tokens" in lines(page), REPLY_WAIT_S), lines(page)
+    assert wait_until(lambda: "test/add · done" in chat_lines(page), REPLY_WAIT_S), chat_lines(page)
+    assert wait_until(lambda: "tokens" in chat_lines(page), REPLY_WAIT_S), chat_lines(page)
     assert page.locator("#tool-approval").is_hidden()
     (call,) = last_reply(chat_app).tool_calls
     args = json.loads(call.arguments)
@@ -99,7 +72,9 @@ def test_a_forced_tool_call_is_approved_denied_and_stopped(page, chat_app, tmp_p
     # Deny: nothing runs; the model reads that the user denied it
     ask_and_wait_for_approval(page, "And 3 + 4?", "test/add")
     page.click("#deny-tool-btn")
-    assert wait_until(lambda: "test/add · denied" in lines(page), REPLY_WAIT_S), lines(page)
+    assert wait_until(lambda: "test/add · denied" in chat_lines(page), REPLY_WAIT_S), chat_lines(
+        page
+    )
     assert wait_until(lambda: last_reply(chat_app).stats.finish_reason is not None, REPLY_WAIT_S)
     (call,) = last_reply(chat_app).tool_calls
     assert (call.state, call.result) == ("denied", DENIED)
@@ -108,22 +83,19 @@ def test_a_forced_tool_call_is_approved_denied_and_stopped(page, chat_app, tmp_p
     pick_tool(page, "test/hang")
     ask_and_wait_for_approval(page, "Wait for me.", "test/hang")
     page.click("#allow-once-btn")
-    assert wait_until(lambda: "test/hang · running" in lines(page), 30), lines(page)
+    assert wait_until(lambda: "test/hang · running" in chat_lines(page), 30), chat_lines(page)
     page.click("#stop-btn")
-    assert wait_until(lambda: "test/hang · stopped" in lines(page), 30), lines(page)
+    assert wait_until(lambda: "test/hang · stopped" in chat_lines(page), 30), chat_lines(page)
     (call,) = last_reply(chat_app).tool_calls
     assert (call.state, call.result) == ("stopped", STOPPED)
 
     # the calls survive a reload
     page.reload()
     wait_page_loaded(page, "Ready", 60)
-    assert "test/hang · stopped" in lines(page)
+    assert "test/hang · stopped" in chat_lines(page)
 
     # Remove: the server's process ends
-    page.click('#tools >> text="Tools"')
-    page.click("#add-tool-server >> text=Add an MCP server")
-    page.fill("#tool-server-name textarea", "test")
-    page.click("#remove-tool-server-btn")
+    remove_tool_server(page)
     assert wait_until(lambda: not alive(pid), 30), "the MCP server's process is still running"
 
 

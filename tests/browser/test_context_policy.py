@@ -22,6 +22,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     LINE,
     REPLY,
     USER,
+    attach_file,
     browser,
     open_chat_list,
     open_new_chat,
@@ -32,6 +33,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
 )
 from server_utils import wait_until
 
+from minisgl_app.chat.store import ChatSettings
 from minisgl_app.chat.view import BEYOND_CONTEXT_LINE, OVER_CONTEXT_LINE
 from minisgl_engine.weights.demo import DEMO_MODEL_NAME
 
@@ -201,3 +203,44 @@ def test_the_meter_shows_the_servers_count_of_the_next_prompt(page, app, tmp_pat
     # (the line for the empty box says "left out" too: wait for the count of the typed question)
     assert wait_until(lambda: meter_tokens(page) == expected, 90), (meter(page), expected)
     assert "oldest 4 left out" in meter(page), meter(page)
+
+
+def test_a_file_too_long_for_the_context_is_said_so_and_its_first_part_sent(page, app, tmp_path):
+    long_file = tmp_path / "long-notes.txt"
+    long_file.write_text(LONG * 3, encoding="utf-8")  # ~24,000 tokens, three times the context
+    open_new_chat(page)
+    greedy(page)
+    put_setting(page, "#max-tokens input", "16")  # 16 tokens kept for the reply
+    time.sleep(1.0)
+    try:
+        attach_file(page, long_file)
+        assert wait_until(lambda: long_file.name in page.inner_text("#attached"), 30)
+        send(page, "What is this file about?")
+        notice = page.locator("#too-long-text")
+        assert wait_until(notice.is_visible, 60), toasts(page)
+        found = re.search(
+            r"long-notes.txt is ([\d,]+) tokens, too long for the model: ([\d,]+) of them fit",
+            notice.inner_text(),
+        )
+        shot(page, "file-too-long")
+        assert found, notice.inner_text()
+        file_tokens, fitting = (int(g.replace(",", "")) for g in found.groups())
+        assert file_tokens > 3 * 8192 * 0.9 and 7000 < fitting < 8192 - 16, (file_tokens, fitting)
+        assert users(page) == [], "nothing was sent"
+        assert page.input_value("#msg-input textarea") == "What is this file about?"
+        # Cancel: nothing sent, the file stays attached; Send again asks again
+        page.click("#cancel-too-long-btn")
+        assert wait_until(lambda: not notice.is_visible(), 30)
+        assert "long-notes.txt" in page.inner_text("#attached") and users(page) == []
+        page.click("#send-btn")
+        assert wait_until(notice.is_visible, 60)
+        before = app.metrics()["minisgl_prompt_tokens_total"]
+        page.click("#send-first-part-btn")
+        wait_reply(page, "the first part")
+        sent = app.metrics()["minisgl_prompt_tokens_total"] - before
+        assert 8192 - 16 - 100 < sent <= 8192 - 16, f"the prompt fits the context: {sent}"
+        assert "long-notes.txt (the first part)" in users(page)[0], users(page)[0][:200]
+        assert "⚠" not in " ".join(replies(page)), "an error reply"
+        assert not notice.is_visible() and page.inner_text("#attached").strip() == ""
+    finally:  # the next tabs open this chat, and new chats start from its settings
+        put_setting(page, "#max-tokens input", str(ChatSettings().max_tokens))

@@ -1,16 +1,31 @@
 """`minisgl-chat --remote URL`: the chat page with no engine of its own, its replies streamed from
 a real OpenAI-compatible server (our own `minisgl-chat serve --api-key`, demo model, CPU), in
-Chromium: a streamed reply with its stats, Stop aborting the request on the remote, a wrong key,
-and the remote killed mid-reply then back."""
+Chromium: a streamed reply with its stats, Stop aborting the request on the remote, a chat's MCP
+tool called by the remote's model after approval, a wrong key, and the remote killed mid-reply
+then back."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
+import re
 import time
 
 import pytest
-from chat_page_utils import BROWSER_MARKS, browser, open_new_chat, send, wait_page_loaded  # noqa: F401 (browser: fixture)
+from chat_page_utils import (  # noqa: F401 (browser: fixture)
+    BROWSER_MARKS,
+    LINE,
+    add_test_tool_server,
+    ask_and_wait_for_approval,
+    browser,
+    chat_lines,
+    open_new_chat,
+    pick_tool,
+    remove_tool_server,
+    send,
+    wait_page_loaded,
+)
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from server_utils import ServerProcess, wait_until
@@ -424,6 +439,41 @@ def test_stop_aborts_the_request_on_the_remote_and_frees_its_kv(browser, app, re
     assert after["requests_aborted_total"] == before["requests_aborted_total"] + 1, (before, after)
     assert wait_until(lambda: "stopped" in stats_text(page), 10), stats_text(page)
     page.close()
+
+
+@browser_test
+def test_a_remote_chat_calls_the_pages_mcp_tool_after_approval_and_goes_on(
+    browser,  # noqa: F811
+    app,
+    remote,
+    tmp_path,
+):
+    """The tools are the page's (the MCP server runs beside the page), the model is the
+    remote's: the forced call of add shows, waits for Allow once, runs here, and its result
+    goes back to the remote, which answers a second request."""
+    srv = remote["srv"]
+    page = open_remote_page(browser, app)
+    new_greedy_chat(page, 64)  # room for a call (the grammar lets the model write a long number)
+    add_test_tool_server(page, tmp_path / "pid")
+    try:
+        pick_tool(page, "test/add")
+        before = engine_figures(srv)
+        ask_and_wait_for_approval(page, "What is 2 + 40?", "test/add")
+        page.click("#allow-once-btn")
+        assert wait_until(lambda: "test/add · done" in chat_lines(page), 180), chat_lines(page)
+        assert wait_until(lambda: "tokens" in stats_text(page), 180), stats_text(page)
+        after = engine_figures(srv)
+        rounds = after["requests_finished_total"] - before["requests_finished_total"]
+        assert rounds == 2, "the call's round, then the answer with its result"
+        page.locator(LINE, has_text="test/add · done").locator("button").first.click()
+        opened = page.locator(LINE, has_text="test/add · done").inner_text()
+        found = re.search(r"Arguments:\s*(\{.*?\})\s*Result:\s*(-?\d+)", opened, re.S)
+        assert found, opened
+        arguments = json.loads(found.group(1))
+        assert int(found.group(2)) == arguments["a"] + arguments["b"], opened
+    finally:  # the later tests' chats (new ones start from this one's settings) call no tool
+        remove_tool_server(page)
+        page.close()
 
 
 @browser_test

@@ -2048,13 +2048,16 @@ async def test_attachments_can_be_removed_and_stay_with_their_chats_draft(
     notes.write_text("the code is plum\n", encoding="utf-8")
     a, b = store.create(title="a").id, store.create(title="b").id
     await page.select(a, None, request)
-    line, button = await page.attach([uploaded(page, notes)], request)
+    line, button, *_ = await page.attach([uploaded(page, notes)], request)
     assert "notes.txt" in line and button["visible"] is True
-    assert await page.unattach(request) == ("", {"__type__": "update", "visible": False})
+    assert (await page.unattach(request))[:2] == ("", {"__type__": "update", "visible": False})
     await page.attach([uploaded(page, notes)], request)
     await page.select(b, None, request)
     assert page.tab(request).draft.attachments == [] and said == [], said
-    assert await page.attachments_note(request) == ("", {"__type__": "update", "visible": False})
+    assert (await page.attachments_note(request))[:2] == (
+        "",
+        {"__type__": "update", "visible": False},
+    )
     await page.new_chat(None, request)
     assert page.tab(request).draft.attachments == []
     await page.select(a, None, request)
@@ -2116,8 +2119,8 @@ async def test_the_same_file_attached_twice_goes_into_the_message_once(
     notes.write_text("the code is plum\n", encoding="utf-8")
     other.parent.mkdir()
     other.write_text("the code is pear\n", encoding="utf-8")
-    first, _ = await page.attach([uploaded(page, notes)], request)
-    again, _ = await page.attach([uploaded(page, notes)], request)
+    first, *_ = await page.attach([uploaded(page, notes)], request)
+    again, *_ = await page.attach([uploaded(page, notes)], request)
     assert again == first and first.count("notes.txt") == 1, again
     assert said == ["notes.txt is already attached: it goes into your message once."], said
     await page.attach([uploaded(page, other)], request)
@@ -2550,7 +2553,7 @@ async def test_attach_and_import_read_only_files_uploaded_from_the_page(
     secret.write_text("the PIN is 4321\n", encoding="utf-8")
     notes = tmp_path / "notes.txt"
     notes.write_text("the code is plum\n", encoding="utf-8")
-    line, _ = await page.attach([str(secret)], request)  # a forged FileData: the path as sent
+    line, *_ = await page.attach([str(secret)], request)  # a forged FileData: the path as sent
     assert page.tab(request).draft.attachments == [] and "secret" not in line, page.tab(
         request
     ).draft.attachments
@@ -2560,7 +2563,7 @@ async def test_attach_and_import_read_only_files_uploaded_from_the_page(
     )  # where Gradio copies a forged path before the handler
     copied.parent.mkdir()
     copied.write_text(secret.read_text())
-    line, _ = await page.attach([str(copied), good], request)
+    line, *_ = await page.attach([str(copied), good], request)
     assert page.tab(request).draft.attachments == [("notes.txt", "the code is plum\n")], page.tab(
         request
     ).draft.attachments

@@ -26,6 +26,7 @@ from minisgl_app.chat.tool_loop import (
     DENIED,
     ROUND_LIMIT,
     STOPPED,
+    EngineTools,
     ToolBox,
     ToolLoop,
     ToolStep,
@@ -231,9 +232,10 @@ async def test_calls_past_the_round_limit_are_not_run():
 
 
 class LocalSource:
-    """What tool_loop_for asks of the chat's source: the template's tool format (none)."""
+    """What tool_loop_for asks of the chat's source: how tools reach its model (this machine's
+    engine, whose template knows no tools)."""
 
-    tool_format = None
+    tool_wire = EngineTools(None)
 
 
 @pytest.mark.anyio
@@ -318,3 +320,106 @@ def test_a_settings_form_saved_keeps_the_chats_tools():
         "test/add",
         0.0,
     )
+
+
+# ---- a remote's tools
+
+
+def test_a_remotes_streamed_tool_call_pieces_are_joined_into_one_call():
+    from openai.types.chat import ChatCompletionChunk
+
+    from minisgl_app.chat.remote_wire import ReplyTally
+
+    def chunk(delta: dict, finish: str | None = None) -> ChatCompletionChunk:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return ChatCompletionChunk.model_validate(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "m",
+                "choices": [choice],
+            }
+        )
+
+    def piece(**function) -> dict:
+        return {"index": 0, "id": "call_1" if "name" in function else None, "function": function}
+
+    tally = ReplyTally()
+    assert tally.add(chunk({"content": "Let me add. "})) == "Let me add. "
+    tally.add(chunk({"tool_calls": [piece(name="add", arguments='{"a": 2, ')]}))
+    tally.add(chunk({"tool_calls": [piece(arguments='"b": 40}')]}, "tool_calls"))
+    [call] = tally.calls().calls
+    assert (call.id, call.name, json.loads(call.arguments)) == ("call_1", "add", {"a": 2, "b": 40})
+    assert tally.ended("the remote").finish_reason == "stop"
+
+
+def test_a_remote_reads_the_chats_calls_as_openai_messages_with_a_forced_tool():
+    from minisgl_app.chat.remote_wire import OpenAITools
+
+    turns = call_turns(
+        "Sum: ", [ToolCallRecord("c1", "test/add", '{"a": 1, "b": 1}', 5, "done", "2")]
+    )
+    asked = OpenAITools().ask(request(), request().messages + turns, [ADD], [ADD])
+    assert asked.tool_choice == {"type": "function", "function": {"name": "add"}}
+    assert asked.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"a": 1, "b": 1}'
+    assert asked.messages[2] == {"role": "tool", "tool_call_id": "c1", "content": "2"}
+    assert OpenAITools().ask(request(), [], [ADD], []).tool_choice == "auto"
+
+
+# ---- a streamable-HTTP MCP server
+
+
+@pytest.mark.anyio
+async def test_a_streamable_http_server_added_by_url_lists_and_runs_its_tools(store, tmp_path):
+    import socket
+    import subprocess
+
+    from server_utils import wait_until
+
+    from minisgl_engine import free_port
+
+    port = free_port()
+    log = (tmp_path / "mcp-http.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, SERVER, "--http", str(port)], stdout=log, stderr=subprocess.STDOUT
+    )
+
+    def listening() -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    box = ToolBox()
+    try:
+        assert await asyncio.to_thread(wait_until, listening, 30), "the HTTP server did not start"
+        record = store.add_tool_server("web", url=f"http://127.0.0.1:{port}/mcp")
+        assert [(r.name, r.url) for r in store.tool_servers()] == [("web", record.url)]
+        assert {t.name for t in await box.start(record)} == {"add", "slow", "fail", "hang"}
+        assert await box.call("web/add", {"a": 2, "b": 40}) == ToolResult("42")
+        failed = await box.call("web/fail", {"reason": "no network"})
+        assert failed.is_error and "no network" in failed.text
+        await box.stop("web")
+        assert await box.call("web/add", {"a": 1, "b": 1}) == ToolResult(
+            "the MCP server 'web' is not running", True
+        )
+    finally:
+        await box.close()
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+def test_the_markdown_export_places_each_call_where_the_model_made_it(store):
+    conv = store.create("tools")
+    store.append(conv.id, "user", "2 + 40, then 1 + 1?")
+    reply = store.append(conv.id, "assistant", "")
+    text = "Let me add.\nFirst: 42. Then: 2."
+    first = ToolCallRecord(
+        "c1", "test/add", '{"a": 2, "b": 40}', len("Let me add.\n"), "done", "42"
+    )
+    second = ToolCallRecord("c2", "test/add", '{"a": 1, "b": 1}', len(text) - 2, "done", "2")
+    store.update_message(reply.id, text, tool_calls=(first, second))
+    md = store.export_markdown(conv.id)
+    order = [md.index(s) for s in ("Let me add.", '"b": 40', "First: 42. Then:", '"b": 1}', "2.\n")]
+    assert order == sorted(order), md
+    assert md.count("**Tool call** `test/add` (done):") == 2

@@ -254,3 +254,72 @@ def test_the_policy_is_a_chat_setting_with_the_first_choice_as_default(store):
     # a chat stored before the setting existed reads the default
     old = {k: v for k, v in ChatSettings().to_dict().items() if k != "context_policy"}
     assert ChatSettings.from_dict(old) == replace(ChatSettings(), context_policy=DROP_OLDEST)
+
+
+def tool_source_and_box():
+    """The demo model's counting LocalEngine (its template knows no tools: the default tool
+    prompt) and a ToolBox whose server "test" runs ``add``."""
+    from minisgl_app.chat.mcp_tools import ToolInfo
+    from minisgl_app.chat.tool_loop import ToolBox
+
+    client = SimpleNamespace(
+        tokenizer_path=str(demo_model_dir()),
+        max_context_len=8192,
+        model_name="demo",
+        tool_format=None,
+    )
+    box = ToolBox()
+    box.tools["test"] = [ToolInfo("test", "add", "Add two whole numbers.", {"type": "object"})]
+    return LocalEngine(client), box
+
+
+@needs_demo
+def test_the_meter_of_a_chat_with_tools_counts_them_as_the_reply_offers_them(store):
+    from minisgl_app.chat.reply_request import chat_tool_loop, meter_text, tool_loop_for
+
+    source, box = tool_source_and_box()
+    conv = store.create("tools", ChatSettings(tools=("test/add",)))
+    store.append(conv.id, "user", "What is 2 + 40?")
+    store.append(conv.id, "assistant", "42.")
+    conv = store.get(conv.id)
+    store.append(conv.id, "user", "And 1 + 1?")
+    sent = store.get(conv.id)
+    request = reply_request(sent, sent.messages, source, continuing=False)
+    request, loop = tool_loop_for(sent, sent.messages, request, box, source)
+    asked = loop.first_round(request)
+    expected = source.count_prompt_tokens(asked.messages, asked.chat_template_kwargs)
+    loop = chat_tool_loop(conv.settings, box, source)
+    assert (
+        meter_text(conv, conv.settings, "And 1 + 1?", source, loop)
+        == f"{expected:,} / 8,192 tokens"
+    )
+    without = meter_text(conv, conv.settings, "And 1 + 1?", source)
+    assert int(without.split(" /")[0].replace(",", "")) < expected, "the tool prompt counts"
+
+
+@needs_demo
+def test_a_chat_with_tools_drops_whole_turns_and_keeps_each_call_with_its_result(store):
+    from minisgl_app.chat.reply_request import tool_loop_for
+    from minisgl_app.chat.store import ToolCallRecord
+    from minisgl_app.chat.tool_loop import spelled_out
+
+    source, box = tool_source_and_box()
+    conv_id = long_chat(store, ChatSettings(tools=("test/add",)))
+    for reply in store.get(conv_id).messages[1:4:2]:  # each long turn's reply called add
+        call = ToolCallRecord(f"call-{reply.id}", "test/add", '{"a": 1, "b": 1}', 0, "done", "2")
+        store.update_message(reply.id, reply.content, tool_calls=(call,))
+    conv = store.get(conv_id)
+    request = reply_request(conv, conv.messages, source, continuing=False)
+    request, loop = tool_loop_for(conv, conv.messages, request, box, source)
+    whole = loop.first_round(request)
+    assert source.count_prompt_tokens(whole.messages, whole.chat_template_kwargs) > 8192
+    fitted, read_from = fitted_request(conv, conv.messages, request, source, DROP_OLDEST, loop)
+    assert read_from == conv.messages[2].id  # the first turn dropped whole, its call with it
+    spelled = spelled_out(fitted.messages)
+    roles = [m["role"] for m in spelled]
+    assert roles == ["user", "assistant", "tool", "assistant", "user"], roles
+    assert spelled[1]["tool_calls"][0]["id"] == spelled[2]["tool_call_id"]
+    assert spelled[2]["tool_call_id"] == f"call-{conv.messages[3].id}"
+    asked = loop.first_round(fitted)  # the default tool prompt: tools in a system turn
+    assert "add" in asked.messages[0]["content"], "the tool prompt is read (and counted)"
+    assert source.count_prompt_tokens(asked.messages, asked.chat_template_kwargs) <= 8192 - 512

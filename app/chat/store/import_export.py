@@ -70,8 +70,7 @@ class ImportExportMixin(StoreBase):
         if conv.settings.system_prompt:
             out += ["**System prompt:**", "", _quote(conv.settings.system_prompt), ""]
         for m in conv.messages:
-            out += [f"## {m.role.capitalize()}", "", _with_line_breaks(m.content), ""]
-            out += [line for call in m.tool_calls for line in _tool_call_markdown(call)]
+            out += [f"## {m.role.capitalize()}", "", *_text_and_calls(m.content, m.tool_calls)]
             line = " · ".join(
                 x
                 for x in (
@@ -168,8 +167,23 @@ def _insert_messages(conn: sqlite3.Connection, conv_id: int, plan: ImportPlan, n
     return new_ids[plan.leaf][0]
 
 
+def _text_and_calls(content: str, calls: tuple[ToolCallRecord, ...]) -> list[str]:
+    """A message's lines: its text, with each of its tool calls where the model made it (the
+    call's offset in the text), as the page shows them."""
+    out: list[str] = []
+    start = 0
+    for offset in sorted({min(c.offset, len(content)) for c in calls}):
+        if piece := content[start:offset].strip():
+            out += [_with_line_breaks(piece), ""]
+        here = [c for c in calls if min(c.offset, len(content)) == offset]
+        out += [line for call in here for line in _tool_call_markdown(call)]
+        start = offset
+    rest = content[start:].strip() if calls else content
+    return out + [_with_line_breaks(rest), ""] if rest or not calls else out
+
+
 def _tool_call_markdown(call: ToolCallRecord) -> list[str]:
-    """A tool call under its reply: the tool, its arguments and its result, as code blocks."""
+    """A tool call in its reply: the tool, its arguments and its result, as code blocks."""
     return [
         f"**Tool call** `{call.tool}` ({call.state}):",
         "",
