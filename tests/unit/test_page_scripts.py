@@ -62,7 +62,7 @@ def test_gradio_runs_the_page_script_at_once_as_a_function_body() -> None:
       const js = require('fs').readFileSync(0, 'utf8').trim().replace(/;+$/, '');
       let expression = true;
       try { new Function(`return (\\n${js}\\n);`); } catch { expression = false; }
-      const window = {};
+      const window = Object.defineProperty({}, 'addEventListener', {value() {}});  // not a name the script defines
       const document = new Proxy({}, {get: () => () => null});
       Object.assign(globalThis, {window, document, navigator: {}, addEventListener() {}, matchMedia: () => ({matches: false}),
                                  MutationObserver: class { observe() {} }, ResizeObserver: class { observe() {} },
