@@ -23,14 +23,10 @@ per plane.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..weights.gguf_tensors import dequantize_gguf
-
-if TYPE_CHECKING:
-    from .quantized_gpu import GpuGroupWeight
 
 GROUP = 32  # inputs per scale in the packed kernel
 _ROW_MULTIPLE = 16  # the packing wants the output dimension in multiples of 16
@@ -392,14 +388,9 @@ class NativeRows:
         return out.to(dtype).reshape(*ids.shape, self.head.in_features)
 
 
-def pack_weight(planes: Planes) -> NativeWeight | PackedWeight | GpuGroupWeight | None:
-    """The fastest form of these planes on their device: on a GPU the group kernels (None where
-    they do not take the shape: the caller widens the weight); on CPU our C kernels where they
-    are built and take the shape, else torch's packed 4-bit kernel."""
-    if planes.codes.is_cuda:
-        from .quantized_gpu import gpu_group_weight
-
-        return gpu_group_weight(planes, planes.codes.device)
+def pack_weight(planes: Planes) -> NativeWeight | PackedWeight:
+    """The fastest CPU form of these planes: our C kernels where they are built and take the
+    shape, else torch's packed 4-bit kernel (a GPU's form: quantized_gpu.gpu_group_weight)."""
     from ..kernels.cpu_native import native_kernels
 
     lib = native_kernels()

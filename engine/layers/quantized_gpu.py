@@ -69,15 +69,9 @@ class GpuGroupWeight:
                 gate, up = out.chunk(2, dim=-1)
                 out = F.silu(gate) * up
             return out
-        weight = self.widened(x.dtype)
-        if out_dtype == torch.float32 and x.dtype != torch.float32:
-            from .linear import float32_logits
-
-            out = float32_logits(x, weight)
-        else:
-            out = F.linear(x, weight)
-            if out_dtype is not None:
-                out = out.to(out_dtype)
+        out = F.linear(x, self.widened(x.dtype))
+        if out_dtype is not None:
+            out = out.to(out_dtype)
         if silu_mul:
             gate, up = out.chunk(2, dim=-1)
             out = F.silu(gate) * up

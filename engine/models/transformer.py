@@ -41,7 +41,7 @@ from ..layers.quantized import (
     quantize_float,
     stack_rows,
 )
-from ..layers.quantized_gpu import GpuGroupWeight
+from ..layers.quantized_gpu import GpuGroupWeight, gpu_group_weight
 from ..layers.rotary import RopeInputs, RotaryEmbedding
 from ..weights.gguf_tensors import GGUFTensor
 
@@ -389,9 +389,11 @@ class CausalLM(nn.Module):
 
     @staticmethod
     def _hold_quantized(module: Linear, planes: Planes) -> None:
-        """``module``'s weight held as ``planes`` in its device's kernel form; widened into the
-        weight where that form does not take the shape (the GPU's group kernels)."""
-        quant = pack_weight(planes)
+        """``module``'s weight held as ``planes`` in the kernel form of the planes' device;
+        widened into the weight where that form does not take the shape (the GPU's group
+        kernels)."""
+        codes = planes.codes
+        quant = gpu_group_weight(planes, codes.device) if codes.is_cuda else pack_weight(planes)
         if quant is None:
             module.weight.data.copy_(planes.dequantize())
             return
