@@ -378,6 +378,15 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         )
     if staged:
         move_to(model, device)
+    if device.type == "cuda" and quantization in ("gguf", "int4", "int8"):
+        from .layers.quantized_gpu import check_group_kernels
+
+        turned_off = check_group_kernels(device, dtype)
+        if turned_off:
+            logger.warning(
+                "the %s group kernel(s) turned off: those products widen the weight (slower)",
+                " and ".join(turned_off),
+            )
     if quantization != "none":
         return_freed_memory()
     model.eval()

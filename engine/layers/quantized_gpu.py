@@ -11,10 +11,14 @@ cuBLAS.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
 from .quantized import GroupCodes, Planes, group_codes
+
+logger = logging.getLogger(__name__)
 
 # up to this many rows the tiled kernel widens the codes in registers; above, the weight is
 # widened once into memory and cuBLAS multiplies (a long prefill, where the product's arithmetic
@@ -24,6 +28,11 @@ TILED_MAX_ROWS = 256
 
 class GpuGroupWeight:
     """A [out, in] weight as group codes on the GPU; ``matmul(x)`` is ``x @ weight.T``."""
+
+    # rows up to which the one-row and the tiled kernels run (check_group_kernels turns off one
+    # that this Triton or GPU does not compile or gets wrong: those rows widen the weight)
+    one_row_kernel = True
+    tiled_max_rows = TILED_MAX_ROWS
 
     def __init__(self, layout: GroupCodes) -> None:
         self.layout = layout
@@ -45,7 +54,7 @@ class GpuGroupWeight:
     ) -> torch.Tensor:
         """``x @ weight.T`` in ``out_dtype`` (default ``x``'s); ``silu_mul``: the weight stacks
         gate and up rows and the result is SwiGLU's ``silu(gate) * up``."""
-        if x.shape[0] == 1:
+        if x.shape[0] == 1 and self.one_row_kernel:
             from ..kernels.triton_quant import group_gemv
 
             layout = self.layout
@@ -58,7 +67,7 @@ class GpuGroupWeight:
                 out_dtype=out_dtype,
                 silu_mul=silu_mul,
             )
-        if x.shape[0] <= TILED_MAX_ROWS:
+        if 1 < x.shape[0] <= self.tiled_max_rows:
             from ..kernels.triton_quant import group_matmul
 
             layout = self.layout
@@ -86,3 +95,34 @@ def gpu_group_weight(planes: Planes, device: torch.device) -> GpuGroupWeight | N
     except ValueError:
         return None
     return GpuGroupWeight(layout.to(device))
+
+
+def check_group_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
+    """Run the one-row and the tiled kernels once on a small matrix against the widened product
+    (at load, before CUDA graphs are captured); a kernel that fails to compile here or disagrees
+    is turned off for this process and its rows widen the weight instead. Returns what was
+    turned off, for the log."""
+    from .quantized import int4_planes, int8_planes
+
+    gen = torch.Generator().manual_seed(0)
+    turned_off = []
+    for planes_of in (int4_planes, int8_planes):
+        weight = GpuGroupWeight(
+            group_codes(planes_of(torch.randn(64, 128, generator=gen))).to(device)
+        )
+        for rows, kernel in ((1, "one-row"), (3, "tiled")):
+            x = torch.randn(rows, 128, generator=gen).to(device, dtype)
+            want = F.linear(x.float(), weight.widened(torch.float32))
+            try:
+                got = weight.matmul(x).float()
+                ok = bool((got - want).abs().max() <= 0.02 * want.abs().max())
+            except Exception as exc:  # a compiler or launch error of this Triton/GPU
+                logger.warning("the %s group kernel does not run here: %s", kernel, exc)
+                ok = False
+            if not ok and kernel not in turned_off:
+                turned_off.append(kernel)
+    if "one-row" in turned_off:
+        GpuGroupWeight.one_row_kernel = False
+    if "tiled" in turned_off:
+        GpuGroupWeight.tiled_max_rows = 1
+    return turned_off

@@ -200,3 +200,22 @@ def test_a_model_on_group_weights_gives_the_logits_of_its_widened_weights(kind, 
     for ours, want in zip(grouped, widened):
         assert ours.dtype == torch.float32
         torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_group_kernel_that_fails_here_is_turned_off_and_its_rows_widen(monkeypatch) -> None:
+    """At load the engine runs each kernel once (check_group_kernels): one that does not compile
+    on this Triton or GPU is turned off, and its rows go through the widened weight instead."""
+    from minisgl_engine.layers import quantized_gpu
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such instruction on this GPU")
+
+    monkeypatch.setattr(tq, "group_matmul", broken)
+    monkeypatch.setattr(GpuGroupWeight, "tiled_max_rows", quantized_gpu.TILED_MAX_ROWS)
+    monkeypatch.setattr(GpuGroupWeight, "one_row_kernel", True)
+    assert quantized_gpu.check_group_kernels(DEVICE, DTYPE) == ["tiled"]
+    assert GpuGroupWeight.tiled_max_rows == 1 and GpuGroupWeight.one_row_kernel
+    planes = planes_for("int4", 64, 256, seed=9)
+    weight = GpuGroupWeight(group_codes(planes).to(DEVICE))
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(3)).to(DTYPE)
+    close(weight.matmul(x.to(DEVICE)).cpu(), x.float() @ planes.dequantize().T, 2 * RTOL)
