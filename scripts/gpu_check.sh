@@ -263,7 +263,7 @@ print(llm.generate(['The capital of France is'])[0])
       # shellcheck disable=SC2086
       timeout 300 python3 -m pytest -q -s -p no:cacheprovider ${GROUP_TESTS:-tests/gpu/test_group_kernels.py tests/gpu/test_cuda.py} -k "group or gguf_stays or quantized_at_load" 2>&1 | tee "$OUT/groupweights.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      timeout 240 python3 scripts/gpu_group_sweep.py 2>&1 | tee -a "$OUT/groupweights.log"
+      [ "${GROUP_SWEEP:-1}" = 1 ] && timeout 240 python3 scripts/gpu_group_sweep.py 2>&1 | tee -a "$OUT/groupweights.log"
       for run in ${GROUP_RUNS:-qwen3-8b:none qwen3-8b:int4 qwen3-8b:int8 qwen3-8b:fp8 qwen3-0.6b:none qwen3-0.6b:int4}; do
         # shellcheck disable=SC2086
         timeout 200 "${CLI[@]}" bench decode --device cuda --dummy-weights --config "${run%%:*}" --quantization "${run##*:}" ${GROUP_ARGS:---input-len 128 --output-len 128 --repeat 2} 2>&1 | grep -E '^ +[0-9]|^\{' | tee -a "$OUT/groupweights.log"
