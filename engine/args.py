@@ -39,9 +39,10 @@ def _add_model_flags(g: argparse._ArgumentGroup, d: EngineConfig) -> None:
     g.add_argument(
         "--quantization",
         default=d.quantization,
-        choices=["auto", "none", "int4", "int8", "fp8"],
-        help="auto = a GGUF's quantized weights stay quantized (CPU, or a GPU with one rank), other "
-        "checkpoints as stored; none = widen every weight to --dtype (the reference); int4 | int8 = "
+        choices=["auto", "none", "gguf", "int4", "int8", "fp8"],
+        help="auto = a GGUF's quantized weights stay quantized on CPU (widened on a GPU), other "
+        "checkpoints as stored; gguf = keep a GGUF's blocks on a GPU too (one rank); none = widen "
+        "every weight to --dtype (the reference); int4 | int8 = "
         "quantize a float checkpoint at load, in groups of 32; fp8 (GPU, compute capability 8.9+) = the decoder "
         "layers' projections in FP8 with a scale per row, half the bytes of bf16 (default: %(default)s)",
     )

@@ -203,13 +203,13 @@ def return_freed_memory() -> None:
 
 def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: bool) -> str:
     """How the weights are held: "gguf" (a GGUF's blocks kept quantized: repacked for the CPU
-    kernels, or the GPU's group kernels), "int4" or "int8" (a float checkpoint quantized at load,
+    kernels, the default there, or for the GPU's group kernels when asked), "int4" or "int8" (a float checkpoint quantized at load,
     for the same kernels), "fp8" (the decoder layers' projections in FP8 at load, GPU), or
     "none" (every weight in the model dtype)."""
     kind = config.quantization
-    if kind not in ("auto", "none", "int4", "int8", "fp8"):
+    if kind not in ("auto", "none", "gguf", "int4", "int8", "fp8"):
         raise UserError(
-            f"unsupported --quantization {kind!r}; use auto, none, int4, int8 or fp8 (GPU)"
+            f"unsupported --quantization {kind!r}; use auto, none, gguf, int4, int8 or fp8 (GPU)"
         )
     if kind == "fp8":
         from .layers.fp8 import fp8_unavailable_reason
@@ -221,6 +221,15 @@ def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: b
             )
         return kind
     reason = group_kernels_unavailable_reason(device)
+    if kind == "gguf":
+        if not from_gguf:
+            raise UserError(
+                "--quantization gguf keeps a GGUF file's quantized blocks, and this model is no "
+                "GGUF; use int4, int8 or fp8 to quantize it at load"
+            )
+        if reason is not None:
+            raise UserError(f"--quantization gguf: {reason}; use --quantization none")
+        return kind
     if kind in ("int4", "int8"):
         if reason is not None:
             raise UserError(f"--quantization {kind}: {reason}; use --quantization none")
@@ -230,7 +239,10 @@ def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: b
                 "(use --quantization auto to keep its blocks, or none)"
             )
         return kind
-    return "gguf" if kind == "auto" and from_gguf and reason is None else "none"
+    # on a GPU a GGUF is widened unless asked (--quantization gguf) or it only fits quantized
+    # (the fit check says so): the 16-bit path's fused kernels are faster for small models
+    keep = kind == "auto" and from_gguf and reason is None and device.type == "cpu"
+    return "gguf" if keep else "none"
 
 
 def group_kernels_unavailable_reason(device: torch.device) -> str | None:
@@ -271,8 +283,11 @@ def check_model_fits(
     weight_bytes: int,
     device: torch.device,
     dtype: torch.dtype,
+    gguf_kept_bytes: int | None = None,
 ) -> None:
-    """The weights and a KV cache of up to 4,096 tokens fit the device, or a UserError says so."""
+    """The weights and a KV cache of up to 4,096 tokens fit the device, or a UserError says so
+    (on a GPU, with the --quantization that would fit: for a GGUF widened, keeping its blocks,
+    about ``gguf_kept_bytes``)."""
     from .kvcache.kv_pool import KVPool, resolve_kv_dtype
 
     kv_dtype = resolve_kv_dtype(config.kv_dtype, dtype, device.type)
@@ -285,9 +300,11 @@ def check_model_fits(
         from .layers.fp8 import fp8_unavailable_reason
 
         kinds = ["fp8"] if fp8_unavailable_reason(device) is None else []
-        if group_kernels_unavailable_reason(device) is None:
+        if group_kernels_unavailable_reason(device) is None and gguf_kept_bytes is None:
             kinds += ["int8", "int4"]
         quantized = {kind: param_bytes(model_config, dtype, kind) for kind in kinds}
+        if group_kernels_unavailable_reason(device) is None and gguf_kept_bytes is not None:
+            quantized["gguf"] = gguf_kept_bytes
     check_fits(
         name,
         weight_bytes,
@@ -343,7 +360,10 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         weight_bytes = param_bytes(model_config, dtype, quantization)
     else:
         weight_bytes = weights_nbytes(model_dir, dtype, keep_gguf_blocks=quantization == "gguf")
-    check_model_fits(config, model_config, name, weight_bytes, device, dtype)
+    gguf_kept_bytes = None
+    if gguf_file is not None and quantization == "none" and device.type == "cuda":
+        gguf_kept_bytes = weights_nbytes(model_dir, dtype, keep_gguf_blocks=True)
+    check_model_fits(config, model_config, name, weight_bytes, device, dtype, gguf_kept_bytes)
 
     with torch.device("cpu" if staged else device):
         default_dtype = torch.get_default_dtype()

@@ -418,7 +418,7 @@ def test_a_checkpoint_quantized_at_load_never_holds_its_16_bit_weights_on_the_gp
 def test_a_gguf_stays_quantized_on_the_gpu_and_agrees_with_its_widened_weights():
     """The demo GGUF (or the GGUF model folder named by MINISGL_GPU_GGUF_MODEL: the device
     carries a few layers of it, scripts/gguf_shrink.py) served on the GPU with ``--quantization
-    auto`` keeps its blocks (group codes: the projections under 3/4 of their bf16 bytes) and agrees
+    gguf`` keeps its blocks (group codes: the projections under 3/4 of their bf16 bytes) and agrees
     with the same file widened to bf16, both judged against the file widened to float32."""
     import os
 
@@ -437,7 +437,7 @@ def test_a_gguf_stays_quantized_on_the_gpu_and_agrees_with_its_widened_weights()
             dict(dtype="float32", quantization="none", attn="torch", cuda_graph_max_bs=0),
         ),
         ("bf16, widened", dict(quantization="none")),
-        ("bf16, kept quantized", dict(quantization="auto")),
+        ("bf16, kept quantized", dict(quantization="gguf")),
     ):
         llm = LLM(config=engine_config(**demo, **overrides))
         if name == "bf16, kept quantized":

@@ -119,3 +119,32 @@ def test_a_model_too_big_for_the_gpu_in_16_bits_names_the_quantization_that_fits
         model_loader.check_fits(
             "qwen3-8b", sizes["none"], 1 << 29, torch.device("cuda"), torch.bfloat16, 1, quantized
         )
+
+
+def test_quantization_gguf_keeps_a_ggufs_blocks_and_refuses_other_checkpoints():
+    """``--quantization gguf``: a GGUF's blocks kept (on CPU, where ``auto`` keeps them too);
+    asked of a float checkpoint it says what to use instead."""
+    import torch
+
+    cpu = torch.device("cpu")
+    assert model_loader.choose_quantization(EngineConfig(quantization="gguf"), cpu, True) == "gguf"
+    assert model_loader.choose_quantization(EngineConfig(quantization="auto"), cpu, True) == "gguf"
+    assert model_loader.choose_quantization(EngineConfig(quantization="auto"), cpu, False) == "none"
+    with pytest.raises(UserError, match="no GGUF; use int4, int8 or fp8"):
+        model_loader.choose_quantization(EngineConfig(quantization="gguf"), cpu, False)
+
+
+def test_a_gguf_too_big_for_the_gpu_widened_names_keeping_its_blocks(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(model_loader, "free_memory_bytes", lambda device: 6 << 30)
+    with pytest.raises(UserError, match=r"--quantization gguf \(4.9 GiB of weights\) would fit"):
+        model_loader.check_fits(
+            "a 8B GGUF",
+            15 << 30,
+            1 << 29,
+            torch.device("cuda"),
+            torch.bfloat16,
+            1,
+            {"fp8": 8 << 30, "gguf": int(4.9 * 2**30)},
+        )
