@@ -478,29 +478,43 @@ function letTheBoxGrowIntoTheChat() {
 // the other version's turns below it, followed its new end (Gradio scrolls a chat that was at its
 // end to the end), and the message went off the screen. The versions bar names the message ("Your
 // message 7", "Reply 7": the 7th of its kind in the chat); for a moment after the click, each
-// scroll or redraw of the chat puts it back where it was, until the user scrolls or clicks. A chat
-// shown in part (its first messages behind "Show N earlier messages") is left alone: its bubbles do
-// not count from the chat's first message.
+// scroll or redraw of the chat puts it back where it was, until the user scrolls or clicks. What is
+// held is the message's row (Gradio draws each message and each line under one as a row of its
+// own): the rows above it, the turns before it, are the same in either version. A reply stopped
+// before its first word shows only its line, and a bubble counted by kind missed it (the chat then
+// jumped to its new end): the row clicked to pick the message stands in for it then. A chat shown
+// in part (its first messages behind "Show N earlier messages") is left alone: its bubbles do not
+// count from the chat's first message.
 function keepASwitchedMessageInView() {
   const HOLD_MS = 10000;  // the chat may take seconds to be drawn anew on a busy machine
   const switchers = '#prev-version-btn, #next-version-btn';
-  let held = null;  // {kind, n, top: its top below the chat's visible top, until}
+  let held = null;  // {row: its index among the chat's rows, top: its top below the chat's visible top, until}
+  let picked = null;  // {kind, row}: the row last clicked in the chat (a click, or Enter on a message)
   const scroller = () => document.querySelector('#chatbot .bubble-wrap');
-  const messageOf = ({kind, n}) => document.querySelectorAll(`#chatbot [data-testid='${kind}']:not(:has(.thought-group))`)[n - 1];
+  const rows = () => [...document.querySelectorAll('#chatbot .message-row')];
+  const rowOf = ({kind, n}) => {
+    const bubble = document.querySelectorAll(`#chatbot [data-testid='${kind}']:not(:has(.thought-group))`)[n - 1];
+    const row = bubble ? rows().indexOf(bubble.closest('.message-row')) : -1;
+    return row >= 0 ? row : picked?.kind === kind ? picked.row : -1;
+  };
   const topIn = (message, box) => message.getBoundingClientRect().top - box.getBoundingClientRect().top;
+  document.addEventListener('click', (e) => {
+    const row = e.target instanceof Element && e.target.closest('#chatbot .message-row');
+    const kind = row && row.querySelector("[data-testid='user'], [data-testid='bot']")?.dataset.testid;
+    if (kind) picked = {kind, row: rows().indexOf(row)};
+  }, true);
   document.addEventListener('click', (e) => {
     if (!(e.target instanceof Element) || !e.target.closest(switchers)) return;
     const named = /^(Your message|Reply) (\d+)/.exec((document.querySelector('#versions-label')?.innerText || '').trim());
     const box = scroller();
     held = null;
     if (!named || !box || document.querySelector('#chatbot .earlier-line')) return;
-    const place = {kind: named[1] === 'Reply' ? 'bot' : 'user', n: Number(named[2])};
-    const message = messageOf(place);
-    if (message) held = {...place, top: topIn(message, box), until: Date.now() + HOLD_MS};
+    const row = rowOf({kind: named[1] === 'Reply' ? 'bot' : 'user', n: Number(named[2])});
+    if (row >= 0) held = {row, top: topIn(rows()[row], box), until: Date.now() + HOLD_MS};
   }, true);
   const keep = () => {
     if (held && Date.now() > held.until) held = null;
-    const box = held && scroller(), message = box && messageOf(held);
+    const box = held && scroller(), message = box && rows()[held.row];
     if (!message) return;
     const drift = topIn(message, box) - held.top;
     if (Math.abs(drift) > 1) box.scrollTop += drift;

@@ -10,6 +10,7 @@ import time
 import pytest
 from chat_page_utils import (  # noqa: F401 (browser: fixture)
     BROWSER_MARKS,
+    LINE,
     REPLY,
     USER,
     browser,
@@ -258,6 +259,40 @@ def test_switching_a_messages_version_keeps_that_message_in_view(open_page, app)
     assert "version 1 of 2" in page.inner_text("#versions-label")
     wait_chat_still(page)
     message = page.locator(USER, has_text="question 6, version 1").first
+    assert in_chat_view(page, message), (message.bounding_box(), page.evaluate(CHAT_SCROLL_JS))
+
+
+def test_the_next_version_of_a_reply_whose_branch_is_longer_keeps_that_reply_in_view(
+    open_page, app
+):
+    """› on the first reply of a chat that scrolls (a long first question), from a version
+    stopped before its first word (only its line under it shows) and nothing after it, to one
+    followed by many turns: the chat grew by those turns and jumped to its new end, the reply
+    7,000 px above the chat's top. It stays where it was."""
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Longer Tenrec")
+        question = store.append(conv.id, "user", "Tenrec question. " + "A long question. " * 400)
+        short = store.add_message(conv.id, question.id, "assistant", "")  # stopped at once
+        store.add_message(conv.id, question.id, "assistant", answer("Tenrec", 0))
+        for turn in range(1, 12):
+            store.append(conv.id, "user", f"Tenrec question {turn}.")
+            store.append(conv.id, "assistant", answer("Tenrec", turn))
+        store.select_message(conv.id, short.id)  # the version with nothing after it is shown
+    page = open_page(1280, 800, chat_id=conv.id)
+    line = page.locator(LINE, has_text="version 1/2").first  # all that an empty reply shows
+    line.wait_for(timeout=10_000)
+    wait_chat_still(page)
+    line.click()
+    page.locator("#versions").wait_for(state="visible", timeout=10_000)
+    assert "Reply 1" in page.inner_text("#versions-label")
+    assert page.evaluate(CHAT_SCROLL_JS) > 1000, "the chat does not scroll"
+    page.click("#next-version-btn")
+    page.locator(USER, has_text="Tenrec question 11.").wait_for(state="attached", timeout=10_000)
+    assert "version 2 of 2" in page.inner_text("#versions-label")
+    wait_chat_still(page)
+    time.sleep(1)  # Gradio follows a chat's end 300 ms after it is drawn, and again as it loads
+    wait_chat_still(page)
+    message = page.locator(REPLY, has_text="Tenrec answer 0.").first
     assert in_chat_view(page, message), (message.bounding_box(), page.evaluate(CHAT_SCROLL_JS))
 
 
