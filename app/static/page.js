@@ -62,6 +62,7 @@ function minisglStartPage(config) {
   chatListByKeyboard();
   narrowSidebar(config);
   sayWhenTheTabGoes(config);
+  watchForTheApp();
 }
 
 // The app learns that a tab went from the tab itself: a beacon as the page goes (a reload, a
@@ -382,22 +383,45 @@ function answerKeys() {
 // page says it cannot reach the app, in a note over the status line, instead of waiting without
 // a word: the browser's six connections to one host may all be held by other tabs of the app (a
 // tab's event stream holds one while its events run), or the app stopped. Read at each tick
-// asked (minisglEditing) and answered (minisglTickAnswered).
-const UNANSWERED_MS = 8000;
-const ticks = {answeredAt: Date.now()};
+// asked (minisglEditing) and answered (minisglTickAnswered), and once a second on its own: once
+// the app had stopped, Gradio asked no more ticks, and the note never showed. A hidden tab's
+// ticks are held back by the browser: a tab shown again waits a moment for one before it speaks.
+// While the app cannot be reached, Enter and Send in the message box send nothing (Gradio emptied
+// the box and the message went nowhere): the note says so, and the message stays in the box.
+const UNANSWERED_MS = 8000, SHOWN_AGAIN_MS = 3000;
+const ticks = {answeredAt: Date.now(), shownAt: Date.now(), refused: false};
+function unreachable() {
+  const now = Date.now();
+  return !document.hidden && now - ticks.answeredAt > UNANSWERED_MS && now - ticks.shownAt > SHOWN_AGAIN_MS;
+}
 function noteWhenUnanswered() {
   let note = document.getElementById('unreachable-note');
-  const unanswered = Date.now() - ticks.answeredAt > UNANSWERED_MS;
-  if (!unanswered) { if (note) note.hidden = true; return; }
+  if (!unreachable()) { if (note) note.hidden = true; ticks.refused = false; return; }
   if (!note) {
     note = document.createElement('div');
     note.id = 'unreachable-note';
     note.setAttribute('role', 'alert');
-    note.textContent = 'The page cannot reach the app: it may have stopped, or other tabs of it '
-      + 'hold all of this browser\'s connections to it (close one). Waiting…';
     document.body.append(note);
   }
+  const text = 'The page cannot reach the app: it may have stopped, or other tabs of it '
+    + 'hold all of this browser\'s connections to it (close one). Waiting…'
+    + (ticks.refused ? ' Your message was not sent: it stays in the box.' : '');
+  if (note.textContent !== text) note.textContent = text;
   note.hidden = false;
+}
+function watchForTheApp() {
+  setInterval(noteWhenUnanswered, 1000);
+  document.addEventListener('visibilitychange', () => { if (!document.hidden) ticks.shownAt = Date.now(); });
+  const refuse = (e) => {
+    if (!unreachable()) return;
+    e.preventDefault(); e.stopImmediatePropagation();
+    ticks.refused = true;
+    noteWhenUnanswered();
+  };
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && e.target instanceof Element && e.target.closest('#msg-input')) refuse(e);
+  }, true);
+  document.addEventListener('click', (e) => { if (e.target instanceof Element && e.target.closest('#send-btn')) refuse(e); }, true);
 }
 
 // A slider's ↺ puts in the value a new chat starts with, and saves it as a value typed is.

@@ -507,3 +507,33 @@ def test_on_a_phone_the_chat_takes_the_room_under_the_send_row(open_page, app):
     page.evaluate("scrollTo(0, 0)")
     stop = page.locator("#stop-btn").bounding_box()
     assert stop["y"] + stop["height"] <= 844, f"Stop is below the first screen: {stop}"
+
+
+# ---- 8. a page whose app stopped says so, and Enter says why nothing was sent
+
+
+def test_a_page_whose_app_stopped_says_so_and_enter_keeps_the_message(browser, app):
+    """With the app stopped, the page kept "Ready · 0 running", never showed its note that it
+    cannot reach the app (the note was looked at only when a tick was asked or answered, and no
+    tick was asked once the app was gone), and Enter emptied the box and said nothing. The note
+    shows within seconds, and Enter says the message was not sent, leaving it in the box."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        page = context.new_page()
+        page.goto(app.page_url)
+        wait_page_loaded(page)
+        note = page.locator("#unreachable-note")
+        assert not note.is_visible()
+        app.stop()
+        note.wait_for(state="visible", timeout=15_000)
+        assert "cannot reach the app" in note.inner_text()
+        page.fill(BOX, "Are you there, Kinkajou?")
+        page.press(BOX, "Enter")
+        assert wait_until(lambda: "not sent" in note.inner_text(), 5), note.inner_text()
+        time.sleep(1)
+        assert page.input_value(BOX) == "Are you there, Kinkajou?"
+        page.click("#send-btn")
+        assert page.input_value(BOX) == "Are you there, Kinkajou?"
+    finally:
+        context.close()
+        app.start_again()
