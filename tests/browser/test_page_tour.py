@@ -38,15 +38,23 @@ def app(chat_app):
 
 @pytest.fixture
 def open_page(browser, app):
-    """``open_page(width, height, dark=False, chat_id=None)``: a tab of its own (a fresh browser
-    context, so a session of its own) on the app, the system's colours dark or light; closed after
-    the test, the engine left idle."""
+    """``open_page(width, height, dark=False, chat_id=None, phone=False)``: a tab of its own (a
+    fresh browser context, so a session of its own) on the app, the system's colours dark or
+    light, a phone's touch screen or not; closed after the test, the engine left idle."""
     contexts = []
 
-    def make(width: int = 1280, height: int = 800, dark: bool = False, chat_id: int | None = None):
+    def make(
+        width: int = 1280,
+        height: int = 800,
+        dark: bool = False,
+        chat_id: int | None = None,
+        phone: bool = False,
+    ):
         ctx = browser.new_context(
             viewport={"width": width, "height": height},
             color_scheme="dark" if dark else "light",
+            is_mobile=phone,
+            has_touch=phone,
         )
         contexts.append(ctx)
         page = ctx.new_page()
@@ -78,6 +86,27 @@ def test_a_long_message_scrolls_inside_the_message_box_and_the_page_does_not_scr
     assert wait_until(lambda: page_height(page) <= 800, 5), (page_height(page), box.bounding_box())
     where = box.bounding_box()
     assert where["y"] + where["height"] <= 800, where
+    assert box.evaluate("t => t.scrollHeight > t.clientHeight"), "the box shows all of its text"
+
+
+def test_on_a_phone_a_long_message_scrolls_inside_the_box_and_send_stays_on_the_screen(
+    open_page, app
+):
+    """On a phone (390x844, a touch screen) a 1,300-character message grew the box to 200 px
+    below the chat: Send and Stop went to y = 879, off the screen, and the page scrolled (979 px
+    tall). As on a wide screen, the box grows into the chat and then scrolls inside itself;
+    with the versions bar shown too."""
+    chat_id = stored_long_chat(app, "Thumbed Tuco", turns=2)
+    page = open_page(390, 844, chat_id=chat_id, phone=True)
+    pick_message(page, "Thumbed Tuco question 1")
+    page.evaluate("scrollTo(0, 0)")
+    box = page.locator(BOX)
+    page.fill(BOX, "Long text line with many words for the layout test. " * 25)
+    assert wait_until(lambda: box.bounding_box()["height"] > 100, 5), box.bounding_box()
+    assert wait_until(lambda: page_height(page) <= 844, 5), (page_height(page), box.bounding_box())
+    for part in (BOX, "#send-btn", "#stop-btn"):
+        where = page.locator(part).bounding_box()
+        assert where["y"] >= 0 and where["y"] + where["height"] <= 844, (part, where)
     assert box.evaluate("t => t.scrollHeight > t.clientHeight"), "the box shows all of its text"
 
 
