@@ -18,7 +18,8 @@
 // Enter on an empty box does nothing (Send is disabled then). In a message's edit box (✎) Enter
 // saves and Shift+Enter starts a new line, as in the message box, and Escape cancels the edit.
 // Enter in a settings number box saves it (it is left, as a click elsewhere does). Toasts open
-// over the sidebar's bottom on a wide screen, at the screen's top on a narrow one.
+// over the sidebar's bottom on a wide screen, at the screen's top on a narrow one (in the other
+// half while the settings box last used shows in that one).
 
 /* exported minisglStartPage */
 function minisglStartPage(config) {
@@ -606,19 +607,35 @@ function watchTheChat(changed) {
 
 // Toasts open at the bottom of the sidebar, as wide as it, on a wide screen, clear of the chat's
 // messages and of the message box; on a narrow screen (config.narrowQuery) at the screen's top, over
-// the bar of ☰ Chats and the status line. Their place is kept in --mc-toast-top, --mc-toast-bottom,
-// --mc-toast-left and --mc-toast-width (page.css), as the window or the sidebar changes.
+// the bar of ☰ Chats and the status line. A toast about a settings box covered it there (Max tokens
+// refused, at 1280x800: the toast over the box and the value put back in it): while the box last
+// used in the sidebar shows in the half of the screen where toasts open, they open in the other
+// half (the sidebar's top, the screen's bottom). Their place is kept in --mc-toast-top,
+// --mc-toast-bottom, --mc-toast-left and --mc-toast-width (page.css), as the window, the sidebar
+// or that box's place changes.
 function placeToastsOverTheSidebar(config) {
   const sidebar = document.querySelector('#sidebar');
   if (!sidebar) return setTimeout(placeToastsOverTheSidebar, 200, config);
+  let field = null;  // the box last used in the sidebar
+  const fieldBox = () => (field?.isConnected && field.getClientRects().length ? field.getBoundingClientRect() : null);
+  const placed = {};
   const place = () => {
     const box = sidebar.getBoundingClientRect(), gap = parseFloat(getComputedStyle(sidebar).paddingRight) || 0;
     const wide = !matchMedia(config.narrowQuery).matches && box.width > 0;
-    const vars = wide
-      ? {top: 'auto', bottom: '16px', left: `${Math.max(0, box.left)}px`, width: `${Math.max(0, box.width - gap)}px`}
-      : {top: '4px', bottom: 'auto', left: '12px', width: 'calc(100vw - 24px)'};
-    for (const [name, value] of Object.entries(vars)) document.documentElement.style.setProperty(`--mc-toast-${name}`, value);
+    const used = fieldBox(), middle = innerHeight / 2;
+    const low = wide ? !(used && used.bottom > middle) : !!(used && used.top < middle);  // at the bottom
+    const vars = {top: low ? 'auto' : wide ? '16px' : '4px', bottom: !low ? 'auto' : wide ? '16px' : '4px',
+      ...(wide ? {left: `${Math.max(0, box.left)}px`, width: `${Math.max(0, box.width - gap)}px`}
+        : {left: '12px', width: 'calc(100vw - 24px)'})};
+    for (const [name, value] of Object.entries(vars)) {
+      if (placed[name] !== value) document.documentElement.style.setProperty(`--mc-toast-${name}`, value);
+      placed[name] = value;
+    }
   };
+  document.addEventListener('focusin', (e) => {
+    if (e.target instanceof Element && e.target.matches('#sidebar input, #sidebar textarea')) { field = e.target; place(); }
+  }, true);
+  document.addEventListener('scroll', () => { if (field) place(); }, true);  // the box moved with what scrolled
   new ResizeObserver(place).observe(sidebar);
   addEventListener('resize', place);
   place();

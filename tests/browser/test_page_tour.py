@@ -248,6 +248,26 @@ def test_toasts_hide_no_message_and_the_latest_replaces_the_ones_before(open_pag
     assert where["y"] >= 0 and where["y"] + where["height"] <= 800, where
 
 
+def test_a_settings_toast_does_not_cover_the_box_it_is_about(open_page, app):
+    """Max tokens 0 and Enter at 1280x800: the toast that refused it (y 601-784, over the
+    sidebar's bottom) covered the Max tokens box (y 699-738), the value the page put back
+    included. A toast opens where it does not cover the settings box last used in the sidebar;
+    on a phone too (toasts open at its top)."""
+    chat_id = stored_long_chat(app, "Covered Cusimanse", turns=1)
+    for width, height, phone in ((1280, 800, False), (390, 844, True)):
+        page = open_page(width, height, chat_id=chat_id, phone=phone)
+        if phone:
+            page.mouse.wheel(0, 80)  # as a person reaches the box
+        refuse_max_tokens(page, ("0",))
+        field = page.locator("#max-tokens input").bounding_box()
+        toast = page.locator(".toast-body").bounding_box()
+        assert not overlap(toast, field), (width, toast, field)
+        assert toast["y"] >= 0 and toast["y"] + toast["height"] <= height, (width, toast)
+        if not phone:
+            for part in ("#chatbot", "#composer"):
+                assert not overlap(toast, page.locator(part).bounding_box()), part
+
+
 # ---- 11. ‹ › keep the message whose version changed in view
 
 
