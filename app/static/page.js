@@ -444,7 +444,7 @@ function resetSlidersToDefaults(config) {
 // HTML in a message is shown as text by a mark after its "<" (view.shown_literally), an image as
 // a link whose alt text is between two marks (U+2062), inline math between two marks (U+2063):
 // what is copied (Copy, a code block's copy, a selection) is the text as typed, without the marks
-// (view.typed_text)
+// (view.typed_text), and a message's accessible name has none of them
 function keepTypedTextTyped() {
   const unmark = (text) => String(text).replace(/\[🖼 \u2062([^\u2062]*)\u2062[^\]\u2062]*\]\(/g, '![$1](')
     .replace(/([<&!])\u2060/g, '$1').replace(/\u2063/g, '');
@@ -483,6 +483,17 @@ function keepTypedTextTyped() {
     }
   };
   watchTheChat(unmarkEditBoxes);
+  // Gradio names each message by its text (aria-label, read by a screen reader): the marks,
+  // invisible on the screen, were in it; they are taken out of the chat's names and titles
+  const unmarkNames = () => {
+    for (const e of document.querySelectorAll('#chatbot [aria-label], #chatbot [title]')) {
+      for (const name of ['aria-label', 'title']) {
+        const value = e.getAttribute(name);
+        if (value && /[\u2060\u2062\u2063]/.test(value)) e.setAttribute(name, value.replace(/[\u2060\u2062\u2063]/g, ''));
+      }
+    }
+  };
+  watchTheChat(unmarkNames);
 }
 
 // The message box grows with its text into the chat above it (page.css): what it takes beyond

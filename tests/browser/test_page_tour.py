@@ -586,3 +586,30 @@ def test_a_page_whose_app_stopped_says_so_and_enter_keeps_the_message(browser, a
     finally:
         context.close()
         app.start_again()
+
+
+# ---- N4. a message's accessible name has no invisible marks
+
+
+MARKED_NAMES_JS = """() => [...document.querySelectorAll('#chatbot [aria-label], #chatbot [title]')]
+  .flatMap((e) => [e.getAttribute('aria-label') || '', e.getAttribute('title') || ''])
+  .filter((name) => /[\\u2060\\u2062\\u2063]/.test(name))"""
+
+
+def test_a_messages_accessible_name_has_no_invisible_marks(open_page, app):
+    """A message's aria-label (what a screen reader says) carried the page's invisible marks
+    (U+2063 around inline math, U+2062 in an image's link, U+2060 after a "<" shown as typed):
+    they are taken out of the names in the chat."""
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Marked Mara")
+        store.append(conv.id, "user", "Mara: is <b> a tag? And $x^2$?")
+        store.append(
+            conv.id,
+            "assistant",
+            "Yes, <b> is a tag; $x^2$ is math. ![a mara](https://x.test/m.png)",
+        )
+    page = open_page(1280, 800, chat_id=conv.id)
+    page.locator(REPLY).first.locator(".katex").first.wait_for(timeout=10_000)
+    named = page.locator("#chatbot [aria-label*='Mara']")
+    assert wait_until(lambda: named.count() > 0, 5)
+    assert wait_until(lambda: not page.evaluate(MARKED_NAMES_JS), 5), page.evaluate(MARKED_NAMES_JS)
