@@ -18,7 +18,8 @@
 // Enter on an empty box does nothing (Send is disabled then). In a message's edit box (✎) Enter
 // saves and Shift+Enter starts a new line, as in the message box, and Escape cancels the edit.
 // Enter in a settings number box saves it (it is left, as a click elsewhere does). Toasts open
-// over the sidebar's bottom on a wide screen, at the screen's top on a narrow one.
+// over the sidebar's bottom on a wide screen, at the screen's top on a narrow one (in the other
+// half while the settings box last used shows in that one).
 
 /* exported minisglStartPage */
 function minisglStartPage(config) {
@@ -62,6 +63,7 @@ function minisglStartPage(config) {
   chatListByKeyboard();
   narrowSidebar(config);
   sayWhenTheTabGoes(config);
+  watchForTheApp();
 }
 
 // The app learns that a tab went from the tab itself: a beacon as the page goes (a reload, a
@@ -382,22 +384,45 @@ function answerKeys() {
 // page says it cannot reach the app, in a note over the status line, instead of waiting without
 // a word: the browser's six connections to one host may all be held by other tabs of the app (a
 // tab's event stream holds one while its events run), or the app stopped. Read at each tick
-// asked (minisglEditing) and answered (minisglTickAnswered).
-const UNANSWERED_MS = 8000;
-const ticks = {answeredAt: Date.now()};
+// asked (minisglEditing) and answered (minisglTickAnswered), and once a second on its own: once
+// the app had stopped, Gradio asked no more ticks, and the note never showed. A hidden tab's
+// ticks are held back by the browser: a tab shown again waits a moment for one before it speaks.
+// While the app cannot be reached, Enter and Send in the message box send nothing (Gradio emptied
+// the box and the message went nowhere): the note says so, and the message stays in the box.
+const UNANSWERED_MS = 8000, SHOWN_AGAIN_MS = 3000;
+const ticks = {answeredAt: Date.now(), shownAt: Date.now(), refused: false};
+function unreachable() {
+  const now = Date.now();
+  return !document.hidden && now - ticks.answeredAt > UNANSWERED_MS && now - ticks.shownAt > SHOWN_AGAIN_MS;
+}
 function noteWhenUnanswered() {
   let note = document.getElementById('unreachable-note');
-  const unanswered = Date.now() - ticks.answeredAt > UNANSWERED_MS;
-  if (!unanswered) { if (note) note.hidden = true; return; }
+  if (!unreachable()) { if (note) note.hidden = true; ticks.refused = false; return; }
   if (!note) {
     note = document.createElement('div');
     note.id = 'unreachable-note';
     note.setAttribute('role', 'alert');
-    note.textContent = 'The page cannot reach the app: it may have stopped, or other tabs of it '
-      + 'hold all of this browser\'s connections to it (close one). Waiting…';
     document.body.append(note);
   }
+  const text = 'The page cannot reach the app: it may have stopped, or other tabs of it '
+    + 'hold all of this browser\'s connections to it (close one). Waiting…'
+    + (ticks.refused ? ' Your message was not sent: it stays in the box.' : '');
+  if (note.textContent !== text) note.textContent = text;
   note.hidden = false;
+}
+function watchForTheApp() {
+  setInterval(noteWhenUnanswered, 1000);
+  document.addEventListener('visibilitychange', () => { if (!document.hidden) ticks.shownAt = Date.now(); });
+  const refuse = (e) => {
+    if (!unreachable()) return;
+    e.preventDefault(); e.stopImmediatePropagation();
+    ticks.refused = true;
+    noteWhenUnanswered();
+  };
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && e.target instanceof Element && e.target.closest('#msg-input')) refuse(e);
+  }, true);
+  document.addEventListener('click', (e) => { if (e.target instanceof Element && e.target.closest('#send-btn')) refuse(e); }, true);
 }
 
 // A slider's ↺ puts in the value a new chat starts with, and saves it as a value typed is.
@@ -419,7 +444,7 @@ function resetSlidersToDefaults(config) {
 // HTML in a message is shown as text by a mark after its "<" (view.shown_literally), an image as
 // a link whose alt text is between two marks (U+2062), inline math between two marks (U+2063):
 // what is copied (Copy, a code block's copy, a selection) is the text as typed, without the marks
-// (view.typed_text)
+// (view.typed_text), and a message's accessible name has none of them
 function keepTypedTextTyped() {
   const unmark = (text) => String(text).replace(/\[🖼 \u2062([^\u2062]*)\u2062[^\]\u2062]*\]\(/g, '![$1](')
     .replace(/([<&!])\u2060/g, '$1').replace(/\u2063/g, '');
@@ -458,6 +483,17 @@ function keepTypedTextTyped() {
     }
   };
   watchTheChat(unmarkEditBoxes);
+  // Gradio names each message by its text (aria-label, read by a screen reader): the marks,
+  // invisible on the screen, were in it; they are taken out of the chat's names and titles
+  const unmarkNames = () => {
+    for (const e of document.querySelectorAll('#chatbot [aria-label], #chatbot [title]')) {
+      for (const name of ['aria-label', 'title']) {
+        const value = e.getAttribute(name);
+        if (value && /[\u2060\u2062\u2063]/.test(value)) e.setAttribute(name, value.replace(/[\u2060\u2062\u2063]/g, ''));
+      }
+    }
+  };
+  watchTheChat(unmarkNames);
 }
 
 // The message box grows with its text into the chat above it (page.css): what it takes beyond
@@ -478,29 +514,43 @@ function letTheBoxGrowIntoTheChat() {
 // the other version's turns below it, followed its new end (Gradio scrolls a chat that was at its
 // end to the end), and the message went off the screen. The versions bar names the message ("Your
 // message 7", "Reply 7": the 7th of its kind in the chat); for a moment after the click, each
-// scroll or redraw of the chat puts it back where it was, until the user scrolls or clicks. A chat
-// shown in part (its first messages behind "Show N earlier messages") is left alone: its bubbles do
-// not count from the chat's first message.
+// scroll or redraw of the chat puts it back where it was, until the user scrolls or clicks. What is
+// held is the message's row (Gradio draws each message and each line under one as a row of its
+// own): the rows above it, the turns before it, are the same in either version. A reply stopped
+// before its first word shows only its line, and a bubble counted by kind missed it (the chat then
+// jumped to its new end): the row clicked to pick the message stands in for it then. A chat shown
+// in part (its first messages behind "Show N earlier messages") is left alone: its bubbles do not
+// count from the chat's first message.
 function keepASwitchedMessageInView() {
   const HOLD_MS = 10000;  // the chat may take seconds to be drawn anew on a busy machine
   const switchers = '#prev-version-btn, #next-version-btn';
-  let held = null;  // {kind, n, top: its top below the chat's visible top, until}
+  let held = null;  // {row: its index among the chat's rows, top: its top below the chat's visible top, until}
+  let picked = null;  // {kind, row}: the row last clicked in the chat (a click, or Enter on a message)
   const scroller = () => document.querySelector('#chatbot .bubble-wrap');
-  const messageOf = ({kind, n}) => document.querySelectorAll(`#chatbot [data-testid='${kind}']:not(:has(.thought-group))`)[n - 1];
+  const rows = () => [...document.querySelectorAll('#chatbot .message-row')];
+  const rowOf = ({kind, n}) => {
+    const bubble = document.querySelectorAll(`#chatbot [data-testid='${kind}']:not(:has(.thought-group))`)[n - 1];
+    const row = bubble ? rows().indexOf(bubble.closest('.message-row')) : -1;
+    return row >= 0 ? row : picked?.kind === kind ? picked.row : -1;
+  };
   const topIn = (message, box) => message.getBoundingClientRect().top - box.getBoundingClientRect().top;
+  document.addEventListener('click', (e) => {
+    const row = e.target instanceof Element && e.target.closest('#chatbot .message-row');
+    const kind = row && row.querySelector("[data-testid='user'], [data-testid='bot']")?.dataset.testid;
+    if (kind) picked = {kind, row: rows().indexOf(row)};
+  }, true);
   document.addEventListener('click', (e) => {
     if (!(e.target instanceof Element) || !e.target.closest(switchers)) return;
     const named = /^(Your message|Reply) (\d+)/.exec((document.querySelector('#versions-label')?.innerText || '').trim());
     const box = scroller();
     held = null;
     if (!named || !box || document.querySelector('#chatbot .earlier-line')) return;
-    const place = {kind: named[1] === 'Reply' ? 'bot' : 'user', n: Number(named[2])};
-    const message = messageOf(place);
-    if (message) held = {...place, top: topIn(message, box), until: Date.now() + HOLD_MS};
+    const row = rowOf({kind: named[1] === 'Reply' ? 'bot' : 'user', n: Number(named[2])});
+    if (row >= 0) held = {row, top: topIn(rows()[row], box), until: Date.now() + HOLD_MS};
   }, true);
   const keep = () => {
     if (held && Date.now() > held.until) held = null;
-    const box = held && scroller(), message = box && messageOf(held);
+    const box = held && scroller(), message = box && rows()[held.row];
     if (!message) return;
     const drift = topIn(message, box) - held.top;
     if (Math.abs(drift) > 1) box.scrollTop += drift;
@@ -568,19 +618,35 @@ function watchTheChat(changed) {
 
 // Toasts open at the bottom of the sidebar, as wide as it, on a wide screen, clear of the chat's
 // messages and of the message box; on a narrow screen (config.narrowQuery) at the screen's top, over
-// the bar of ☰ Chats and the status line. Their place is kept in --mc-toast-top, --mc-toast-bottom,
-// --mc-toast-left and --mc-toast-width (page.css), as the window or the sidebar changes.
+// the bar of ☰ Chats and the status line. A toast about a settings box covered it there (Max tokens
+// refused, at 1280x800: the toast over the box and the value put back in it): while the box last
+// used in the sidebar shows in the half of the screen where toasts open, they open in the other
+// half (the sidebar's top, the screen's bottom). Their place is kept in --mc-toast-top,
+// --mc-toast-bottom, --mc-toast-left and --mc-toast-width (page.css), as the window, the sidebar
+// or that box's place changes.
 function placeToastsOverTheSidebar(config) {
   const sidebar = document.querySelector('#sidebar');
   if (!sidebar) return setTimeout(placeToastsOverTheSidebar, 200, config);
+  let field = null;  // the box last used in the sidebar
+  const fieldBox = () => (field?.isConnected && field.getClientRects().length ? field.getBoundingClientRect() : null);
+  const placed = {};
   const place = () => {
     const box = sidebar.getBoundingClientRect(), gap = parseFloat(getComputedStyle(sidebar).paddingRight) || 0;
     const wide = !matchMedia(config.narrowQuery).matches && box.width > 0;
-    const vars = wide
-      ? {top: 'auto', bottom: '16px', left: `${Math.max(0, box.left)}px`, width: `${Math.max(0, box.width - gap)}px`}
-      : {top: '4px', bottom: 'auto', left: '12px', width: 'calc(100vw - 24px)'};
-    for (const [name, value] of Object.entries(vars)) document.documentElement.style.setProperty(`--mc-toast-${name}`, value);
+    const used = fieldBox(), middle = innerHeight / 2;
+    const low = wide ? !(used && used.bottom > middle) : !!(used && used.top < middle);  // at the bottom
+    const vars = {top: low ? 'auto' : wide ? '16px' : '4px', bottom: !low ? 'auto' : wide ? '16px' : '4px',
+      ...(wide ? {left: `${Math.max(0, box.left)}px`, width: `${Math.max(0, box.width - gap)}px`}
+        : {left: '12px', width: 'calc(100vw - 24px)'})};
+    for (const [name, value] of Object.entries(vars)) {
+      if (placed[name] !== value) document.documentElement.style.setProperty(`--mc-toast-${name}`, value);
+      placed[name] = value;
+    }
   };
+  document.addEventListener('focusin', (e) => {
+    if (e.target instanceof Element && e.target.matches('#sidebar input, #sidebar textarea')) { field = e.target; place(); }
+  }, true);
+  document.addEventListener('scroll', () => { if (field) place(); }, true);  // the box moved with what scrolled
   new ResizeObserver(place).observe(sidebar);
   addEventListener('resize', place);
   place();

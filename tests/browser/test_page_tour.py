@@ -10,6 +10,7 @@ import time
 import pytest
 from chat_page_utils import (  # noqa: F401 (browser: fixture)
     BROWSER_MARKS,
+    LINE,
     REPLY,
     USER,
     browser,
@@ -37,15 +38,23 @@ def app(chat_app):
 
 @pytest.fixture
 def open_page(browser, app):
-    """``open_page(width, height, dark=False, chat_id=None)``: a tab of its own (a fresh browser
-    context, so a session of its own) on the app, the system's colours dark or light; closed after
-    the test, the engine left idle."""
+    """``open_page(width, height, dark=False, chat_id=None, phone=False)``: a tab of its own (a
+    fresh browser context, so a session of its own) on the app, the system's colours dark or
+    light, a phone's touch screen or not; closed after the test, the engine left idle."""
     contexts = []
 
-    def make(width: int = 1280, height: int = 800, dark: bool = False, chat_id: int | None = None):
+    def make(
+        width: int = 1280,
+        height: int = 800,
+        dark: bool = False,
+        chat_id: int | None = None,
+        phone: bool = False,
+    ):
         ctx = browser.new_context(
             viewport={"width": width, "height": height},
             color_scheme="dark" if dark else "light",
+            is_mobile=phone,
+            has_touch=phone,
         )
         contexts.append(ctx)
         page = ctx.new_page()
@@ -77,6 +86,27 @@ def test_a_long_message_scrolls_inside_the_message_box_and_the_page_does_not_scr
     assert wait_until(lambda: page_height(page) <= 800, 5), (page_height(page), box.bounding_box())
     where = box.bounding_box()
     assert where["y"] + where["height"] <= 800, where
+    assert box.evaluate("t => t.scrollHeight > t.clientHeight"), "the box shows all of its text"
+
+
+def test_on_a_phone_a_long_message_scrolls_inside_the_box_and_send_stays_on_the_screen(
+    open_page, app
+):
+    """On a phone (390x844, a touch screen) a 1,300-character message grew the box to 200 px
+    below the chat: Send and Stop went to y = 879, off the screen, and the page scrolled (979 px
+    tall). As on a wide screen, the box grows into the chat and then scrolls inside itself;
+    with the versions bar shown too."""
+    chat_id = stored_long_chat(app, "Thumbed Tuco", turns=2)
+    page = open_page(390, 844, chat_id=chat_id, phone=True)
+    pick_message(page, "Thumbed Tuco question 1")
+    page.evaluate("scrollTo(0, 0)")
+    box = page.locator(BOX)
+    page.fill(BOX, "Long text line with many words for the layout test. " * 25)
+    assert wait_until(lambda: box.bounding_box()["height"] > 100, 5), box.bounding_box()
+    assert wait_until(lambda: page_height(page) <= 844, 5), (page_height(page), box.bounding_box())
+    for part in (BOX, "#send-btn", "#stop-btn"):
+        where = page.locator(part).bounding_box()
+        assert where["y"] >= 0 and where["y"] + where["height"] <= 844, (part, where)
     assert box.evaluate("t => t.scrollHeight > t.clientHeight"), "the box shows all of its text"
 
 
@@ -218,6 +248,26 @@ def test_toasts_hide_no_message_and_the_latest_replaces_the_ones_before(open_pag
     assert where["y"] >= 0 and where["y"] + where["height"] <= 800, where
 
 
+def test_a_settings_toast_does_not_cover_the_box_it_is_about(open_page, app):
+    """Max tokens 0 and Enter at 1280x800: the toast that refused it (y 601-784, over the
+    sidebar's bottom) covered the Max tokens box (y 699-738), the value the page put back
+    included. A toast opens where it does not cover the settings box last used in the sidebar;
+    on a phone too (toasts open at its top)."""
+    chat_id = stored_long_chat(app, "Covered Cusimanse", turns=1)
+    for width, height, phone in ((1280, 800, False), (390, 844, True)):
+        page = open_page(width, height, chat_id=chat_id, phone=phone)
+        if phone:
+            page.mouse.wheel(0, 80)  # as a person reaches the box
+        refuse_max_tokens(page, ("0",))
+        field = page.locator("#max-tokens input").bounding_box()
+        toast = page.locator(".toast-body").bounding_box()
+        assert not overlap(toast, field), (width, toast, field)
+        assert toast["y"] >= 0 and toast["y"] + toast["height"] <= height, (width, toast)
+        if not phone:
+            for part in ("#chatbot", "#composer"):
+                assert not overlap(toast, page.locator(part).bounding_box()), part
+
+
 # ---- 11. ‹ › keep the message whose version changed in view
 
 
@@ -258,6 +308,40 @@ def test_switching_a_messages_version_keeps_that_message_in_view(open_page, app)
     assert "version 1 of 2" in page.inner_text("#versions-label")
     wait_chat_still(page)
     message = page.locator(USER, has_text="question 6, version 1").first
+    assert in_chat_view(page, message), (message.bounding_box(), page.evaluate(CHAT_SCROLL_JS))
+
+
+def test_the_next_version_of_a_reply_whose_branch_is_longer_keeps_that_reply_in_view(
+    open_page, app
+):
+    """› on the first reply of a chat that scrolls (a long first question), from a version
+    stopped before its first word (only its line under it shows) and nothing after it, to one
+    followed by many turns: the chat grew by those turns and jumped to its new end, the reply
+    7,000 px above the chat's top. It stays where it was."""
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Longer Tenrec")
+        question = store.append(conv.id, "user", "Tenrec question. " + "A long question. " * 400)
+        short = store.add_message(conv.id, question.id, "assistant", "")  # stopped at once
+        store.add_message(conv.id, question.id, "assistant", answer("Tenrec", 0))
+        for turn in range(1, 12):
+            store.append(conv.id, "user", f"Tenrec question {turn}.")
+            store.append(conv.id, "assistant", answer("Tenrec", turn))
+        store.select_message(conv.id, short.id)  # the version with nothing after it is shown
+    page = open_page(1280, 800, chat_id=conv.id)
+    line = page.locator(LINE, has_text="version 1/2").first  # all that an empty reply shows
+    line.wait_for(timeout=10_000)
+    wait_chat_still(page)
+    line.click()
+    page.locator("#versions").wait_for(state="visible", timeout=10_000)
+    assert "Reply 1" in page.inner_text("#versions-label")
+    assert page.evaluate(CHAT_SCROLL_JS) > 1000, "the chat does not scroll"
+    page.click("#next-version-btn")
+    page.locator(USER, has_text="Tenrec question 11.").wait_for(state="attached", timeout=10_000)
+    assert "version 2 of 2" in page.inner_text("#versions-label")
+    wait_chat_still(page)
+    time.sleep(1)  # Gradio follows a chat's end 300 ms after it is drawn, and again as it loads
+    wait_chat_still(page)
+    message = page.locator(REPLY, has_text="Tenrec answer 0.").first
     assert in_chat_view(page, message), (message.bounding_box(), page.evaluate(CHAT_SCROLL_JS))
 
 
@@ -472,3 +556,60 @@ def test_on_a_phone_the_chat_takes_the_room_under_the_send_row(open_page, app):
     page.evaluate("scrollTo(0, 0)")
     stop = page.locator("#stop-btn").bounding_box()
     assert stop["y"] + stop["height"] <= 844, f"Stop is below the first screen: {stop}"
+
+
+# ---- 8. a page whose app stopped says so, and Enter says why nothing was sent
+
+
+def test_a_page_whose_app_stopped_says_so_and_enter_keeps_the_message(browser, app):
+    """With the app stopped, the page kept "Ready · 0 running", never showed its note that it
+    cannot reach the app (the note was looked at only when a tick was asked or answered, and no
+    tick was asked once the app was gone), and Enter emptied the box and said nothing. The note
+    shows within seconds, and Enter says the message was not sent, leaving it in the box."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        page = context.new_page()
+        page.goto(app.page_url)
+        wait_page_loaded(page)
+        note = page.locator("#unreachable-note")
+        assert not note.is_visible()
+        app.stop()
+        note.wait_for(state="visible", timeout=15_000)
+        assert "cannot reach the app" in note.inner_text()
+        page.fill(BOX, "Are you there, Kinkajou?")
+        page.press(BOX, "Enter")
+        assert wait_until(lambda: "not sent" in note.inner_text(), 5), note.inner_text()
+        time.sleep(1)
+        assert page.input_value(BOX) == "Are you there, Kinkajou?"
+        page.click("#send-btn")
+        assert page.input_value(BOX) == "Are you there, Kinkajou?"
+    finally:
+        context.close()
+        app.start_again()
+
+
+# ---- N4. a message's accessible name has no invisible marks
+
+
+MARKED_NAMES_JS = """() => [...document.querySelectorAll('#chatbot [aria-label], #chatbot [title]')]
+  .flatMap((e) => [e.getAttribute('aria-label') || '', e.getAttribute('title') || ''])
+  .filter((name) => /[\\u2060\\u2062\\u2063]/.test(name))"""
+
+
+def test_a_messages_accessible_name_has_no_invisible_marks(open_page, app):
+    """A message's aria-label (what a screen reader says) carried the page's invisible marks
+    (U+2063 around inline math, U+2062 in an image's link, U+2060 after a "<" shown as typed):
+    they are taken out of the names in the chat."""
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Marked Mara")
+        store.append(conv.id, "user", "Mara: is <b> a tag? And $x^2$?")
+        store.append(
+            conv.id,
+            "assistant",
+            "Yes, <b> is a tag; $x^2$ is math. ![a mara](https://x.test/m.png)",
+        )
+    page = open_page(1280, 800, chat_id=conv.id)
+    page.locator(REPLY).first.locator(".katex").first.wait_for(timeout=10_000)
+    named = page.locator("#chatbot [aria-label*='Mara']")
+    assert wait_until(lambda: named.count() > 0, 5)
+    assert wait_until(lambda: not page.evaluate(MARKED_NAMES_JS), 5), page.evaluate(MARKED_NAMES_JS)

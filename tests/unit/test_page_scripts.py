@@ -66,7 +66,7 @@ def test_gradio_runs_the_page_script_at_once_as_a_function_body() -> None:
       const document = new Proxy({}, {get: () => () => null});
       Object.assign(globalThis, {window, document, navigator: {}, addEventListener() {}, matchMedia: () => ({matches: false}),
                                  MutationObserver: class { observe() {} }, ResizeObserver: class { observe() {} },
-                                 setTimeout: () => 0, location: {search: '', href: 'http://x/'}});
+                                 setTimeout: () => 0, setInterval: () => 0, location: {search: '', href: 'http://x/'}});
       new Function(js)();
       console.log(JSON.stringify({expression, defined: Object.keys(window).sort()}));
     """
