@@ -35,6 +35,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
 from server_utils import wait_until
 
 from minisgl_app.chat.composing import branch_note
+from minisgl_app.chat.store.records import DEFAULT_REPETITION_PENALTY
 
 pytestmark = BROWSER_MARKS
 
@@ -1232,7 +1233,16 @@ def test_stop_string_ends_the_reply_before_it(page, app):
 
 
 def test_a_seed_gives_the_same_sampled_reply_every_time(page, app):
-    new_chat(page, temperature=1, max_tokens=8, seed=1234)
+    # the page's default repetition penalty, set here rather than inherited from the chat shown
+    # before (the stop-string test leaves it at 1)
+    new_chat(
+        page,
+        temperature=1,
+        max_tokens=8,
+        seed=1234,
+        stop="",
+        repetition_penalty=DEFAULT_REPETITION_PENALTY,
+    )
     send(page, "Invent a name for a new planet.")
     wait_reply(page, app, "seeded reply")
     for n in (2, 3):
