@@ -300,10 +300,11 @@ def check_model_fits(
         from .layers.fp8 import fp8_unavailable_reason
 
         kinds = ["fp8"] if fp8_unavailable_reason(device) is None else []
-        if group_kernels_unavailable_reason(device) is None and gguf_kept_bytes is None:
+        groups = group_kernels_unavailable_reason(device) is None
+        if groups and gguf_kept_bytes is None:
             kinds += ["int8", "int4"]
         quantized = {kind: param_bytes(model_config, dtype, kind) for kind in kinds}
-        if group_kernels_unavailable_reason(device) is None and gguf_kept_bytes is not None:
+        if groups and gguf_kept_bytes is not None:
             quantized["gguf"] = gguf_kept_bytes
     check_fits(
         name,

@@ -16,6 +16,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from .activation import silu_and_mul
 from .quantized import GroupCodes, Planes, group_codes
 
 logger = logging.getLogger(__name__)
@@ -74,17 +75,11 @@ class GpuGroupWeight:
             out = group_matmul(
                 x, layout.codes, layout.scales, layout.mult, layout.kind, out_dtype=out_dtype
             )
-            if silu_mul:
-                gate, up = out.chunk(2, dim=-1)
-                out = F.silu(gate) * up
-            return out
-        out = F.linear(x, self.widened(x.dtype))
-        if out_dtype is not None:
-            out = out.to(out_dtype)
-        if silu_mul:
-            gate, up = out.chunk(2, dim=-1)
-            out = F.silu(gate) * up
-        return out
+        else:
+            out = F.linear(x, self.widened(x.dtype))
+            if out_dtype is not None:
+                out = out.to(out_dtype)
+        return silu_and_mul(out) if silu_mul else out
 
 
 def gpu_group_weight(planes: Planes, device: torch.device) -> GpuGroupWeight | None:
