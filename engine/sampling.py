@@ -82,12 +82,27 @@ def sampling_distribution(
     ).expand(rows, vocab)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One index drawn from ``probs`` [n] (inverse CDF: one uniform number, a running sum and a
-    binary search; torch.multinomial took 1 ms over 49k tokens on CPU)."""
-    cdf = probs.cumsum(dim=0)
-    u = torch.rand(1, generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[-1]
-    return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[0] - 1)[0]
+def draw(
+    probs: torch.Tensor, tokens: torch.Tensor, vocab: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One token id drawn from ``probs`` [n] over the ids ``tokens`` [n].
+
+    A seeded request (``generator``) runs an exponential race: each vocabulary id gets its own
+    uniform number u and the id with the largest p / -log(u) wins, which picks each id with
+    probability p. The random numbers belong to ids, not to slices of a running sum, so a tiny
+    change in the probabilities (the same request computed in another batch shifts its logits by
+    ~1e-3 on CPU) changes the draw only where two ids nearly tie; an inverse-CDF draw changed it
+    whenever u fell among the many unlikely tokens, whose thin slices move with the rounding of
+    every probability before them (a seeded reply then depended on its batch). The race costs
+    ~0.4 ms more a row on CPU (49k random numbers), so unseeded rows keep the inverse CDF: one
+    uniform number, a running sum and a binary search (torch.multinomial took 1 ms)."""
+    if generator is None:
+        cdf = probs.cumsum(dim=0)
+        u = torch.rand(1, device=probs.device, dtype=cdf.dtype) * cdf[-1]
+        return tokens[torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[0] - 1)[0]]
+    noise = torch.rand(vocab, generator=generator, device=probs.device, dtype=torch.float32)
+    wait = -noise.index_select(0, tokens).log()  # exponential waiting times, one per id
+    return tokens[(probs.float() / wait).argmax()]
 
 
 class Sampler:
@@ -166,17 +181,19 @@ class Sampler:
         temps = to_device([params[i].temperature for i in rows], device, torch.float64).to(
             logits.dtype
         )
-        probs, tokens = sampling_distribution(
-            logits[idx] / temps.unsqueeze(1),
-            [params[i].top_k for i in rows],
-            [params[i].top_p for i in rows],
-        )
-        # a row with inf/NaN logits (a broken model output) has no distribution to draw from:
-        # such a row keeps its argmax
-        broken = ~torch.isfinite(probs).all(dim=-1) | (probs.sum(dim=-1) <= 0)
+        scaled = logits[idx] / temps.unsqueeze(1)
         for j, i in enumerate(rows):
-            # one draw per row from that request's own generator, so a seeded request's text
-            # does not depend on which other requests share its batch
-            drawn = tokens[j, draw(probs[j], generators[i])]
-            next_ids[i] = torch.where(broken[j], next_ids[i], drawn)
+            # each row's distribution from its own parameters only, and one draw from that
+            # request's own generator, so a seeded request's text does not depend on which
+            # other requests share its batch (a batch-wide call would list a row's candidates
+            # best-first when another row filters, in vocabulary order when none does: the
+            # same uniform number then lands on a different token)
+            probs, tokens = sampling_distribution(
+                scaled[j : j + 1], [params[i].top_k], [params[i].top_p]
+            )
+            # a row with inf/NaN logits (a broken model output) has no distribution to draw
+            # from: it keeps its argmax
+            broken = ~torch.isfinite(probs[0]).all() | (probs[0].sum() <= 0)
+            drawn = draw(probs[0], tokens[0], logits.shape[-1], generators[i])
+            next_ids[i] = torch.where(broken, next_ids[i], drawn)
         return next_ids
