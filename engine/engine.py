@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 # the CPU busy and running replies stalled; 512-token chunks (llama.cpp's default physical batch)
 # took 9-14 s there, and a 4,096-token prompt took as long in either (55-122 s against 54-82 s).
 DEFAULT_PREFILL_TOKENS_CPU = 512
+# A CPU prompt that needs several chunks reads this many tokens first, so the chat page's "reading
+# your message" count moves within a second or two of Send (a first 512-token chunk took ~2.5 s on
+# two busy cores); a GPU reads 8,192 tokens in well under a second, so it starts with a full chunk
+FIRST_PREFILL_CHUNK_CPU = 128
 DEFAULT_PREFILL_TOKENS_GPU = 8192
 # A GPU's attention kernels read a page's tokens as one contiguous block: nano-vllm's offline
 # workload ran 24,908 / 24,935 tok/s with 32-token pages against 24,005 / 24,025 with 1-token ones
@@ -248,6 +252,11 @@ class Engine:
         # running replies are not stalled for long
         self.max_prefill_tokens = config.max_prefill_tokens or (
             DEFAULT_PREFILL_TOKENS_GPU if self.device.type == "cuda" else DEFAULT_PREFILL_TOKENS_CPU
+        )
+        self.first_prefill_chunk = (
+            min(FIRST_PREFILL_CHUNK_CPU, self.max_prefill_tokens)
+            if self.device.type == "cpu"
+            else self.max_prefill_tokens
         )
         self.page_size = config.page_size or default_page_size(self.device.type)
         # this rank's share of the heads: the KV pool and attention hold only those

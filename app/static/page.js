@@ -397,7 +397,10 @@ function unreachable() {
 }
 function noteWhenUnanswered() {
   let note = document.getElementById('unreachable-note');
-  if (!unreachable()) { if (note) note.hidden = true; ticks.refused = false; return; }
+  const cut = unreachable();
+  // the status line's last figures ("Ready · 0 running") are stale: page.css shows "Not connected"
+  document.getElementById('status-line')?.classList.toggle('app-unreachable', cut);
+  if (!cut) { if (note) note.hidden = true; ticks.refused = false; return; }
   if (!note) {
     note = document.createElement('div');
     note.id = 'unreachable-note';

@@ -25,11 +25,15 @@ class PrefillManager:
         page_table: PageTable,
         page_size: int,
         max_prefill_tokens: int,
+        first_chunk_tokens: int | None = None,
     ) -> None:
+        """``first_chunk_tokens``: a prompt longer than one chunk starts with at most this many
+        tokens (None: a full chunk), so its progress moves early (engine.FIRST_PREFILL_CHUNK_CPU)."""
         self.cache_manager = cache_manager
         self.page_table = page_table
         self.page_size = page_size
         self.max_prefill_tokens = max_prefill_tokens
+        self.first_chunk_tokens = first_chunk_tokens or max_prefill_tokens
         self.waiting: deque[Req] = deque()
         self.matches: dict[int, PrefixMatch] = {}  # uid -> locked prefix of an admitted request
         self.prefix_hit_tokens = 0  # prompt tokens admitted requests found cached (not recomputed)
@@ -74,13 +78,16 @@ class PrefillManager:
         for req in list(self.waiting):
             if budget <= 0:
                 break
-            if req.table_slot < 0:
+            first_chunk = req.table_slot < 0  # admitted now: none of its prompt computed yet
+            if first_chunk:
                 if max_new_requests <= 0 or not self._admit(req):
                     break
                 max_new_requests -= 1
             extend = min(
                 req.extend_len, budget, PROMPT_LOGPROB_CHUNK if req.scores_prompt else budget
             )
+            if first_chunk and req.extend_len > self.max_prefill_tokens:
+                extend = min(extend, self.first_chunk_tokens)
             reqs.append(req)
             extend_lens.append(extend)
             budget -= extend

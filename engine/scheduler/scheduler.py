@@ -141,6 +141,7 @@ class Scheduler:
             engine.page_table,
             self.page_size,
             max_prefill_tokens or engine.max_prefill_tokens,
+            engine.first_prefill_chunk,
         )
         self.decode_manager = DecodeManager()
         self.kv_memory = KVMemory(

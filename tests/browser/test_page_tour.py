@@ -562,10 +562,11 @@ def test_on_a_phone_the_chat_takes_the_room_under_the_send_row(open_page, app):
 
 
 def test_a_page_whose_app_stopped_says_so_and_enter_keeps_the_message(browser, app):
-    """With the app stopped, the page kept "Ready · 0 running", never showed its note that it
-    cannot reach the app (the note was looked at only when a tick was asked or answered, and no
-    tick was asked once the app was gone), and Enter emptied the box and said nothing. The note
-    shows within seconds, and Enter says the message was not sent, leaving it in the box."""
+    """With the app stopped, the page's status line kept "Ready · 0 running", the page never
+    showed its note that it cannot reach the app (the note was looked at only when a tick was
+    asked or answered, and no tick was asked once the app was gone), and Enter emptied the box
+    and said nothing. The note shows within seconds, the status line says "Not connected", and
+    Enter says the message was not sent, leaving it in the box."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     try:
         page = context.new_page()
@@ -576,6 +577,11 @@ def test_a_page_whose_app_stopped_says_so_and_enter_keeps_the_message(browser, a
         app.stop()
         note.wait_for(state="visible", timeout=15_000)
         assert "cannot reach the app" in note.inner_text()
+        # the status line no longer says "Ready · 0 running" (tour item N: it kept saying so)
+        status = page.locator("#status-line")
+        assert "Ready" not in status.inner_text(), status.inner_text()
+        shown = status.evaluate("(e) => getComputedStyle(e, '::before').content")
+        assert "Not connected" in shown, shown
         page.fill(BOX, "Are you there, Kinkajou?")
         page.press(BOX, "Enter")
         assert wait_until(lambda: "not sent" in note.inner_text(), 5), note.inner_text()

@@ -602,7 +602,9 @@ def test_norms_moved_out_of_the_products_take_the_blocks_measured_without_them(m
 @pytest.mark.skipif(
     ON_GPU, reason="the GPU runs this through tests/gpu/test_cuda.py (bf16 against transformers)"
 )
-@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama3"])
+# qwen3 (q/k norms) and qwen2 (biases): llama3's layers are qwen2's without the biases, and the
+# interpreter takes ~14 s a model
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2"])
 def test_model_on_triton_kernels_matches_transformers(arch, tiny_model) -> None:
     """float32 on the CPU (interpreter): prefill of up to 16 tokens and decode of two run the
     skinny products, decode of one the one-row kernel with the norms fused in, every step the fused q/k kernel; logits as
@@ -642,7 +644,7 @@ def test_gumbel_sample_draws_from_each_rows_softmax_at_its_temperature(monkeypat
     standard deviations (the seed is fixed: the draws are too); the -inf token is never drawn;
     the same seed draws the same tokens, another seed others."""
     monkeypatch.setattr(tk, "SAMPLE_CHUNK", 4)
-    n = 20000 if ON_GPU else 200  # draws per temperature (the interpreter runs ~10 ms a program)
+    n = 20000 if ON_GPU else 100  # draws per temperature (the interpreter runs ~10 ms a program)
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5, 1.5])
     temps = torch.tensor([0.5] * n + [3.0] * n)
     ids = tk.gumbel_sample(logits.repeat(2 * n, 1).to(DEVICE), temps.to(DEVICE), seed=1234).cpu()

@@ -294,6 +294,27 @@ def test_batched_chunked_greedy_output_equals_the_reference(tiny_dir, reference,
     assert_all_pages_free(llm)
 
 
+def test_a_long_cpu_prompt_reads_a_short_first_chunk_then_full_ones(tiny_dir) -> None:
+    """The first chunk of a prompt that needs several is FIRST_PREFILL_CHUNK_CPU tokens, so the
+    page's "reading your message" count moves early; a prompt that fits one chunk is not cut,
+    and the greedy text is that of unchunked reading."""
+    from minisgl_engine.engine import FIRST_PREFILL_CHUNK_CPU
+
+    llm = make_llm(tiny_dir, max_prefill_tokens=256)
+    sched = llm.scheduler
+    starts: list[int] = []
+    sched.report_progress = lambda msgs: starts.extend(m.done for m in msgs if m.uid == 3)
+    long, short = prompts_of([450, 250], seed=4)
+    sched.add_request(3, long, GREEDY)
+    sched.add_request(4, short, GREEDY)
+    outputs = drain(llm, {})
+    # as each chunk starts: 0 read, then the first chunk, then a full one; at the end all 450
+    first = FIRST_PREFILL_CHUNK_CPU
+    assert starts[:3] == [0, first, first + 256] and starts[-1] == 450
+    whole = make_llm(tiny_dir, max_prefill_tokens=1024).generate([long, short], GREEDY)
+    assert [outputs[3][0], outputs[4][0]] == [r.token_ids for r in whole]
+
+
 def test_abort_while_waiting_frees_everything(tiny_dir) -> None:
     llm = make_llm(tiny_dir, max_running_requests=1)
     sched = llm.scheduler
