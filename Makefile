@@ -17,13 +17,9 @@ ask: setup
 	$(VENV)/bin/minisgl-chat generate "$(PROMPT)"
 
 # The demo model is pulled once (cached under the user cache dir) before the tests use it.
-# Two pytest workers (pytest-xdist), each test module on one of them (its module-scoped servers start
-# once): the browser tests mostly wait (on the page, its once-a-second tick, a reply), and on CI's two
-# cores the chat page's tests took 339 s on two workers against 466 s on one. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/minisgl-chat pull
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The unit layer (tests/unit: no server, no browser), about a minute: run it after every change.
 # The other layers: tests/server, tests/browser, tests/gpu, tests/soak (`make test` runs them all).
