@@ -112,6 +112,12 @@ def attach_file(page, path) -> None:
     chooser.value.set_files(str(path))
 
 
+def stop_what_runs(page) -> None:
+    """Stop pressed to end a reply that may have ended already: Stop is disabled then (page.js),
+    and a click (which would wait for it to be enabled) is a no-op instead."""
+    page.evaluate("() => document.querySelector('#stop-btn')?.click()")
+
+
 def send(page, text: str) -> None:
     """Type a message and press Enter, as a person does."""
     page.fill("#msg-input textarea", text)

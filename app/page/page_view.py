@@ -33,7 +33,7 @@ class PageView(NamedTuple):
     versions_bar: bool  # the versions bar is shown (a message has been picked or is the last turn)
     versions_label: str
     can_continue: bool  # Continue is shown
-    replying: bool  # Stop has a reply to stop: it looks pressable (it stays clickable either way)
+    replying: bool  # Stop has a reply to stop: red and pressable (page.js disables it otherwise)
     previous: bool | None  # ‹: None hidden (the message has one version), False not pressable
     next: bool | None  # ›: as ‹
     chat_actions: bool  # Manage offers Rename, Delete and Export (a chat stored)

@@ -52,8 +52,9 @@ class Rendering(TabState):
 
     def render(self, tab: Tab) -> PageView:
         """What the tab shows: chat, status line, sidebar, versions bar, its label, Continue,
-        whether Stop has a reply to stop (it looks pressable only then; it stays clickable, so
-        that a Stop clicked before the page has drawn the reply still stops it), whether ‹
+        whether Stop has a reply to stop (red, and pressable only then, page.js disableStopWhenIdle:
+        also from Enter until the reply is drawn, so that a Stop clicked before then still stops
+        it), whether ‹
         and › lead to another version (view.version_steps), and whether Manage offers Rename,
         Delete and Export (a chat stored) or a line saying when it will (a new chat: they would
         do nothing, Delete after asking to confirm)."""

@@ -43,6 +43,7 @@ function minisglStartPage(config) {
   keepTheShownChat(config);
   sayFilesDroppedByAReload(config);
   disableSendWhenEmpty();
+  disableStopWhenIdle(config);
   countFieldChanges(config);
   answerKeys();
   resetSlidersToDefaults(config);
@@ -169,6 +170,7 @@ function takeTurnsAtTheMessageBox(config) {
   window.minisglApplyDraft = (answer) => {
     const shown = answer ? JSON.parse(answer) : null;
     if (shown) window.minisglGiveBack(shown.at, shown.draft || '');
+    window.minisglSentAnswered();
   };
   window.minisglGiveBackOnFailure = () => { window.minisglGiveBack(null, null); };  // the event failed: its text goes back
   return turns;
@@ -283,6 +285,46 @@ function disableSendWhenEmpty() {
   document.addEventListener('input', (e) => {
     if (e.target instanceof Element && e.target.closest('#msg-input')) window.minisglSyncSend();
   }, true);
+}
+
+// Stop is disabled while the chat shown has nothing to stop: it is pressable while the page
+// marks it red (.stop: the chat replies or its prompt is being read, Rendering.render), and from
+// a message's Enter (or ↻, Continue) until the page has drawn what the server made of it, so that
+// a Stop pressed before the reply is drawn still stops it (Composer.stop, by its stamp). Set at
+// each change of its class, when Gradio draws it anew, and when that grace ends.
+function disableStopWhenIdle(config) {
+  const AFTER_ANSWER_MS = 3000, AFTER_CLICK_MS = 5000;  // the follow that draws the reply comes after the answer
+  let graceUntil = 0, watched = null;
+  const sync = () => {
+    const stop = document.querySelector('#stop-btn');
+    if (!stop) return;
+    if (stop !== watched) {
+      watched = stop;
+      new MutationObserver(sync).observe(stop, {attributes: true, attributeFilter: ['class']});
+    }
+    const replying = stop.classList.contains('stop');
+    if (replying) graceUntil = 0;
+    const idle = !replying && Date.now() >= graceUntil;
+    if (stop.disabled !== idle) stop.disabled = idle;
+  };
+  const graceFor = (ms) => {
+    graceUntil = Date.now() + ms;
+    sync();
+    setTimeout(sync, ms + 50);
+  };
+  window.minisglSyncStop = sync;
+  window.minisglSentAnswered = () => { if (graceUntil > Date.now() + AFTER_ANSWER_MS) graceFor(AFTER_ANSWER_MS); };
+  const sends = () => !unreachable() && (!!document.querySelector('#msg-input textarea')?.value.trim()
+    || !!document.querySelector('#remove-attachments-btn')?.getClientRects().length);
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && e.target instanceof Element && e.target.closest('#msg-input') && sends()) graceFor(config.answerWaitMs);
+  }, true);
+  document.addEventListener('click', (e) => {
+    if (!(e.target instanceof Element)) return;
+    if (e.target.closest('#send-btn') && sends()) graceFor(config.answerWaitMs);
+    if (e.target.closest('#continue-btn, #chatbot button[aria-label="Retry"]')) graceFor(AFTER_CLICK_MS);
+  }, true);
+  sync();
 }
 
 // The title and settings boxes (config.fieldIds): how often the user changed each (typing,
@@ -829,7 +871,7 @@ function narrowSidebar(config) {
       (e.detail === 0 ? document.querySelector('#msg-input textarea') : toggle())?.focus({preventScroll: true});
   });
   // set again whenever Gradio draws the button anew (a new button has none of them); so is Send's state
-  new MutationObserver(() => { markChatsToggle(); window.minisglSyncSend(); }).observe(document.body, {childList: true, subtree: true});
+  new MutationObserver(() => { markChatsToggle(); window.minisglSyncSend(); window.minisglSyncStop(); }).observe(document.body, {childList: true, subtree: true});
   markChatsToggle();
   window.minisglSyncSend();
 }

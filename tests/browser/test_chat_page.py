@@ -25,6 +25,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     progress_seen,
     put_setting,
     send,
+    stop_what_runs,
     wait_page_loaded,
     watch_progress,
 )
@@ -293,7 +294,7 @@ def test_switching_chats_mid_reply_shows_the_selected_chat(tab, app):
     assert wait_until(lambda: len(last_reply(page)) > before or finished(page), 10), (
         "B's reply is frozen after switching back"
     )
-    page.click("#stop-btn")
+    stop_what_runs(page)
     assert wait_until(lambda: engine_idle(app), 5), app.metrics()
 
 

@@ -268,3 +268,23 @@ def test_delete_message_while_the_chat_replies_is_refused_without_asking_first(c
     assert wait_until(lambda: any("replying" in t for t in toasts(page)), 10), toasts(page)
     assert not questions, questions
     page.click("#stop-btn")
+
+
+# ---- Stop is pressable only while there is a reply to stop
+
+
+def test_stop_is_disabled_while_nothing_replies(context, app):
+    """Stop was pressable with nothing to stop (only grey instead of red). It is disabled while
+    the chat shown is idle, pressable from Enter (a Stop pressed before the reply is drawn still
+    stops it) and while the reply runs, and disabled again once it has stopped."""
+    page = open_tab(context, app)
+    stop = page.locator("#stop-btn")
+    assert stop.is_disabled(), "Stop is pressable in a new chat"
+    page.fill("#msg-input textarea", LONG_PROMPT)
+    page.press("#msg-input textarea", "Enter")
+    assert stop.is_enabled(), "Stop is disabled just after Enter"
+    page.locator("#stop-btn.stop").wait_for(timeout=30_000)
+    assert stop.is_enabled()
+    stop.click()
+    assert wait_until(lambda: stop.is_disabled(), 10), "Stop is pressable after the reply stopped"
+    assert wait_until(lambda: engine_idle(app), 10), app.metrics()

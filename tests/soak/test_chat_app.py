@@ -24,7 +24,13 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from chat_page_utils import BROWSER_MARKS, browser, send, wait_page_loaded  # noqa: F401 (browser: fixture)
+from chat_page_utils import (  # noqa: F401 (browser: fixture)
+    BROWSER_MARKS,
+    browser,
+    send,
+    stop_what_runs,
+    wait_page_loaded,
+)
 from server_utils import ServerProcess, wait_until
 from soak_utils import (
     MAX_KV_TOKENS,
@@ -198,7 +204,7 @@ def end_reply_at_random(page, app: ServerProcess, rng: random.Random) -> tuple[s
         ), (shows(page), engine_state(app))
     how = rng.choice(["stop", "close tab"])
     if how == "stop":
-        page.click("#stop-btn")
+        stop_what_runs(page)
     else:
         page.close()
     return how, point
@@ -253,7 +259,7 @@ def test_ui_abort_storm_leaves_nothing_behind(open_tabs, chat_app, scale: Scale)
     new_chat(page)
     send(page, "What is the capital of France?")
     assert wait_for_reply(page, app, lambda: last_reply(page) != ""), shows(page)
-    page.click("#stop-btn")
+    stop_what_runs(page)
     for t in tabs + [page]:
         if not t.is_closed():
             t.close()
@@ -288,7 +294,7 @@ def test_a_message_sent_right_after_stop_gets_its_reply(open_tabs, chat_app):
                 and last_reply(page) != ""
             ),
         ), (shows(page), engine_state(app))
-        page.click("#stop-btn")
+        stop_what_runs(page)
     page.close()
     assert_idle(app)
 
@@ -340,7 +346,7 @@ def test_sigkill_of_the_app_mid_reply_keeps_every_shown_message(open_tabs, chat_
         make_greedy(a)
         send(a, f"k{kill}a1 What is the capital of France?")
         assert wait_for_reply(a, app, lambda: len(last_reply(a)) >= 20 or reply_over(a)), shows(a)
-        a.click("#stop-btn")
+        stop_what_runs(a)
         assert wait_for_reply(a, app, lambda: reply_over(a)), shows(a)  # its stats line: stored
         send(
             a, f"k{kill}a2 {rng.choice(STORIES)}"
