@@ -367,7 +367,11 @@ _OPENS_HTML = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)")
 
 def shown_literally(text: str) -> str:
     """``text`` (Markdown) with its HTML marked to show as typed (MARK), its inline math between
-    MATH_MARKs."""
+    MATH_MARKs, and its numbered lines with the numbers written (``numbered_as_written``)."""
+    return numbered_as_written(_marked(text))
+
+
+def _marked(text: str) -> str:
     if "<" not in text and "&" not in text and "![" not in text and "$" not in text:
         return text
     out, prose, fence = [], [], None
@@ -406,6 +410,70 @@ def _mark_prose(text: str) -> str:
 
 def _mark_span(text: str) -> str:
     return _OPENS_HTML.sub(lambda m: m.group(0) + MARK, images_as_links(text))
+
+
+# A numbered line shows its number as written. Markdown numbers a list's items from its first
+# (a reply counting "1. 2. 249." showed "1. 2. 3."), and numbers nothing else: an item whose number
+# is not the one before it plus one starts a list of its own, which starts at its number
+# (<ol start>). LIST_BREAK, an empty HTML comment between blank lines, at the item's indent (in
+# the item above, if nested), ends the list before it; it is no part of the text as typed
+# (``typed_text``; page.js for Copy). A message's own "<!" is marked (MARK), so this one is ours.
+LIST_BREAK = "<!---->"
+_LIST_ITEM = re.compile(r"( *)(?:(\d{1,9})([.)])|[-+*])(?=[ \t\n]|$)( *)")
+_ANY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
+_LIST_BREAK_LINES = re.compile(r"\n[ \t]*" + re.escape(LIST_BREAK) + r"\n\n")
+
+
+@dataclass
+class _OpenItem:
+    content: int  # the column its text starts at: a line less indented after a blank line ends it
+    delimiter: str | None  # "." or ")" of a numbered item; None for a bullet
+    number: int
+
+
+def numbered_as_written(text: str) -> str:
+    """``text`` (Markdown) with a LIST_BREAK before each numbered item that Markdown would number
+    otherwise than written (see above); code is left alone."""
+    if not re.search(r"^ *\d{1,9}[.)][ \t]", text, re.M):
+        return text
+    out: list[str] = []
+    items: list[_OpenItem] = []  # the list items open, the outermost first
+    fence, blank = None, False
+    for line in text.splitlines(keepends=True):
+        opened = _ANY_FENCE.match(line)
+        if fence is not None:
+            if opened and opened.group(1)[0] == fence[0] and len(opened.group(1)) >= len(fence):
+                fence = None
+            out.append(line)
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if not line.strip():
+            blank = True
+        elif (item := _LIST_ITEM.match(line)) and (
+            indent <= 3 or (items and items[-1].content <= indent <= items[-1].content + 3)
+        ):
+            above = None
+            while items and items[-1].content > indent:  # a sibling above ends, and what it holds
+                above = items.pop()
+            number = int(item.group(2)) if item.group(2) else 0
+            if above is not None and item.group(3) and above.delimiter == item.group(3):
+                if number != above.number + 1:
+                    out.append("\n" + " " * indent + LIST_BREAK + "\n\n")
+            after = len(item.group(4))
+            width = item.end(4) - item.end(1) - after
+            items.append(
+                _OpenItem(indent + width + (after if 1 <= after <= 4 else 1), item.group(3), number)
+            )
+            blank = False
+        else:
+            if blank or opened or line.lstrip().startswith("#"):
+                while items and items[-1].content > indent:
+                    items.pop()
+            blank = False
+            if opened:
+                fence = opened.group(1)
+        out.append(line)
+    return "".join(out)
 
 
 # An image in a message is not loaded: a model's reply (or a pasted text) could name a URL that
@@ -465,6 +533,8 @@ def typed_text(shown: str) -> str:
     """A message's text as the user typed it, from the text the page showed (``shown_literally``)."""
     if IMAGE_MARK in shown:
         shown = _IMAGE_LINK.sub(lambda m: "![" + m.group(1) + "](", shown)
+    if LIST_BREAK in shown:
+        shown = _LIST_BREAK_LINES.sub("", shown)
     shown = shown.replace("<" + MARK, "<").replace("&" + MARK, "&").replace("!" + MARK, "!")
     return shown.replace(MATH_MARK, "")
 

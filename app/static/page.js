@@ -487,13 +487,14 @@ function resetSlidersToDefaults(config) {
 }
 
 // HTML in a message is shown as text by a mark after its "<" (view.shown_literally), an image as
-// a link whose alt text is between two marks (U+2062), inline math between two marks (U+2063):
+// a link whose alt text is between two marks (U+2062), inline math between two marks (U+2063), a
+// numbered line's number as written by an empty comment on the line before it (view.LIST_BREAK):
 // what is copied (Copy, a code block's copy, a selection) is the text as typed, without the marks
 // (view.typed_text), and a message's accessible name has none of them
 function keepTypedTextTyped() {
   const unmark = (text) => String(text).replace(/\[🖼 \u2062([^\u2062]*)\u2062[^\]\u2062]*\]\(/g, '![$1](')
-    .replace(/([<&!])\u2060/g, '$1').replace(/\u2063/g, '');
-  const hasMarks = /[<&!]\u2060|[\u2062\u2063]/;
+    .replace(/\n[ \t]*<!---->\n\n/g, '').replace(/([<&!])\u2060/g, '$1').replace(/\u2063/g, '');
+  const hasMarks = /[<&!]\u2060|[\u2062\u2063]|\n[ \t]*<!---->\n\n/;
   if (navigator.clipboard && navigator.clipboard.writeText) {
     const write = navigator.clipboard.writeText.bind(navigator.clipboard);
     navigator.clipboard.writeText = (text) => write(unmark(text));

@@ -11,6 +11,8 @@ from urllib.parse import unquote
 import pytest
 from chat_page_utils import (  # noqa: F401 (browser: fixture)
     BROWSER_MARKS,
+    REPLY,
+    USER,
     browser,
     engine_idle,
     wait_page_loaded,
@@ -288,3 +290,32 @@ def test_stop_is_disabled_while_nothing_replies(context, app):
     stop.click()
     assert wait_until(lambda: stop.is_disabled(), 10), "Stop is pressable after the reply stopped"
     assert wait_until(lambda: engine_idle(app), 10), app.metrics()
+
+
+# ---- numbered lines show their numbers as written
+
+
+NUMBERS_SHOWN_JS = """bubble => [...bubble.querySelectorAll('ol > li')].map(li => {
+    const ol = li.parentElement; return ol.start + [...ol.children].indexOf(li); })"""
+
+
+def test_numbered_lines_show_the_numbers_written(context, app):
+    """A reply whose lines were numbered "1. 2. 249. 250." showed "1. 2. 3. 4.": Markdown numbers
+    a list's items from its first. Each numbered line shows its own number, in a message of the
+    user's and in a reply, and nothing of how that is done shows or is copied."""
+    text = "Lines kept:\n\n1. one\n2. two\n249. Wapiti\n250. Wapiti again"
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Numbered Wapiti")
+        store.append(conv.id, "user", text)
+        store.append(conv.id, "assistant", text)
+    page = open_tab(context, app, conv.id)
+    for bubble in (page.locator(USER).first, page.locator(REPLY).first):
+        bubble.wait_for()
+        assert bubble.evaluate(NUMBERS_SHOWN_JS) == [1, 2, 249, 250], bubble.inner_html()
+        assert "<!" not in bubble.inner_text() and "Wapiti again" in bubble.inner_text()
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.evaluate("navigator.clipboard.writeText('')")
+    page.locator(REPLY).first.hover()
+    page.locator("#chatbot .message-buttons-left button[aria-label='Copy message']").first.click()
+    assert wait_until(lambda: page.evaluate("navigator.clipboard.readText()"), 5)
+    assert page.evaluate("navigator.clipboard.readText()") == text

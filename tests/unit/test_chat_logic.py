@@ -441,6 +441,29 @@ def test_html_in_a_message_is_marked_to_show_as_typed_and_edits_come_back_unmark
     )
 
 
+def test_numbered_lines_keep_the_numbers_written_and_come_back_as_typed():
+    """Markdown numbers a list's items from its first: an item numbered otherwise than the one
+    before it plus one starts a list of its own (view.LIST_BREAK before it); an item that follows
+    on, a list ended already, another delimiter and code are left alone."""
+    from minisgl_app.chat.view import LIST_BREAK, numbered_as_written, shown_literally, typed_text
+
+    cut = f"\n\n{LIST_BREAK}\n\n"
+    assert numbered_as_written("1. a\n2. b\n249. c\n250. d") == f"1. a\n2. b{cut}249. c\n250. d"
+    assert numbered_as_written("- x\n  1. a\n  5. b") == f"- x\n  1. a\n\n  {LIST_BREAK}\n\n  5. b"
+    assert numbered_as_written("1. a\n\n   more of a\n\n5. b").endswith(f"{LIST_BREAK}\n\n5. b")
+    for kept in (
+        "1. a\n2. b\n3. c",
+        "1. a\n\nA paragraph ends the list.\n\n7. b",
+        "1) a\n3. b\n5) c",
+        "1. a\n```\n1. x\n7. y\n```\n9. z",
+        "    1. code\n    5. code",
+        "Intro\n249. c",
+    ):
+        assert numbered_as_written(kept) == kept, kept
+    for text in ("1. a\n2. b\n249. <b>c</b>\n250. d", "- x\n  1. a\n  5. b\n- y"):
+        assert typed_text(shown_literally(text)) == text
+
+
 def test_sidebar_marks_replying_chats_and_dates(store):
     a, b = store.create("alpha").id, store.create("beta").id
     now = datetime.fromtimestamp(store.get(b).updated_at)
