@@ -621,21 +621,53 @@ function bringAnEditBoxIntoView() {
 
 // Messages by keyboard: Gradio draws a message as a clickable bubble that takes no focus, so the
 // versions bar (‹ ›, Delete message), which acts on the message picked, was out of the keyboard's
-// reach. Each message takes the focus with Tab, in order, before its own Copy and Edit (page.css
-// rings it); Enter or Space picks it, as a click does. (The lines under a message, its figures or
-// its versions, keep their own ▸ button.)
+// reach; and each of a message's buttons was a Tab stop of its own (five for a reply: Copy, Edit,
+// its figures' ▸, ↻). A message is one Tab stop (page.css rings it); Enter or Space picks it, as a
+// click does; → and ← go through its actions (the buttons in it and under it, the lines under it
+// included, until the next message), Home back to it; ↑ ↓ go to the message before and after. The
+// buttons of an edit box (✎) keep their Tab stops, and so does a line above every message.
 function messagesByKeyboard() {
   const MESSAGES = "#chatbot [data-testid='user'], #chatbot [data-testid='bot']";
   const isMessage = (e) => e instanceof Element && e.matches(MESSAGES) && !e.querySelector('.thought-group');
+  const messages = () => [...document.querySelectorAll(MESSAGES)].filter(isMessage);
+  const rowOf = (message) => message.closest('.message-row');
+  // the message's buttons, in order: in its bubble (a code block's Copy), then under it, to the next message
+  // (a line's title is a button of Gradio's too, holding its ▸: the ▸ stands for it)
+  const ACTIONS = 'button, [role=button]';
+  const focusables = (message) => {
+    const found = [...message.querySelectorAll(ACTIONS)];
+    for (let e = rowOf(message)?.nextElementSibling; e && !(e.matches('.message-row') && messages().some((m) => rowOf(m) === e)); e = e.nextElementSibling)
+      found.push(...e.querySelectorAll(ACTIONS));
+    return found.filter((b) => !b.matches('[aria-label="Submit"], [aria-label="Cancel"]'));
+  };
+  const actionsOf = (message) => focusables(message).filter((b) => !b.querySelector('button'));
+  const ownerOf = (button) => messages().find((m) => actionsOf(m).includes(button));
   watchTheChat(() => {
-    for (const message of document.querySelectorAll(MESSAGES))
-      if (isMessage(message) && message.tabIndex !== 0) message.tabIndex = 0;
+    for (const message of messages()) {
+      if (message.tabIndex !== 0) message.tabIndex = 0;
+      for (const b of focusables(message)) if (b.tabIndex !== -1) b.tabIndex = -1;
+    }
   });
+  const shown = (b) => !b.disabled && b.getClientRects().length > 0;
   document.addEventListener('keydown', (e) => {
-    if (!isMessage(e.target) || (e.key !== 'Enter' && e.key !== ' ')) return;
-    e.preventDefault();
-    e.target.click();
-  });
+    if (e.altKey || e.ctrlKey || e.metaKey || !(e.target instanceof Element) || !e.target.closest('#chatbot')) return;
+    const message = isMessage(e.target) ? e.target : e.target.matches(ACTIONS) ? ownerOf(e.target) : null;
+    if (!message) return;
+    const go = (to) => { if (to) { e.preventDefault(); to.focus(); } };
+    if (e.target === message && (e.key === 'Enter' || e.key === ' ')) { e.preventDefault(); message.click(); return; }
+    if (e.target === message && (e.key === 'ArrowUp' || e.key === 'ArrowDown')) {
+      const all = messages();
+      go(all[all.indexOf(message) + (e.key === 'ArrowUp' ? -1 : 1)]);
+      return;
+    }
+    const toggle = e.target !== message && e.target.parentElement?.closest('[role=button]');
+    if (toggle && (e.key === 'Enter' || e.key === ' ')) { e.preventDefault(); e.stopPropagation(); toggle.click(); return; }  // a line's ▸
+    const actions = actionsOf(message).filter(shown), at = actions.indexOf(e.target);
+    if (e.key === 'ArrowRight') go(actions[at + 1]);
+    else if (e.key === 'ArrowLeft') go(at > 0 ? actions[at - 1] : at === 0 ? message : null);
+    else if (e.key === 'Home' && e.target !== message) go(message);
+    else if (e.key === 'End') go(actions[actions.length - 1]);
+  }, true);
 }
 
 // The ▸ of a line under a message (a reply's figures, a version, its thinking) opens its details;

@@ -19,7 +19,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
 )
 from server_utils import wait_until
 
-from minisgl_app.chat.store import ChatSettings, ConversationStore
+from minisgl_app.chat.store import ChatSettings, ConversationStore, MessageStats
 
 pytestmark = BROWSER_MARKS
 
@@ -319,3 +319,43 @@ def test_numbered_lines_show_the_numbers_written(context, app):
     page.locator("#chatbot .message-buttons-left button[aria-label='Copy message']").first.click()
     assert wait_until(lambda: page.evaluate("navigator.clipboard.readText()"), 5)
     assert page.evaluate("navigator.clipboard.readText()") == text
+
+
+# ---- a message is one Tab stop; its actions are reached with the arrow keys
+
+
+FOCUSED = """() => { const e = document.activeElement;
+    return e.dataset.testid || e.getAttribute('aria-label') || e.id || e.tagName; }"""
+
+
+def test_a_reply_is_one_tab_stop_and_its_actions_follow_with_the_arrow_keys(context, app):
+    """Each reply took five Tab stops (itself, Copy, Edit, its figures' ▸, ↻). A message is one:
+    Tab goes from one to the next; → and ← go through its actions, Enter uses one; ↑ ↓ go to
+    the message before and after."""
+    with ConversationStore(app.data_dir / "chats.sqlite3") as store:
+        conv = store.create(title="Keyed Wapiti")
+        for turn in (1, 2):
+            store.append(conv.id, "user", f"Keyed Wapiti question {turn}")
+            stats = MessageStats(ttft_ms=100.0, tok_s=10.0, tokens=5, finish_reason="stop")
+            store.append(conv.id, "assistant", f"Keyed Wapiti answer {turn}", stats=stats)
+    page = open_tab(context, app, conv.id)
+    page.locator(REPLY).nth(1).wait_for()
+    page.locator(USER).first.focus()
+    stops = []
+    for _ in range(3):
+        page.keyboard.press("Tab")
+        stops.append(page.evaluate(FOCUSED))
+    assert stops == ["bot", "user", "bot"], stops
+    actions = []
+    for _ in range(6):
+        page.keyboard.press("ArrowRight")
+        actions.append(page.evaluate(FOCUSED))
+    assert {"Copy message", "Edit", "Retry", "Show details"} <= set(actions), actions
+    while page.evaluate(FOCUSED) != "Show details":
+        page.keyboard.press("ArrowLeft")
+    page.keyboard.press("Enter")
+    assert wait_until(lambda: page.evaluate(FOCUSED) == "Hide details", 5), page.evaluate(FOCUSED)
+    page.keyboard.press("Home")
+    assert page.evaluate(FOCUSED) == "bot"
+    page.keyboard.press("ArrowUp")
+    assert page.evaluate("() => document.activeElement.innerText") == "Keyed Wapiti question 2"

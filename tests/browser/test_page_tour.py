@@ -390,8 +390,9 @@ FOCUSED_JS = """() => { const e = document.activeElement;
 
 def test_messages_take_the_focus_in_order_and_their_actions_work_from_the_keyboard(open_page, app):
     """Messages took no focus: Delete message and ‹ › reached only a message picked with the
-    mouse. Each message takes the focus with Tab, before its own Copy and Edit, ringed (dark mode
-    here); Enter picks it, and Tab goes on to the versions bar's Delete message, which asks first."""
+    mouse. Each message takes the focus with Tab (its Copy and Edit follow it with →), ringed (dark
+    mode here); Enter picks it, and Tab goes on to the versions bar's Delete message, which asks
+    first."""
     chat_id = stored_long_chat(app, "Keyed Numbat", turns=2)
     page = open_page(1280, 800, dark=True, chat_id=chat_id)
     first = page.locator(USER).first
