@@ -42,63 +42,12 @@ def _group_rows_dot(
     BITS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    VARIANT: tl.constexpr,
 ):
     """``sum_k w[row, k] * x[k]`` for ``BLOCK_N`` rows, the weights widened from their codes
-    (without the matrix's power-of-two ``mult``). ``VARIANT`` (4-bit): how a step's tile is
-    reduced (:class:`GroupGemvPlan`)."""
+    (without the matrix's power-of-two ``mult``)."""
     GROUPS: tl.constexpr = K // 32
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if BITS == 4 and VARIANT == 1:
-        # the same with the tile loaded as [rows, 64-input blocks, 32 bytes] (no reshapes)
-        PAIRS3: tl.constexpr = BLOCK_K // 64
-        p3 = tl.arange(0, PAIRS3)[None, :, None]
-        j3 = tl.arange(0, 32)[None, None, :]
-        pair = tl.arange(0, PAIRS3)
-        ok3 = row_ok[:, None, None]
-        for k0 in range(0, K, BLOCK_K):
-            b = tl.load(
-                c_ptr + rows[:, None, None] * (K // 2) + k0 // 2 + p3 * 32 + j3, mask=ok3, other=0
-            )
-            x_lo = tl.load(x_ptr + k0 + p3 * 64 + j3).to(tl.float32)
-            x_hi = tl.load(x_ptr + k0 + 32 + p3 * 64 + j3).to(tl.float32)
-            dot_lo = tl.sum((b & 15).to(tl.float32) * x_lo, axis=2)
-            dot_hi = tl.sum((b >> 4).to(tl.float32) * x_hi, axis=2)
-            sum_lo = tl.sum(x_lo, axis=2)
-            sum_hi = tl.sum(x_hi, axis=2)
-            so = s_ptr + (rows[:, None] * GROUPS + (k0 // 32 + 2 * pair)[None, :]) * 2
-            ok = row_ok[:, None]
-            acc += tl.sum(
-                tl.load(so, mask=ok, other=0.0).to(tl.float32) * dot_lo
-                + tl.load(so + 1, mask=ok, other=0.0).to(tl.float32) * sum_lo
-                + tl.load(so + 2, mask=ok, other=0.0).to(tl.float32) * dot_hi
-                + tl.load(so + 3, mask=ok, other=0.0).to(tl.float32) * sum_hi,
-                axis=1,
-            )
-    elif BITS == 4 and VARIANT == 2:
-        # each weight widened with its group's scale and offset (read per element, from L1),
-        # one reduction at the end, as the 16-bit one-row kernel does
-        HALF2: tl.constexpr = BLOCK_K // 2
-        t2 = tl.arange(0, HALF2)
-        low2 = (t2 // 32) * 64 + t2 % 32
-        acc2 = tl.zeros([BLOCK_N, HALF2], dtype=tl.float32)
-        ok2 = row_ok[:, None]
-        for k0 in range(0, K, BLOCK_K):
-            b = tl.load(
-                c_ptr + rows[:, None] * (K // 2) + (k0 // 2 + t2)[None, :], mask=ok2, other=0
-            )
-            x_lo = tl.load(x_ptr + k0 + low2).to(tl.float32)
-            x_hi = tl.load(x_ptr + k0 + 32 + low2).to(tl.float32)
-            so = s_ptr + (rows[:, None] * GROUPS + (k0 // 32 + 2 * (t2 // 32))[None, :]) * 2
-            w_lo = (b & 15).to(tl.float32) * tl.load(so, mask=ok2, other=0.0).to(
-                tl.float32
-            ) + tl.load(so + 1, mask=ok2, other=0.0).to(tl.float32)
-            w_hi = (b >> 4).to(tl.float32) * tl.load(so + 2, mask=ok2, other=0.0).to(
-                tl.float32
-            ) + tl.load(so + 3, mask=ok2, other=0.0).to(tl.float32)
-            acc2 += w_lo * x_lo[None, :] + w_hi * x_hi[None, :]
-        acc = tl.sum(acc2, axis=1)
-    elif BITS == 4:
+    if BITS == 4:
         # byte j of a 64-input block: input j in the low nibble, input 32 + j in the high one
         HALF: tl.constexpr = BLOCK_K // 2
         PAIRS: tl.constexpr = HALF // 32
@@ -167,18 +116,14 @@ def _group_gemv_kernel(
     SILU_MUL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    VARIANT: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    y = (
-        _group_rows_dot(x_ptr, c_ptr, s_ptr, rows, row_ok, K, BITS, BLOCK_N, BLOCK_K, VARIANT)
-        * mult
-    )
+    y = _group_rows_dot(x_ptr, c_ptr, s_ptr, rows, row_ok, K, BITS, BLOCK_N, BLOCK_K) * mult
     if SILU_MUL:  # the up projection's rows sit ``up_offset`` rows below the gate's
         up = (
             _group_rows_dot(
-                x_ptr, c_ptr, s_ptr, rows + up_offset, row_ok, K, BITS, BLOCK_N, BLOCK_K, VARIANT
+                x_ptr, c_ptr, s_ptr, rows + up_offset, row_ok, K, BITS, BLOCK_N, BLOCK_K
             )
             * mult
         )
@@ -243,6 +188,7 @@ def _group_matmul_kernel(
     BITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """A [BLOCK_M, BLOCK_N] tile of ``x @ W.T`` on the tensor cores: each 64-input step widens
     the tile's two groups of codes to the activations' dtype in registers (no widened copy of
@@ -279,12 +225,12 @@ def _group_matmul_kernel(
                 w = (q0.to(tl.float32) * scale[:, None] + offset[:, None]).to(
                     x_ptr.dtype.element_ty
                 )
-                acc += tl.dot(x0, tl.trans(w))
+                acc += tl.dot(x0, tl.trans(w), input_precision=PRECISION)
             else:
                 w = (q1.to(tl.float32) * scale[:, None] + offset[:, None]).to(
                     x_ptr.dtype.element_ty
                 )
-                acc += tl.dot(x1, tl.trans(w))
+                acc += tl.dot(x1, tl.trans(w), input_precision=PRECISION)
     tl.store(
         y_ptr + rows[:, None] * stride_ym + cols[None, :],
         acc.to(y_ptr.dtype.element_ty),
@@ -293,15 +239,14 @@ def _group_matmul_kernel(
 
 
 class GroupGemvPlan(NamedTuple):
-    """Weight rows per program, inputs per step and warps per program of :func:`group_gemv`;
-    ``variant`` (4-bit codes): 0, each step's products summed per group through a reshape; 1,
-    the same on a tile loaded in three dimensions; 2, each weight widened with its group's scale
-    and one reduction at the end."""
+    """Weight rows per program, inputs per step and warps per program of :func:`group_gemv`.
+    (Other ways to reduce a 4-bit tile were measured slower at the Qwen3-8B shapes on an H100:
+    a tile loaded in three dimensions, each weight scaled before one final reduction, codes read
+    as 32-bit words and widened through a float's mantissa; docs/benchmarks.md.)"""
 
     block_n: int = 4
     block_k: int = 1024
     warps: int = 4
-    variant: int = 0
 
 
 # codes one program widens at a time: 64 float32 values per thread at 4 warps, as the 16-bit
@@ -354,7 +299,6 @@ def group_gemv(
         SILU_MUL=silu_mul,
         BLOCK_N=plan.block_n,
         BLOCK_K=plan.block_k,
-        VARIANT=plan.variant,
         num_warps=plan.warps,
     )
     return y
@@ -369,12 +313,14 @@ class GroupMatmulTiles(NamedTuple):
 
 def group_matmul_tiles(rows: int) -> GroupMatmulTiles:
     """Tiles for ``rows`` activations: few rows need narrow weight tiles, so that enough programs
-    stream the weight at once (a 4,096-row weight in 32-row tiles: 128 programs)."""
+    stream the weight at once (a 4,096-row weight in 32-row tiles: 128 programs); from 128 rows
+    128-row activation tiles (measured on an H100 at the Qwen3-8B shapes, 128 rows: qkv 54 us
+    against 139 with 64 x 128 tiles, down 144 against 375; scripts/gpu_group_sweep.py)."""
     if rows <= 16:
         return GroupMatmulTiles(16, 32)
     if rows <= 64:
         return GroupMatmulTiles(rows if rows in (32, 64) else 64, 64)
-    return GroupMatmulTiles(64, 128, 8)
+    return GroupMatmulTiles(128, 64, 4, 4)
 
 
 def group_matmul(
@@ -406,6 +352,9 @@ def group_matmul(
         BITS=bits,
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
+        # float32 activations (a float32 model) keep float32 products: TF32, Triton's default,
+        # rounds the inputs to 10 bits (3e-3 off a float32 product on an H100)
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
