@@ -543,8 +543,9 @@ function keepTypedTextTyped() {
 }
 
 // The message box grows with its text into the chat above it (page.css): what it takes beyond
-// its least height (one line) is kept in --box-grown, which the chat's height gives up, so the
-// page keeps to the window
+// its least height (one line) is kept in --box-grown, which the chat's height gives up on a
+// narrow screen, so the page keeps to the window (on a wide one the chat takes what the column's
+// other rows leave)
 function letTheBoxGrowIntoTheChat() {
   const box = document.querySelector('#msg-input textarea');
   if (!box) return setTimeout(letTheBoxGrowIntoTheChat, 200);

@@ -559,6 +559,32 @@ def test_on_a_phone_the_chat_takes_the_room_under_the_send_row(open_page, app):
     assert stop["y"] + stop["height"] <= 844, f"Stop is below the first screen: {stop}"
 
 
+def test_on_a_wide_screen_the_chat_takes_the_room_under_the_send_row(open_page, app):
+    """At 1280x800 a band of ~90 px lay empty under the Send row: the chat's height left room for
+    a versions bar that was not shown. The chat takes the room the rest leaves, with the versions
+    bar and without it, and with a long message in the box (dark mode here)."""
+    chat_id = stored_long_chat(app, "Wide Quoll", turns=2)
+    page = open_page(1280, 800, dark=True, chat_id=chat_id)
+
+    def band() -> int:  # under the message box's row (Send sits at its top while the box is tall)
+        return page.evaluate(
+            "() => document.documentElement.scrollHeight - scrollY"
+            " - document.querySelector('#composer').getBoundingClientRect().bottom"
+        )
+
+    assert wait_until(lambda: band() <= 40, 10), (band(), page.locator("#chatbot").bounding_box())
+    pick_message(page, "Wide Quoll question 1")
+    page.fill(BOX, "Long text line with many words for the layout test. " * 25)
+    for _ in range(2):  # the versions bar shown, a long message in the box; then neither
+        assert wait_until(lambda: band() <= 40 and page_height(page) <= 800, 10), (
+            band(),
+            page_height(page),
+        )
+        page.fill(BOX, "")
+        page.click("#new-chat-btn")
+        page.locator("#versions").wait_for(state="hidden", timeout=10_000)
+
+
 # ---- 8. a page whose app stopped says so, and Enter says why nothing was sent
 
 
