@@ -17,15 +17,36 @@ short (attention/flashinfer_backend.py: graph_kinds).
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 from ..batch import ForwardBatch
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def no_collection_while_capturing() -> Iterator[None]:
+    """Collect Python's garbage once, then keep the collector off while CUDA graphs are captured.
+
+    An engine dropped in a reference cycle (an ``LLM`` deleted in a process that makes another)
+    is freed by the collector, at whatever allocation it runs; freeing its CUDA graphs inside
+    another capture is an operation a capturing stream does not permit, and that capture fails
+    ("operation failed due to a previous error during capture"), leaving the CUDA generator in a
+    broken state for the rest of the process. torch no longer collects before a capture."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def capture_sizes(max_batch_size: int) -> list[int]:
@@ -78,8 +99,6 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def _capture(self, on_phase: Callable[[str], None] | None) -> None:
-        from tqdm import tqdm
-
         engine = self.engine
         attn = engine.attn_backend
         max_pages = -(-engine.max_context_len // engine.page_size)
@@ -96,6 +115,20 @@ class CudaGraphRunner:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device=engine.device)
+        with no_collection_while_capturing():
+            self._capture_shapes(shapes, pool, stream, max_pages)
+        torch.cuda.synchronize(engine.device)
+        self.capture_s = time.perf_counter() - start  # reported in the ready line
+        logger.info("captured %d CUDA graphs in %.1f s", len(shapes), self.capture_s)
+
+    def _capture_shapes(
+        self, shapes: list[tuple[int, str]], pool, stream: torch.cuda.Stream, max_pages: int
+    ) -> None:
+        """One graph per (batch size, attention kind), each after two warm-up runs."""
+        from tqdm import tqdm
+
+        engine = self.engine
+        attn = engine.attn_backend
         for bs, kind in tqdm(shapes, desc="CUDA graphs", unit="graph", leave=False):
             attn.graph_wrapper(bs, kind, max_pages)
             fb = ForwardBatch(
@@ -122,9 +155,6 @@ class CudaGraphRunner:
                     engine.model(fb, attn, logits_out=self.logits[:bs])
             torch.cuda.current_stream().wait_stream(stream)
             self.graphs[bs, kind] = graph
-        torch.cuda.synchronize(engine.device)
-        self.capture_s = time.perf_counter() - start  # reported in the ready line
-        logger.info("captured %d CUDA graphs in %.1f s", len(shapes), self.capture_s)
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits [padded size, vocab] of a decode batch that ``Engine.prepare`` padded and the

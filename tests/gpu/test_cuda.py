@@ -617,6 +617,31 @@ def test_mixed_prefill_decode_chunks_and_aborts_return_every_page():
     assert llm.engine.page_table.num_free_rows == sched.max_running_requests
 
 
+def test_an_engine_dropped_in_a_reference_cycle_does_not_break_a_later_capture(monkeypatch):
+    """An LLM deleted while in a reference cycle is freed by Python's collector, whenever it
+    runs; freeing its CUDA graphs inside another engine's capture invalidated that capture and
+    broke the CUDA generator for the rest of the process (seen in `scripts/gpu_check.sh verify`:
+    one failed capture, then every later engine's start failed). The collector is made to run
+    inside every capture here, as it may at any allocation."""
+    import gc
+
+    first = LLM(config=engine_config(max_kv_tokens=8_000, cuda_graph_max_bs=4))
+    first.engine.back_reference = first  # only the collector frees it now
+    del first
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def begin_then_collect(self, *args, **kwargs):
+        begin(self, *args, **kwargs)
+        gc.collect()
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", begin_then_collect)
+    second = LLM(config=engine_config(max_kv_tokens=8_000, cuda_graph_max_bs=4))
+    assert second.engine.uses_cuda_graphs
+    reply = second.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    assert len(reply.token_ids) == 8
+    torch.randn(4, device="cuda")  # the generator still works outside a capture
+
+
 def test_serve_on_cuda_answers_paris(tmp_path):
     """The app's server on the GPU with the demo model (prepared beforehand in
     MINISGL_CACHE_DIR: the device has no network)."""
