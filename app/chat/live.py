@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from minisgl_engine import GenerateRequest, PromptProgressMsg, UserReply
 
@@ -41,31 +41,54 @@ NOTHING_TO_ADD = (
 Generate = Callable[[GenerateRequest, asyncio.Event], AsyncIterator[UserReply | PromptProgressMsg]]
 
 
-@dataclass
+# The weight of the latest chunk's pace in the pace the time left is reckoned at, and of the time
+# left that pace gives in the time left shown (against the one counted down since the chunk
+# before). The chunks of a long prompt slow down as it grows (each reads all the tokens before
+# it) and a busy machine makes one chunk slower than the next: the average pace since the first
+# chunk followed neither, and the latest chunk's pace alone moved the time left up and down by
+# seconds at each chunk.
+PACE_SMOOTHING = 0.4
+LEFT_SMOOTHING = 0.5
+
+
+@dataclass(frozen=True)
 class PromptReading:
-    """How far the engine has read a long prompt (``PromptProgressMsg``, one per prefill chunk),
-    and when: the line under the reply says it until the first word, with the time left
-    estimated from the chunks read so far."""
+    """How far the engine has read a long prompt (``PromptProgressMsg``, one per prefill chunk,
+    as it starts), and when: the line under the reply says it until the first word, with the time
+    left (``seconds_left``), counted down between two chunks."""
 
     done: int
     total: int
-    first_done: int  # at the first report
-    first_at: float  # time.perf_counter() of the first report
-    at: float  # ... of the latest
+    at: float  # time.perf_counter() of the latest report
+    pace: float | None = None  # tokens read per second, smoothed; None before it is known
+    left: float | None = None  # the time left, as of ``at``
+    timed: int = 0  # the chunks timed so far
 
     @classmethod
     def after(cls, before: PromptReading | None, msg: PromptProgressMsg, now: float):
         if before is None:
-            return cls(msg.done, msg.total, msg.done, now, now)
-        return cls(msg.done, msg.total, before.first_done, before.first_at, now)
-
-    @property
-    def seconds_left(self) -> float | None:
-        """At the pace of the chunks read so far; None before the first chunk is read."""
-        read, took = self.done - self.first_done, self.at - self.first_at
+            return cls(msg.done, msg.total, now)
+        read, took = msg.done - before.done, now - before.at
         if read <= 0 or took <= 0:
+            return replace(before, done=msg.done, total=msg.total)
+        if before.timed == 0:  # the first chunk is small (the progress shows at once after
+            # Send) and its time holds the request's start: its pace said ~40 s left, the next ~25
+            return cls(msg.done, msg.total, now, timed=1)
+        pace = read / took
+        if before.pace is not None:
+            pace = before.pace + PACE_SMOOTHING * (pace - before.pace)
+        left = (msg.total - msg.done) / pace
+        if before.left is not None:
+            counted = before.left - took
+            left = counted + LEFT_SMOOTHING * (left - counted)
+        return cls(msg.done, msg.total, now, pace, left, before.timed + 1)
+
+    def seconds_left(self, now: float | None = None) -> float | None:
+        """At ``now`` (default: now): the time left, less the time since the latest chunk, and
+        at least a second while tokens are left; None before a chunk after the first is timed."""
+        if self.left is None:
             return None
-        return (self.total - self.done) * took / read
+        return max(1.0, self.left - ((time.perf_counter() if now is None else now) - self.at))
 
 
 @dataclass

@@ -266,11 +266,11 @@ def last_unread(messages: list[Message]) -> int | None:
     return ids[ids.index(read_from) - 1]
 
 
-def reading_line(reading: PromptReading) -> str:
+def reading_line(reading: PromptReading, now: float | None = None) -> str:
     """How far the engine has read a long prompt: "reading your message: 4,096 / 8,343 tokens ·
-    ~40 s left" (the time left once a chunk has been read)."""
+    ~40 s left" (the time left at ``now``, once a chunk's time is known: PromptReading)."""
     line = f"reading your message: {reading.done:,} / {reading.total:,} tokens"
-    left = reading.seconds_left
+    left = reading.seconds_left(now)
     if left is None or reading.done >= reading.total:
         return line
     return (

@@ -123,3 +123,58 @@ def test_a_long_message_shows_its_prompt_progress_at_once_counts_as_running_and_
         assert app.metrics()["minisgl_prompt_tokens_pending"] == 0
     finally:
         context.close()
+
+
+# Each new line under the reply while the prompt is read, with when it showed (performance.now()).
+WATCH_LINES_JS = """() => {
+  window.linesSeen = [];
+  const look = () => {
+    for (const line of document.querySelectorAll('#chatbot .thought-group')) {
+      const text = line.innerText.trim();
+      if (text.includes('reading your message') && window.linesSeen.at(-1)?.text !== text)
+        window.linesSeen.push({text, at: performance.now() / 1000});
+    }
+  };
+  new MutationObserver(look).observe(document.querySelector('#chatbot'),
+                                     {subtree: true, childList: true, characterData: true});
+}"""
+LEFT = re.compile(r"reading your message: ([\d,]+) / [\d,]+ tokens · ~(\d+) (s|min) left")
+
+
+def test_the_time_left_counts_down_between_chunks_and_follows_their_pace(browser, app) -> None:
+    """The time left under a long message ("· ~40 s left") changed only when a chunk was read,
+    at the average pace since the first chunk: it stood still for a chunk's time and then jumped.
+    It counts down between chunks, at the chunks' smoothed pace: no step of it rises, or falls
+    further than the time it took, by more than a few seconds."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        page = context.new_page()
+        page.goto(app.page_url)
+        wait_page_loaded(page)
+        open_new_chat(page)
+        page.fill("#msg-input textarea", LONG_MESSAGE)
+        page.evaluate(WATCH_LINES_JS)
+        page.press("#msg-input textarea", "Enter")
+
+        def seen() -> list[tuple[int, float, float]]:  # (tokens read, seconds left, when)
+            out = []
+            for line in page.evaluate("window.linesSeen"):
+                m = LEFT.search(line["text"])
+                if m:
+                    left = int(m[2]) * (60 if m[3] == "min" else 1)
+                    out.append((int(m[1].replace(",", "")), left, line["at"]))
+            return out
+
+        assert wait_until(lambda: len([s for s in seen() if s[1] < 90]) >= 8, 90), seen()
+        page.click("#stop-btn")
+        steps = [s for s in seen() if s[1] < 90]
+        assert any(a[0] == b[0] for a, b in zip(steps, steps[1:])), (
+            f"the time left changed only with a chunk read: {steps}"
+        )
+        print(f"(tokens read, seconds left, at): {steps}")
+        for (_, left, at), (_, later, then) in zip(steps, steps[1:]):
+            slack = max(3, 0.15 * left)  # a chunk slower than the ones before moves it up a little
+            assert left - (then - at) - slack <= later <= left + slack, (left, later, steps)
+        assert wait_until(lambda: engine_idle(app), 15), app.metrics()
+    finally:
+        context.close()

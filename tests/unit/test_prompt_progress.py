@@ -164,8 +164,10 @@ def test_the_line_under_a_reply_says_how_far_its_prompt_is_read_until_the_first_
 
     async def generate(request, stop):
         yield PromptProgressMsg(1, 0, 8343)
+        await asyncio.sleep(0.1)
+        yield PromptProgressMsg(1, 2048, 8343)  # the first chunk: not timed
         await asyncio.sleep(0.2)
-        yield PromptProgressMsg(1, 4096, 8343)  # 4,096 tokens in ~0.2 s: ~0.2 s left
+        yield PromptProgressMsg(1, 4096, 8343)  # 2,048 tokens in ~0.2 s: ~1 s left (at least)
         read_two_chunks.set()
         await answer.wait()
         yield PromptProgressMsg(1, 8343, 8343)
@@ -189,9 +191,10 @@ def test_the_line_under_a_reply_says_how_far_its_prompt_is_read_until_the_first_
         )
         await asyncio.wait_for(read_two_chunks.wait(), 5)
         live = manager.live[conv_id]
-        assert live.reading.seconds_left is not None and 0 < live.reading.seconds_left < 5
+        left = live.reading.seconds_left()
+        assert left is not None and 0 < left < 5
         assert titles(store, live, conv_id)[-1] == (
-            f"reading your message: 4,096 / 8,343 tokens · ~{round(live.reading.seconds_left)} s left"
+            f"reading your message: 4,096 / 8,343 tokens · ~{round(left)} s left"
         )
         answer.set()
         await asyncio.wait_for(said_hello.wait(), 5)
@@ -209,12 +212,37 @@ def test_the_time_left_is_in_minutes_past_ninety_seconds() -> None:
     from minisgl_app.chat.live import PromptReading
     from minisgl_app.chat.view import reading_line
 
-    assert reading_line(PromptReading(0, 5000, 0, 10.0, 10.0)) == (
+    assert reading_line(PromptReading(0, 5000, 10.0), 10.0) == (
         "reading your message: 0 / 5,000 tokens"
     )
-    assert reading_line(PromptReading(1000, 5000, 0, 10.0, 40.0)) == (
+    assert reading_line(PromptReading(1000, 5000, 40.0, left=120.0), 40.0) == (
         "reading your message: 1,000 / 5,000 tokens · ~2 min left"
     )
-    assert reading_line(PromptReading(4000, 5000, 1000, 10.0, 40.0)) == (
+    assert reading_line(PromptReading(4000, 5000, 40.0, left=10.0), 40.0) == (
         "reading your message: 4,000 / 5,000 tokens · ~10 s left"
     )
+
+
+def test_the_time_left_follows_the_smoothed_pace_of_the_chunks_and_counts_down_between_them():
+    """The pace is each chunk's after the first (small, with the request's start in its time),
+    smoothed (live.PACE_SMOOTHING), and the time left it gives moves the one counted down since
+    the chunk before partway (LEFT_SMOOTHING): a chunk three times slower moves it by a second or
+    two, not all the way; between two chunks it counts down, to a second at least."""
+    from minisgl_app.chat.live import LEFT_SMOOTHING, PACE_SMOOTHING, PromptReading
+    from minisgl_engine.messages import PromptProgressMsg
+
+    def read(reading, done: int, at: float):
+        return PromptReading.after(reading, PromptProgressMsg(1, done, 5128), at)
+
+    reading = read(read(None, 0, 0.0), 128, 1.0)
+    assert reading.seconds_left(1.0) is None  # the first chunk's time says little
+    reading = read(reading, 628, 2.0)  # 500 tokens a second
+    assert reading.seconds_left(2.0) == 9.0
+    assert reading.seconds_left(5.0) == 6.0 and reading.seconds_left(30.0) == 1.0
+    reading = read(reading, 1128, 3.0)
+    assert reading.pace == 500 and reading.seconds_left(3.0) == 8.0
+    reading = read(reading, 1628, 6.0)  # 3 s for 500 tokens
+    pace = 500 + PACE_SMOOTHING * (500 / 3 - 500)
+    left = 5.0 + LEFT_SMOOTHING * (3500 / pace - 5.0)
+    assert reading.pace == pace and reading.seconds_left(6.0) == left
+    assert 5.0 < left < 3500 / pace
