@@ -14,7 +14,7 @@ import gradio as gr
 
 from ..chat.view import MATH_MARK
 from . import toasts
-from .page_view import SENT_AS_UPDATES, VIEW_SIZE, PageView
+from .page_view import SENT_AS_UPDATES, VIEW_SIZE, PageView, as_update
 from .scripts import ASKED_CHATS_JS, MARK_LOADED_JS, REMEMBER_SHOWN_CHAT_JS
 from .tabs import Tab, TabState
 from .wiring import QUICK, Wiring
@@ -54,7 +54,10 @@ class ViewEvents(TabState):
         self, request: gr.Request, in_address: float | None = None, remembered: float | None = None
     ):
         """The tab opens the chat its address names (a reload; 0: a new chat, whose text the
-        browser keeps), else the one the browser last showed (ASKED_CHATS_JS), else the newest."""
+        browser keeps), else the one the browser last showed (ASKED_CHATS_JS), else the newest.
+        Answers with its title and settings, and the chat list with the chat shown picked: the
+        step after the load writes the list's pick into the address (REMEMBER_SHOWN_CHAT_JS),
+        which, left to the follow, was still the page's first (none: a new chat) then."""
         tab = self.tab(request)
         if in_address == 0 and not tab.picked:
             tab.conv_id = None
@@ -78,7 +81,8 @@ class ViewEvents(TabState):
                     f"The address (?chat=) names {named}, which is not here (deleted?): showing {shown}."
                 )
         thinking = gr.update(visible=self.source.supports_thinking)
-        return (*self.fields(tab), thinking)
+        tab.drawn.sidebar = self.render_sidebar(tab)
+        return (*self.fields(tab), thinking, as_update("sidebar", tab.drawn.sidebar))
 
     async def follow(self, request: gr.Request):
         """Render the tab's conversation after an action, then as long as a reply streams in
@@ -175,7 +179,7 @@ class ViewEvents(TabState):
         loaded = demo.load(
             self.load_page,
             inputs=[c.in_address, c.remembered],
-            outputs=[*w.tab_fields, w.settings.thinking],
+            outputs=[*w.tab_fields, w.settings.thinking, c.conv_list],
             js=ASKED_CHATS_JS,
             **QUICK,
         )

@@ -359,3 +359,32 @@ def test_a_reply_is_one_tab_stop_and_its_actions_follow_with_the_arrow_keys(cont
     assert page.evaluate(FOCUSED) == "bot"
     page.keyboard.press("ArrowUp")
     assert page.evaluate("() => document.activeElement.innerText") == "Keyed Wapiti question 2"
+
+
+# ---- a reload keeps the chat shown in the address
+
+
+ADDRESSES_JS = """() => {
+  window.addressesSet = [];
+  const replace = history.replaceState.bind(history);
+  history.replaceState = (state, title, url) => { window.addressesSet.push(String(url)); replace(state, title, url); };
+}"""
+
+
+def test_a_reload_never_names_a_new_chat_while_showing_a_stored_one(context, app):
+    """After a reload the address read /?chat=new while the page showed chat 1: the load's last
+    step wrote the chat list's value into the address before the list had been drawn (none yet:
+    a new chat), and forgot the chat in the browser's storage. Through a reload the address
+    names only the chat shown."""
+    chat_id = stored_chat(app, "Reloaded Wapiti")
+    page = context.new_page()
+    page.add_init_script(f"({ADDRESSES_JS})()")
+    page.goto(app.page_url + f"&chat={chat_id}")
+    wait_page_loaded(page)
+    page.reload()
+    wait_page_loaded(page)
+    assert wait_until(lambda: "Reloaded Wapiti" in page.inner_text("#chatbot"), 10)
+    assert wait_until(lambda: f"chat={chat_id}" in page.url, 5), page.url
+    set_since = page.evaluate("window.addressesSet")
+    assert not [a for a in set_since if "chat=new" in a], set_since
+    assert page.evaluate("localStorage.getItem('minisgl-chat:shown')") == str(chat_id)
