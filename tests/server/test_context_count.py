@@ -37,7 +37,7 @@ CHATS = {
         {"role": "system", "content": "Be brief."},
         *[
             {"role": role, "content": f"turn {i}: " + "the quick brown fox jumps. " * 12}
-            for i in range(24)
+            for i in range(12)
             for role in ("user", "assistant")
         ],
         {"role": "user", "content": ""},
