@@ -137,6 +137,8 @@ class ChatsPanel(TabState):
         box = self.show(tab, convs[0].id if convs else None, clicked_at, text)
         tab.draft.unsent.pop(deleted, None)  # the deleted chat's draft goes with it, its files too
         tab.draft.unsent_files.pop(deleted, None)
+        for left in self.left_files.values():
+            left.files.pop(deleted, None)
         return (box, *self.fields(tab))
 
     async def search(self, query: str, request: gr.Request):
@@ -211,6 +213,7 @@ class ChatsPanel(TabState):
             visible="hidden", elem_id="chat-in-address"
         )  # ASKED_CHATS_JS fills them
         remembered = gr.Number(visible="hidden", elem_id="chat-remembered")
+        browser_tab = gr.Textbox(visible="hidden", elem_id="browser-tab")
         return SimpleNamespace(
             confirmed=confirmed,
             clicked_at=clicked_at,
@@ -219,6 +222,7 @@ class ChatsPanel(TabState):
             fields_redrawn=fields_redrawn,
             in_address=in_address,
             remembered=remembered,
+            browser_tab=browser_tab,
         )
 
     def wire_chats(self, w: Wiring) -> None:

@@ -15,7 +15,12 @@ import gradio as gr
 from ..chat.view import MATH_MARK
 from . import toasts
 from .page_view import SENT_AS_UPDATES, VIEW_SIZE, PageView, as_update
-from .scripts import ASKED_CHATS_JS, MARK_LOADED_JS, REMEMBER_SHOWN_CHAT_JS
+from .scripts import (
+    ASKED_CHATS_JS,
+    MARK_LOADED_JS,
+    REMEMBER_SHOWN_CHAT_JS,
+    SAY_FILES_DROPPED_JS,
+)
 from .tabs import Tab, TabState
 from .wiring import QUICK, Wiring
 
@@ -51,10 +56,15 @@ class ViewEvents(TabState):
     """Renders a tab: the page's load, the follow after each action."""
 
     async def load_page(
-        self, request: gr.Request, in_address: float | None = None, remembered: float | None = None
+        self,
+        request: gr.Request,
+        in_address: float | None = None,
+        remembered: float | None = None,
+        browser_tab: str | None = None,
     ):
         """The tab opens the chat its address names (a reload; 0: a new chat, whose text the
-        browser keeps), else the one the browser last showed (ASKED_CHATS_JS), else the newest.
+        browser keeps), else the one the browser last showed (ASKED_CHATS_JS), else the newest;
+        with the files attached in the tab's page before a reload (``browser_tab``: claim_files).
         Answers with its title and settings, and the chat list with the chat shown picked: the
         step after the load writes the list's pick into the address (REMEMBER_SHOWN_CHAT_JS),
         which, left to the follow, was still the page's first (none: a new chat) then."""
@@ -80,6 +90,7 @@ class ViewEvents(TabState):
                 toasts.warn(
                     f"The address (?chat=) names {named}, which is not here (deleted?): showing {shown}."
                 )
+        self.claim_files(tab, browser_tab)  # a reload: the files attached before it
         thinking = gr.update(visible=self.source.supports_thinking)
         tab.drawn.sidebar = self.render_sidebar(tab)
         return (*self.fields(tab), thinking, as_update("sidebar", tab.drawn.sidebar))
@@ -178,7 +189,7 @@ class ViewEvents(TabState):
         c = w.chats
         loaded = demo.load(
             self.load_page,
-            inputs=[c.in_address, c.remembered],
+            inputs=[c.in_address, c.remembered, c.browser_tab],
             outputs=[*w.tab_fields, w.settings.thinking, c.conv_list],
             js=ASKED_CHATS_JS,
             **QUICK,
@@ -186,6 +197,9 @@ class ViewEvents(TabState):
         # the chat shown, whoever chose it (a click, the load, a delete, a first message), goes to the address
         c.conv_list.change(None, inputs=c.conv_list, js=REMEMBER_SHOWN_CHAT_JS, **QUICK)
         loaded.then(**w.follow)
+        # the files attached to the chat shown (a reload's, claim_files), then the note
+        # of those that did not come back (page.js, sayFilesDroppedByAReload)
+        loaded.then(**w.attachments_note).then(None, js=SAY_FILES_DROPPED_JS, **QUICK)
         loaded.then(None, js=MARK_LOADED_JS)
         # the list's value may not change at the load (the chat asked for was gone): the address names the chat shown
         loaded.then(None, inputs=c.conv_list, js=REMEMBER_SHOWN_CHAT_JS, **QUICK)

@@ -33,8 +33,12 @@ DRAFT_KEY_PREFIX = "minisgl-chat:draft:"  # + the chat's id ('' for a new chat):
 SHOWN_CHAT_KEY = "minisgl-chat:shown"  # the chat the tab showed last, in the browser's storage (ChatPage.load_page)
 # ?chat=new: the tab shows a new chat (its load asks for chat 0: ViewEvents.load_page)
 NEW_CHAT = "new"
-# the names of the files attached in a tab, in the tab's own storage: said after a reload
+# the names of the files attached in a tab, in the tab's own storage: those a reload did not
+# bring back are said after it
 ATTACHED_KEY = "minisgl-chat:attached"
+# a random key of the browser tab, in its own storage (a reload keeps it): the page's load names
+# it, and the files attached before the reload come back (TabState.claim_files)
+TAB_KEY = "minisgl-chat:tab"
 # where a page's beacon goes as its tab goes (mount.TabClosedBeacon), from the page's address
 TAB_CLOSED_PATH = "tab-closed"
 
@@ -47,6 +51,7 @@ PAGE_CONFIG = {
     "shownChatKey": SHOWN_CHAT_KEY,
     "newChat": NEW_CHAT,
     "attachedKey": ATTACHED_KEY,
+    "tabKey": TAB_KEY,
     "tabClosedPath": TAB_CLOSED_PATH,
     "tabSilentMs": round(TAB_SILENT_S * 1000),
     "sliderDefaults": {
@@ -99,6 +104,8 @@ MARK_LOADED_JS = page_call("minisglMarkLoaded")
 # A reload opens the chat the tab showed (its address, else the browser's storage: ChatPage.load_page)
 ASKED_CHATS_JS = page_call("minisglAskedChats")
 REMEMBER_SHOWN_CHAT_JS = page_call("minisglRememberShownChat")
+# After a reload, once the files attached to the chat shown are drawn: those that did not come back
+SAY_FILES_DROPPED_JS = page_call("minisglSayFilesDropped")
 SYNC_SEND_JS = page_call(
     "minisglSyncSend"
 )  # the message box written by Gradio (a refused edit's text)

@@ -35,6 +35,9 @@ SEND_CHANGED_ELSEWHERE = (
 # hidden tabs to that), so only a tab that went without a word (its browser crashed, or froze it)
 # is this silent.
 TAB_SILENT_S = 180.0
+# How long the files attached in a tab that closed wait for a page of its browser tab (a reload
+# comes back within seconds; a tab closed for good never does)
+LEFT_FILES_S = 600.0
 DELETED_ELSEWHERE = "This chat was deleted in another tab."
 SEND_DELETED_ELSEWHERE = (
     DELETED_ELSEWHERE
@@ -111,6 +114,15 @@ class Draft:
 
 
 @dataclass
+class LeftFiles:
+    """The files attached in a tab that closed, by chat (None: its new chat), and when it closed
+    (monotonic s)."""
+
+    files: dict[int | None, list[tuple[str, str]]]
+    at: float
+
+
+@dataclass
 class Events:
     """What the tab's events leave for the next ones, which Gradio may run in another order than
     the clicks that made them: browser times (ms) of clicks and saves, and the last save refused."""
@@ -134,6 +146,7 @@ class Tab:
     the settings it will start with; and, in parts, how the tab's events and renders went."""
 
     conv_id: int | None = None
+    browser_tab: str | None = None  # the key its browser tab keeps across reloads (claim_files)
     new_chat_settings: ChatSettings | None = (
         None  # the settings its new chat (conv_id None) starts with
     )
@@ -163,6 +176,7 @@ class TabState:
     store: ConversationStore
     replies: ReplyManager
     tabs: dict[str, Tab]
+    left_files: dict[str, LeftFiles]  # by the browser tab a closed tab was (Tab.browser_tab)
     uploads: Uploads
 
     def tab(self, request: gr.Request | None) -> Tab:
@@ -176,9 +190,31 @@ class TabState:
         (ReplyManager.page_gone), and its state goes. A page says so as it goes (its beacon:
         mount.TabClosedBeacon); one that went without a word is found by its silence
         (close_silent_tabs). Not Gradio's unload event: the heartbeat stream it needs held one of
-        the browser's six connections to the app for as long as the tab was open."""
+        the browser's six connections to the app for as long as the tab was open. The files
+        attached in it, by chat, wait a while for a page of the same browser tab
+        (``claim_files``): a reload is a new tab, and they were lost."""
         self.replies.page_gone(session)
-        self.tabs.pop(session, None)
+        tab = self.tabs.pop(session, None)
+        now = time.monotonic()
+        for key, left in list(self.left_files.items()):
+            if now - left.at > LEFT_FILES_S:
+                del self.left_files[key]
+        if tab is not None and tab.browser_tab:
+            files = {**tab.draft.unsent_files, tab.conv_id: tab.draft.attachments}
+            files = {chat: kept for chat, kept in files.items() if kept}
+            if files:
+                self.left_files[tab.browser_tab] = LeftFiles(files, now)
+
+    def claim_files(self, tab: Tab, browser_tab: str | None) -> None:
+        """The tab's page is ``browser_tab`` (a key its browser tab keeps: PAGE_JS's tabKey),
+        maybe reloaded: the files attached there before, by chat, are attached here again."""
+        tab.browser_tab = browser_tab or None
+        left = self.left_files.pop(browser_tab, None) if browser_tab else None
+        if left is None:
+            return
+        tab.draft.unsent_files = {**left.files, **tab.draft.unsent_files}
+        if not tab.draft.attachments:
+            tab.draft.attachments = tab.draft.unsent_files.pop(tab.conv_id, [])
 
     def close_silent_tabs(self) -> None:
         """Close each tab none of whose events came for TAB_SILENT_S (every tab's tick calls it)."""

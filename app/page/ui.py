@@ -35,7 +35,7 @@ from .message_edits import MessageEdits
 from .models_panel import ModelsPanel
 from .rendering import Rendering
 from .settings_panel import SettingsPanel
-from .tabs import Tab
+from .tabs import LeftFiles, Tab
 from .ticks import Ticks
 from .tools_panel import ToolsPanel
 from .turns import ReplyTurns
@@ -72,6 +72,8 @@ class ChatPage(
         self.replies = ReplyManager(store, source.generate)
         self.toolbox = ToolBox()  # the MCP servers added in the Tools panel, once started
         self.tabs: dict[str, Tab] = {}
+        # the files attached in tabs that closed, until a reload of their browser tab takes them
+        self.left_files: dict[str, LeftFiles] = {}
         self.uploads = (
             Uploads()
         )  # the files Attach and Import may read (build: Gradio's upload list)

@@ -7,6 +7,7 @@
 //   draftKeyPrefix  + a chat's id ('' for a new chat): that chat's unsent text in the browser's storage
 //   newChat         what the address says for a new chat (?chat=new): a reload keeps it, and its text
 //   attachedKey     the names of the files attached in the tab, in the tab's own storage
+//   tabKey          a random key of the browser tab, in its own storage: the load names it (a reload's files)
 //   shownChatKey    the chat the tab showed last, in the browser's storage
 //   sliderDefaults  each slider's value in a new chat, by its element id (its ↺ puts it back)
 //   tabClosedPath   where the page's beacon goes as its tab goes, from the page's address
@@ -221,7 +222,18 @@ function keepTheShownChat(config) {
     const id = (text) => /^\d+$/.test(text || '') ? Number(text) : null;
     const asked = new URLSearchParams(location.search).get('chat');  // -1: the address names something that is no chat id
     const inAddress = asked === null ? null : asked === config.newChat ? 0 : id(asked) ?? -1;
-    return [inAddress, id(localStorage.getItem(config.shownChatKey))];
+    return [inAddress, id(localStorage.getItem(config.shownChatKey)), browserTab()];
+  };
+  // the browser tab's key: the files attached before a reload wait on the server under it
+  const browserTab = () => {
+    try {
+      let key = sessionStorage.getItem(config.tabKey);
+      if (!key) {
+        key = [...crypto.getRandomValues(new Uint8Array(16))].map((b) => b.toString(16).padStart(2, '0')).join('');
+        sessionStorage.setItem(config.tabKey, key);
+      }
+      return key;
+    } catch { return ''; }  // storage blocked: a reload drops the files
   };
   window.minisglRememberShownChat = (id) => {
     const url = new URL(location.href);
@@ -239,13 +251,19 @@ function keepTheShownChat(config) {
   window.minisglMarkLoaded = () => { document.body.dataset.chatLoaded = '1'; };
 }
 
-// The files attached wait in the tab's session on the server, which a reload ends: they were gone
-// after it without a word. The names of the files attached (the line under the message box) are
-// kept in the tab's own storage, which a reload keeps; after a reload, those names are said in a
-// note under the message box (#dropped-files-note), until Dismiss or the next files attached.
+// The files attached wait on the server, by chat, under the browser tab's key (config.tabKey): a
+// reload (a new tab to the server) finds them still attached (TabState.tab_closed, claim_files);
+// an app stopped meanwhile has none. The names of the files attached (the line under the message box) are kept in the tab's
+// own storage, which a reload keeps; once the reloaded page has drawn the files attached to its
+// chat (minisglSayFilesDropped, after its load), those of the names that did not come back are
+// said in a note under the message box (#dropped-files-note), until Dismiss or the next files
+// attached.
 function sayFilesDroppedByAReload(config) {
   const attached = () => document.querySelector('#attached');
-  if (!attached()) return setTimeout(sayFilesDroppedByAReload, 200, config);
+  if (!attached()) {
+    window.minisglSayFilesDropped ??= () => setTimeout(() => window.minisglSayFilesDropped(), 200);  // asked before it is set up
+    return setTimeout(sayFilesDroppedByAReload, 200, config);
+  }
   let dropped = [];
   try { dropped = JSON.parse(sessionStorage.getItem(config.attachedKey) || '[]'); } catch { /* none kept */ }
   const names = () => [...attached().querySelectorAll('code')].map((code) => code.textContent);
@@ -258,17 +276,21 @@ function sayFilesDroppedByAReload(config) {
   };
   new MutationObserver(keep).observe(attached(), {subtree: true, childList: true, characterData: true});
   keep();
-  if (!dropped.length) return;
-  const note = document.createElement('div');
-  note.id = 'dropped-files-note';
-  note.setAttribute('role', 'status');
-  note.textContent = `Not kept by the reload: ${dropped.join(', ')}, attached to your next message. Attach again what you still want to send. `;
-  const dismiss = document.createElement('button');
-  dismiss.type = 'button';
-  dismiss.textContent = 'Dismiss';
-  dismiss.addEventListener('click', () => note.remove());
-  note.append(dismiss);
-  (attached().closest('#attached-row') || attached()).after(note);
+  window.minisglSayFilesDropped = () => {
+    const missing = dropped.filter((name) => !names().includes(name));
+    dropped = [];
+    if (!missing.length || document.getElementById('dropped-files-note')) return;
+    const note = document.createElement('div');
+    note.id = 'dropped-files-note';
+    note.setAttribute('role', 'status');
+    note.textContent = `Not kept by the reload: ${missing.join(', ')}, attached to your next message. Attach again what you still want to send. `;
+    const dismiss = document.createElement('button');
+    dismiss.type = 'button';
+    dismiss.textContent = 'Dismiss';
+    dismiss.addEventListener('click', () => note.remove());
+    note.append(dismiss);
+    (attached().closest('#attached-row') || attached()).after(note);
+  };
 }
 
 // Send is disabled while there is nothing to send, as in other chat apps: a box empty or blank

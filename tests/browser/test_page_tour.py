@@ -424,12 +424,11 @@ def test_messages_take_the_focus_in_order_and_their_actions_work_from_the_keyboa
 # ---- 14. a new chat's draft, and files attached, across a reload
 
 
-def test_a_new_chats_draft_comes_back_after_a_reload_and_files_dropped_are_said(
-    open_page, app, tmp_path
-):
+def test_a_new_chats_draft_and_files_attached_come_back_after_a_reload(open_page, app, tmp_path):
     """The text typed in a new chat was lost on reload (the address became `/`, and the reload
-    opened the newest saved chat); files attached went without a word. The reload shows the new
-    chat with its text, and says which files it did not keep."""
+    opened the newest saved chat); files attached went without a word, and then with a note that
+    the reload had not kept them (they were the closed tab's). The reload shows the new chat with
+    its text and its files still attached; a stored chat's files come back too."""
     stored_long_chat(app, "Reloaded Fossa", turns=1)  # a saved chat the reload could open instead
     page = open_page(1280, 800)
     open_new_chat(page)
@@ -447,9 +446,22 @@ def test_a_new_chats_draft_comes_back_after_a_reload_and_files_dropped_are_said(
         page.locator(USER).all_inner_texts()[:2],
     )
     assert page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0
-    note = page.locator("#dropped-files-note")
-    note.wait_for(state="visible", timeout=10_000)
-    assert notes.name in note.inner_text() and "attach" in note.inner_text().lower()
+    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 10), (
+        page.inner_text("#attached"),
+        page.locator("#dropped-files-note").all_inner_texts(),
+    )
+    chat_id = stored_long_chat(app, "Attached Fossa", turns=1)
+    page.goto(app.page_url + f"&chat={chat_id}")
+    wait_page_loaded(page)
+    assert page.inner_text("#attached").strip() == ""  # they are the new chat's
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach-btn")
+    chooser.value.set_files(str(notes))
+    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 30)
+    page.reload()
+    wait_page_loaded(page)
+    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 10)
+    assert not page.locator("#dropped-files-note").count()
 
 
 # ---- 15. tables, math, the phone's layout, an imported chat's date

@@ -2744,3 +2744,32 @@ async def test_a_click_on_the_earlier_messages_line_shows_more_and_another_chat_
     await page.select(other, 2000.0, request)
     await page.select(conv.id, 3000.0, request)
     assert "Show 50 earlier" in page.render(tab).chat[0]["content"]
+
+
+@pytest.mark.anyio
+async def test_files_attached_come_back_to_a_reload_of_their_browser_tab_only(store) -> None:
+    """The files attached waited in the tab's state, which a reload (a new tab to the app) ended.
+    A closed tab leaves them, by chat, under its browser tab's key (TabState.tab_closed); the
+    load of a page of that browser tab takes them back (claim_files), and no other page does."""
+    from minisgl_app.page.ui import ChatPage
+
+    class Reloaded:
+        session_hash = "tab-2"
+
+    class Other:
+        session_hash = "tab-3"
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    chat = store.create(title="attached").id
+    tab = page.tab(FakeRequest())
+    await page.load_page(FakeRequest(), float(chat), None, "browser-tab-a")
+    tab.draft.attachments = [("notes.txt", "Notes")]
+    tab.draft.unsent_files[None] = [("new.txt", "New")]
+    page.tab_closed(FakeRequest.session_hash)
+    await page.load_page(Other(), float(chat), None, "browser-tab-b")
+    assert page.tab(Other()).draft.attachments == []
+    await page.load_page(Reloaded(), float(chat), None, "browser-tab-a")
+    again = page.tab(Reloaded())
+    assert again.draft.attachments == [("notes.txt", "Notes")]
+    assert again.draft.unsent_files == {None: [("new.txt", "New")]}
+    assert page.left_files == {}
