@@ -201,12 +201,19 @@ def return_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
-def choose_quantization(config: EngineConfig, device: torch.device, from_gguf: bool) -> str:
+def choose_quantization(
+    config: EngineConfig, device: torch.device, from_gguf: bool, fp8_checkpoint: bool = False
+) -> str:
     """How the weights are held: "gguf" (a GGUF's blocks kept quantized: repacked for the CPU
     kernels, the default there, or for the GPU's group kernels when asked), "int4" or "int8" (a float checkpoint quantized at load,
-    for the same kernels), "fp8" (the decoder layers' projections in FP8 at load, GPU), or
-    "none" (every weight in the model dtype)."""
+    for the same kernels), "fp8" (the decoder layers' projections in FP8 at load, GPU; the
+    default there for a checkpoint stored in FP8), or "none" (every weight in the model dtype)."""
     kind = config.quantization
+    if kind == "auto" and fp8_checkpoint and device.type == "cuda":
+        from .layers.fp8 import fp8_unavailable_reason
+
+        if fp8_unavailable_reason(device) is None:
+            return "fp8"
     if kind not in ("auto", "none", "gguf", "int4", "int8", "fp8"):
         raise UserError(
             f"unsupported --quantization {kind!r}; use auto, none, gguf, int4, int8 or fp8 (GPU)"
@@ -330,6 +337,7 @@ def move_to(model: torch.nn.Module, device: torch.device) -> None:
 
 
 def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedModel:
+    from .weights.fp8_checkpoint import fp8_checkpoint_format, widen_fp8_checkpoint
     from .weights.gguf_tensors import GGUF_WEIGHTS, iter_gguf
     from .weights.safetensors_io import iter_safetensors, weights_nbytes
 
@@ -350,7 +358,10 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     )
     if gguf_file is not None and not gguf_file.is_file():
         gguf_file = None
-    quantization = choose_quantization(config, device, gguf_file is not None)
+    fp8_kind = (
+        None if gguf_file is not None or config.dummy_weights else fp8_checkpoint_format(model_dir)
+    )
+    quantization = choose_quantization(config, device, gguf_file is not None, fp8_kind is not None)
     # Quantized at load on a GPU: the checkpoint is read into host memory and each matrix goes
     # to the GPU quantized, so only the quantized weights need to fit there (random weights are
     # drawn on the GPU, in the model's dtype first)
@@ -384,7 +395,11 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
                 )
         else:
             # with tensor parallelism each rank reads only its slices of the checkpoint
-            model.load_weights(iter_safetensors(model_dir, lazy=get_tp().size > 1))
+            weights = iter_safetensors(model_dir, lazy=get_tp().size > 1)
+            if fp8_kind is not None:
+                logger.info("weights stored in FP8 (%s scales): widened as read", fp8_kind.kind)
+                weights = widen_fp8_checkpoint(weights, fp8_kind)
+            model.load_weights(weights)
     if quantization in ("int4", "int8"):
         model.quantize(quantization, device)
     if quantization == "fp8":

@@ -57,6 +57,11 @@ class LazySlice:
     def dim(self) -> int:
         return len(self.shape)
 
+    @property
+    def dtype_name(self) -> str:
+        """The stored dtype as the file names it ("BF16", "F8_E4M3", ...)."""
+        return self._handle.get_dtype()
+
     def narrow(self, dim: int, start: int, length: int) -> LazySlice:
         index = list(self._index)
         base = index[dim].start

@@ -617,6 +617,38 @@ def test_mixed_prefill_decode_chunks_and_aborts_return_every_page():
     assert llm.engine.page_table.num_free_rows == sched.max_running_requests
 
 
+@pytest.mark.parametrize("kind", ["channel", "block"])
+def test_an_fp8_checkpoint_is_held_in_fp8_on_the_gpu(kind, tiny_model, tmp_path):
+    """A checkpoint stored in FP8 (tests/unit/test_fp8_checkpoint.py's two layouts) runs as
+    ``--quantization fp8`` by default on a GPU: a per-channel one with its stored codes back and
+    its scales within bf16's rounding (the widened weights pass through the model's bf16 before
+    FP8 again), a per-block one rounded once more to per-row scales;
+    its logits within FP8's rounding of the float checkpoint holding the weights it means."""
+    from test_fp8_checkpoint import write_fp8_pair
+
+    from minisgl_engine.layers.fp8 import dequantize_fp8
+
+    source, _ = tiny_model("qwen3")
+    fp8_dir, float_dir = write_fp8_pair(source, tmp_path, kind)
+    fast = LLM(str(fp8_dir), device="cuda", dtype="bfloat16", cuda_graph_max_bs=4)
+    assert fast.engine.quantization == "fp8"
+    q_proj = fast.engine.model.model.layers[0].self_attn.qkv_proj
+    assert q_proj.weight.dtype == torch.float8_e4m3fn
+    from safetensors.torch import load_file
+
+    meant = load_file(float_dir / "model.safetensors")["model.layers.0.self_attn.q_proj.weight"]
+    held = dequantize_fp8(q_proj.weight, q_proj.weight_scale, torch.float32)[: meant.shape[0]]
+    error = (held.cpu() - meant).abs().max().item() / meant.abs().max().item()
+    assert error <= (4e-3 if kind == "channel" else 0.07), error
+    seqs = [[3, 17, 42, 99, 5, 250, 8], [7, 7, 300, 12]]
+    ours = fast.score_batch(seqs)
+    del fast
+    plain = LLM(str(float_dir), device="cuda", dtype="bfloat16", cuda_graph_max_bs=4)
+    assert plain.engine.quantization == "none"
+    for got, want in zip(ours, plain.score_batch(seqs)):
+        assert ((got - want).norm() / want.norm()).item() < 0.1
+
+
 def test_an_engine_dropped_in_a_reference_cycle_does_not_break_a_later_capture(monkeypatch):
     """An LLM deleted while in a reference cycle is freed by Python's collector, whenever it
     runs; freeing its CUDA graphs inside another engine's capture invalidated that capture and

@@ -1,0 +1,144 @@
+"""Checkpoints stored in FP8 (e4m3) in the two Hugging Face layouts people download:
+
+- **per channel or per tensor** (llm-compressor's "compressed-tensors", e.g. the ``-FP8-dynamic``
+  uploads): ``X.weight`` in FP8 beside ``X.weight_scale`` (one float per output row, or one for
+  the matrix); the weight is ``weight * weight_scale``.
+- **per block** (transformers' ``quant_method: fp8`` with ``weight_block_size``, e.g. Qwen's own
+  ``-FP8`` uploads): ``X.weight_scale_inv`` holds one float per ``[128, 128]`` block; the weight
+  is ``weight * weight_scale_inv`` block by block.
+
+Each FP8 matrix is widened here, as it is read, to float32 with its scales applied (exactly: an
+e4m3 value times a float32 scale is a float32 product), so the rest of the loader sees a float
+checkpoint. On a GPU the engine then holds the projections in FP8 again with a scale per row
+(``--quantization fp8``, chosen by ``auto`` for such a checkpoint): a per-channel checkpoint's
+codes come back as stored, a per-block one is rounded once more, to per-row scales. Activation
+scales stored for a static scheme (``input_scale``) are not used: activations are scaled per
+token as they come.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import WeightsError
+from .safetensors_io import LazySlice, read_tensor
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
+
+
+@dataclass(frozen=True)
+class Fp8Checkpoint:
+    """How a checkpoint stores its FP8 weights: ``kind`` "channel" (a scale per output row, or
+    one per matrix) or "block" (a scale per ``block`` = [rows, columns] of weights)."""
+
+    kind: str
+    block: tuple[int, int] | None = None
+
+
+def fp8_checkpoint_format(model_dir: Path | None) -> Fp8Checkpoint | None:
+    """The FP8 layout of a checkpoint whose config.json says its weights are stored in FP8;
+    None for any other."""
+    if model_dir is None or not (model_dir / "config.json").is_file():
+        return None
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(quant, dict):
+        return None
+    method = quant.get("quant_method")
+    if method == "fp8":
+        block = quant.get("weight_block_size")
+        return Fp8Checkpoint("block", tuple(block)) if block else Fp8Checkpoint("channel")
+    if method == "compressed-tensors" and quant.get("format") in (
+        "float-quantized",
+        "naive-quantized",
+    ):
+        for group in (quant.get("config_groups") or {}).values():
+            weights = (group.get("weights") or {}) if isinstance(group, dict) else {}
+            if weights.get("type") == "float" and weights.get("num_bits") == 8:
+                if weights.get("strategy") == "block":
+                    block = weights.get("block_structure")
+                    return Fp8Checkpoint("block", tuple(block) if block else None)
+                return Fp8Checkpoint("channel")
+    return None
+
+
+def widen_fp8(
+    weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """The float32 weight of an FP8 matrix [out, in] and its scale: one value, one per row
+    ([out] or [out, 1]), or one per ``block`` of weights ([ceil(out / b0), ceil(in / b1)]; without
+    ``block``, the smallest block that the scales tile the matrix with)."""
+    wide = weight.float()
+    scale = scale.float()
+    if scale.numel() == 1:
+        return wide * scale.reshape(())
+    if scale.dim() == 1 or (scale.dim() == 2 and scale.shape[1] == 1):
+        if scale.shape[0] != wide.shape[0]:
+            raise ValueError(f"{scale.shape[0]} row scales for {wide.shape[0]} rows")
+        return wide * scale.reshape(-1, 1)
+    rows, cols = wide.shape
+    blocks_r, blocks_c = scale.shape
+    block_r, block_c = block or (-(-rows // blocks_r), -(-cols // blocks_c))
+    if -(-rows // block_r) != blocks_r or -(-cols // block_c) != blocks_c:
+        raise ValueError(f"block scales {tuple(scale.shape)} do not tile a {rows}x{cols} matrix")
+    per_weight = scale.repeat_interleave(block_r, 0)[:rows].repeat_interleave(block_c, 1)[:, :cols]
+    return wide * per_weight
+
+
+def widen_fp8_checkpoint(
+    weights: Iterable[tuple[str, torch.Tensor | LazySlice]], layout: Fp8Checkpoint
+) -> Iterator[tuple[str, torch.Tensor | LazySlice]]:
+    """The checkpoint's tensors with every FP8 weight widened by its scale (a weight waits for
+    its scale, which a shard may list after it); scales and stored activation scales are
+    consumed. Other tensors pass through as they come."""
+    waiting: dict[str, torch.Tensor] = {}  # weight name -> the FP8 weight without its scale yet
+    scales: dict[str, torch.Tensor] = {}  # weight name -> a scale read before its weight
+    for name, tensor in weights:
+        if name.endswith(".input_scale"):
+            continue
+        suffix = next((s for s in SCALE_SUFFIXES if name.endswith(s)), None)
+        if suffix is not None:
+            weight_name = name.removesuffix(suffix) + ".weight"
+            scale = read_tensor(tensor)
+            if weight_name in waiting:
+                yield weight_name, _widened(weight_name, waiting.pop(weight_name), scale, layout)
+            else:
+                scales[weight_name] = scale
+            continue
+        if (isinstance(tensor, torch.Tensor) and tensor.dtype in FP8_DTYPES) or (
+            isinstance(tensor, LazySlice) and _is_fp8(tensor)
+        ):
+            weight = read_tensor(tensor)
+            if name in scales:
+                yield name, _widened(name, weight, scales.pop(name), layout)
+            else:
+                waiting[name] = weight
+            continue
+        yield name, tensor
+    if waiting:
+        raise WeightsError(
+            f"checkpoint tensor {next(iter(waiting))!r} is stored in FP8 without its scale "
+            "(weight_scale or weight_scale_inv)"
+        )
+
+
+def _is_fp8(tensor: LazySlice) -> bool:
+    return tensor.dtype_name in ("F8_E4M3", "F8_E5M2")
+
+
+def _widened(
+    name: str, weight: torch.Tensor, scale: torch.Tensor, layout: Fp8Checkpoint
+) -> torch.Tensor:
+    try:
+        return widen_fp8(weight, scale, layout.block)
+    except ValueError as exc:
+        raise WeightsError(f"checkpoint tensor {name!r}: {exc}") from None
