@@ -583,7 +583,8 @@ function letTheBoxGrowIntoTheChat() {
 // the other version's turns below it, followed its new end (Gradio scrolls a chat that was at its
 // end to the end), and the message went off the screen. The versions bar names the message ("Your
 // message 7", "Reply 7": the 7th of its kind in the chat); for a moment after the click, each
-// scroll or redraw of the chat puts it back where it was, until the user scrolls or clicks. What is
+// scroll or redraw of the chat puts it back where it was (higher, as far as a longer version needs
+// to be seen whole, its top kept in view), until the user scrolls or clicks. What is
 // held is the message's row (Gradio draws each message and each line under one as a row of its
 // own): the rows above it, the turns before it, are the same in either version. A reply stopped
 // before its first word shows only its line, and a bubble counted by kind missed it (the chat then
@@ -621,7 +622,11 @@ function keepASwitchedMessageInView() {
     if (held && Date.now() > held.until) held = null;
     const box = held && scroller(), message = box && rows()[held.row];
     if (!message) return;
-    const drift = topIn(message, box) - held.top;
+    let drift = topIn(message, box) - held.top;
+    // held where it was, it would end below the chat's end (a longer version): it goes up as far as
+    // it must to be seen whole, its top kept in view
+    const over = message.getBoundingClientRect().bottom - drift - box.getBoundingClientRect().bottom;
+    if (over > 1) { const lift = Math.min(over, held.top); held.top -= lift; drift += lift; }
     if (Math.abs(drift) > 1) box.scrollTop += drift;
   };
   const letGo = (e) => { if (!(e.target instanceof Element && e.target.closest(switchers))) held = null; };
