@@ -302,10 +302,11 @@ def get(path, body=None):
         return exc.code, exc.read().decode(errors="replace")
 status, text = get("/config")
 out["config"] = status
-load = 0
+load, inputs = 0, 0
 if status == 200:
-    load = next(d["id"] for d in json.loads(text)["dependencies"] if any(t[1] == "load" for t in d["targets"]))
-out["join"], _ = get("/gradio_api/queue/join", {"data": [None, None], "fn_index": load, "session_hash": "probe0001",
+    dep = next(d for d in json.loads(text)["dependencies"] if any(t[1] == "load" for t in d["targets"]))
+    load, inputs = dep["id"], len(dep["inputs"])
+out["join"], _ = get("/gradio_api/queue/join", {"data": [None] * inputs, "fn_index": load, "session_hash": "probe0001",
                                                 "trigger_id": None, "event_data": None})
 out["data"], out["stream"] = get("/gradio_api/queue/data?session_hash=probe0001")
 print(json.dumps(out))
