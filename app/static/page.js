@@ -64,6 +64,7 @@ function minisglStartPage(config) {
   placeToastsOverTheSidebar(config);
   chatListByKeyboard();
   narrowSidebar(config);
+  bringPanelMessagesIntoView();
   sayWhenTheTabGoes(config);
   watchForTheApp();
 }
@@ -935,4 +936,21 @@ function narrowSidebar(config) {
   new MutationObserver(() => { markChatsToggle(); window.minisglSyncSend(); window.minisglSyncStop(); }).observe(document.body, {childList: true, subtree: true});
   markChatsToggle();
   window.minisglSyncSend();
+}
+
+// The models panel's messages (a pull's line, a switch's) sit low in the sidebar, under its fold
+// on a laptop's screen: a message that changes is scrolled into view inside the sidebar, so a
+// pull that failed says so where the user looks (nearest: the page itself does not jump).
+function bringPanelMessagesIntoView() {
+  const shown = new Map();
+  const check = () => {
+    for (const id of ['pull-message', 'model-message']) {
+      const box = document.getElementById(id);
+      const text = box?.innerText.trim() ?? '';
+      if (!box || text === (shown.get(id) ?? '')) continue;
+      shown.set(id, text);
+      if (text && box.getClientRects().length) box.scrollIntoView({block: 'nearest', behavior: 'instant'});
+    }
+  };
+  new MutationObserver(check).observe(document.body, {subtree: true, childList: true, characterData: true});
 }

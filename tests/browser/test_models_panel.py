@@ -469,6 +469,15 @@ def pull_line(page) -> str:
     return page.inner_text("#pull-message")
 
 
+def in_view(page, selector: str) -> bool:
+    """Whether the element lies whole within the window (its scroll containers scrolled to it)."""
+    return page.evaluate(
+        """(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
+        return r.height > 0 && r.top >= 0 && r.bottom <= innerHeight; }""",
+        selector,
+    )
+
+
 def pulls_running(app) -> list[str]:
     return [" ".join(p.cmdline()) for p in app.workers() if "pull" in p.cmdline()]
 
@@ -480,8 +489,16 @@ def test_pull_from_the_page_with_progress_cancel_and_a_failure_then_serve_it(
     app_log[:] = [app]
     page, errors = open_tab(browser, app)
     # an id the hub does not have: a sentence, nothing listed, the demo model serving on
+    page.set_viewport_size(
+        {"width": 1280, "height": 800}
+    )  # a laptop: the panel's foot is below the fold
     said = pull(page, "test/not-on-the-hub", "failed")
     assert "was not found on the Hugging Face Hub" in said, said
+    # ... said where the user looks: the line is scrolled into view inside the sidebar
+    assert wait_until(lambda: in_view(page, "#pull-message"), 5), page.locator(
+        "#pull-message"
+    ).bounding_box()
+    page.set_viewport_size({"width": 1280, "height": 900})
     # a name with Markdown and HTML in it shows as typed (its * and _ made emphasis, <i> a tag, [ ] a link)
     odd = "test/*star*_under_<i>tag</i>[link](x)"
     said = pull(page, odd, "is neither")
