@@ -112,6 +112,12 @@ def attach_file(page, path) -> None:
     chooser.value.set_files(str(path))
 
 
+def attached_line(page) -> str:
+    """The line naming the files attached, as shown: its Markdown only, not Gradio's status
+    tracker beside it, whose "processing | 0.2s" stays in the text while hidden (opacity 0)."""
+    return page.inner_text("#attached [data-testid=markdown]")
+
+
 def stop_what_runs(page) -> None:
     """Stop pressed to end a reply that may have ended already: Stop is disabled then (page.js),
     and a click (which would wait for it to be enabled) is a no-op instead."""

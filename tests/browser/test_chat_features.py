@@ -22,6 +22,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     REPLY,
     USER,
     attach_file,
+    attached_line,
     below,
     browser,
     empty_button_boxes,
@@ -1076,7 +1077,7 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
     attach_file(page, bad)
     assert wait_until(lambda: "Not attached" in toasts(page), 30), toasts(page)
     assert "latin1-notes.txt" in toasts(page) and "UTF-8" in toasts(page), toasts(page)
-    assert "latin1-notes" not in page.inner_text("#attached")
+    assert "latin1-notes" not in attached_line(page)
     close_toasts(page)
 
     picture = tmp_path / "picture.png"  # not a text file: our sentence, not Gradio's red "Error"
@@ -1094,16 +1095,14 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
     attach_file(page, big)
     assert wait_until(lambda: "Not attached" in toasts(page), 30), toasts(page)
     assert "huge-notes.txt" in toasts(page) and "1 MB" in toasts(page), toasts(page)
-    assert "huge-notes" not in page.inner_text("#attached")
+    assert "huge-notes" not in attached_line(page)
     close_toasts(page)
 
     good = tmp_path / "launch-notes.txt"
     good.write_text("MARKER-7731: the launch code is plum.\n", encoding="utf-8")
     attach_file(page, good)
-    assert wait_until(lambda: "launch-notes.txt" in page.inner_text("#attached"), 30), (
-        page.inner_text("#attached")
-    )
-    assert "Attached to your next message" in page.inner_text("#attached")
+    assert wait_until(lambda: "launch-notes.txt" in attached_line(page), 30), attached_line(page)
+    assert "Attached to your next message" in attached_line(page)
     assert toasts(page) == "", toasts(page)
     shot(page, "08-attached")
 
@@ -1116,7 +1115,7 @@ def test_attach_a_text_file_and_refuse_binary_or_oversized_ones(page, app, tmp_p
         and "MARKER-7731: the launch code is plum." in sent
     ), sent
     assert "latin1-notes" not in sent and "huge-notes" not in sent
-    assert wait_until(lambda: page.inner_text("#attached").strip() == "", 10), (
+    assert wait_until(lambda: attached_line(page).strip() == "", 10), (
         "the attachment must go with one message only"
     )
     wait_reply(page, app, "reply to the attached file", tokens=None)
@@ -1138,14 +1137,12 @@ def test_attach_pdf_and_word_documents_and_refuse_a_scan_or_a_long_pdf(page, app
     attach_file(
         page, text_pdf(tmp_path / "trip.pdf", ["MARKER-4410 leave at nine.", "Hotel Lune."])
     )
-    assert wait_until(lambda: "trip.pdf" in page.inner_text("#attached"), 30)
+    assert wait_until(lambda: "trip.pdf" in attached_line(page), 30)
     attach_file(
         page, word_file(tmp_path / "menu.docx", ["MARKER-8812 soup first."], [["day", "dish"]])
     )
-    assert wait_until(lambda: "menu.docx" in page.inner_text("#attached"), 30)
-    assert "long-book" not in page.inner_text("#attached") and "scanned" not in page.inner_text(
-        "#attached"
-    )
+    assert wait_until(lambda: "menu.docx" in attached_line(page), 30)
+    assert "long-book" not in attached_line(page) and "scanned" not in attached_line(page)
     send(page, "Where is the hotel?")
     assert wait_until(lambda: len(users(page)) == 1, 30), users(page)
     sent = users(page)[0]
@@ -1167,30 +1164,28 @@ def test_attached_files_can_be_removed_and_stay_with_their_chat_when_another_is_
     assert not remove.is_visible(), "✕ shows with nothing attached"
     attach_file(page, notes)
     assert wait_until(
-        lambda: "pantry-notes.txt" in page.inner_text("#attached") and remove.is_visible(), 30
-    ), page.inner_text("#attached")
+        lambda: "pantry-notes.txt" in attached_line(page) and remove.is_visible(), 30
+    ), attached_line(page)
     shot(page, "08-attached-with-remove")
     remove.click()
-    assert wait_until(
-        lambda: page.inner_text("#attached").strip() == "" and not remove.is_visible(), 10
-    ), page.inner_text("#attached")
+    assert wait_until(lambda: attached_line(page).strip() == "" and not remove.is_visible(), 10), (
+        attached_line(page)
+    )
     send(page, "Say hi.")
     assert wait_until(lambda: len(users(page)) == 1, 30), users(page)
     assert "MARKER-5120" not in users(page)[0], "a removed file went with the message"
     wait_reply(page, app, "reply to a message without the removed file", tokens=None)
     attach_file(page, notes)
-    assert wait_until(lambda: "pantry-notes.txt" in page.inner_text("#attached"), 30), (
-        page.inner_text("#attached")
-    )
+    assert wait_until(lambda: "pantry-notes.txt" in attached_line(page), 30), attached_line(page)
     title = sidebar(page)[0].split(" · ")[0]
     open_new_chat(page)
-    assert wait_until(
-        lambda: page.inner_text("#attached").strip() == "" and not remove.is_visible(), 10
-    ), page.inner_text("#attached")
+    assert wait_until(lambda: attached_line(page).strip() == "" and not remove.is_visible(), 10), (
+        attached_line(page)
+    )
     select_chat(page, title)
     assert wait_until(
-        lambda: "pantry-notes.txt" in page.inner_text("#attached") and remove.is_visible(), 10
-    ), page.inner_text("#attached")
+        lambda: "pantry-notes.txt" in attached_line(page) and remove.is_visible(), 10
+    ), attached_line(page)
     assert page.locator(".toast-body.warning").count() == 0, (
         f"a warning when the chat was shown again: {toasts(page)}"
     )

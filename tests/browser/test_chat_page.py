@@ -17,6 +17,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     BROWSER_MARKS,
     REPLY,
     USER,
+    attached_line,
     browser,
     engine_idle,
     miss_checks,
@@ -1518,9 +1519,7 @@ def test_send_is_disabled_while_there_is_nothing_to_send(tab, app, tmp_path):
     with page.expect_file_chooser() as chooser:
         page.click("#attach-btn")
     chooser.value.set_files(str(notes))
-    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 30), page.inner_text(
-        "#attached"
-    )
+    assert wait_until(lambda: notes.name in attached_line(page), 30), attached_line(page)
     assert wait_until(lambda: not send_disabled(page), 5), (
         "Send is disabled with a file attached and no text"
     )
@@ -2156,8 +2155,8 @@ def test_attach_takes_several_files_at_once_and_each_goes_into_the_message(tab, 
         page.click("#attach-btn")
     assert chooser.value.is_multiple(), "Attach takes one file at a time"
     chooser.value.set_files([str(f) for f in files])
-    assert wait_until(lambda: all(f.name in page.inner_text("#attached") for f in files), 30), (
-        page.inner_text("#attached")
+    assert wait_until(lambda: all(f.name in attached_line(page) for f in files), 30), attached_line(
+        page
     )
     send(page, "Wallaby: say hi.")
     wait_finished(page, 1)

@@ -23,6 +23,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     REPLY,
     USER,
     attach_file,
+    attached_line,
     browser,
     open_chat_list,
     open_new_chat,
@@ -214,7 +215,7 @@ def test_a_file_too_long_for_the_context_is_said_so_and_its_first_part_sent(page
     time.sleep(1.0)
     try:
         attach_file(page, long_file)
-        assert wait_until(lambda: long_file.name in page.inner_text("#attached"), 30)
+        assert wait_until(lambda: long_file.name in attached_line(page), 30)
         send(page, "What is this file about?")
         notice = page.locator("#too-long-text")
         assert wait_until(notice.is_visible, 60), toasts(page)
@@ -231,7 +232,7 @@ def test_a_file_too_long_for_the_context_is_said_so_and_its_first_part_sent(page
         # Cancel: nothing sent, the file stays attached; Send again asks again
         page.click("#cancel-too-long-btn")
         assert wait_until(lambda: not notice.is_visible(), 30)
-        assert "long-notes.txt" in page.inner_text("#attached") and users(page) == []
+        assert "long-notes.txt" in attached_line(page) and users(page) == []
         page.click("#send-btn")
         assert wait_until(notice.is_visible, 60)
         before = app.metrics()["minisgl_prompt_tokens_total"]
@@ -241,6 +242,6 @@ def test_a_file_too_long_for_the_context_is_said_so_and_its_first_part_sent(page
         assert 8192 - 16 - 100 < sent <= 8192 - 16, f"the prompt fits the context: {sent}"
         assert "long-notes.txt (the first part)" in users(page)[0], users(page)[0][:200]
         assert "⚠" not in " ".join(replies(page)), "an error reply"
-        assert not notice.is_visible() and page.inner_text("#attached").strip() == ""
+        assert not notice.is_visible() and attached_line(page).strip() == ""
     finally:  # the next tabs open this chat, and new chats start from its settings
         put_setting(page, "#max-tokens input", str(ChatSettings().max_tokens))

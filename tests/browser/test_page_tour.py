@@ -13,6 +13,8 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     LINE,
     REPLY,
     USER,
+    attach_file,
+    attached_line,
     browser,
     engine_idle,
     open_chat_list,
@@ -435,10 +437,8 @@ def test_a_new_chats_draft_and_files_attached_come_back_after_a_reload(open_page
     page.locator(BOX).press_sequentially("Fossa draft of a new chat")
     notes = tmp_path / "fossa-notes.txt"
     notes.write_text("Fossa notes\n", encoding="utf-8")
-    with page.expect_file_chooser() as chooser:
-        page.click("#attach-btn")
-    chooser.value.set_files(str(notes))
-    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 30)
+    attach_file(page, notes)
+    assert wait_until(lambda: notes.name in attached_line(page), 30)
     page.reload()
     wait_page_loaded(page)
     assert wait_until(lambda: page.input_value(BOX) == "Fossa draft of a new chat", 10), (
@@ -446,21 +446,20 @@ def test_a_new_chats_draft_and_files_attached_come_back_after_a_reload(open_page
         page.locator(USER).all_inner_texts()[:2],
     )
     assert page.locator(USER).count() == 0 and page.locator("#conv-list input:checked").count() == 0
-    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 10), (
-        page.inner_text("#attached"),
+    assert wait_until(lambda: notes.name in attached_line(page), 10), (
+        attached_line(page),
         page.locator("#dropped-files-note").all_inner_texts(),
     )
     chat_id = stored_long_chat(app, "Attached Fossa", turns=1)
     page.goto(app.page_url + f"&chat={chat_id}")
     wait_page_loaded(page)
-    assert page.inner_text("#attached").strip() == ""  # they are the new chat's
-    with page.expect_file_chooser() as chooser:
-        page.click("#attach-btn")
-    chooser.value.set_files(str(notes))
-    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 30)
+    # they are the new chat's: the stored chat's line stays empty once the load's note is drawn
+    assert not wait_until(lambda: attached_line(page).strip(), 2), attached_line(page)
+    attach_file(page, notes)
+    assert wait_until(lambda: notes.name in attached_line(page), 30)
     page.reload()
     wait_page_loaded(page)
-    assert wait_until(lambda: notes.name in page.inner_text("#attached"), 10)
+    assert wait_until(lambda: notes.name in attached_line(page), 10)
     assert not page.locator("#dropped-files-note").count()
 
 
