@@ -206,8 +206,11 @@ def meter_text(
     where the source cannot count (a remote). ``loop``: the chat's tools (``tool_loop_for``),
     counted as the reply's first round offers them, with the earlier calls spelled out."""
     conv = conv if conv is not None else Conversation(0, "", 0.0, 0.0, settings)  # a new chat
-    history = with_calls(conv, settings) if loop is not None else engine_messages(conv, settings)
-    messages = history + [{"role": "user", "content": typed}]
+    # the chat as sending would store it, so that what the model reads is what it will read then
+    # (a last question stopped before its first word is left out once another follows it)
+    question = Message(-1, conv.id, len(conv.messages), "user", typed, 0.0)
+    sent = replace(conv, messages=[*conv.messages, question])
+    messages = with_calls(sent, settings) if loop is not None else engine_messages(sent, settings)
     kwargs = {"enable_thinking": bool(settings.thinking)} if source.supports_thinking else None
     context = getattr(source, "context_len", None)
     prompt_of = None

@@ -323,3 +323,27 @@ def test_a_chat_with_tools_drops_whole_turns_and_keeps_each_call_with_its_result
     asked = loop.first_round(fitted)  # the default tool prompt: tools in a system turn
     assert "add" in asked.messages[0]["content"], "the tool prompt is read (and counted)"
     assert source.count_prompt_tokens(asked.messages, asked.chat_template_kwargs) <= 8192 - 512
+
+
+@needs_demo
+def test_the_meter_counts_what_sending_reads_after_a_question_stopped_before_its_first_word(
+    store, demo_source
+):
+    """A question stopped before its first word, its reply empty, is left out of the prompt once
+    the chat goes on (view.seen_messages); the meter counted it with the message being typed, and
+    said "oldest 2 left out" of a chat whose next prompt leaves out nothing for length."""
+    from minisgl_app.chat.reply_request import meter_text
+
+    conv = store.create("stopped", ChatSettings())
+    store.append(conv.id, "user", "Part 0: " + "the quick brown fox jumps. " * 770)
+    store.append(conv.id, "assistant", "Noted part 0.")
+    store.append(conv.id, "user", "Part 1: " + "the quick brown fox jumps. " * 770)
+    store.append(conv.id, "assistant", "")  # stopped before its first word, the chat's last turn
+    conv = store.get(conv.id)
+    typed = "What is the capital of France?"
+    store.append(conv.id, "user", typed)
+    sent = store.get(conv.id)
+    request = reply_request(sent, sent.messages, demo_source, continuing=False)
+    assert [m["content"][:6] for m in request.messages] == ["Part 0", "Noted ", "What i"]
+    expected = demo_source.count_prompt_tokens(request.messages, None)
+    assert meter_text(conv, conv.settings, typed, demo_source) == f"{expected:,} / 8,192 tokens"
