@@ -64,6 +64,7 @@ function minisglStartPage(config) {
   placeToastsOverTheSidebar(config);
   chatListByKeyboard();
   narrowSidebar(config);
+  shortPlaceholderWhenNarrow(config);
   bringPanelMessagesIntoView();
   sayWhenTheTabGoes(config);
   watchForTheApp();
@@ -904,6 +905,22 @@ function chatListByKeyboard() {
     const next = step && labels[labels.indexOf(label) + step];
     if (next) { e.preventDefault(); next.focus(); }
   });
+}
+
+// The message box's placeholder names Enter and Shift+Enter: on a narrow screen (config.narrowQuery)
+// it was cut after "Shift+Ent" (a phone's keyboard has no Shift+Enter anyway). It says only
+// "Message" there, and the whole of it again when the window widens.
+function shortPlaceholderWhenNarrow(config) {
+  const field = document.querySelector('#msg-input'), first = field?.querySelector('textarea');
+  if (!first) return setTimeout(shortPlaceholderWhenNarrow, 200, config);
+  const whole = first.placeholder, narrow = matchMedia(config.narrowQuery);
+  const fit = () => {
+    const box = field.querySelector('textarea'), wanted = narrow.matches ? 'Message' : whole;
+    if (box && box.placeholder !== wanted) box.placeholder = wanted;
+  };
+  narrow.addEventListener('change', fit);
+  new MutationObserver(fit).observe(field, {subtree: true, childList: true, attributes: true, attributeFilter: ['placeholder']});  // a box drawn anew
+  fit();
 }
 
 // On a narrow screen (config.narrowQuery) the sidebar is a bar above the chat (page.css): ☰ Chats

@@ -553,12 +553,30 @@ EMPTY_UNDER_THE_COMPOSER_JS = """() => document.documentElement.scrollHeight - M
   ...['#send-btn', '#context-meter'].map((s) => document.querySelector(s).getBoundingClientRect().bottom + scrollY))"""
 
 
+# the message box's placeholder: its width as drawn in the box's font, and the box's room for it
+PLACEHOLDER_JS = """() => {
+  const box = document.querySelector('#msg-input textarea'), style = getComputedStyle(box);
+  const context = document.createElement('canvas').getContext('2d');
+  context.font = style.font;
+  const room = box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  return {text: box.placeholder, width: context.measureText(box.placeholder).width, room};
+}"""
+
+
 def test_on_a_phone_the_chat_takes_the_room_under_the_send_row(open_page, app):
     """On a phone (390x844) a band of ~100 px lay empty under Send and the meter: the chat was
     55% of the screen's height, whatever room the rest left. The chat takes it; what is left under
-    them is the page's margin, and with the versions bar shown Stop is still on the screen."""
+    them is the page's margin, and with the versions bar shown Stop is still on the screen. The
+    box's placeholder was cut ("Message (Enter sends, Shift+Ent"): it fits, on a phone and on
+    a wide screen."""
     chat_id = stored_long_chat(app, "Narrow Quoll", turns=2)
-    page = open_page(390, 844, chat_id=chat_id)
+    wide = open_page(1280, 800, chat_id=chat_id)
+    placeholder = wide.evaluate(PLACEHOLDER_JS)
+    assert "Shift+Enter" in placeholder["text"] and placeholder["width"] <= placeholder["room"]
+    page = open_page(390, 844, chat_id=chat_id, phone=True)
+    assert wait_until(lambda: page.evaluate(PLACEHOLDER_JS)["text"].startswith("Message"), 5)
+    placeholder = page.evaluate(PLACEHOLDER_JS)
+    assert placeholder["width"] <= placeholder["room"], placeholder
     assert wait_until(lambda: page.evaluate(EMPTY_UNDER_THE_COMPOSER_JS) <= 40, 10), (
         page.evaluate(EMPTY_UNDER_THE_COMPOSER_JS),
         page.locator("#chatbot").bounding_box(),
