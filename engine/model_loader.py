@@ -201,23 +201,27 @@ def return_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
+QUANTIZATION_KINDS = ("auto", "none", "gguf", "int4", "int8", "fp8")
+
+
 def choose_quantization(
     config: EngineConfig, device: torch.device, from_gguf: bool, fp8_checkpoint: bool = False
 ) -> str:
     """How the weights are held: "gguf" (a GGUF's blocks kept quantized: repacked for the CPU
-    kernels, the default there, or for the GPU's group kernels when asked), "int4" or "int8" (a float checkpoint quantized at load,
-    for the same kernels), "fp8" (the decoder layers' projections in FP8 at load, GPU; the
-    default there for a checkpoint stored in FP8), or "none" (every weight in the model dtype)."""
+    kernels, or for the GPU's group kernels), "int4" or "int8" (a float checkpoint quantized at
+    load, for the same kernels), "fp8" (the decoder layers' projections in FP8, GPU), or "none"
+    (every weight in the model dtype). ``--quantization auto`` picks by what the checkpoint
+    stores (``auto_quantization``); a kind asked for by name is checked against the device and
+    the checkpoint."""
     kind = config.quantization
-    if kind == "auto" and fp8_checkpoint and device.type == "cuda":
-        from .layers.fp8 import fp8_unavailable_reason
-
-        if fp8_unavailable_reason(device) is None:
-            return "fp8"
-    if kind not in ("auto", "none", "gguf", "int4", "int8", "fp8"):
+    if kind not in QUANTIZATION_KINDS:
         raise UserError(
             f"unsupported --quantization {kind!r}; use auto, none, gguf, int4, int8 or fp8 (GPU)"
         )
+    if kind == "auto":
+        return auto_quantization(device, from_gguf, fp8_checkpoint)
+    if kind == "none":
+        return kind
     if kind == "fp8":
         from .layers.fp8 import fp8_unavailable_reason
 
@@ -227,29 +231,35 @@ def choose_quantization(
                 f"--quantization fp8: {reason}; use int8 or int4 on CPU, or --quantization none"
             )
         return kind
+    if kind == "gguf" and not from_gguf:
+        raise UserError(
+            "--quantization gguf keeps a GGUF file's quantized blocks, and this model is no "
+            "GGUF; use int4, int8 or fp8 to quantize it at load"
+        )
     reason = group_kernels_unavailable_reason(device)
-    if kind == "gguf":
-        if not from_gguf:
-            raise UserError(
-                "--quantization gguf keeps a GGUF file's quantized blocks, and this model is no "
-                "GGUF; use int4, int8 or fp8 to quantize it at load"
-            )
-        if reason is not None:
-            raise UserError(f"--quantization gguf: {reason}; use --quantization none")
-        return kind
-    if kind in ("int4", "int8"):
-        if reason is not None:
-            raise UserError(f"--quantization {kind}: {reason}; use --quantization none")
-        if from_gguf:
-            raise UserError(
-                f"--quantization {kind} quantizes a float checkpoint; a GGUF file is already quantized "
-                "(use --quantization auto to keep its blocks, or none)"
-            )
-        return kind
-    # on a GPU a GGUF is widened unless asked (--quantization gguf) or it only fits quantized
-    # (the fit check says so): the 16-bit path's fused kernels are faster for small models
-    keep = kind == "auto" and from_gguf and reason is None and device.type == "cpu"
-    return "gguf" if keep else "none"
+    if reason is not None:
+        raise UserError(f"--quantization {kind}: {reason}; use --quantization none")
+    if kind in ("int4", "int8") and from_gguf:
+        raise UserError(
+            f"--quantization {kind} quantizes a float checkpoint; a GGUF file is already quantized "
+            "(use --quantization auto to keep its blocks, or none)"
+        )
+    return kind
+
+
+def auto_quantization(device: torch.device, from_gguf: bool, fp8_checkpoint: bool) -> str:
+    """``--quantization auto``: a checkpoint stored in FP8 stays in FP8 where the GPU has FP8
+    tensor cores; a GGUF keeps its blocks on a CPU (on a GPU it is widened: the 16-bit path's
+    fused kernels are faster for small models, and the fit check names --quantization gguf
+    where only that fits); everything else is held in the model dtype."""
+    if fp8_checkpoint:
+        from .layers.fp8 import fp8_unavailable_reason
+
+        if fp8_unavailable_reason(device) is None:
+            return "fp8"
+    if from_gguf and device.type == "cpu" and group_kernels_unavailable_reason(device) is None:
+        return "gguf"
+    return "none"
 
 
 def group_kernels_unavailable_reason(device: torch.device) -> str | None:
@@ -337,7 +347,7 @@ def move_to(model: torch.nn.Module, device: torch.device) -> None:
 
 
 def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedModel:
-    from .weights.fp8_checkpoint import fp8_checkpoint_format, widen_fp8_checkpoint
+    from .weights.fp8_checkpoint import fp8_checkpoint_format, read_fp8_checkpoint
     from .weights.gguf_tensors import GGUF_WEIGHTS, iter_gguf
     from .weights.safetensors_io import iter_safetensors, weights_nbytes
 
@@ -358,10 +368,12 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     )
     if gguf_file is not None and not gguf_file.is_file():
         gguf_file = None
-    fp8_kind = (
+    fp8_layout = (
         None if gguf_file is not None or config.dummy_weights else fp8_checkpoint_format(model_dir)
     )
-    quantization = choose_quantization(config, device, gguf_file is not None, fp8_kind is not None)
+    quantization = choose_quantization(
+        config, device, gguf_file is not None, fp8_layout is not None
+    )
     # Quantized at load on a GPU: the checkpoint is read into host memory and each matrix goes
     # to the GPU quantized, so only the quantized weights need to fit there (random weights are
     # drawn on the GPU, in the model's dtype first)
@@ -396,10 +408,16 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         else:
             # with tensor parallelism each rank reads only its slices of the checkpoint
             weights = iter_safetensors(model_dir, lazy=get_tp().size > 1)
-            if fp8_kind is not None:
-                logger.info("weights stored in FP8 (%s scales): widened as read", fp8_kind.kind)
-                weights = widen_fp8_checkpoint(weights, fp8_kind)
-            model.load_weights(weights)
+            if fp8_layout is not None:
+                # per-channel codes are our FP8 form: held as stored where we hold FP8
+                keep = quantization == "fp8" and fp8_layout.kind == "channel"
+                logger.info(
+                    "weights stored in FP8 (%s scales): %s",
+                    fp8_layout.kind,
+                    "held as stored" if keep else "widened as read",
+                )
+                weights = read_fp8_checkpoint(weights, fp8_layout, keep_channel_codes=keep)
+            model.load_weights(weights, quantize_on=device)
     if quantization in ("int4", "int8"):
         model.quantize(quantization, device)
     if quantization == "fp8":

@@ -43,6 +43,7 @@ from ..layers.quantized import (
 )
 from ..layers.quantized_gpu import GpuGroupWeight, gpu_group_weight
 from ..layers.rotary import RopeInputs, RotaryEmbedding
+from ..weights.fp8_checkpoint import Fp8Weight
 from ..weights.gguf_tensors import GGUFTensor
 
 # logits per row that torch's packed LM head recomputes in float32 (CausalLM._refine_top_logits;
@@ -294,7 +295,9 @@ class CausalLM(nn.Module):
 
         A GGUF's quantized matrices are widened, or with ``keep_quantized`` repacked for the
         quantized kernels of ``quantize_on`` (default: the parameters' device) once all parts of
-        each merged matrix are in."""
+        each merged matrix are in. FP8 matrices passed as stored (:class:`Fp8Weight`) are held
+        in FP8 on ``quantize_on`` where the engine holds that projection in FP8 (the decoder
+        layers'), widened elsewhere."""
         quantized: dict[str, dict[str | int | None, GGUFTensor]] = {}
         params = dict(self.named_parameters())
         missing = {
@@ -321,6 +324,11 @@ class CausalLM(nn.Module):
                 raise WeightsError(
                     f"checkpoint tensor {name!r} has no place in a {self.config.model_type} model"
                 )
+            if isinstance(tensor, Fp8Weight):
+                if self._load_fp8_part(name, tensor, shard_id, quantize_on):
+                    missing.discard((name, shard_id))
+                    continue
+                tensor = tensor.dequantize()
             if isinstance(tensor, GGUFTensor):
                 if keep_quantized and name.endswith(".weight"):
                     quantized.setdefault(name.removesuffix(".weight"), {})[shard_id] = tensor
@@ -400,16 +408,55 @@ class CausalLM(nn.Module):
         module.quant = quant
         module.weight = drop_weight(module.weight)
 
+    def _load_fp8_part(
+        self, name: str, part: Fp8Weight, shard_id: str | None, device: torch.device | None
+    ) -> bool:
+        """One stored FP8 matrix (or one part of a merged one) into its projection's FP8 weight
+        and row scales, through the projection's own loader (which picks a tensor-parallel
+        rank's block); the first part turns the projection's weight into FP8. False for a
+        matrix the engine does not hold in FP8 (the LM head): the caller widens it."""
+        module_name = name.removesuffix(".weight")
+        if not (module_name.startswith("model.layers.") and name.endswith(".weight")):
+            return False
+        module = self.get_submodule(module_name)
+        if not isinstance(module, Linear):
+            return False
+        if module.weight_scale is None:
+            from ..layers.fp8 import FP8
+
+            old = module.weight
+            device = device or old.device
+            module.compute_dtype = old.dtype  # the activations' dtype: the products' inputs
+            module.weight = nn.Parameter(
+                torch.empty(old.shape, dtype=FP8, device=device), requires_grad=False
+            )
+            if hasattr(old, "weight_loader"):
+                module.weight.weight_loader = old.weight_loader
+            module.weight_scale = torch.ones(old.shape[0], device=device)
+        loader = getattr(module.weight, "weight_loader", default_weight_loader)
+        # a scale per output row: a merged projection's part (and a rank's block of it) goes
+        # where its rows go; other projections' rows are whole on every rank
+        scale_loader = loader if isinstance(module, MergedLinear) else default_weight_loader
+        try:
+            loader(module.weight, part.codes, shard_id)
+            scale_loader(module.weight_scale, part.scale, shard_id)
+        except ValueError as exc:
+            raise WeightsError(
+                f"checkpoint tensor {name!r} does not fit the config: {exc}"
+            ) from None
+        return True
+
     def quantize_fp8(self, device: torch.device | None = None) -> int:
         """``--quantization fp8`` (GPU): every projection of the decoder layers to FP8 with a
-        scale per row (layers/fp8.py); the embedding and the LM head stay. One matrix at a time
-        (the 16-bit copy of each is freed as it goes; from host memory, each goes to ``device``).
-        Returns the bytes saved."""
+        scale per row (layers/fp8.py); the embedding and the LM head stay, and so do projections
+        loaded in FP8 already (``_load_fp8_part``). One matrix at a time (the 16-bit copy of
+        each is freed as it goes; from host memory, each goes to ``device``). Returns the bytes
+        saved."""
         from ..layers.fp8 import quantize_fp8
 
         saved = 0
         for module in self.model.layers.modules():
-            if isinstance(module, Linear) and module.quant is None:
+            if isinstance(module, Linear) and module.quant is None and module.weight_scale is None:
                 weight = module.weight
                 fp8_weight, scale = quantize_fp8(weight.data.to(device or weight.device))
                 saved += (

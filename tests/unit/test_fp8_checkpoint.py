@@ -141,3 +141,62 @@ def test_block_scales_that_do_not_tile_the_matrix_are_a_clear_error(tiny_model, 
     with pytest.raises(WeightsError, match="do not tile"):
         LLM(str(fp8_dir), device="cpu", dtype="float32")
     shutil.rmtree(fp8_dir)
+
+
+@pytest.mark.parametrize(
+    "shape, block", [((64, 128), (48, 48)), ((96, 128), (32, 64)), ((7, 5), (4, 2))]
+)
+def test_block_scales_widen_each_block_exactly_as_a_full_size_scale_matrix_would(shape, block):
+    """widen_fp8 scales block by block (a view of the weight, the scale broadcast): the same
+    float32 products as multiplying by a full-size scale matrix, ragged last blocks included."""
+    from minisgl_engine.weights.fp8_checkpoint import widen_fp8
+
+    gen = torch.Generator().manual_seed(0)
+    codes = (torch.randn(shape, generator=gen) * 100).to(FP8)
+    blocks = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
+    scale = torch.rand(blocks, generator=gen) + 0.01
+    full = scale.repeat_interleave(block[0], 0)[: shape[0]].repeat_interleave(block[1], 1)
+    want = codes.float() * full[:, : shape[1]]
+    stored = codes.clone()
+    torch.testing.assert_close(widen_fp8(codes, scale, block), want, rtol=0, atol=0)
+    if shape[0] % block[0] == 0 and shape[1] % block[1] == 0:  # the block read off the scales
+        torch.testing.assert_close(widen_fp8(codes, scale), want, rtol=0, atol=0)
+    assert torch.equal(codes.view(torch.uint8), stored.view(torch.uint8))  # the input is kept
+
+
+def test_a_per_channel_checkpoint_is_held_as_stored_where_the_engine_holds_fp8(
+    tiny_model, tmp_path, monkeypatch
+):
+    """Where the engine holds projections in FP8 (a GPU's --quantization fp8, forced here on the
+    CPU, its products on the widened weight rather than FP8 activations), a per-channel
+    checkpoint's codes and row scales are installed as stored, merged parts stacked by rows: no
+    widening and rounding again. The logits are the float checkpoint's within float32 rounding
+    (another CPU product)."""
+    from minisgl_engine import model_loader
+    from minisgl_engine.layers import fp8
+
+    source, _ = tiny_model("qwen3")
+    fp8_dir, float_dir = write_fp8_pair(source, tmp_path, "channel")
+    monkeypatch.setattr(model_loader, "choose_quantization", lambda *args, **kwargs: "fp8")
+    monkeypatch.setattr(fp8, "scaled_mm_works", lambda device: False)
+    llm = LLM(str(fp8_dir), device="cpu", dtype="float32")
+    assert llm.engine.quantization == "fp8"
+    stored = load_file(fp8_dir / "model.safetensors")
+    layer = llm.engine.model.model.layers[1]
+    for module, parts in (
+        (layer.self_attn.qkv_proj, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+        (layer.mlp.gate_up_proj, ("mlp.gate_proj", "mlp.up_proj")),
+        (layer.mlp.down_proj, ("mlp.down_proj",)),
+    ):
+        codes = torch.cat([stored[f"model.layers.1.{p}.weight"] for p in parts])
+        scales = torch.cat([stored[f"model.layers.1.{p}.weight_scale"].reshape(-1) for p in parts])
+        assert module.weight.dtype == FP8
+        assert torch.equal(module.weight.view(torch.uint8), codes.view(torch.uint8))
+        assert torch.equal(module.weight_scale, scales.float())
+    seqs = [[3, 17, 42, 99, 5, 250, 8], [7, 7, 300, 12]]
+    ours = llm.score_batch(seqs)
+    del llm
+    monkeypatch.undo()
+    plain = LLM(str(float_dir), device="cpu", dtype="float32")
+    for got, want in zip(ours, plain.score_batch(seqs)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
