@@ -579,6 +579,10 @@ def ending(m: Message, streaming: bool) -> str:
     if streaming:
         return "The reply is streaming; Stop (or Escape) ends it."
     reason = m.stats.finish_reason if m.stats else None
+    if m.stats is not None and m.stats.edited:
+        return (
+            "You wrote this version (✎); the model's versions, with their figures, are under ‹ ›."
+        )
     if m.stats is not None and m.stats.stopped:
         return (
             f"Stopped before the end ({markdown_literal(m.stats.stopped_by)})."

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ..chat.composing import branch_note, edit_text
-from ..chat.store import title_from
+from ..chat.store import MessageStats, title_from
 from . import toasts
 from .tabs import BUSY_HINT, Tab, TabState
 
@@ -56,7 +56,8 @@ class MessageEdits(TabState):
             toasts.warn("A message cannot be empty.")
         elif new_text != item.source.content:
             target = item.source
-            new = self.store.add_message(conv.id, target.parent_id, target.role, new_text)
+            edited = MessageStats(edited=True) if target.role == "assistant" else None
+            new = self.store.add_message(conv.id, target.parent_id, target.role, new_text, edited)
             if self.retitle(tab, conv, target, new_text):
                 title = title_from(new_text)
             later = len(conv.messages) - 1 - [m.id for m in conv.messages].index(target.id)

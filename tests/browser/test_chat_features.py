@@ -25,6 +25,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     attached_line,
     below,
     browser,
+    chat_lines,
     empty_button_boxes,
     open_chat_list,
     open_new_chat,
@@ -468,6 +469,10 @@ def test_editing_a_reply_makes_a_new_version_without_a_new_reply(page, app):
     assert wait_until(lambda: not box.is_visible(), 5) and replies(page) == [old], replies(page)
     edit(page, 1, mine, enter=True)  # Enter saves
     expect_shown(page, "Reply 1: version 2 of 2", "after editing the reply", reply=mine)
+    # its line said only "version 2/2" (details: "Ended."): it says who wrote it
+    assert wait_until(lambda: "version 2/2 · edited by you" in chat_lines(page), 5), chat_lines(
+        page
+    )
     time.sleep(2.0)  # time for a reply to start, had one been asked for
     shot(page, "03-edited-reply")
     assert replies(page) == [mine], f"editing a reply must not generate another: {replies(page)}"

@@ -2773,3 +2773,37 @@ async def test_files_attached_come_back_to_a_reload_of_their_browser_tab_only(st
     assert again.draft.attachments == [("notes.txt", "Notes")]
     assert again.draft.unsent_files == {None: [("new.txt", "New")]}
     assert page.left_files == {}
+
+
+@pytest.mark.anyio
+async def test_a_reply_edited_by_the_user_says_so_in_the_line_under_it(store):
+    """An edited reply's line read "version 2/2" and its details only "Ended.": nothing said the
+    user wrote it (it has no figures, the model did not write it). It says "edited by you", and
+    why it has no figures; the model's version keeps its own line."""
+    import gradio as gr
+
+    from minisgl_app.page.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    await page.send("Name a colour.", SETTINGS, None, request)
+    await until_idle(page.replies)
+    tab = page.tab(request)
+    [o async for o in page.follow(request)]
+    shown = page.view_of(page.shown(tab), tab)
+    reply = next(
+        i
+        for i, v in enumerate(shown)
+        if v.source is not None and v.source.role == "assistant" and not v.is_line
+    )
+    old = shown[reply].source.content
+    await page.edit(
+        gr.EditData(None, {"index": reply, "value": "Green.", "previous_value": old}), request
+    )
+    await until_idle(page.replies)
+    lines = [v for v in page.view_of(page.shown(tab), tab) if v.is_line]
+    assert lines[-1].shown["metadata"]["title"] == "version 2/2 · edited by you", lines[-1].shown
+    assert "You wrote this version" in lines[-1].shown["content"]
+    conv = store.get(tab.conv_id)
+    model_version = conv.messages[-1]
+    assert model_version.content == "Green." and model_version.model is None

@@ -178,6 +178,8 @@ class MessageStats:
     # a reply: the first message of the chat that the model read (the turns before it were
     # dropped to fit the context); None: it read the whole chat
     read_from: int | None = None
+    # a reply the user wrote over (✎): no figures, the model did not write this version
+    edited: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,6 +193,8 @@ class MessageStats:
         · 35.2 tok/s · 120 tokens", then how it ended if not by itself ("hit the token limit",
         "stopped")."""
         parts = ["not answered"] if self.unanswered else []
+        if self.edited:
+            parts.append("edited by you")
         if self.ttft_ms is not None:
             parts.append(f"{self.ttft_ms / 1000:.2f} s to first token")
         if self.tok_s is not None:
