@@ -101,6 +101,16 @@ class PromptProgressMsg(msgspec.Struct, tag=True):
     uid: int
     done: int
     total: int
+    # the same in reading cost (``prompt_work``): later tokens cost more, each attending to all
+    # before it, so the time left follows the work left, not the tokens (0.0: not counted)
+    work_done: float = 0.0
+    work_total: float = 0.0
+
+
+def prompt_work(tokens: int, cost_per_position: float) -> float:
+    """The cost of reading a prompt's first ``tokens`` in units of a first token's cost: the
+    token at position p costs 1 + p * ``cost_per_position`` (ModelConfig.attention_cost_per_position)."""
+    return tokens + cost_per_position * tokens * (tokens - 1) / 2
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from ..engine import Engine, StepResult
 from ..errors import RequestError, UserError, check_prompt_length
 from ..kvcache import CacheManager, NaiveCacheManager, PageAllocator, RadixCacheManager
 from ..logits_processor import TokenMasks
-from ..messages import PromptProgressMsg, StatsMsg
+from ..messages import PromptProgressMsg, StatsMsg, prompt_work
 from ..request import PLACEHOLDER, FinishReason, Req, TokenLogprobs
 from ..sampling_params import SamplingParams
 from .decode import DecodeManager
@@ -324,7 +324,7 @@ class Scheduler:
             if batch.phase == "prefill":
                 self.decode_manager.add(req)
                 if req.reports_progress:  # once: not again for a recompute after preemption
-                    read.append(PromptProgressMsg(req.uid, req.prompt_len, req.prompt_len))
+                    read.append(self._progress(req, req.prompt_len))
                     req.reports_progress = False
         if read and self.report_progress is not None:
             self.report_progress(read)
@@ -338,8 +338,19 @@ class Scheduler:
         for req, extend in zip(batch.reqs, batch.extend_lens):
             if req.output_len == 0 and (req.reports_progress or extend < req.extend_len):
                 req.reports_progress = True
-                progress.append(PromptProgressMsg(req.uid, req.cached_len, req.prompt_len))
+                progress.append(self._progress(req, req.cached_len))
         return progress
+
+    def _progress(self, req: Req, done: int) -> PromptProgressMsg:
+        """``done`` of ``req``'s prompt tokens read, in tokens and in reading cost."""
+        per_position = self.engine.model_config.attention_cost_per_position
+        return PromptProgressMsg(
+            req.uid,
+            done,
+            req.prompt_len,
+            prompt_work(done, per_position),
+            prompt_work(req.prompt_len, per_position),
+        )
 
     def _fill_token_masks(self, batch, sampling: list[int]) -> TokenMasks | None:
         """The grammar rows' bitmasks for ``batch`` (called by the engine once the forward pass
