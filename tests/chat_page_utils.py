@@ -68,9 +68,7 @@ def wait_page_loaded(page, status: str = "running", timeout: float = 60) -> None
     line says ``status``. Not the status line alone: the once-a-second tick draws it too, sometimes
     before the load's answer, whose settings then overwrite what a test typed first."""
     page.wait_for_selector("body[data-chat-loaded='1']", state="attached", timeout=timeout * 1000)
-    assert wait_until(lambda: status in page.inner_text("#status-line"), timeout), page.inner_text(
-        "#status-line"
-    )
+    assert wait_until(lambda: status in status_text(page), timeout), status_text(page)
 
 
 def open_new_chat(page, timeout: float = 30) -> None:
@@ -110,6 +108,12 @@ def attach_file(page, path) -> None:
     with page.expect_file_chooser() as chooser:
         page.click("#attach-btn")
     chooser.value.set_files(str(path))
+
+
+def status_text(page) -> str:
+    """The status line as shown (its Markdown only: see ``attached_line``; the once-a-second tick
+    that draws it has a hidden tracker too)."""
+    return page.inner_text("#status-line [data-testid=markdown]")
 
 
 def attached_line(page) -> str:

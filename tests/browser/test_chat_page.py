@@ -26,6 +26,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     progress_seen,
     put_setting,
     send,
+    status_text,
     stop_what_runs,
     wait_page_loaded,
     watch_progress,
@@ -1731,7 +1732,7 @@ def test_on_a_phone_the_chat_list_opens_above_the_chat_and_a_chat_picked_shows_f
     assert status_lines(page) <= 2, (
         f"the status line takes {status_lines(page)} lines on a phone: {page.inner_text('#status-line')!r}"
     )
-    assert "running" in page.inner_text("#status-line")
+    assert "running" in status_text(page)
     # by keyboard: ☰ Chats says what it opens; a chat picked with Enter closes the list, which hid
     # the focused label (the focus fell to the page's body): the focus goes to the message box
     toggle = page.locator("#chats-toggle")
@@ -2234,21 +2235,13 @@ def test_status_line_says_0_running_after_a_reply(tab, app):
     )  # stopped below: long enough to outlast the checks at ~150 tok/s
     watch_progress(page)
     send(page, story("Tapir"))
-    assert wait_until(lambda: "1 running" in page.inner_text("#status-line"), 30), page.inner_text(
-        "#status-line"
-    )
-    assert not finished(page) and status_lines(page) == 1, page.inner_text("#status-line")
+    assert wait_until(lambda: "1 running" in status_text(page), 30), status_text(page)
+    assert not finished(page) and status_lines(page) == 1, status_text(page)
     page.click("#stop-btn")
     wait_finished(page, 1)
-    assert wait_until(lambda: "0 running" in page.inner_text("#status-line"), 2), page.inner_text(
-        "#status-line"
-    )
-    assert page.inner_text("#status-line").startswith("Ready"), page.inner_text(
-        "#status-line"
-    )  # "Generating" while it ran
-    assert status_lines(page) == 1 and "KV" in page.inner_text("#status-line"), page.inner_text(
-        "#status-line"
-    )
+    assert wait_until(lambda: "0 running" in status_text(page), 2), status_text(page)
+    assert status_text(page).startswith("Ready"), status_text(page)  # "Generating" while it ran
+    assert status_lines(page) == 1 and "KV" in status_text(page), status_text(page)
     # the status line (and every other output) shows only the page's text, never Gradio's timers
     assert not progress_seen(page), (
         f"Gradio's progress showed in the page: {sorted(set(progress_seen(page)))[:6]}"

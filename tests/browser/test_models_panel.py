@@ -24,6 +24,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     open_new_chat,
     put_setting,
     send,
+    status_text,
     wait_page_loaded,
 )
 from fake_hub import FakeHub
@@ -289,7 +290,7 @@ def open_tab(browser, app):
 
 
 def status(page) -> str:
-    return page.inner_text("#status-line")
+    return status_text(page)
 
 
 def stats_lines(page) -> list[str]:

@@ -17,6 +17,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     browser,
     engine_idle,
     open_new_chat,
+    status_text,
     wait_page_loaded,
 )
 from server_utils import ServerProcess, wait_until
@@ -107,19 +108,15 @@ def test_a_long_message_shows_its_prompt_progress_at_once_counts_as_running_and_
         assert any(" left" in c["line"] for c in counts[1:]), counts
 
         # the status line counts it as running while it is read (it said "0 running")
-        assert wait_until(lambda: "1 running" in page.inner_text("#status-line"), 10), (
-            page.inner_text("#status-line")
-        )
-        assert page.inner_text("#status-line").startswith("Generating")
+        assert wait_until(lambda: "1 running" in status_text(page), 10), status_text(page)
+        assert status_text(page).startswith("Generating")
         assert seen()[-1]["done"] < total, "the prompt was read before the status line was"
 
         # Stop ends it mid-prefill: the engine holds nothing, the progress line is gone
         page.click("#stop-btn")
         assert wait_until(lambda: engine_idle(app), 15), app.metrics()
         assert wait_until(lambda: "reading your message" not in page.inner_text("#chatbot"), 10)
-        assert wait_until(lambda: "0 running" in page.inner_text("#status-line"), 10), (
-            page.inner_text("#status-line")
-        )
+        assert wait_until(lambda: "0 running" in status_text(page), 10), status_text(page)
         assert app.metrics()["minisgl_prompt_tokens_pending"] == 0
     finally:
         context.close()

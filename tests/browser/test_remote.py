@@ -24,6 +24,7 @@ from chat_page_utils import (  # noqa: F401 (browser: fixture)
     pick_tool,
     remove_tool_server,
     send,
+    status_text,
     wait_page_loaded,
 )
 from fastapi import FastAPI, Request
@@ -400,7 +401,7 @@ def engine_figures(srv: ServerProcess) -> dict[str, float]:
 def test_the_page_streams_a_remote_reply_with_its_figures(browser, app, remote):  # noqa: F811
     srv = remote["srv"]
     page = open_remote_page(browser, app)
-    status = page.inner_text("#status-line")
+    status = status_text(page)
     assert "smollm2" in status.lower() and srv.url in status, status
     before = engine_figures(srv)
     new_greedy_chat(page, 32)
@@ -530,9 +531,7 @@ def test_local_and_remote_side_by_side_each_chat_picks_where_its_replies_come_fr
         # a new chat keeps the backend; this one picks the remote
         new_greedy_chat(page, 32)
         page.locator("#backend label", has_text="Remote").click()
-        assert wait_until(lambda: "Remote ·" in page.inner_text("#status-line"), 15), (
-            page.inner_text("#status-line")
-        )
+        assert wait_until(lambda: "Remote ·" in status_text(page), 15), status_text(page)
         send(page, "What is the capital of France?")
         assert wait_until(lambda: "tok/s" in stats_text(page), 60), (
             last_reply(page),
@@ -548,12 +547,9 @@ def test_local_and_remote_side_by_side_each_chat_picks_where_its_replies_come_fr
         # the first chat shown again: its backend and its status line
         page.locator("#conv-list label", has_text=local_chat_title.split(" · ")[0]).click()
         assert wait_until(
-            lambda: (
-                "Ready" in page.inner_text("#status-line")
-                and "Remote" not in page.inner_text("#status-line")
-            ),
+            lambda: "Ready" in status_text(page) and "Remote" not in status_text(page),
             15,
-        ), page.inner_text("#status-line")
+        ), status_text(page)
         assert page.locator("#backend input:checked").input_value() == "local"
         # the models panel marks what each side serves
         page.get_by_text("Models", exact=True).first.click()
@@ -587,7 +583,7 @@ def test_a_wrong_key_is_a_message_in_the_chat(browser, remote, tmp_path_factory)
     wrong = start_app(tmp_path_factory, remote["srv"], "not-the-key", "remote-wrong-key")
     try:
         page = open_remote_page(browser, wrong, status="Remote unavailable")
-        assert "API key" in page.inner_text("#status-line")
+        assert "API key" in status_text(page)
         send(page, "Hello?")
         assert wait_until(lambda: "⚠️" in last_reply(page), 30), last_reply(page)
         assert "refused the API key (HTTP 401)" in last_reply(
@@ -613,9 +609,7 @@ def test_the_remote_killed_mid_reply_then_back(browser, app, remote):  # noqa: F
     reply = last_reply(page)
     assert len(reply.split("⚠️")[0].strip()) >= 20, reply  # the text that came before stays
     assert "the remote at" in reply and "Traceback" not in reply, reply
-    assert wait_until(lambda: "Remote unavailable" in page.inner_text("#status-line"), 15), (
-        page.inner_text("#status-line")
-    )
+    assert wait_until(lambda: "Remote unavailable" in status_text(page), 15), status_text(page)
     # back on the same address: the page says so and the next message is answered
     remote["srv"] = ServerProcess(
         "--api-key",
@@ -625,9 +619,7 @@ def test_the_remote_killed_mid_reply_then_back(browser, app, remote):  # noqa: F
         port=srv.port,
         log_path=remote["folder"] / "remote-again.log",
     )
-    assert wait_until(lambda: "Remote ·" in page.inner_text("#status-line"), 15), page.inner_text(
-        "#status-line"
-    )
+    assert wait_until(lambda: "Remote ·" in status_text(page), 15), status_text(page)
     new_greedy_chat(page, 32)
     send(page, "What is the capital of France?")
     assert wait_until(lambda: "tok/s" in stats_text(page), 60), (last_reply(page), stats_text(page))
