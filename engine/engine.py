@@ -234,7 +234,7 @@ class Engine:
         self.model_dir = loaded.model_dir
         self.device = loaded.device
         self.dtype = loaded.dtype
-        # gguf | int4 | int8 | fp8 | none (model_loader.choose_quantization)
+        # gguf | awq | gptq | int4 | int8 | fp8 | none (model_loader.choose_quantization)
         self.quantization = loaded.quantization
         self.weight_bytes = loaded.weight_bytes  # as held on the device
         # the KV pool's (--kv-dtype)

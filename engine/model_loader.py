@@ -129,7 +129,7 @@ class LoadedModel:
     model_dir: Path | None
     device: torch.device
     dtype: torch.dtype
-    quantization: str = "none"  # gguf | int4 | int8 | fp8 | none (choose_quantization)
+    quantization: str = "none"  # gguf | awq | gptq | int4 | int8 | fp8 | none (choose_quantization)
     weight_bytes: int = 0  # what the weights hold on their device (held_weight_bytes)
 
 
@@ -202,24 +202,25 @@ def return_freed_memory() -> None:
 
 
 QUANTIZATION_KINDS = ("auto", "none", "gguf", "int4", "int8", "fp8")
+# what a checkpoint stores: "float", "gguf", "fp8", or a 4-bit "awq" / "gptq" checkpoint
+ALREADY_QUANTIZED = {"gguf": "a GGUF file", "awq": "an AWQ checkpoint", "gptq": "a GPTQ checkpoint"}
 
 
-def choose_quantization(
-    config: EngineConfig, device: torch.device, from_gguf: bool, fp8_checkpoint: bool = False
-) -> str:
+def choose_quantization(config: EngineConfig, device: torch.device, stored: str = "float") -> str:
     """How the weights are held: "gguf" (a GGUF's blocks kept quantized: repacked for the CPU
-    kernels, or for the GPU's group kernels), "int4" or "int8" (a float checkpoint quantized at
-    load, for the same kernels), "fp8" (the decoder layers' projections in FP8, GPU), or "none"
-    (every weight in the model dtype). ``--quantization auto`` picks by what the checkpoint
-    stores (``auto_quantization``); a kind asked for by name is checked against the device and
-    the checkpoint."""
+    kernels, or for the GPU's group kernels), "awq" or "gptq" (a 4-bit checkpoint's codes kept
+    for the same kernels), "int4" or "int8" (a float checkpoint quantized at load, for the same
+    kernels), "fp8" (the decoder layers' projections in FP8, GPU), or "none" (every weight in
+    the model dtype). ``stored``: what the checkpoint holds ("float", "gguf", "fp8", "awq",
+    "gptq"). ``--quantization auto`` picks by that (``auto_quantization``); a kind asked for by
+    name is checked against the device and the checkpoint."""
     kind = config.quantization
     if kind not in QUANTIZATION_KINDS:
         raise UserError(
             f"unsupported --quantization {kind!r}; use auto, none, gguf, int4, int8 or fp8 (GPU)"
         )
     if kind == "auto":
-        return auto_quantization(device, from_gguf, fp8_checkpoint)
+        return auto_quantization(device, stored)
     if kind == "none":
         return kind
     if kind == "fp8":
@@ -231,7 +232,7 @@ def choose_quantization(
                 f"--quantization fp8: {reason}; use int8 or int4 on CPU, or --quantization none"
             )
         return kind
-    if kind == "gguf" and not from_gguf:
+    if kind == "gguf" and stored != "gguf":
         raise UserError(
             "--quantization gguf keeps a GGUF file's quantized blocks, and this model is no "
             "GGUF; use int4, int8 or fp8 to quantize it at load"
@@ -239,25 +240,34 @@ def choose_quantization(
     reason = group_kernels_unavailable_reason(device)
     if reason is not None:
         raise UserError(f"--quantization {kind}: {reason}; use --quantization none")
-    if kind in ("int4", "int8") and from_gguf:
+    if kind in ("int4", "int8") and stored in ALREADY_QUANTIZED:
         raise UserError(
-            f"--quantization {kind} quantizes a float checkpoint; a GGUF file is already quantized "
-            "(use --quantization auto to keep its blocks, or none)"
+            f"--quantization {kind} quantizes a float checkpoint; {ALREADY_QUANTIZED[stored]} is "
+            "already quantized (use --quantization auto to keep its codes, or none)"
         )
     return kind
 
 
-def auto_quantization(device: torch.device, from_gguf: bool, fp8_checkpoint: bool) -> str:
+def auto_quantization(device: torch.device, stored: str) -> str:
     """``--quantization auto``: a checkpoint stored in FP8 stays in FP8 where the GPU has FP8
-    tensor cores; a GGUF keeps its blocks on a CPU (on a GPU it is widened: the 16-bit path's
-    fused kernels are faster for small models, and the fit check names --quantization gguf
-    where only that fits); everything else is held in the model dtype."""
-    if fp8_checkpoint:
+    tensor cores; a 4-bit AWQ/GPTQ checkpoint keeps its codes wherever our group kernels run
+    (else it is widened, as the log says); a GGUF keeps its blocks on a CPU (on a GPU it is
+    widened: the 16-bit path's fused kernels are faster for small models, and the fit check
+    names --quantization gguf where only that fits); everything else is held in the model
+    dtype."""
+    if stored == "fp8":
         from .layers.fp8 import fp8_unavailable_reason
 
         if fp8_unavailable_reason(device) is None:
             return "fp8"
-    if from_gguf and device.type == "cpu" and group_kernels_unavailable_reason(device) is None:
+    groups_unavailable = group_kernels_unavailable_reason(device)
+    if stored in ("awq", "gptq"):
+        if groups_unavailable is None:
+            return stored
+        logger.info(
+            "%s checkpoint widened to the model dtype: %s", stored.upper(), groups_unavailable
+        )
+    if stored == "gguf" and device.type == "cpu" and groups_unavailable is None:
         return "gguf"
     return "none"
 
@@ -277,6 +287,29 @@ def group_kernels_unavailable_reason(device: torch.device) -> str | None:
     if device.type != "cpu" or not packed_kernels_available():
         return "this torch build or device has no packed 4-bit kernel"
     return None
+
+
+def log_int4_holding(model: torch.nn.Module, method: str) -> None:
+    """Say how an AWQ/GPTQ checkpoint's matrices are held: 4-bit group codes (symmetric zero
+    points), 8-bit ones (other zero points: exact there, not in 4 bits), or widened."""
+    bits = {4: 0, 8: 0}
+    for module in model.model.layers.modules():
+        quant = getattr(module, "quant", None)
+        layout = getattr(quant, "layout", quant)  # GpuGroupWeight's, or NativeWeight itself
+        kind = getattr(layout, "kind", None) or getattr(quant, "num_planes", 0) * 4
+        if kind in bits:
+            bits[kind] += 1
+    widened = sum(
+        1 for name, p in model.model.layers.named_parameters() if name.endswith("proj.weight")
+    ) - sum(bits.values())
+    logger.info(
+        "%s matrices: %d in 4-bit group codes, %d in 8-bit ones (zero points other than 8 are "
+        "exact only there), %d widened",
+        method.upper(),
+        bits[4],
+        bits[8],
+        widened,
+    )
 
 
 def model_folder(config: EngineConfig) -> Path | None:
@@ -349,6 +382,8 @@ def move_to(model: torch.nn.Module, device: torch.device) -> None:
 def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedModel:
     from .weights.fp8_checkpoint import fp8_checkpoint_format, read_fp8_checkpoint
     from .weights.gguf_tensors import GGUF_WEIGHTS, iter_gguf
+    from .weights.int4_checkpoint import read_int4_checkpoint
+    from .weights.int4_config import int4_checkpoint_format
     from .weights.safetensors_io import iter_safetensors, weights_nbytes
 
     model_dir = model_folder(config)
@@ -368,12 +403,16 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     )
     if gguf_file is not None and not gguf_file.is_file():
         gguf_file = None
-    fp8_layout = (
-        None if gguf_file is not None or config.dummy_weights else fp8_checkpoint_format(model_dir)
-    )
-    quantization = choose_quantization(
-        config, device, gguf_file is not None, fp8_layout is not None
-    )
+    fp8_layout = int4_layout = None
+    if gguf_file is None and not config.dummy_weights:
+        fp8_layout = fp8_checkpoint_format(model_dir)
+        int4_layout = int4_checkpoint_format(model_dir)  # an unsupported variant: WeightsError
+    stored = "gguf" if gguf_file is not None else "float"  # what the checkpoint holds
+    if fp8_layout is not None:
+        stored = "fp8"
+    if int4_layout is not None:
+        stored = int4_layout.method
+    quantization = choose_quantization(config, device, stored)
     # Quantized at load on a GPU: the checkpoint is read into host memory and each matrix goes
     # to the GPU quantized, so only the quantized weights need to fit there (random weights are
     # drawn on the GPU, in the model's dtype first)
@@ -382,6 +421,10 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         weight_bytes = param_bytes(model_config, dtype)
     elif staged and quantization in QUANTIZED_BYTES_PER_WEIGHT:
         weight_bytes = param_bytes(model_config, dtype, quantization)
+    elif staged and int4_layout is not None and quantization == int4_layout.method:
+        # held exactly: 4-bit codes with symmetric zero points, else 8-bit (int4_checkpoint_planes)
+        held_as = "int4" if int4_layout.symmetric else "int8"
+        weight_bytes = param_bytes(model_config, dtype, held_as)
     else:
         weight_bytes = weights_nbytes(model_dir, dtype, keep_gguf_blocks=quantization == "gguf")
     gguf_kept_bytes = None
@@ -417,7 +460,19 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
                     "held as stored" if keep else "widened as read",
                 )
                 weights = read_fp8_checkpoint(weights, fp8_layout, keep_channel_codes=keep)
-            model.load_weights(weights, quantize_on=device)
+            if int4_layout is not None:
+                keep = quantization == int4_layout.method
+                logger.info(
+                    "weights stored as %s 4-bit codes: %s",
+                    int4_layout.method.upper(),
+                    "held as group codes" if keep else "widened as read",
+                )
+                weights = read_int4_checkpoint(weights, int4_layout)
+            model.load_weights(
+                weights, keep_quantized=quantization in ("awq", "gptq"), quantize_on=device
+            )
+    if int4_layout is not None and quantization == int4_layout.method:
+        log_int4_holding(model, quantization)
     if quantization in ("int4", "int8"):
         model.quantize(quantization, device)
     if quantization == "fp8":
@@ -432,7 +487,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
         )
     if staged:
         move_to(model, device)
-    if device.type == "cuda" and quantization in ("gguf", "int4", "int8"):
+    if device.type == "cuda" and quantization in ("gguf", "awq", "gptq", "int4", "int8"):
         from .layers.quantized_gpu import check_group_kernels
 
         turned_off = check_group_kernels(device, dtype)

@@ -132,6 +132,10 @@ def prepare_model(config: EngineConfig) -> tuple[EngineConfig, ModelConfig, str 
         model_dir = resolve_model(config.model)
         config = replace(config, model=str(model_dir))
     model_config = read_model_config(config, model_dir)
+    if model_dir is not None:  # an AWQ/GPTQ variant we cannot hold: one line here, exit code 2
+        from ..weights.int4_config import int4_checkpoint_format
+
+        int4_checkpoint_format(model_dir)
     if config.tp * config.dp > 1:  # one rank fits any model's heads (and needs no torch here)
         from ..distributed import check_tp
 

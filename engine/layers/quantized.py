@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..weights.gguf_tensors import dequantize_gguf
+from ..weights.int4_checkpoint import Int4Weight
 
 GROUP = 32  # inputs per scale in the packed kernel
 _ROW_MULTIPLE = 16  # the packing wants the output dimension in multiples of 16
@@ -295,12 +296,25 @@ def group_codes(planes: Planes) -> GroupCodes:
             raise ValueError("planes whose high plane is not 16 low steps")
         kind = 8
         codes = (planes.codes[0] + (planes.codes[1] << 4)).contiguous()
-    scale_offset = torch.stack((planes.scales[0], planes.offset), dim=-1)  # [rows, groups, 2]
+    scales, mult = float16_scales(torch.stack((planes.scales[0], planes.offset), dim=-1))
+    return GroupCodes(kind, codes, scales, mult)
+
+
+def float16_scales(scale_offset: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Each group's (scale, offset) [rows, groups, 2] as :class:`GroupCodes` stores them: in
+    float16 times ``1 / mult`` (f16 holds up to 65504: a power of two puts the largest at
+    ~2^14)."""
     largest = float(scale_offset.abs().max())
-    # f16 holds up to 65504: scale everything by a power of two that puts the largest at ~2^14
     exponent = 0 if largest == 0 else 14 - int(torch.tensor(largest).log2().floor())
-    scales = (scale_offset * 2.0**exponent).to(torch.float16).contiguous()
-    return GroupCodes(kind, codes, scales, 2.0**-exponent)
+    return (scale_offset * 2.0**exponent).to(torch.float16).contiguous(), 2.0**-exponent
+
+
+def held_exactly(planes: Planes) -> bool:
+    """Whether the group-code layout (our C and GPU kernels') stores these planes' scales and
+    offsets without rounding them."""
+    scale_offset = torch.stack((planes.scales[0], planes.offset), dim=-1)
+    stored, mult = float16_scales(scale_offset)
+    return bool(torch.equal(stored.float() * mult, scale_offset.float()))
 
 
 class NativeWeight:
@@ -447,6 +461,43 @@ def stack_rows(parts: list[Planes]) -> Planes:
         torch.cat([p.scales for p in parts], dim=1),
         torch.cat([p.offset for p in parts], dim=0),
     )
+
+
+def int4_checkpoint_planes(
+    parts: list[Int4Weight], device: torch.device | None = None
+) -> Planes | None:
+    """An AWQ/GPTQ matrix (its merged parts stacked by rows) as planes the group-code layout
+    holds exactly, on ``device``: one 4-bit plane (code * scale - zero * scale) where every
+    group's ``zero * scale`` is a float16 value there (symmetric checkpoints: zero 8); else
+    two planes of 8-bit codes ``code - zero + 128`` with the offset ``-128 * scale``, which
+    float16 holds exactly but take twice the bytes. None where neither is exact (scales over
+    too wide a range): the caller widens the weight."""
+    parts = [part if device is None else part.to(device) for part in parts]
+    four_bit = stack_rows([_zero_point_plane(part) for part in parts])
+    if held_exactly(four_bit):
+        return four_bit
+    eight_bit = stack_rows([_centered_planes(part) for part in parts])
+    return eight_bit if held_exactly(eight_bit) else None
+
+
+def _per_group_of_32(values: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per-group values [rows, in / group_size] as one per group of 32 inputs (float32)."""
+    return values.float().repeat_interleave(group_size // GROUP, dim=1)
+
+
+def _zero_point_plane(part: Int4Weight) -> Planes:
+    scale = _per_group_of_32(part.scales, part.group_size)
+    offset = -_per_group_of_32(part.zeros, part.group_size) * scale  # exact in float32
+    return Planes(part.codes.unsqueeze(0), scale.unsqueeze(0), offset)
+
+
+def _centered_planes(part: Int4Weight) -> Planes:
+    codes = part.centered() + 128  # in [112, 143]
+    low, high = (codes & 15).to(torch.uint8), (codes >> 4).to(torch.uint8)
+    scale = _per_group_of_32(part.scales, part.group_size)
+    rows = codes.shape[0]
+    groups = (rows, -1, GROUP)
+    return _group_planes(low.reshape(groups), high.reshape(groups), scale, -128 * scale, rows)
 
 
 def quantize_float(weight: torch.Tensor, kind: str) -> Planes:

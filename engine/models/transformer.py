@@ -7,6 +7,7 @@ names follow the Hugging Face checkpoints, except the merged ``qkv_proj`` and ``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -36,6 +37,7 @@ from ..layers.quantized import (
     Planes,
     QuantizedRows,
     drop_weight,
+    int4_checkpoint_planes,
     pack_weight,
     planes_of,
     quantize_float,
@@ -45,6 +47,9 @@ from ..layers.quantized_gpu import GpuGroupWeight, gpu_group_weight
 from ..layers.rotary import RopeInputs, RotaryEmbedding
 from ..weights.fp8_checkpoint import Fp8Weight
 from ..weights.gguf_tensors import GGUFTensor
+from ..weights.int4_checkpoint import Int4Weight
+
+logger = logging.getLogger(__name__)
 
 # logits per row that torch's packed LM head recomputes in float32 (CausalLM._refine_top_logits;
 # our C kernels' head writes float32 from 16-bit activations and needs none)
@@ -293,12 +298,13 @@ class CausalLM(nn.Module):
         """Copy checkpoint tensors into our parameters (casting dtype); every parameter must be
         filled exactly once, so a truncated or mismatched checkpoint fails loudly.
 
-        A GGUF's quantized matrices are widened, or with ``keep_quantized`` repacked for the
-        quantized kernels of ``quantize_on`` (default: the parameters' device) once all parts of
-        each merged matrix are in. FP8 matrices passed as stored (:class:`Fp8Weight`) are held
+        A GGUF's quantized matrices (and an AWQ/GPTQ checkpoint's, :class:`Int4Weight`) are
+        widened, or with ``keep_quantized`` repacked for the quantized kernels of
+        ``quantize_on`` (default: the parameters' device) once all parts of each merged matrix
+        are in. FP8 matrices passed as stored (:class:`Fp8Weight`) are held
         in FP8 on ``quantize_on`` where the engine holds that projection in FP8 (the decoder
         layers'), widened elsewhere."""
-        quantized: dict[str, dict[str | int | None, GGUFTensor]] = {}
+        quantized: dict[str, dict[str | int | None, GGUFTensor | Int4Weight]] = {}
         params = dict(self.named_parameters())
         missing = {
             (name, shard)
@@ -329,7 +335,7 @@ class CausalLM(nn.Module):
                     missing.discard((name, shard_id))
                     continue
                 tensor = tensor.dequantize()
-            if isinstance(tensor, GGUFTensor):
+            if isinstance(tensor, (GGUFTensor, Int4Weight)):
                 if keep_quantized and name.endswith(".weight"):
                     quantized.setdefault(name.removesuffix(".weight"), {})[shard_id] = tensor
                     missing.discard((name, shard_id))
@@ -353,12 +359,16 @@ class CausalLM(nn.Module):
     def _install_quantized(
         self,
         module_name: str,
-        parts: dict[str | int | None, GGUFTensor],
+        parts: dict[str | int | None, GGUFTensor | Int4Weight],
         device: torch.device | None,
     ) -> None:
         module = self.get_submodule(module_name)
         device = device or module.weight.device
         on_gpu = device.type == "cuda"
+        order = list(getattr(module, "shards", {None: None}))
+        if isinstance(next(iter(parts.values())), Int4Weight):
+            self._install_int4(module_name, module, [parts[key] for key in order], device)
+            return
         if isinstance(module, Embedding):
             (table,) = parts.values()
             if table.shape != tuple(module.weight.shape):
@@ -380,7 +390,6 @@ class CausalLM(nn.Module):
                 module.quant_rows = QuantizedRows(table.raw.clone(), table.qtype, table.shape[1])
             module.weight = drop_weight(module.weight)
             return
-        order = list(getattr(module, "shards", {None: None}))
         planes = stack_rows(
             [
                 planes_of(
@@ -393,6 +402,31 @@ class CausalLM(nn.Module):
             raise WeightsError(
                 f"checkpoint tensor {module_name}.weight {tuple(planes.codes.shape[1:])} does not fit the config"
             )
+        self._hold_quantized(module, planes)
+
+    def _install_int4(
+        self, module_name: str, module: nn.Module, parts: list[Int4Weight], device: torch.device
+    ) -> None:
+        """An AWQ/GPTQ matrix held as group codes where they hold it exactly
+        (``int4_checkpoint_planes``), else widened into the weight (said in the log)."""
+        shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+        if shape != tuple(module.weight.shape):
+            raise WeightsError(
+                f"checkpoint tensor {module_name}.weight {shape} does not fit the config"
+            )
+        planes = None
+        if isinstance(module, Linear):
+            planes = int4_checkpoint_planes(parts, device if device.type == "cuda" else None)
+        if planes is None:
+            logger.info(
+                "%s: 4-bit weights widened (%s)",
+                module_name,
+                "an embedding"
+                if not isinstance(module, Linear)
+                else "scales too far apart for float16",
+            )
+            module.weight.data.copy_(torch.cat([p.dequantize() for p in parts]))
+            return
         self._hold_quantized(module, planes)
 
     @staticmethod

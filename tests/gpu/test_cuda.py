@@ -655,6 +655,37 @@ def test_an_fp8_checkpoint_is_held_in_fp8_on_the_gpu(kind, tiny_model, tmp_path)
         assert ((got - want).norm() / want.norm()).item() < 0.1
 
 
+@pytest.mark.parametrize(
+    "method, group, symmetric, fmt", [("awq", 128, False, "gemm"), ("gptq", 128, True, "gptq")]
+)
+def test_an_int4_checkpoint_keeps_its_codes_on_the_gpu(method, group, symmetric, fmt, tmp_path):
+    """An AWQ/GPTQ checkpoint (tests/int4_checkpoints.py's packer, checked against the reference
+    packers by tests/unit/test_int4_checkpoint.py) runs by default as group codes on the GPU:
+    4-bit for symmetric zero points, 8-bit otherwise, widening to exactly the weights meant;
+    logits near the float checkpoint's in bf16."""
+    from int4_checkpoints import make_wide_tiny_model, write_int4_pair
+    from safetensors.torch import load_file
+
+    from minisgl_engine.layers.quantized_gpu import GpuGroupWeight
+
+    source = make_wide_tiny_model(tmp_path / "source")
+    quant_dir, float_dir = write_int4_pair(source, tmp_path, method, group, symmetric, fmt)
+    fast = LLM(str(quant_dir), device="cuda", dtype="bfloat16", cuda_graph_max_bs=4)
+    assert fast.engine.quantization == method
+    qkv = fast.engine.model.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv.quant, GpuGroupWeight)
+    assert qkv.quant.layout.kind == (4 if symmetric else 8)
+    meant = load_file(float_dir / "model.safetensors")
+    want = torch.cat([meant[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(qkv.quant.widened(torch.float32).cpu(), want)
+    seqs = [[3, 17, 42, 99, 5, 250, 8], [7, 7, 300, 12]]
+    ours = fast.score_batch(seqs)
+    del fast
+    plain = LLM(str(float_dir), device="cuda", dtype="bfloat16", cuda_graph_max_bs=4)
+    for got, ref in zip(ours, plain.score_batch(seqs)):
+        assert ((got - ref).norm() / ref.norm()).item() < 0.05
+
+
 def test_an_engine_dropped_in_a_reference_cycle_does_not_break_a_later_capture(monkeypatch):
     """An LLM deleted while in a reference cycle is freed by Python's collector, whenever it
     runs; freeing its CUDA graphs inside another engine's capture invalidated that capture and

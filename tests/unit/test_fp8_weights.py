@@ -30,4 +30,4 @@ def test_each_row_is_scaled_to_fp8s_range_and_comes_back_within_its_rounding():
 
 def test_fp8_weights_are_refused_on_the_cpu_with_what_to_use():
     with pytest.raises(UserError, match="--quantization fp8: FP8 weights run on an NVIDIA GPU"):
-        choose_quantization(EngineConfig(quantization="fp8"), torch.device("cpu"), False)
+        choose_quantization(EngineConfig(quantization="fp8"), torch.device("cpu"))

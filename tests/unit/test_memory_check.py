@@ -127,11 +127,15 @@ def test_quantization_gguf_keeps_a_ggufs_blocks_and_refuses_other_checkpoints():
     import torch
 
     cpu = torch.device("cpu")
-    assert model_loader.choose_quantization(EngineConfig(quantization="gguf"), cpu, True) == "gguf"
-    assert model_loader.choose_quantization(EngineConfig(quantization="auto"), cpu, True) == "gguf"
-    assert model_loader.choose_quantization(EngineConfig(quantization="auto"), cpu, False) == "none"
+    assert (
+        model_loader.choose_quantization(EngineConfig(quantization="gguf"), cpu, "gguf") == "gguf"
+    )
+    assert (
+        model_loader.choose_quantization(EngineConfig(quantization="auto"), cpu, "gguf") == "gguf"
+    )
+    assert model_loader.choose_quantization(EngineConfig(quantization="auto"), cpu) == "none"
     with pytest.raises(UserError, match="no GGUF; use int4, int8 or fp8"):
-        model_loader.choose_quantization(EngineConfig(quantization="gguf"), cpu, False)
+        model_loader.choose_quantization(EngineConfig(quantization="gguf"), cpu)
 
 
 def test_a_gguf_too_big_for_the_gpu_widened_names_keeping_its_blocks(monkeypatch):
