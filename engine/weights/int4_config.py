@@ -82,7 +82,8 @@ def int4_checkpoint_format(model_dir: Path | None) -> Int4Checkpoint | None:
             f"a multiple of 32 inputs (or -1, one per row); {WHAT_LOADS}"
         )
     if method == "awq":
-        version = str(quant.get("version", "gemm")).lower()
+        # AutoAWQ writes "version"; GPTQModel's AWQ exports "format"
+        version = str(quant.get("version", quant.get("format", "gemm"))).lower()
         if version != "gemm":
             raise WeightsError(
                 f"this AWQ checkpoint is packed for the {version!r} kernels (version in its "

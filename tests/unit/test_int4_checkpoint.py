@@ -221,6 +221,21 @@ def test_an_awq_checkpoint_of_another_packing_is_a_one_line_error(tmp_path):
     assert int4_checkpoint_format(folder) == Int4Checkpoint("awq", 128)
 
 
+def test_an_old_gptq_export_is_read_from_its_quantize_config_json(tmp_path):
+    """AutoGPTQ's exports before transformers' quantization_config kept the settings in
+    quantize_config.json; GPTQModel's AWQ exports name the packing "format"."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    settings = {"bits": 4, "group_size": 64, "desc_act": False, "sym": False}
+    (folder / "quantize_config.json").write_text(json.dumps(settings))
+    assert int4_checkpoint_format(folder) == Int4Checkpoint("gptq", 64, False, zero_offset=1)
+    quant = {"quant_method": "awq", "bits": 4, "group_size": 128, "format": "gemv_fast"}
+    (folder / "config.json").write_text(json.dumps({"quantization_config": quant}))
+    with pytest.raises(WeightsError, match="'gemv_fast' kernels"):
+        int4_checkpoint_format(folder)
+
+
 def test_an_act_order_g_idx_is_refused_even_where_the_config_does_not_say_so(wide_source, tmp_path):
     quant_dir, _ = write_int4_pair(wide_source, tmp_path, "gptq", 128, True, "gptq")
     from safetensors.torch import load_file, save_file
