@@ -393,9 +393,9 @@ FOCUSED_JS = """() => { const e = document.activeElement;
 def test_messages_take_the_focus_in_order_and_their_actions_work_from_the_keyboard(open_page, app):
     """Messages took no focus: Delete message and ‹ › reached only a message picked with the
     mouse. Each message takes the focus with Tab (its Copy and Edit follow it with →), ringed (dark
-    mode here); Enter picks it, and Tab goes on to the versions bar's Delete message, which asks
-    first."""
-    chat_id = stored_long_chat(app, "Keyed Numbat", turns=2)
+    mode here); Enter picks it, and Tab goes on to the versions bar: ‹ (the message is its second
+    version), then Delete message, which asks first."""
+    chat_id = stored_long_chat(app, "Keyed Numbat", turns=2, two_versions_at=0)
     page = open_page(1280, 800, dark=True, chat_id=chat_id)
     first = page.locator(USER).first
     copy = page.locator("#chatbot button[aria-label='Copy message']").first
@@ -409,13 +409,14 @@ def test_messages_take_the_focus_in_order_and_their_actions_work_from_the_keyboa
     page.keyboard.press("Enter")
     page.locator("#versions").wait_for(state="visible", timeout=10_000)
     assert "Your message 1" in page.inner_text("#versions-label")
+    visited = []
     for _ in range(40):
         if page.evaluate(FOCUSED_JS)[1]:
             break
         page.keyboard.press("Tab")
-    assert page.evaluate(FOCUSED_JS)[1], (
-        f"Tab never reached Delete message: {page.evaluate(FOCUSED_JS)}"
-    )
+        visited.append(page.evaluate(FOCUSED_JS)[0])
+    assert page.evaluate(FOCUSED_JS)[1], f"Tab never reached Delete message: {visited}"
+    assert "prev-version-btn" in visited, visited
     asked = []
     page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
     page.keyboard.press("Enter")
