@@ -290,26 +290,14 @@ def group_kernels_unavailable_reason(device: torch.device) -> str | None:
 
 
 def log_int4_holding(model: torch.nn.Module, method: str) -> None:
-    """Say how an AWQ/GPTQ checkpoint's matrices are held: 4-bit group codes (symmetric zero
-    points), 8-bit ones (other zero points: exact there, not in 4 bits), or widened."""
-    bits = {4: 0, 8: 0}
-    for module in model.model.layers.modules():
-        quant = getattr(module, "quant", None)
-        layout = getattr(quant, "layout", quant)  # GpuGroupWeight's, or NativeWeight itself
-        kind = getattr(layout, "kind", None) or getattr(quant, "num_planes", 0) * 4
-        if kind in bits:
-            bits[kind] += 1
-    widened = sum(
-        1 for name, p in model.model.layers.named_parameters() if name.endswith("proj.weight")
-    ) - sum(bits.values())
-    logger.info(
-        "%s matrices: %d in 4-bit group codes, %d in 8-bit ones (zero points other than 8 are "
-        "exact only there), %d widened",
-        method.upper(),
-        bits[4],
-        bits[8],
-        widened,
+    """Say how an AWQ/GPTQ checkpoint's matrices are held: as 4-bit group codes, or widened
+    (where the group kernels do not take the shape)."""
+    held = sum(1 for module in model.model.layers.modules() if getattr(module, "quant", None))
+    widened = (
+        sum(1 for name, p in model.model.layers.named_parameters() if name.endswith("proj.weight"))
+        - held
     )
+    logger.info("%s matrices: %d in 4-bit group codes, %d widened", method.upper(), held, widened)
 
 
 def model_folder(config: EngineConfig) -> Path | None:
@@ -422,9 +410,7 @@ def load_model(config: EngineConfig, kv_bytes_min_per_token: int = 0) -> LoadedM
     elif staged and quantization in QUANTIZED_BYTES_PER_WEIGHT:
         weight_bytes = param_bytes(model_config, dtype, quantization)
     elif staged and int4_layout is not None and quantization == int4_layout.method:
-        # held exactly: 4-bit codes with symmetric zero points, else 8-bit (int4_checkpoint_planes)
-        held_as = "int4" if int4_layout.symmetric else "int8"
-        weight_bytes = param_bytes(model_config, dtype, held_as)
+        weight_bytes = param_bytes(model_config, dtype, "int4")  # int4_checkpoint_planes
     else:
         weight_bytes = weights_nbytes(model_dir, dtype, keep_gguf_blocks=quantization == "gguf")
     gguf_kept_bytes = None

@@ -463,21 +463,18 @@ def stack_rows(parts: list[Planes]) -> Planes:
     )
 
 
-def int4_checkpoint_planes(
-    parts: list[Int4Weight], device: torch.device | None = None
-) -> Planes | None:
-    """An AWQ/GPTQ matrix (its merged parts stacked by rows) as planes the group-code layout
-    holds exactly, on ``device``: one 4-bit plane (code * scale - zero * scale) where every
-    group's ``zero * scale`` is a float16 value there (symmetric checkpoints: zero 8); else
-    two planes of 8-bit codes ``code - zero + 128`` with the offset ``-128 * scale``, which
-    float16 holds exactly but take twice the bytes. None where neither is exact (scales over
-    too wide a range): the caller widens the weight."""
+def int4_checkpoint_planes(parts: list[Int4Weight], device: torch.device | None = None) -> Planes:
+    """An AWQ/GPTQ matrix (its merged parts stacked by rows) as one 4-bit plane on ``device``:
+    ``code * scale + offset``, the offset ``-zero * scale`` as the group-code layout stores it
+    (``float16_scales``). Symmetric zero points (8) give offsets float16 holds exactly; the
+    others are rounded to float16's precision, within 2^-11 of ``zero * scale`` (under 1% of a
+    quantization step for zero <= 15), as GGUF's Q4_1 and Q4_K keep their minimums in float16.
+    Exact 8-bit codes (``code - zero + 128``) would double the bytes every decode step reads."""
     parts = [part if device is None else part.to(device) for part in parts]
-    four_bit = stack_rows([_zero_point_plane(part) for part in parts])
-    if held_exactly(four_bit):
-        return four_bit
-    eight_bit = stack_rows([_centered_planes(part) for part in parts])
-    return eight_bit if held_exactly(eight_bit) else None
+    planes = stack_rows([_zero_point_plane(part) for part in parts])
+    stored, mult = float16_scales(torch.stack((planes.scales[0], planes.offset), dim=-1))
+    stored = stored.float() * mult
+    return Planes(planes.codes, stored[..., 0].unsqueeze(0), stored[..., 1])
 
 
 def _per_group_of_32(values: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -489,15 +486,6 @@ def _zero_point_plane(part: Int4Weight) -> Planes:
     scale = _per_group_of_32(part.scales, part.group_size)
     offset = -_per_group_of_32(part.zeros, part.group_size) * scale  # exact in float32
     return Planes(part.codes.unsqueeze(0), scale.unsqueeze(0), offset)
-
-
-def _centered_planes(part: Int4Weight) -> Planes:
-    codes = part.centered() + 128  # in [112, 143]
-    low, high = (codes & 15).to(torch.uint8), (codes >> 4).to(torch.uint8)
-    scale = _per_group_of_32(part.scales, part.group_size)
-    rows = codes.shape[0]
-    groups = (rows, -1, GROUP)
-    return _group_planes(low.reshape(groups), high.reshape(groups), scale, -128 * scale, rows)
 
 
 def quantize_float(weight: torch.Tensor, kind: str) -> Planes:

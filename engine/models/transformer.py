@@ -407,26 +407,18 @@ class CausalLM(nn.Module):
     def _install_int4(
         self, module_name: str, module: nn.Module, parts: list[Int4Weight], device: torch.device
     ) -> None:
-        """An AWQ/GPTQ matrix held as group codes where they hold it exactly
-        (``int4_checkpoint_planes``), else widened into the weight (said in the log)."""
+        """An AWQ/GPTQ matrix held as 4-bit group codes (``int4_checkpoint_planes``); an
+        embedding widened into its weight (said in the log)."""
         shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
         if shape != tuple(module.weight.shape):
             raise WeightsError(
                 f"checkpoint tensor {module_name}.weight {shape} does not fit the config"
             )
-        planes = None
-        if isinstance(module, Linear):
-            planes = int4_checkpoint_planes(parts, device if device.type == "cuda" else None)
-        if planes is None:
-            logger.info(
-                "%s: 4-bit weights widened (%s)",
-                module_name,
-                "an embedding"
-                if not isinstance(module, Linear)
-                else "scales too far apart for float16",
-            )
+        if not isinstance(module, Linear):
+            logger.info("%s: 4-bit weights widened (an embedding)", module_name)
             module.weight.data.copy_(torch.cat([p.dequantize() for p in parts]))
             return
+        planes = int4_checkpoint_planes(parts, device if device.type == "cuda" else None)
         self._hold_quantized(module, planes)
 
     @staticmethod

@@ -661,8 +661,8 @@ def test_an_fp8_checkpoint_is_held_in_fp8_on_the_gpu(kind, tiny_model, tmp_path)
 def test_an_int4_checkpoint_keeps_its_codes_on_the_gpu(method, group, symmetric, fmt, tmp_path):
     """An AWQ/GPTQ checkpoint (tests/int4_checkpoints.py's packer, checked against the reference
     packers by tests/unit/test_int4_checkpoint.py) runs by default as group codes on the GPU:
-    4-bit for symmetric zero points, 8-bit otherwise, widening to exactly the weights meant;
-    logits near the float checkpoint's in bf16."""
+    4-bit, widening to the weights meant (exactly for symmetric zero points, else within the
+    float16 rounding of the offsets); logits near the float checkpoint's in bf16."""
     from int4_checkpoints import make_wide_tiny_model, write_int4_pair
     from safetensors.torch import load_file
 
@@ -674,10 +674,14 @@ def test_an_int4_checkpoint_keeps_its_codes_on_the_gpu(method, group, symmetric,
     assert fast.engine.quantization == method
     qkv = fast.engine.model.model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv.quant, GpuGroupWeight)
-    assert qkv.quant.layout.kind == (4 if symmetric else 8)
+    assert qkv.quant.layout.kind == 4
     meant = load_file(float_dir / "model.safetensors")
     want = torch.cat([meant[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
-    assert torch.equal(qkv.quant.widened(torch.float32).cpu(), want)
+    held = qkv.quant.widened(torch.float32).cpu()
+    if symmetric:
+        assert torch.equal(held, want)
+    else:
+        assert (held - want).abs().max() <= 2.0**-10 * want.abs().max()
     seqs = [[3, 17, 42, 99, 5, 250, 8], [7, 7, 300, 12]]
     ours = fast.score_batch(seqs)
     del fast
