@@ -4,6 +4,7 @@ the message is sent (Composer.files_too_long), with a choice: send their first p
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -78,9 +79,9 @@ class Attachments(TabState):
     async def attachments_note(self, request: gr.Request):
         """The line naming the files attached to the next message, and ✕ to remove them (shown
         only while there are some); the notice of files too long for the model, with its
-        choice (shown while a message waits on it)."""
-        draft = self.tab(request).draft
-        attachments, too_long = draft.attachments, draft.too_long
+        choice (shown while a message waits on it); the meter, which counts them."""
+        tab = self.tab(request)
+        attachments, too_long = tab.draft.attachments, tab.draft.too_long
         notice = ""
         if too_long is not None:
             names = [name.removesuffix(FIRST_PART) for name, _ in attachments]
@@ -90,6 +91,8 @@ class Attachments(TabState):
             gr.update(visible=bool(attachments)),
             gr.update(visible=too_long is not None),
             notice,
+            # the meter counts the files with the message (it kept the count without them)
+            await asyncio.to_thread(self.meter_of, tab, self.shown(tab)),
         )
 
     @staticmethod

@@ -5,6 +5,7 @@ bar and the buttons that depend on them. The follow and the tick (following.py) 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..chat.composing import with_attachments
 from ..chat.reply_request import chat_tool_loop, meter_text
@@ -87,27 +88,33 @@ class Rendering(TabState):
             next=next_,
             chat_actions=conv is not None,
             no_chat_actions=conv is None,
-            meter=self.meter_of(tab, conv, recount=not busy),
+            meter=self.meter_of(tab, conv),
             approval=bool(approval := self.approval_of(tab)),
             approval_text=approval,
             chat_tools=chat_tools,
             tool_choice=tool_choice,
         )
 
-    def meter_of(self, tab: Tab, conv, recount: bool = True) -> str:
-        """The line under the message box for the chat shown and the text in the box, counted
-        again only when one of them (or its settings, or the model) changed; while the chat
-        replies (``recount`` False) the line drawn before stays: the chat changes at every
-        stored piece of the reply, and the count is for the next message."""
-        if not recount and tab.meter.key is not None:
-            return tab.meter.text
+    def meter_of(self, tab: Tab, conv) -> str:
+        """The line under the message box for the chat shown and the text in the box (the files
+        attached with it), counted again only when one of them (or its settings, or the model)
+        changed. While the chat replies, its stored reply changes at every piece: it is counted
+        as the chat's messages stood when the line was drawn (the question sent, the reply as
+        far as it was), not again at each piece; the reply's end counts it whole."""
         settings = self.settings_of(tab, conv)
         source = self.backend_of(settings)[1]
         typed = with_attachments(tab.meter.typed, tab.draft.attachments)
         loop = chat_tool_loop(settings, self.toolbox, source)
+        chat = None
+        if conv is not None:
+            replying = self.replies.is_busy(conv.id)
+            chat = (conv.id, tuple(m.id for m in conv.messages) if replying else conv.revision)
+            if replying and conv.messages and not conv.messages[-1].content:
+                # a reply begun, with no word yet: not one stopped before its first (the model
+                # would then not read its question: view.seen_messages)
+                conv = replace(conv, messages=conv.messages[:-1])
         key = (
-            conv.id if conv is not None else None,
-            conv.revision if conv is not None else None,
+            chat,
             settings,
             typed,
             source.model_name,

@@ -55,6 +55,7 @@ class Wiring:
                 self.main.unattach_btn,
                 self.main.too_long,
                 self.main.too_long_text,
+                self.main.meter,
             ],
             **QUICK,
         )

@@ -2807,3 +2807,55 @@ async def test_a_reply_edited_by_the_user_says_so_in_the_line_under_it(store):
     conv = store.get(tab.conv_id)
     model_version = conv.messages[-1]
     assert model_version.content == "Green." and model_version.model is None
+
+
+class CountingClient(FakeClient):
+    """A FakeClient that counts prompts: a token per word, two more per message."""
+
+    context_len = 8192
+
+    def count_prompt_tokens(self, messages, kwargs=None, wait: bool = True) -> int:
+        return sum(len(m["content"].split()) + 2 for m in messages)
+
+
+@pytest.mark.anyio
+async def test_the_meter_follows_the_chat_while_it_replies_and_counts_files_attached(
+    store, tmp_path
+) -> None:
+    """The meter under the box kept the count drawn before Send while a reply was written (30
+    tokens while a 7,000-token message was read), showed another chat's count after a switch
+    back to a chat replying, and counted a file attached only once something was typed. It
+    counts the question sent as soon as the chat shows it, each chat its own, and the files
+    attached when they are (and removed)."""
+    from minisgl_app.page.ui import ChatPage
+
+    page = ChatPage(CountingClient(FakeEngine(step_s=0.05)), store)
+    request = FakeRequest()
+    other = store.create(title="other")
+    store.append(other.id, "user", "one two three")
+    store.append(other.id, "assistant", "four five")
+    await page.select(other.id, None, request)
+    await page.typed("", request)
+    tab = page.tab(request)
+    other_count = page.meter_of(tab, page.shown(tab))
+    assert other_count.startswith("11 / 8,192 tokens"), other_count  # 5 + 4 + the empty box's 2
+    question = " ".join(["word"] * 40)
+    await page.new_chat(None, request)
+    await page.send(question, SETTINGS, None, request)
+    await asyncio.sleep(0.2)  # the reply is being written
+    assert page.replies.is_busy(tab.conv_id), tab.conv_id
+    while_replying = page.meter_of(tab, page.shown(tab))
+    assert int(while_replying.split(" /")[0]) >= 42 + 2, while_replying  # the question counts
+    await page.select(other.id, None, request)
+    assert page.meter_of(tab, page.shown(tab)) == other_count
+    replying_chat = [c.id for c in store.list() if c.id != other.id][0]
+    await page.select(replying_chat, None, request)
+    assert page.meter_of(tab, page.shown(tab)) == while_replying, "the other chat's count"
+    await until_idle(page.replies)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("alpha beta gamma delta\n", encoding="utf-8")
+    before = int(page.meter_of(tab, page.shown(tab)).split(" /")[0])
+    *_, meter = await page.attach([uploaded(page, notes)], request)
+    assert int(meter.split(" /")[0]) > before, (meter, before)
+    *_, meter = await page.unattach(request)
+    assert int(meter.split(" /")[0]) == before, (meter, before)
