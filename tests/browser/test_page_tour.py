@@ -5,6 +5,7 @@ and 390x844, in light and dark mode), each as a person meets it in Debian's Chro
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -68,6 +69,12 @@ def open_page(browser, app):
     for ctx in contexts:
         ctx.close()
     wait_until(lambda: engine_idle(app), 15)
+
+
+def meter_tokens(page) -> int | None:
+    """The tokens the meter under the box counts ("1,234 / 8,192 tokens"), or None."""
+    found = re.match(r"⚠?\s*([\d,]+) / [\d,]+ tokens", page.inner_text("#context-meter").strip())
+    return int(found.group(1).replace(",", "")) if found else None
 
 
 def page_height(page) -> int:
@@ -248,6 +255,22 @@ def test_toasts_hide_no_message_and_the_latest_replaces_the_ones_before(open_pag
     for part in ("#chatbot", "#composer"):
         assert not overlap(where, page.locator(part).bounding_box()), (part, where)
     assert where["y"] >= 0 and where["y"] + where["height"] <= 800, where
+
+
+def test_a_toast_of_another_kind_replaces_the_one_shown(open_page, app, tmp_path):
+    """A warning and then a note of another kind showed as two toasts stacked (the walkthrough:
+    "Settings not saved" over "already attached"). The latest shows, alone."""
+    chat_id = stored_long_chat(app, "Toasted Dibatag", turns=1)
+    page = open_page(1280, 800, chat_id=chat_id)
+    notes = tmp_path / "dibatag-notes.txt"
+    notes.write_text("Dibatag notes\n", encoding="utf-8")
+    attach_file(page, notes)
+    assert wait_until(lambda: notes.name in attached_line(page), 30)
+    refuse_max_tokens(page, ("0",))
+    attach_file(page, notes)  # again: a note that it goes into the message once
+    toast = page.locator(".toast-body:visible")
+    assert wait_until(lambda: "already attached" in " ".join(toast.all_inner_texts()), 15)
+    assert toast.count() == 1, toast.all_inner_texts()
 
 
 def test_a_settings_toast_does_not_cover_the_box_it_is_about(open_page, app):
@@ -438,8 +461,13 @@ def test_a_new_chats_draft_and_files_attached_come_back_after_a_reload(open_page
     page.locator(BOX).press_sequentially("Fossa draft of a new chat")
     notes = tmp_path / "fossa-notes.txt"
     notes.write_text("Fossa notes\n", encoding="utf-8")
+    assert wait_until(lambda: meter_tokens(page) is not None, 10), page.inner_text("#context-meter")
+    time.sleep(1.5)  # the meter of the text typed has come back
+    typed = meter_tokens(page)
     attach_file(page, notes)
     assert wait_until(lambda: notes.name in attached_line(page), 30)
+    # the meter counts the file at once (it waited for the next key typed)
+    assert wait_until(lambda: meter_tokens(page) > typed, 5), (typed, meter_tokens(page))
     page.reload()
     wait_page_loaded(page)
     assert wait_until(lambda: page.input_value(BOX) == "Fossa draft of a new chat", 10), (
