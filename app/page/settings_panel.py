@@ -180,8 +180,9 @@ class SettingsPanel(TabState):
             2,
             value=d.temperature,
             step=0.05,
-            label="Temperature (0 = greedy)",
+            label="Temperature",
             elem_id="temperature",
+            info="0 = greedy: the likeliest word each time",
         )
         top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="Top-p", elem_id="top-p")
         # no precision=0: Gradio would round a typed 2.5 before form_settings sees it, and save
@@ -192,9 +193,10 @@ class SettingsPanel(TabState):
             REPETITION_PENALTY_MAX,
             value=d.repetition_penalty,
             step=0.01,
-            label="Repetition penalty (1 = off)",
+            # a short label: a long one wrapped and squeezed the number box to ~80 px
+            label="Repeat penalty",
             elem_id="repetition-penalty",
-            info="Higher: the model repeats itself less (small models loop without one)",
+            info="1 = off. Higher: the model repeats itself less (small models loop without one)",
         )
         thinking = gr.Checkbox(
             label="Thinking mode", value=d.thinking, visible=False, elem_id="thinking"
