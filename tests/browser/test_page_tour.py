@@ -674,6 +674,16 @@ def test_a_page_whose_app_stopped_says_so_and_enter_keeps_the_message(browser, a
         assert page.input_value(BOX) == "Are you there, Kinkajou?"
         page.click("#send-btn")
         assert page.input_value(BOX) == "Are you there, Kinkajou?"
+        # said once: Gradio's "Connection to the server was lost" toast said it again, and the
+        # note was in the browser's default font, not the page's
+        errors = page.locator(".toast-body.error")
+        assert wait_until(lambda: errors.count() > 0, 10), "Gradio's toast never came"
+        assert not errors.first.is_visible(), errors.all_inner_texts()
+        fonts = [
+            page.evaluate(f"getComputedStyle(document.querySelector('{s}')).fontFamily")
+            for s in ("#unreachable-note", "#chatbot")
+        ]
+        assert fonts[0] == fonts[1], fonts
     finally:
         context.close()
         app.start_again()
