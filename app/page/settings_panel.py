@@ -184,7 +184,15 @@ class SettingsPanel(TabState):
             elem_id="temperature",
             info="0 = greedy: the likeliest word each time",
         )
-        top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="Top-p", elem_id="top-p")
+        top_p = gr.Slider(
+            0.05,
+            1,
+            value=d.top_p,
+            step=0.05,
+            label="Top-p",
+            elem_id="top-p",
+            info="1 = off. Lower: only the likeliest words are drawn",
+        )
         # no precision=0: Gradio would round a typed 2.5 before form_settings sees it, and save
         # 2 while the box shows 2.5; form_settings refuses a fraction with a sentence instead
         max_tokens = gr.Number(label="Max tokens", value=d.max_tokens, step=1, elem_id="max-tokens")

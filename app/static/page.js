@@ -31,7 +31,7 @@ function minisglStartPage(config) {
     noteWhenUnanswered();
     return [!!document.querySelector('#chatbot textarea.edit-textarea')];
   };
-  window.minisglTickAnswered = () => { ticks.answeredAt = Date.now(); noteWhenUnanswered(); };
+  window.minisglTickAnswered = () => { ticks.answeredAt = Date.now(); ticks.down = false; noteWhenUnanswered(); };
   window.minisglClickDownload = () => { const a = document.querySelector('#export-file a[download]'); if (a) a.click(); };
   // "Send the first part" of files too long for the model: Send, as the user would press it
   window.minisglClickSend = () => { const send = document.querySelector('#send-btn'); if (send) send.click(); };
@@ -455,11 +455,22 @@ function answerKeys() {
 // ticks are held back by the browser: a tab shown again waits a moment for one before it speaks.
 // While the app cannot be reached, Enter and Send in the message box send nothing (Gradio emptied
 // the box and the message went nowhere): the note says so, and the message stays in the box.
-const UNANSWERED_MS = 8000, SHOWN_AGAIN_MS = 3000;
-const ticks = {answeredAt: Date.now(), shownAt: Date.now(), refused: false};
+// A busy app answers a tick late, so the note waited 8 s: for those 8 s only Gradio's toast said
+// the connection was lost, and a message sent then was lost without a word. Two seconds without
+// an answer, the page asks the app for its icon: refused (the app stopped), it says so at once.
+const UNANSWERED_MS = 8000, SHOWN_AGAIN_MS = 3000, PROBE_AFTER_MS = 2000;
+const ticks = {answeredAt: Date.now(), shownAt: Date.now(), refused: false, down: false, probing: false};
 function unreachable() {
   const now = Date.now();
-  return !document.hidden && now - ticks.answeredAt > UNANSWERED_MS && now - ticks.shownAt > SHOWN_AGAIN_MS;
+  return !document.hidden && (ticks.down || (now - ticks.answeredAt > UNANSWERED_MS && now - ticks.shownAt > SHOWN_AGAIN_MS));
+}
+function probeTheApp() {
+  if (document.hidden || ticks.probing || Date.now() - ticks.answeredAt < PROBE_AFTER_MS) return;
+  ticks.probing = true;
+  // any answer, even an error page, is the app's; only a failed connection means it is gone
+  fetch(new URL('/favicon.ico', location.origin), {method: 'HEAD', cache: 'no-store'})
+    .then(() => { ticks.down = false; }, () => { ticks.down = true; })
+    .finally(() => { ticks.probing = false; noteWhenUnanswered(); });
 }
 function noteWhenUnanswered() {
   let note = document.getElementById('unreachable-note');
@@ -480,7 +491,7 @@ function noteWhenUnanswered() {
   note.hidden = false;
 }
 function watchForTheApp() {
-  setInterval(noteWhenUnanswered, 1000);
+  setInterval(() => { noteWhenUnanswered(); probeTheApp(); }, 1000);
   document.addEventListener('visibilitychange', () => { if (!document.hidden) ticks.shownAt = Date.now(); });
   const refuse = (e) => {
     if (!unreachable()) return;

@@ -660,7 +660,10 @@ def test_a_page_whose_app_stopped_says_so_and_enter_keeps_the_message(browser, a
         note = page.locator("#unreachable-note")
         assert not note.is_visible()
         app.stop()
+        stopped = time.monotonic()
         note.wait_for(state="visible", timeout=15_000)
+        # within seconds: it waited 8 s for a tick's answer, Gradio's toast alone saying it until then
+        assert time.monotonic() - stopped < 6, time.monotonic() - stopped
         assert "cannot reach the app" in note.inner_text()
         # the status line no longer says "Ready · 0 running" (tour item N: it kept saying so)
         status = page.locator("#status-line")
