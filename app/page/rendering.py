@@ -98,9 +98,9 @@ class Rendering(TabState):
     def meter_of(self, tab: Tab, conv) -> str:
         """The line under the message box for the chat shown and the text in the box (the files
         attached with it), counted again only when one of them (or its settings, or the model)
-        changed. While the chat replies, its stored reply changes at every piece: it is counted
-        as the chat's messages stood when the line was drawn (the question sent, the reply as
-        far as it was), not again at each piece; the reply's end counts it whole."""
+        changed. While the chat replies, its stored reply changes at every piece: the chat is
+        counted up to the question (keyed by its messages, not their revision), and with the
+        reply once it ends."""
         settings = self.settings_of(tab, conv)
         source = self.backend_of(settings)[1]
         typed = with_attachments(tab.meter.typed, tab.draft.attachments)
@@ -109,9 +109,10 @@ class Rendering(TabState):
         if conv is not None:
             replying = self.replies.is_busy(conv.id)
             chat = (conv.id, tuple(m.id for m in conv.messages) if replying else conv.revision)
-            if replying and conv.messages and not conv.messages[-1].content:
-                # a reply begun, with no word yet: not one stopped before its first (the model
-                # would then not read its question: view.seen_messages)
+            if replying and conv.messages and conv.messages[-1].role == "assistant":
+                # the reply being written counts once it ends: the same count whenever the line
+                # is drawn (and one begun without a word is not one stopped before its first,
+                # whose question the model would not read: view.seen_messages)
                 conv = replace(conv, messages=conv.messages[:-1])
         key = (
             chat,
