@@ -1608,19 +1608,26 @@ async def test_editing_the_first_message_retitles_a_chat_the_user_never_renamed(
     assert store.get(tab.conv_id).title == "My trip", "a title the user chose stays"
 
 
+async def a_chat_answered(store, question: str):
+    """A page whose tab sent ``question``, had it answered and has drawn the chat. Returns the
+    page, the tab's request and the tab."""
+    from minisgl_app.page.ui import ChatPage
+
+    page = ChatPage(FakeClient(FakeEngine()), store)
+    request = FakeRequest()
+    await page.send(question, SETTINGS, None, request)
+    await until_idle(page.replies)
+    tab = page.tab(request)
+    [o async for o in page.follow(request)]
+    return page, request, tab
+
+
 async def chat_with_its_first_message_edited(store):
     """A chat whose first question "What is the capital of France?" was edited (✎) to "And of
     Spain?": two versions, the chat retitled. Returns the page, the tab's request and the tab."""
     import gradio as gr
 
-    from minisgl_app.page.ui import ChatPage
-
-    page = ChatPage(FakeClient(FakeEngine()), store)
-    request = FakeRequest()
-    await page.send("What is the capital of France?", SETTINGS, None, request)
-    await until_idle(page.replies)
-    tab = page.tab(request)
-    [o async for o in page.follow(request)]
+    page, request, tab = await a_chat_answered(store, "What is the capital of France?")
     await page.edit(
         gr.EditData(
             None,
@@ -2782,14 +2789,7 @@ async def test_a_reply_edited_by_the_user_says_so_in_the_line_under_it(store):
     why it has no figures; the model's version keeps its own line."""
     import gradio as gr
 
-    from minisgl_app.page.ui import ChatPage
-
-    page = ChatPage(FakeClient(FakeEngine()), store)
-    request = FakeRequest()
-    await page.send("Name a colour.", SETTINGS, None, request)
-    await until_idle(page.replies)
-    tab = page.tab(request)
-    [o async for o in page.follow(request)]
+    page, request, tab = await a_chat_answered(store, "Name a colour.")
     shown = page.view_of(page.shown(tab), tab)
     reply = next(
         i
