@@ -717,3 +717,21 @@ def test_a_messages_accessible_name_has_no_invisible_marks(open_page, app):
     named = page.locator("#chatbot [aria-label*='Mara']")
     assert wait_until(lambda: named.count() > 0, 5)
     assert wait_until(lambda: not page.evaluate(MARKED_NAMES_JS), 5), page.evaluate(MARKED_NAMES_JS)
+
+
+# ---- N5. the settings' sliders: a label on one line, what 0 or 1 means under it across the panel
+
+
+def test_each_sliders_label_fits_one_line_and_its_meaning_spans_the_panel(open_page, app):
+    """ "Repetition penalty (1 = off)" wrapped over two lines beside its number box, and a line
+    saying what a value means sat beside the box too, wrapped in a column ~120 px wide. Each
+    label is one line; its meaning takes the panel's width under it."""
+    page = open_page(1280, 800)
+    page.get_by_text("Settings", exact=True).first.click()
+    for slider in ("#temperature", "#top-p", "#repetition-penalty"):
+        page.locator(slider).scroll_into_view_if_needed()
+        label = page.locator(f"{slider} [data-testid=block-info]").bounding_box()
+        meaning = page.locator(f"{slider} .info-text").bounding_box()
+        whole = page.locator(slider).bounding_box()
+        assert label["height"] < 32, (slider, label)  # one line of text and its padding
+        assert meaning["width"] > 0.8 * whole["width"], (slider, meaning, whole)
