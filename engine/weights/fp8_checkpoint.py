@@ -20,7 +20,6 @@ the loader sees a float checkpoint. Activation scales stored for a static scheme
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..errors import WeightsError
+from .int4_config import read_quantization_config
 from .safetensors_io import LazySlice, read_tensor
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -63,14 +63,8 @@ class Fp8Weight:
 def fp8_checkpoint_format(model_dir: Path | None) -> Fp8Checkpoint | None:
     """The FP8 layout of a checkpoint whose config.json says its weights are stored in FP8;
     None for any other."""
-    if model_dir is None or not (model_dir / "config.json").is_file():
-        return None
-    try:
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    quant = config.get("quantization_config") if isinstance(config, dict) else None
-    if not isinstance(quant, dict):
+    quant = read_quantization_config(Path(model_dir)) if model_dir is not None else None
+    if quant is None:
         return None
     method = quant.get("quant_method")
     if method == "fp8":
