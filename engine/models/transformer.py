@@ -450,15 +450,12 @@ class CausalLM(nn.Module):
         if module.weight_scale is None:
             from ..layers.fp8 import FP8
 
-            old = module.weight
-            device = device or old.device
-            module.compute_dtype = old.dtype  # the activations' dtype: the products' inputs
-            module.weight = nn.Parameter(
-                torch.empty(old.shape, dtype=FP8, device=device), requires_grad=False
+            shape, device = module.weight.shape, device or module.weight.device
+            self._hold_fp8(
+                module,
+                torch.empty(shape, dtype=FP8, device=device),
+                torch.ones(shape[0], device=device),
             )
-            if hasattr(old, "weight_loader"):
-                module.weight.weight_loader = old.weight_loader
-            module.weight_scale = torch.ones(old.shape[0], device=device)
         loader = getattr(module.weight, "weight_loader", default_weight_loader)
         # a scale per output row: a merged projection's part (and a rank's block of it) goes
         # where its rows go; other projections' rows are whole on every rank
@@ -488,11 +485,21 @@ class CausalLM(nn.Module):
                 saved += (
                     weight.numel() * weight.element_size() - fp8_weight.numel() - 4 * scale.numel()
                 )
-                module.compute_dtype = weight.dtype  # the activations' dtype: the products' inputs
-                module.weight = nn.Parameter(fp8_weight, requires_grad=False)
-                module.weight_scale = scale
+                self._hold_fp8(module, fp8_weight, scale)
                 del weight
         return saved
+
+    @staticmethod
+    def _hold_fp8(module: Linear, fp8_weight: torch.Tensor, scale: torch.Tensor) -> None:
+        """``module``'s weight held as ``fp8_weight`` with a scale per output row; its products
+        take the old weight's dtype for the activations, and its loader stays (a checkpoint's
+        later parts of a merged projection go through it)."""
+        old = module.weight
+        module.compute_dtype = old.dtype
+        module.weight = nn.Parameter(fp8_weight, requires_grad=False)
+        if hasattr(old, "weight_loader"):
+            module.weight.weight_loader = old.weight_loader
+        module.weight_scale = scale
 
     def quantize(self, kind: str, device: torch.device | None = None) -> None:
         """``--quantization int4 | int8``: pack every projection and the LM head of a float
