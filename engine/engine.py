@@ -333,7 +333,9 @@ class Engine:
             raise UserError(f"--attn {asked!r}: choose auto, flashinfer or torch")
         if asked == "torch" or (asked == "auto" and self.device.type != "cuda"):
             return "torch"
-        reason = flashinfer_kernels.unavailable_reason(self.device, self.dtype)
+        reason = flashinfer_kernels.unavailable_reason(
+            self.device, self.dtype, self.model_config.head_dim
+        )
         if reason is None:
             try:
                 from .attention.flashinfer_backend import decode_uses_tensor_cores

@@ -23,15 +23,20 @@ from ..env import env_choice
 logger = logging.getLogger(__name__)
 
 FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
+FLASHINFER_HEAD_DIM_MULTIPLE = 64  # its prefill kernels' head sizes: 64, 128, 256
 WORKSPACE_BYTES = 256 << 20  # FlashInfer's split-k scratch; its docs recommend 128 MB and up
 
 
-def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    """None if FlashInfer can serve this device and dtype, else a short reason."""
+def unavailable_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """None if FlashInfer can serve this device, dtype and head size, else a short reason."""
     if device.type != "cuda":
         return "FlashInfer needs a CUDA device"
     if dtype not in FLASHINFER_DTYPES:
         return f"FlashInfer attention needs bfloat16 or float16, not {str(dtype).removeprefix('torch.')}"
+    if head_dim % FLASHINFER_HEAD_DIM_MULTIPLE:
+        # its prefill kernels build for other sizes, then fail at the first prompt ("Invalid
+        # configuration", seen with 32) or read out of bounds (flashinfer-ai/flashinfer#4299)
+        return f"FlashInfer's attention takes head sizes that are multiples of {FLASHINFER_HEAD_DIM_MULTIPLE} (this model's: {head_dim})"
     try:
         import flashinfer  # noqa: F401
     except Exception as exc:  # ImportError, or a broken install raising anything
