@@ -18,6 +18,7 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels gemvvariants bench8b   # the one-row kernel's tiles and loop variants (scripts/gpu_gemv_ab.py)
 #   bash scripts/gpu_check.sh setup loadcache kernels decodeab offlineab   # small decode graphs' attention: FlashInfer / Triton
 #   bash scripts/gpu_check.sh setup loadcache kernels demo demobench   # the demo model beside transformers (both GGUF halves carried)
+#   bash scripts/gpu_check.sh setup loadcache kernels profile8bq   # the 8B batch-1 step kernel by kernel: bf16, fp8, int4
 #   bash scripts/gpu_check.sh setup loadcache kernels throughputprofile   # batch 64-256 replays, the offline workload's steps, the 8B's batch-1 step
 #   bash scripts/gpu_check.sh setup loadcache kernels attnab profile06b   # attention from qkv: three kernels / one; the 0.6B step kernel by kernel
 #   bash scripts/gpu_check.sh setup loadcache kernels offlineprofile   # goal 2: the offline workload's steps against their floors
@@ -197,6 +198,11 @@ EOF
         MINISGL_DECODE_ATTENTION=triton MINISGL_DECODE_TILES=$tiles timeout 150 "${CLI[@]}" bench offline --device cuda --dummy-weights --config qwen3-0.6b 2>&1 \
           | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[triton tiles ${tiles:-default}] /" | tee -a "$OUT/bench_sweep.log"
       done ;;
+    profile8bq)  # the 8B shape's batch-1 step kernel by kernel under each PROFILE_QUANT --quantization (this tree)
+      # shellcheck disable=SC2086
+      OUT=$OUT timeout 300 python3 scripts/gpu_profile.py --step-8b --quantizations ${PROFILE_QUANT:-none fp8 int4} --sequence 30 2>&1 \
+        | grep -v "CUDA graphs:" | tee "$OUT/profile8bq.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     profile8b|profile06b)  # the 8B (0.6B) shape's batch-1 step kernel by kernel, on the committed tree (.old, as for oldnew) then on this one
       for tree in old new; do
         pp=$PWD/.pkgs; [ "$tree" = old ] && pp=$PWD/.old
@@ -288,7 +294,7 @@ print(llm.generate(['The capital of France is'])[0])
       nvidia-smi -L | tee -a "$OUT/verify.log"
       # the files that hold `cuda` tests (not all of tests/: the device lacks the packages of the rest), and the Triton kernels
       mapfile -t cuda_files < <(grep -l "pytest.mark.cuda" tests/*/*.py)
-      timeout 120 python3 -m pytest tests/gpu/test_triton_kernels.py -q -p no:cacheprovider 2>&1 | tail -3 | tee -a "$OUT/verify.log"
+      timeout 200 python3 -m pytest tests/gpu/test_triton_kernels.py tests/gpu/test_group_kernels.py -q -p no:cacheprovider 2>&1 | tail -3 | tee -a "$OUT/verify.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       timeout 420 python3 -m pytest -m cuda tests/unit/test_overlap.py "${cuda_files[@]}" -q -s -p no:cacheprovider --durations=10 2>&1 \
         | tee -a "$OUT/verify.log"

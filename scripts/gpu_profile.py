@@ -644,19 +644,21 @@ def offline_levers() -> None:
         attention_bandwidth(sizes, ctx, "flashinfer tensor cores", max_kv_tokens=300_000)
 
 
-def step_8b() -> None:
-    """The 8B shape's batch-1 decode step, kernel by kernel."""
-    replays(
-        [1],
-        128,
-        "8b",
-        profile_sizes=(1,),
-        sequence=24,
-        config="qwen3-8b",
-        max_kv_tokens=20_000,
-        max_running_requests=16,
-        cuda_graph_max_bs=16,
-    )
+def step_8b(quantizations: tuple[str, ...] = ("none",), sequence: int = 24) -> None:
+    """The 8B shape's batch-1 decode step, kernel by kernel, under each ``--quantization``."""
+    for quantization in quantizations:
+        replays(
+            [1],
+            128,
+            f"8b {quantization}",
+            profile_sizes=(1,),
+            sequence=sequence,
+            config="qwen3-8b",
+            max_kv_tokens=20_000,
+            max_running_requests=16,
+            cuda_graph_max_bs=16,
+            quantization=quantization,
+        )
 
 
 def step_06b() -> None:
@@ -724,6 +726,15 @@ def main() -> None:
     )
     parser.add_argument("--step-8b", action="store_true", help="the 8B shape's batch-1 step alone")
     parser.add_argument(
+        "--quantizations",
+        nargs="+",
+        default=["none"],
+        help="with --step-8b: the --quantization of each engine profiled in turn (none fp8 int4 ...)",
+    )
+    parser.add_argument(
+        "--sequence", type=int, default=24, help="with --step-8b: kernels listed in launch order"
+    )
+    parser.add_argument(
         "--step-06b",
         action="store_true",
         help="the 0.6B shape's batch-1 step alone (128 and 2,048 tokens)",
@@ -731,7 +742,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     if args.step_8b or args.step_06b:
-        step_8b() if args.step_8b else step_06b()
+        step_8b(tuple(args.quantizations), args.sequence) if args.step_8b else step_06b()
         return
     if args.throughput:
         throughput()
