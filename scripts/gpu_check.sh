@@ -18,6 +18,7 @@
 #   bash scripts/gpu_check.sh setup loadcache kernels gemvvariants bench8b   # the one-row kernel's tiles and loop variants (scripts/gpu_gemv_ab.py)
 #   bash scripts/gpu_check.sh setup loadcache kernels decodeab offlineab   # small decode graphs' attention: FlashInfer / Triton
 #   bash scripts/gpu_check.sh setup loadcache kernels demo demobench   # the demo model beside transformers (both GGUF halves carried)
+#   bash scripts/gpu_check.sh setup loadcache kernels groupab   # the one-row group kernel: tests, plans, 8B int4/int8 decode old/new (carry .old)
 #   bash scripts/gpu_check.sh setup loadcache kernels profile8bq   # the 8B batch-1 step kernel by kernel: bf16, fp8, int4
 #   bash scripts/gpu_check.sh setup loadcache kernels throughputprofile   # batch 64-256 replays, the offline workload's steps, the 8B's batch-1 step
 #   bash scripts/gpu_check.sh setup loadcache kernels attnab profile06b   # attention from qkv: three kernels / one; the 0.6B step kernel by kernel
@@ -203,6 +204,24 @@ EOF
       OUT=$OUT timeout 300 python3 scripts/gpu_profile.py --step-8b --quantizations ${PROFILE_QUANT:-none fp8 int4} --sequence 30 2>&1 \
         | grep -v "CUDA graphs:" | tee "$OUT/profile8bq.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    groupab)  # the one-row group kernel: its tests compiled, the engine's group-weight tests, its plans at the 8B shapes,
+      # then batch-1 decode of the 8B shape at int4 and int8 on the committed tree (.old, as for oldnew) and on this one
+      # (GROUPAB_RUNS: tree:ENV=value:quantization items; ENV may be empty)
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_group_kernels.py 2>&1 | tail -3 | tee "$OUT/groupab.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      timeout 200 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_cuda.py -k "group or int4_checkpoint or quantized_at_load" 2>&1 \
+        | grep -E "agreement|top-1|passed|failed|Error" | tee -a "$OUT/groupab.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      timeout 150 python3 scripts/gpu_group_sweep.py --one-row 2>&1 | tee -a "$OUT/groupab.log"
+      for run in ${GROUPAB_RUNS:-old::int4 new::int4 new:MINISGL_GROUP_WIDEN=convert:int4 old::int8 new::int8}; do
+        IFS=: read -r tree envs quant <<<"$run"
+        pp=$PWD/.pkgs; [ "$tree" = old ] && pp=$PWD/.old
+        # shellcheck disable=SC2086
+        env $envs PYTHONPATH=$pp:$W/site timeout 200 "${CLI[@]}" bench decode --device cuda --dummy-weights --config qwen3-8b \
+          --quantization "$quant" --input-len 128 --output-len 128 --repeat 2 2>&1 \
+          | grep -E '^\{"bench"|Traceback|Error' | sed "s/^/[$run] /" | tee -a "$OUT/groupab.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
     profile8b|profile06b)  # the 8B (0.6B) shape's batch-1 step kernel by kernel, on the committed tree (.old, as for oldnew) then on this one
       for tree in old new; do
         pp=$PWD/.pkgs; [ "$tree" = old ] && pp=$PWD/.old

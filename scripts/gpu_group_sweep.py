@@ -3,7 +3,7 @@ under several plans (rows per program, inputs per step, warps), against bf16 cuB
 read bound: which plan to make the default. Weights rotate over enough copies that the L2 cache
 holds none of them between calls (as in a decode step, where each layer's weights are read once).
 
-    python scripts/gpu_group_sweep.py
+    python scripts/gpu_group_sweep.py [--one-row]   (--one-row: not the several-row kernels)
 """
 
 from __future__ import annotations
@@ -26,9 +26,18 @@ SHAPES = {  # name: (rows, inputs, silu_mul)
     "gate_up_proj+silu": (2 * 12288, 4096, True),
     "down_proj": (4096, 12288, False),
 }
-PLANS = [
+PLANS = [  # (rows, inputs per step, warps, codes widened by PTX; False: by conversion)
     tq.GroupGemvPlan(*p)
-    for p in ((2, 2048, 4), (4, 1024, 4), (4, 2048, 4), (8, 1024, 8), (8, 512, 4), (16, 512, 8))
+    for p in (
+        (4, 1024, 4, False),
+        (4, 2048, 4, False),
+        (2, 2048, 4, True),
+        (4, 1024, 4, True),
+        (4, 2048, 4, True),
+        (8, 1024, 8, True),
+        (8, 512, 4, True),
+        (16, 512, 8, True),
+    )
 ]
 MATMUL_ROWS = (2, 8, 16, 32, 64, 128, 256, 512, 2048)
 MATMUL_TILES = [
@@ -69,13 +78,13 @@ def main() -> None:
                 PLANS
                 if bits == 4
                 else [
-                    tq.default_gemv_plan(cols),
-                    tq.GroupGemvPlan(4, 1024, 4),
-                    tq.GroupGemvPlan(8, 512, 4),
+                    tq.GroupGemvPlan(4, 1024, 4, False),
+                    tq.GroupGemvPlan(4, 1024, 4, True),
+                    tq.GroupGemvPlan(8, 512, 4, True),
                 ]
             )
             results = []
-            for plan in [tq.default_gemv_plan(cols)] + plans:
+            for plan in [tq.default_gemv_plan(cols, bits)] + plans:
                 if cols % plan.block_k:
                     continue
                 it = iter(range(10**9))
@@ -96,8 +105,8 @@ def main() -> None:
             bound = nbytes / (BANDWIDTH_GBS * 1e3)
             best = ", ".join(f"{p}: {us:.1f} us" for us, p in results[:4])
             print(
-                f"  {bits}-bit ({nbytes / 2**20:.1f} MiB, bound {bound:.1f} us): default {tuple(tq.default_gemv_plan(cols))}"
-                f" {next(us for us, p in results if p == tuple(tq.default_gemv_plan(cols))):.1f} us; best {best}"
+                f"  {bits}-bit ({nbytes / 2**20:.1f} MiB, bound {bound:.1f} us): default {tuple(tq.default_gemv_plan(cols, bits))}"
+                f" {next(us for us, p in results if p == tuple(tq.default_gemv_plan(cols, bits))):.1f} us; best {best}"
             )
             layouts.clear()
 
@@ -144,4 +153,5 @@ def matmuls() -> None:
 
 if __name__ == "__main__":
     main()
-    matmuls()
+    if "--one-row" not in sys.argv:
+        matmuls()

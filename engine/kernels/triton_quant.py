@@ -22,13 +22,65 @@ the GPU (tests/gpu/test_triton_kernels.py).
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from ..env import env_choice
+
 GROUP = 32  # inputs per scale and offset
+
+
+# Bytes to float32 in PTX, four per instance: each byte (or its low or high nibble) placed by
+# one byte permute under the exponent of 2^23 (0x4B), then 2^23 taken away; exact, and ~2 full-rate
+# instructions an input against ~4 with the integer-to-float conversion, which runs at a quarter
+# of the float rate or less. The one-row kernel over 4-bit codes is bound by those instructions,
+# not by memory: on an H100, Qwen3-8B at int4 went from 268.6 to 298.2 tok/s with it; 8-bit codes
+# (half the inputs per byte) measured slower with it in the engine (246.4 against 234.6) and keep
+# the conversion (docs/benchmarks.md)
+_WIDEN_PTX = """{
+.reg .b32 m;
+%s
+prmt.b32 $0, m, 0x4B000000, 0x7440;
+prmt.b32 $1, m, 0x4B000000, 0x7441;
+prmt.b32 $2, m, 0x4B000000, 0x7442;
+prmt.b32 $3, m, 0x4B000000, 0x7443;
+sub.f32 $0, $0, 0f4B000000;
+sub.f32 $1, $1, 0f4B000000;
+sub.f32 $2, $2, 0f4B000000;
+sub.f32 $3, $3, 0f4B000000;
+}"""
+WIDEN_LOW = tl.constexpr(_WIDEN_PTX % "and.b32 m, $4, 0x0F0F0F0F;")
+WIDEN_HIGH = tl.constexpr(_WIDEN_PTX % "shr.b32 m, $4, 4;\nand.b32 m, m, 0x0F0F0F0F;")
+WIDEN_BYTE = tl.constexpr(_WIDEN_PTX % "mov.b32 m, $4;")
+
+
+@triton.jit
+def _widen(b, PART: tl.constexpr, PTX: tl.constexpr):
+    """Codes from bytes ``b`` (uint8) as float32: ``PART`` 0 the low nibbles, 1 the high ones,
+    2 whole bytes. ``PTX``: by :data:`_WIDEN_PTX` (compiled kernels), else by conversion (the
+    interpreter runs no PTX)."""
+    if PTX:
+        if PART == 0:
+            asm: tl.constexpr = WIDEN_LOW
+        elif PART == 1:
+            asm: tl.constexpr = WIDEN_HIGH
+        else:
+            asm: tl.constexpr = WIDEN_BYTE
+        wide = tl.inline_asm_elementwise(
+            asm, "=r,=r,=r,=r,r", [b], dtype=tl.float32, is_pure=True, pack=4
+        )
+    else:
+        if PART == 0:
+            wide = (b & 15).to(tl.float32)
+        elif PART == 1:
+            wide = (b >> 4).to(tl.float32)
+        else:
+            wide = b.to(tl.float32)
+    return wide
 
 
 @triton.jit
@@ -42,9 +94,10 @@ def _group_rows_dot(
     BITS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """``sum_k w[row, k] * x[k]`` for ``BLOCK_N`` rows, the weights widened from their codes
-    (without the matrix's power-of-two ``mult``)."""
+    (without the matrix's power-of-two ``mult``; ``PTX``: see :func:`_widen`)."""
     GROUPS: tl.constexpr = K // 32
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if BITS == 4:
@@ -63,10 +116,10 @@ def _group_rows_dot(
             x_lo = tl.load(x_ptr + k0 + low_inputs).to(tl.float32)
             x_hi = tl.load(x_ptr + k0 + 32 + low_inputs).to(tl.float32)
             dot_lo = tl.sum(
-                tl.reshape((b & 15).to(tl.float32) * x_lo[None, :], (BLOCK_N, PAIRS, 32)), axis=2
+                tl.reshape(_widen(b, 0, PTX) * x_lo[None, :], (BLOCK_N, PAIRS, 32)), axis=2
             )
             dot_hi = tl.sum(
-                tl.reshape((b >> 4).to(tl.float32) * x_hi[None, :], (BLOCK_N, PAIRS, 32)), axis=2
+                tl.reshape(_widen(b, 1, PTX) * x_hi[None, :], (BLOCK_N, PAIRS, 32)), axis=2
             )
             sum_lo = tl.sum(tl.reshape(x_lo, (PAIRS, 32)), axis=1)
             sum_hi = tl.sum(tl.reshape(x_hi, (PAIRS, 32)), axis=1)
@@ -89,7 +142,7 @@ def _group_rows_dot(
             )
             x = tl.load(x_ptr + k0 + t).to(tl.float32)
             dot = tl.sum(
-                tl.reshape(c.to(tl.float32) * x[None, :], (BLOCK_N, TILE_GROUPS, 32)), axis=2
+                tl.reshape(_widen(c, 2, PTX) * x[None, :], (BLOCK_N, TILE_GROUPS, 32)), axis=2
             )
             sums = tl.sum(tl.reshape(x, (TILE_GROUPS, 32)), axis=1)
             so = s_ptr + (rows[:, None] * GROUPS + (k0 // 32 + group)[None, :]) * 2
@@ -116,14 +169,15 @@ def _group_gemv_kernel(
     SILU_MUL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    y = _group_rows_dot(x_ptr, c_ptr, s_ptr, rows, row_ok, K, BITS, BLOCK_N, BLOCK_K) * mult
+    y = _group_rows_dot(x_ptr, c_ptr, s_ptr, rows, row_ok, K, BITS, BLOCK_N, BLOCK_K, PTX) * mult
     if SILU_MUL:  # the up projection's rows sit ``up_offset`` rows below the gate's
         up = (
             _group_rows_dot(
-                x_ptr, c_ptr, s_ptr, rows + up_offset, row_ok, K, BITS, BLOCK_N, BLOCK_K
+                x_ptr, c_ptr, s_ptr, rows + up_offset, row_ok, K, BITS, BLOCK_N, BLOCK_K, PTX
             )
             * mult
         )
@@ -239,14 +293,17 @@ def _group_matmul_kernel(
 
 
 class GroupGemvPlan(NamedTuple):
-    """Weight rows per program, inputs per step and warps per program of :func:`group_gemv`.
+    """Weight rows per program, inputs per step and warps per program of :func:`group_gemv`,
+    and how codes become floats (``ptx``: :data:`_WIDEN_PTX`, else the conversion instruction).
     (Other ways to reduce a 4-bit tile were measured slower at the Qwen3-8B shapes on an H100:
     a tile loaded in three dimensions, each weight scaled before one final reduction, codes read
-    as 32-bit words and widened through a float's mantissa; docs/benchmarks.md.)"""
+    as 32-bit words and widened through a float's mantissa with Triton's operations, the next
+    step's codes loaded ahead with the decoder's norm inside and PDL; docs/benchmarks.md.)"""
 
     block_n: int = 4
     block_k: int = 1024
     warps: int = 4
+    ptx: bool = True  # codes widened by _widen's PTX (False: by conversion)
 
 
 # codes one program widens at a time: 64 float32 values per thread at 4 warps, as the 16-bit
@@ -263,8 +320,13 @@ def group_block_k(k: int, block_n: int) -> int:
     return block
 
 
-def default_gemv_plan(k: int) -> GroupGemvPlan:
-    return GroupGemvPlan(4, group_block_k(k, 4))
+# how the one-row kernel widens codes (``MINISGL_GROUP_WIDEN``: for measuring one against the other)
+GROUP_WIDEN = env_choice("MINISGL_GROUP_WIDEN", ("ptx", "convert"))
+
+
+def default_gemv_plan(k: int, bits: int) -> GroupGemvPlan:
+    """``bits``: the codes' (4: widened by PTX, unless ``MINISGL_GROUP_WIDEN=convert``)."""
+    return GroupGemvPlan(4, group_block_k(k, 4), 4, bits == 4 and GROUP_WIDEN == "ptx")
 
 
 def group_gemv(
@@ -284,7 +346,7 @@ def group_gemv(
     m, k = x.shape
     assert m == 1 and x.stride(1) == 1 and k % 64 == 0
     n = codes.shape[0] // 2 if silu_mul else codes.shape[0]
-    plan = plan or default_gemv_plan(k)
+    plan = plan or default_gemv_plan(k, bits)
     y = torch.empty(1, n, dtype=out_dtype or x.dtype, device=x.device)
     _group_gemv_kernel[(triton.cdiv(n, plan.block_n),)](
         x,
@@ -299,6 +361,7 @@ def group_gemv(
         SILU_MUL=silu_mul,
         BLOCK_N=plan.block_n,
         BLOCK_K=plan.block_k,
+        PTX=plan.ptx and os.environ.get("TRITON_INTERPRET") != "1",
         num_warps=plan.warps,
     )
     return y
