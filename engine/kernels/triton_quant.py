@@ -32,6 +32,9 @@ import triton.language as tl
 from ..env import env_choice
 
 GROUP = 32  # inputs per scale and offset
+# kernels defined under Triton's interpreter (CPU tests), which runs no PTX: read once, as
+# triton.jit itself reads it when the kernels are defined
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # Bytes to float32 in PTX, four per instance: each byte (or its low or high nibble) placed by
@@ -361,7 +364,7 @@ def group_gemv(
         SILU_MUL=silu_mul,
         BLOCK_N=plan.block_n,
         BLOCK_K=plan.block_k,
-        PTX=plan.ptx and os.environ.get("TRITON_INTERPRET") != "1",
+        PTX=plan.ptx and not INTERPRETED,
         num_warps=plan.warps,
     )
     return y
