@@ -9,7 +9,9 @@ shown, and a reloaded tab finds its reply still live.
 
 A reply belongs to the browser session that started it. When a session's page goes away
 (tab closed) its replies get ``ORPHAN_GRACE_S`` for a page to show them again (a reload);
-otherwise they are stopped, so a closed tab stops using the engine.
+otherwise they are stopped, so a closed tab stops using the engine. A page that said it went (its
+beacon: ``page_gone(for_good=True)``) is gone for good: an event it sent just before, answered
+after, neither keeps its replies going nor starts one that outlasts the grace.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ logger = logging.getLogger("minisgl.app")
 
 STORE_EVERY_S = 0.5  # how often a growing reply is written to the database
 ORPHAN_GRACE_S = 2.0  # how long a reply outlives the last page that showed it
+# How long a session whose page said it went is remembered (ReplyManager.gone): the events it sent
+# just before come within seconds, and a reply it queued starts at the latest when the one before
+# it ends.
+GONE_KEPT_S = 600.0
 TAB_CLOSED = "the tab closed"  # how a reply stopped because its page went away says so
 APP_STOPPED = "the app stopped"  # ... and one the app's own stop (SIGTERM, Ctrl+C) cut short
 NOTHING_TO_ADD = (
@@ -204,6 +210,7 @@ class ReplyManager:
         ] = {}  # conv_id -> turns to answer after it
         self.tasks: set[asyncio.Task] = set()
         self.watched: dict[str, float] = {}  # session -> when its page was last seen watching
+        self.gone: dict[str, float] = {}  # session -> when its page said it went (page_gone)
         self.notices: dict[
             str, list[str]
         ] = {}  # session -> what its page is to say (a toast), once
@@ -286,11 +293,14 @@ class ReplyManager:
             tool_loop=turn.tool_loop,
         )
         self.live[conv_id] = reply
-        task = asyncio.get_running_loop().create_task(
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(
             self._run(reply, turn.request, turn.generate or self.generate), name=f"reply-{conv_id}"
         )
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        if session in self.gone:  # sent as its page went (a Send just before the tab closed)
+            loop.call_later(ORPHAN_GRACE_S, self._stop_orphans, session)
         self.notify()
 
     def _next(self, conv_id: int) -> None:
@@ -354,18 +364,27 @@ class ReplyManager:
 
     def page_seen(self, session: str | None, conv_id: int | None) -> None:
         """A page of ``session`` shows ``conv_id``: the reply there is that session's now (a
-        reloaded tab adopts the reply its previous page started)."""
-        if session is None:
+        reloaded tab adopts the reply its previous page started). Not a page that said it went
+        (``gone``): its last tick, sent just before its beacon and answered after it, had it
+        watching again, and its replies went on until its silence was noticed minutes later."""
+        if session is None or session in self.gone:
             return
         self.watched[session] = time.monotonic()
         reply = self.live.get(conv_id) if conv_id is not None else None
         if reply is not None:
             reply.session = session
 
-    def page_gone(self, session: str | None) -> None:
-        """The session's page closed: stop its replies unless a page shows them again soon."""
+    def page_gone(self, session: str | None, for_good: bool = False) -> None:
+        """The session's page closed: stop its replies unless a page shows them again soon.
+        ``for_good``: the page said so (its beacon), and a reload is another session: its events
+        still on their way no longer count as its page seen (``gone``), and a reply one of them
+        starts stops after the same grace."""
         if session is None:
             return
+        if for_good:
+            now = time.monotonic()
+            self.gone = {s: at for s, at in self.gone.items() if now - at < GONE_KEPT_S}
+            self.gone[session] = now
         self.watched.pop(session, None)
         asyncio.get_running_loop().call_later(ORPHAN_GRACE_S, self._stop_orphans, session)
 

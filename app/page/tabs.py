@@ -180,20 +180,29 @@ class TabState:
     uploads: Uploads
 
     def tab(self, request: gr.Request | None) -> Tab:
+        """The tab of the request's session, made at its first event. Not again for a tab whose
+        page said it went (ReplyManager.gone): an event it sent just before its beacon and
+        answered after it (its tick) acts on a Tab kept nowhere; it brought the closed tab back,
+        which then lived until its silence closed it again (TAB_SILENT_S)."""
         key = request.session_hash if request is not None and request.session_hash else "-"
-        tab = self.tabs.setdefault(key, Tab(new_chat_settings=self.store.default_settings()))
+        tab = self.tabs.get(key)
+        if tab is None:
+            tab = Tab(new_chat_settings=self.store.default_settings())
+            if key not in self.replies.gone:
+                self.tabs[key] = tab
         tab.seen_at = time.monotonic()
         return tab
 
-    def tab_closed(self, session: str) -> None:
+    def tab_closed(self, session: str, said: bool = True) -> None:
         """The tab of ``session`` is gone: its replies stop unless a page shows them again soon
-        (ReplyManager.page_gone), and its state goes. A page says so as it goes (its beacon:
-        mount.TabClosedBeacon); one that went without a word is found by its silence
-        (close_silent_tabs). Not Gradio's unload event: the heartbeat stream it needs held one of
-        the browser's six connections to the app for as long as the tab was open. The files
-        attached in it, by chat, wait a while for a page of the same browser tab
+        (ReplyManager.page_gone), and its state goes. A page says so as it goes (``said``: its
+        beacon, mount.TabClosedBeacon), for good: an event it sent just before may be answered
+        after the beacon, and must not bring it back. One that went without a word is found by
+        its silence (close_silent_tabs). Not Gradio's unload event: the heartbeat stream it needs
+        held one of the browser's six connections to the app for as long as the tab was open.
+        The files attached in it, by chat, wait a while for a page of the same browser tab
         (``claim_files``): a reload is a new tab, and they were lost."""
-        self.replies.page_gone(session)
+        self.replies.page_gone(session, for_good=said)
         tab = self.tabs.pop(session, None)
         now = time.monotonic()
         for key, left in list(self.left_files.items()):
@@ -221,7 +230,7 @@ class TabState:
         now = time.monotonic()
         for session, tab in list(self.tabs.items()):
             if now - tab.seen_at > TAB_SILENT_S:
-                self.tab_closed(session)
+                self.tab_closed(session, said=False)
 
     def shown(self, tab: Tab):
         """The tab's conversation (None for a new chat); a deleted one turns the tab to a new chat."""

@@ -737,13 +737,19 @@ def test_reload_mid_reply_and_closing_the_tab(tab, app):
 def test_closing_a_tab_stops_the_reply_it_left_streaming_in_another_chat(tab, app):
     """A tab says it goes as its page goes (a beacon: page.js, sayWhenTheTabGoes), not through
     Gradio's heartbeat stream, which held one of the browser's six connections per tab. A reply
-    the tab started in a chat it no longer shows (no event of the tab follows it) stops too."""
+    the tab started in a chat it no longer shows (no event of the tab follows it) stops too.
+
+    The tab closes as one of its events (a tick, once a second) is on its way: answered after the
+    beacon, that event brought the tab back and counted as its page seen, and the reply went on
+    until the tab's silence was noticed, minutes later (TabState.tab, ReplyManager.page_seen)."""
     page = tab().page
     new_chat(page, max_tokens=3000)
     send(page, story("Margay"))
     assert wait_until(lambda: running(app) == 1, 30), app.metrics()
     open_new_chat(page)  # the reply goes on in its chat, which the tab no longer shows
     assert running(app) == 1, "the reply stopped when its tab showed another chat"
+    with page.expect_request(lambda r: "/queue/join" in r.url, timeout=10_000):
+        pass  # the tab's next event leaves the browser
     page.close()
     assert wait_until(lambda: engine_idle(app), 10), (
         f"closing the tab did not stop its reply: {app.metrics()}"

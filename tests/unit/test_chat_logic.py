@@ -570,6 +570,39 @@ async def test_a_tab_silent_for_long_is_closed_by_another_tabs_tick(store, monke
 
 
 @pytest.mark.anyio
+async def test_an_event_answered_after_its_tabs_beacon_does_not_bring_the_tab_back(
+    store, monkeypatch
+) -> None:
+    """A tab's tick sent just before the tab closed may be answered after its beacon (Gradio runs
+    a queued event a moment after taking it): it made the tab anew and counted as its page seen,
+    so the reply the tab left streaming went on until the tab's silence was noticed, minutes
+    later (the browser test closing a tab mid-reply, now and then). A tab that said it went is
+    gone for good: its late events bring it back nowhere, its reply stops after the grace, and
+    so does one that a Send answered after the beacon starts."""
+    from minisgl_app.page.ui import ChatPage
+
+    monkeypatch.setattr(live, "ORPHAN_GRACE_S", 0.05)
+    page = ChatPage(FakeClient(FakeEngine(step_s=0.05)), store)  # 200 words: 10 s unstopped
+    request = FakeRequest()
+    await page.send(" ".join(["w"] * 200), SETTINGS, 1000.0, request)
+    conv_id = page.tab(request).conv_id
+    assert page.replies.is_busy(conv_id)
+    page.tab_closed(request.session_hash)  # its beacon
+    await page.tick(False, request)  # its last tick, answered after the beacon
+    await until_idle(page.replies)
+    assert request.session_hash not in page.tabs, "a late tick brought the closed tab back"
+    assert store.get(conv_id).messages[-1].stats.stopped_by == live.TAB_CLOSED
+    await page.send(" ".join(["v"] * 200), SETTINGS, 2000.0, request)  # a late Send
+    assert page.replies.busy_conversations()
+    await until_idle(page.replies)
+    assert not page.tabs
+    assert all(
+        c.messages[-1].stats.stopped_by == live.TAB_CLOSED
+        for c in map(store.get, (h.id for h in store.list()))
+    )
+
+
+@pytest.mark.anyio
 async def test_stop_that_reaches_the_server_before_its_message_stops_that_reply(store) -> None:
     """Enter then Stop at once: Gradio may start the two events in either order. Both carry the
     browser's click time: a Stop that found nothing to stop stops a message clicked before it,
