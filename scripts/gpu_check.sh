@@ -207,7 +207,8 @@ EOF
     groupab)  # the one-row group kernel: its tests compiled, the engine's group-weight tests, its plans at the 8B shapes,
       # then batch-1 decode of the 8B shape at int4 and int8 on the committed tree (.old, as for oldnew) and on this one
       # (GROUPAB_RUNS: tree:ENV=value:quantization items; ENV may be empty)
-      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_group_kernels.py 2>&1 | tail -3 | tee "$OUT/groupab.log"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_group_kernels.py 2>&1 \
+        | grep -E "passed|failed|Error|^E |^FAILED" | tail -30 | tee "$OUT/groupab.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       timeout 200 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_cuda.py -k "group or int4_checkpoint or quantized_at_load" 2>&1 \
         | grep -E "agreement|top-1|passed|failed|Error" | tee -a "$OUT/groupab.log"
